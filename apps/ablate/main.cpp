@@ -1,0 +1,99 @@
+// `ablate`: the command-line program. Dispatches subcommands and is the only place errors become
+// exit codes: 0 success, 2 bad input / usage / config, 1 runtime failure.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "ablate/error.hpp"
+#include "ablate/registry.hpp"
+#include "ablate/version.hpp"
+#include "commands.hpp"
+
+namespace ablate::cli {
+
+bool parse_or_help(const Args& args, const po::options_description& desc, const po::positional_options_description& pos,
+                   po::variables_map& vm, const std::string& usage) {
+  po::options_description all;
+  all.add(desc);
+  all.add_options()("help,h", "show this help");
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: " << usage << "\n\n" << all << "\n";
+    return true;
+  }
+  po::notify(vm);
+  return false;
+}
+
+}  // namespace ablate::cli
+
+namespace {
+
+struct Command {
+  int (*run)(const ablate::cli::Args&);
+  const char* summary;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"plugins", {ablate::cli::cmd_plugins, "list the loaded plugins, or describe one's parameters"}},
+      {"config", {ablate::cli::cmd_config, "print an experiment's resolved configuration"}},
+  };
+  return table;
+}
+
+void print_help() {
+  std::cout << "ablate " << ablate::core_version()
+            << ": train decoder-only transformers from plugins chosen in a TOML experiment file\n\n"
+               "usage: ablate [--verbose] COMMAND [ARGS...]   (ablate COMMAND --help for its options)\n\ncommands:\n";
+  for (const auto& [name, cmd] : commands()) std::printf("  %-10s %s\n", name.c_str(), cmd.summary);
+  std::cout << "\nexit codes: 0 success, 2 bad input or configuration, 1 runtime failure\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto logger = spdlog::stderr_color_mt("ablate");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%^%l%$: %v");
+  spdlog::set_level(spdlog::level::info);
+
+  ablate::cli::Args args(argv + 1, argv + argc);
+  while (!args.empty() && (args.front() == "-v" || args.front() == "--verbose")) {
+    spdlog::set_level(spdlog::level::debug);
+    args.erase(args.begin());
+  }
+  if (args.empty() || args.front() == "--help" || args.front() == "-h" || args.front() == "help") {
+    print_help();
+    return args.empty() ? 2 : 0;
+  }
+  if (args.front() == "--version") {
+    std::cout << "ablate " << ablate::core_version() << " (" << ablate::core_build_fingerprint() << ")\n";
+    return 0;
+  }
+  const std::string name = args.front();
+  args.erase(args.begin());
+  auto it = commands().find(name);
+  if (it == commands().end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, c] : commands()) names.push_back(n);
+    spdlog::error("unknown command '{}'{}; commands: {}", name, ablate::did_you_mean(name, names), ablate::join(names));
+    return 2;
+  }
+  try {
+    return it->second.run(args);
+  } catch (const ablate::Error& e) {
+    spdlog::error("{}", e.what());
+    return e.exit_code();
+  } catch (const boost::program_options::error& e) {
+    spdlog::error("ablate {}: {} (see ablate {} --help)", name, e.what(), name);
+    return 2;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}

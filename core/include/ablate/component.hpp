@@ -1,0 +1,67 @@
+// Component kinds, the common base of every component, the registration record a plugin hands to
+// core, and what a factory receives when the experiment asks for an implementation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ablate/schema.hpp"
+
+namespace ablate {
+
+enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, logger, communicator };
+
+inline constexpr Kind kAllKinds[] = {Kind::data_source, Kind::sampler,   Kind::batcher, Kind::layer,
+                                     Kind::attention,   Kind::optimizer, Kind::logger,  Kind::communicator};
+
+std::string_view to_string(Kind kind) noexcept;  // "data_source", "batcher", ...
+std::optional<Kind> kind_from_string(std::string_view name) noexcept;
+
+// Every interface (DataSource, Batcher, ...) derives from this. Its key function is out of line in
+// core, so its type information lives in libablate_core and dynamic_cast works across plugins.
+class Component {
+ public:
+  virtual ~Component();
+};
+
+// Facts about the run a component may need at construction.
+struct RunContext {
+  uint64_t seed = 0;
+  int rank = 0;
+  int world = 1;
+  std::string device = "cpu";  // "cpu" | "cuda"
+  int threads = 0;
+};
+
+// What a factory receives: the keys common to its kind (e.g. batch_size, seq_len for every
+// batcher), its own sub-table (e.g. [batching.packed]), and the run facts.
+struct ComponentArgs {
+  const Params& common;
+  const Params& own;
+  const RunContext& run;
+};
+
+using Factory = std::function<std::unique_ptr<Component>(const ComponentArgs&)>;
+
+struct ComponentInfo {
+  Kind kind = Kind::data_source;
+  std::string name;
+  std::string version;
+  std::string doc;      // one line
+  Schema schema;        // the keys of its own sub-table
+  Factory factory;
+  std::string library;  // filled in by the registry: the plugin file it came from
+};
+
+// Handed to a plugin's register function; the plugin adds each component it implements.
+class Registrar {
+ public:
+  virtual ~Registrar();
+  virtual void add(ComponentInfo info) = 0;
+};
+
+}  // namespace ablate

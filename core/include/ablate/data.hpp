@@ -1,0 +1,92 @@
+// Data interfaces: a DataSource gives random access to documents by index (so a sampler can shard
+// and shuffle them and a cursor can be restored exactly), a Sampler decides the order in which one
+// rank draws them, and a Batcher turns the drawn documents into Batches (batch.hpp).
+//
+// Cursor: a rank's position in its stream of draws (the k-th draw) plus the batcher's pending
+// pieces (documents it has taken but not yet fully placed). Saving both and restoring them gives
+// exactly the batches an uninterrupted run would have seen.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ablate/batch.hpp"
+#include "ablate/component.hpp"
+
+namespace ablate {
+
+enum class Split { train, validation };
+const char* to_string(Split split) noexcept;
+
+struct Document {
+  uint64_t index = 0;            // index in its split
+  std::vector<int32_t> tokens;   // without an end-of-document token; batchers add it when asked
+};
+
+class DataSource : public Component {
+ public:
+  ~DataSource() override;
+  virtual int32_t vocab_size() const = 0;
+  // The end-of-document token id (targets of a document's last token point at it when a batcher
+  // appends it); -1 when the source has none.
+  virtual int32_t eot_token() const = 0;
+  // Number of documents of a split (0: the split is empty).
+  virtual uint64_t size(Split split) const = 0;
+  // Reads document `index` of `split` into `out`. Must be safe to call from several threads.
+  virtual void read(Split split, uint64_t index, Document& out) const = 0;
+  // One line for logs: "synthetic_probes: 100000 documents, vocab 512".
+  virtual std::string describe() const = 0;
+};
+
+class Sampler : public Component {
+ public:
+  ~Sampler() override;
+  // Prepares the order over `documents` documents for `rank` of `world`. Over one epoch the ranks'
+  // draws are disjoint and together cover every document exactly once.
+  virtual void reset(uint64_t documents, uint64_t seed, int rank, int world) = 0;
+  // Draws this rank makes per epoch.
+  virtual uint64_t draws_per_epoch() const = 0;
+  // The document index of this rank's draw number `draw` (0-based over all epochs). Deterministic
+  // in (seed, rank, world, draw): this is what makes cursors exact.
+  virtual uint64_t document_at(uint64_t draw) = 0;
+};
+
+// A piece of a document a batcher holds between batches; [begin, end) are token offsets.
+struct PendingPiece {
+  uint64_t document = 0;
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
+// Where a rank's data stream stands. Plain numbers, so checkpoints can store it as JSON.
+struct DataCursor {
+  uint64_t draw = 0;                   // next draw number of the sampler
+  std::vector<PendingPiece> pending;   // the batcher's held pieces, in its order
+};
+
+// What a batcher pulls documents from (implemented by core's pipeline).
+class DocumentFeed {
+ public:
+  virtual ~DocumentFeed();
+  // The next document of this rank's order (never ends: epochs follow each other).
+  virtual const Document& next() = 0;
+  // Reads a document again by index (restore uses it to rebuild pending pieces).
+  virtual Document fetch(uint64_t document) = 0;
+};
+
+class Batcher : public Component {
+ public:
+  ~Batcher() override;
+  // Fills `out` with the next batch, pulling as many documents from `feed` as it needs.
+  virtual void next(DocumentFeed& feed, Batch& out) = 0;
+  // The pieces it holds now (taken from the feed but not yet emitted).
+  virtual std::vector<PendingPiece> pending() const = 0;
+  // Replaces what it holds by `pieces`, reading their tokens through `feed.fetch`.
+  virtual void restore(const std::vector<PendingPiece>& pieces, DocumentFeed& feed) = 0;
+  // Upper bound of rows and of T of any batch it produces (for sizing buffers up front).
+  virtual int32_t max_rows() const = 0;
+  virtual int32_t max_seq_len() const = 0;
+};
+
+}  // namespace ablate

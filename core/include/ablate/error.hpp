@@ -1,0 +1,34 @@
+// The one error type of ablate's library code. Every failure carries where it happened (a config
+// file:line:col, a data file and offset, a plugin file) and whether it is bad input (exit 2) or a
+// runtime failure (exit 1). Only apps/ turns errors into exit codes.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ablate {
+
+enum class ErrorKind {
+  input,    // bad config, bad data, bad usage: the user can fix it; exit code 2
+  runtime,  // the run failed for another reason; exit code 1
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, std::string where, const std::string& message);
+  ~Error() override;
+
+  ErrorKind kind() const noexcept { return kind_; }
+  const std::string& where() const noexcept { return where_; }
+  int exit_code() const noexcept { return kind_ == ErrorKind::input ? 2 : 1; }
+
+ private:
+  ErrorKind kind_;
+  std::string where_;
+};
+
+// Shorthands: "where" is prefixed to the message as "where: message" when it is not empty.
+[[noreturn]] void throw_input_error(std::string where, const std::string& message);
+[[noreturn]] void throw_runtime_error(std::string where, const std::string& message);
+
+}  // namespace ablate

@@ -1,0 +1,35 @@
+// Optimizer interface: one update over the flat parameter buffer from the flat gradient buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ablate/component.hpp"
+#include "ablate/tensor.hpp"
+
+namespace ablate {
+
+// A named piece of optimizer state, for checkpoints (raw bytes plus how to read them).
+struct StateTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+class Optimizer : public Component {
+ public:
+  ~Optimizer() override;
+  // Allocates state for the parameters described by `table` on `device`.
+  virtual void init(const ParamTable& table, DeviceType device) = 0;
+  // One step: params -= update(grads); `lr` is this step's learning rate, `step` counts from 1.
+  virtual void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step) = 0;
+  virtual int64_t state_bytes() const = 0;
+  virtual std::vector<StateTensor> save_state() const = 0;
+  virtual void load_state(const std::vector<StateTensor>& state) = 0;
+  // Elements skipped because their gradient was not finite (0 when the optimizer never skips).
+  virtual int64_t skipped_nonfinite() const { return 0; }
+};
+
+}  // namespace ablate

@@ -1,0 +1,58 @@
+// Tensors are views: pointer, dtype, shape, device. Parameters and gradients each live in one flat
+// buffer described by a table of named slices (like llm.c), so an optimizer updates every
+// parameter in one pass and a communicator all-reduces one buffer.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ablate {
+
+enum class DType { f32, bf16, f16, i32, u16, u8 };
+enum class DeviceType { cpu, cuda };
+
+std::size_t dtype_size(DType dtype) noexcept;
+const char* to_string(DType dtype) noexcept;
+const char* to_string(DeviceType device) noexcept;
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  DeviceType device = DeviceType::cpu;
+  int ndim = 0;
+  std::array<int64_t, 4> shape{};
+
+  int64_t numel() const noexcept {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(data); }
+};
+
+// One named parameter inside a flat buffer.
+struct ParamSlice {
+  std::string name;               // "blocks.3.attn.qkv.weight"
+  int64_t offset = 0;             // in elements
+  std::vector<int64_t> shape;
+  bool decay = true;              // weight decay applies (matrices and embeddings by default)
+  int64_t numel() const noexcept {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+struct ParamTable {
+  std::vector<ParamSlice> slices;
+  int64_t total = 0;  // elements
+  const ParamSlice* find(const std::string& name) const;
+  // Appends a slice at the end, returns its offset.
+  int64_t add(std::string name, std::vector<int64_t> shape, bool decay);
+};
+
+}  // namespace ablate

@@ -1,0 +1,56 @@
+// Kind names, and the out-of-line key functions of every interface (so their type information
+// lives in libablate_core and dynamic_cast works across plugin libraries).
+#include "ablate/attention.hpp"
+#include "ablate/communicator.hpp"
+#include "ablate/component.hpp"
+#include "ablate/data.hpp"
+#include "ablate/layer.hpp"
+#include "ablate/metrics.hpp"
+#include "ablate/optimizer.hpp"
+#include "ablate/version.hpp"
+
+namespace ablate {
+
+std::string_view to_string(Kind kind) noexcept {
+  switch (kind) {
+    case Kind::data_source: return "data_source";
+    case Kind::sampler: return "sampler";
+    case Kind::batcher: return "batcher";
+    case Kind::layer: return "layer";
+    case Kind::attention: return "attention";
+    case Kind::optimizer: return "optimizer";
+    case Kind::logger: return "logger";
+    case Kind::communicator: return "communicator";
+  }
+  return "unknown";
+}
+
+std::optional<Kind> kind_from_string(std::string_view name) noexcept {
+  for (Kind k : kAllKinds) {
+    if (to_string(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+const char* core_version() noexcept { return ABLATE_VERSION_STRING; }
+const char* core_build_fingerprint() noexcept { return ABLATE_BUILD_FINGERPRINT; }
+
+const char* to_string(Split split) noexcept { return split == Split::train ? "train" : "validation"; }
+
+Component::~Component() = default;
+Registrar::~Registrar() = default;
+DataSource::~DataSource() = default;
+Sampler::~Sampler() = default;
+DocumentFeed::~DocumentFeed() = default;
+Batcher::~Batcher() = default;
+Layer::~Layer() = default;
+Attention::~Attention() = default;
+Optimizer::~Optimizer() = default;
+Logger::~Logger() = default;
+Communicator::~Communicator() = default;
+
+double model_flops_per_token(int64_t parameters, int64_t layers, int64_t d_model, int64_t seq_len) noexcept {
+  return 6.0 * double(parameters) + 6.0 * double(layers) * double(d_model) * double(seq_len);
+}
+
+}  // namespace ablate

@@ -1,0 +1,661 @@
+// Experiment configuration: parse (TOML++), apply --set overrides typed by the schemas, load the
+// [plugins] paths, validate every section and sub-table, fill defaults, print back as TOML.
+#include "ablate/config.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "ablate/error.hpp"
+#include "ablate/version.hpp"
+#include "ablate/registry.hpp"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// Core's sections.
+
+const std::vector<SectionSpec>& section_specs() {
+  static const std::vector<SectionSpec> specs = [] {
+    using namespace param;
+    std::vector<SectionSpec> s;
+    s.push_back({"run", "what to run and where", {
+        integer("steps", 100, "optimizer steps to train").at_least(0),
+        integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
+        string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
+        string("dtype", "fp32", "compute precision (bf16 on cuda keeps fp32 master weights)").one_of({"fp32", "bf16"}),
+        integer("threads", 0, "CPU threads (0 = all cores)").at_least(0),
+        integer("grad_accum_steps", 1, "micro-batches per optimizer step").at_least(1),
+        integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").at_least(0),
+        integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
+        string("communicator", "single", "how ranks exchange gradients (a communicator plugin)"),
+      }, Kind::communicator, "communicator", false, "single"});
+    s.push_back({"model", "the decoder-only transformer", {
+        integer("d_model", 128, "model width").at_least(1),
+        integer("n_layers", 4, "transformer blocks").at_least(1),
+        integer("n_heads", 4, "query heads").at_least(1),
+        integer("n_kv_heads", 0, "key/value heads for GQA (0 = n_heads)").at_least(0),
+        integer("vocab_size", 0, "vocabulary (0 = the data source's)").at_least(0),
+        integer("vocab_multiple", 1, "pad the vocabulary up to a multiple of this").at_least(1),
+        integer("max_seq_len", 1024, "longest sequence (learned position table size)").at_least(1),
+        string("norm", "layernorm", "normalisation layer").one_of({"layernorm", "rmsnorm"}),
+        string("mlp", "gelu_mlp", "feed-forward layer").one_of({"gelu_mlp", "swiglu_mlp"}),
+        integer("mlp_hidden", 0, "MLP hidden size (0 = 4*d for gelu_mlp, 8/3*d rounded up to 64 for swiglu_mlp)").at_least(0),
+        string("position", "learned", "position encoding").one_of({"learned", "rope"}),
+        floating("rope_theta", 10000.0, "RoPE base").at_least(1.0),
+        boolean("qk_norm", false, "per-head RMSNorm of q and k before RoPE"),
+        boolean("bias", true, "biases in linear layers and norms"),
+        boolean("tie_embeddings", true, "share the token embedding with the LM head"),
+        floating("dropout", 0.0, "dropout probability").within(0.0, 0.99),
+      }, std::nullopt, "", false, ""});
+    s.push_back({"data", "where documents come from and how they are prefetched", {
+        string("name", "synthetic_probes", "the data source (a data_source plugin)"),
+        integer("workers", 1, "prefetch worker threads (0 = read in the training thread)").at_least(0),
+        integer("prefetch", 4, "batches queued ahead of the trainer").at_least(1),
+        boolean("debug_stats", false, "print a per-stage pipeline table periodically and name the bottleneck"),
+        integer("debug_every", 100, "batches between two debug_stats tables").at_least(1),
+      }, Kind::data_source, "name", false, "synthetic_probes"});
+    s.push_back({"sampler", "the order documents are drawn in, and which rank draws which", {
+        string("name", "shuffled", "the sampler (a sampler plugin)"),
+      }, Kind::sampler, "name", false, "shuffled"});
+    s.push_back({"batching", "how documents become batches", {
+        string("name", "packed", "the batcher (a batcher plugin): padded, bucketed, packed"),
+        integer("batch_size", 8, "rows per micro-batch (B)").at_least(1),
+        integer("seq_len", 256, "positions per row (T)").at_least(2),
+        boolean("append_eot", true, "end every document with the source's end-of-document token"),
+        string("long_documents", "split", "documents longer than a row: split into several rows, or truncate").one_of({"split", "truncate"}),
+      }, Kind::batcher, "name", false, "packed"});
+    s.push_back({"attention", "the attention backend", {
+        string("name", "", "the attention backend (an attention plugin)"),
+      }, Kind::attention, "name", false, ""});
+    s.push_back({"optimizer", "the optimizer and its common hyper-parameters", {
+        string("name", "", "the optimizer (an optimizer plugin)"),
+        floating("lr", 6e-4, "peak learning rate").at_least(0.0),
+        floating("weight_decay", 0.1, "decoupled weight decay (matrices and embeddings)").at_least(0.0),
+        floating("beta1", 0.9, "first moment decay").within(0.0, 0.999999),
+        floating("beta2", 0.95, "second moment decay").within(0.0, 0.999999),
+        floating("eps", 1e-8, "added to the square root of the second moment").at_least(0.0),
+        floating("grad_clip", 1.0, "clip the global gradient norm to this (0 = off)").at_least(0.0),
+      }, Kind::optimizer, "name", false, ""});
+    s.push_back({"schedule", "the learning-rate schedule", {
+        string("name", "cosine", "schedule shape after warmup").one_of({"constant", "cosine", "linear"}),
+        integer("warmup_steps", 0, "linear warmup from 0 to lr over this many steps").at_least(0),
+        floating("min_lr_ratio", 0.1, "floor of the decay as a fraction of lr").within(0.0, 1.0),
+      }, std::nullopt, "", false, ""});
+    s.push_back({"logging", "where metrics go", {
+        string_list("sinks", {}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard)"),
+        integer("every", 1, "log every N steps").at_least(1),
+      }, Kind::logger, "sinks", true, ""});
+    s.push_back({"checkpoint", "saving and resuming", {
+        integer("every", 0, "save every N steps (0 = only at the end)").at_least(0),
+        integer("keep", 2, "checkpoints kept (older ones are deleted)").at_least(1),
+      }, std::nullopt, "", false, ""});
+    s.push_back({"metrics", "how throughput and utilisation are computed", {
+        floating("peak_tflops", 0.0, "peak TFLOP/s for MFU (0 = from the device table or a CPU measurement)").at_least(0.0),
+      }, std::nullopt, "", false, ""});
+    s.push_back({"plugins", "where to find plugin libraries beyond the default search path", {
+        string_list("paths", {}, "directories of plugin libraries (relative to the experiment file)"),
+      }, std::nullopt, "", false, ""});
+    return s;
+  }();
+  return specs;
+}
+
+const SectionSpec* find_section_spec(std::string_view name) {
+  for (const SectionSpec& s : section_specs()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct ResolvedSection {
+  std::map<std::string, Value, std::less<>> keys;
+  std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
+};
+
+const ParamSpec* find_param(const Schema& schema, std::string_view key) {
+  for (const ParamSpec& p : schema) {
+    if (p.name == key) return &p;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> schema_names(const Schema& schema) {
+  std::vector<std::string> out;
+  for (const ParamSpec& p : schema) out.push_back(p.name);
+  return out;
+}
+
+std::string node_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "a list";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an int";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a bool";
+    default: return "a date/time";
+  }
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream os;
+  if (const auto* t = n.as_table()) {
+    (void)t;
+    return "{...}";
+  }
+  n.visit([&](auto&& v) { os << toml::toml_formatter{v}; });
+  std::string s = os.str();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+class Validator {
+ public:
+  Validator(std::string source, Registry& registry, const std::map<std::string, std::string>& origins)
+      : source_(std::move(source)), registry_(registry), origins_(origins) {}
+
+  std::string where(const toml::source_region& region, const std::string& path) const {
+    auto it = origins_.find(path);
+    if (it != origins_.end()) return it->second;
+    if (region.begin.line == 0) return source_;
+    return source_ + ":" + std::to_string(region.begin.line) + ":" + std::to_string(region.begin.column);
+  }
+
+  [[noreturn]] void fail(const toml::source_region& region, const std::string& path, const std::string& msg) const {
+    throw_input_error(where(region, path), path.empty() ? msg : path + ": " + msg);
+  }
+
+  Value check(const toml::node& node, const ParamSpec& spec, const std::string& path) const {
+    auto mismatch = [&]() {
+      fail(node.source(), path, "expected " + spec.expectation() + ", got " + node_type_name(node) + " " + node_text(node));
+    };
+    auto range = [&](double v, const toml::node& at) {
+      if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max) || std::isnan(v)) {
+        fail(at.source(), path, node_text(at) + " is out of range; expected " + spec.expectation());
+      }
+    };
+    auto choice = [&](const std::string& v, const toml::node& at) {
+      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end()) {
+        fail(at.source(), path, "\"" + v + "\" is not allowed" + did_you_mean(v, spec.choices) + " (expected " +
+                                    spec.expectation() + ")");
+      }
+    };
+    switch (spec.type) {
+      case ParamType::boolean:
+        if (!node.is_boolean()) mismatch();
+        return node.as_boolean()->get();
+      case ParamType::integer: {
+        if (!node.is_integer()) mismatch();
+        const int64_t v = node.as_integer()->get();
+        range(double(v), node);
+        return v;
+      }
+      case ParamType::floating: {
+        if (!node.is_number()) mismatch();
+        const double v = node.is_integer() ? double(node.as_integer()->get()) : node.as_floating_point()->get();
+        range(v, node);
+        return v;
+      }
+      case ParamType::string: {
+        if (!node.is_string()) mismatch();
+        const std::string v = node.as_string()->get();
+        choice(v, node);
+        return v;
+      }
+      case ParamType::int_list:
+      case ParamType::float_list:
+      case ParamType::string_list: {
+        if (!node.is_array()) mismatch();
+        std::vector<int64_t> ints;
+        std::vector<double> floats;
+        std::vector<std::string> strings;
+        for (const toml::node& el : *node.as_array()) {
+          if (spec.type == ParamType::int_list) {
+            if (!el.is_integer()) mismatch();
+            ints.push_back(el.as_integer()->get());
+            range(double(ints.back()), el);
+          } else if (spec.type == ParamType::float_list) {
+            if (!el.is_number()) mismatch();
+            floats.push_back(el.is_integer() ? double(el.as_integer()->get()) : el.as_floating_point()->get());
+            range(floats.back(), el);
+          } else {
+            if (!el.is_string()) mismatch();
+            strings.push_back(el.as_string()->get());
+            choice(strings.back(), el);
+          }
+        }
+        if (spec.type == ParamType::int_list) return ints;
+        if (spec.type == ParamType::float_list) return floats;
+        return strings;
+      }
+    }
+    mismatch();
+    return {};
+  }
+
+  // Validates one table against a schema; unknown keys are errors with suggestions.
+  std::map<std::string, Value, std::less<>> check_table(const toml::table& table, const Schema& schema,
+                                                         const std::string& path, const std::string& hint_impl,
+                                                         const Schema* hint_schema) const {
+    std::map<std::string, Value, std::less<>> out;
+    for (auto&& [key, node] : table) {
+      const std::string k(key.str());
+      const std::string kpath = path + "." + k;
+      const ParamSpec* spec = find_param(schema, k);
+      if (spec == nullptr) {
+        std::string msg = "unknown key '" + k + "' in [" + path + "]";
+        if (hint_schema != nullptr && find_param(*hint_schema, k) != nullptr) {
+          msg += "; '" + k + "' belongs in [" + path + "." + hint_impl + "]";
+        } else {
+          msg += did_you_mean(k, schema_names(schema));
+        }
+        msg += " (valid keys: " + join(schema_names(schema)) + ")";
+        throw_input_error(where(key.source(), kpath), msg);
+      }
+      out[k] = check(node, *spec, kpath);
+    }
+    for (const ParamSpec& p : schema) {
+      if (out.find(p.name) == out.end()) out[p.name] = p.default_value;
+    }
+    return out;
+  }
+
+  ResolvedSection check_section(const SectionSpec& spec, const toml::table* table) const {
+    ResolvedSection res;
+    const std::string& path = spec.name;
+    // Selected implementation(s), validated against the registry.
+    std::vector<std::string> selected;
+    const ComponentInfo* hint = nullptr;
+    if (spec.kind) {
+      const toml::node* sel = table ? table->get(spec.selector) : nullptr;
+      const std::string sel_path = path + "." + spec.selector;
+      auto check_name = [&](const std::string& name, const toml::node& at) {
+        if (registry_.find(*spec.kind, name) == nullptr) {
+          const std::vector<std::string> valid = registry_.names(*spec.kind);
+          fail(at.source(), sel_path, "unknown " + std::string(to_string(*spec.kind)) + " '" + name + "'" +
+                                          did_you_mean(name, valid) + " (valid: " +
+                                          (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+        }
+      };
+      if (sel != nullptr) {
+        if (spec.selector_is_list) {
+          if (!sel->is_array()) fail(sel->source(), sel_path, "expected a list of string, got " + node_type_name(*sel));
+          for (const toml::node& el : *sel->as_array()) {
+            if (!el.is_string()) fail(el.source(), sel_path, "expected a list of string, got an element " + node_text(el));
+            check_name(el.as_string()->get(), el);
+            selected.push_back(el.as_string()->get());
+          }
+        } else {
+          if (!sel->is_string()) fail(sel->source(), sel_path, "expected a string, got " + node_type_name(*sel) + " " + node_text(*sel));
+          check_name(sel->as_string()->get(), *sel);
+          selected.push_back(sel->as_string()->get());
+        }
+      } else if (!spec.default_selection.empty()) {
+        toml::value<std::string> def(spec.default_selection);
+        check_name(spec.default_selection, def);
+        selected.push_back(spec.default_selection);
+      } else if (table != nullptr && !spec.selector_is_list) {
+        const std::vector<std::string> valid = registry_.names(*spec.kind);
+        fail(table->source(), path, "missing key '" + spec.selector + "': choose a " + std::string(to_string(*spec.kind)) +
+                                        " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+      }
+      if (!spec.selector_is_list && !selected.empty()) hint = registry_.find(*spec.kind, selected.front());
+    }
+    // Core keys: every non-table entry.
+    toml::table plain;
+    if (table != nullptr) {
+      for (auto&& [key, node] : *table) {
+        if (!node.is_table()) plain.insert(key, node);
+      }
+    }
+    res.keys = check_table(plain, spec.keys, path, hint ? hint->name : "", hint ? &hint->schema : nullptr);
+    if (spec.kind) {
+      if (spec.selector_is_list) {
+        res.keys[spec.selector] = selected;
+      } else {
+        res.keys[spec.selector] = selected.empty() ? std::string() : selected.front();
+      }
+    }
+    // Sub-tables: one per implementation, every one present validated.
+    if (table != nullptr) {
+      for (auto&& [key, node] : *table) {
+        if (!node.is_table()) continue;
+        const std::string impl(key.str());
+        const std::string ipath = path + "." + impl;
+        if (!spec.kind) {
+          throw_input_error(where(key.source(), ipath), "[" + path + "] has no sub-tables; unexpected table [" + ipath + "]" +
+                                                            did_you_mean(impl, schema_names(spec.keys)));
+        }
+        const ComponentInfo* info = registry_.find(*spec.kind, impl);
+        if (info == nullptr) {
+          const std::vector<std::string> valid = registry_.names(*spec.kind);
+          throw_input_error(where(key.source(), ipath),
+                            "[" + ipath + "]: no " + std::string(to_string(*spec.kind)) + " named '" + impl + "'" +
+                                did_you_mean(impl, valid) + " (valid: " +
+                                (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+        }
+        res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
+      }
+    }
+    for (const std::string& name : selected) {
+      if (res.impls.find(name) == res.impls.end()) {
+        res.impls[name] = check_table(toml::table{}, registry_.find(*spec.kind, name)->schema, path + "." + name, "", nullptr);
+      }
+    }
+    return res;
+  }
+
+ private:
+  std::string source_;
+  Registry& registry_;
+  const std::map<std::string, std::string>& origins_;
+};
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const SectionSpec& s : section_specs()) out.push_back(s.name);
+  return out;
+}
+
+// --set: find the spec a path names, or fail with a suggestion.
+const ParamSpec* override_spec(const std::vector<std::string>& parts, const std::string& origin, const Registry& registry,
+                               ParamSpec& selector_spec) {
+  const SectionSpec* sec = find_section_spec(parts[0]);
+  if (sec == nullptr) {
+    throw_input_error(origin, "unknown section '" + parts[0] + "'" + did_you_mean(parts[0], section_names()) +
+                                  " (sections: " + join(section_names()) + ")");
+  }
+  if (parts.size() == 2) {
+    const ParamSpec* p = find_param(sec->keys, parts[1]);
+    if (p == nullptr) {
+      throw_input_error(origin, "unknown key '" + parts[1] + "' in [" + parts[0] + "]" +
+                                    did_you_mean(parts[1], schema_names(sec->keys)) +
+                                    " (valid keys: " + join(schema_names(sec->keys)) + ")");
+    }
+    if (sec->kind && parts[1] == sec->selector && sec->selector_is_list) {
+      selector_spec = param::string_list(parts[1], {}, "");
+      return &selector_spec;
+    }
+    return p;
+  }
+  if (parts.size() == 3 && sec->kind) {
+    const ComponentInfo* info = registry.find(*sec->kind, parts[1]);
+    if (info == nullptr) {
+      const std::vector<std::string> valid = registry.names(*sec->kind);
+      throw_input_error(origin, "no " + std::string(to_string(*sec->kind)) + " named '" + parts[1] + "'" +
+                                    did_you_mean(parts[1], valid) + " (valid: " + join(valid) + ")");
+    }
+    const ParamSpec* p = find_param(info->schema, parts[2]);
+    if (p == nullptr) {
+      throw_input_error(origin, "unknown key '" + parts[2] + "' in [" + parts[0] + "." + parts[1] + "]" +
+                                    did_you_mean(parts[2], schema_names(info->schema)) +
+                                    " (valid keys: " + join(schema_names(info->schema)) + ")");
+    }
+    return p;
+  }
+  throw_input_error(origin, "expected section.key=value or section.implementation.key=value");
+}
+
+std::unique_ptr<toml::node> parse_override_value(const std::string& text, const ParamSpec& spec, const std::string& origin) {
+  toml::table parsed;
+  bool ok = true;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    ok = false;
+  }
+  const toml::node* v = ok ? parsed.get("v") : nullptr;
+  auto bad = [&]() -> std::unique_ptr<toml::node> {
+    throw_input_error(origin, "'" + text + "' is not " + spec.expectation());
+  };
+  switch (spec.type) {
+    case ParamType::string:
+      if (v && v->is_string()) return std::make_unique<toml::value<std::string>>(v->as_string()->get());
+      return std::make_unique<toml::value<std::string>>(text);  // bare words need no quotes on a command line
+    case ParamType::boolean:
+      if (v && v->is_boolean()) return std::make_unique<toml::value<bool>>(v->as_boolean()->get());
+      return bad();
+    case ParamType::integer:
+      if (v && v->is_integer()) return std::make_unique<toml::value<int64_t>>(v->as_integer()->get());
+      return bad();
+    case ParamType::floating:
+      if (v && v->is_integer()) return std::make_unique<toml::value<double>>(double(v->as_integer()->get()));
+      if (v && v->is_floating_point()) return std::make_unique<toml::value<double>>(v->as_floating_point()->get());
+      return bad();
+    default:
+      break;
+  }
+  // Lists: TOML syntax, or for strings a bare comma-separated list ("console,jsonl").
+  if (v && v->is_array()) return std::make_unique<toml::array>(*v->as_array());
+  if (spec.type == ParamType::string_list) {
+    auto arr = std::make_unique<toml::array>();
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (!item.empty()) arr->push_back(item);
+    }
+    return arr;
+  }
+  if (v && v->is_number()) {  // a single number for a list of numbers
+    auto arr = std::make_unique<toml::array>();
+    if (v->is_integer()) arr->push_back(v->as_integer()->get());
+    else arr->push_back(v->as_floating_point()->get());
+    return arr;
+  }
+  return bad();
+}
+
+void apply_override(toml::table& root, const std::string& assignment, const Registry& registry,
+                    std::map<std::string, std::string>& origins) {
+  const std::string origin = "--set " + assignment;
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) throw_input_error(origin, "expected section.key=value");
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  if (parts.size() < 2 || parts.size() > 3) throw_input_error(origin, "expected section.key=value or section.implementation.key=value");
+  ParamSpec selector_spec;
+  const ParamSpec* spec = override_spec(parts, origin, registry, selector_spec);
+  std::unique_ptr<toml::node> value = parse_override_value(text, *spec, origin);
+  toml::table* t = &root;
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* child = t->get(parts[i]);
+    if (child == nullptr) {
+      t->insert(parts[i], toml::table{});
+      child = t->get(parts[i]);
+    }
+    if (!child->is_table()) throw_input_error(origin, "'" + parts[i] + "' is not a table in the experiment file");
+    t = child->as_table();
+  }
+  if (auto* arr = dynamic_cast<toml::array*>(value.get())) {
+    t->insert_or_assign(parts.back(), std::move(*arr));
+  } else {
+    value->visit([&](auto&& v) {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (toml::is_value<V>) t->insert_or_assign(parts.back(), v.get());
+    });
+  }
+  origins[path] = origin;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct Config::Impl {
+  std::string source;
+  std::map<std::string, ResolvedSection, std::less<>> sections;
+};
+
+Config::Config() : impl_(std::make_unique<Impl>()) {}
+Config::Config(Config&&) noexcept = default;
+Config& Config::operator=(Config&&) noexcept = default;
+Config::~Config() = default;
+
+Config Config::load(const fs::path& file, const std::vector<std::string>& overrides, Registry& registry) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw_input_error(file.string(), "cannot read the experiment file (does it exist?)");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse(buf.str(), file.string(), overrides, registry, file.parent_path());
+}
+
+Config Config::parse(std::string_view text, const std::string& source_name, const std::vector<std::string>& overrides,
+                     Registry& registry, const fs::path& base_dir) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw_input_error(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column),
+                      "TOML syntax error: " + std::string(e.description()));
+  }
+  std::map<std::string, std::string> origins;
+  Validator validator(source_name, registry, origins);
+
+  // Top level: only known sections, each a table.
+  for (auto&& [key, node] : root) {
+    const std::string k(key.str());
+    if (find_section_spec(k) == nullptr) {
+      throw_input_error(validator.where(key.source(), k),
+                        "unknown section [" + k + "]" + did_you_mean(k, section_names()) + " (sections: " + join(section_names()) + ")");
+    }
+    if (!node.is_table()) {
+      throw_input_error(validator.where(key.source(), k), "'" + k + "' must be a table ([" + k + "]), got " + node_type_name(node));
+    }
+  }
+
+  // [plugins] paths first: the plugins they hold may be what the rest of the file names. Overrides
+  // of plugins.paths apply before loading; overrides naming plugin sub-tables apply after.
+  std::vector<std::string> deferred;
+  for (const std::string& o : overrides) {
+    if (o.rfind("plugins.", 0) == 0) apply_override(root, o, registry, origins);
+    else deferred.push_back(o);
+  }
+  if (const toml::table* plugins = root["plugins"].as_table()) {
+    if (const toml::node* paths = plugins->get("paths")) {
+      const Value v = validator.check(*paths, *find_param(find_section_spec("plugins")->keys, "paths"), "plugins.paths");
+      std::vector<fs::path> dirs;
+      for (const std::string& p : std::get<std::vector<std::string>>(v)) {
+        fs::path dir(p);
+        if (dir.is_relative() && !base_dir.empty()) dir = base_dir / dir;
+        std::error_code ec;
+        if (!fs::is_directory(dir, ec)) {
+          validator.fail(paths->source(), "plugins.paths", "'" + dir.string() + "' is not a directory");
+        }
+        dirs.push_back(dir);
+      }
+      registry.load_directories(dirs);
+    }
+  }
+  for (const std::string& o : deferred) apply_override(root, o, registry, origins);
+
+  Config cfg;
+  cfg.impl_->source = source_name;
+  for (const SectionSpec& spec : section_specs()) {
+    const toml::table* table = root[spec.name].as_table();
+    if (table == nullptr && spec.kind && spec.default_selection.empty() && !spec.selector_is_list) {
+      continue;  // a component section with no default implementation is absent until asked for
+    }
+    cfg.impl_->sections[spec.name] = validator.check_section(spec, table);
+  }
+  return cfg;
+}
+
+std::string Config::to_toml() const {
+  std::string out = "# resolved by ablate " + std::string(core_version()) + " from " + impl_->source + "\n";
+  for (const SectionSpec& spec : section_specs()) {
+    auto it = impl_->sections.find(spec.name);
+    if (it == impl_->sections.end()) continue;
+    const ResolvedSection& sec = it->second;
+    out += "\n[" + spec.name + "]\n";
+    if (spec.kind) out += spec.selector + " = " + format_value(sec.keys.at(spec.selector)) + "\n";
+    for (const ParamSpec& p : spec.keys) {
+      if (spec.kind && p.name == spec.selector) continue;
+      out += p.name + " = " + format_value(sec.keys.at(p.name)) + "\n";
+    }
+    for (const auto& [impl, values] : sec.impls) {
+      out += "\n[" + spec.name + "." + impl + "]\n";
+      for (const auto& [k, v] : values) out += k + " = " + format_value(v) + "\n";
+    }
+  }
+  return out;
+}
+
+std::string Config::hash() const {
+  // The header line names the source file; the hash covers only the resolved values.
+  std::string text = to_toml();
+  text = text.substr(text.find('\n') + 1);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
+  return buf;
+}
+
+const std::string& Config::source() const noexcept { return impl_->source; }
+
+bool Config::has_section(std::string_view section) const {
+  return impl_->sections.find(section) != impl_->sections.end();
+}
+
+Params Config::section(std::string_view section) const {
+  auto it = impl_->sections.find(section);
+  if (it == impl_->sections.end()) {
+    throw_input_error(impl_->source, "the experiment has no [" + std::string(section) + "] section and it has no default");
+  }
+  return Params(std::string(section), it->second.keys);
+}
+
+std::string Config::selected(std::string_view section) const {
+  const SectionSpec* spec = find_section_spec(section);
+  if (spec == nullptr || !spec->kind) throw_runtime_error(std::string(section), "not a component section");
+  if (spec->selector_is_list) {
+    const auto list = selected_list(section);
+    return list.empty() ? std::string() : list.front();
+  }
+  return this->section(section).get_string(spec->selector);
+}
+
+std::vector<std::string> Config::selected_list(std::string_view section) const {
+  const SectionSpec* spec = find_section_spec(section);
+  if (spec == nullptr || !spec->kind) throw_runtime_error(std::string(section), "not a component section");
+  if (!spec->selector_is_list) return {selected(section)};
+  return this->section(section).get_string_list(spec->selector);
+}
+
+Params Config::implementation(std::string_view section, std::string_view impl) const {
+  auto it = impl_->sections.find(section);
+  if (it == impl_->sections.end()) {
+    throw_input_error(impl_->source, "the experiment has no [" + std::string(section) + "] section");
+  }
+  auto jt = it->second.impls.find(impl);
+  if (jt == it->second.impls.end()) {
+    throw_runtime_error(impl_->source, "no resolved [" + std::string(section) + "." + std::string(impl) + "]");
+  }
+  return Params(std::string(section) + "." + std::string(impl), jt->second);
+}
+
+}  // namespace ablate

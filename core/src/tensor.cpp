@@ -1,0 +1,74 @@
+// DType sizes and names, the named-slice table of flat buffers, and the batch helpers.
+#include "ablate/batch.hpp"
+#include "ablate/tensor.hpp"
+
+#include <algorithm>
+
+namespace ablate {
+
+std::size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::u16: return 2;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+const char* to_string(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::u16: return "u16";
+    case DType::u8: return "u8";
+  }
+  return "unknown";
+}
+
+const char* to_string(DeviceType device) noexcept { return device == DeviceType::cpu ? "cpu" : "cuda"; }
+
+const ParamSlice* ParamTable::find(const std::string& name) const {
+  for (const ParamSlice& s : slices) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+int64_t ParamTable::add(std::string name, std::vector<int64_t> shape, bool decay) {
+  ParamSlice slice{std::move(name), total, std::move(shape), decay};
+  total += slice.numel();
+  slices.push_back(std::move(slice));
+  return slices.back().offset;
+}
+
+void Batch::reset(int32_t b, int32_t t) {
+  rows = b;
+  seq_len = t;
+  const std::size_t n = std::size_t(b) * std::size_t(t);
+  tokens.assign(n, 0);
+  targets.assign(n, -1);
+  positions.assign(n, 0);
+  segment_ids.assign(n, 0);
+  segments.clear();
+  row_segments.assign(std::size_t(b) + 1, 0);
+}
+
+int64_t Batch::real_targets() const noexcept {
+  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != -1; });
+}
+
+int64_t Batch::real_tokens() const noexcept {
+  return std::count_if(segment_ids.begin(), segment_ids.end(), [](int32_t s) { return s != 0; });
+}
+
+double Batch::padding_fraction() const noexcept {
+  const int64_t total = positions_total();
+  return total == 0 ? 0.0 : 1.0 - double(real_tokens()) / double(total);
+}
+
+}  // namespace ablate
