@@ -13,6 +13,7 @@ using Args = std::vector<std::string>;
 
 int cmd_plugins(const Args& args);
 int cmd_config(const Args& args);
+int cmd_data(const Args& args);
 
 // Shared helpers.
 namespace po = boost::program_options;

@@ -42,6 +42,7 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"plugins", {ablate::cli::cmd_plugins, "list the loaded plugins, or describe one's parameters"}},
       {"config", {ablate::cli::cmd_config, "print an experiment's resolved configuration"}},
+      {"data", {ablate::cli::cmd_data, "analyze a data set: lengths, padding of each batching strategy"}},
   };
   return table;
 }
