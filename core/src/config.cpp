@@ -248,14 +248,15 @@ class Validator {
   // Validates one table against a schema; unknown keys are errors with suggestions.
   std::map<std::string, Value, std::less<>> check_table(const toml::table& table, const Schema& schema,
                                                          const std::string& path, const std::string& hint_impl,
-                                                         const Schema* hint_schema) const {
+                                                         const Schema* hint_schema, bool skip_tables = false) const {
     std::map<std::string, Value, std::less<>> out;
     for (auto&& [key, node] : table) {
+      if (skip_tables && node.is_table()) continue;  // implementation sub-tables are checked apart
       const std::string k(key.str());
       const std::string kpath = path + "." + k;
       const ParamSpec* spec = find_param(schema, k);
       if (spec == nullptr) {
-        std::string msg = "unknown key '" + k + "' in [" + path + "]";
+        std::string msg = kpath + ": unknown key '" + k + "' in [" + path + "]";
         if (hint_schema != nullptr && find_param(*hint_schema, k) != nullptr) {
           msg += "; '" + k + "' belongs in [" + path + "." + hint_impl + "]";
         } else {
@@ -314,13 +315,9 @@ class Validator {
       if (!spec.selector_is_list && !selected.empty()) hint = registry_.find(*spec.kind, selected.front());
     }
     // Core keys: every non-table entry.
-    toml::table plain;
-    if (table != nullptr) {
-      for (auto&& [key, node] : *table) {
-        if (!node.is_table()) plain.insert(key, node);
-      }
-    }
-    res.keys = check_table(plain, spec.keys, path, hint ? hint->name : "", hint ? &hint->schema : nullptr);
+    const toml::table empty;
+    res.keys = check_table(table ? *table : empty, spec.keys, path, hint ? hint->name : "",
+                           hint ? &hint->schema : nullptr, /*skip_tables=*/true);
     if (spec.kind) {
       if (spec.selector_is_list) {
         res.keys[spec.selector] = selected;

@@ -1,0 +1,200 @@
+// Experiment configuration: each error class names file:line:col (or the --set), the key path, what
+// was expected and a suggestion; --set is typed by the schema; the resolved config round-trips.
+// Components are registered in-process here, so these tests do not depend on any plugin library.
+#include <doctest/doctest.h>
+
+#include "ablate/config.hpp"
+#include "ablate/error.hpp"
+#include "ablate/registry.hpp"
+#include "test_support.hpp"
+
+using namespace ablate;
+
+namespace {
+
+void add(Registry& r, Kind kind, const std::string& name, Schema schema = {}) {
+  r.add(ComponentInfo{kind, name, "1.0", "test component", std::move(schema),
+                      [](const ComponentArgs&) -> std::unique_ptr<Component> { return nullptr; }, ""},
+        "test");
+}
+
+struct Fixture {
+  Registry registry;
+  Fixture() {
+    using namespace param;
+    add(registry, Kind::data_source, "synthetic_probes", {integer("documents", 1000, "docs").at_least(1)});
+    add(registry, Kind::sampler, "shuffled", {integer("buffer", 0, "window").at_least(0)});
+    add(registry, Kind::batcher, "padded");
+    add(registry, Kind::batcher, "packed",
+        {string("strategy", "best_fit", "how").one_of({"first_fit", "best_fit"}),
+         integer("max_segments_per_row", 8, "segments").at_least(1)});
+    add(registry, Kind::batcher, "bucketed", {int_list("boundaries", {256, 512, 1024}, "bounds").at_least(1)});
+    add(registry, Kind::communicator, "single");
+    add(registry, Kind::optimizer, "adamw");
+    add(registry, Kind::logger, "console");
+    add(registry, Kind::logger, "jsonl", {string("file", "metrics.jsonl", "name")});
+  }
+  Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    return Config::parse(text, "exp.toml", overrides, registry);
+  }
+  // The message of the input error `text` (with `overrides`) raises.
+  std::string error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    try {
+      parse(text, overrides);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::input);
+      CHECK(e.exit_code() == 2);
+      return e.what();
+    }
+    FAIL("expected an input error");
+    return "";
+  }
+};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE_FIXTURE(Fixture, "an empty experiment resolves with every default filled in") {
+  const Config c = parse("");
+  CHECK(c.section("run").get_int("steps") == 100);
+  CHECK(c.section("run").get_string("device") == "cpu");
+  CHECK(c.selected("batching") == "packed");
+  CHECK(c.implementation("batching", "packed").get_string("strategy") == "best_fit");
+  CHECK(c.selected("data") == "synthetic_probes");
+  CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 1000);
+  CHECK(c.selected("run") == "single");
+  CHECK(c.selected_list("logging").empty());
+  CHECK_FALSE(c.has_section("optimizer"));  // no default optimizer: absent until named
+}
+
+TEST_CASE_FIXTURE(Fixture, "a misspelled key is refused with file:line:col, the key path and a suggestion") {
+  const std::string msg = error("[run]\nsteps = 5\n\n[optimizer]\nname = \"adamw\"\nlrr = 3e-4\n");
+  CHECK(contains(msg, "exp.toml:6:1"));
+  CHECK(contains(msg, "optimizer.lrr"));
+  CHECK(contains(msg, "did you mean 'lr'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a wrong type names what was expected and what was given") {
+  const std::string msg = error("[run]\nsteps = \"ten\"\n");
+  CHECK(contains(msg, "exp.toml:2:9"));
+  CHECK(contains(msg, "run.steps"));
+  CHECK(contains(msg, "expected an int >= 0"));
+  CHECK(contains(msg, "got a string"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "an out-of-range value names the range") {
+  const std::string msg = error("[batching]\nbatch_size = 0\n");
+  CHECK(contains(msg, "exp.toml:2:14"));
+  CHECK(contains(msg, "batching.batch_size"));
+  CHECK(contains(msg, "out of range"));
+  CHECK(contains(msg, ">= 1"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a float where an int is expected is a type error, an int where a float is expected is fine") {
+  CHECK(contains(error("[run]\nsteps = 1.5\n"), "expected an int"));
+  CHECK(parse("[optimizer]\nname = \"adamw\"\nlr = 1\n").section("optimizer").get_float("lr") == 1.0);
+}
+
+TEST_CASE_FIXTURE(Fixture, "an unknown plugin name lists the valid names of its kind") {
+  const std::string msg = error("[batching]\nname = \"pakced\"\n");
+  CHECK(contains(msg, "exp.toml:2:8"));
+  CHECK(contains(msg, "batching.name"));
+  CHECK(contains(msg, "unknown batcher 'pakced'"));
+  CHECK(contains(msg, "did you mean 'packed'?"));
+  CHECK(contains(msg, "valid: bucketed, packed, padded"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "an unknown section is refused with a suggestion") {
+  const std::string msg = error("[optimiser]\nlr = 1\n");
+  CHECK(contains(msg, "exp.toml:1:2"));
+  CHECK(contains(msg, "did you mean 'optimizer'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a typo in the sub-table of an implementation not chosen is still caught") {
+  const std::string msg = error("[batching]\nname = \"padded\"\n[batching.packed]\nstrategy = \"best_fti\"\n");
+  CHECK(contains(msg, "exp.toml:4:12"));
+  CHECK(contains(msg, "batching.packed.strategy"));
+  CHECK(contains(msg, "did you mean 'best_fit'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a sub-table named after no implementation is refused") {
+  const std::string msg = error("[batching.pakced]\nstrategy = \"best_fit\"\n");
+  CHECK(contains(msg, "no batcher named 'pakced'"));
+  CHECK(contains(msg, "did you mean 'packed'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "an implementation's key put at the section level says where it belongs") {
+  const std::string msg = error("[batching]\nname = \"packed\"\nstrategy = \"first_fit\"\n");
+  CHECK(contains(msg, "belongs in [batching.packed]"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a component section without a default must name its implementation") {
+  const std::string msg = error("[optimizer]\nlr = 1e-3\n");
+  CHECK(contains(msg, "missing key 'name'"));
+  CHECK(contains(msg, "adamw"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "a TOML syntax error names file, line and column") {
+  const std::string msg = error("[run]\nsteps = = 3\n");
+  CHECK(contains(msg, "exp.toml:2:"));
+  CHECK(contains(msg, "TOML syntax error"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "--set values are typed by the schema") {
+  const Config c = parse("", {"run.steps=7", "optimizer.name=adamw", "optimizer.lr=3", "model.bias=false",
+                              "batching.name=bucketed", "batching.bucketed.boundaries=[128, 384]",
+                              "logging.sinks=console,jsonl", "data.synthetic_probes.documents=5",
+                              "model.norm=rmsnorm"});
+  CHECK(c.section("run").get_int("steps") == 7);
+  CHECK(c.section("optimizer").get_float("lr") == 3.0);
+  CHECK(c.section("model").get_bool("bias") == false);
+  CHECK(c.section("model").get_string("norm") == "rmsnorm");
+  CHECK(c.selected("batching") == "bucketed");
+  CHECK(c.implementation("batching", "bucketed").get_int_list("boundaries") == std::vector<int64_t>{128, 384});
+  CHECK(c.selected_list("logging") == std::vector<std::string>{"console", "jsonl"});
+  CHECK(c.implementation("logging", "jsonl").get_string("file") == "metrics.jsonl");
+  CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 5);
+}
+
+TEST_CASE_FIXTURE(Fixture, "--set overrides what the file says") {
+  const Config c = parse("[run]\nsteps = 5\n", {"run.steps=9"});
+  CHECK(c.section("run").get_int("steps") == 9);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a bad --set names the assignment, the expectation and a suggestion") {
+  std::string msg = error("", {"run.steps=abc"});
+  CHECK(contains(msg, "--set run.steps=abc"));
+  CHECK(contains(msg, "not an int"));
+  msg = error("", {"optimizer.lrr=1"});
+  CHECK(contains(msg, "--set optimizer.lrr=1"));
+  CHECK(contains(msg, "did you mean 'lr'?"));
+  msg = error("", {"model.bias=maybe"});
+  CHECK(contains(msg, "not a bool"));
+  msg = error("", {"batching.batch_size=-3"});
+  CHECK(contains(msg, "--set batching.batch_size=-3"));
+  CHECK(contains(msg, "out of range"));
+  msg = error("", {"batching.name=pakced"});
+  CHECK(contains(msg, "--set batching.name=pakced"));
+  CHECK(contains(msg, "did you mean 'packed'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "the resolved config round-trips through its TOML") {
+  const Config first = parse("[batching]\nname = \"bucketed\"\n[batching.packed]\nstrategy = \"first_fit\"\n"
+                             "[optimizer]\nname = \"adamw\"\nlr = 0.00025\n[logging]\nsinks = [\"jsonl\"]\n",
+                             {"data.synthetic_probes.documents=12"});
+  const std::string text = first.to_toml();
+  const Config second = Config::parse(text, "resolved.toml", {}, registry);
+  const auto body = [](const std::string& t) { return t.substr(t.find('\n') + 1); };
+  CHECK(body(second.to_toml()) == body(text));
+  CHECK(second.hash() == first.hash());
+  CHECK(second.section("optimizer").get_float("lr") == 0.00025);
+  CHECK(second.implementation("batching", "packed").get_string("strategy") == "first_fit");
+}
+
+TEST_CASE_FIXTURE(Fixture, "strings with newlines and quotes survive the round trip") {
+  add(registry, Kind::data_source, "text_files", {param::string("separator", "\n\n", "split on this")});
+  const Config first = parse("[data]\nname = \"text_files\"\n[data.text_files]\nseparator = \"a\\\"b\\n\\tc\"\n");
+  const Config second = Config::parse(first.to_toml(), "resolved.toml", {}, registry);
+  CHECK(second.implementation("data", "text_files").get_string("separator") == "a\"b\n\tc");
+}
