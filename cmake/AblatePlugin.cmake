@@ -24,6 +24,8 @@ function(ablate_add_plugin name)
     set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${ABLATE_PLUGIN_OUTPUT_DIR}")
   endif()
   if(NOT ARG_NO_INSTALL AND DEFINED ABLATE_PLUGIN_INSTALL_DIR)
+    # Installed next to core as lib/ablate/plugins: core is two directories up.
+    set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../..")
     install(TARGETS ${target} LIBRARY DESTINATION "${ABLATE_PLUGIN_INSTALL_DIR}")
   endif()
 endfunction()

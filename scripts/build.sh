@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures (once) and builds ablate into build/ (override with ABLATE_BUILD_DIR).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${ABLATE_BUILD_DIR:-$root/build}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ABLATE_CMAKE_ARGS:-}
+fi
+cmake --build "$build" -j "$(nproc)"
