@@ -1,0 +1,135 @@
+// The `ablate` program as a user meets it: exit codes (0 ok, 2 bad input), messages, --help for
+// every subcommand, plugin listing from the build tree and from ABLATE_PLUGIN_PATH / [plugins] paths.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+using ablate::test::run_ablate;
+namespace fs = std::filesystem;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+const std::string kQuickstart = std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml";
+}  // namespace
+
+TEST_CASE("ablate with no command prints the commands and exits 2; --help exits 0") {
+  const auto none = run_ablate("");
+  CHECK(none.exit_code == 2);
+  CHECK(contains(none.output, "plugins"));
+  const auto help = run_ablate("--help");
+  CHECK(help.exit_code == 0);
+  CHECK(contains(help.output, "config"));
+}
+
+TEST_CASE("every subcommand has --help") {
+  for (const char* cmd : {"plugins list", "plugins describe", "config show", "config reference", "data analyze"}) {
+    CAPTURE(cmd);
+    const auto r = run_ablate(std::string(cmd) + " --help");
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "usage: ablate"));
+  }
+}
+
+TEST_CASE("an unknown command exits 2 with a suggestion") {
+  const auto r = run_ablate("confg show x.toml");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "did you mean 'config'?"));
+}
+
+TEST_CASE("an unknown option exits 2 naming the command") {
+  const auto r = run_ablate("plugins list --jsn");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "plugins"));
+}
+
+TEST_CASE("plugins list shows every plugin built and no failures") {
+  const auto r = run_ablate("plugins list");
+  REQUIRE(r.exit_code == 0);
+  int plugins = 0;
+  for (const auto& entry : fs::directory_iterator(ablate::test::plugin_dir())) {
+    CAPTURE(entry.path());
+    CHECK(contains(r.output, entry.path().filename().string()));
+    ++plugins;
+  }
+  CHECK(plugins >= 1);
+  CHECK_FALSE(contains(r.output, "not loaded"));
+  CHECK_FALSE(contains(r.output, "test_"));
+}
+
+TEST_CASE("plugins list --json gives components and failures") {
+  const auto r = run_ablate("plugins list --json", "ABLATE_PLUGIN_PATH=" + (ablate::test::test_plugin_dir() / "badapi").string());
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  bool single = false;
+  for (const auto& c : j["components"]) single = single || (c["kind"] == "communicator" && c["name"] == "single");
+  CHECK(single);
+  REQUIRE(j["failed"].size() == 1);
+  CHECK(contains(j["failed"][0]["reason"].get<std::string>(), "API version 999"));
+}
+
+TEST_CASE("plugins found through ABLATE_PLUGIN_PATH are listed") {
+  const auto r = run_ablate("plugins list", "ABLATE_PLUGIN_PATH=" + (ablate::test::test_plugin_dir() / "good").string());
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.output, "recorder"));
+}
+
+TEST_CASE("plugins describe prints a component's parameters; an unknown name exits 2") {
+  const auto r = run_ablate("plugins describe recorder", "ABLATE_PLUGIN_PATH=" + (ablate::test::test_plugin_dir() / "good").string());
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "width"));
+  CHECK(contains(r.output, "in [1, 10]"));
+  const auto bad = run_ablate("plugins describe singel");
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "did you mean 'single'?"));
+}
+
+TEST_CASE("config show prints the resolved quickstart, which reads back to the same") {
+  ablate::test::TempDir dir;
+  const auto r = run_ablate("config show " + kQuickstart);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.output, "[batching.packed]"));
+  CHECK(contains(r.output, "grad_accum_steps = 1"));
+  const fs::path resolved = dir.write("resolved.toml", r.output);
+  const auto again = run_ablate("config show " + resolved.string());
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.substr(again.output.find('\n')) == r.output.substr(r.output.find('\n')));
+}
+
+TEST_CASE("a misspelled key under [optimizer] exits 2 with the position and the suggestion 'lr'") {
+  ablate::test::TempDir dir;
+  const fs::path cfg = dir.write("exp.toml", "[run]\nsteps = 3\n[optimizer]\nlrr = 3e-4\n");
+  const auto r = run_ablate("config show " + cfg.string());
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, cfg.string() + ":4:1"));
+  CHECK(contains(r.output, "optimizer.lrr"));
+  CHECK(contains(r.output, "did you mean 'lr'?"));
+}
+
+TEST_CASE("a missing experiment file exits 2 naming it") {
+  const auto r = run_ablate("config show /nonexistent/exp.toml");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "/nonexistent/exp.toml"));
+}
+
+TEST_CASE("--set on the command line is typed and checked") {
+  const auto ok = run_ablate("config show " + kQuickstart + " --set run.steps=11 --set batching.name=padded");
+  REQUIRE(ok.exit_code == 0);
+  CHECK(contains(ok.output, "steps = 11"));
+  CHECK(contains(ok.output, "name = \"padded\""));
+  const auto bad = run_ablate("config show " + kQuickstart + " --set run.steps=eleven");
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "--set run.steps=eleven"));
+}
+
+TEST_CASE("[plugins] paths in the experiment file loads plugins relative to the file") {
+  ablate::test::TempDir dir;
+  fs::copy(ablate::test::test_plugin_dir() / "good", dir.path() / "myplugins");
+  const fs::path cfg = dir.write("exp.toml", "[plugins]\npaths = [\"myplugins\"]\n[logging]\nsinks = [\"recorder\"]\n"
+                                             "[logging.recorder]\nwidth = 4\n");
+  const auto r = run_ablate("config show " + cfg.string());
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "[logging.recorder]"));
+  CHECK(contains(r.output, "width = 4"));
+}
