@@ -276,9 +276,21 @@ class Validator {
   ResolvedSection check_section(const SectionSpec& spec, const toml::table* table) const {
     ResolvedSection res;
     const std::string& path = spec.name;
+    // Core keys first (every non-table entry), so a misspelled key is reported even when the
+    // implementation is not named yet. The hint says where an implementation's key belongs.
+    const ComponentInfo* hint = nullptr;
+    if (spec.kind && !spec.selector_is_list && table != nullptr) {
+      if (const toml::node* sel = table->get(spec.selector); sel != nullptr && sel->is_string()) {
+        hint = registry_.find(*spec.kind, sel->as_string()->get());
+      }
+    } else if (spec.kind && !spec.selector_is_list && !spec.default_selection.empty()) {
+      hint = registry_.find(*spec.kind, spec.default_selection);
+    }
+    const toml::table empty;
+    res.keys = check_table(table ? *table : empty, spec.keys, path, hint ? hint->name : "",
+                           hint ? &hint->schema : nullptr, /*skip_tables=*/true);
     // Selected implementation(s), validated against the registry.
     std::vector<std::string> selected;
-    const ComponentInfo* hint = nullptr;
     if (spec.kind) {
       const toml::node* sel = table ? table->get(spec.selector) : nullptr;
       const std::string sel_path = path + "." + spec.selector;
@@ -312,12 +324,7 @@ class Validator {
         fail(table->source(), path, "missing key '" + spec.selector + "': choose a " + std::string(to_string(*spec.kind)) +
                                         " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
       }
-      if (!spec.selector_is_list && !selected.empty()) hint = registry_.find(*spec.kind, selected.front());
     }
-    // Core keys: every non-table entry.
-    const toml::table empty;
-    res.keys = check_table(table ? *table : empty, spec.keys, path, hint ? hint->name : "",
-                           hint ? &hint->schema : nullptr, /*skip_tables=*/true);
     if (spec.kind) {
       if (spec.selector_is_list) {
         res.keys[spec.selector] = selected;
