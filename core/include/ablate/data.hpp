@@ -73,6 +73,9 @@ class DocumentFeed {
   virtual const Document& next() = 0;
   // Reads a document again by index (restore uses it to rebuild pending pieces).
   virtual Document fetch(uint64_t document) = 0;
+  // The source's end-of-document token (the target of a document's last token when the batcher
+  // appends it), -1 when the source has none.
+  virtual int32_t eot_token() const = 0;
 };
 
 class Batcher : public Component {

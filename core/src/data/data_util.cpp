@@ -1,0 +1,186 @@
+// Glob expansion (glob(3)), read-only memory maps (mmap(2)) and the tail split used by the
+// file-backed data sources; the [batching] keys, document pieces and row writing of the batchers.
+#include "ablate/data_util.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ablate/error.hpp"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has_glob_characters(const std::string& pattern) {
+  return pattern.find_first_of("*?[") != std::string::npos;
+}
+
+std::string prefixed(const std::string& where, const std::string& message) {
+  return where.empty() ? message : where + ": " + message;
+}
+
+}  // namespace
+
+std::vector<fs::path> expand_paths(const std::vector<std::string>& patterns, const std::string& where) {
+  std::vector<fs::path> files;
+  std::set<std::string> seen;
+  for (const std::string& pattern : patterns) {
+    std::vector<std::string> matched;
+    if (!has_glob_characters(pattern)) {
+      std::error_code ec;
+      if (!fs::is_regular_file(pattern, ec)) {
+        throw_input_error(pattern, prefixed(where, fs::exists(pattern, ec) ? "not a regular file" : "no such file"));
+      }
+      matched.push_back(pattern);
+    } else {
+      glob_t g{};
+      const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+      if (rc == 0) {
+        for (std::size_t i = 0; i < g.gl_pathc; ++i) {
+          std::error_code ec;
+          if (fs::is_regular_file(g.gl_pathv[i], ec)) matched.emplace_back(g.gl_pathv[i]);
+        }
+      }
+      ::globfree(&g);
+      if (rc != 0 && rc != GLOB_NOMATCH) throw_input_error(pattern, prefixed(where, "cannot read the directories of this glob"));
+      if (matched.empty()) throw_input_error(pattern, prefixed(where, "the glob matches no file"));
+      std::sort(matched.begin(), matched.end());
+    }
+    for (std::string& m : matched) {
+      if (seen.insert(m).second) files.emplace_back(std::move(m));
+    }
+  }
+  return files;
+}
+
+MappedFile::MappedFile(const fs::path& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_input_error(path.string(), std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_input_error(path.string(), std::string("cannot stat: ") + std::strerror(err));
+  }
+  size_ = std::size_t(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      throw_input_error(path.string(), std::string("cannot map: ") + std::strerror(err));
+    }
+    data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file alive
+}
+
+MappedFile::~MappedFile() { release(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    release();
+    path_ = std::move(other.path_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+void MappedFile::release() noexcept {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+uint64_t validation_tail(uint64_t documents, double fraction) {
+  if (fraction <= 0.0 || documents < 2) return 0;
+  auto tail = uint64_t(std::llround(double(documents) * fraction));
+  tail = std::max<uint64_t>(tail, 1);
+  return std::min(tail, documents - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+BatchingOptions BatchingOptions::from(const Params& common) {
+  BatchingOptions o;
+  o.batch_size = int32_t(common.get_int("batch_size"));
+  o.seq_len = int32_t(common.get_int("seq_len"));
+  o.append_eot = common.get_bool("append_eot");
+  o.split_long = common.get_string("long_documents") == "split";
+  return o;
+}
+
+DocumentPiece piece_of(const Document& doc, const PendingPiece& span) {
+  const auto length = int32_t(doc.tokens.size());
+  if (span.begin < 0 || span.end <= span.begin || span.end > length) {
+    throw_input_error("data cursor", "piece [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
+                                         ") does not fit document " + std::to_string(span.document) + " of " +
+                                         std::to_string(length) + " tokens (was the cursor saved with other data?)");
+  }
+  DocumentPiece piece;
+  piece.span = span;
+  piece.ends_document = span.end == length;
+  const int32_t copy_end = piece.ends_document ? span.end : span.end + 1;
+  piece.tokens.assign(doc.tokens.begin() + span.begin, doc.tokens.begin() + copy_end);
+  return piece;
+}
+
+void cut_document(const Document& doc, int32_t seq_len, bool split_long, std::vector<DocumentPiece>& out) {
+  const auto length = int32_t(doc.tokens.size());
+  for (int32_t begin = 0; begin < length; begin += seq_len) {
+    out.push_back(piece_of(doc, {doc.index, begin, std::min(length, begin + seq_len)}));
+    if (!split_long) break;
+  }
+}
+
+void write_rows(Batch& out, int32_t rows, int32_t seq_len, const std::vector<std::vector<const DocumentPiece*>>& row_pieces,
+                int32_t final_target) {
+  out.reset(rows, seq_len);
+  for (int32_t r = 0; r < rows; ++r) {
+    int32_t column = 0;
+    int32_t segment_id = 0;
+    if (std::size_t(r) < row_pieces.size()) {
+      for (const DocumentPiece* piece : row_pieces[std::size_t(r)]) {
+        const int32_t n = piece->length();
+        if (column + n > seq_len) throw_runtime_error("batcher", "a row overflows its " + std::to_string(seq_len) + " positions");
+        const std::size_t base = std::size_t(r) * std::size_t(seq_len) + std::size_t(column);
+        ++segment_id;
+        const int32_t* tok = piece->tokens.data();
+        for (int32_t i = 0; i < n; ++i) {
+          out.tokens[base + i] = tok[i];
+          out.positions[base + i] = i;
+          out.segment_ids[base + i] = segment_id;
+        }
+        // The next token of the document is the target; the piece's last token targets the token
+        // after it (held in tokens[n]) or, at the document's end, final_target.
+        for (int32_t i = 0; i + 1 < n; ++i) out.targets[base + i] = tok[i + 1];
+        out.targets[base + n - 1] = piece->ends_document ? final_target : tok[n];
+        out.segments.push_back({column, n});
+        column += n;
+      }
+    }
+    out.row_segments[std::size_t(r) + 1] = int32_t(out.segments.size());
+  }
+}
+
+}  // namespace ablate

@@ -1,0 +1,133 @@
+// The `sequential` and `shuffled` samplers. Both deal each epoch's sequence of documents out to the
+// ranks round-robin (position p goes to rank p % world), so the ranks' draws are disjoint and
+// together complete. `shuffled` orders each epoch by a seeded permutation -- of the whole epoch
+// (buffer = 0) or within consecutive windows of `buffer` documents -- computed by a keyed Feistel
+// network, so document_at(draw) is a pure function with no per-epoch table.
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "ablate/data.hpp"
+#include "ablate/error.hpp"
+#include "ablate/plugin.hpp"
+
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A keyed bijection of [0, n): a balanced Feistel network on the smallest even number of bits
+// covering n, with cycle walking for values that land outside [0, n).
+class KeyedPermutation {
+ public:
+  KeyedPermutation(uint64_t n, uint64_t key) : n_(n), key_(key) {
+    int bits = 2;
+    while (bits < 64 && (uint64_t(1) << bits) < n) bits += 2;
+    half_bits_ = bits / 2;
+    half_mask_ = (uint64_t(1) << half_bits_) - 1;
+  }
+
+  uint64_t operator()(uint64_t i) const {
+    if (n_ <= 1) return 0;
+    uint64_t x = i;
+    do x = encrypt(x); while (x >= n_);
+    return x;
+  }
+
+ private:
+  uint64_t encrypt(uint64_t x) const {
+    uint64_t left = x >> half_bits_, right = x & half_mask_;
+    for (uint64_t round = 0; round < 6; ++round) {
+      const uint64_t f = mix64(key_ ^ mix64(right + (round << 56))) & half_mask_;
+      const uint64_t next_right = left ^ f;
+      left = right;
+      right = next_right;
+    }
+    return (left << half_bits_) | right;
+  }
+
+  uint64_t n_;
+  uint64_t key_;
+  int half_bits_ = 1;
+  uint64_t half_mask_ = 1;
+};
+
+// Shared by both samplers: epochs and the round-robin deal to ranks; subclasses order an epoch.
+class RoundRobinSampler : public ablate::Sampler {
+ public:
+  void reset(uint64_t documents, uint64_t seed, int rank, int world) override {
+    if (world < 1 || rank < 0 || rank >= world) {
+      ablate::throw_runtime_error("sampler", "rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+    }
+    if (documents < uint64_t(world)) {
+      ablate::throw_input_error("sampler", "the split has " + std::to_string(documents) + " documents, fewer than the " +
+                                               std::to_string(world) + " ranks that share it");
+    }
+    documents_ = documents;
+    seed_ = seed;
+    rank_ = uint64_t(rank);
+    world_ = uint64_t(world);
+    per_epoch_ = (documents - rank_ + world_ - 1) / world_;
+    on_reset();
+  }
+  uint64_t draws_per_epoch() const override { return per_epoch_; }
+  uint64_t document_at(uint64_t draw) override {
+    if (per_epoch_ == 0) ablate::throw_runtime_error("sampler", "document_at before reset");
+    const uint64_t epoch = draw / per_epoch_;
+    const uint64_t position = (draw % per_epoch_) * world_ + rank_;
+    return order(epoch, position);
+  }
+
+ protected:
+  // The document at `position` of epoch `epoch`'s sequence (a bijection of [0, documents) per epoch).
+  virtual uint64_t order(uint64_t epoch, uint64_t position) = 0;
+  virtual void on_reset() {}
+
+  uint64_t documents_ = 0;
+  uint64_t seed_ = 0;
+  uint64_t rank_ = 0;
+  uint64_t world_ = 1;
+  uint64_t per_epoch_ = 0;
+};
+
+class SequentialSampler final : public RoundRobinSampler {
+ protected:
+  uint64_t order(uint64_t, uint64_t position) override { return position; }
+};
+
+class ShuffledSampler final : public RoundRobinSampler {
+ public:
+  explicit ShuffledSampler(uint64_t buffer) : buffer_(buffer) {}
+
+ protected:
+  uint64_t order(uint64_t epoch, uint64_t position) override {
+    const uint64_t epoch_key = mix64(seed_ ^ mix64(epoch + 0x5368756666ull));
+    if (buffer_ == 0 || buffer_ >= documents_) return KeyedPermutation(documents_, epoch_key)(position);
+    const uint64_t window = position / buffer_;
+    const uint64_t start = window * buffer_;
+    const uint64_t size = std::min(buffer_, documents_ - start);
+    return start + KeyedPermutation(size, mix64(epoch_key ^ mix64(window)))(position - start);
+  }
+
+ private:
+  uint64_t buffer_;
+};
+
+void register_components(ablate::Registrar& r) {
+  using namespace ablate::param;
+  r.add({ablate::Kind::sampler, "sequential", "1.0.0", "documents in index order, dealt round-robin to the ranks", {},
+         [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); }, ""});
+  r.add({ablate::Kind::sampler, "shuffled", "1.0.0",
+         "a seeded permutation per epoch (run.seed), whole-epoch or within windows, dealt round-robin to the ranks",
+         {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").at_least(0)},
+         [](const ablate::ComponentArgs& args) { return std::make_unique<ShuffledSampler>(uint64_t(args.own.get_int("buffer"))); },
+         ""});
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("samplers", "1.0.0", register_components)

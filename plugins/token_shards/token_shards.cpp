@@ -1,0 +1,207 @@
+// The `token_shards` data source: pre-tokenised llm.c shards (a header of 256 int32 -- magic
+// 20240520, version 1, token count -- then that many uint16 tokens), memory-mapped, never read whole.
+// Documents are the runs of tokens between end-of-text tokens (`eot`) within one shard; the split
+// is by shard glob (`val_paths`) or the last `validation_fraction` of the documents.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ablate/data.hpp"
+#include "ablate/data_util.hpp"
+#include "ablate/error.hpp"
+#include "ablate/plugin.hpp"
+
+namespace {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardVersion = 1;
+constexpr std::size_t kHeaderInts = 256;
+constexpr std::size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
+
+std::string at_offset(const std::filesystem::path& file, uint64_t offset) {
+  return file.string() + ":offset " + std::to_string(offset);
+}
+
+// One mapped shard and the start/end (token offsets) of each of its documents.
+struct Shard {
+  explicit Shard(const std::filesystem::path& path) : file(path) {}
+  ablate::MappedFile file;
+  const uint16_t* tokens = nullptr;  // (count)
+  uint64_t count = 0;
+  std::vector<uint32_t> doc_begin;
+  std::vector<uint32_t> doc_end;
+};
+
+std::unique_ptr<Shard> open_shard(const std::filesystem::path& path, int32_t eot, int32_t vocab) {
+  auto owned = std::make_unique<Shard>(path);
+  Shard& shard = *owned;
+  const std::size_t size = shard.file.size();
+  if (size < kHeaderBytes) {
+    ablate::throw_input_error(at_offset(path, size), "truncated header: the file has " + std::to_string(size) +
+                                                         " bytes, an llm.c shard header has " + std::to_string(kHeaderBytes));
+  }
+  int32_t header[kHeaderInts];
+  std::memcpy(header, shard.file.data(), kHeaderBytes);
+  if (header[0] != kShardMagic) {
+    ablate::throw_input_error(at_offset(path, 0), "wrong magic " + std::to_string(header[0]) + " (an llm.c token shard has " +
+                                                      std::to_string(kShardMagic) + ")");
+  }
+  if (header[1] != kShardVersion) {
+    ablate::throw_input_error(at_offset(path, 4), "unsupported version " + std::to_string(header[1]) + " (expected " +
+                                                      std::to_string(kShardVersion) + ": uint16 tokens)");
+  }
+  if (header[2] < 0) ablate::throw_input_error(at_offset(path, 8), "negative token count " + std::to_string(header[2]));
+  shard.count = uint64_t(header[2]);
+  const uint64_t expected = kHeaderBytes + shard.count * sizeof(uint16_t);
+  if (size < expected) {
+    ablate::throw_input_error(at_offset(path, size), "truncated body: the header says " + std::to_string(shard.count) +
+                                                         " tokens (" + std::to_string(expected) + " bytes) but the file has " +
+                                                         std::to_string(size) + " bytes");
+  }
+  if (size > expected) {
+    ablate::throw_input_error(at_offset(path, expected), std::to_string(size - expected) +
+                                                             " bytes after the last token the header counts");
+  }
+  shard.tokens = reinterpret_cast<const uint16_t*>(shard.file.data() + kHeaderBytes);
+  // One pass: check the vocabulary and record the documents (maximal runs between eot tokens).
+  uint64_t begin = 0;
+  for (uint64_t i = 0; i < shard.count; ++i) {
+    const int32_t t = shard.tokens[i];
+    if (t >= vocab) {
+      ablate::throw_input_error(at_offset(path, kHeaderBytes + i * sizeof(uint16_t)),
+                                "token " + std::to_string(t) + " is outside the vocabulary (vocab_size " +
+                                    std::to_string(vocab) + ")");
+    }
+    if (t == eot) {
+      if (i > begin) {
+        shard.doc_begin.push_back(uint32_t(begin));
+        shard.doc_end.push_back(uint32_t(i));
+      }
+      begin = i + 1;
+    }
+  }
+  if (shard.count > begin) {
+    shard.doc_begin.push_back(uint32_t(begin));
+    shard.doc_end.push_back(uint32_t(shard.count));
+  }
+  return owned;
+}
+
+// The documents of one split: a list of shards, each with a range of its documents.
+struct SplitIndex {
+  struct Part {
+    const Shard* shard;
+    uint64_t first_doc;  // first document of the shard in this part
+    uint64_t docs;
+  };
+  std::vector<Part> parts;
+  std::vector<uint64_t> starts;  // split-level index of each part's first document
+  uint64_t total = 0;
+
+  void add(const Shard& shard, uint64_t first, uint64_t docs) {
+    if (docs == 0) return;
+    parts.push_back({&shard, first, docs});
+    starts.push_back(total);
+    total += docs;
+  }
+};
+
+class TokenShards final : public ablate::DataSource {
+ public:
+  explicit TokenShards(const ablate::Params& own) {
+    eot_ = int32_t(own.get_int("eot"));
+    vocab_ = int32_t(own.get_int("vocab_size"));
+    if (eot_ >= vocab_) {
+      ablate::throw_input_error(own.path(), "eot " + std::to_string(eot_) + " is not below vocab_size " + std::to_string(vocab_));
+    }
+    const auto& train_patterns = own.get_string_list("paths");
+    const auto& val_patterns = own.get_string_list("val_paths");
+    if (train_patterns.empty()) ablate::throw_input_error(own.path() + ".paths", "no shard paths given");
+    const auto train_files = ablate::expand_paths(train_patterns, own.path() + ".paths");
+    const auto val_files = val_patterns.empty() ? std::vector<std::filesystem::path>{}
+                                                : ablate::expand_paths(val_patterns, own.path() + ".val_paths");
+    for (const auto& f : train_files) shards_.push_back(open_shard(f, eot_, vocab_));
+    const std::size_t first_val_shard = shards_.size();
+    for (const auto& f : val_files) shards_.push_back(open_shard(f, eot_, vocab_));
+
+    uint64_t train_docs = 0;
+    for (std::size_t s = 0; s < first_val_shard; ++s) train_docs += shards_[s]->doc_begin.size();
+    if (train_docs == 0) {
+      ablate::throw_input_error(train_files.front().string(), "empty data set: the shards of " + own.path() +
+                                                                  ".paths hold no document (only end-of-text tokens or none)");
+    }
+    if (!val_files.empty()) {
+      for (std::size_t s = 0; s < shards_.size(); ++s) {
+        (s < first_val_shard ? train_ : validation_).add(*shards_[s], 0, shards_[s]->doc_begin.size());
+      }
+    } else {
+      // The last documents (in shard order) form the validation split.
+      const uint64_t val_docs = ablate::validation_tail(train_docs, own.get_float("validation_fraction"));
+      uint64_t remaining_train = train_docs - val_docs;
+      for (std::size_t s = 0; s < first_val_shard; ++s) {
+        const uint64_t docs = shards_[s]->doc_begin.size();
+        const uint64_t to_train = std::min(docs, remaining_train);
+        train_.add(*shards_[s], 0, to_train);
+        validation_.add(*shards_[s], to_train, docs - to_train);
+        remaining_train -= to_train;
+      }
+    }
+    tokens_total_ = 0;
+    for (const auto& s : shards_) tokens_total_ += s->count;
+  }
+
+  int32_t vocab_size() const override { return vocab_; }
+  int32_t eot_token() const override { return eot_; }
+  uint64_t size(ablate::Split split) const override { return index(split).total; }
+
+  void read(ablate::Split split, uint64_t doc, ablate::Document& out) const override {
+    const SplitIndex& idx = index(split);
+    if (doc >= idx.total) {
+      ablate::throw_runtime_error("token_shards", "document " + std::to_string(doc) + " of the " + ablate::to_string(split) +
+                                                      " split is out of range (" + std::to_string(idx.total) + " documents)");
+    }
+    const std::size_t part = std::size_t(std::upper_bound(idx.starts.begin(), idx.starts.end(), doc) - idx.starts.begin() - 1);
+    const SplitIndex::Part& p = idx.parts[part];
+    const uint64_t local = p.first_doc + (doc - idx.starts[part]);
+    const uint16_t* begin = p.shard->tokens + p.shard->doc_begin[local];
+    const uint16_t* end = p.shard->tokens + p.shard->doc_end[local];
+    out.index = doc;
+    out.tokens.assign(begin, end);
+  }
+
+  std::string describe() const override {
+    return "token_shards: " + std::to_string(shards_.size()) + " shards, " + std::to_string(tokens_total_) + " tokens, " +
+           std::to_string(train_.total) + " train / " + std::to_string(validation_.total) +
+           " validation documents, vocab " + std::to_string(vocab_) + ", eot " + std::to_string(eot_);
+  }
+
+ private:
+  const SplitIndex& index(ablate::Split split) const { return split == ablate::Split::train ? train_ : validation_; }
+
+  int32_t eot_ = 50256;
+  int32_t vocab_ = 50257;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  SplitIndex train_;
+  SplitIndex validation_;
+  uint64_t tokens_total_ = 0;
+};
+
+void register_components(ablate::Registrar& r) {
+  using namespace ablate::param;
+  r.add({ablate::Kind::data_source, "token_shards", "1.0.0",
+         "llm.c token shards (uint16, memory-mapped); documents split on the end-of-text token",
+         {
+             string_list("paths", {}, "training shards: files or globs (relative to the working directory)"),
+             string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents"),
+             floating("validation_fraction", 0.0, "share of documents held out when val_paths is empty").within(0.0, 0.5),
+             integer("eot", 50256, "end-of-text token id (documents are split on it)").at_least(0),
+             integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
+         },
+         [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, ""});
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("token_shards", "1.0.0", register_components)
