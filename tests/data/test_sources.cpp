@@ -1,0 +1,207 @@
+// Data source tests: token_shards (documents split on eot, the splits, and every malformed input
+// named by file and offset), text_files (separators, splits), synthetic_probes (determinism,
+// vocabulary, the length distribution).
+#include <algorithm>
+#include <thread>
+
+#include "data_test_support.hpp"
+
+using namespace ablate;
+using namespace ablate::test;
+
+namespace {
+
+std::shared_ptr<DataSource> source_from(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  const Config cfg = data_config(toml, overrides);
+  RunContext run;
+  return make_data_source(cfg, data_registry(), run);
+}
+
+std::string shards_toml(const std::string& paths, const std::string& extra = "") {
+  return "[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [" + paths + "]\neot = 0\nvocab_size = 100\n" + extra;
+}
+
+std::vector<int32_t> read_tokens(const DataSource& s, Split split, uint64_t i) {
+  Document d;
+  s.read(split, i, d);
+  return d.tokens;
+}
+
+// The message of the input error `make` throws.
+template <class F>
+std::string input_error_of(F&& make) {
+  try {
+    make();
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::input);
+    return e.what();
+  }
+  FAIL("no error was thrown");
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("token_shards splits documents on eot and skips empty ones") {
+  TempDir dir;
+  write_shard(dir.path() / "a.bin", {0, 1, 2, 3, 0, 4, 5, 0, 0, 6});
+  write_shard(dir.path() / "b.bin", {7, 8, 0});
+  const auto src = source_from(shards_toml("\"" + (dir.path() / "*.bin").string() + "\""));
+  REQUIRE(src->size(Split::train) == 4);
+  CHECK(src->size(Split::validation) == 0);
+  CHECK(read_tokens(*src, Split::train, 0) == std::vector<int32_t>{1, 2, 3});
+  CHECK(read_tokens(*src, Split::train, 1) == std::vector<int32_t>{4, 5});
+  CHECK(read_tokens(*src, Split::train, 2) == std::vector<int32_t>{6});
+  CHECK(read_tokens(*src, Split::train, 3) == std::vector<int32_t>{7, 8});
+  CHECK(src->eot_token() == 0);
+  CHECK(src->vocab_size() == 100);
+}
+
+TEST_CASE("token_shards takes validation from val_paths") {
+  TempDir dir;
+  write_shard(dir.path() / "train.bin", {0, 1, 0, 2});
+  write_shard(dir.path() / "val.bin", {0, 9, 9});
+  const auto src = source_from(shards_toml("\"" + (dir.path() / "train.bin").string() + "\"",
+                                           "val_paths = [\"" + (dir.path() / "val.bin").string() + "\"]\n"));
+  CHECK(src->size(Split::train) == 2);
+  REQUIRE(src->size(Split::validation) == 1);
+  CHECK(read_tokens(*src, Split::validation, 0) == std::vector<int32_t>{9, 9});
+}
+
+TEST_CASE("token_shards holds out the last documents with validation_fraction") {
+  TempDir dir;
+  write_shard(dir.path() / "a.bin", {0, 1, 0, 2, 0, 3});
+  write_shard(dir.path() / "b.bin", {0, 4, 0, 5});
+  const auto src = source_from(shards_toml("\"" + (dir.path() / "*.bin").string() + "\"", "validation_fraction = 0.4\n"));
+  REQUIRE(src->size(Split::train) == 3);
+  REQUIRE(src->size(Split::validation) == 2);
+  CHECK(read_tokens(*src, Split::train, 2) == std::vector<int32_t>{3});
+  CHECK(read_tokens(*src, Split::validation, 0) == std::vector<int32_t>{4});
+  CHECK(read_tokens(*src, Split::validation, 1) == std::vector<int32_t>{5});
+}
+
+TEST_CASE("token_shards names the file of a wrong magic") {
+  TempDir dir;
+  write_shard(dir.path() / "bad.bin", {0, 1}, 12345);
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "bad.bin").string() + "\"")); });
+  CHECK(contains(msg, "bad.bin:offset 0"));
+  CHECK(contains(msg, "magic"));
+}
+
+TEST_CASE("token_shards names the file of a wrong version") {
+  TempDir dir;
+  write_shard(dir.path() / "v2.bin", {0, 1}, 20240520, 2);
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "v2.bin").string() + "\"")); });
+  CHECK(contains(msg, "v2.bin:offset 4"));
+  CHECK(contains(msg, "version 2"));
+}
+
+TEST_CASE("token_shards names the file and offset of a truncated body") {
+  TempDir dir;
+  write_shard(dir.path() / "short.bin", {0, 1, 2}, 20240520, 1, 10);
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "short.bin").string() + "\"")); });
+  CHECK(contains(msg, "short.bin:offset 1030"));
+  CHECK(contains(msg, "truncated"));
+}
+
+TEST_CASE("token_shards names the file of a truncated header") {
+  TempDir dir;
+  dir.write("tiny.bin", "abc");
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "tiny.bin").string() + "\"")); });
+  CHECK(contains(msg, "tiny.bin"));
+  CHECK(contains(msg, "truncated header"));
+}
+
+TEST_CASE("token_shards names the file and offset of a token outside the vocabulary") {
+  TempDir dir;
+  write_shard(dir.path() / "oov.bin", {0, 1, 2, 100, 3});
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "oov.bin").string() + "\"")); });
+  CHECK(contains(msg, "oov.bin:offset 1030"));  // header 1024 + 3 tokens * 2 bytes
+  CHECK(contains(msg, "token 100"));
+}
+
+TEST_CASE("token_shards names a missing file") {
+  TempDir dir;
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "absent.bin").string() + "\"")); });
+  CHECK(contains(msg, "absent.bin"));
+  CHECK(contains(msg, "no such file"));
+}
+
+TEST_CASE("token_shards names a glob that matches nothing") {
+  TempDir dir;
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "*.bin").string() + "\"")); });
+  CHECK(contains(msg, "*.bin"));
+  CHECK(contains(msg, "matches no file"));
+}
+
+TEST_CASE("token_shards refuses a data set without documents") {
+  TempDir dir;
+  write_shard(dir.path() / "eots.bin", {0, 0, 0});
+  const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "eots.bin").string() + "\"")); });
+  CHECK(contains(msg, "eots.bin"));
+  CHECK(contains(msg, "empty data set"));
+}
+
+TEST_CASE("text_files makes one document per file without a separator") {
+  TempDir dir;
+  dir.write("a.txt", "hi");
+  dir.write("b.txt", "");
+  dir.write("c.txt", "\xff!");
+  const auto src = source_from("[data]\nname = \"text_files\"\n[data.text_files]\npaths = [\"" + (dir.path() / "*.txt").string() + "\"]\n");
+  REQUIRE(src->size(Split::train) == 2);
+  CHECK(read_tokens(*src, Split::train, 0) == std::vector<int32_t>{'h', 'i'});
+  CHECK(read_tokens(*src, Split::train, 1) == std::vector<int32_t>{255, '!'});
+  CHECK(src->vocab_size() == 257);
+  CHECK(src->eot_token() == 256);
+}
+
+TEST_CASE("text_files splits on the separator and holds out the last documents") {
+  TempDir dir;
+  dir.write("a.txt", "one\n\ntwo\n\n\n\nthree\n\nfour");
+  const auto src = source_from("[data]\nname = \"text_files\"\n[data.text_files]\npaths = [\"" + (dir.path() / "a.txt").string() +
+                               "\"]\nseparator = \"\\n\\n\"\nvalidation_fraction = 0.25\n");
+  REQUIRE(src->size(Split::train) == 3);
+  REQUIRE(src->size(Split::validation) == 1);
+  CHECK(read_tokens(*src, Split::train, 1) == std::vector<int32_t>{'t', 'w', 'o'});
+  CHECK(read_tokens(*src, Split::validation, 0) == std::vector<int32_t>{'f', 'o', 'u', 'r'});
+}
+
+TEST_CASE("synthetic_probes documents are a pure function of seed and index") {
+  const std::string toml = "[data]\nname = \"synthetic_probes\"\n[data.synthetic_probes]\ndocuments = 500\n";
+  const auto a = source_from(toml);
+  const auto b = source_from(toml);
+  const auto other_seed = source_from(toml, {"data.synthetic_probes.seed=99"});
+  std::vector<std::vector<int32_t>> from_threads(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) threads.emplace_back([&, t] { from_threads[std::size_t(t)] = read_tokens(*a, Split::train, 123); });
+  for (auto& t : threads) t.join();
+  const auto doc = read_tokens(*b, Split::train, 123);
+  for (const auto& d : from_threads) CHECK(d == doc);
+  CHECK(read_tokens(*other_seed, Split::train, 123) != doc);
+  CHECK(read_tokens(*a, Split::validation, 123) != doc);
+}
+
+TEST_CASE("synthetic_probes lengths resemble probe logs and tokens stay in the vocabulary") {
+  const auto src = source_from("[data]\nname = \"synthetic_probes\"\n[data.synthetic_probes]\ndocuments = 2000\n");
+  std::vector<int32_t> lengths;
+  for (uint64_t i = 0; i < src->size(Split::train); ++i) {
+    const auto t = read_tokens(*src, Split::train, i);
+    lengths.push_back(int32_t(t.size()));
+    for (int32_t tok : t) {
+      REQUIRE(tok >= 0);
+      REQUIRE(tok < src->vocab_size());
+      REQUIRE(tok != src->eot_token());
+    }
+  }
+  std::sort(lengths.begin(), lengths.end());
+  double mean = 0;
+  for (int32_t l : lengths) mean += l;
+  mean /= double(lengths.size());
+  CHECK(mean > 220);
+  CHECK(mean < 280);
+  CHECK(lengths[lengths.size() / 10] > 100);      // p10
+  CHECK(lengths[lengths.size() * 9 / 10] < 400);  // p90
+  CHECK(lengths.back() <= 1024);
+}
