@@ -1,7 +1,217 @@
-// `ablate data analyze CONFIG`: (being written) lengths and padding of each batching strategy.
+// `ablate data analyze CONFIG [--set k=v ...] [--documents N] [--json]`: what the configured data
+// looks like (documents, tokens, length percentiles and histogram) and what each batching strategy
+// would make of it at the configured seq_len and batch_size: real and padding fractions, rows per
+// batch, segments per row, and the expected speed-up in real tokens over `padded`.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "ablate/config.hpp"
+#include "ablate/data.hpp"
 #include "ablate/error.hpp"
+#include "ablate/pipeline.hpp"
+#include "ablate/registry.hpp"
 #include "commands.hpp"
 
 namespace ablate::cli {
-int cmd_data(const Args&) { throw_runtime_error("", "ablate data analyze is not built yet"); }
+
+namespace {
+
+// Cycles through documents held in memory: draw k is documents[k % n].
+class MemoryFeed final : public DocumentFeed {
+ public:
+  MemoryFeed(const std::vector<Document>& documents, int32_t eot) : documents_(documents), eot_(eot) {}
+  const Document& next() override { return documents_[draws_++ % documents_.size()]; }
+  Document fetch(uint64_t document) override {
+    for (const Document& d : documents_) {
+      if (d.index == document) return d;
+    }
+    throw_runtime_error("data analyze", "document " + std::to_string(document) + " is not among those analyzed");
+  }
+  int32_t eot_token() const override { return eot_; }
+  uint64_t draws() const { return draws_; }
+
+ private:
+  const std::vector<Document>& documents_;
+  int32_t eot_;
+  uint64_t draws_ = 0;
+};
+
+struct BatchingResult {
+  std::string name;
+  uint64_t batches = 0;
+  int64_t positions = 0;
+  int64_t real_tokens = 0;
+  int64_t real_targets = 0;
+  int64_t rows = 0;
+  int64_t segments = 0;
+  double real_fraction() const { return positions ? double(real_tokens) / double(positions) : 0.0; }
+  double padding_fraction() const { return 1.0 - real_fraction(); }
+  double rows_per_batch() const { return batches ? double(rows) / double(batches) : 0.0; }
+  double segments_per_row() const { return rows ? double(segments) / double(rows) : 0.0; }
+};
+
+// The batcher's own keys: the experiment's sub-table when it has one, else the schema defaults.
+Params own_params(const Config& cfg, const ComponentInfo& info) {
+  try {
+    return cfg.implementation("batching", info.name);
+  } catch (const Error&) {
+    std::map<std::string, Value, std::less<>> defaults;
+    for (const ParamSpec& p : info.schema) defaults[p.name] = p.default_value;
+    return Params("batching." + info.name, std::move(defaults));
+  }
+}
+
+BatchingResult simulate(const Config& cfg, const Registry& registry, const ComponentInfo& info,
+                        const std::vector<Document>& documents, int32_t eot) {
+  const Params common = cfg.section("batching");
+  const Params own = own_params(cfg, info);
+  const RunContext run;
+  auto batcher = registry.create<Batcher>(Kind::batcher, info.name, {common, own, run});
+  MemoryFeed feed(documents, eot);
+  BatchingResult r;
+  r.name = info.name;
+  Batch batch;
+  // One pass over the documents (the batcher may hold a few back at the end).
+  while (feed.draws() < documents.size()) {
+    batcher->next(feed, batch);
+    ++r.batches;
+    r.positions += batch.positions_total();
+    r.real_tokens += batch.real_tokens();
+    r.real_targets += batch.real_targets();
+    r.rows += batch.rows;
+    r.segments += int64_t(batch.segments.size());
+  }
+  return r;
+}
+
+int64_t percentile(const std::vector<int64_t>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const auto i = std::size_t(std::llround(q * double(sorted.size() - 1)));
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+int data_analyze(const Args& args) {
+  po::options_description desc("data analyze");
+  desc.add_options()("config", po::value<std::string>()->required(), "experiment file (TOML)")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a key: section.key=value (repeatable)")(
+      "documents", po::value<uint64_t>()->default_value(20000), "analyze at most this many documents (in the sampler's order)")(
+      "json", po::bool_switch(), "print one JSON object instead of tables");
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  if (parse_or_help(args, desc, pos, vm, "ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]")) {
+    return 0;
+  }
+  Registry registry;
+  registry.load_directories(Registry::default_search_path());
+  const auto overrides = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  const Config cfg = Config::load(vm["config"].as<std::string>(), overrides, registry);
+  RunContext run;
+  run.seed = uint64_t(cfg.section("run").get_int("seed"));
+  const auto source = make_data_source(cfg, registry, run);
+  const uint64_t available = source->size(Split::train);
+  if (available == 0) throw_input_error(source->describe(), "the train split has no documents");
+  const uint64_t wanted = std::min<uint64_t>(available, std::max<uint64_t>(1, vm["documents"].as<uint64_t>()));
+
+  auto sampler = make_sampler(cfg, registry, run);
+  sampler->reset(available, run.seed, 0, 1);
+  std::vector<Document> documents(wanted);
+  std::vector<int64_t> lengths;
+  int64_t tokens = 0;
+  for (uint64_t k = 0; k < wanted; ++k) {
+    source->read(Split::train, sampler->document_at(k), documents[k]);
+    lengths.push_back(int64_t(documents[k].tokens.size()));
+    tokens += lengths.back();
+  }
+  std::sort(lengths.begin(), lengths.end());
+  const Params batching = cfg.section("batching");
+  const auto seq_len = int32_t(batching.get_int("seq_len"));
+  const auto batch_size = int32_t(batching.get_int("batch_size"));
+
+  std::vector<BatchingResult> results;
+  for (const char* name : {"padded", "bucketed", "packed"}) {
+    const ComponentInfo* info = registry.find(Kind::batcher, name);
+    if (info == nullptr) throw_runtime_error("data analyze", std::string("the '") + name + "' batcher plugin is not loaded");
+    results.push_back(simulate(cfg, registry, *info, documents, source->eot_token()));
+  }
+  const double padded_real = results.front().real_fraction();
+
+  // Histogram: eight bins of seq_len / 8, and one for documents longer than a row.
+  const int bins = 9;
+  std::vector<int64_t> histogram(bins, 0);
+  const int64_t width = std::max<int64_t>(1, seq_len / 8);
+  for (int64_t l : lengths) histogram[std::size_t(l > seq_len ? bins - 1 : std::min<int64_t>(bins - 2, (l - 1) / width))]++;
+
+  const double mean = double(tokens) / double(wanted);
+  const std::vector<std::pair<std::string, double>> quantiles = {{"p10", 0.10}, {"p25", 0.25}, {"p50", 0.50},
+                                                                 {"p75", 0.75}, {"p90", 0.90}, {"p99", 0.99}};
+  if (vm["json"].as<bool>()) {
+    nlohmann::json out;
+    out["source"] = source->describe();
+    out["documents"] = wanted;
+    out["documents_in_split"] = available;
+    out["tokens"] = tokens;
+    out["seq_len"] = seq_len;
+    out["batch_size"] = batch_size;
+    nlohmann::json len;
+    len["min"] = lengths.front();
+    len["max"] = lengths.back();
+    len["mean"] = mean;
+    for (const auto& [name, q] : quantiles) len[name] = percentile(lengths, q);
+    len["longer_than_seq_len"] = histogram.back();
+    out["lengths"] = len;
+    for (const BatchingResult& r : results) {
+      out[r.name] = {{"real_fraction", r.real_fraction()},         {"padding_fraction", r.padding_fraction()},
+                     {"rows_per_batch", r.rows_per_batch()},       {"segments_per_row", r.segments_per_row()},
+                     {"batches", r.batches},                       {"real_tokens", r.real_tokens},
+                     {"positions", r.positions},                   {"speedup_over_padded", padded_real > 0 ? r.real_fraction() / padded_real : 0.0}};
+    }
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+
+  std::printf("%s\n\n", source->describe().c_str());
+  std::printf("analyzed %llu of %llu train documents (sampler order), %lld tokens\n", static_cast<unsigned long long>(wanted),
+              static_cast<unsigned long long>(available), static_cast<long long>(tokens));
+  std::printf("length: min %lld, mean %.1f, max %lld;", static_cast<long long>(lengths.front()), mean,
+              static_cast<long long>(lengths.back()));
+  for (const auto& [name, q] : quantiles) std::printf(" %s %lld", name.c_str(), static_cast<long long>(percentile(lengths, q)));
+  std::printf("\n\nlength histogram (seq_len %d):\n", seq_len);
+  const int64_t most = *std::max_element(histogram.begin(), histogram.end());
+  for (int b = 0; b < bins; ++b) {
+    char label[64];
+    if (b < bins - 1) std::snprintf(label, sizeof label, "%5lld-%-5lld", static_cast<long long>(b * width + 1), static_cast<long long>(b == 7 ? seq_len : (b + 1) * width));
+    else std::snprintf(label, sizeof label, "  > %-7d", seq_len);
+    const int bar = most ? int(std::lround(50.0 * double(histogram[std::size_t(b)]) / double(most))) : 0;
+    std::printf("  %s %8lld %5.1f%% %s\n", label, static_cast<long long>(histogram[std::size_t(b)]),
+                100.0 * double(histogram[std::size_t(b)]) / double(wanted), std::string(std::size_t(bar), '#').c_str());
+  }
+  std::printf("\nbatching at seq_len %d, batch_size %d:\n", seq_len, batch_size);
+  std::printf("  %-9s %8s %8s %10s %10s %10s\n", "batcher", "real", "padding", "rows/batch", "segs/row", "speed-up");
+  for (const BatchingResult& r : results) {
+    std::printf("  %-9s %7.1f%% %7.1f%% %10.1f %10.2f %9.2fx\n", r.name.c_str(), 100.0 * r.real_fraction(),
+                100.0 * r.padding_fraction(), r.rows_per_batch(), r.segments_per_row(),
+                padded_real > 0 ? r.real_fraction() / padded_real : 0.0);
+  }
+  std::printf("\nspeed-up: real tokens per position over padded's (attention cost per position taken as equal)\n");
+  return 0;
+}
+
+}  // namespace
+
+int cmd_data(const Args& args) {
+  if (args.empty() || args.front() == "--help" || args.front() == "-h") {
+    std::cout << "usage: ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]\n";
+    return args.empty() ? 2 : 0;
+  }
+  const Args rest(args.begin() + 1, args.end());
+  if (args.front() == "analyze") return data_analyze(rest);
+  throw_input_error("", "unknown subcommand 'data " + args.front() + "'" + did_you_mean(args.front(), {"analyze"}) +
+                            " (data analyze CONFIG)");
+}
+
 }  // namespace ablate::cli
