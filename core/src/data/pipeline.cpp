@@ -1,5 +1,5 @@
 // The prefetching data pipeline (see pipeline.hpp): reader workers fill a ring of documents indexed
-// by draw number, one batching thread turns them into batches in draw order, a bounded queue hands
+// by draw number (claiming chunks of draws), one batching thread turns them into batches in order, a bounded queue hands
 // the batches to the consumer. Errors travel with the draw (or batch) they belong to and are
 // rethrown in the consumer; a stop flag checked at every wait makes destruction prompt.
 #include "ablate/pipeline.hpp"
@@ -131,6 +131,8 @@ struct DataPipeline::Impl final : DocumentFeed {
   std::vector<Slot> ring;
   uint64_t next_claim = 0;     // next draw a worker reads
   uint64_t ring_consumed = 0;  // draws the batcher has taken out of the ring
+  bool batcher_waiting = false;
+  int workers_waiting = 0;
 
   // --- the batch queue
   std::mutex queue_mutex;
@@ -196,64 +198,83 @@ struct DataPipeline::Impl final : DocumentFeed {
       const auto start = Clock::now();
       std::unique_lock<std::mutex> lock(ring_mutex);
       Slot& slot = ring[draw % ring.size()];
+      batcher_waiting = true;
       slot_ready.wait(lock, [&] { return stopping || (slot.ready && slot.draw == draw); });
+      batcher_waiting = false;
       if (stopping) throw PipelineStopped{};
       slot.ready = false;
       if (slot.error) std::rethrow_exception(std::exchange(slot.error, nullptr));
       std::swap(current, slot.doc);
       ring_consumed = draw + 1;
+      const bool wake = workers_waiting > 0 && chunk_free();
       lock.unlock();
-      ring_space.notify_all();
+      if (wake) ring_space.notify_one();
       feed_wait_in_batch += seconds_since(start);
     }
     draws_taken = draw + 1;
     return current;
   }
 
+  // Workers claim draws in chunks and publish a chunk at once: one lock round and at most one
+  // wake-up of the batching thread per chunk, not per document.
+  std::size_t claim_chunk() const { return std::max<std::size_t>(1, std::min<std::size_t>(32, ring.size() / 8)); }
+
+  bool chunk_free() const { return next_claim + claim_chunk() <= ring_consumed + ring.size(); }
+
   void read_worker() {
-    Document doc;
+    const std::size_t chunk = claim_chunk();
+    std::vector<Document> docs(chunk);
+    std::vector<uint64_t> indices(chunk);
+    std::vector<std::exception_ptr> errors(chunk);
     for (;;) {
-      uint64_t draw = 0;
-      uint64_t index = 0;
-      std::exception_ptr error;
+      uint64_t first = 0;
       {
         std::unique_lock<std::mutex> lock(ring_mutex);
-        // Slot next_claim % size is free once the draw a ring's length before it was taken.
-        ring_space.wait(lock, [&] { return stopping || next_claim < ring_consumed + ring.size(); });
+        ++workers_waiting;
+        ring_space.wait(lock, [&] { return stopping || chunk_free(); });
+        --workers_waiting;
         if (stopping) return;
-        draw = next_claim++;
-        try {
-          index = sampler->document_at(draw);
-        } catch (...) {
-          error = std::current_exception();
+        first = next_claim;
+        next_claim += chunk;
+        for (std::size_t i = 0; i < chunk; ++i) {
+          errors[i] = nullptr;
+          try {
+            indices[i] = sampler->document_at(first + i);
+          } catch (...) {
+            errors[i] = std::current_exception();
+          }
         }
       }
       const auto start = Clock::now();
-      if (!error) {
+      for (std::size_t i = 0; i < chunk; ++i) {
+        if (errors[i]) continue;
         try {
-          source->read(options.split, index, doc);
+          source->read(options.split, indices[i], docs[i]);
         } catch (...) {
-          error = std::current_exception();
+          errors[i] = std::current_exception();
         }
       }
       const double took = seconds_since(start);
       {
         std::lock_guard<std::mutex> lock(stats_mutex);
         totals.read.busy_s += took;
-        ++totals.read.items;
+        totals.read.items += chunk;
       }
+      bool wake = false;
       {
         std::lock_guard<std::mutex> lock(ring_mutex);
-        Slot& slot = ring[draw % ring.size()];
-        slot.draw = draw;
-        slot.ready = true;
-        slot.error = error;
-        std::swap(slot.doc, doc);
+        for (std::size_t i = 0; i < chunk; ++i) {
+          Slot& slot = ring[(first + i) % ring.size()];
+          slot.draw = first + i;
+          slot.ready = true;
+          slot.error = errors[i];
+          std::swap(slot.doc, docs[i]);
+        }
+        wake = batcher_waiting;
       }
-      slot_ready.notify_all();
+      if (wake) slot_ready.notify_one();
     }
   }
-
 
   // Produces one batch into `out` (on the batching thread, or the consumer's when workers = 0).
   void produce(PipelineBatch& out) {
