@@ -170,7 +170,7 @@ struct DataPipeline::Impl final : DocumentFeed {
     options.prefetch = std::max(1, options.prefetch);
     totals.read.threads = std::max(1, options.workers);
     // Enough documents in flight for several batches of short documents.
-    ring.resize(std::size_t(std::max(256, 8 * batcher->max_rows())));
+    ring.resize(std::size_t(std::clamp(8 * int64_t(batcher->max_rows()), int64_t(256), int64_t(16384))));
   }
 
   ~Impl() override { stop(); }
