@@ -146,3 +146,38 @@ TEST_CASE("statistics count documents, batches and the consumer's wait") {
   CHECK(s.data_wait_pct() <= 100);
   CHECK(s.table().find("bottleneck") != std::string::npos);
 }
+
+TEST_CASE("the bottleneck is the busiest stage when the consumer waits, else the consumer") {
+  PipelineStats s;
+  s.wall_s = 10;
+  s.read = {1000, 18, 2};  // 90% of two workers
+  s.batch = {100, 3, 1};
+  s.consumer_wait_s = 5;
+  CHECK(s.data_wait_pct() == doctest::Approx(50));
+  CHECK(s.bottleneck() == "read");
+  s.batch.busy_s = 9.5;
+  CHECK(s.bottleneck() == "batch");
+  s.consumer_wait_s = 0.5;
+  CHECK(s.bottleneck() == "consumer");
+  CHECK(s.table().find("bottleneck: the consumer") != std::string::npos);
+}
+
+TEST_CASE("a split whose documents are all empty is an input error, not a hang") {
+  class EmptySource final : public DataSource {
+   public:
+    int32_t vocab_size() const override { return 2; }
+    int32_t eot_token() const override { return 1; }
+    uint64_t size(Split) const override { return 3; }
+    void read(Split, uint64_t index, Document& out) const override {
+      out.index = index;
+      out.tokens.clear();
+    }
+    std::string describe() const override { return "empty"; }
+  };
+  const Config cfg = data_config("[sampler]\nname = \"sequential\"\n[batching]\nname = \"packed\"\nbatch_size = 2\nseq_len = 8\n");
+  RunContext run;
+  PipelineOptions o;
+  o.workers = 1;
+  DataPipeline p(std::make_shared<EmptySource>(), make_sampler(cfg, data_registry(), run), make_batcher(cfg, data_registry(), run), o);
+  CHECK_THROWS_AS(p.next(), Error);
+}

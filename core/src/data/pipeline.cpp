@@ -117,6 +117,7 @@ struct DataPipeline::Impl final : DocumentFeed {
   // --- the feed (used by the batching thread, or the consumer's when workers = 0)
   uint64_t draws_taken = 0;  // draws the batcher has taken
   Document current;          // the document next() last returned
+  uint64_t empty_run = 0;    // consecutive empty documents
 
   // --- the document ring (workers > 0): slot draw % ring_size holds draw `draw` once ready
   struct Slot {
@@ -212,6 +213,11 @@ struct DataPipeline::Impl final : DocumentFeed {
       feed_wait_in_batch += seconds_since(start);
     }
     draws_taken = draw + 1;
+    // A batcher skips empty documents; a whole epoch of them would make it wait forever.
+    empty_run = current.tokens.empty() ? empty_run + 1 : 0;
+    if (empty_run > sampler->draws_per_epoch()) {
+      throw_input_error(source->describe(), std::string("every document of the ") + to_string(options.split) + " split is empty");
+    }
     return current;
   }
 
