@@ -29,7 +29,7 @@ for p in $(packages "$root/third_party/pip-packages.txt"); do
 done
 if [ ${#pip_missing[@]} -gt 0 ]; then
   echo "setup: installing PyPI packages: ${pip_missing[*]}"
-  "$python" -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
+  "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "${pip_missing[@]}"
 else
   echo "setup: PyPI packages present"
 fi

@@ -1,0 +1,39 @@
+// Reading and writing the safetensors format (an 8-byte little-endian header length, a JSON
+// header of name -> {dtype, shape, data_offsets} plus "__metadata__", then the raw bytes), which
+// checkpoints and Hugging Face exports use. Writes are atomic: a temporary file in the same
+// directory, fsync, rename, fsync of the directory, so a crash never leaves a broken file behind.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ablate/tensor.hpp"
+
+namespace ablate {
+
+struct NamedTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;  // shape's product * dtype_size bytes
+};
+
+struct SafetensorsFile {
+  std::vector<NamedTensor> tensors;  // in file order
+  std::map<std::string, std::string> metadata;
+  const NamedTensor* find(const std::string& name) const;
+};
+
+// Throws ablate::Error (runtime) when the file cannot be written.
+void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& file);
+// Throws ablate::Error (input) naming the file and what is wrong: truncated, bad header, offsets
+// out of range or overlapping, unknown dtype.
+SafetensorsFile read_safetensors(const std::filesystem::path& path);
+
+// Writes `bytes` to `path` atomically (temporary name, fsync, rename, directory fsync).
+void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+
+}  // namespace ablate

@@ -1,0 +1,203 @@
+// safetensors reader and writer, and atomic file replacement (see safetensors.hpp).
+#include "ablate/safetensors.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ablate/error.hpp"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    case DType::i32: return "I32";
+    case DType::u16: return "U16";
+    case DType::u8: return "U8";
+  }
+  return "";
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::u16, DType::u8}) {
+    if (s == st_dtype(d)) {
+      out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void fsync_path(const fs::path& p, int flags) {
+  const int fd = ::open(p.c_str(), flags);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+const NamedTensor* SafetensorsFile::find(const std::string& name) const {
+  for (const NamedTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+void write_file_atomic(const fs::path& path, const std::string& bytes) {
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw_runtime_error(tmp.string(), std::string("cannot create: ") + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw_runtime_error(tmp.string(), "write failed: " + why);
+    }
+    done += std::size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw_runtime_error(tmp.string(), std::string("fsync/close failed: ") + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw_runtime_error(path.string(), "rename failed: " + why);
+  }
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+}
+
+void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  uint64_t offset = 0;
+  for (const NamedTensor& t : file.tensors) {
+    const uint64_t size = uint64_t(numel(t.shape)) * dtype_size(t.dtype);
+    if (size != t.bytes.size()) {
+      throw_runtime_error(path.string(), "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
+                                             " bytes for its shape's " + std::to_string(size));
+    }
+    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + size}}};
+    offset += size;
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference writer does
+  std::string bytes(8, '\0');
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = char((n >> (8 * i)) & 0xff);
+  bytes += json;
+  bytes.reserve(bytes.size() + offset);
+  for (const NamedTensor& t : file.tensors) bytes.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  write_file_atomic(path, bytes);
+}
+
+SafetensorsFile read_safetensors(const fs::path& path) {
+  const std::string where = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_input_error(where, "cannot open");
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = uint64_t(in.tellg());
+  in.seekg(0);
+  if (file_size < 8) throw_input_error(where, "truncated: " + std::to_string(file_size) + " bytes, no header length");
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
+  if (header_len > file_size - 8) {
+    throw_input_error(where, "truncated: header of " + std::to_string(header_len) + " bytes but the file has " +
+                                 std::to_string(file_size) + " bytes");
+  }
+  std::string json(header_len, '\0');
+  in.read(json.data(), std::streamsize(header_len));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    throw_input_error(where + ":offset 8", std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw_input_error(where, "header is not a JSON object");
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
+  SafetensorsFile out;
+  struct Entry {
+    uint64_t begin, end;
+    NamedTensor tensor;
+  };
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) throw_input_error(where, "metadata '" + m.key() + "' is not a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const auto& v = it.value();
+    NamedTensor t;
+    t.name = it.key();
+    try {
+      if (!parse_dtype(v.at("dtype").get<std::string>(), t.dtype)) {
+        throw_input_error(where, "tensor '" + t.name + "' has unsupported dtype " + v.at("dtype").dump());
+      }
+      t.shape = v.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = v.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1]) throw_input_error(where, "tensor '" + t.name + "' has bad data_offsets");
+      for (int64_t d : t.shape) {
+        if (d < 0) throw_input_error(where, "tensor '" + t.name + "' has a negative dimension");
+      }
+      if (offsets[1] - offsets[0] != uint64_t(numel(t.shape)) * dtype_size(t.dtype)) {
+        throw_input_error(where, "tensor '" + t.name + "': data_offsets span " + std::to_string(offsets[1] - offsets[0]) +
+                                     " bytes, its shape and dtype need " +
+                                     std::to_string(uint64_t(numel(t.shape)) * dtype_size(t.dtype)));
+      }
+      if (offsets[1] > data_size) {
+        throw_input_error(where, "truncated: tensor '" + t.name + "' ends at byte " + std::to_string(data_start + offsets[1]) +
+                                     " of a " + std::to_string(file_size) + "-byte file");
+      }
+      entries.push_back({offsets[0], offsets[1], std::move(t)});
+    } catch (const nlohmann::json::exception& e) {
+      throw_input_error(where, "tensor '" + it.key() + "' entry is malformed: " + e.what());
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < entries.size(); ++i) {
+    if (entries[i].begin < entries[i - 1].end) {
+      throw_input_error(where, "tensors '" + entries[i - 1].tensor.name + "' and '" + entries[i].tensor.name + "' overlap");
+    }
+  }
+  for (Entry& e : entries) {
+    e.tensor.bytes.resize(e.end - e.begin);
+    in.seekg(std::streamoff(data_start + e.begin));
+    in.read(reinterpret_cast<char*>(e.tensor.bytes.data()), std::streamsize(e.tensor.bytes.size()));
+    if (!in) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
+    out.tensors.push_back(std::move(e.tensor));
+  }
+  return out;
+}
+
+}  // namespace ablate

@@ -1,0 +1,105 @@
+// The `adamw` optimizer on the CPU: PyTorch's AdamW exactly (decoupled weight decay applied to the
+// parameter before the moment update, bias corrections, eps added after the bias-corrected
+// sqrt(v)). Weight decay applies to the slices the model marks `decay` (matrices and embeddings).
+// State: fp32 first and second moments, 8 bytes per parameter. One OpenMP pass over each slice.
+#include <cmath>
+#include <cstring>
+
+#include "ablate/error.hpp"
+#include "ablate/optimizer.hpp"
+#include "ablate/plugin.hpp"
+
+namespace {
+
+struct Hyper {
+  double weight_decay, beta1, beta2, eps;
+};
+
+class AdamW final : public ablate::Optimizer {
+ public:
+  explicit AdamW(Hyper h) : h_(h) {}
+
+  void init(const ablate::ParamTable& table, ablate::DeviceType device) override {
+    if (device != ablate::DeviceType::cpu) {
+      ablate::throw_input_error("optimizer.name", "adamw runs on the CPU; use adamw_fused on cuda");
+    }
+    m_.assign(std::size_t(table.total), 0.0f);
+    v_.assign(std::size_t(table.total), 0.0f);
+  }
+
+  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads, double lr,
+            int64_t step) override {
+    if (step < 1) ablate::throw_runtime_error("adamw", "step counts from 1");
+    if (params.numel() != table.total || grads.numel() != table.total) {
+      ablate::throw_runtime_error("adamw", "parameter or gradient buffer does not match the parameter table");
+    }
+    float* p = params.as<float>();
+    const float* g = grads.as<float>();
+    const double bias1 = 1.0 - std::pow(h_.beta1, double(step));
+    const double bias2 = 1.0 - std::pow(h_.beta2, double(step));
+    const float step_size = float(lr / bias1);
+    const float sqrt_bias2 = float(std::sqrt(bias2));
+    // Coefficients are formed in double and rounded once, as PyTorch does with Python floats.
+    const float b1 = float(h_.beta1), b2 = float(h_.beta2), eps = float(h_.eps);
+    const float one_minus_b1 = float(1.0 - h_.beta1), one_minus_b2 = float(1.0 - h_.beta2);
+    for (const ablate::ParamSlice& s : table.slices) {
+      const float decay = s.decay ? float(1.0 - lr * h_.weight_decay) : 1.0f;
+      const int64_t begin = s.offset, end = s.offset + s.numel();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = begin; i < end; ++i) {
+        const float gi = g[i];
+        const float mi = b1 * m_[i] + one_minus_b1 * gi;
+        const float vi = b2 * v_[i] + one_minus_b2 * gi * gi;
+        m_[i] = mi;
+        v_[i] = vi;
+        const float denom = std::sqrt(vi) / sqrt_bias2 + eps;
+        p[i] = p[i] * decay - step_size * mi / denom;
+      }
+    }
+  }
+
+  int64_t state_bytes() const override { return int64_t((m_.size() + v_.size()) * sizeof(float)); }
+
+  std::vector<ablate::StateTensor> save_state() const override {
+    return {pack("exp_avg", m_), pack("exp_avg_sq", v_)};
+  }
+
+  void load_state(const std::vector<ablate::StateTensor>& state) override {
+    for (const ablate::StateTensor& t : state) {
+      std::vector<float>* dst = t.name == "exp_avg" ? &m_ : t.name == "exp_avg_sq" ? &v_ : nullptr;
+      if (dst == nullptr) ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "'");
+      if (t.dtype != ablate::DType::f32 || t.bytes.size() != dst->size() * sizeof(float)) {
+        ablate::throw_input_error("adamw state", "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
+                                                     " bytes, expected " + std::to_string(dst->size() * sizeof(float)) +
+                                                     " (f32, one per parameter)");
+      }
+      std::memcpy(dst->data(), t.bytes.data(), t.bytes.size());
+    }
+  }
+
+ private:
+  static ablate::StateTensor pack(const char* name, const std::vector<float>& v) {
+    ablate::StateTensor t{name, ablate::DType::f32, {int64_t(v.size())}, {}};
+    t.bytes.resize(v.size() * sizeof(float));
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    return t;
+  }
+
+  Hyper h_;
+  std::vector<float> m_;  // (N) first moment
+  std::vector<float> v_;  // (N) second moment
+};
+
+void register_components(ablate::Registrar& r) {
+  r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
+         "AdamW on the CPU as PyTorch defines it (fp32 state, 8 bytes per parameter)", {},
+         [](const ablate::ComponentArgs& a) {
+           return std::make_unique<AdamW>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
+                                                a.common.get_float("beta2"), a.common.get_float("eps")});
+         },
+         ""});
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("adamw", "1.0.0", register_components)
