@@ -115,7 +115,14 @@ bool Registry::load_file(const fs::path& file) {
     lib.load(boost::dll::fs::path(path),
              boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    return fail(std::string("cannot be loaded: ") + e.what());
+    // Boost wraps the dynamic loader's own message; that message is the useful part.
+    std::string why = e.what();
+    const std::string marker = "(dlerror system message: ";
+    if (const auto at = why.find(marker); at != std::string::npos) {
+      why = why.substr(at + marker.size());
+      why = why.substr(0, why.rfind(')'));
+    }
+    return fail("cannot be loaded: " + why);
   }
   if (!lib.has(kPluginEntrySymbol)) {
     return fail(std::string("not an ablate plugin: no '") + kPluginEntrySymbol + "' entry point");

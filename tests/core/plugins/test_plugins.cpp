@@ -6,7 +6,7 @@
 #include "ablate/plugin.hpp"
 
 #ifdef ABLATE_TEST_NEEDS_VANISHING_LIBRARY
-extern "C" int ablate_test_vanishing_function();  // defined in a library deleted after the build
+extern "C" int ablate_test_vanishing_function();  // in a library the loader cannot find
 #endif
 
 namespace {
