@@ -1,5 +1,6 @@
 // `ablate config show CONFIG [--set k=v ...]`: the resolved experiment (every default filled in),
 // and `ablate config reference`: every section's and plugin's keys as Markdown (docs/ is made from it).
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -50,7 +51,9 @@ int config_reference(const Args& args) {
               "`--set section.key=value`.\n\n",
               core_version());
   for (const SectionSpec& s : section_specs()) {
-    std::printf("## [%s]\n\n%s.", s.name.c_str(), s.doc.c_str());
+    std::string doc = s.doc;
+    if (!doc.empty()) doc[0] = char(std::toupper(static_cast<unsigned char>(doc[0])));
+    std::printf("## [%s]\n\n%s.", s.name.c_str(), doc.c_str());
     if (s.kind) {
       std::printf(" `%s` selects the %s implementation%s; each implementation's own keys go in `[%s.<name>]`.",
                   s.selector.c_str(), std::string(to_string(*s.kind)).c_str(), s.selector_is_list ? "s" : "",

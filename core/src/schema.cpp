@@ -115,7 +115,7 @@ std::string ParamSpec::expectation() const {
   if (!choices.empty()) {
     std::string list;
     for (std::size_t i = 0; i < choices.size(); ++i) list += (i ? ", " : "") + quote(choices[i]);
-    what += (type == ParamType::string ? " one of " : " with elements from ") + list;
+    what = type == ParamType::string ? "one of " + list : what + " with elements from " + list;
   }
   if (min && max) {
     what += " in [" + format_number(*min) + ", " + format_number(*max) + "]";
