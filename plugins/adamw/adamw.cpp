@@ -60,12 +60,12 @@ class AdamW final : public ablate::Optimizer {
 
   int64_t state_bytes() const override { return int64_t((m_.size() + v_.size()) * sizeof(float)); }
 
-  std::vector<ablate::StateTensor> save_state() const override {
+  std::vector<ablate::NamedTensor> save_state() const override {
     return {pack("exp_avg", m_), pack("exp_avg_sq", v_)};
   }
 
-  void load_state(const std::vector<ablate::StateTensor>& state) override {
-    for (const ablate::StateTensor& t : state) {
+  void load_state(const std::vector<ablate::NamedTensor>& state) override {
+    for (const ablate::NamedTensor& t : state) {
       std::vector<float>* dst = t.name == "exp_avg" ? &m_ : t.name == "exp_avg_sq" ? &v_ : nullptr;
       if (dst == nullptr) ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "'");
       if (t.dtype != ablate::DType::f32 || t.bytes.size() != dst->size() * sizeof(float)) {
@@ -78,8 +78,8 @@ class AdamW final : public ablate::Optimizer {
   }
 
  private:
-  static ablate::StateTensor pack(const char* name, const std::vector<float>& v) {
-    ablate::StateTensor t{name, ablate::DType::f32, {int64_t(v.size())}, {}};
+  static ablate::NamedTensor pack(const char* name, const std::vector<float>& v) {
+    ablate::NamedTensor t{name, ablate::DType::f32, {int64_t(v.size())}, {}};
     t.bytes.resize(v.size() * sizeof(float));
     std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
     return t;

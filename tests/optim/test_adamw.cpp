@@ -122,6 +122,6 @@ TEST_CASE("adamw refuses state of the wrong size") {
   ParamTable table;
   table.add("w", {4}, true);
   opt->init(table, DeviceType::cpu);
-  StateTensor bad{"exp_avg", DType::f32, {3}, std::vector<uint8_t>(12)};
+  NamedTensor bad{"exp_avg", DType::f32, {3}, std::vector<uint8_t>(12)};
   CHECK_THROWS_AS(opt->load_state({bad}), Error);
 }

@@ -10,14 +10,6 @@
 
 namespace ablate {
 
-// A named piece of optimizer state, for checkpoints (raw bytes plus how to read them).
-struct StateTensor {
-  std::string name;
-  DType dtype = DType::f32;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
 class Optimizer : public Component {
  public:
   ~Optimizer() override;
@@ -26,8 +18,9 @@ class Optimizer : public Component {
   // One step: params -= update(grads); `lr` is this step's learning rate, `step` counts from 1.
   virtual void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step) = 0;
   virtual int64_t state_bytes() const = 0;
-  virtual std::vector<StateTensor> save_state() const = 0;
-  virtual void load_state(const std::vector<StateTensor>& state) = 0;
+  // The state as named tensors, for checkpoints; load_state takes back what save_state gave.
+  virtual std::vector<NamedTensor> save_state() const = 0;
+  virtual void load_state(const std::vector<NamedTensor>& state) = 0;
   // Elements skipped because their gradient was not finite (0 when the optimizer never skips).
   virtual int64_t skipped_nonfinite() const { return 0; }
 };

@@ -14,13 +14,6 @@
 
 namespace ablate {
 
-struct NamedTensor {
-  std::string name;
-  DType dtype = DType::f32;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;  // shape's product * dtype_size bytes
-};
-
 struct SafetensorsFile {
   std::vector<NamedTensor> tensors;  // in file order
   std::map<std::string, std::string> metadata;

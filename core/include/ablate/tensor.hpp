@@ -34,6 +34,14 @@ struct TensorView {
   T* as() const noexcept { return static_cast<T*>(data); }
 };
 
+// A named tensor that owns its bytes: optimizer state and checkpoint contents (safetensors.hpp).
+struct NamedTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;  // the product of shape * dtype_size bytes
+};
+
 // One named parameter inside a flat buffer.
 struct ParamSlice {
   std::string name;               // "blocks.3.attn.qkv.weight"
