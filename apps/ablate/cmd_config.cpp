@@ -16,16 +16,12 @@ namespace {
 
 int config_show(const Args& args) {
   po::options_description desc("config show");
-  desc.add_options()("config", po::value<std::string>()->required(), "experiment file (TOML)")(
-      "set", po::value<std::vector<std::string>>()->composing(), "override a key: section.key=value (repeatable)");
   po::positional_options_description pos;
-  pos.add("config", 1);
+  add_experiment_options(desc, pos);
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate config show CONFIG [--set section.key=value ...]")) return 0;
   Registry registry;
-  registry.load_directories(Registry::default_search_path());
-  const auto overrides = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
-  const Config cfg = Config::load(vm["config"].as<std::string>(), overrides, registry);
+  const Config cfg = load_experiment(vm, registry);
   std::cout << cfg.to_toml();
   return 0;
 }
@@ -75,15 +71,9 @@ int config_reference(const Args& args) {
 }  // namespace
 
 int cmd_config(const Args& args) {
-  if (args.empty() || args.front() == "--help" || args.front() == "-h") {
-    std::cout << "usage: ablate config show CONFIG [--set section.key=value ...]\n       ablate config reference\n";
-    return args.empty() ? 2 : 0;
-  }
-  const Args rest(args.begin() + 1, args.end());
-  if (args.front() == "show") return config_show(rest);
-  if (args.front() == "reference") return config_reference(rest);
-  throw_input_error("", "unknown subcommand 'config " + args.front() + "'" +
-                            did_you_mean(args.front(), {"show", "reference"}) + " (config show CONFIG | config reference)");
+  return dispatch("config", args,
+                  {{"show", config_show, "ablate config show CONFIG [--set section.key=value ...]"},
+                   {"reference", config_reference, "ablate config reference"}});
 }
 
 }  // namespace ablate::cli

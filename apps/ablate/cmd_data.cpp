@@ -96,20 +96,17 @@ int64_t percentile(const std::vector<int64_t>& sorted, double q) {
 
 int data_analyze(const Args& args) {
   po::options_description desc("data analyze");
-  desc.add_options()("config", po::value<std::string>()->required(), "experiment file (TOML)")(
-      "set", po::value<std::vector<std::string>>()->composing(), "override a key: section.key=value (repeatable)")(
+  po::positional_options_description pos;
+  add_experiment_options(desc, pos);
+  desc.add_options()(
       "documents", po::value<uint64_t>()->default_value(20000), "analyze at most this many documents (in the sampler's order)")(
       "json", po::bool_switch(), "print one JSON object instead of tables");
-  po::positional_options_description pos;
-  pos.add("config", 1);
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]")) {
     return 0;
   }
   Registry registry;
-  registry.load_directories(Registry::default_search_path());
-  const auto overrides = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
-  const Config cfg = Config::load(vm["config"].as<std::string>(), overrides, registry);
+  const Config cfg = load_experiment(vm, registry);
   RunContext run;
   run.seed = uint64_t(cfg.section("run").get_int("seed"));
   const auto source = make_data_source(cfg, registry, run);
@@ -204,14 +201,8 @@ int data_analyze(const Args& args) {
 }  // namespace
 
 int cmd_data(const Args& args) {
-  if (args.empty() || args.front() == "--help" || args.front() == "-h") {
-    std::cout << "usage: ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]\n";
-    return args.empty() ? 2 : 0;
-  }
-  const Args rest(args.begin() + 1, args.end());
-  if (args.front() == "analyze") return data_analyze(rest);
-  throw_input_error("", "unknown subcommand 'data " + args.front() + "'" + did_you_mean(args.front(), {"analyze"}) +
-                            " (data analyze CONFIG)");
+  return dispatch("data", args,
+                  {{"analyze", data_analyze, "ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]"}});
 }
 
 }  // namespace ablate::cli

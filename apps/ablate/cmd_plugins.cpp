@@ -92,15 +92,9 @@ int plugins_describe(const Args& args) {
 }  // namespace
 
 int cmd_plugins(const Args& args) {
-  if (args.empty() || args.front() == "--help" || args.front() == "-h") {
-    std::cout << "usage: ablate plugins list [--json]\n       ablate plugins describe NAME\n";
-    return args.empty() ? 2 : 0;
-  }
-  const Args rest(args.begin() + 1, args.end());
-  if (args.front() == "list") return plugins_list(rest);
-  if (args.front() == "describe") return plugins_describe(rest);
-  throw_input_error("", "unknown subcommand 'plugins " + args.front() + "'" +
-                            did_you_mean(args.front(), {"list", "describe"}) + " (plugins list | plugins describe NAME)");
+  return dispatch("plugins", args,
+                  {{"list", plugins_list, "ablate plugins list [--json]"},
+                   {"describe", plugins_describe, "ablate plugins describe NAME"}});
 }
 
 }  // namespace ablate::cli

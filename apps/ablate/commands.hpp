@@ -7,6 +7,9 @@
 
 #include <boost/program_options.hpp>
 
+#include "ablate/config.hpp"
+#include "ablate/registry.hpp"
+
 namespace ablate::cli {
 
 using Args = std::vector<std::string>;
@@ -20,5 +23,19 @@ namespace po = boost::program_options;
 // Parses `args` against `desc` with `positional`; prints `usage` + desc and returns true on --help.
 bool parse_or_help(const Args& args, const po::options_description& desc, const po::positional_options_description& pos,
                    po::variables_map& vm, const std::string& usage);
+
+// The options every command that reads an experiment takes: CONFIG (positional) and --set.
+void add_experiment_options(po::options_description& desc, po::positional_options_description& pos);
+// Loads the default plugin search path into `registry`, then the experiment those options name.
+Config load_experiment(const po::variables_map& vm, Registry& registry);
+
+// A command group's subcommands ("plugins list", "plugins describe"): runs the one args names,
+// prints the usages on --help (exit 0) or no subcommand (exit 2), refuses an unknown one with a suggestion.
+struct Subcommand {
+  const char* name;
+  int (*run)(const Args&);
+  const char* usage;  // "ablate plugins list [--json]"
+};
+int dispatch(const std::string& group, const Args& args, const std::vector<Subcommand>& subcommands);
 
 }  // namespace ablate::cli

@@ -29,6 +29,35 @@ bool parse_or_help(const Args& args, const po::options_description& desc, const 
   return false;
 }
 
+void add_experiment_options(po::options_description& desc, po::positional_options_description& pos) {
+  desc.add_options()("config", po::value<std::string>()->required(), "experiment file (TOML)")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a key: section.key=value (repeatable)");
+  pos.add("config", 1);
+}
+
+Config load_experiment(const po::variables_map& vm, Registry& registry) {
+  registry.load_directories(Registry::default_search_path());
+  const auto overrides = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  return Config::load(vm["config"].as<std::string>(), overrides, registry);
+}
+
+int dispatch(const std::string& group, const Args& args, const std::vector<Subcommand>& subcommands) {
+  if (args.empty() || args.front() == "--help" || args.front() == "-h") {
+    for (std::size_t i = 0; i < subcommands.size(); ++i) {
+      std::cout << (i == 0 ? "usage: " : "       ") << subcommands[i].usage << "\n";
+    }
+    return args.empty() ? 2 : 0;
+  }
+  const Args rest(args.begin() + 1, args.end());
+  std::vector<std::string> names;
+  for (const Subcommand& sub : subcommands) {
+    if (args.front() == sub.name) return sub.run(rest);
+    names.push_back(sub.name);
+  }
+  throw_input_error("", "unknown subcommand '" + group + " " + args.front() + "'" + did_you_mean(args.front(), names) +
+                            " (" + group + " " + join(names, " | " + group + " ") + ")");
+}
+
 }  // namespace ablate::cli
 
 namespace {

@@ -150,11 +150,8 @@ std::string node_type_name(const toml::node& n) {
 }
 
 std::string node_text(const toml::node& n) {
+  if (n.is_table()) return "{...}";
   std::ostringstream os;
-  if (const auto* t = n.as_table()) {
-    (void)t;
-    return "{...}";
-  }
   n.visit([&](auto&& v) { os << toml::toml_formatter{v}; });
   std::string s = os.str();
   if (s.size() > 60) s = s.substr(0, 57) + "...";

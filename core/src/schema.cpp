@@ -27,12 +27,6 @@ namespace {
 std::string format_double(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   if (std::isnan(v)) return "nan";
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  std::string s = os.str();
-  // Keep it a TOML float: 1 -> 1.0, but leave 1e-05 alone.
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   // Shortest form that round-trips.
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream t;
@@ -44,7 +38,7 @@ std::string format_double(double v) {
       return r;
     }
   }
-  return s;
+  return "nan";  // unreachable: 17 significant digits always round-trip a double
 }
 
 std::string quote(const std::string& s) {

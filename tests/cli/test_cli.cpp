@@ -38,6 +38,13 @@ TEST_CASE("an unknown command exits 2 with a suggestion") {
   CHECK(contains(r.output, "did you mean 'config'?"));
 }
 
+TEST_CASE("an unknown subcommand exits 2 with a suggestion and the valid ones") {
+  const auto r = run_ablate("plugins lst");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "did you mean 'list'?"));
+  CHECK(contains(r.output, "plugins describe"));
+}
+
 TEST_CASE("an unknown option exits 2 naming the command") {
   const auto r = run_ablate("plugins list --jsn");
   CHECK(r.exit_code == 2);
