@@ -44,6 +44,18 @@ Sampler::~Sampler() = default;
 DocumentFeed::~DocumentFeed() = default;
 Batcher::~Batcher() = default;
 Layer::~Layer() = default;
+
+const char* to_string(LayerRole role) noexcept {
+  switch (role) {
+    case LayerRole::embedding: return "embedding";
+    case LayerRole::position: return "position";
+    case LayerRole::norm: return "norm";
+    case LayerRole::linear: return "linear";
+    case LayerRole::mlp: return "mlp";
+    case LayerRole::classifier: return "classifier";
+  }
+  return "unknown";
+}
 Attention::~Attention() = default;
 Optimizer::~Optimizer() = default;
 Logger::~Logger() = default;

@@ -26,12 +26,13 @@ const char* st_dtype(DType d) {
     case DType::i32: return "I32";
     case DType::u16: return "U16";
     case DType::u8: return "U8";
+    case DType::f64: return "F64";
   }
   return "";
 }
 
 bool parse_dtype(const std::string& s, DType& out) {
-  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::u16, DType::u8}) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::u16, DType::u8, DType::f64}) {
     if (s == st_dtype(d)) {
       out = d;
       return true;

@@ -14,6 +14,7 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::i32: return 4;
     case DType::u16: return 2;
     case DType::u8: return 1;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ const char* to_string(DType dtype) noexcept {
     case DType::i32: return "i32";
     case DType::u16: return "u16";
     case DType::u8: return "u8";
+    case DType::f64: return "f64";
   }
   return "unknown";
 }
@@ -39,8 +41,9 @@ const ParamSlice* ParamTable::find(const std::string& name) const {
   return nullptr;
 }
 
-int64_t ParamTable::add(std::string name, std::vector<int64_t> shape, bool decay) {
-  ParamSlice slice{std::move(name), total, std::move(shape), decay};
+int64_t ParamTable::add(std::string name, std::vector<int64_t> shape, bool decay, double init_std,
+                        double init_value) {
+  ParamSlice slice{std::move(name), total, std::move(shape), decay, init_std, init_value};
   total += slice.numel();
   slices.push_back(std::move(slice));
   return slices.back().offset;

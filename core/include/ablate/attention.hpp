@@ -1,6 +1,8 @@
 // Attention backend interface: causal softmax attention over the batch's segment layout
-// (block-diagonal causal for packed rows), GQA (n_kv_heads divides n_heads), forward and backward.
-// Layout of q: (B, T, H, D); k, v: (B, T, Hkv, D); out: (B, T, H, D).
+// (block-diagonal causal for packed rows: position i of a segment sees positions start..i of the
+// same segment only; padding positions (segment id 0) produce zeros and take no gradient), GQA
+// (n_kv_heads divides n_heads; query head h reads kv head h / (heads / kv_heads)), scale
+// 1/sqrt(head_dim). Layout of q: (B, T, H, D); k, v: (B, T, Hkv, D); out: (B, T, H, D), contiguous.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +27,13 @@ class Attention : public Component {
   ~Attention() override;
   // Empty when the backend can serve `problem`, else the reason it cannot.
   virtual std::string supports(const AttentionProblem& problem) const = 0;
+  // fp32 values the backend keeps from forward to backward (e.g. softmax statistics, B*H*T).
+  virtual int64_t saved_elements(const AttentionProblem& problem) const { (void)problem; return 0; }
   virtual void forward(const AttentionProblem& problem, const Batch& batch, TensorView q, TensorView k,
-                       TensorView v, TensorView out) = 0;
+                       TensorView v, TensorView out, TensorView saved) = 0;
   virtual void backward(const AttentionProblem& problem, const Batch& batch, TensorView q, TensorView k,
-                        TensorView v, TensorView out, TensorView d_out, TensorView d_q, TensorView d_k,
-                        TensorView d_v) = 0;
+                        TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
+                        TensorView d_k, TensorView d_v) = 0;
   // FLOPs of forward for `problem` on `batch`, causal counted once (what it actually computes).
   virtual double forward_flops(const AttentionProblem& problem, const Batch& batch) const = 0;
 };

@@ -1,6 +1,27 @@
-// Layer interface: a norm, an MLP or a position encoding, as an explicit forward/backward pair.
-// Gradient contract (as llm.c): parameter gradients accumulate (+=), the input gradient is written
-// (=) unless the caller asks for GradMode::accumulate (residual streams).
+// Layer interface: the pieces a model is assembled from, each an explicit forward/backward pair.
+//
+// Roles (one component may serve one role):
+//   embedding   y(rows, in) = table[tokens]                     params: weight (out=vocab_padded, in)
+//   position    learned: y = x + table[positions]  (x, y: (rows, in); may alias)
+//               rope:    y = rotate(x) by positions (x, y: (rows, heads, in); may alias)
+//   norm        y = norm(x) over the last dim `in`; x, y: (rows, in)  (qk-norm: rows*heads rows)
+//   linear      y = x W^T + b (+ residual)                       params: weight (out, in), bias (out)
+//   mlp         y = proj(act(fc(x))) (+ residual); hidden width `out`
+//   classifier  per-row softmax cross-entropy of x W^T against batch targets (-1 = no loss), over the
+//               first `real_out` columns of `out` (padded vocabulary columns never enter the softmax)
+//
+// Gradient contract (as llm.c): parameter gradients accumulate (+=); the input gradient d_x is
+// written (=) unless the call asks for GradMode::accumulate (residual streams). A layer with a
+// `residual` input passes d_y through to the residual unchanged, which the model does by sharing
+// one buffer, so the layer itself never writes a residual gradient.
+//
+// The classifier is fused: forward computes the loss and, when d_x is set, the gradients at once
+// (scaled by grad_scale), so the (rows, vocab) logits never have to be kept for a backward pass.
+//
+// Every CPU layer works on f32 (training) and f64 (gradient checks) views; all views of one call
+// share the dtype. Layers are stateless kernels: one object serves every place it is used.
+// Device: a model on device "cpu" looks layers up by their plain name ("layernorm"); a model on
+// "cuda" by the name with "_cuda" appended ("layernorm_cuda").
 #pragma once
 
 #include <cstdint>
@@ -14,34 +35,56 @@ namespace ablate {
 
 enum class GradMode { overwrite, accumulate };
 
-struct ModelDims {
-  int64_t d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  int64_t mlp_hidden = 0, vocab_size = 0, max_seq_len = 0;
-  bool bias = true;
+enum class LayerRole { embedding, position, norm, linear, mlp, classifier };
+const char* to_string(LayerRole role) noexcept;
+
+// What one use of a layer looks like (the model fills the fields its role needs).
+struct LayerSpec {
+  int64_t in = 0;        // input width (features per row; rope and qk-norm: head_dim)
+  int64_t out = 0;       // linear: output width; mlp: hidden width; embedding/classifier: padded vocab
+  int64_t real_out = 0;  // classifier: the real vocabulary (columns >= real_out are excluded)
+  int64_t max_positions = 0;   // learned positions: rows of the table
+  bool bias = true;            // linear, mlp, layernorm: with bias parameters
+  double eps = 1e-5;           // norms
+  double rope_theta = 10000.0; // rope
+  double init_std = 0.02;      // weights (residual output projections: 0.02/sqrt(2*n_layers))
+  bool declare = true;         // classifier: false when tied to the embedding (no own params)
 };
 
-// One call: x is (B, T, C_in) and y is (B, T, C_out) for this layer; params/grads point at the
-// layer's own first parameter in the flat buffers.
+// One call. Shapes are those of LayerSpec; `rows` is B*T (qk-norm: B*T*heads).
 struct LayerCall {
-  const ModelDims* dims = nullptr;
-  const Batch* batch = nullptr;
-  int64_t rows = 0;     // B*T
-  TensorView x, y;      // forward input and output
-  TensorView d_y, d_x;  // backward: gradient of the output (in), of the input (out)
-  TensorView params, grads;
-  TensorView saved;     // activation memory the layer asked for (activation_elements)
+  const LayerSpec* spec = nullptr;
+  const Batch* batch = nullptr;  // tokens, targets, positions (rows must equal B*T except norms)
+  int64_t rows = 0;
+  int64_t heads = 1;             // rope: x is (rows, heads, in)
+  TensorView x, y;               // forward input and output (backward: the same tensors again)
+  TensorView residual;           // linear, mlp: when set, y = residual + f(x) (may alias y)
+  TensorView d_y, d_x;           // backward: gradient of the output (in), of the input (out)
   GradMode input_grad = GradMode::overwrite;
+  TensorView params, grads;      // at the layer's first parameter in the flat buffers
+  TensorView saved;              // activation_elements(spec, rows) values, kept forward -> backward
+  TensorView scratch;            // scratch_elements(spec, rows) values, free between calls
+  // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
+  // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
+  double dropout = 0.0;
+  uint64_t dropout_key = 0;
+  // Classifier only.
+  TensorView losses;             // (rows): loss per row, 0 where the target is -1
+  TensorView logits;             // optional (rows, out) output
+  double grad_scale = 0.0;       // d(loss_sum * grad_scale)/d x is written to d_x when d_x is set
 };
 
 class Layer : public Component {
  public:
   ~Layer() override;
-  // "norm", "mlp" or "position".
-  virtual std::string role() const = 0;
+  virtual LayerRole role() const = 0;
   // Appends this layer's parameters to `table` under `prefix` ("blocks.0.ln1").
-  virtual void declare_params(const ModelDims& dims, const std::string& prefix, ParamTable& table) const = 0;
-  virtual int64_t activation_elements(const ModelDims& dims, int64_t rows) const = 0;
-  virtual double forward_flops_per_token(const ModelDims& dims) const = 0;
+  virtual void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const = 0;
+  // Values (of the call's dtype) the layer keeps from forward to backward, and scratch it needs.
+  virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
+  virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+  // Forward FLOPs per row (multiply-add = 2), for the FLOPs accounting.
+  virtual double forward_flops_per_row(const LayerSpec& spec) const = 0;
   virtual void forward(const LayerCall& call) = 0;
   virtual void backward(const LayerCall& call) = 0;
 };

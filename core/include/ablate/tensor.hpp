@@ -11,7 +11,7 @@
 
 namespace ablate {
 
-enum class DType { f32, bf16, f16, i32, u16, u8 };
+enum class DType { f32, bf16, f16, i32, u16, u8, f64 };
 enum class DeviceType { cpu, cuda };
 
 std::size_t dtype_size(DType dtype) noexcept;
@@ -48,6 +48,10 @@ struct ParamSlice {
   int64_t offset = 0;             // in elements
   std::vector<int64_t> shape;
   bool decay = true;              // weight decay applies (matrices and embeddings by default)
+  // Initial values: N(0, init_std) when init_std > 0, else the constant init_value (norm weights
+  // 1, biases 0). GPT-2's scheme: 0.02, residual projections 0.02/sqrt(2*n_layers).
+  double init_std = 0.02;
+  double init_value = 0.0;
   int64_t numel() const noexcept {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -60,7 +64,8 @@ struct ParamTable {
   int64_t total = 0;  // elements
   const ParamSlice* find(const std::string& name) const;
   // Appends a slice at the end, returns its offset.
-  int64_t add(std::string name, std::vector<int64_t> shape, bool decay);
+  int64_t add(std::string name, std::vector<int64_t> shape, bool decay, double init_std = 0.02,
+              double init_value = 0.0);
 };
 
 }  // namespace ablate
