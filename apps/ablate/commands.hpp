@@ -17,6 +17,10 @@ using Args = std::vector<std::string>;
 int cmd_plugins(const Args& args);
 int cmd_config(const Args& args);
 int cmd_data(const Args& args);
+int cmd_train(const Args& args);
+int cmd_eval(const Args& args);
+int cmd_export(const Args& args);
+int cmd_sample(const Args& args);
 
 // Shared helpers.
 namespace po = boost::program_options;

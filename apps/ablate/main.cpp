@@ -72,6 +72,10 @@ const std::map<std::string, Command>& commands() {
       {"plugins", {ablate::cli::cmd_plugins, "list the loaded plugins, or describe one's parameters"}},
       {"config", {ablate::cli::cmd_config, "print an experiment's resolved configuration"}},
       {"data", {ablate::cli::cmd_data, "analyze a data set: lengths, padding of each batching strategy"}},
+      {"train", {ablate::cli::cmd_train, "train a model from an experiment file (or resume a run)"}},
+      {"eval", {ablate::cli::cmd_eval, "mean next-token loss of a checkpoint on an llm.c token shard"}},
+      {"export", {ablate::cli::cmd_export, "write a checkpoint as a Hugging Face transformers directory"}},
+      {"sample", {ablate::cli::cmd_sample, "generate text from a checkpoint"}},
   };
   return table;
 }

@@ -8,6 +8,10 @@
 #include "ablate/metrics.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/version.hpp"
+#include "ablate/error.hpp"
+
+#include <cstdlib>
+#include <sstream>
 
 namespace ablate {
 
@@ -40,6 +44,28 @@ const char* to_string(Split split) noexcept { return split == Split::train ? "tr
 Component::~Component() = default;
 Registrar::~Registrar() = default;
 DataSource::~DataSource() = default;
+
+std::vector<int32_t> DataSource::encode(const std::string& text) const {
+  std::vector<int32_t> out;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    const long v = std::strtol(word.c_str(), &end, 10);
+    if (end == word.c_str() || *end != '\0' || v < 0 || v >= vocab_size()) {
+      throw_input_error("prompt", "'" + word + "' is not a token id below " + std::to_string(vocab_size()) +
+                                      " (this data source reads prompts as token ids)");
+    }
+    out.push_back(int32_t(v));
+  }
+  return out;
+}
+
+std::string DataSource::decode(const std::vector<int32_t>& tokens) const {
+  std::string out;
+  for (int32_t t : tokens) out += (out.empty() ? "" : " ") + std::to_string(t);
+  return out;
+}
 Sampler::~Sampler() = default;
 DocumentFeed::~DocumentFeed() = default;
 Batcher::~Batcher() = default;

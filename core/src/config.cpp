@@ -73,17 +73,17 @@ const std::vector<SectionSpec>& section_specs() {
         string("long_documents", "split", "documents longer than a row: split into several rows, or truncate").one_of({"split", "truncate"}),
       }, Kind::batcher, "name", false, "packed"});
     s.push_back({"attention", "the attention backend", {
-        string("name", "", "the attention backend (an attention plugin)"),
-      }, Kind::attention, "name", false, ""});
+        string("name", "naive_cpu", "the attention backend (an attention plugin)"),
+      }, Kind::attention, "name", false, "naive_cpu"});
     s.push_back({"optimizer", "the optimizer and its common hyper-parameters", {
-        string("name", "", "the optimizer (an optimizer plugin)"),
+        string("name", "adamw", "the optimizer (an optimizer plugin)"),
         floating("lr", 6e-4, "peak learning rate").at_least(0.0),
         floating("weight_decay", 0.1, "decoupled weight decay (matrices and embeddings)").at_least(0.0),
         floating("beta1", 0.9, "first moment decay").within(0.0, 0.999999),
         floating("beta2", 0.95, "second moment decay").within(0.0, 0.999999),
         floating("eps", 1e-8, "added to the square root of the second moment").at_least(0.0),
         floating("grad_clip", 1.0, "clip the global gradient norm to this (0 = off)").at_least(0.0),
-      }, Kind::optimizer, "name", false, ""});
+      }, Kind::optimizer, "name", false, "adamw"});
     s.push_back({"schedule", "the learning-rate schedule", {
         string("name", "cosine", "schedule shape after warmup").one_of({"constant", "cosine", "linear"}),
         integer("warmup_steps", 0, "linear warmup from 0 to lr over this many steps").at_least(0),

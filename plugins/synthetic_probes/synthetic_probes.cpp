@@ -9,10 +9,12 @@
 // [min_length, max_length] (default: median 230, sigma 0.38: most documents 120-430 tokens, mean
 // about 250, a thin tail to 1024).
 //
-// Vocabulary (16 + hosts tokens):
-//   0-9 digits   10 field separator   11 end of row   12 decimal point   13 minus sign
-//   14 header marker   15 end of document   16+h host h (h < hosts)
+// Vocabulary (16 + hosts tokens), and the text form prompts and samples use:
+//   0-9 digits '0'-'9'   10 field separator ' '   11 end of row '\n'   12 decimal point '.'
+//   13 minus sign '-'   14 header marker '#'   15 end of document "<eot>"   16+h host h "h<h>"
+// A session reads "#h12 48 -3\nh40 17 63.5\nh7 25 88.1\n...".
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -153,6 +155,51 @@ class SyntheticProbes final : public ablate::DataSource {
     }
     t.resize(length);  // a capture that ended at its drawn length
     out.index = doc;
+  }
+
+  std::string decode(const std::vector<int32_t>& tokens) const override {
+    static const char kText[] = "0123456789 \n.-#";
+    std::string out;
+    for (int32_t t : tokens) {
+      if (t >= 0 && t < kEndOfDocument) out += kText[t];
+      else if (t == kEndOfDocument) out += "<eot>";
+      else out += "h" + std::to_string(t - kFirstHost);
+    }
+    return out;
+  }
+
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> out;
+    for (std::size_t i = 0; i < text.size();) {
+      const char c = text[i];
+      if (c >= '0' && c <= '9') out.push_back(c - '0');
+      else if (c == ' ') out.push_back(kFieldSeparator);
+      else if (c == '\n') out.push_back(kEndOfRow);
+      else if (c == '.') out.push_back(kDecimalPoint);
+      else if (c == '-') out.push_back(kMinus);
+      else if (c == '#') out.push_back(kHeader);
+      else if (text.compare(i, 5, "<eot>") == 0) {
+        out.push_back(kEndOfDocument);
+        i += 5;
+        continue;
+      } else if (c == 'h' && i + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]))) {
+        std::size_t j = i + 1;
+        int64_t h = 0;
+        while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])) && h < 1000000) h = h * 10 + (text[j++] - '0');
+        if (h >= int64_t(hosts_.size())) {
+          ablate::throw_input_error("prompt", "host h" + std::to_string(h) + " does not exist (hosts h0..h" +
+                                                  std::to_string(hosts_.size() - 1) + ")");
+        }
+        out.push_back(kFirstHost + int32_t(h));
+        i = j;
+        continue;
+      } else {
+        ablate::throw_input_error("prompt", std::string("character '") + c + "' at offset " + std::to_string(i) +
+                                                " is not in the probe-log alphabet (digits, space, newline, . - # h<N> <eot>)");
+      }
+      ++i;
+    }
+    return out;
   }
 
   std::string describe() const override {

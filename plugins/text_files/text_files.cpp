@@ -74,6 +74,28 @@ class TextFiles final : public ablate::DataSource {
     out.tokens.assign(bytes + s.begin, bytes + s.end);
   }
 
+  // Text is its bytes; the end-of-document token reads "<eot>".
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> out;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text.compare(i, 5, "<eot>") == 0) {
+        out.push_back(kEndOfDocument);
+        i += 4;
+      } else {
+        out.push_back(int32_t(static_cast<unsigned char>(text[i])));
+      }
+    }
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& tokens) const override {
+    std::string out;
+    for (int32_t t : tokens) {
+      if (t == kEndOfDocument) out += "<eot>";
+      else if (t >= 0 && t < 256) out += char(t);
+    }
+    return out;
+  }
+
   std::string describe() const override {
     return "text_files: " + std::to_string(files_.size()) + " files, " + std::to_string(train_.size()) + " train / " +
            std::to_string(validation_.size()) + " validation documents, byte vocabulary 257";

@@ -31,6 +31,8 @@ struct Fixture {
     add(registry, Kind::batcher, "bucketed", {int_list("boundaries", {256, 512, 1024}, "bounds").at_least(1)});
     add(registry, Kind::communicator, "single");
     add(registry, Kind::optimizer, "adamw");
+    add(registry, Kind::optimizer, "sgd");
+    add(registry, Kind::attention, "naive_cpu");
     add(registry, Kind::logger, "console");
     add(registry, Kind::logger, "jsonl", {string("file", "metrics.jsonl", "name")});
   }
@@ -65,7 +67,8 @@ TEST_CASE_FIXTURE(Fixture, "an empty experiment resolves with every default fill
   CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 1000);
   CHECK(c.selected("run") == "single");
   CHECK(c.selected_list("logging").empty());
-  CHECK_FALSE(c.has_section("optimizer"));  // no default optimizer: absent until named
+  CHECK(c.selected("optimizer") == "adamw");
+  CHECK(c.selected("attention") == "naive_cpu");
 }
 
 TEST_CASE_FIXTURE(Fixture, "a misspelled key is refused with file:line:col, the key path and a suggestion") {
@@ -129,10 +132,11 @@ TEST_CASE_FIXTURE(Fixture, "an implementation's key put at the section level say
   CHECK(contains(msg, "belongs in [batching.packed]"));
 }
 
-TEST_CASE_FIXTURE(Fixture, "a component section without a default must name its implementation") {
-  const std::string msg = error("[optimizer]\nlr = 1e-3\n");
-  CHECK(contains(msg, "missing key 'name'"));
-  CHECK(contains(msg, "adamw"));
+TEST_CASE_FIXTURE(Fixture, "a component section that names no implementation gets its default") {
+  const Config c = parse("[optimizer]\nlr = 1e-3\n");
+  CHECK(c.selected("optimizer") == "adamw");
+  CHECK(c.selected("attention") == "naive_cpu");
+  CHECK(c.section("optimizer").get_float("lr") == 1e-3);
 }
 
 TEST_CASE_FIXTURE(Fixture, "a TOML syntax error names file, line and column") {

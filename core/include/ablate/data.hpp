@@ -37,6 +37,11 @@ class DataSource : public Component {
   virtual void read(Split split, uint64_t index, Document& out) const = 0;
   // One line for logs: "synthetic_probes: 100000 documents, vocab 512".
   virtual std::string describe() const = 0;
+  // Text <-> tokens for prompts and samples. The defaults speak token ids ("17 4 203"): a source
+  // with a text form (bytes, the probe logs) overrides both; encode throws an input error on text it
+  // cannot express.
+  virtual std::vector<int32_t> encode(const std::string& text) const;
+  virtual std::string decode(const std::vector<int32_t>& tokens) const;
 };
 
 class Sampler : public Component {

@@ -1,0 +1,366 @@
+// `ablate train | eval | export | sample`: training runs and what is done with their checkpoints.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ablate/error.hpp"
+#include "ablate/pipeline.hpp"
+#include "ablate/safetensors.hpp"
+#include "ablate/trainer.hpp"
+#include "commands.hpp"
+
+namespace ablate::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+int cmd_train(const Args& args) {
+  po::options_description desc("ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]");
+  po::positional_options_description pos;
+  add_experiment_options(desc, pos);
+  desc.add_options()("run-dir", po::value<std::string>(), "run directory (default: runs/<config name>)")(
+      "resume", po::value<std::string>()->implicit_value(""),
+      "continue from the latest checkpoint of the run directory (or of DIR)");
+  po::variables_map vm;
+  if (parse_or_help(args, desc, pos, vm, "ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]")) return 0;
+  Registry registry;
+  const Config config = load_experiment(vm, registry);
+  TrainOptions options;
+  const fs::path config_path = vm["config"].as<std::string>();
+  options.run_dir = fs::path("runs") / config_path.stem();
+  if (vm.count("run-dir")) options.run_dir = vm["run-dir"].as<std::string>();
+  if (vm.count("resume")) {
+    options.resume = true;
+    const std::string dir = vm["resume"].as<std::string>();
+    if (!dir.empty()) {
+      if (vm.count("run-dir") && fs::path(dir) != options.run_dir) {
+        throw_input_error("--resume", "names " + dir + " but --run-dir names " + options.run_dir.string() + "; give one");
+      }
+      options.run_dir = dir;
+    }
+  }
+  train(config, registry, options);
+  return 0;
+}
+
+namespace {
+
+// An llm.c token shard: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens.
+std::vector<int32_t> read_shard(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_input_error(path.string(), "cannot open the token shard");
+  int32_t header[256];
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  if (!in || header[0] != 20240520) {
+    throw_input_error(path.string(), "not an llm.c token shard (expected a 1024-byte header with magic 20240520)");
+  }
+  if (header[1] != 1) throw_input_error(path.string(), "shard version " + std::to_string(header[1]) + ", expected 1 (uint16 tokens)");
+  const int64_t count = header[2];
+  std::vector<uint16_t> raw(std::size_t(std::max<int64_t>(count, 0)));
+  in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size() * 2));
+  if (in.gcount() != std::streamsize(raw.size() * 2)) {
+    throw_input_error(path.string(), "truncated: the header promises " + std::to_string(count) + " tokens, the file holds " +
+                                         std::to_string(in.gcount() / 2));
+  }
+  return {raw.begin(), raw.end()};
+}
+
+Batch window_batch(const std::vector<int32_t>& tokens, int64_t first, int64_t rows, int64_t T) {
+  Batch b;
+  b.reset(int32_t(rows), int32_t(T));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t base = (first + r) * (T + 1);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::size_t i = std::size_t(r * T + t);
+      b.tokens[i] = tokens[std::size_t(base + t)];
+      b.targets[i] = tokens[std::size_t(base + t + 1)];
+      b.positions[i] = int32_t(t);
+      b.segment_ids[i] = 1;
+    }
+    b.segments.push_back({0, int32_t(T)});
+    b.row_segments[std::size_t(r + 1)] = int32_t(b.segments.size());
+  }
+  return b;
+}
+
+}  // namespace
+
+int cmd_eval(const Args& args) {
+  po::options_description desc("ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]");
+  desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
+      "tokens", po::value<std::string>()->required(), "llm.c-format token shard")(
+      "seq-len", po::value<int64_t>(), "window length T (default: the run's batching.seq_len)")(
+      "batch", po::value<int64_t>()->default_value(8), "windows per forward pass")("json", "print JSON");
+  po::variables_map vm;
+  if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]")) return 0;
+  Registry registry;
+  registry.load_directories(Registry::default_search_path());
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.config->section("batching").get_int("seq_len");
+  if (T < 1 || T > lm.model->options().max_seq_len) {
+    throw_input_error("--seq-len", std::to_string(T) + " is outside 1.." + std::to_string(lm.model->options().max_seq_len));
+  }
+  const std::vector<int32_t> tokens = read_shard(vm["tokens"].as<std::string>());
+  for (int32_t t : tokens) {
+    if (t >= lm.model->options().vocab_size) {
+      throw_input_error(vm["tokens"].as<std::string>(), "token " + std::to_string(t) + " is outside the model's vocabulary of " +
+                                                            std::to_string(lm.model->options().vocab_size));
+    }
+  }
+  const int64_t windows = int64_t(tokens.size()) / (T + 1);
+  if (windows == 0) {
+    throw_input_error(vm["tokens"].as<std::string>(), "holds " + std::to_string(tokens.size()) + " tokens, fewer than one window of " +
+                                                          std::to_string(T + 1));
+  }
+  const int64_t per = std::max<int64_t>(1, vm["batch"].as<int64_t>());
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t w = 0; w < windows; w += per) {
+    const int64_t rows = std::min(per, windows - w);
+    const Batch b = window_batch(tokens, w, rows, T);
+    sum += lm.model->forward(b);
+    count += rows * T;
+  }
+  const double loss = sum / double(count);
+  if (vm.count("json")) {
+    std::cout << json{{"loss", loss}, {"tokens", count}, {"windows", windows}, {"seq_len", T}, {"checkpoint", lm.dir.string()}}.dump(2)
+              << "\n";
+  } else {
+    std::printf("loss %.6f over %lld tokens (%lld windows of %lld), perplexity %.3f\n", loss, static_cast<long long>(count),
+                static_cast<long long>(windows), static_cast<long long>(T), std::exp(loss));
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export to a Hugging Face transformers directory.
+
+namespace {
+
+struct Exporter {
+  const Model& model;
+  const std::vector<float>& data;
+  SafetensorsFile out;
+
+  const ParamSlice& slice(const std::string& name) const {
+    const ParamSlice* s = model.table().find(name);
+    if (s == nullptr) throw_runtime_error("export", "the model has no parameter '" + name + "'");
+    return *s;
+  }
+  bool has(const std::string& name) const { return model.table().find(name) != nullptr; }
+  // Rows [0, rows) of a (rows_total, cols) parameter, optionally transposed (Conv1D layout).
+  void put(const std::string& hf, const std::vector<std::string>& ours, bool transpose = false, int64_t rows = -1) {
+    std::vector<float> rows_cat;
+    int64_t cols = 0, total_rows = 0;
+    for (const std::string& name : ours) {
+      const ParamSlice& s = slice(name);
+      cols = s.shape.size() == 2 ? s.shape[1] : 1;
+      const int64_t r = rows >= 0 ? rows : s.shape[0];
+      rows_cat.insert(rows_cat.end(), data.begin() + s.offset, data.begin() + s.offset + r * cols);
+      total_rows += r;
+    }
+    NamedTensor t;
+    t.name = hf;
+    t.dtype = DType::f32;
+    const bool vector = slice(ours[0]).shape.size() == 1;
+    std::vector<float> v = rows_cat;
+    if (vector) {
+      t.shape = {total_rows};
+    } else if (transpose) {
+      t.shape = {cols, total_rows};
+      for (int64_t i = 0; i < total_rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) v[std::size_t(j * total_rows + i)] = rows_cat[std::size_t(i * cols + j)];
+    } else {
+      t.shape = {total_rows, cols};
+    }
+    t.bytes.resize(v.size() * 4);
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    out.tensors.push_back(std::move(t));
+  }
+  void zeros(const std::string& hf, int64_t n) {
+    NamedTensor t;
+    t.name = hf;
+    t.shape = {n};
+    t.bytes.assign(std::size_t(n) * 4, 0);
+    out.tensors.push_back(std::move(t));
+  }
+};
+
+}  // namespace
+
+int cmd_export(const Args& args) {
+  po::options_description desc("ablate export --checkpoint DIR --format hf --out DIR");
+  desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
+      "format", po::value<std::string>()->default_value("hf"), "hf (Hugging Face transformers)")(
+      "out", po::value<std::string>()->required(), "output directory");
+  po::variables_map vm;
+  if (parse_or_help(args, desc, {}, vm, "ablate export --checkpoint DIR --format hf --out DIR")) return 0;
+  if (vm["format"].as<std::string>() != "hf") throw_input_error("--format", "'" + vm["format"].as<std::string>() + "': expected hf");
+  Registry registry;
+  registry.load_directories(Registry::default_search_path());
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  const ModelOptions& o = lm.model->options();
+  Exporter ex{*lm.model, lm.model->param_data(), {}};
+  const int64_t V = o.vocab_size, L = o.n_layers;
+  json cfg;
+  const bool gpt2 = o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
+                    o.n_kv_heads == o.n_heads;
+  const bool llama = o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
+  if (gpt2) {
+    ex.put("transformer.wte.weight", {"wte.weight"}, false, V);
+    ex.put("transformer.wpe.weight", {"wpe.weight"});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "blocks." + std::to_string(l), h = "transformer.h." + std::to_string(l);
+      const auto put_or_zero = [&](const std::string& hf, const std::vector<std::string>& ours, int64_t n) {
+        if (ex.has(ours[0])) ex.put(hf, ours);
+        else ex.zeros(hf, n);
+      };
+      ex.put(h + ".ln_1.weight", {p + ".ln1.weight"});
+      put_or_zero(h + ".ln_1.bias", {p + ".ln1.bias"}, o.d_model);
+      ex.put(h + ".attn.c_attn.weight", {p + ".attn.q.weight", p + ".attn.k.weight", p + ".attn.v.weight"}, true);
+      put_or_zero(h + ".attn.c_attn.bias", {p + ".attn.q.bias", p + ".attn.k.bias", p + ".attn.v.bias"}, 3 * o.d_model);
+      ex.put(h + ".attn.c_proj.weight", {p + ".attn.o.weight"}, true);
+      put_or_zero(h + ".attn.c_proj.bias", {p + ".attn.o.bias"}, o.d_model);
+      ex.put(h + ".ln_2.weight", {p + ".ln2.weight"});
+      put_or_zero(h + ".ln_2.bias", {p + ".ln2.bias"}, o.d_model);
+      ex.put(h + ".mlp.c_fc.weight", {p + ".mlp.fc.weight"}, true);
+      put_or_zero(h + ".mlp.c_fc.bias", {p + ".mlp.fc.bias"}, o.mlp_hidden);
+      ex.put(h + ".mlp.c_proj.weight", {p + ".mlp.proj.weight"}, true);
+      put_or_zero(h + ".mlp.c_proj.bias", {p + ".mlp.proj.bias"}, o.d_model);
+    }
+    ex.put("transformer.ln_f.weight", {"ln_f.weight"});
+    if (ex.has("ln_f.bias")) ex.put("transformer.ln_f.bias", {"ln_f.bias"});
+    else ex.zeros("transformer.ln_f.bias", o.d_model);
+    if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+    cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
+           {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
+           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
+           {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
+           {"torch_dtype", "float32"}};
+  } else if (llama) {
+    ex.put("model.embed_tokens.weight", {"wte.weight"}, false, V);
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
+      ex.put(h + ".input_layernorm.weight", {p + ".ln1.weight"});
+      for (const char* n : {"q", "k", "v", "o"}) {
+        ex.put(h + ".self_attn." + n + "_proj.weight", {p + ".attn." + n + ".weight"});
+        if (o.bias) ex.put(h + ".self_attn." + n + "_proj.bias", {p + ".attn." + n + ".bias"});
+      }
+      if (o.qk_norm) {
+        ex.put(h + ".self_attn.q_norm.weight", {p + ".attn.q_norm.weight"});
+        ex.put(h + ".self_attn.k_norm.weight", {p + ".attn.k_norm.weight"});
+      }
+      ex.put(h + ".post_attention_layernorm.weight", {p + ".ln2.weight"});
+      for (const char* n : {"gate", "up", "down"}) {
+        ex.put(h + ".mlp." + n + "_proj.weight", {p + ".mlp." + n + ".weight"});
+        if (o.bias) ex.put(h + ".mlp." + n + "_proj.bias", {p + ".mlp." + n + ".bias"});
+      }
+    }
+    ex.put("model.norm.weight", {"ln_f.weight"});
+    if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+    cfg = {{"architectures", {o.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+           {"model_type", o.qk_norm ? "qwen3" : "llama"},
+           {"vocab_size", V},
+           {"hidden_size", o.d_model},
+           {"intermediate_size", o.mlp_hidden},
+           {"num_hidden_layers", L},
+           {"num_attention_heads", o.n_heads},
+           {"num_key_value_heads", o.n_kv_heads},
+           {"head_dim", o.head_dim},
+           {"max_position_embeddings", o.max_seq_len},
+           {"rms_norm_eps", 1e-6},
+           {"rope_theta", o.rope_theta},
+           {"hidden_act", "silu"},
+           {"attention_bias", o.bias},
+           {"mlp_bias", o.bias},
+           {"attention_dropout", 0.0},
+           {"tie_word_embeddings", o.tie_embeddings},
+           {"torch_dtype", "float32"}};
+  } else {
+    throw_input_error(lm.dir.string(), "this model (" + o.describe() +
+                                           ") is neither GPT-2-shaped (layernorm, gelu_mlp, learned positions, no GQA or "
+                                           "qk_norm) nor Llama/Qwen3-shaped (rmsnorm, swiglu_mlp, rope): no Hugging Face "
+                                           "architecture loads it as it is");
+  }
+  const fs::path out = vm["out"].as<std::string>();
+  fs::create_directories(out);
+  ex.out.metadata["format"] = "pt";
+  write_safetensors(out / "model.safetensors", ex.out);
+  write_file_atomic(out / "config.json", cfg.dump(2) + "\n");
+  spdlog::info("exported {} ({}, {} tensors) to {}", lm.dir.string(), cfg["architectures"][0].get<std::string>(),
+               ex.out.tensors.size(), out.string());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int cmd_sample(const Args& args) {
+  po::options_description desc("ablate sample --checkpoint DIR --prompt TEXT [--tokens N] [--top-k K] [--temperature X]");
+  desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
+      "prompt", po::value<std::string>()->default_value(""), "text in the data source's text form (empty: start a document)")(
+      "tokens", po::value<int64_t>()->default_value(64), "tokens to generate")(
+      "top-k", po::value<int64_t>()->default_value(0), "sample among the K most likely tokens (0 = all)")(
+      "temperature", po::value<double>()->default_value(1.0), "softmax temperature (0 = greedy)")(
+      "seed", po::value<uint64_t>()->default_value(0), "sampling seed")("stop-at-eot", po::value<bool>()->default_value(true),
+                                                                         "stop at the end-of-document token");
+  po::variables_map vm;
+  if (parse_or_help(args, desc, {}, vm, "ablate sample --checkpoint DIR --prompt TEXT [--tokens N] [--top-k K] [--temperature X]"))
+    return 0;
+  const double temperature = vm["temperature"].as<double>();
+  if (temperature < 0) throw_input_error("--temperature", "must be >= 0");
+  if (vm["tokens"].as<int64_t>() < 0) throw_input_error("--tokens", "must be >= 0");
+  Registry registry;
+  registry.load_directories(Registry::default_search_path());
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  RunContext run;
+  auto source = make_data_source(*lm.config, registry, run);
+  std::vector<int32_t> ctx = source->encode(vm["prompt"].as<std::string>());
+  const bool from_start = ctx.empty();
+  if (ctx.empty() && source->eot_token() >= 0) ctx.push_back(source->eot_token());
+  if (ctx.empty()) throw_input_error("--prompt", "is empty and the data source has no end-of-document token to start from");
+  const std::size_t prompt_len = ctx.size();
+  const ModelOptions& o = lm.model->options();
+  std::mt19937_64 rng(vm["seed"].as<uint64_t>());
+  std::vector<float> logits;
+  const int64_t k = vm["top-k"].as<int64_t>();
+  for (int64_t n = 0; n < vm["tokens"].as<int64_t>(); ++n) {
+    const int64_t start = std::max<int64_t>(0, int64_t(ctx.size()) - o.max_seq_len);
+    const int64_t T = int64_t(ctx.size()) - start;
+    Batch b;
+    b.reset(1, int32_t(T));
+    for (int64_t t = 0; t < T; ++t) {
+      b.tokens[std::size_t(t)] = ctx[std::size_t(start + t)];
+      b.positions[std::size_t(t)] = int32_t(t);
+      b.segment_ids[std::size_t(t)] = 1;
+    }
+    b.segments.push_back({0, int32_t(T)});
+    b.row_segments[1] = 1;
+    lm.model->forward(b, nullptr, &logits);
+    const float* last = logits.data() + (T - 1) * o.vocab_padded;
+    std::vector<int32_t> ids(std::size_t(o.vocab_size));
+    for (int32_t i = 0; i < int32_t(ids.size()); ++i) ids[std::size_t(i)] = i;
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t c) { return last[a] > last[c] || (last[a] == last[c] && a < c); });
+    int32_t next = ids[0];
+    if (temperature > 0) {
+      const std::size_t keep = k > 0 ? std::min<std::size_t>(std::size_t(k), ids.size()) : ids.size();
+      std::vector<double> w(keep);
+      for (std::size_t i = 0; i < keep; ++i) w[i] = std::exp((double(last[ids[i]]) - double(last[ids[0]])) / temperature);
+      std::discrete_distribution<std::size_t> pick(w.begin(), w.end());
+      next = ids[pick(rng)];
+    }
+    ctx.push_back(next);
+    if (next == source->eot_token() && vm["stop-at-eot"].as<bool>()) break;
+  }
+  const std::vector<int32_t> prompt(ctx.begin(), ctx.begin() + std::ptrdiff_t(prompt_len));
+  const std::vector<int32_t> generated(ctx.begin() + std::ptrdiff_t(prompt_len), ctx.end());
+  std::cout << (from_start ? std::string() : source->decode(prompt)) << source->decode(generated) << "\n";
+  return 0;
+}
+
+}  // namespace ablate::cli

@@ -1,0 +1,89 @@
+// The decoder-only transformer, assembled from `[model]` with its layers found through the registry:
+//
+//   x = embedding(tokens) (+ learned positions)
+//   per block:  h = x + o(attention(rope(qk_norm(q(norm1(x)))), rope(qk_norm(k(norm1(x)))), v(norm1(x))))
+//               x = h + mlp(norm2(h))
+//   loss = cross_entropy(norm_f(x) W_head^T, targets)      (W_head = embedding weight when tied)
+//
+// Parameters and gradients each live in one flat fp32 buffer described by a ParamTable; names
+// follow `wte.weight`, `wpe.weight`, `blocks.L.ln1.weight`, `blocks.L.attn.q.weight`, ...,
+// `ln_f.weight`, `lm_head.weight`. Initialisation as GPT-2: N(0, 0.02), residual output projections
+// (attn.o, mlp.proj, mlp.down) N(0, 0.02/sqrt(2*n_layers)), biases 0, norm weights 1.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ablate/attention.hpp"
+#include "ablate/batch.hpp"
+#include "ablate/component.hpp"
+#include "ablate/layer.hpp"
+#include "ablate/tensor.hpp"
+
+namespace ablate {
+
+class Config;
+class Registry;
+
+// `[model]` resolved: zeros replaced by what they stand for.
+struct ModelOptions {
+  int64_t d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t vocab_size = 0;    // real vocabulary (targets and sampling never exceed it)
+  int64_t vocab_padded = 0;  // rows of the embedding (vocab_size rounded up to vocab_multiple)
+  int64_t max_seq_len = 0, mlp_hidden = 0;
+  std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
+  double rope_theta = 10000.0, dropout = 0.0;
+  bool qk_norm = false, bias = true, tie_embeddings = true;
+
+  // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
+  // when [model] vocab_size is 0. Inconsistent shapes are input errors naming the key.
+  static ModelOptions from(const Config& config, int64_t data_vocab);
+  // The [model] table as TOML-ish key = value lines (for checkpoints and exports).
+  std::string describe() const;
+};
+
+class Model {
+ public:
+  Model(const ModelOptions& options, const Registry& registry, const RunContext& run);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelOptions& options() const noexcept;
+  const ParamTable& table() const noexcept;
+  int64_t num_params() const noexcept;
+  // The flat buffers (fp32, host).
+  TensorView params();
+  TensorView grads();
+  std::vector<float>& param_data();
+  std::vector<float>& grad_data();
+
+  // GPT-2 initialisation from `seed` (a pure function of seed and the parameter table).
+  void init_params(uint64_t seed);
+  void zero_grads();
+
+  // Forward, loss and backward of one micro-batch: returns the sum of per-position losses over real
+  // targets and accumulates into the gradients d(loss_sum * grad_scale). `dropout_key` varies the
+  // dropout masks (ignored when dropout is 0).
+  double forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key);
+  // Forward only (no dropout): the sum of losses over real targets; per-position losses into
+  // `losses` and (rows*T, vocab_padded) logits into `logits` when given.
+  double forward(const Batch& batch, std::vector<float>* losses = nullptr, std::vector<float>* logits = nullptr);
+
+  // model FLOPs per token (6N + 6*L*d*T, DESIGN.md) at row length `seq_len`.
+  double flops_per_token(int64_t seq_len) const noexcept;
+  // Bytes of activations and scratch for a micro-batch of `rows` x `seq_len`.
+  int64_t activation_bytes(int64_t rows, int64_t seq_len) const;
+  // fp32 matrix-product rate of the linear layer on this machine (TFLOP/s), the CPU's peak for MFU.
+  double measure_matmul_tflops();
+  // The attention backend's answer for a micro-batch shape ("" = served).
+  std::string attention_supports(int64_t rows, int64_t seq_len) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ablate

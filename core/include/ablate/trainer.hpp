@@ -1,0 +1,75 @@
+// The trainer: steps of gradient-accumulated micro-batches (loss = mean over the real targets of the
+// whole global batch), LR schedule, global-norm clipping, the optimizer, evaluation on the
+// validation split, DESIGN.md's metrics per step, and atomic checkpoints that resume bit for bit.
+//
+// A run directory holds:
+//   config.toml          the resolved experiment (every default filled in)
+//   run.json             plugin files and versions, device, threads, parameter count
+//   metrics.jsonl        one object per logged step (and one per evaluation, with val_loss)
+//   summary.json         the run's outcome: final losses, throughput, MFU, wall time, status
+//   checkpoints/step_NNNNNNNN/{model.safetensors, optimizer.safetensors, state.json, config.toml}
+//   checkpoints/latest   the name of the newest complete checkpoint
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ablate/data.hpp"
+#include "ablate/metrics.hpp"
+#include "ablate/model.hpp"
+#include "ablate/optimizer.hpp"
+
+namespace ablate {
+
+class Config;
+class Registry;
+
+struct TrainOptions {
+  std::filesystem::path run_dir;   // created when missing
+  bool resume = false;             // continue from run_dir's latest checkpoint
+  // Called after every logged step (after the console line); may be empty.
+  std::function<void(const StepMetrics&)> on_step;
+};
+
+struct TrainResult {
+  int64_t steps = 0;            // optimizer steps done (in total, including before a resume)
+  double final_loss = 0;        // loss of the last step
+  double val_loss = -1;         // last evaluation (-1 when none)
+  std::vector<double> losses;   // the loss of every step this process ran
+  std::filesystem::path run_dir;
+};
+
+TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
+
+// ---- checkpoints ----
+
+struct CheckpointState {
+  int64_t step = 0;
+  DataCursor cursor;
+  uint64_t seed = 0;
+  std::string config_hash;
+  std::string model;          // ModelOptions::describe()
+  int64_t parameters = 0;
+  std::string optimizer;      // the optimizer's name
+};
+
+// `path` is a checkpoint directory or a run directory (its latest checkpoint). Input error (exit 2)
+// when there is none or it is incomplete.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint_dir);
+
+// A model restored from a checkpoint for evaluation, sampling or export.
+struct LoadedModel {
+  std::unique_ptr<Config> config;
+  std::unique_ptr<Model> model;
+  CheckpointState state;
+  std::filesystem::path dir;
+};
+LoadedModel load_model(const std::filesystem::path& path, Registry& registry);
+
+}  // namespace ablate

@@ -1,0 +1,109 @@
+// `cross_entropy`: the fused classifier. Per row, logits z = x W^T (no bias), softmax over the
+// first real_out columns, loss = logsumexp(z) - z[target]; rows whose target is -1 get loss 0 and
+// no gradient. When d_x is set the same pass writes d_x = dz W and adds dz^T x to the weight
+// gradient, with dz = grad_scale (softmax - onehot) (0 on padded columns). Rows are processed in
+// chunks of kChunk, so only (kChunk, out) logits live at once (the scratch).
+#include "common.hpp"
+
+namespace ablate::cpu_layers {
+namespace {
+
+constexpr int64_t kChunk = 256;
+
+class CrossEntropy final : public Layer {
+ public:
+  LayerRole role() const override { return LayerRole::classifier; }
+
+  void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
+    if (s.declare) table.add(param_name(prefix, "weight"), {s.out, s.in}, true, s.init_std);
+  }
+  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
+  double forward_flops_per_row(const LayerSpec& s) const override { return 2.0 * double(s.in) * double(s.out); }
+
+  void forward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const bool with_grad = call.d_x.data != nullptr;
+    const DType dt =
+        call_dtype(kName, {&call.x, &call.params, &call.scratch, &call.losses, &call.logits, &call.d_x, &call.grads});
+    if (s.out <= 0 || s.real_out <= 0 || s.real_out > s.out) {
+      throw_input_error(kName, "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
+                                   std::to_string(s.out));
+    }
+    const int64_t rows = call.rows, in = s.in, out = s.out, real_out = s.real_out;
+    require(kName, call.x, "x", rows * in);
+    require(kName, call.params, "params", out * in);
+    require(kName, call.losses, "losses", rows);
+    require(kName, call.scratch, "scratch", std::min(rows, kChunk) * out);
+    if (call.logits.data != nullptr) require(kName, call.logits, "logits", rows * out);
+    if (with_grad) {
+      require(kName, call.d_x, "d_x", rows * in);
+      require(kName, call.grads, "grads", out * in);
+      if (same(call.d_x, call.x)) throw_runtime_error(kName, "d_x must not alias x");
+    }
+    const Batch& b = require_batch(kName, call, &Batch::targets, "targets");
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t t = b.targets[std::size_t(r)];
+      if (t != -1 && (t < 0 || t >= real_out)) {
+        throw_input_error(kName, "target " + std::to_string(t) + " at " + std::to_string(r) + " is outside [0, " +
+                                     std::to_string(real_out) + ") and not -1");
+      }
+    }
+    const bool accumulate = call.input_grad == GradMode::accumulate;
+    dispatch(dt, [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = call.x.as<T>();
+      const T* W = call.params.as<T>();
+      T* z = call.scratch.as<T>();
+      T* losses = call.losses.as<T>();
+      T* logits = call.logits.as<T>();
+      const T scale = T(call.grad_scale);
+      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+        const int64_t n = std::min(kChunk, rows - r0);
+        const T* xc = x + r0 * in;
+        gemm(false, true, n, out, in, T(1), xc, in, W, in, T(0), z, out);
+        if (logits != nullptr) std::memcpy(logits + r0 * out, z, std::size_t(n * out) * sizeof(T));
+#pragma omp parallel for schedule(static) if(n * out >= kParallelMin)
+        for (int64_t i = 0; i < n; ++i) {
+          const int32_t target = b.targets[std::size_t(r0 + i)];
+          T* zr = z + i * out;
+          if (target < 0) {
+            losses[r0 + i] = T(0);
+            if (with_grad) std::fill(zr, zr + out, T(0));
+            continue;
+          }
+          T mx = zr[0];
+          for (int64_t c = 1; c < real_out; ++c) mx = std::max(mx, zr[c]);
+          double sum = 0.0;
+          for (int64_t c = 0; c < real_out; ++c) sum += double(std::exp(zr[c] - mx));
+          const double lse = double(mx) + std::log(sum);
+          losses[r0 + i] = T(lse - double(zr[target]));
+          if (with_grad) {
+            const T lse_t = T(lse);
+            for (int64_t c = 0; c < real_out; ++c) zr[c] = scale * std::exp(zr[c] - lse_t);
+            for (int64_t c = real_out; c < out; ++c) zr[c] = T(0);
+            zr[target] -= scale;
+          }
+        }
+        if (with_grad) {
+          gemm(false, false, n, in, out, T(1), z, out, W, in, accumulate ? T(1) : T(0), call.d_x.as<T>() + r0 * in, in);
+          gemm(true, false, out, in, n, T(1), z, out, xc, in, T(1), call.grads.as<T>(), in);
+        }
+      }
+    });
+  }
+
+  void backward(const LayerCall&) override {
+    throw_runtime_error(kName, "the classifier is fused: forward computes the gradients when d_x is set");
+  }
+
+ private:
+  static constexpr const char* kName = "cross_entropy";
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_cross_entropy() { return std::make_unique<CrossEntropy>(); }
+
+}  // namespace ablate::cpu_layers

@@ -1,0 +1,31 @@
+// Registers the CPU layers: one component per layer, no keys of their own. A model on device
+// "cpu" finds them by their plain names.
+#include "ablate/plugin.hpp"
+#include "common.hpp"
+
+namespace {
+
+using ablate::Layer;
+
+void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_ptr<Layer> (*make)()) {
+  r.add({ablate::Kind::layer, name, "1.0.0", doc, {},
+         [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); }, ""});
+}
+
+void register_components(ablate::Registrar& r) {
+  using namespace ablate::cpu_layers;
+  add(r, "embedding", "token embedding table lookup on the CPU (f32/f64), optional output dropout", make_embedding);
+  add(r, "learned", "learned position table added to the stream on the CPU (f32/f64)", make_learned);
+  add(r, "rope", "rotary position embedding, rotate-half convention, on the CPU (f32/f64)", make_rope);
+  add(r, "layernorm", "layer norm with weight and optional bias on the CPU (f32/f64)", make_layernorm);
+  add(r, "rmsnorm", "RMS norm with weight on the CPU (f32/f64)", make_rmsnorm);
+  add(r, "linear", "y = x W^T + b (+ residual), OpenBLAS, on the CPU (f32/f64)", make_linear);
+  add(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual) on the CPU (f32/f64)", make_gelu_mlp);
+  add(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual) on the CPU (f32/f64)", make_swiglu_mlp);
+  add(r, "cross_entropy", "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
+      make_cross_entropy);
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("cpu_layers", "1.0.0", register_components)

@@ -1,0 +1,236 @@
+// The assembled model against PyTorch: logits, loss, every gradient and three AdamW steps of a tiny
+// GPT-2-style and a tiny Llama/Qwen3-style model (tests/golden/*.safetensors, written by
+// tools/golden_reference.py in float64). Also: accumulation over micro-batches equals one batch,
+// backward twice equals twice the gradient, and the parameter count of GPT-2 small.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "ablate/model.hpp"
+#include "ablate/optimizer.hpp"
+#include "ablate/registry.hpp"
+#include "ablate/safetensors.hpp"
+#include "test_support.hpp"
+
+using namespace ablate;
+
+namespace {
+
+struct Golden {
+  SafetensorsFile file;
+  nlohmann::json config;
+  explicit Golden(const std::string& name) {
+    file = read_safetensors(std::filesystem::path(ABLATE_SOURCE_DIR) / "tests" / "golden" / (name + ".safetensors"));
+    config = nlohmann::json::parse(file.metadata.at("config"));
+  }
+  const NamedTensor& get(const std::string& n) const {
+    const NamedTensor* t = file.find(n);
+    REQUIRE_MESSAGE(t != nullptr, "golden tensor " << n);
+    return *t;
+  }
+  std::vector<double> f64(const std::string& n) const {
+    const NamedTensor& t = get(n);
+    REQUIRE(t.dtype == DType::f64);
+    std::vector<double> v(t.bytes.size() / 8);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    return v;
+  }
+  std::vector<int32_t> i32(const std::string& n) const {
+    const NamedTensor& t = get(n);
+    std::vector<int32_t> v(t.bytes.size() / 4);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    return v;
+  }
+  ModelOptions options() const {
+    ModelOptions o;
+    o.d_model = config["d_model"];
+    o.n_layers = config["n_layers"];
+    o.n_heads = config["n_heads"];
+    o.n_kv_heads = config["n_kv_heads"];
+    o.head_dim = o.d_model / o.n_heads;
+    o.vocab_size = config["vocab_size"];
+    o.vocab_padded = config["vocab_padded"];
+    o.max_seq_len = config["max_seq_len"];
+    o.mlp_hidden = config["mlp_hidden"];
+    o.norm = config["norm"];
+    o.mlp = config["mlp"];
+    o.position = config["position"];
+    o.rope_theta = config["rope_theta"];
+    o.qk_norm = config["qk_norm"];
+    o.bias = config["bias"];
+    o.tie_embeddings = config["tie_embeddings"];
+    return o;
+  }
+  // Rows [r0, r1) of the golden batch, with the segment layout derived from segment_ids.
+  Batch batch(int r0 = 0, int r1 = -1) const {
+    const auto tok = i32("batch.tokens"), tgt = i32("batch.targets"), pos = i32("batch.positions"), seg = i32("batch.segment_ids");
+    const int64_t T = get("batch.tokens").shape[1];
+    if (r1 < 0) r1 = int(get("batch.tokens").shape[0]);
+    Batch b;
+    b.reset(r1 - r0, int32_t(T));
+    for (int r = r0; r < r1; ++r) {
+      for (int64_t t = 0; t < T; ++t) {
+        const std::size_t src = std::size_t(r * T + t), dst = std::size_t((r - r0) * T + t);
+        b.tokens[dst] = tok[src];
+        b.targets[dst] = tgt[src];
+        b.positions[dst] = pos[src];
+        b.segment_ids[dst] = seg[src];
+        if (seg[src] != 0 && (t == 0 || seg[src - 1] != seg[src])) b.segments.push_back({int32_t(t), 0});
+        if (seg[src] != 0) b.segments.back().length++;
+      }
+      b.row_segments[std::size_t(r - r0 + 1)] = int32_t(b.segments.size());
+    }
+    return b;
+  }
+};
+
+struct Fixture {
+  Registry registry;
+  RunContext run;
+  Fixture() {
+    registry.load_directories({test::plugin_dir()});
+    run.threads = 2;
+  }
+};
+
+void load_golden_params(Model& m, const Golden& g) {
+  for (const ParamSlice& s : m.table().slices) {
+    const NamedTensor& t = g.get("param." + s.name);
+    REQUIRE_MESSAGE(t.shape == s.shape, s.name);
+    std::memcpy(m.param_data().data() + s.offset, t.bytes.data(), t.bytes.size());
+  }
+}
+
+double rel_err(double got, double want) { return std::abs(got - want) / std::max(1e-3, std::abs(want)); }
+
+void check_case(const std::string& name) {
+  Fixture f;
+  Golden g(name);
+  Model m(g.options(), f.registry, f.run);
+  // Same parameter table as the reference, name for name.
+  int64_t golden_params = 0;
+  for (const NamedTensor& t : g.file.tensors) {
+    if (t.name.rfind("param.", 0) == 0) ++golden_params;
+  }
+  CHECK(int64_t(m.table().slices.size()) == golden_params);
+  load_golden_params(m, g);
+  const Batch b = g.batch();
+
+  // Logits and loss.
+  std::vector<float> logits;
+  const double sum = m.forward(b, nullptr, &logits);
+  const double loss = sum / double(b.real_targets());
+  const std::vector<double> want_logits = g.f64("logits");
+  REQUIRE(logits.size() == want_logits.size());
+  double max_err = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) max_err = std::max(max_err, std::abs(double(logits[i]) - want_logits[i]));
+  INFO(name << " logits max abs error " << max_err);
+  CHECK(max_err < 2e-5);
+  CHECK(rel_err(loss, g.f64("loss")[0]) < 1e-5);
+
+  // Gradients of the mean loss.
+  m.zero_grads();
+  const double sum2 = m.forward_backward(b, 1.0 / double(b.real_targets()), 0);
+  CHECK(sum2 == doctest::Approx(sum).epsilon(1e-6));
+  for (const ParamSlice& s : m.table().slices) {
+    const std::vector<double> want = g.f64("grad." + s.name);
+    double scale = 0, err = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      scale = std::max(scale, std::abs(want[std::size_t(i)]));
+      err = std::max(err, std::abs(double(m.grad_data()[std::size_t(s.offset + i)]) - want[std::size_t(i)]));
+    }
+    INFO(name << " gradient " << s.name << ": max abs error " << err << " (max |grad| " << scale << ")");
+    CHECK(err <= 1e-6 + 2e-4 * scale);
+  }
+
+  // Three AdamW steps (weight decay on matrices only, as the reference).
+  const auto& oc = g.config["optimizer"];
+  Params common{"optimizer", {{"lr", double(oc["lr"])}, {"weight_decay", double(oc["weight_decay"])},
+                              {"beta1", double(oc["beta1"])}, {"beta2", double(oc["beta2"])}, {"eps", double(oc["eps"])},
+                              {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
+  Params own{"optimizer.adamw", {}};
+  auto opt = f.registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, f.run});
+  opt->init(m.table(), DeviceType::cpu);
+  const std::vector<double> want_losses = g.f64("losses");
+  for (std::size_t step = 0; step < want_losses.size(); ++step) {
+    m.zero_grads();
+    const double l = m.forward_backward(b, 1.0 / double(b.real_targets()), 0) / double(b.real_targets());
+    INFO(name << " step " << step << " loss " << l << " reference " << want_losses[step]);
+    CHECK(rel_err(l, want_losses[step]) < 1e-4);
+    if (step + 1 < want_losses.size()) opt->step(m.table(), m.params(), m.grads(), double(oc["lr"]), int64_t(step + 1));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("golden: a tiny GPT-2-style model matches PyTorch (logits, loss, gradients, AdamW steps)") { check_case("tiny_gpt2"); }
+
+TEST_CASE("golden: a tiny Llama/Qwen3-style model (RMSNorm, SwiGLU, RoPE, GQA, QK-norm, untied) matches PyTorch") {
+  check_case("tiny_llama");
+}
+
+TEST_CASE("accumulating micro-batches equals one batch; backward twice equals twice the gradient") {
+  for (const char* name : {"tiny_gpt2", "tiny_llama"}) {
+    Fixture f;
+    Golden g(name);
+    Model m(g.options(), f.registry, f.run);
+    load_golden_params(m, g);
+    const Batch whole = g.batch(), first = g.batch(0, 1), second = g.batch(1, 2);
+    const double scale = 1.0 / double(whole.real_targets());
+    m.zero_grads();
+    const double sum_whole = m.forward_backward(whole, scale, 0);
+    const std::vector<float> g_whole = m.grad_data();
+    m.zero_grads();
+    const double sum_parts = m.forward_backward(first, scale, 0) + m.forward_backward(second, scale, 0);
+    CHECK(sum_parts == doctest::Approx(sum_whole).epsilon(1e-6));
+    double err = 0, mx = 0;
+    for (std::size_t i = 0; i < g_whole.size(); ++i) {
+      err = std::max(err, double(std::abs(m.grad_data()[i] - g_whole[i])));
+      mx = std::max(mx, double(std::abs(g_whole[i])));
+    }
+    INFO(name << ": accumulated vs whole max abs diff " << err << " of " << mx);
+    CHECK(err <= 1e-5 * mx);
+    // Twice the same micro-batch accumulates exactly twice.
+    m.zero_grads();
+    m.forward_backward(first, scale, 0);
+    const std::vector<float> once = m.grad_data();
+    m.forward_backward(first, scale, 0);
+    for (std::size_t i = 0; i < once.size(); ++i) REQUIRE(m.grad_data()[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 50304") {
+  Fixture f;
+  ModelOptions o;
+  o.d_model = 768;
+  o.n_layers = 12;
+  o.n_heads = o.n_kv_heads = 12;
+  o.head_dim = 64;
+  o.vocab_size = 50257;
+  o.vocab_padded = 50304;
+  o.max_seq_len = 1024;
+  o.mlp_hidden = 3072;
+  Model m(o, f.registry, f.run);
+  CHECK(m.num_params() == 124475904);
+  // Initialisation: residual projections are scaled by 1/sqrt(2L), norms are one, biases zero.
+  m.init_params(1);
+  const ParamSlice* proj = m.table().find("blocks.0.attn.o.weight");
+  const ParamSlice* fc = m.table().find("blocks.0.mlp.fc.weight");
+  const ParamSlice* ln = m.table().find("blocks.0.ln1.weight");
+  const ParamSlice* bias = m.table().find("blocks.0.mlp.fc.bias");
+  REQUIRE((proj && fc && ln && bias));
+  auto stddev = [&](const ParamSlice* s) {
+    double sq = 0;
+    for (int64_t i = 0; i < s->numel(); ++i) sq += double(m.param_data()[std::size_t(s->offset + i)]) * m.param_data()[std::size_t(s->offset + i)];
+    return std::sqrt(sq / double(s->numel()));
+  };
+  CHECK(stddev(fc) == doctest::Approx(0.02).epsilon(0.01));
+  CHECK(stddev(proj) == doctest::Approx(0.02 / std::sqrt(24.0)).epsilon(0.01));
+  CHECK(m.param_data()[std::size_t(ln->offset)] == 1.0f);
+  CHECK(m.param_data()[std::size_t(bias->offset)] == 0.0f);
+  CHECK_FALSE(ln->decay);
+  CHECK(fc->decay);
+}
