@@ -21,12 +21,13 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 int cmd_train(const Args& args) {
-  po::options_description desc("ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]");
+  po::options_description desc("ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]] [--stop-at STEP]");
   po::positional_options_description pos;
   add_experiment_options(desc, pos);
   desc.add_options()("run-dir", po::value<std::string>(), "run directory (default: runs/<config name>)")(
       "resume", po::value<std::string>()->implicit_value(""),
-      "continue from the latest checkpoint of the run directory (or of DIR)");
+      "continue from the latest checkpoint of the run directory (or of DIR)")(
+      "stop-at", po::value<int64_t>(), "checkpoint and stop after this step (a planned interruption; --resume continues)");
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]")) return 0;
   Registry registry;
@@ -44,6 +45,10 @@ int cmd_train(const Args& args) {
       }
       options.run_dir = dir;
     }
+  }
+  if (vm.count("stop-at")) {
+    options.stop_at = vm["stop-at"].as<int64_t>();
+    if (options.stop_at < 1) throw_input_error("--stop-at", "must be a step >= 1");
   }
   train(config, registry, options);
   return 0;
@@ -242,7 +247,7 @@ int cmd_export(const Args& args) {
            {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
            {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
            {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
-           {"torch_dtype", "float32"}};
+           {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"torch_dtype", "float32"}};
   } else if (llama) {
     ex.put("model.embed_tokens.weight", {"wte.weight"}, false, V);
     for (int64_t l = 0; l < L; ++l) {
@@ -281,6 +286,8 @@ int cmd_export(const Args& args) {
            {"mlp_bias", o.bias},
            {"attention_dropout", 0.0},
            {"tie_word_embeddings", o.tie_embeddings},
+           {"bos_token_id", nullptr},
+           {"eos_token_id", nullptr},
            {"torch_dtype", "float32"}};
   } else {
     throw_input_error(lm.dir.string(), "this model (" + o.describe() +

@@ -212,6 +212,7 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
     s.model = j.at("model").get<std::string>();
     s.parameters = j.at("parameters").get<int64_t>();
     s.optimizer = j.at("optimizer").get<std::string>();
+    s.vocab_size = j.at("vocab_size").get<int64_t>();
   } catch (const json::exception& e) {
     throw_input_error(file.string(), std::string("not a valid checkpoint state: ") + e.what());
   }
@@ -228,7 +229,7 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
   RunContext run;
   run.seed = lm.state.seed;
   run.device = "cpu";
-  const ModelOptions mo = ModelOptions::from(*lm.config, 0);
+  const ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
   lm.model = std::make_unique<Model>(mo, registry, run);
   load_params(lm.dir / "model.safetensors", lm.model->table(), lm.model->param_data());
   return lm;
@@ -312,6 +313,10 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       throw_input_error((cdir / "state.json").string(), "the checkpoint was written by optimizer '" + st.optimizer +
                                                             "', the config selects '" + opt_name + "'");
     }
+    if (st.config_hash != config.hash()) {
+      spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
+                   "not the uninterrupted one", config.hash(), st.config_hash);
+    }
     load_params(cdir / "model.safetensors", model.table(), model.param_data());
     SafetensorsFile of;
     try {
@@ -392,6 +397,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                                            {"config_hash", config.hash()},
                                            {"model", mo.describe()},
                                            {"parameters", model.num_params()},
+                                           {"vocab_size", mo.vocab_size},
                                            {"optimizer", opt_name}});
     fs::remove_all(final_dir);
     fs::rename(tmp, final_dir);
@@ -414,6 +420,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const auto t_run = Clock::now();
   double last_val = -1;
   double first_loss = -1;
+  bool stopped = false;
 
   for (int64_t step = start_step + 1; step <= steps; ++step) {
     const auto t0 = Clock::now();
@@ -496,13 +503,19 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                    si(sm.tokens_per_s), si(sm.real_tokens_per_s), 100.0 * sm.mfu, sm.data_wait_pct, eta);
       if (options.on_step) options.on_step(sm);
     }
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps) save_checkpoint(step);
+    const bool stopping = options.stop_at > 0 && step == options.stop_at && step < steps;
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps || stopping) save_checkpoint(step);
+    if (stopping) {
+      stopped = true;
+      spdlog::info("stopping after step {} (--stop-at); `ablate train ... --resume` continues", step);
+      break;
+    }
   }
   result.val_loss = last_val;
 
   const PipelineStats ps = train_data->stats();
-  json summary = {{"status", "completed"},
-                  {"steps", steps},
+  json summary = {{"status", stopped ? "stopped" : "completed"},
+                  {"steps", result.steps},
                   {"resumed_from", start_step},
                   {"parameters", model.num_params()},
                   {"first_loss", first_loss},

@@ -32,6 +32,7 @@ class Registry;
 struct TrainOptions {
   std::filesystem::path run_dir;   // created when missing
   bool resume = false;             // continue from run_dir's latest checkpoint
+  int64_t stop_at = 0;             // > 0: checkpoint and stop after this step, as an interruption would
   // Called after every logged step (after the console line); may be empty.
   std::function<void(const StepMetrics&)> on_step;
 };
@@ -55,6 +56,7 @@ struct CheckpointState {
   std::string config_hash;
   std::string model;          // ModelOptions::describe()
   int64_t parameters = 0;
+  int64_t vocab_size = 0;     // the model's real vocabulary (the data's, when [model] left it 0)
   std::string optimizer;      // the optimizer's name
 };
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""`ablate export --format hf` loads in Hugging Face transformers and computes the same loss.
+
+For a GPT-2-shaped and a Llama/Qwen3-shaped model (RMSNorm, SwiGLU, RoPE, GQA, QK-norm, untied):
+train a few steps, export, load the directory with AutoModelForCausalLM, and compare the mean
+next-token loss over the windows of a token shard with `ablate eval --json` on the same shard.
+Exit 77 (skipped) where torch, transformers or safetensors are not installed.
+
+usage: check_export.py ABLATE_BINARY QUICKSTART_CONFIG
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    import safetensors  # noqa: F401
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+from transformers import AutoModelForCausalLM
+
+TINY = ["model.d_model=48", "model.n_layers=2", "model.max_seq_len=64", "batching.batch_size=4", "batching.seq_len=64",
+        "run.threads=2", "run.eval_batches=0", "run.steps=30", "schedule.warmup_steps=0", "data.synthetic_probes.documents=500"]
+SHAPES = {
+    "gpt2": ["model.n_heads=4"],
+    "qwen3": ["model.n_heads=6", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
+              "model.qk_norm=true", "model.bias=false", "model.tie_embeddings=false", "model.rope_theta=500"],
+    "llama": ["model.n_heads=4", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
+              "model.bias=false"],
+}
+T = 40
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(" ".join(cmd), "\n", r.stdout, r.stderr)
+        sys.exit(1)
+    return r.stdout
+
+
+def main():
+    ablate, config = sys.argv[1], sys.argv[2]
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        shard = os.path.join(tmp, "val.bin")
+        tokens = [(i * 13 + (i // 7)) % 80 for i in range(T * 10 + 10)]
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+            f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+        for name, extra in SHAPES.items():
+            rd, out = os.path.join(tmp, name), os.path.join(tmp, name + "-hf")
+            sets = sum((["--set", s] for s in TINY + extra), [])
+            run([ablate, "train", config, "--run-dir", rd, *sets])
+            run([ablate, "export", "--checkpoint", rd, "--format", "hf", "--out", out])
+            ours = json.loads(run([ablate, "eval", "--checkpoint", rd, "--tokens", shard, "--seq-len", str(T), "--json"]))
+            arch = json.load(open(os.path.join(out, "config.json")))["architectures"][0]
+            model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+            model.eval()
+            windows = len(tokens) // (T + 1)
+            total, count = 0.0, 0
+            with torch.no_grad():
+                for w in range(windows):
+                    chunk = torch.tensor(tokens[w * (T + 1):(w + 1) * (T + 1)]).unsqueeze(0)
+                    logits = model(chunk[:, :-1]).logits.double()
+                    total += torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
+                    count += T
+            theirs = total / count
+            ok = count == ours["tokens"] and abs(theirs - ours["loss"]) <= 1e-4 * max(1.0, abs(theirs))
+            print(f"{name}: {arch}: ablate eval loss {ours['loss']:.6f}, transformers {theirs:.6f} over {count} tokens: "
+                  f"{'ok' if ok else 'MISMATCH'}")
+            failures += not ok
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

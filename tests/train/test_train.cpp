@@ -1,0 +1,174 @@
+// End to end through the `ablate` program: a small model trains and its loss falls; a run stopped
+// and resumed gives the uninterrupted run's losses bit for bit; checkpoints that do not match are
+// refused (exit 2) and nothing already saved is lost; eval, sample and export work on the result.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+using namespace ablate::test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tiny quickstart: trains in a second or two.
+const std::string kTiny =
+    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+    " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
+    " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50";
+
+std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
+
+std::vector<json> metrics(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::vector<json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("a small model trains: the loss falls, the run directory holds config, metrics, summary, checkpoints") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const auto r = run_ablate("train " + config() + kTiny + " --set run.steps=40 --set run.eval_every=20 --set checkpoint.every=20 --run-dir " +
+                            run.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const char* f : {"config.toml", "run.json", "metrics.jsonl", "summary.json", "checkpoints/latest"}) CHECK(fs::exists(run / f));
+  CHECK(fs::exists(run / "checkpoints/step_00000020/model.safetensors"));
+  CHECK(fs::exists(run / "checkpoints/step_00000040/optimizer.safetensors"));
+  const auto m = metrics(run);
+  REQUIRE(m.size() == 40);
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "step_ms", "tokens", "real_tokens", "padding_fraction", "tokens_per_s",
+                          "real_tokens_per_s", "tflops", "mfu", "effective_mfu", "data_wait_pct", "mem_peak_bytes",
+                          "optimizer_state_bytes"}) {
+    CHECK_MESSAGE(m.back().contains(key), key);
+  }
+  CHECK(m[19].contains("val_loss"));
+  CHECK(m.back()["tokens"].get<int64_t>() == 4 * 64);
+  CHECK(m.back()["optimizer_state_bytes"].get<int64_t>() == 8 * read_json(run / "run.json")["parameters"].get<int64_t>());
+  const double first = m.front()["loss"], last = m.back()["loss"];
+  CHECK(first == doctest::Approx(std::log(80.0)).epsilon(0.1));  // uniform over the vocabulary at the start
+  CHECK(last < first - 1.0);
+  const json s = read_json(run / "summary.json");
+  CHECK(s["status"] == "completed");
+  CHECK(s["final_loss"].get<double>() == doctest::Approx(last));
+  CHECK(s["val_loss"].get<double>() < first);
+
+  // A second train into the same directory without --resume would overwrite it: refused.
+  const auto again = run_ablate("train " + config() + kTiny + " --set run.steps=40 --run-dir " + run.string());
+  CHECK(again.exit_code == 2);
+  CHECK(again.output.find("--resume") != std::string::npos);
+
+  // Sample from it.
+  const auto smp = run_ablate("sample --checkpoint " + run.string() + " --prompt \"#h3 \" --tokens 30 --seed 1");
+  INFO(smp.output);
+  CHECK(smp.exit_code == 0);
+  CHECK(smp.output.find("#h3 ") != std::string::npos);
+  const auto bad = run_ablate("sample --checkpoint " + run.string() + " --prompt \"hello\"");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("alphabet") != std::string::npos);
+}
+
+TEST_CASE("stop and resume gives the uninterrupted run's losses bit for bit (fixed threads, with accumulation and dropout)") {
+  TempDir tmp;
+  const std::string common = "train " + config() + kTiny +
+                             " --set run.steps=24 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=8"
+                             " --set checkpoint.every=100";
+  const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
+  REQUIRE(run_ablate(common + " --run-dir " + full.string()).exit_code == 0);
+  const auto stop = run_ablate(common + " --run-dir " + parts.string() + " --stop-at 10");
+  INFO(stop.output);
+  REQUIRE(stop.exit_code == 0);
+  CHECK(read_json(parts / "summary.json")["status"] == "stopped");
+  CHECK(slurp(parts / "checkpoints/latest") == "step_00000010\n");
+  const auto resumed = run_ablate(common + " --resume " + parts.string());
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto a = metrics(full), b = metrics(parts);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["step"] == b[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());  // bit for bit
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+    if (a[i].contains("val_loss")) CHECK(a[i]["val_loss"].get<double>() == b[i]["val_loss"].get<double>());
+  }
+  // The final parameters are the same bytes.
+  CHECK(slurp(full / "checkpoints/step_00000024/model.safetensors") == slurp(parts / "checkpoints/step_00000024/model.safetensors"));
+}
+
+TEST_CASE("a checkpoint that does not match the config, or is truncated, is refused with exit 2 and nothing is lost") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + config() + kTiny + " --set run.steps=6 --run-dir " + run.string() + " --stop-at 3").exit_code == 0);
+  const std::string before = slurp(run / "checkpoints/step_00000003/model.safetensors");
+
+  const auto other = run_ablate("train " + config() + kTiny + " --set run.steps=6 --set model.d_model=48 --resume " + run.string());
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(other.output.find("does not match") != std::string::npos);
+
+  const auto opt = run_ablate("train " + config() + kTiny + " --set run.steps=6 --set optimizer.name=adamw --set model.n_layers=3 --resume " +
+                              run.string());
+  CHECK(opt.exit_code == 2);
+
+  const auto none = run_ablate("train " + config() + kTiny + " --resume " + (tmp.path() / "nothing").string());
+  CHECK(none.exit_code == 2);
+
+  // Truncate the parameters: refused by name, and the checkpoint is not rewritten.
+  const fs::path model = run / "checkpoints/step_00000003/model.safetensors";
+  fs::resize_file(model, fs::file_size(model) / 2);
+  const auto trunc = run_ablate("train " + config() + kTiny + " --set run.steps=6 --resume " + run.string());
+  INFO(trunc.output);
+  CHECK(trunc.exit_code == 2);
+  CHECK(trunc.output.find("model.safetensors") != std::string::npos);
+  CHECK(fs::file_size(model) == before.size() / 2);
+  CHECK(fs::exists(run / "checkpoints/step_00000003/optimizer.safetensors"));
+}
+
+TEST_CASE("eval: mean next-token loss over windows of an llm.c shard") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + config() + kTiny + " --set run.steps=5 --run-dir " + run.string()).exit_code == 0);
+  // A shard of 1000 tokens below the vocabulary of 80.
+  const fs::path shard = tmp.path() / "val.bin";
+  {
+    std::ofstream out(shard, std::ios::binary);
+    int32_t header[256] = {20240520, 1, 1000};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    for (int i = 0; i < 1000; ++i) {
+      const uint16_t t = uint16_t((i * 7) % 80);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  const auto r = run_ablate("eval --checkpoint " + run.string() + " --tokens " + shard.string() + " --seq-len 32 --json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const json j = json::parse(r.output.substr(r.output.find('{')));
+  CHECK(j["tokens"].get<int64_t>() == (1000 / 33) * 32);
+  CHECK(j["loss"].get<double>() > 0.5);
+  CHECK(j["loss"].get<double>() < 20.0);
+  // A window longer than the model's positions, and a file that is not a shard, are input errors.
+  CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + shard.string() + " --seq-len 65").exit_code == 2);
+  CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + (run / "config.toml").string()).exit_code == 2);
+}
