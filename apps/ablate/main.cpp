@@ -1,6 +1,7 @@
 // `ablate`: the command-line program. Dispatches subcommands and is the only place errors become
 // exit codes: 0 success, 2 bad input / usage / config, 1 runtime failure.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -87,6 +88,15 @@ void print_help() {
   for (const auto& [name, cmd] : commands()) std::printf("  %-10s %s\n", name.c_str(), cmd.summary);
   std::cout << "\nexit codes: 0 success, 2 bad input or configuration, 1 runtime failure\n";
 }
+
+// OpenMP workers that spin between parallel regions take the cores that OpenBLAS's own threads
+// need (and the other way round), which can make CPU training steps several times slower on a
+// small or busy machine; workers that sleep as soon as a region ends avoid it. libgomp reads OMP_WAIT_POLICY
+// while it loads, before main runs, so the default is set from the executable's preinit array,
+// which runs before any library's initialisation. A value already in the environment wins.
+void default_omp_wait_policy(int, char**, char**) { setenv("OMP_WAIT_POLICY", "passive", 0); }
+[[gnu::used, gnu::section(".preinit_array")]] void (*const preinit_wait_policy)(int, char**, char**) =
+    default_omp_wait_policy;
 
 }  // namespace
 

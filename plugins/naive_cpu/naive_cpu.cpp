@@ -1,17 +1,22 @@
 // The `naive_cpu` attention backend: exact causal softmax attention on the CPU in f32 or f64, the
-// reference every other backend is checked against. Loops follow the batch's segment layout, so a
+// reference every other backend is checked against. Work follows the batch's segment layout, so a
 // row costs the sum over its segments of length^2 (block-diagonal causal), never T^2; positions
 // outside every segment (padding) get zero output and zero gradient.
 //
-// Forward keeps the logsumexp of each query's scaled scores, (B, H, T), in `saved`; backward
-// recomputes the probabilities from q, k and that statistic and applies the softmax backward
-//   dS_ij = P_ij * (dP_ij - sum_j P_ij dP_ij),   sum_j P_ij dP_ij = dot(d_out_i, out_i).
+// Each segment and head is computed in blocks of query rows with BLAS matrix products: the block's
+// scores S = scale * Q K^T against the keys up to its last row, the causal mask and a row softmax
+// (its logsumexp, (B, H, T), is kept in `saved`), then O = P V. Backward recomputes P from q, k and
+// that statistic and applies the softmax backward
+//   dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  rowsum(P * dP) = dot(d_out_i, out_i),
+//   dQ = scale * dS K,  dK += scale * dS^T Q,  dV += P^T dO.
 // `saved` is f32 as the interface describes; for an f64 problem the caller may hand an f64 buffer
 // of the same element count instead, which keeps the gradients at full double precision.
 //
-// Threads: forward splits over (row, query head), backward over (row, kv head) so each thread owns
-// the d_k/d_v rows of its kv head and the d_q rows of that head's query group. Every sum runs in a
-// fixed order, so results do not depend on the thread count or schedule.
+// Threads: forward splits over (row, segment, query head), backward over (row, segment, kv head)
+// so each thread owns the d_k/d_v rows of its kv head and the d_q rows of that head's query group,
+// accumulated over the group's heads and the query blocks in a fixed order. BLAS runs on the
+// calling thread inside the parallel region, so results do not depend on the thread count or
+// schedule.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,6 +27,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include <cblas.h>
 
 #include "ablate/attention.hpp"
 #include "ablate/error.hpp"
@@ -132,6 +139,40 @@ int team_size(int threads) {
 #endif
 }
 
+// While alive, OpenBLAS runs each call on the calling thread. The OpenMP build of OpenBLAS does so by
+// itself inside a parallel region; the pthreads build would start its own workers for every call from
+// every team thread, so its thread count is lowered to 1 for the region and restored afterwards.
+class SerialBlas {
+ public:
+  SerialBlas() : active_(openblas_get_parallel() == 1) {
+    if (active_) {
+      saved_ = openblas_get_num_threads();
+      if (saved_ != 1) openblas_set_num_threads(1);
+    }
+  }
+  ~SerialBlas() {
+    if (active_ && saved_ != 1) openblas_set_num_threads(saved_);
+  }
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+
+ private:
+  bool active_;
+  int saved_ = 1;
+};
+
+// Row-major C = alpha * op(A) op(B) + beta * C.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n),
+              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n),
+              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
 int32_t longest_segment(const Batch& batch) {
   int32_t n = 0;
   for (const ablate::Segment& s : batch.segments) n = std::max(n, s.length);
@@ -153,48 +194,83 @@ struct Layout {
   int64_t stat(int64_t b, int64_t h, int64_t t) const { return (b * H + h) * T + t; }
 };
 
+// Queries are taken kBlock at a time: a block of rows scores against the keys up to its last row
+// only, so a segment of length n costs about n^2 / 2 + n * kBlock / 2 products, and the scratch a
+// thread needs is kBlock * n per matrix rather than n^2.
+constexpr int64_t kBlock = 64;
+
+// One unit of parallel work: a segment of a row for one head (a query head in forward, a kv head
+// with its query group in backward). Every unit writes its own outputs, so the result does not
+// depend on which thread runs it.
+struct Unit {
+  int32_t row, start, length, head;
+};
+
+std::vector<Unit> units(const Batch& batch, int32_t heads) {
+  std::vector<Unit> out;
+  for (int32_t b = 0; b < batch.rows; ++b) {
+    for (int32_t s = batch.row_segments[std::size_t(b)]; s < batch.row_segments[std::size_t(b) + 1]; ++s) {
+      const ablate::Segment& seg = batch.segments[std::size_t(s)];
+      if (seg.length == 0) continue;
+      for (int32_t h = 0; h < heads; ++h) out.push_back({b, seg.start, seg.length, h});
+    }
+  }
+  // Longest first, so the dynamic schedule ends with short units and the threads finish together.
+  std::stable_sort(out.begin(), out.end(), [](const Unit& a, const Unit& b) { return a.length > b.length; });
+  return out;
+}
+
 template <class T, class S>
 void forward_impl(const AttentionProblem& p, const Batch& batch, const T* q, const T* k, const T* v, T* out,
                   S* lse, int threads) {
   const Layout L{p.seq_len, p.heads, p.kv_heads, p.head_dim};
-  const int64_t B = p.batch, H = p.heads, D = p.head_dim, group = p.heads / p.kv_heads;
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
+  const int64_t ldq = L.H * D, ldkv = L.Hkv * D;
   const T scale = T(1) / std::sqrt(T(D));
-  const int32_t longest = longest_segment(batch);
+  // Padding positions keep these zeros; every position inside a segment is overwritten below.
+  std::fill_n(out, int64_t(p.batch) * L.T * ldq, T(0));
+  std::fill_n(lse, int64_t(p.batch) * L.H * L.T, S(0));
+  const std::vector<Unit> work = units(batch, p.heads);
+  const int64_t n_work = int64_t(work.size());
+  const int64_t width = std::max<int64_t>(longest_segment(batch), 1);
+  SerialBlas serial_blas;
 #pragma omp parallel num_threads(team_size(threads))
   {
-    std::vector<T> scores(std::size_t(std::max(longest, 1)));
-    std::vector<T> acc(static_cast<std::size_t>(D));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t g = h / group;
-        for (int64_t t = 0; t < L.T; ++t) {
-          std::fill_n(out + L.q(b, t, h), D, T(0));
-          lse[L.stat(b, h, t)] = S(0);
-        }
-        for (int32_t s = batch.row_segments[std::size_t(b)]; s < batch.row_segments[std::size_t(b) + 1]; ++s) {
-          const int64_t start = batch.segments[std::size_t(s)].start, len = batch.segments[std::size_t(s)].length;
-          for (int64_t i = start; i < start + len; ++i) {
-            const T* qi = q + L.q(b, i, h);
-            T m = -std::numeric_limits<T>::infinity();
-            for (int64_t j = start; j <= i; ++j) {
-              const T sc = dot(qi, k + L.kv(b, j, g), D) * scale;
-              scores[std::size_t(j - start)] = sc;
-              m = std::max(m, sc);
-            }
-            T sum = 0;
-            std::fill(acc.begin(), acc.end(), T(0));
-            for (int64_t j = start; j <= i; ++j) {
-              const T e = std::exp(scores[std::size_t(j - start)] - m);
-              sum += e;
-              const T* vj = v + L.kv(b, j, g);
-              for (int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += e * vj[d];
-            }
-            T* oi = out + L.q(b, i, h);
-            const T inv = T(1) / sum;
-            for (int64_t d = 0; d < D; ++d) oi[d] = acc[std::size_t(d)] * inv;
-            lse[L.stat(b, h, i)] = S(m + std::log(sum));
+    std::vector<T> scores(std::size_t(kBlock * width));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < n_work; ++w) {
+      const Unit& u = work[std::size_t(w)];
+      const int64_t h = u.head, g = h / group, len = u.length;
+      const T* qs = q + L.q(u.row, u.start, h);
+      const T* ks = k + L.kv(u.row, u.start, g);
+      const T* vs = v + L.kv(u.row, u.start, g);
+      T* os = out + L.q(u.row, u.start, h);
+      S* ls = lse + L.stat(u.row, h, u.start);
+      for (int64_t i0 = 0; i0 < len; i0 += kBlock) {
+        const int64_t rows = std::min(kBlock, len - i0), cols = i0 + rows;
+        T* sc = scores.data();
+        gemm(false, true, rows, cols, D, scale, qs + i0 * ldq, ldq, ks, ldkv, T(0), sc, cols);
+        T inv_sums[kBlock];
+        for (int64_t r = 0; r < rows; ++r) {
+          T* row = sc + r * cols;
+          const int64_t n = i0 + r + 1;  // keys 0..i0+r of the segment
+          T m = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+          T sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const T e = std::exp(row[j] - m);
+            row[j] = e;
+            sum += e;
           }
+          std::fill(row + n, row + cols, T(0));
+          inv_sums[r] = T(1) / sum;
+          ls[i0 + r] = S(m + std::log(sum));
+        }
+        T* ob = os + i0 * ldq;
+        gemm(false, false, rows, D, cols, T(1), sc, cols, vs, ldkv, T(0), ob, ldq);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* o = ob + r * ldq;
+          for (int64_t d = 0; d < D; ++d) o[d] *= inv_sums[r];
         }
       }
     }
@@ -205,44 +281,57 @@ template <class T, class S>
 void backward_impl(const AttentionProblem& p, const Batch& batch, const T* q, const T* k, const T* v, const T* out,
                    const S* lse, const T* d_out, T* d_q, T* d_k, T* d_v, int threads) {
   const Layout L{p.seq_len, p.heads, p.kv_heads, p.head_dim};
-  const int64_t B = p.batch, Hkv = p.kv_heads, D = p.head_dim, group = p.heads / p.kv_heads;
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
+  const int64_t ldq = L.H * D, ldkv = L.Hkv * D;
   const T scale = T(1) / std::sqrt(T(D));
+  // d_k and d_v accumulate over the query group and the query blocks; padding keeps the zeros.
+  std::fill_n(d_q, int64_t(p.batch) * L.T * ldq, T(0));
+  std::fill_n(d_k, int64_t(p.batch) * L.T * ldkv, T(0));
+  std::fill_n(d_v, int64_t(p.batch) * L.T * ldkv, T(0));
+  const std::vector<Unit> work = units(batch, p.kv_heads);
+  const int64_t n_work = int64_t(work.size());
+  const int64_t width = std::max<int64_t>(longest_segment(batch), 1);
+  SerialBlas serial_blas;
 #pragma omp parallel num_threads(team_size(threads))
   {
-    std::vector<T> dqi(static_cast<std::size_t>(D));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t g = 0; g < Hkv; ++g) {
-        for (int64_t t = 0; t < L.T; ++t) {
-          std::fill_n(d_k + L.kv(b, t, g), D, T(0));
-          std::fill_n(d_v + L.kv(b, t, g), D, T(0));
-          for (int64_t h = g * group; h < (g + 1) * group; ++h) std::fill_n(d_q + L.q(b, t, h), D, T(0));
-        }
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          for (int32_t s = batch.row_segments[std::size_t(b)]; s < batch.row_segments[std::size_t(b) + 1]; ++s) {
-            const int64_t start = batch.segments[std::size_t(s)].start, len = batch.segments[std::size_t(s)].length;
-            for (int64_t i = start; i < start + len; ++i) {
-              const T* qi = q + L.q(b, i, h);
-              const T* doi = d_out + L.q(b, i, h);
-              const T li = T(lse[L.stat(b, h, i)]);
-              const T delta = dot(doi, out + L.q(b, i, h), D);
-              std::fill(dqi.begin(), dqi.end(), T(0));
-              for (int64_t j = start; j <= i; ++j) {
-                const T* kj = k + L.kv(b, j, g);
-                const T* vj = v + L.kv(b, j, g);
-                const T pij = std::exp(dot(qi, kj, D) * scale - li);
-                const T ds = pij * (dot(doi, vj, D) - delta) * scale;  // scaled: d(score)/d(q.k) = scale
-                T* dkj = d_k + L.kv(b, j, g);
-                T* dvj = d_v + L.kv(b, j, g);
-                for (int64_t d = 0; d < D; ++d) {
-                  dqi[std::size_t(d)] += ds * kj[d];
-                  dkj[d] += ds * qi[d];
-                  dvj[d] += pij * doi[d];
-                }
-              }
-              std::copy(dqi.begin(), dqi.end(), d_q + L.q(b, i, h));
+    std::vector<T> probs(std::size_t(kBlock * width)), grads(std::size_t(kBlock * width));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < n_work; ++w) {
+      const Unit& u = work[std::size_t(w)];
+      const int64_t g = u.head, len = u.length;
+      const T* ks = k + L.kv(u.row, u.start, g);
+      const T* vs = v + L.kv(u.row, u.start, g);
+      T* dks = d_k + L.kv(u.row, u.start, g);
+      T* dvs = d_v + L.kv(u.row, u.start, g);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const T* qs = q + L.q(u.row, u.start, h);
+        const T* os = out + L.q(u.row, u.start, h);
+        const T* dos = d_out + L.q(u.row, u.start, h);
+        T* dqs = d_q + L.q(u.row, u.start, h);
+        const S* ls = lse + L.stat(u.row, h, u.start);
+        for (int64_t i0 = 0; i0 < len; i0 += kBlock) {
+          const int64_t rows = std::min(kBlock, len - i0), cols = i0 + rows;
+          T* pr = probs.data();
+          T* ds = grads.data();
+          gemm(false, true, rows, cols, D, scale, qs + i0 * ldq, ldq, ks, ldkv, T(0), pr, cols);
+          gemm(false, true, rows, cols, D, T(1), dos + i0 * ldq, ldq, vs, ldkv, T(0), ds, cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r, n = i + 1;
+            T* prow = pr + r * cols;
+            T* drow = ds + r * cols;
+            const T li = T(ls[i]);
+            const T delta = dot(dos + i * ldq, os + i * ldq, D);
+            for (int64_t j = 0; j < n; ++j) {
+              const T pij = std::exp(prow[j] - li);
+              prow[j] = pij;
+              drow[j] = pij * (drow[j] - delta) * scale;
             }
+            std::fill(prow + n, prow + cols, T(0));
+            std::fill(drow + n, drow + cols, T(0));
           }
+          gemm(false, false, rows, D, cols, T(1), ds, cols, ks, ldkv, T(0), dqs + i0 * ldq, ldq);
+          gemm(true, false, cols, D, rows, T(1), ds, cols, qs + i0 * ldq, ldq, T(1), dks, ldkv);
+          gemm(true, false, cols, D, rows, T(1), pr, cols, dos + i0 * ldq, ldq, T(1), dvs, ldkv);
         }
       }
     }

@@ -476,3 +476,91 @@ TEST_CASE("naive_cpu gives bitwise identical results on repeated runs and across
     CHECK(std::memcmp(a.d_v.data(), other->d_v.data(), a.d_v.size() * sizeof(float)) == 0);
   }
 }
+
+namespace {
+
+// Dense float64 reference gradients (same mask as reference_forward), for loss = sum(out * d_out).
+void reference_backward(const AttentionProblem& p, const Batch& batch, const Inputs& in, std::vector<double>& d_q,
+                        std::vector<double>& d_k, std::vector<double>& d_v) {
+  const int64_t T = p.seq_len, H = p.heads, G = p.kv_heads, D = p.head_dim;
+  const double scale = 1.0 / std::sqrt(double(D));
+  d_q.assign(in.q.size(), 0.0);
+  d_k.assign(in.k.size(), 0.0);
+  d_v.assign(in.v.size(), 0.0);
+  auto qi = [&](int64_t b, int64_t t, int64_t h) { return std::size_t(((b * T + t) * H + h) * D); };
+  auto ki = [&](int64_t b, int64_t t, int64_t g) { return std::size_t(((b * T + t) * G + g) * D); };
+  auto dot = [&](const double* a, const double* c) {
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) s += a[d] * c[d];
+    return s;
+  };
+  std::vector<double> prob(static_cast<std::size_t>(T)), dprob(static_cast<std::size_t>(T));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t i = 0; i < T; ++i) {
+        const int32_t si = batch.segment_ids[std::size_t(b * T + i)];
+        if (si == 0) continue;
+        auto sees = [&](int64_t j) { return j <= i && batch.segment_ids[std::size_t(b * T + j)] == si; };
+        double m = -INFINITY, z = 0, delta = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          if (sees(j)) m = std::max(m, scale * dot(&in.q[qi(b, i, h)], &in.k[ki(b, j, g)]));
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          prob[std::size_t(j)] = sees(j) ? std::exp(scale * dot(&in.q[qi(b, i, h)], &in.k[ki(b, j, g)]) - m) : 0.0;
+          z += prob[std::size_t(j)];
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          prob[std::size_t(j)] /= z;
+          dprob[std::size_t(j)] = dot(&in.d_out[qi(b, i, h)], &in.v[ki(b, j, g)]);
+          delta += prob[std::size_t(j)] * dprob[std::size_t(j)];
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          if (!sees(j)) continue;
+          const double pj = prob[std::size_t(j)], ds = pj * (dprob[std::size_t(j)] - delta) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            d_q[qi(b, i, h) + std::size_t(d)] += ds * in.k[ki(b, j, g) + std::size_t(d)];
+            d_k[ki(b, j, g) + std::size_t(d)] += ds * in.q[qi(b, i, h) + std::size_t(d)];
+            d_v[ki(b, j, g) + std::size_t(d)] += pj * in.d_out[qi(b, i, h) + std::size_t(d)];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("naive_cpu matches the dense reference on segments longer than its query blocks") {
+  Setup s;
+  auto attn = s.make();
+  std::mt19937 rng(41);
+  const int32_t T = 203;
+  const Batch batch = make_batch(T, {{{0, 150}, {150, 1}, {151, 50}}, {{0, T}}, {{3, 129}}});
+  const AttentionProblem p = problem_for(batch, 4, 2, 6);
+  const Inputs in = random_inputs(p, rng);
+  Run<double> r(p, in.q, in.k, in.v, in.d_out);
+  r.saved_f64 = true;
+  r.forward(*attn, batch);
+  r.backward(*attn, batch);
+  CHECK(max_abs_diff(r.out, reference_forward(p, batch, in.q, in.k, in.v)) < 1e-12);
+  std::vector<double> d_q, d_k, d_v;
+  reference_backward(p, batch, in, d_q, d_k, d_v);
+  CHECK(max_abs_diff(r.d_q, d_q) < 1e-11 * (1.0 + max_abs(d_q)));
+  CHECK(max_abs_diff(r.d_k, d_k) < 1e-11 * (1.0 + max_abs(d_k)));
+  CHECK(max_abs_diff(r.d_v, d_v) < 1e-11 * (1.0 + max_abs(d_v)));
+  CHECK(max_abs(d_k) > 0.0);
+
+  // f32 on the same layout: bitwise the same for 1 and 3 threads.
+  auto serial = s.make(1), three = s.make(3);
+  Run<float> a(p, in.q, in.k, in.v, in.d_out), c(p, in.q, in.k, in.v, in.d_out);
+  a.forward(*serial, batch);
+  a.backward(*serial, batch);
+  c.forward(*three, batch);
+  c.backward(*three, batch);
+  CHECK(std::memcmp(a.out.data(), c.out.data(), a.out.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.saved32.data(), c.saved32.data(), a.saved32.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.d_q.data(), c.d_q.data(), a.d_q.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.d_k.data(), c.d_k.data(), a.d_k.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.d_v.data(), c.d_v.data(), a.d_v.size() * sizeof(float)) == 0);
+}
