@@ -124,6 +124,7 @@ struct Model::Impl {
   int64_t res_final = 0, lnf = 0, lnf_s = 0, losses = 0;
   int64_t d_res = 0, d_ln = 0, d_q = 0, d_k = 0, d_v = 0, d_att = 0, d_qlin = 0, d_klin = 0, scratch = 0;
   int64_t scratch_n = 0;
+  int64_t planned_elements = 0;  // what the current shape uses of `act`
   std::vector<float> act;
 
   std::unique_ptr<Layer> make_layer(const Registry& registry, const std::string& name) {
@@ -193,7 +194,10 @@ struct Model::Impl {
     }
     if (qkn) scratch_n = std::max(scratch_n, qkn->scratch_elements(qkn_spec, N * o.n_heads));
     scratch = take(scratch_n);
-    act.assign(std::size_t(at), 0.0f);
+    // Grow only: bucketed batches change T from batch to batch, and the plan is re-derived for
+    // each shape, but the buffer is allocated (and zeroed) once for the largest.
+    planned_elements = at;
+    if (act.size() < std::size_t(at)) act.resize(std::size_t(at), 0.0f);
     planned_rows = rows;
     planned_T = T;
   }
@@ -216,7 +220,7 @@ struct Model::Impl {
   // as many values as they declared.
   TensorView P(int64_t off, int64_t = 0) { return view(params.data() + off, table.total - off, 1); }
   TensorView G(int64_t off, int64_t = 0) { return view(grads.data() + off, table.total - off, 1); }
-  TensorView S(int64_t off) { return view(A(off), int64_t(act.size()) - off, 1); }
+  TensorView S(int64_t off) { return view(A(off), planned_elements - off, 1); }
 
   LayerCall call(const LayerSpec& spec, const Batch& b, int64_t rows) {
     LayerCall c;
@@ -649,7 +653,7 @@ double Model::flops_per_token(int64_t seq_len) const noexcept {
 
 int64_t Model::activation_bytes(int64_t rows, int64_t seq_len) const {
   impl_->plan(rows, seq_len);
-  return int64_t(impl_->act.size() * sizeof(float));
+  return impl_->planned_elements * int64_t(sizeof(float));
 }
 
 double Model::measure_matmul_tflops() {

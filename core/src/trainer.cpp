@@ -161,9 +161,6 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
 
 void write_json_atomic(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
 
-// CPU peak when none is configured: a measured fp32 matrix-product rate (TFLOP/s).
-double measured_cpu_peak_tflops(Model& model) { return model.measure_matmul_tflops(); }
-
 struct Evaluator {
   std::unique_ptr<DataPipeline> pipeline;
   int64_t batches = 0;
@@ -366,15 +363,14 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   }
   std::ofstream metrics_out(metrics_path, std::ios::app);
 
-  const double peak = [&] {
-    const double configured = config.section("metrics").get_float("peak_tflops");
-    return configured > 0 ? configured : measured_cpu_peak_tflops(model);
-  }();
+  // The CPU's peak when none is configured: the measured fp32 matrix-product rate.
+  const double configured_peak = config.section("metrics").get_float("peak_tflops");
+  const double peak = configured_peak > 0 ? configured_peak : model.measure_matmul_tflops();
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state)",
                model.num_params(), mo.describe(), double(model.activation_bytes(B, T)) / (1 << 20), opt_name,
                double(optimizer->state_bytes()) / (1 << 20));
   spdlog::info("training {} steps of {} x {} x {} tokens on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", steps, accum, B,
-               T, run.threads, peak, config.section("metrics").get_float("peak_tflops") > 0 ? "configured" : "measured",
+               T, run.threads, peak, configured_peak > 0 ? "configured" : "measured",
                dir.string());
 
   auto save_checkpoint = [&](int64_t step) {
