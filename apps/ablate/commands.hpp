@@ -21,6 +21,10 @@ int cmd_train(const Args& args);
 int cmd_eval(const Args& args);
 int cmd_export(const Args& args);
 int cmd_sample(const Args& args);
+int cmd_sweep(const Args& args);
+int cmd_report(const Args& args);
+int cmd_doctor(const Args& args);
+int cmd_tune(const Args& args);
 
 // Shared helpers.
 namespace po = boost::program_options;

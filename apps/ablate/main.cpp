@@ -77,6 +77,10 @@ const std::map<std::string, Command>& commands() {
       {"eval", {ablate::cli::cmd_eval, "mean next-token loss of a checkpoint on an llm.c token shard"}},
       {"export", {ablate::cli::cmd_export, "write a checkpoint as a Hugging Face transformers directory"}},
       {"sample", {ablate::cli::cmd_sample, "generate text from a checkpoint"}},
+      {"sweep", {ablate::cli::cmd_sweep, "run an ablation study: every arm of a sweep file, then the results and report"}},
+      {"report", {ablate::cli::cmd_report, "write report.md with tables and plots for a run or a sweep"}},
+      {"doctor", {ablate::cli::cmd_doctor, "name what holds a run back, ranked, with the change to make"}},
+      {"tune", {ablate::cli::cmd_tune, "tune batch-size: the largest micro-batch that fits, measured"}},
   };
   return table;
 }

@@ -87,6 +87,57 @@ Optimizer::~Optimizer() = default;
 Logger::~Logger() = default;
 Communicator::~Communicator() = default;
 
+const std::vector<std::string>& metric_names() {
+  static const std::vector<std::string> names = {
+      "step",          "loss",        "lr",          "grad_norm",         "step_ms",   "tokens",
+      "real_tokens",   "padding_fraction", "tokens_per_s", "real_tokens_per_s", "tflops", "mfu",
+      "effective_mfu", "data_wait_pct",    "mem_peak_bytes", "optimizer_state_bytes"};
+  return names;
+}
+
+bool metric_is_count(std::string_view name) noexcept {
+  return name == "step" || name == "tokens" || name == "real_tokens" || name == "mem_peak_bytes" ||
+         name == "optimizer_state_bytes";
+}
+
+std::vector<std::pair<std::string, double>> metric_values(const StepMetrics& m) {
+  const double fixed[] = {double(m.step),         m.loss,         m.lr,           m.grad_norm,
+                          m.step_ms,              double(m.tokens), double(m.real_tokens), m.padding_fraction,
+                          m.tokens_per_s,         m.real_tokens_per_s, m.tflops,  m.mfu,
+                          m.effective_mfu,        m.data_wait_pct, double(m.mem_peak_bytes),
+                          double(m.optimizer_state_bytes)};
+  const std::vector<std::string>& names = metric_names();
+  std::vector<std::pair<std::string, double>> out;
+  out.reserve(names.size() + m.extra.size());
+  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i], fixed[i]);
+  for (const auto& e : m.extra) out.push_back(e);
+  return out;
+}
+
+double peak_tflops_for_device(std::string_view name, std::string_view dtype) noexcept {
+  // Dense (no sparsity) figures from the vendors' data sheets: bf16/fp16 and tf32.
+  struct Row {
+    const char* needle;  // all of these words must appear, in order of specificity
+    const char* also;
+    double bf16, tf32;
+  };
+  static const Row rows[] = {
+      {"H200", "", 989.4, 494.7},        {"H100", "PCIe", 756.5, 378.0}, {"H100", "NVL", 835.0, 417.5},
+      {"H100", "", 989.4, 494.7},        {"GH200", "", 989.4, 494.7},    {"H800", "PCIe", 756.5, 378.0},
+      {"H800", "", 989.4, 494.7},        {"B200", "", 2250.0, 1100.0},   {"A100", "", 312.0, 156.0},
+      {"A800", "", 312.0, 156.0},        {"A10G", "", 70.0, 35.0},       {"A10", "", 125.0, 62.5},
+      {"L40S", "", 362.0, 183.0},        {"L40", "", 181.0, 90.5},       {"L4", "", 121.0, 60.0},
+      {"RTX 4090", "", 165.2, 82.6},     {"RTX 3090", "", 71.0, 35.6},   {"V100", "", 125.0, 15.7},
+      {"T4", "", 65.0, 8.1},
+  };
+  auto has = [&](const char* w) { return *w == 0 || name.find(w) != std::string_view::npos; };
+  const bool half = dtype == "bf16" || dtype == "fp16";
+  for (const Row& r : rows) {
+    if (has(r.needle) && has(r.also)) return half ? r.bf16 : r.tf32;
+  }
+  return 0.0;
+}
+
 double model_flops_per_token(int64_t parameters, int64_t layers, int64_t d_model, int64_t seq_len) noexcept {
   return 6.0 * double(parameters) + 6.0 * double(layers) * double(d_model) * double(seq_len);
 }

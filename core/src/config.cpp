@@ -32,6 +32,8 @@ const std::vector<SectionSpec>& section_specs() {
         string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
         string("dtype", "fp32", "compute precision (bf16 on cuda keeps fp32 master weights)").one_of({"fp32", "bf16"}),
         integer("threads", 0, "CPU threads (0 = all cores)").at_least(0),
+        floating("memory_budget_gib", 0.0, "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
+                 "doctor and tune measure headroom against it").at_least(0.0),
         integer("grad_accum_steps", 1, "micro-batches per optimizer step").at_least(1),
         integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").at_least(0),
         integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
@@ -90,7 +92,7 @@ const std::vector<SectionSpec>& section_specs() {
         floating("min_lr_ratio", 0.1, "floor of the decay as a fraction of lr").within(0.0, 1.0),
       }, std::nullopt, "", false, ""});
     s.push_back({"logging", "where metrics go", {
-        string_list("sinks", {}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard)"),
+        string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard)"),
         integer("every", 1, "log every N steps").at_least(1),
       }, Kind::logger, "sinks", true, ""});
     s.push_back({"checkpoint", "saving and resuming", {
@@ -311,6 +313,12 @@ class Validator {
           if (!sel->is_string()) fail(sel->source(), sel_path, "expected a string, got " + node_type_name(*sel) + " " + node_text(*sel));
           check_name(sel->as_string()->get(), *sel);
           selected.push_back(sel->as_string()->get());
+        }
+      } else if (spec.selector_is_list) {
+        // The schema's default list; the names are checked when the components are made, so a
+        // config can be read where those plugins are not loaded.
+        for (const ParamSpec& p : spec.keys) {
+          if (p.name == spec.selector) selected = std::get<std::vector<std::string>>(p.default_value);
         }
       } else if (!spec.default_selection.empty()) {
         toml::value<std::string> def(spec.default_selection);

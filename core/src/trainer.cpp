@@ -2,6 +2,7 @@
 #include "ablate/trainer.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +43,11 @@ int64_t peak_rss_bytes() {
   return int64_t(u.ru_maxrss) * 1024;
 }
 
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+}
+
 uint64_t mix64(uint64_t a, uint64_t b) {
   uint64_t z = a * 0x9e3779b97f4a7c15ULL ^ (b + 0x632be59bd9b4e019ULL);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -75,26 +81,20 @@ DataCursor cursor_from(const json& j) {
   return c;
 }
 
-json metrics_json(const StepMetrics& m) {
-  json j = {{"step", m.step},
-            {"loss", m.loss},
-            {"lr", m.lr},
-            {"grad_norm", m.grad_norm},
-            {"step_ms", m.step_ms},
-            {"tokens", m.tokens},
-            {"real_tokens", m.real_tokens},
-            {"padding_fraction", m.padding_fraction},
-            {"tokens_per_s", m.tokens_per_s},
-            {"real_tokens_per_s", m.real_tokens_per_s},
-            {"tflops", m.tflops},
-            {"mfu", m.mfu},
-            {"effective_mfu", m.effective_mfu},
-            {"data_wait_pct", m.data_wait_pct},
-            {"mem_peak_bytes", m.mem_peak_bytes},
-            {"optimizer_state_bytes", m.optimizer_state_bytes}};
-  for (const auto& [k, v] : m.extra) j[k] = v;
-  return j;
-}
+// Closes every sink once, also when training leaves by an exception.
+struct LoggerSet {
+  std::vector<std::unique_ptr<Logger>> sinks;
+  void close() {
+    for (auto& l : sinks) l->close();
+    sinks.clear();
+  }
+  ~LoggerSet() {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -234,6 +234,27 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
 
 // ---------------------------------------------------------------------------------------------
 
+RunContext training_context(const Config& config) {
+  const Params run_p = config.section("run");
+  RunContext run;
+  run.seed = uint64_t(run_p.get_int("seed"));
+  run.device = run_p.get_string("device");
+  run.threads = int(run_p.get_int("threads"));
+  if (run.threads == 0) run.threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (run.device != "cpu") {
+    throw_input_error("run.device", "'" + run.device + "' is not available in this build's trainer; use \"cpu\"");
+  }
+#ifdef _OPENMP
+  omp_set_num_threads(run.threads);
+#endif
+  return run;
+}
+
+int64_t memory_budget_bytes(const Config& config) {
+  const double gib = config.section("run").get_float("memory_budget_gib");
+  return gib > 0 ? int64_t(gib * double(1ll << 30)) : physical_memory_bytes();
+}
+
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
   const Params run_p = config.section("run");
   const Params opt_p = config.section("optimizer");
@@ -247,17 +268,9 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const int64_t log_every = log_p.get_int("every");
   const double grad_clip = opt_p.get_float("grad_clip");
 
-  RunContext run;
-  run.seed = uint64_t(run_p.get_int("seed"));
-  run.device = run_p.get_string("device");
-  run.threads = int(run_p.get_int("threads"));
-  if (run.threads == 0) run.threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (run.device != "cpu") {
-    throw_input_error("run.device", "'" + run.device + "' is not available in this build's trainer; use \"cpu\"");
-  }
-#ifdef _OPENMP
-  omp_set_num_threads(run.threads);
-#endif
+  const RunContext run = training_context(config);
+  const int64_t memory_bytes = memory_budget_bytes(config);
+  const std::string memory_source = run_p.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
 
   // Run directory: refuse to start over a run that already has checkpoints.
   const fs::path dir = options.run_dir;
@@ -343,25 +356,38 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                                          {"parameters", model.num_params()},
                                          {"model", mo.describe()},
                                          {"config_hash", config.hash()},
+                                         {"memory_bytes", memory_bytes},
+                                         {"memory_source", memory_source},
+                                         {"param_bytes", int64_t(model.num_params()) * 4},
+                                         {"grad_bytes", int64_t(model.num_params()) * 4},
+                                         {"activation_bytes", model.activation_bytes(B, T)},
+                                         {"batch_size", B},
+                                         {"seq_len", T},
+                                         {"grad_accum_steps", accum},
                                          {"plugins", plugins}});
   }
-  // metrics.jsonl: on resume keep what the checkpoint covers, drop what came after it.
-  const fs::path metrics_path = dir / "metrics.jsonl";
+  // Loggers: every sink of [logging] sinks, opened with where the run starts.
+  LoggerSet loggers;
   {
-    std::string kept;
-    if (options.resume && fs::exists(metrics_path)) {
-      std::istringstream in(read_text(metrics_path));
-      std::string line;
-      while (std::getline(in, line)) {
-        try {
-          if (json::parse(line).value("step", int64_t(0)) <= start_step) kept += line + "\n";
-        } catch (const json::exception&) {
-        }
+    LogContext lc;
+    lc.run_dir = dir.string();
+    lc.config_toml = config.to_toml();
+    lc.run_name = fs::absolute(dir).lexically_normal().filename().string();
+    if (lc.run_name.empty()) lc.run_name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+    lc.start_step = start_step;
+    lc.total_steps = steps;
+    lc.log_every = log_every;
+    for (const std::string& name : config.selected_list("logging")) {
+      if (registry.find(Kind::logger, name) == nullptr) {
+        const std::vector<std::string> valid = registry.names(Kind::logger);
+        std::string list;
+        for (const std::string& v : valid) list += (list.empty() ? "" : ", ") + v;
+        throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (list.empty() ? "none" : list) + ")");
       }
+      loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
+      loggers.sinks.back()->open(lc);
     }
-    write_file_atomic(metrics_path, kept);
   }
-  std::ofstream metrics_out(metrics_path, std::ios::app);
 
   // The CPU's peak when none is configured: the measured fp32 matrix-product rate.
   const double configured_peak = config.section("metrics").get_float("peak_tflops");
@@ -489,14 +515,8 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       sm.extra.push_back({"val_loss", last_val});
     }
     if (step % log_every == 0 || step == steps || do_eval) {
-      metrics_out << metrics_json(sm).dump() << "\n";
-      metrics_out.flush();
-      const double elapsed = seconds_since(t_run);
-      const double eta = elapsed / double(step - start_step) * double(steps - step);
-      spdlog::info("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {} tok/s ({} real) | mfu {:.1f}% | "
-                   "wait {:.1f}% | eta {:.0f}s",
-                   step, steps, loss, do_eval ? fmt::format(" | val {:.4f}", last_val) : std::string(), lr, norm, sm.step_ms,
-                   si(sm.tokens_per_s), si(sm.real_tokens_per_s), 100.0 * sm.mfu, sm.data_wait_pct, eta);
+      sm.extra.push_back({"elapsed_s", seconds_since(t_run)});
+      for (auto& l : loggers.sinks) l->log(sm);
       if (options.on_step) options.on_step(sm);
     }
     const bool stopping = options.stop_at > 0 && step == options.stop_at && step < steps;
@@ -529,6 +549,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                   {"optimizer_state_bytes", optimizer->state_bytes()},
                   {"wall_s", seconds_since(t_run)},
                   {"config_hash", config.hash()}};
+  loggers.close();
   write_json_atomic(dir / "summary.json", summary);
   spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", first_loss, result.final_loss,
                last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(), si(median(tps)), 100.0 * median(mfus),

@@ -66,7 +66,7 @@ TEST_CASE_FIXTURE(Fixture, "an empty experiment resolves with every default fill
   CHECK(c.selected("data") == "synthetic_probes");
   CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 1000);
   CHECK(c.selected("run") == "single");
-  CHECK(c.selected_list("logging").empty());
+  CHECK(c.selected_list("logging") == std::vector<std::string>{"console", "jsonl"});
   CHECK(c.selected("optimizer") == "adamw");
   CHECK(c.selected("attention") == "naive_cpu");
 }

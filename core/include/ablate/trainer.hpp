@@ -47,6 +47,12 @@ struct TrainResult {
 
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
 
+// The run facts of [run] (seed, device, threads: 0 = all cores), with the CPU thread count applied
+// to OpenMP. A device this build cannot train on is an input error naming run.device.
+RunContext training_context(const Config& config);
+// The memory the run may use: [run] memory_budget_gib, else the machine's physical memory.
+int64_t memory_budget_bytes(const Config& config);
+
 // ---- checkpoints ----
 
 struct CheckpointState {

@@ -14,7 +14,7 @@ namespace {
 class RecordingLogger final : public ablate::Logger {
  public:
   explicit RecordingLogger(std::string prefix) : prefix_(std::move(prefix)) {}
-  void open(const std::string&, const std::string&) override {}
+  void open(const ablate::LogContext&) override {}
   void log(const ablate::StepMetrics&) override {}
   void close() override {}
   std::string prefix_;

@@ -1,0 +1,314 @@
+// `ablate doctor RUN_DIR [--json]`: reads a run's resolved config, run.json, summary.json and
+// metrics.jsonl and names what holds the run back, ranked, each finding with the numbers behind it
+// and the change to make. The finding ids are stable: padding, input_bound, memory_headroom,
+// attention, optimizer_memory, step_jitter.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <toml++/toml.h>
+
+#include "ablate/error.hpp"
+#include "commands.hpp"
+
+namespace ablate::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct Finding {
+  std::string id;
+  std::string severity;  // high | medium | low
+  std::string message;
+  std::string change;    // the change to make, as the user would type it
+  json evidence = json::object();
+  std::optional<double> expected_speedup;
+};
+
+int severity_rank(const std::string& s) { return s == "high" ? 0 : s == "medium" ? 1 : 2; }
+
+std::string fmt(const char* f, double v) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string gib(double bytes) { return fmt("%.2f GiB", bytes / double(1ll << 30)); }
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const std::size_t i = std::size_t(pos);
+  const double f = pos - double(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+// The run, as the doctor reads it.
+struct Run {
+  fs::path dir;
+  toml::table config;
+  json info = json::object();     // run.json
+  json summary = json::object();  // summary.json (absent for a run still going or killed)
+  std::vector<json> steps;        // metrics.jsonl
+
+  template <typename T>
+  T cfg(const char* section, const char* key, T fallback) const {
+    return config[section][key].value_or(fallback);
+  }
+};
+
+Run load_run(const fs::path& dir) {
+  Run r;
+  r.dir = dir;
+  if (!fs::is_directory(dir)) throw_input_error(dir.string(), "not a directory (expected a run directory made by `ablate train`)");
+  const fs::path cfg = dir / "config.toml";
+  if (!fs::exists(cfg)) throw_input_error(dir.string(), "no config.toml: not a run directory made by `ablate train`");
+  try {
+    r.config = toml::parse_file(cfg.string());
+  } catch (const toml::parse_error& e) {
+    throw_input_error(cfg.string() + ":" + std::to_string(e.source().begin.line), std::string(e.description()));
+  }
+  auto read = [&](const fs::path& p, json& into) {
+    if (!fs::exists(p)) return;
+    std::ifstream in(p);
+    try {
+      into = json::parse(in);
+    } catch (const json::exception& e) {
+      throw_input_error(p.string(), std::string("not valid JSON: ") + e.what());
+    }
+  };
+  read(dir / "run.json", r.info);
+  read(dir / "summary.json", r.summary);
+  const fs::path m = dir / "metrics.jsonl";
+  if (!fs::exists(m)) {
+    throw_input_error(m.string(), "missing: the doctor reads the per-step metrics the `jsonl` logger writes (add \"jsonl\" "
+                                  "to [logging] sinks)");
+  }
+  std::ifstream in(m);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    try {
+      r.steps.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      throw_input_error(m.string() + ":" + std::to_string(n), "not a JSON object (a line cut short by a crash?)");
+    }
+  }
+  if (r.steps.empty()) throw_input_error(m.string(), "holds no steps yet: nothing to diagnose");
+  return r;
+}
+
+std::vector<double> column(const std::vector<json>& rows, const char* key, bool skip_first) {
+  std::vector<double> out;
+  for (std::size_t i = skip_first && rows.size() > 1 ? 1 : 0; i < rows.size(); ++i) {
+    if (rows[i].contains(key) && rows[i][key].is_number()) out.push_back(rows[i][key].get<double>());
+  }
+  return out;
+}
+
+std::vector<Finding> diagnose(const Run& run) {
+  std::vector<Finding> out;
+  const std::string device = run.cfg("run", "device", std::string("cpu"));
+  const std::string batching = run.cfg("batching", "name", std::string("packed"));
+  const std::string attention = run.cfg("attention", "name", std::string("naive_cpu"));
+  const std::string optimizer = run.cfg("optimizer", "name", std::string("adamw"));
+  const int64_t B = run.cfg("batching", "batch_size", int64_t(1));
+  const int64_t accum = run.cfg("run", "grad_accum_steps", int64_t(1));
+  const double lr = run.cfg("optimizer", "lr", 0.0);
+  const int64_t workers = run.cfg("data", "workers", int64_t(1));
+  const int64_t prefetch = run.cfg("data", "prefetch", int64_t(4));
+
+  // Padding: positions computed on that carry no target.
+  const double pad = median_of(column(run.steps, "padding_fraction", false));
+  if (pad > 0.30) {
+    Finding f;
+    f.id = "padding";
+    f.severity = pad > 0.5 ? "high" : "medium";
+    f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - pad);
+    f.evidence = {{"padding_fraction", pad}, {"real_fraction", 1.0 - pad}, {"batching", batching},
+                  {"mfu", run.summary.value("mfu", json(nullptr))}, {"effective_mfu", run.summary.value("effective_mfu", json(nullptr))}};
+    if (batching != "packed") {
+      f.message = fmt("%.1f%% of the positions computed are padding with `", 100 * pad) + batching +
+                  "` batching: packing documents into rows turns them into real tokens, " +
+                  fmt("about %.2fx the real tokens/s at the same step time", *f.expected_speedup);
+      f.change = "--set batching.name=packed";
+    } else {
+      f.message = fmt("%.1f%% of the positions are padding even with `packed` batching: rows end with space no document fits",
+                      100 * pad);
+      f.change = "raise batching.packed.max_segments_per_row, or a shorter batching.seq_len";
+    }
+    out.push_back(f);
+  }
+
+  // Input-bound: the trainer waits for the data pipeline.
+  const double wait = median_of(column(run.steps, "data_wait_pct", true));
+  if (wait > 10.0) {
+    Finding f;
+    f.id = "input_bound";
+    f.severity = wait > 30 ? "high" : "medium";
+    f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - wait / 100.0);
+    const std::string stage = run.summary.value("data_bottleneck", std::string("read"));
+    f.evidence = {{"data_wait_pct", wait}, {"slowest_stage", stage}, {"workers", workers}, {"prefetch", prefetch}};
+    f.message = fmt("the trainer waits for data %.1f%% of each step (median); the slowest pipeline stage is `", wait) + stage +
+                "`" + (stage == "read" ? " (reading or generating documents)" : stage == "batch" ? " (forming batches)" : "");
+    f.change = "--set data.workers=" + std::to_string(std::max<int64_t>(2, workers * 2)) +
+               " --set data.prefetch=" + std::to_string(std::max<int64_t>(8, prefetch * 2));
+    out.push_back(f);
+  }
+
+  // Memory headroom: a larger micro-batch fits.
+  const double mem = run.info.value("memory_bytes", 0.0);
+  const double peak = quantile(column(run.steps, "mem_peak_bytes", false), 1.0);
+  const double act = run.info.value("activation_bytes", 0.0);
+  if (mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0) {
+    const double per_row = act / double(B);
+    int64_t nb = B;
+    while (nb < B * 64 && peak + double(nb * 2 - B) * per_row <= 0.8 * mem) nb *= 2;
+    if (nb > B) {
+      Finding f;
+      f.id = "memory_headroom";
+      f.severity = "low";
+      const int64_t new_accum = std::max<int64_t>(1, (B * accum + nb - 1) / nb);
+      const double scaled_lr = lr * std::sqrt(double(nb) / double(B));
+      f.evidence = {{"mem_peak_bytes", peak},         {"memory_bytes", mem},
+                    {"memory_source", run.info.value("memory_source", std::string())},
+                    {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
+                    {"batch_size", B},                {"suggested_batch_size", nb},
+                    {"grad_accum_steps", accum},      {"lr", lr},
+                    {"sqrt_scaled_lr", scaled_lr}};
+      f.message = "peak memory " + gib(peak) + fmt(" is %.0f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+                  run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
+                  " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
+                  " of activations per row)";
+      f.change = "--set batching.batch_size=" + std::to_string(nb) + " with --set run.grad_accum_steps=" +
+                 std::to_string(new_accum) + " (same global batch, same lr), or keep the accumulation and scale the lr by " +
+                 "sqrt(" + std::to_string(nb) + "/" + std::to_string(B) + "): --set optimizer.lr=" + fmt("%.3g", scaled_lr);
+      out.push_back(f);
+    }
+  }
+
+  // Attention: the naive backend on a GPU.
+  if (device == "cuda" && attention.rfind("naive", 0) == 0) {
+    Finding f;
+    f.id = "attention";
+    f.severity = "high";
+    f.evidence = {{"device", device}, {"attention", attention}};
+    f.message = "`" + attention + "` materialises every score matrix on the GPU; cuDNN's flash attention never does";
+    f.change = "--set attention.name=cudnn_flash";
+    out.push_back(f);
+  }
+
+  // Optimizer memory.
+  const double state = run.summary.value("optimizer_state_bytes", run.steps.back().value("optimizer_state_bytes", 0.0));
+  if (mem > 0 && state > 0.25 * mem && optimizer != "adamw8bit") {
+    Finding f;
+    f.id = "optimizer_memory";
+    f.severity = "medium";
+    f.evidence = {{"optimizer_state_bytes", state}, {"memory_bytes", mem}, {"state_fraction", state / mem}, {"optimizer", optimizer}};
+    f.message = "the optimizer state (" + gib(state) + fmt(") is %.0f%% of the memory", 100 * state / mem) +
+                ": 8-bit block-wise state takes about 0.27x of it";
+    f.change = "--set optimizer.name=adamw8bit";
+    out.push_back(f);
+  }
+
+  // Unstable step time (the first step and steps that ran an evaluation are left out).
+  std::vector<double> ms;
+  for (std::size_t i = 1; i < run.steps.size(); ++i) {
+    if (!run.steps[i].contains("val_loss") && run.steps[i].contains("step_ms")) ms.push_back(run.steps[i]["step_ms"].get<double>());
+  }
+  if (ms.size() >= 8) {
+    const double p50 = quantile(ms, 0.5), p90 = quantile(ms, 0.9), mx = quantile(ms, 1.0);
+    double mean = 0;
+    for (double x : ms) mean += x;
+    mean /= double(ms.size());
+    double var = 0;
+    for (double x : ms) var += (x - mean) * (x - mean);
+    const double cv = std::sqrt(var / double(ms.size())) / mean;
+    if (cv > 0.15 || p90 > 1.3 * p50) {
+      Finding f;
+      f.id = "step_jitter";
+      f.severity = cv > 0.5 ? "medium" : "low";
+      if (mean > p50 * 1.01) f.expected_speedup = mean / p50;
+      f.evidence = {{"step_ms_p50", p50}, {"step_ms_p90", p90}, {"step_ms_max", mx}, {"step_ms_mean", mean}, {"cv", cv},
+                    {"steps", ms.size()}};
+      f.message = fmt("step time is unstable: median %.1f ms, ", p50) + fmt("p90 %.1f ms, ", p90) + fmt("max %.1f ms ", mx) +
+                  fmt("(coefficient of variation %.2f)", cv);
+      f.change = device == "cpu" ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
+                                   "the core count; batching by similar lengths (bucketed) steadies padded step times"
+                                 : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
+                                   "steadies step times";
+      out.push_back(f);
+    }
+  }
+
+  std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
+    if (severity_rank(a.severity) != severity_rank(b.severity)) return severity_rank(a.severity) < severity_rank(b.severity);
+    return a.expected_speedup.value_or(1.0) > b.expected_speedup.value_or(1.0);
+  });
+  return out;
+}
+
+}  // namespace
+
+int cmd_doctor(const Args& args) {
+  po::options_description desc("ablate doctor RUN_DIR [--json]");
+  po::positional_options_description pos;
+  desc.add_options()("run", po::value<std::string>()->required(), "run directory")("json", "print the findings as JSON");
+  pos.add("run", 1);
+  po::variables_map vm;
+  if (parse_or_help(args, desc, pos, vm, "ablate doctor RUN_DIR [--json]")) return 0;
+  const Run run = load_run(vm["run"].as<std::string>());
+  const std::vector<Finding> findings = diagnose(run);
+  if (vm.count("json")) {
+    json arr = json::array();
+    for (const Finding& f : findings) {
+      json j = {{"id", f.id}, {"severity", f.severity}, {"message", f.message}, {"change", f.change}, {"evidence", f.evidence}};
+      if (f.expected_speedup) j["expected_speedup"] = *f.expected_speedup;
+      arr.push_back(j);
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "doctor: " << run.dir.string() << " (" << run.cfg("run", "device", std::string("cpu")) << ", "
+            << run.steps.size() << " logged steps, batching " << run.cfg("batching", "name", std::string("?")) << ", attention "
+            << run.cfg("attention", "name", std::string("?")) << ", optimizer " << run.cfg("optimizer", "name", std::string("?"))
+            << ")\n";
+  if (findings.empty()) {
+    std::cout << "nothing found: padding, data wait, memory headroom, attention backend, optimizer memory and step time all "
+                 "look healthy\n";
+    return 0;
+  }
+  int i = 0;
+  for (const Finding& f : findings) {
+    std::cout << "\n" << ++i << ". [" << f.severity << "] " << f.id << ": " << f.message << "\n";
+    std::cout << "   evidence: ";
+    bool first = true;
+    for (const auto& [k, v] : f.evidence.items()) {
+      std::cout << (first ? "" : ", ") << k << "=" << (v.is_number_float() ? fmt("%.4g", v.get<double>()) : v.dump());
+      first = false;
+    }
+    std::cout << "\n   change:   " << f.change;
+    if (f.expected_speedup) std::cout << fmt("\n   expected: %.2fx", *f.expected_speedup);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ablate::cli

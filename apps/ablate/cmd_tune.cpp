@@ -1,0 +1,191 @@
+// `ablate tune batch-size CONFIG`: grows the micro-batch (1, 2, 4, ...) while it fits the memory
+// budget, times a few real training steps (forward, backward, optimizer) at each size, and
+// recommends a micro-batch, the accumulation that keeps the global batch, and the learning rate.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ablate/error.hpp"
+#include "ablate/model.hpp"
+#include "ablate/optimizer.hpp"
+#include "ablate/pipeline.hpp"
+#include "ablate/trainer.hpp"
+#include "commands.hpp"
+
+
+namespace ablate::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int64_t current_rss() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return int64_t(resident) * int64_t(sysconf(_SC_PAGE_SIZE));
+}
+
+struct Trial {
+  int64_t batch = 0;
+  int64_t estimated_bytes = 0;
+  bool fits = false;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double real_tokens_per_s = 0;
+};
+
+int tune_batch_size(const Args& args) {
+  po::options_description desc("ablate tune batch-size CONFIG [--set k=v ...]");
+  po::positional_options_description pos;
+  add_experiment_options(desc, pos);
+  desc.add_options()("max-batch", po::value<int64_t>()->default_value(64), "largest micro-batch tried")(
+      "steps", po::value<int64_t>()->default_value(3), "steps timed at each size (after one warm-up step)")(
+      "json", "print the trials and the recommendation as JSON");
+  po::variables_map vm;
+  if (parse_or_help(args, desc, pos, vm, "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--json]")) return 0;
+  const int64_t max_batch = vm["max-batch"].as<int64_t>();
+  const int64_t timed = vm["steps"].as<int64_t>();
+  if (max_batch < 1) throw_input_error("--max-batch", "must be >= 1");
+  if (timed < 1) throw_input_error("--steps", "must be >= 1");
+  Registry registry;
+  const Config config = load_experiment(vm, registry);
+  const Params run_p = config.section("run");
+  const RunContext run = training_context(config);
+  const double budget_gib = run_p.get_float("memory_budget_gib");
+  const int64_t budget = memory_budget_bytes(config);
+  const std::string budget_source = budget_gib > 0 ? "run.memory_budget_gib" : "physical memory";
+  const Params batching = config.section("batching");
+  const int64_t B0 = batching.get_int("batch_size"), T = batching.get_int("seq_len");
+  const int64_t accum0 = run_p.get_int("grad_accum_steps");
+  const double lr0 = config.section("optimizer").get_float("lr");
+
+  auto source = make_data_source(config, registry, run);
+  const ModelOptions mo = ModelOptions::from(config, source->vocab_size());
+  Model model(mo, registry, run);
+  model.init_params(run.seed);
+  const std::string opt_name = config.selected("optimizer");
+  auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
+                                              {config.section("optimizer"), config.implementation("optimizer", opt_name), run});
+  optimizer->init(model.table(), DeviceType::cpu);
+  // What does not grow with the micro-batch: the process as it stands (parameters, gradients,
+  // optimizer state, libraries) measured now.
+  const int64_t fixed = current_rss();
+
+  std::vector<Trial> trials;
+  int64_t opt_step = 0;
+  for (int64_t b = 1; b <= max_batch; b *= 2) {
+    Trial t;
+    t.batch = b;
+    t.estimated_bytes = fixed + model.activation_bytes(b, T);
+    t.fits = double(t.estimated_bytes) <= 0.9 * double(budget);
+    if (!t.fits) {
+      trials.push_back(t);
+      break;
+    }
+    Registry r2;
+    r2.load_directories(Registry::default_search_path());
+    const std::vector<std::string> sets = {"batching.batch_size=" + std::to_string(b)};
+    std::vector<std::string> all = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const Config cb = Config::load(vm["config"].as<std::string>(), all, r2);
+    auto pipe = DataPipeline::from_config(cb, r2, run, Split::train, source);
+    double total_s = 0;
+    int64_t positions = 0, real = 0;
+    for (int64_t s = 0; s <= timed; ++s) {
+      const PipelineBatch& pb = pipe->next();
+      const auto t0 = Clock::now();
+      model.zero_grads();
+      const int64_t rt = pb.batch.real_targets();
+      model.forward_backward(pb.batch, rt > 0 ? 1.0 / double(rt) : 0.0, uint64_t(s));
+      optimizer->step(model.table(), model.params(), model.grads(), lr0 * 1e-3, ++opt_step);
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0) {
+        total_s += dt;
+        positions += pb.batch.positions_total();
+        real += rt;
+      }
+    }
+    t.step_ms = 1e3 * total_s / double(timed);
+    t.tokens_per_s = double(positions) / total_s;
+    t.real_tokens_per_s = double(real) / total_s;
+    trials.push_back(t);
+    spdlog::info("micro-batch {:>4}: {:.1f} ms/step, {:.0f} tokens/s ({:.0f} real), estimated {:.1f} MiB", b, t.step_ms,
+                 t.tokens_per_s, t.real_tokens_per_s, double(t.estimated_bytes) / (1 << 20));
+  }
+
+  // The recommendation: the smallest micro-batch within 3% of the best measured tokens/s (the same
+  // speed for less memory), with the accumulation that keeps the config's global batch; when the
+  // micro-batch alone exceeds that global batch, the square-root rule scales the learning rate.
+  double best = 0;
+  for (const Trial& t : trials) best = std::max(best, t.fits ? t.real_tokens_per_s : 0.0);
+  int64_t rec = B0;
+  for (const Trial& t : trials) {
+    if (t.fits && t.real_tokens_per_s >= 0.97 * best) {
+      rec = t.batch;
+      break;
+    }
+  }
+  int64_t largest = 0;
+  for (const Trial& t : trials) if (t.fits) largest = t.batch;
+  if (largest == 0) {
+    throw_input_error(budget_gib > 0 ? "run.memory_budget_gib" : "tune",
+                      "even a micro-batch of 1 row needs an estimated " +
+                          std::to_string(trials.front().estimated_bytes >> 20) + " MiB, over 90% of the " +
+                          std::to_string(budget >> 20) + " MiB budget (" + budget_source + ")");
+  }
+  const int64_t global = B0 * accum0;
+  const int64_t accum = std::max<int64_t>(1, (global + rec / 2) / rec);
+  const double lr = rec * accum > global ? lr0 * std::sqrt(double(rec * accum) / double(global)) : lr0;
+
+  if (vm.count("json")) {
+    json j = {{"budget_bytes", budget}, {"budget_source", budget_source}, {"seq_len", T}, {"trials", json::array()}};
+    for (const Trial& t : trials) {
+      j["trials"].push_back({{"batch_size", t.batch}, {"fits", t.fits}, {"estimated_bytes", t.estimated_bytes},
+                             {"step_ms", t.step_ms}, {"tokens_per_s", t.tokens_per_s}, {"real_tokens_per_s", t.real_tokens_per_s}});
+    }
+    j["largest_fitting"] = largest;
+    j["recommended"] = {{"batch_size", rec}, {"grad_accum_steps", accum}, {"lr", lr}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("memory budget %.2f GiB (%s), T = %lld\n\n%10s %10s %12s %14s %14s\n", double(budget) / double(1ll << 30),
+              budget_source.c_str(), static_cast<long long>(T), "micro-batch", "step ms", "tokens/s", "real tokens/s",
+              "est. MiB");
+  for (const Trial& t : trials) {
+    if (!t.fits) {
+      std::printf("%10lld %10s %12s %14s %14.1f  (over 90%% of the budget)\n", static_cast<long long>(t.batch), "-", "-", "-",
+                  double(t.estimated_bytes) / (1 << 20));
+    } else {
+      std::printf("%10lld %10.1f %12.0f %14.0f %14.1f\n", static_cast<long long>(t.batch), t.step_ms, t.tokens_per_s,
+                  t.real_tokens_per_s, double(t.estimated_bytes) / (1 << 20));
+    }
+  }
+  std::printf("\nlargest micro-batch that fits (of those tried): %lld\n", static_cast<long long>(largest));
+  std::printf("recommended: --set batching.batch_size=%lld --set run.grad_accum_steps=%lld --set optimizer.lr=%.3g\n",
+              static_cast<long long>(rec), static_cast<long long>(accum), lr);
+  std::printf("  (the smallest micro-batch within 3%% of the best real tokens/s; the accumulation keeps the global batch of "
+              "%lld rows%s)\n",
+              static_cast<long long>(global),
+              rec * accum > global ? "; it exceeds it, so the lr follows the square-root rule" : " and the lr");
+  return 0;
+}
+
+}  // namespace
+
+int cmd_tune(const Args& args) {
+  return dispatch("tune", args, {{"batch-size", tune_batch_size, "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--json]"}});
+}
+
+}  // namespace ablate::cli

@@ -1,0 +1,274 @@
+// Results tables and reports (see report.hpp). The tables are written here; the plots are drawn
+// by matplotlib in ablate_plots.py from a small JSON description of what to draw.
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ablate/error.hpp"
+#include "ablate/safetensors.hpp"
+
+namespace ablate::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+namespace {
+
+json read_json_or(const fs::path& p, json fallback) {
+  if (!fs::exists(p)) return fallback;
+  try {
+    return json::parse(read_text(p));
+  } catch (const json::exception& e) {
+    spdlog::warn("{}: not valid JSON ({}); ignored", p.string(), e.what());
+    return fallback;
+  }
+}
+
+// The columns of results.csv / results.json taken from each arm's summary.json.
+const char* const kSummaryColumns[] = {"final_loss",      "val_loss",         "tokens_per_s",  "real_tokens_per_s",
+                                       "mfu",             "effective_mfu",    "mem_peak_bytes", "optimizer_state_bytes",
+                                       "data_wait_pct"};
+
+std::string csv_cell(const json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += (c == '"') ? std::string("\"\"") : std::string(1, c == '\n' ? ' ' : c);
+    return q + "\"";
+  }
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", v.get<double>());
+    return buf;
+  }
+  return v.dump();
+}
+
+std::string fmt_num(const json& v, const char* f) {
+  if (!v.is_number()) return "–";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v.get<double>());
+  return buf;
+}
+
+std::string fmt_si(const json& v) {
+  if (!v.is_number()) return "–";
+  const double x = v.get<double>();
+  char buf[32];
+  if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
+  else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", x);
+  return buf;
+}
+
+std::string fmt_mib(const json& v) {
+  if (!v.is_number()) return "–";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v.get<double>() / double(1 << 20));
+  return buf;
+}
+
+std::string fmt_pct(const json& v) {
+  if (!v.is_number()) return "–";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * v.get<double>());
+  return buf;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+fs::path plot_script() {
+  if (const char* env = std::getenv("ABLATE_PLOTS_SCRIPT"); env && *env) return env;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return exe.parent_path().parent_path() / "share" / "ablate" / "ablate_plots.py";
+}
+
+// Runs the plotting script on `spec`; returns "" or what went wrong.
+std::string draw(const fs::path& dir, const json& spec) {
+  const fs::path spec_path = dir / ".plots.json";
+  write_file_atomic(spec_path, spec.dump(1));
+  const fs::path script = plot_script();
+  if (!fs::exists(script)) return "the plotting script is not installed (" + script.string() + ")";
+  const char* py = std::getenv("ABLATE_PYTHON");
+  const std::string cmd = shell_quote(py && *py ? py : "python3") + " " + shell_quote(script.string()) + " " +
+                          shell_quote(spec_path.string()) + " 2>&1";
+  std::string output;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return "cannot run " + cmd;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
+  const int status = pclose(pipe);
+  fs::remove(spec_path);
+  if (status != 0) {
+    while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+    return output.empty() ? "the plotting script failed (" + cmd + ")" : output;
+  }
+  return "";
+}
+
+}  // namespace
+
+void write_sweep_results(const fs::path& sweep_dir) {
+  const json order = read_json_or(sweep_dir / "arms.json", json());
+  if (!order.is_object()) throw_input_error((sweep_dir / "arms.json").string(), "missing or unreadable: not a sweep directory");
+  const std::vector<std::string> axes = order.value("axes", std::vector<std::string>{});
+  json rows = json::array();
+  for (const json& name_j : order.value("arms", json::array())) {
+    const std::string name = name_j.get<std::string>();
+    const fs::path d = sweep_dir / name;
+    const json arm = read_json_or(d / "arm.json", json::object());
+    const json summary = read_json_or(d / "summary.json", json::object());
+    json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", arm.value("repeat", 0)}};
+    row["overrides"] = arm.value("overrides", json::object());
+    std::string status = arm.value("status", "not run");
+    if (status == "running") status = "interrupted";
+    row["status"] = status;
+    for (const char* c : kSummaryColumns) row[c] = summary.contains(c) ? summary[c] : json(nullptr);
+    row["wall_s"] = arm.contains("wall_s") && status == "completed" ? arm["wall_s"] : summary.value("wall_s", json(nullptr));
+    row["steps"] = summary.value("steps", json(nullptr));
+    row["error"] = arm.value("error", "");
+    row["run_dir"] = name;
+    rows.push_back(row);
+  }
+  json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
+  write_file_atomic(sweep_dir / "results.json", results.dump(2) + "\n");
+
+  std::ostringstream csv;
+  csv << "arm,repeat";
+  for (const std::string& a : axes) csv << "," << csv_cell(a);
+  csv << ",status";
+  for (const char* c : kSummaryColumns) csv << "," << c;
+  csv << ",wall_s,error\n";
+  for (const json& r : rows) {
+    csv << csv_cell(r["arm"]) << "," << r["repeat"].get<int>();
+    for (const std::string& a : axes) csv << "," << csv_cell(r["overrides"].value(a, json("")));
+    csv << "," << csv_cell(r["status"]);
+    for (const char* c : kSummaryColumns) csv << "," << csv_cell(r[c]);
+    csv << "," << csv_cell(r["wall_s"]) << "," << csv_cell(r["error"]) << "\n";
+  }
+  write_file_atomic(sweep_dir / "results.csv", csv.str());
+}
+
+fs::path write_report(const fs::path& dir) {
+  const bool sweep = fs::exists(dir / "arms.json");
+  if (!sweep && !fs::exists(dir / "metrics.jsonl")) {
+    throw_input_error(dir.string(), "neither a sweep directory (arms.json) nor a run directory (metrics.jsonl)");
+  }
+  std::ostringstream md;
+  json spec = {{"out_dir", fs::absolute(dir).string()}, {"runs", json::array()}, {"throughput", json::array()}};
+  if (sweep) {
+    const json results = read_json_or(dir / "results.json", json::object());
+    const std::vector<std::string> axes = results.value("axes", std::vector<std::string>{});
+    spec["title"] = "sweep " + results.value("sweep", std::string());
+    md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
+    md << "Base experiment `" << results.value("base", std::string()) << "`";
+    if (!axes.empty()) {
+      md << "; axes";
+      for (std::size_t i = 0; i < axes.size(); ++i) md << (i ? ", " : " ") << "`" << axes[i] << "`";
+    }
+    md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
+          "training loss and the last validation loss.\n\n";
+    md << "| arm |";
+    for (const std::string& a : axes) md << " " << a << " |";
+    md << " status | train loss | val loss | tokens/s | real tokens/s | MFU | effective MFU | peak MiB | optimizer MiB | "
+          "data wait | wall s |\n|---|";
+    for (std::size_t i = 0; i < axes.size(); ++i) md << "---|";
+    md << "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    std::map<std::string, json> groups;  // group -> {tokens_per_s: [...], real: [...]}
+    std::vector<std::string> group_order;
+    const json* best_val = nullptr;
+    const json* fastest = nullptr;
+    std::vector<std::string> failures;
+    for (const json& r : results.value("arms", json::array())) {
+      md << "| " << r.value("arm", "") << " |";
+      for (const std::string& a : axes) md << " " << r["overrides"].value(a, "") << " |";
+      md << " " << r.value("status", "") << " | " << fmt_num(r["final_loss"], "%.4f") << " | " << fmt_num(r["val_loss"], "%.4f")
+         << " | " << fmt_si(r["tokens_per_s"]) << " | " << fmt_si(r["real_tokens_per_s"]) << " | " << fmt_pct(r["mfu"]) << " | "
+         << fmt_pct(r["effective_mfu"]) << " | " << fmt_mib(r["mem_peak_bytes"]) << " | " << fmt_mib(r["optimizer_state_bytes"])
+         << " | " << fmt_num(r["data_wait_pct"], "%.1f%%") << " | " << fmt_num(r["wall_s"], "%.1f") << " |\n";
+      if (r.value("status", "") == "failed") failures.push_back(r.value("arm", "") + ": " + r.value("error", ""));
+      if (r.value("status", "") != "completed") continue;
+      const std::string g = r.value("group", r.value("arm", ""));
+      if (!groups.count(g)) {
+        group_order.push_back(g);
+        groups[g] = {{"group", g}, {"tokens_per_s", json::array()}, {"real_tokens_per_s", json::array()}};
+      }
+      groups[g]["tokens_per_s"].push_back(r["tokens_per_s"]);
+      groups[g]["real_tokens_per_s"].push_back(r["real_tokens_per_s"]);
+      spec["runs"].push_back({{"label", r.value("arm", "")}, {"group", g}, {"metrics", fs::absolute(dir / r.value("run_dir", "") / "metrics.jsonl").string()}});
+      if (r["val_loss"].is_number() && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
+      if (r["real_tokens_per_s"].is_number() &&
+          (!fastest || r["real_tokens_per_s"].get<double>() > (*fastest)["real_tokens_per_s"].get<double>())) {
+        fastest = &r;
+      }
+    }
+    md << "\n";
+    if (best_val) md << "Lowest validation loss: **" << (*best_val)["arm"].get<std::string>() << "** (" << fmt_num((*best_val)["val_loss"], "%.4f") << "). ";
+    if (fastest) md << "Most real tokens/s: **" << (*fastest)["arm"].get<std::string>() << "** (" << fmt_si((*fastest)["real_tokens_per_s"]) << ").";
+    md << "\n\n";
+    if (!failures.empty()) {
+      md << "Failed arms:\n\n";
+      for (const std::string& f : failures) md << "- " << f << "\n";
+      md << "\n";
+    }
+    for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
+  } else {
+    const json summary = read_json_or(dir / "summary.json", json::object());
+    const std::string name = fs::absolute(dir).lexically_normal().filename().string();
+    spec["title"] = "run " + name;
+    md << "# Run `" << name << "`\n\n| metric | value |\n|---|---:|\n";
+    md << "| status | " << summary.value("status", "incomplete") << " |\n";
+    md << "| steps | " << fmt_num(summary.value("steps", json(nullptr)), "%.0f") << " |\n";
+    md << "| parameters | " << fmt_si(summary.value("parameters", json(nullptr))) << " |\n";
+    md << "| first / final training loss | " << fmt_num(summary.value("first_loss", json(nullptr)), "%.4f") << " / "
+       << fmt_num(summary.value("final_loss", json(nullptr)), "%.4f") << " |\n";
+    md << "| validation loss | " << fmt_num(summary.value("val_loss", json(nullptr)), "%.4f") << " |\n";
+    md << "| tokens/s (real) | " << fmt_si(summary.value("tokens_per_s", json(nullptr))) << " ("
+       << fmt_si(summary.value("real_tokens_per_s", json(nullptr))) << ") |\n";
+    md << "| MFU (effective) | " << fmt_pct(summary.value("mfu", json(nullptr))) << " (" << fmt_pct(summary.value("effective_mfu", json(nullptr)))
+       << ") |\n";
+    md << "| data wait | " << fmt_num(summary.value("data_wait_pct", json(nullptr)), "%.1f%%") << " |\n";
+    md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
+    md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
+    md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
+    spec["runs"].push_back({{"label", name}, {"group", name}, {"metrics", fs::absolute(dir / "metrics.jsonl").string()}});
+  }
+  const std::vector<std::pair<std::string, std::string>> plots = {
+      {"loss_vs_step.png", "Loss against step"}, {"loss_vs_time.png", "Loss against wall-clock time"},
+      {"throughput.png", sweep ? "Throughput per arm (bars: median of the repeats; whiskers: their range)" : "Throughput per step"}};
+  const std::string err = spec["runs"].empty() ? std::string("no completed run to plot") : draw(dir, spec);
+  if (err.empty()) {
+    for (const auto& [file, caption] : plots) md << "## " << caption << "\n\n![" << caption << "](" << file << ")\n\n";
+  } else {
+    md << "_Plots not drawn: " << err << "_\n";
+  }
+  const fs::path out = dir / "report.md";
+  write_file_atomic(out, md.str());
+  if (!err.empty()) throw_runtime_error("report", "plots not drawn: " + err + " (report.md has the table)");
+  return out;
+}
+
+}  // namespace ablate::cli

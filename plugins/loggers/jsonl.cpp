@@ -1,0 +1,68 @@
+// The `jsonl` logger: <run dir>/metrics.jsonl, one JSON object per logged step with DESIGN.md's
+// metric names in their documented order (counts as integers), then the step's extras (val_loss).
+// Each line is flushed as it is written. A resumed run keeps the lines up to its start step.
+#include <nlohmann/json.hpp>
+
+#include "ablate/error.hpp"
+#include "ablate/metrics.hpp"
+#include "loggers.hpp"
+#include "sink_files.hpp"
+
+namespace ablate::loggers {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+class JsonlLogger final : public Logger {
+ public:
+  void open(const LogContext& context) override {
+    ensure_directory(context.run_dir);
+    path_ = fs::path(context.run_dir) / "metrics.jsonl";
+    if (context.start_step > 0) keep_up_to(context.start_step);
+    out_ = open_for_append(path_, context.start_step == 0);
+  }
+
+  void log(const StepMetrics& metrics) override {
+    if (!out_.is_open()) throw_runtime_error("logging.jsonl", "log() called before open() or after close()");
+    ordered_json line = ordered_json::object();
+    for (const auto& [name, value] : metric_values(metrics)) {
+      if (metric_is_count(name)) line[name] = int64_t(value);
+      else line[name] = value;  // NaN and infinities have no JSON spelling: written as null
+    }
+    out_ << line.dump() << '\n';
+    flush_checked(out_, path_);
+  }
+
+  void close() override {
+    if (out_.is_open()) out_.close();
+  }
+
+ private:
+  // Keeps the complete lines whose step is at most `start_step`; drops the rest and any line
+  // that is not a metrics object.
+  void keep_up_to(int64_t start_step) {
+    if (!fs::exists(path_)) return;
+    std::string kept;
+    for (const std::string& line : read_complete_lines(path_)) {
+      const ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      if (j["step"].get<int64_t>() <= start_step) kept += line + '\n';
+    }
+    write_file_atomic(path_, kept);
+  }
+
+  fs::path path_;
+  std::ofstream out_;
+};
+
+}  // namespace
+
+void register_jsonl(Registrar& r) {
+  r.add({Kind::logger, "jsonl", "1.0.0",
+         "metrics.jsonl in the run directory: one JSON object per logged step, flushed line by line",
+         {},
+         [](const ComponentArgs&) { return std::make_unique<JsonlLogger>(); },
+         ""});
+}
+
+}  // namespace ablate::loggers

@@ -1,0 +1,19 @@
+// libablate_loggers: where the trainer's per-step metrics go. Four sinks, chosen by
+// `[logging] sinks`: `console` (progress bar on a terminal, plain lines elsewhere), `jsonl`
+// (metrics.jsonl), `csv` (metrics.csv) and `tensorboard` (an event file). docs/logging.md
+// describes each one's keys, files and resume behaviour.
+#include "ablate/plugin.hpp"
+#include "loggers.hpp"
+
+namespace {
+
+void register_components(ablate::Registrar& r) {
+  ablate::loggers::register_console(r);
+  ablate::loggers::register_jsonl(r);
+  ablate::loggers::register_csv(r);
+  ablate::loggers::register_tensorboard(r);
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("loggers", "1.0.0", register_components)

@@ -1,0 +1,263 @@
+// Experiments through the `ablate` program: a 2x2 sweep on a tiny model gives four run directories,
+// a four-row results table and the plots; a rerun skips the finished arms; a failing arm is
+// recorded and the others go on; bad sweep files are refused (exit 2) before any arm runs; the
+// doctor finds padding on a padded run and not on a packed one; report and tune work on a run.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+using namespace ablate::test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string quickstart() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
+
+// A tiny quickstart: a few seconds per arm.
+const char* const kTinySet = R"(
+"model.d_model" = 32
+"model.n_layers" = 2
+"model.n_heads" = 2
+"model.max_seq_len" = 64
+"batching.batch_size" = 4
+"batching.seq_len" = 64
+"run.threads" = 2
+"run.steps" = 12
+"run.eval_every" = 6
+"run.eval_batches" = 2
+"checkpoint.every" = 6
+"data.synthetic_probes.documents" = 400
+"data.synthetic_probes.validation_documents" = 20
+)";
+
+const std::string kTinyFlags =
+    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+    " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
+    " --set data.synthetic_probes.documents=400 --set data.synthetic_probes.validation_documents=20";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines(const fs::path& p) {
+  std::istringstream in(slurp(p));
+  std::vector<std::string> out;
+  std::string l;
+  while (std::getline(in, l)) out.push_back(l);
+  return out;
+}
+
+bool have_matplotlib() { return run_command("python3 -c 'import matplotlib'").exit_code == 0; }
+
+std::string grid_sweep() {
+  return "base = \"" + quickstart() + "\"\n[sweep]\nname = \"tiny\"\n[sweep.set]\n" + kTinySet +
+         "[sweep.grid]\n\"batching.name\" = [\"padded\", \"packed\"]\n\"schedule.name\" = [\"cosine\", \"constant\"]\n";
+}
+
+}  // namespace
+
+TEST_CASE("a 2x2 sweep gives four run directories, a four-row results table, the report and its plots; a rerun skips them") {
+  TempDir tmp;
+  const fs::path file = tmp.write("tiny.toml", grid_sweep());
+  const fs::path out = tmp.path() / "out";
+  const auto r = run_ablate("sweep " + file.string() + " --out " + out.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<std::string> arms = {"padded-cosine", "padded-constant", "packed-cosine", "packed-constant"};
+  for (const std::string& a : arms) {
+    CAPTURE(a);
+    CHECK(fs::exists(out / a / "metrics.jsonl"));
+    CHECK(json::parse(slurp(out / a / "summary.json"))["status"] == "completed");
+    CHECK(json::parse(slurp(out / a / "arm.json"))["status"] == "completed");
+  }
+  // The arm's overrides reached its run: its resolved config says so.
+  CHECK(contains(slurp(out / "padded-constant" / "config.toml"), "name = \"constant\""));
+  CHECK(contains(slurp(out / "padded-constant" / "config.toml"), "name = \"padded\""));
+
+  const auto csv = lines(out / "results.csv");
+  REQUIRE(csv.size() == 5);
+  CHECK(csv[0].rfind("arm,repeat,batching.name,schedule.name,status,final_loss,val_loss,tokens_per_s,real_tokens_per_s,mfu,"
+                     "effective_mfu,mem_peak_bytes,optimizer_state_bytes,data_wait_pct,wall_s,error",
+                     0) == 0);
+  CHECK(csv[1].rfind("padded-cosine,0,padded,cosine,completed,", 0) == 0);
+  const json results = json::parse(slurp(out / "results.json"));
+  REQUIRE(results["arms"].size() == 4);
+  for (const json& row : results["arms"]) {
+    // The table's numbers are the arm's own summary.
+    const json summary = json::parse(slurp(out / row["arm"].get<std::string>() / "summary.json"));
+    CHECK(row["final_loss"].get<double>() == summary["final_loss"].get<double>());
+    CHECK(row["real_tokens_per_s"].get<double>() == summary["real_tokens_per_s"].get<double>());
+    CHECK(row["tokens_per_s"].get<double>() > 0);
+  }
+  // Padded rows carry padding, packed ones almost none: the table shows it.
+  CHECK(results["arms"][0]["effective_mfu"].get<double>() < results["arms"][0]["mfu"].get<double>());
+
+  const std::string report = slurp(out / "report.md");
+  for (const std::string& a : arms) CHECK(contains(report, "| " + a + " |"));
+  if (have_matplotlib()) {
+    for (const char* png : {"loss_vs_step.png", "loss_vs_time.png", "throughput.png"}) {
+      CAPTURE(png);
+      REQUIRE(fs::exists(out / png));
+      CHECK(slurp(out / png).substr(1, 3) == "PNG");
+      CHECK(contains(report, std::string("](") + png + ")"));
+    }
+  } else {
+    MESSAGE("matplotlib is missing: plots not checked");
+  }
+
+  // A rerun skips the finished arms: nothing is trained again.
+  const auto before = fs::last_write_time(out / "packed-cosine" / "metrics.jsonl");
+  const auto again = run_ablate("sweep " + file.string() + " --out " + out.string());
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  std::size_t skipped = 0;
+  for (std::size_t p = again.output.find("already completed, skipped"); p != std::string::npos;
+       p = again.output.find("already completed, skipped", p + 1)) {
+    ++skipped;
+  }
+  CHECK(skipped == 4);
+  CHECK(fs::last_write_time(out / "packed-cosine" / "metrics.jsonl") == before);
+  CHECK(lines(out / "results.csv").size() == 5);
+}
+
+TEST_CASE("a failing arm is recorded with its error and the other arms still run") {
+  TempDir tmp;
+  const std::string text = "base = \"" + quickstart() + "\"\n[sweep]\nname = \"fail\"\n[sweep.set]\n" + kTinySet +
+                           "[[sweep.arms]]\nname = \"too-long\"\n\"batching.seq_len\" = 128\n"
+                           "[[sweep.arms]]\nname = \"fine\"\n\"optimizer.lr\" = 0.001\n";
+  const fs::path file = tmp.write("fail.toml", text);
+  const fs::path out = tmp.path() / "out";
+  const auto r = run_ablate("sweep " + file.string() + " --out " + out.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "too-long: FAILED"));
+  const json results = json::parse(slurp(out / "results.json"));
+  REQUIRE(results["arms"].size() == 2);
+  CHECK(results["arms"][0]["status"] == "failed");
+  CHECK(contains(results["arms"][0]["error"].get<std::string>(), "max_seq_len"));
+  CHECK(results["arms"][1]["status"] == "completed");
+  CHECK(json::parse(slurp(out / "fine" / "summary.json"))["status"] == "completed");
+  CHECK(contains(slurp(out / "results.csv"), "too-long,0,128,,failed"));
+}
+
+TEST_CASE("a bad sweep file or a bad arm is refused with exit 2 before any arm runs") {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out";
+  SUBCASE("TOML syntax: the file and line are named") {
+    const fs::path f = tmp.write("bad.toml", "base = \"" + quickstart() + "\"\n[sweep\n");
+    const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "bad.toml:2"));
+  }
+  SUBCASE("an unknown key of an arm names the arm and the key") {
+    const fs::path f = tmp.write("bad.toml", "base = \"" + quickstart() + "\"\n[sweep.grid]\n\"optimizer.lrr\" = [0.1, 0.2]\n");
+    const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "arm '0.1'"));
+    CHECK(contains(r.output, "lrr"));
+  }
+  SUBCASE("a missing base experiment") {
+    const fs::path f = tmp.write("bad.toml", "base = \"nowhere.toml\"\n");
+    const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "nowhere.toml"));
+  }
+  SUBCASE("grid and arms together") {
+    const fs::path f = tmp.write("bad.toml", "base = \"" + quickstart() +
+                                                 "\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n[[sweep.arms]]\n\"optimizer.lr\" = 0.2\n");
+    const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "not both"));
+  }
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("doctor finds padding on a padded run of synthetic_probes and not on a packed one") {
+  TempDir tmp;
+  for (const char* batching : {"padded", "packed"}) {
+    CAPTURE(batching);
+    const fs::path run = tmp.path() / batching;
+    // Rows of 512 positions: the probe logs' documents (mostly 130 to 300 tokens) leave half of a
+    // padded row empty.
+    const auto t = run_ablate("train " + quickstart() + kTinyFlags +
+                              " --set model.max_seq_len=512 --set batching.seq_len=512 --set batching.batch_size=2"
+                              " --set run.steps=10 --set batching.name=" + batching +
+                              " --run-dir " + run.string());
+    INFO(t.output);
+    REQUIRE(t.exit_code == 0);
+    const auto d = run_ablate("doctor " + run.string() + " --json");
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    const json findings = json::parse(d.output);
+    REQUIRE(findings.is_array());
+    const json* padding = nullptr;
+    for (const json& f : findings) {
+      for (const char* k : {"id", "severity", "message", "evidence"}) CHECK(f.contains(k));
+      if (f["id"] == "padding") padding = &f;
+    }
+    if (std::string(batching) == "padded") {
+      REQUIRE(padding != nullptr);
+      const double pf = (*padding)["evidence"]["padding_fraction"].get<double>();
+      CHECK(pf > 0.3);
+      CHECK((*padding)["expected_speedup"].get<double>() == doctest::Approx(1.0 / (1.0 - pf)));
+      CHECK(contains((*padding)["change"].get<std::string>(), "batching.name=packed"));
+      const auto text = run_ablate("doctor " + run.string());
+      CHECK(contains(text.output, "padding"));
+    } else {
+      CHECK(padding == nullptr);
+    }
+  }
+  const auto missing = run_ablate("doctor " + (tmp.path() / "nothing").string());
+  CHECK(missing.exit_code == 2);
+}
+
+TEST_CASE("report on a run directory writes report.md and the plots") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + quickstart() + kTinyFlags + " --set run.steps=8 --run-dir " + run.string()).exit_code == 0);
+  const auto r = run_ablate("report " + run.string());
+  INFO(r.output);
+  if (!have_matplotlib()) {
+    CHECK(r.exit_code == 1);
+    CHECK(contains(slurp(run / "report.md"), "Plots not drawn"));
+    return;
+  }
+  REQUIRE(r.exit_code == 0);
+  const std::string md = slurp(run / "report.md");
+  CHECK(contains(md, "| status | completed |"));
+  for (const char* png : {"loss_vs_step.png", "loss_vs_time.png", "throughput.png"}) CHECK(fs::exists(run / png));
+}
+
+TEST_CASE("tune batch-size measures each micro-batch that fits and recommends one") {
+  const auto r = run_ablate("tune batch-size " + quickstart() + kTinyFlags + " --max-batch 4 --steps 1 --json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const json j = json::parse(r.output.substr(r.output.find("{\n")));
+  REQUIRE(j["trials"].size() == 3);
+  for (const json& t : j["trials"]) {
+    CHECK(t["fits"] == true);
+    CHECK(t["tokens_per_s"].get<double>() > 0);
+  }
+  CHECK(j["trials"][2]["estimated_bytes"].get<int64_t>() > j["trials"][0]["estimated_bytes"].get<int64_t>());
+  const int64_t rec = j["recommended"]["batch_size"].get<int64_t>();
+  CHECK((rec == 1 || rec == 2 || rec == 4));
+  // The global batch of the config (4 rows) is kept through accumulation.
+  CHECK(rec * j["recommended"]["grad_accum_steps"].get<int64_t>() == 4);
+  // A budget too small for even one row is refused with the numbers, not crashed into.
+  const auto small = run_ablate("tune batch-size " + quickstart() + kTinyFlags + " --set run.memory_budget_gib=0.001");
+  INFO(small.output);
+  CHECK(small.exit_code == 2);
+  CHECK(contains(small.output, "run.memory_budget_gib"));
+  CHECK(contains(small.output, "even a micro-batch of 1 row"));
+}
