@@ -186,20 +186,26 @@ std::vector<Finding> diagnose(const Run& run) {
       f.id = "memory_headroom";
       f.severity = "low";
       const int64_t new_accum = std::max<int64_t>(1, (B * accum + nb - 1) / nb);
-      const double scaled_lr = lr * std::sqrt(double(nb) / double(B));
       f.evidence = {{"mem_peak_bytes", peak},         {"memory_bytes", mem},
                     {"memory_source", run.info.value("memory_source", std::string())},
                     {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
                     {"batch_size", B},                {"suggested_batch_size", nb},
-                    {"grad_accum_steps", accum},      {"lr", lr},
-                    {"sqrt_scaled_lr", scaled_lr}};
-      f.message = "peak memory " + gib(peak) + fmt(" is %.0f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+                    {"grad_accum_steps", accum},      {"lr", lr}};
+      f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
                   run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
                   " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
                   " of activations per row)";
-      f.change = "--set batching.batch_size=" + std::to_string(nb) + " with --set run.grad_accum_steps=" +
-                 std::to_string(new_accum) + " (same global batch, same lr), or keep the accumulation and scale the lr by " +
-                 "sqrt(" + std::to_string(nb) + "/" + std::to_string(B) + "): --set optimizer.lr=" + fmt("%.3g", scaled_lr);
+      const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
+      if (nb <= B * accum) {
+        f.change = bs + " --set run.grad_accum_steps=" + std::to_string(new_accum) + " (the same global batch of " +
+                   std::to_string(B * accum) + " rows: the lr stays)";
+      } else {
+        const double lr_global = lr * std::sqrt(double(nb) / double(B * accum));
+        f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
+                   " (the global batch grows from " + std::to_string(B * accum) + " to " + std::to_string(nb) +
+                   " rows: the lr by the square-root rule)";
+        f.evidence["sqrt_scaled_lr"] = lr_global;
+      }
       out.push_back(f);
     }
   }
