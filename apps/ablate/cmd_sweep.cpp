@@ -25,6 +25,9 @@
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
+#include "ablate/model.hpp"
+#include "ablate/pipeline.hpp"
+#include "ablate/trainer.hpp"
 #include "ablate/safetensors.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -335,6 +338,31 @@ int cmd_sweep(const Args& args) {
     }
     plans.push_back(std::move(p));
   }
+  // One peak for every arm, so that their MFU columns compare: the base's [metrics] peak_tflops, or
+  // on the CPU the matrix-product rate measured once here (kept in arms.json for reruns).
+  std::string peak_text;
+  {
+    Registry registry;
+    registry.load_directories(Registry::default_search_path());
+    const Config c = Config::load(s.base, plans.front().sets, registry);
+    if (c.section("metrics").get_float("peak_tflops") <= 0 && c.section("run").get_string("device") == "cpu") {
+      if (const auto prev = read_json_file(out / "arms.json"); prev && prev->contains("peak_tflops_set")) {
+        peak_text = (*prev)["peak_tflops_set"].get<std::string>();
+      } else {
+        const RunContext run = training_context(c);
+        auto source = make_data_source(c, registry, run);
+        Model model(ModelOptions::from(c, source->vocab_size()), registry, run);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", model.measure_matmul_tflops());
+        peak_text = buf;
+      }
+      for (ArmPlan& p : plans) {
+        const bool own = std::any_of(p.arm.overrides.begin(), p.arm.overrides.end(),
+                                     [](const Override& o) { return o.key == "metrics.peak_tflops"; });
+        if (!own) p.sets.push_back("metrics.peak_tflops=" + peak_text);
+      }
+    }
+  }
   std::cout << "sweep '" << s.name << "': " << plans.size() << " arm(s) from " << s.base.string() << " into " << out.string() << "\n";
   for (const ArmPlan& p : plans) {
     std::cout << "  " << p.arm.name << ":";
@@ -347,6 +375,7 @@ int cmd_sweep(const Args& args) {
   write_file_atomic(out / "sweep.toml", read_text(s.file));
   {
     json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};
+    if (!peak_text.empty()) order["peak_tflops_set"] = peak_text;
     for (const ArmPlan& p : plans) order["arms"].push_back(p.arm.name);
     write_json_file(out / "arms.json", order);
   }

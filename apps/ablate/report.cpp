@@ -202,7 +202,8 @@ fs::path write_report(const fs::path& dir) {
     const json* best_val = nullptr;
     const json* fastest = nullptr;
     std::vector<std::string> failures;
-    for (const json& r : results.value("arms", json::array())) {
+    const json arms = results.value("arms", json::array());  // best_val and fastest point into it
+    for (const json& r : arms) {
       md << "| " << r.value("arm", "") << " |";
       for (const std::string& a : axes) md << " " << r["overrides"].value(a, "") << " |";
       md << " " << r.value("status", "") << " | " << fmt_num(r["final_loss"], "%.4f") << " | " << fmt_num(r["val_loss"], "%.4f")

@@ -14,7 +14,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 const std::string kQuickstart = std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml";
 }  // namespace
 
-TEST_CASE("ablate with no command prints the commands and exits 2; --help exits 0") {
+TEST_CASE("ablate with no command prints the commands and exits 2, --help exits 0") {
   const auto none = run_ablate("");
   CHECK(none.exit_code == 2);
   CHECK(contains(none.output, "plugins"));
@@ -82,7 +82,7 @@ TEST_CASE("plugins found through ABLATE_PLUGIN_PATH are listed") {
   CHECK(contains(r.output, "recorder"));
 }
 
-TEST_CASE("plugins describe prints a component's parameters; an unknown name exits 2") {
+TEST_CASE("plugins describe prints a component's parameters, an unknown name exits 2") {
   const auto r = run_ablate("plugins describe recorder", "ABLATE_PLUGIN_PATH=" + (ablate::test::test_plugin_dir() / "good").string());
   CHECK(r.exit_code == 0);
   CHECK(contains(r.output, "width"));

@@ -27,7 +27,7 @@ TEST_CASE("cosine decays to the floor: half way it is the mean of peak and floor
   CHECK(s.at(500) == doctest::Approx(1e-4));
 }
 
-TEST_CASE("linear decays in a straight line; constant stays at the peak") {
+TEST_CASE("linear decays in a straight line, constant stays at the peak") {
   const LrSchedule lin = make("linear", 0, 0.0, 100);
   CHECK(lin.at(25) == doctest::Approx(7.5e-4));
   CHECK(lin.at(100) == doctest::Approx(0.0));

@@ -67,7 +67,7 @@ std::string grid_sweep() {
 
 }  // namespace
 
-TEST_CASE("a 2x2 sweep gives four run directories, a four-row results table, the report and its plots; a rerun skips them") {
+TEST_CASE("a 2x2 sweep gives four run directories, a four-row results table, the report and its plots, a rerun skips them") {
   TempDir tmp;
   const fs::path file = tmp.write("tiny.toml", grid_sweep());
   const fs::path out = tmp.path() / "out";

@@ -172,7 +172,7 @@ TEST_CASE("golden: a tiny Llama/Qwen3-style model (RMSNorm, SwiGLU, RoPE, GQA, Q
   check_case("tiny_llama");
 }
 
-TEST_CASE("accumulating micro-batches equals one batch; backward twice equals twice the gradient") {
+TEST_CASE("accumulating micro-batches equals one batch, backward twice equals twice the gradient") {
   for (const char* name : {"tiny_gpt2", "tiny_llama"}) {
     Fixture f;
     Golden g(name);
