@@ -43,3 +43,64 @@ endif()
 if(ABLATE_BUILD_TESTS)
   ablate_require(doctest doctest-dev)
 endif()
+
+# MPI (Open MPI: libopenmpi-dev, openmpi-bin) for the `mpi` communicator and for the `nccl`
+# communicator's unique-id exchange. Optional: without it neither is built and tests/comm runs only
+# its launcher-environment test. ABLATE_MPI_FOUND says which, ablate::mpi links it,
+# MPIEXEC_EXECUTABLE runs the tests.
+find_package(MPI COMPONENTS C QUIET)
+if(MPI_C_FOUND AND MPIEXEC_EXECUTABLE)
+  set(ABLATE_MPI_FOUND ON)
+  # ablate::mpi: MPI's C API only. Open MPI's mpi.h otherwise pulls its deprecated C++ bindings into
+  # C++ code, which then needs libmpi_cxx at load time.
+  if(NOT TARGET ablate::mpi)
+    add_library(ablate_mpi_dep INTERFACE)
+    add_library(ablate::mpi ALIAS ablate_mpi_dep)
+    target_link_libraries(ablate_mpi_dep INTERFACE MPI::MPI_C)
+    target_compile_definitions(ablate_mpi_dep INTERFACE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  endif()
+  message(STATUS "ablate: MPI ${MPI_C_VERSION} (${MPIEXEC_EXECUTABLE}); the mpi communicator is built")
+else()
+  set(ABLATE_MPI_FOUND OFF)
+  message(STATUS "ablate: MPI not found (apt-get install libopenmpi-dev openmpi-bin); the mpi and nccl "
+                 "communicators are not built")
+endif()
+
+# NCCL for the `nccl` communicator: nccl.h and libnccl from one installation, looked for in
+# $NCCL_HOME, the CUDA toolkit (/usr/local/cuda ships it on NVIDIA's images, in lib/ or lib64/),
+# /usr, and the nvidia-nccl-cu* wheel of the Python on the PATH. The library is taken from beside
+# the header first, so the two versions match. ablate::nccl carries both; ABLATE_NCCL_FOUND says
+# whether it exists (the plugin also needs CUDA and MPI, see plugins/CMakeLists.txt).
+set(_ablate_nccl_roots "$ENV{NCCL_HOME}" "$ENV{CUDA_HOME}" /usr/local/cuda /usr)
+find_program(_ablate_python NAMES python3)
+if(_ablate_python)
+  execute_process(COMMAND "${_ablate_python}" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    OUTPUT_VARIABLE _ablate_purelib OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(_ablate_purelib)
+    list(APPEND _ablate_nccl_roots "${_ablate_purelib}/nvidia/nccl")
+  endif()
+endif()
+find_path(ABLATE_NCCL_INCLUDE_DIR nccl.h HINTS ${_ablate_nccl_roots} PATH_SUFFIXES include)
+if(ABLATE_NCCL_INCLUDE_DIR)
+  get_filename_component(_ablate_nccl_root "${ABLATE_NCCL_INCLUDE_DIR}" DIRECTORY)
+  find_library(ABLATE_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS "${_ablate_nccl_root}"
+               PATH_SUFFIXES lib lib64 "lib/${CMAKE_LIBRARY_ARCHITECTURE}" NO_DEFAULT_PATH)
+  find_library(ABLATE_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_ablate_nccl_roots} PATH_SUFFIXES lib lib64)
+endif()
+if(ABLATE_NCCL_INCLUDE_DIR AND ABLATE_NCCL_LIBRARY)
+  set(ABLATE_NCCL_FOUND ON)
+  file(STRINGS "${ABLATE_NCCL_INCLUDE_DIR}/nccl.h" _ablate_nccl_version REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE "[^0-9;]" "" _ablate_nccl_version "${_ablate_nccl_version}")
+  string(REPLACE ";" "." _ablate_nccl_version "${_ablate_nccl_version}")
+  if(NOT TARGET ablate::nccl)
+    add_library(ablate_nccl_dep INTERFACE)
+    add_library(ablate::nccl ALIAS ablate_nccl_dep)
+    target_include_directories(ablate_nccl_dep INTERFACE "${ABLATE_NCCL_INCLUDE_DIR}")
+    target_link_libraries(ablate_nccl_dep INTERFACE "${ABLATE_NCCL_LIBRARY}")
+  endif()
+  message(STATUS "ablate: NCCL ${_ablate_nccl_version}: ${ABLATE_NCCL_LIBRARY}")
+else()
+  set(ABLATE_NCCL_FOUND OFF)
+  message(STATUS "ablate: NCCL not found (nccl.h and libnccl; set NCCL_HOME, or pip install nvidia-nccl-cu12); "
+                 "the nccl communicator is not built")
+endif()

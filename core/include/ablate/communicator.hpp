@@ -1,7 +1,14 @@
 // Communicator interface: collectives over the ranks of a data-parallel job. Buffers live on the
-// device the communicator serves (host for `single` and `mpi`, GPU for `nccl`).
+// device the communicator serves (host for `single` and `mpi`, GPU for `nccl`). Implementations:
+// `single` (one rank, every collective the identity), `mpi` (host buffers), `nccl` (device buffers).
+//
+// Every collective is in place on one flat buffer and complete when the call returns. Every rank
+// must make the same calls in the same order with the same element count and dtype. A rank that
+// waits longer than its communicator's timeout for the others throws ablate::Error (runtime) naming
+// the rank, the operation and the element count, and the job is ended (see docs/distributed.md).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ablate/component.hpp"
@@ -11,13 +18,42 @@ namespace ablate {
 
 enum class ReduceOp { sum, max };
 
+inline const char* to_string(ReduceOp op) noexcept { return op == ReduceOp::sum ? "sum" : "max"; }
+
+// One rank's contiguous part of a flat buffer of `numel` elements split over `world` ranks, as
+// reduce_scatter leaves it and all_gather reads it. The layout is "ceil then floor": with
+// q = numel / world and r = numel % world, ranks 0..r-1 own q + 1 elements and ranks r..world-1
+// own q, in rank order, with no gaps. 10 elements over 4 ranks: [0,3) [3,6) [6,8) [8,10). A rank
+// may own nothing (3 elements over 4 ranks: the last rank's shard is empty). When numel is a
+// multiple of world every shard is numel / world long, which is NCCL's in-place layout.
+struct Shard {
+  int64_t offset = 0;  // in elements
+  int64_t count = 0;
+};
+
+inline Shard shard_of(int64_t numel, int world, int rank) noexcept {
+  const int64_t q = numel / world;
+  const int64_t r = numel % world;
+  return {rank * q + std::min<int64_t>(rank, r), q + (rank < r ? 1 : 0)};
+}
+
 class Communicator : public Component {
  public:
   ~Communicator() override;
   virtual int rank() const = 0;
   virtual int world() const = 0;
+  // This rank's index among the ranks on its machine (the GPU it uses).
   virtual int local_rank() const = 0;
+
+  // Every element becomes the reduction over all ranks of that element.
   virtual void all_reduce(TensorView buffer, ReduceOp op) = 0;
+  // Every rank passes the whole buffer; on return this rank's shard (shard_of(numel, world, rank))
+  // holds the reduction over all ranks of that shard. The rest of the buffer is left unspecified.
+  virtual void reduce_scatter(TensorView buffer, ReduceOp op) = 0;
+  // The inverse: every rank contributes its shard, in place; on return the whole buffer holds
+  // every rank's shard. What lies outside this rank's shard on entry is ignored.
+  virtual void all_gather(TensorView buffer) = 0;
+  // The root's buffer is copied into every rank's.
   virtual void broadcast(TensorView buffer, int root) = 0;
   virtual void barrier() = 0;
 };

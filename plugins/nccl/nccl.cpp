@@ -1,0 +1,339 @@
+// The `nccl` communicator: data parallelism over GPUs, one process per GPU, on device buffers.
+// Rank and world come from MPI (mpirun or srun starts the processes), the GPU from the local rank
+// (cudaSetDevice(local_rank)), and rank 0's NCCL unique id reaches the others by MPI broadcast.
+// all_reduce and reduce_scatter reduce f32, f64, bf16, f16 and i32 (sum, max); broadcast and
+// all_gather move any dtype. Collectives run on the communicator's own stream and are complete when
+// the call returns; the communicator is non-blocking, so a collective that exceeds [run.nccl]
+// timeout_s is aborted (ncclCommAbort) and throws ablate::Error naming the rank, the operation and
+// the element count, and the MPI job is aborted at exit.
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ablate/communicator.hpp"
+#include "ablate/error.hpp"
+#include "ablate/plugin.hpp"
+#include "mpi_runtime.hpp"
+
+namespace {
+
+using ablate::DType;
+using ablate::ReduceOp;
+using ablate::TensorView;
+namespace rt = ablate::mpi_runtime;
+
+constexpr const char* kWhere = "nccl communicator";
+
+void check_cuda(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc == cudaSuccess) return;
+  ablate::throw_runtime_error(std::string(file) + ":" + std::to_string(line),
+                              std::string(call) + " failed: " + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
+}
+// ncclInProgress is how a non-blocking communicator says "started"; completion is polled for.
+void check_nccl(ncclResult_t rc, const char* call, const char* file, int line) {
+  if (rc == ncclSuccess || rc == ncclInProgress) return;
+  const char* last = ncclGetLastError(nullptr);
+  ablate::throw_runtime_error(std::string(file) + ":" + std::to_string(line),
+                              std::string(call) + " failed: " + ncclGetErrorString(rc) +
+                                  (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
+}
+#define ABLATE_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
+#define ABLATE_NCCL_CHECK(call) check_nccl((call), #call, __FILE__, __LINE__)
+
+// The NCCL type that reduces `dtype`, if NCCL can (u8 and u16 are moved, never reduced).
+bool reducible_type(DType dtype, ncclDataType_t& out) {
+  switch (dtype) {
+    case DType::f32: out = ncclFloat32; return true;
+    case DType::f64: out = ncclFloat64; return true;
+    case DType::bf16: out = ncclBfloat16; return true;
+    case DType::f16: out = ncclFloat16; return true;
+    case DType::i32: out = ncclInt32; return true;
+    case DType::u8:
+    case DType::u16: return false;
+  }
+  return false;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
+
+class NcclCommunicator final : public ablate::Communicator {
+ public:
+  explicit NcclCommunicator(double timeout_s) : timeout_s_(timeout_s) {
+    rt::ensure_initialized(kWhere);
+    const rt::Position where = rt::position(kWhere);
+    rank_ = where.rank;
+    world_ = where.world;
+    local_rank_ = where.local_rank;
+
+    int devices = 0;
+    ABLATE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (local_rank_ >= devices) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      ablate::throw_runtime_error(prefix(), "local rank " + std::to_string(local_rank_) + " needs GPU " +
+                                                std::to_string(local_rank_) + " but " + std::to_string(devices) +
+                                                " are visible (CUDA_VISIBLE_DEVICES=" +
+                                                (visible != nullptr ? visible : "unset") +
+                                                "): start one process per GPU on each machine");
+    }
+    device_ = local_rank_;
+    ABLATE_CUDA_CHECK(cudaSetDevice(device_));
+
+    // Rank 0 makes the unique id; MPI carries it to the others, against the same deadline as a collective.
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) ABLATE_NCCL_CHECK(ncclGetUniqueId(&id));
+    const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
+    MPI_Comm bootstrap = MPI_COMM_NULL;
+    MPI_Request request = MPI_REQUEST_NULL;
+    ABLATE_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &bootstrap, &request));
+    if (!rt::wait_until(request, deadline)) fail("creating the MPI communicator", -1, DType::u8, timed_out());
+    ABLATE_MPI_CHECK(MPI_Comm_set_errhandler(bootstrap, MPI_ERRORS_RETURN));
+    ABLATE_MPI_CHECK(MPI_Ibcast(&id, int(sizeof id), MPI_BYTE, 0, bootstrap, &request));
+    if (!rt::wait_until(request, deadline)) fail("the broadcast of NCCL's unique id", -1, DType::u8, timed_out());
+    ABLATE_MPI_CHECK(MPI_Comm_free(&bootstrap));
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // calls return at once; completion and errors are polled, so a hang can time out
+    ABLATE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config));
+    wait_ready("ncclCommInitRankConfig", -1, DType::u8, deadline);
+    ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr && failed_.empty()) {
+      ncclCommFinalize(comm_);  // flushes outstanding work; polled like any call on a non-blocking comm
+      const rt::Deadline deadline = rt::Deadline::after(timeout_s_ > 0 ? timeout_s_ : 60.0);
+      ncclResult_t state = ncclInProgress;
+      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
+             !deadline.passed(rt::Clock::now())) {
+      }
+      if (state == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+    }
+    if (barrier_word_ != nullptr) cudaFree(barrier_word_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  int local_rank() const override { return local_rank_; }
+
+  void all_reduce(TensorView buffer, ReduceOp op) override {
+    const std::string what = std::string("all_reduce (") + ablate::to_string(op) + ")";
+    run(what, buffer, true, [&](ncclDataType_t type, std::size_t) {
+      ABLATE_NCCL_CHECK(ncclAllReduce(buffer.data, buffer.data, std::size_t(buffer.numel()), type, nccl_op(op), comm_,
+                                      stream_));
+    });
+  }
+
+  // An even split is NCCL's in-place ncclReduceScatter (shard r at r * numel / world); an uneven one
+  // is one ncclReduce per shard, rooted at its owner, in one group.
+  void reduce_scatter(TensorView buffer, ReduceOp op) override {
+    const std::string what = std::string("reduce_scatter (") + ablate::to_string(op) + ")";
+    run(what, buffer, true, [&](ncclDataType_t type, std::size_t esize) {
+      auto* base = static_cast<char*>(buffer.data);
+      const int64_t n = buffer.numel();
+      if (n % world_ == 0) {
+        const std::size_t count = std::size_t(n / world_);
+        char* mine = base + rank_ * count * esize;
+        ABLATE_NCCL_CHECK(ncclReduceScatter(base, mine, count, type, nccl_op(op), comm_, stream_));
+        return;
+      }
+      ABLATE_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_; ++r) {
+        const ablate::Shard s = ablate::shard_of(n, world_, r);
+        if (s.count == 0) continue;
+        char* p = base + s.offset * esize;
+        ABLATE_NCCL_CHECK(ncclReduce(p, p, std::size_t(s.count), type, nccl_op(op), r, comm_, stream_));
+      }
+      ABLATE_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  // The inverse: NCCL's in-place ncclAllGather for an even split, one ncclBroadcast per shard
+  // from its owner for an uneven one. Moved as bytes, so any dtype works.
+  void all_gather(TensorView buffer) override {
+    run("all_gather", buffer, false, [&](ncclDataType_t, std::size_t esize) {
+      auto* base = static_cast<char*>(buffer.data);
+      const int64_t n = buffer.numel();
+      if (n % world_ == 0) {
+        const std::size_t bytes = std::size_t(n / world_) * esize;
+        ABLATE_NCCL_CHECK(ncclAllGather(base + rank_ * bytes, base, bytes, ncclUint8, comm_, stream_));
+        return;
+      }
+      ABLATE_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_; ++r) {
+        const ablate::Shard s = ablate::shard_of(n, world_, r);
+        if (s.count == 0) continue;
+        char* p = base + s.offset * esize;
+        ABLATE_NCCL_CHECK(ncclBroadcast(p, p, std::size_t(s.count) * esize, ncclUint8, r, comm_, stream_));
+      }
+      ABLATE_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  void broadcast(TensorView buffer, int root) override {
+    const std::string what = "broadcast from rank " + std::to_string(root);
+    if (root < 0 || root >= world_) {
+      ablate::throw_input_error(prefix(), what + ": the root is not a rank of this world of " + std::to_string(world_));
+    }
+    run(what, buffer, false, [&](ncclDataType_t, std::size_t esize) {
+      ABLATE_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, std::size_t(buffer.numel()) * esize, ncclUint8, root,
+                                      comm_, stream_));
+    });
+  }
+
+  // An all-reduce of one int on the device: NCCL has no barrier of its own.
+  void barrier() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable("barrier");
+    ABLATE_CUDA_CHECK(cudaSetDevice(device_));
+    if (barrier_word_ == nullptr) ABLATE_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(int)));
+    const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
+    ABLATE_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_));
+    wait_ready("barrier", -1, DType::u8, deadline);
+    wait_stream("barrier", -1, DType::u8, deadline);
+  }
+
+ private:
+  std::string prefix() const {
+    return std::string(kWhere) + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_);
+  }
+
+  void check_usable(const std::string& what) const {
+    if (!failed_.empty()) {
+      ablate::throw_runtime_error(prefix(), what + " after an earlier collective failed (" + failed_ + ")");
+    }
+  }
+
+  // Validates the buffer, waits for the work already queued on this device (the buffer's producers
+  // may be on any stream), enqueues the collective on our stream and waits for it against the deadline.
+  template <class Enqueue>
+  void run(const std::string& what, const TensorView& buffer, bool reduces, Enqueue&& enqueue) {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable(what);
+    ncclDataType_t type = ncclUint8;
+    if (reduces && !reducible_type(buffer.dtype, type)) {
+      ablate::throw_input_error(prefix(), what + " of " + ablate::to_string(buffer.dtype) +
+                                              " elements: nccl reduces f32, f64, bf16, f16 and i32");
+    }
+    if (buffer.numel() == 0) return;
+    check_device_buffer(what, buffer);
+    ABLATE_CUDA_CHECK(cudaSetDevice(device_));
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
+    const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
+    enqueue(type, ablate::dtype_size(buffer.dtype));
+    wait_ready(what, buffer.numel(), buffer.dtype, deadline);
+    wait_stream(what, buffer.numel(), buffer.dtype, deadline);
+  }
+
+  void check_device_buffer(const std::string& what, const TensorView& buffer) const {
+    if (buffer.device != ablate::DeviceType::cuda) {
+      ablate::throw_input_error(prefix(), what + " of a " + std::string(ablate::to_string(buffer.device)) +
+                                              " buffer: nccl serves GPU buffers (mpi serves host buffers)");
+    }
+    if (buffer.data == nullptr || buffer.numel() < 0) {
+      ablate::throw_input_error(prefix(), what + ": the buffer has no data");
+    }
+    cudaPointerAttributes attributes{};
+    ABLATE_CUDA_CHECK(cudaPointerGetAttributes(&attributes, buffer.data));
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+      ablate::throw_input_error(prefix(), what + ": the buffer is not GPU memory");
+    }
+    if (attributes.device != device_) {
+      ablate::throw_input_error(prefix(), what + ": the buffer is on GPU " + std::to_string(attributes.device) +
+                                              ", this rank uses GPU " + std::to_string(device_));
+    }
+  }
+
+  // A non-blocking communicator's calls return before they are issued; this waits until NCCL has
+  // issued them (or failed, or the deadline passed).
+  void wait_ready(const std::string& what, int64_t numel, DType dtype, const rt::Deadline& deadline) {
+    const rt::Clock::time_point start = rt::Clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ABLATE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(what, numel, dtype, std::string("failed: ") + ncclGetErrorString(state));
+      const rt::Clock::time_point now = rt::Clock::now();
+      if (deadline.passed(now)) fail(what, numel, dtype, timed_out());
+      if (now - start > std::chrono::milliseconds(50)) sched_yield();
+    }
+  }
+
+  // Waits for our stream to drain, watching for NCCL errors (a peer that died) and the deadline.
+  void wait_stream(const std::string& what, int64_t numel, DType dtype, const rt::Deadline& deadline) {
+    const rt::Clock::time_point start = rt::Clock::now();
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery(stream_)", __FILE__, __LINE__);
+      ncclResult_t state = ncclSuccess;
+      ABLATE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state != ncclSuccess && state != ncclInProgress) {
+        fail(what, numel, dtype, std::string("failed: ") + ncclGetErrorString(state));
+      }
+      const rt::Clock::time_point now = rt::Clock::now();
+      if (deadline.passed(now)) fail(what, numel, dtype, timed_out());
+      if (now - start > std::chrono::milliseconds(50)) sched_yield();
+    }
+  }
+
+  std::string timed_out() const {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+    return std::string("did not complete within ") + seconds +
+           " s (timeout_s): another rank died, hangs or skipped this collective";
+  }
+
+  // The collective failed or did not complete in time: the NCCL communicator is aborted (its kernels
+  // stop waiting for the missing peer), this communicator is unusable from now on, the MPI job ends
+  // when the process exits, and the caller learns why.
+  [[noreturn]] void fail(const std::string& what, int64_t numel, DType dtype, const std::string& why) {
+    std::string message = prefix() + ": " + what;
+    if (numel >= 0) message += " of " + std::to_string(numel) + " " + ablate::to_string(dtype) + " elements";
+    message += " " + why;
+    failed_ = what;
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    rt::abort_job_at_exit(message);
+    ablate::throw_runtime_error("", message);
+  }
+
+  double timeout_s_;
+  int rank_ = 0;
+  int world_ = 1;
+  int local_rank_ = 0;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
+  std::string failed_;
+  std::mutex mu_;
+};
+
+void register_components(ablate::Registrar& r) {
+  r.add({ablate::Kind::communicator, "nccl", "1.0.0",
+         "one process per GPU started by mpirun or srun, GPU buffers (NCCL); collectives time out",
+         {ablate::param::floating("timeout_s", 300.0,
+                                  "seconds a rank waits for the others in one collective before the job is "
+                                  "aborted (0 = wait forever)")
+              .at_least(0)},
+         [](const ablate::ComponentArgs& a) {
+           return std::make_unique<NcclCommunicator>(a.own.get_float("timeout_s"));
+         },
+         ""});
+}
+
+}  // namespace
+
+ABLATE_PLUGIN("nccl", "1.0.0", register_components)
