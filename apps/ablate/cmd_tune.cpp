@@ -94,13 +94,11 @@ int tune_batch_size(const Args& args) {
       trials.push_back(t);
       break;
     }
-    Registry r2;
-    r2.load_directories(Registry::default_search_path());
     const std::vector<std::string> sets = {"batching.batch_size=" + std::to_string(b)};
     std::vector<std::string> all = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
     all.insert(all.end(), sets.begin(), sets.end());
-    const Config cb = Config::load(vm["config"].as<std::string>(), all, r2);
-    auto pipe = DataPipeline::from_config(cb, r2, run, Split::train, source);
+    const Config cb = Config::load(vm["config"].as<std::string>(), all, registry);
+    auto pipe = DataPipeline::from_config(cb, registry, run, Split::train, source);
     double total_s = 0;
     int64_t positions = 0, real = 0;
     for (int64_t s = 0; s <= timed; ++s) {

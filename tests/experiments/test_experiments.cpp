@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_files.hpp"
 #include "test_support.hpp"
 
 using namespace ablate::test;
@@ -42,13 +43,6 @@ const std::string kTinyFlags =
     " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
     " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
     " --set data.synthetic_probes.documents=400 --set data.synthetic_probes.validation_documents=20";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<std::string> lines(const fs::path& p) {
   std::istringstream in(slurp(p));

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_files.hpp"
 #include "test_support.hpp"
 
 using namespace ablate::test;
@@ -28,19 +29,6 @@ const std::string kSmall =
     " --set optimizer.adamw8bit.min_8bit_size=512";
 
 std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
-
-std::vector<json> metrics(const fs::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::vector<json> out;
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
-}
-
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_files.hpp"
 #include "test_support.hpp"
 
 using namespace ablate::test;
@@ -23,26 +24,6 @@ const std::string kTiny =
     " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50";
 
 std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
-
-std::vector<json> metrics(const fs::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::vector<json> out;
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
-}
-
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 }  // namespace
 
