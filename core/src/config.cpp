@@ -37,8 +37,9 @@ const std::vector<SectionSpec>& section_specs() {
         integer("grad_accum_steps", 1, "micro-batches per optimizer step").at_least(1),
         integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").at_least(0),
         integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
-        string("communicator", "single", "how ranks exchange gradients (a communicator plugin)"),
-      }, Kind::communicator, "communicator", false, "single"});
+        string("communicator", "auto", "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
+               "when a launcher started several ranks, else single)"),
+      }, Kind::communicator, "communicator", false, "auto"});
     s.push_back({"model", "the decoder-only transformer", {
         integer("d_model", 128, "model width").at_least(1),
         integer("n_layers", 4, "transformer blocks").at_least(1),
@@ -85,6 +86,8 @@ const std::vector<SectionSpec>& section_specs() {
         floating("beta2", 0.95, "second moment decay").within(0.0, 0.999999),
         floating("eps", 1e-8, "added to the square root of the second moment").at_least(0.0),
         floating("grad_clip", 1.0, "clip the global gradient norm to this (0 = off)").at_least(0.0),
+        boolean("shard_state", false, "ZeRO-1 in data parallel: each rank keeps and updates only its shard of the "
+                "optimizer state (gradients reduce-scattered, parameters all-gathered)"),
       }, Kind::optimizer, "name", false, "adamw"});
     s.push_back({"schedule", "the learning-rate schedule", {
         string("name", "cosine", "schedule shape after warmup").one_of({"constant", "cosine", "linear"}),
@@ -294,6 +297,7 @@ class Validator {
       const toml::node* sel = table ? table->get(spec.selector) : nullptr;
       const std::string sel_path = path + "." + spec.selector;
       auto check_name = [&](const std::string& name, const toml::node& at) {
+        if (*spec.kind == Kind::communicator && name == kAutoCommunicator) return;  // resolved by the trainer
         if (registry_.find(*spec.kind, name) == nullptr) {
           const std::vector<std::string> valid = registry_.names(*spec.kind);
           fail(at.source(), sel_path, "unknown " + std::string(to_string(*spec.kind)) + " '" + name + "'" +
@@ -357,6 +361,9 @@ class Validator {
         }
         res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
       }
+    }
+    if (spec.kind && selected.size() == 1 && *spec.kind == Kind::communicator && selected[0] == kAutoCommunicator) {
+      selected = registry_.names(*spec.kind);  // any of them may be chosen: resolve every one's keys
     }
     for (const std::string& name : selected) {
       if (res.impls.find(name) == res.impls.end()) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/communicator.hpp"
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/pipeline.hpp"
@@ -111,13 +113,21 @@ std::string si(double x) {
   return buf;
 }
 
-// Global L2 norm of the gradient buffer, summed in double in a fixed order per thread count.
-double global_norm(const std::vector<float>& g) {
+TensorView host_view(double* data, int64_t n) {
+  TensorView t;
+  t.data = data;
+  t.dtype = DType::f64;
+  t.ndim = 1;
+  t.shape[0] = n;
+  return t;
+}
+
+// Squared L2 norm of part of the gradient buffer, summed in double in a fixed order per thread count.
+double squared_norm(const float* g, int64_t n) {
   double sum = 0;
-  const int64_t n = int64_t(g.size());
 #pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum += double(g[std::size_t(i)]) * double(g[std::size_t(i)]);
-  return std::sqrt(sum);
+  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+  return sum;
 }
 
 std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vector<float>& data) {
@@ -161,23 +171,75 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
 
 void write_json_atomic(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
 
+// Evaluation sees the same batches whatever the world size: every rank reads the validation
+// stream of a world of one, forwards the batches i with i % world == rank, and the loss sums and
+// target counts are all-reduced.
 struct Evaluator {
   std::unique_ptr<DataPipeline> pipeline;
   int64_t batches = 0;
   bool available = false;
 
-  double run(Model& model) {
+  double run(Model& model, Communicator& comm) {
     pipeline->restore({});
-    double sum = 0;
-    int64_t count = 0;
+    double acc[2] = {0, 0};  // loss sum, real targets
     for (int64_t i = 0; i < batches; ++i) {
       const PipelineBatch& pb = pipeline->next();
-      sum += model.forward(pb.batch);
-      count += pb.batch.real_targets();
+      if (i % comm.world() != comm.rank()) continue;
+      acc[0] += model.forward(pb.batch);
+      acc[1] += double(pb.batch.real_targets());
     }
-    return count > 0 ? sum / double(count) : 0.0;
+    comm.all_reduce(host_view(acc, 2), ReduceOp::sum);
+    return acc[1] > 0 ? acc[0] / acc[1] : 0.0;
   }
 };
+
+// The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's
+// optimizer sees under ZeRO-1. A slice cut by a shard boundary keeps its name and becomes flat.
+ParamTable shard_table(const ParamTable& table, Shard shard) {
+  ParamTable out;
+  out.total = shard.count;
+  const int64_t end = shard.offset + shard.count;
+  for (const ParamSlice& s : table.slices) {
+    const int64_t lo = std::max(s.offset, shard.offset), hi = std::min(s.offset + s.numel(), end);
+    if (lo >= hi) continue;
+    ParamSlice piece = s;
+    piece.offset = lo - shard.offset;
+    if (hi - lo != s.numel()) piece.shape = {hi - lo};
+    out.slices.push_back(std::move(piece));
+  }
+  return out;
+}
+
+TensorView f32_range(std::vector<float>& v, Shard shard) {
+  TensorView t;
+  t.data = v.data() + shard.offset;
+  t.dtype = DType::f32;
+  t.ndim = 1;
+  t.shape[0] = shard.count;
+  return t;
+}
+
+std::string launcher_world_text(int& world) {
+  world = 1;
+  auto count = [](const char* var) -> int {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == 0) return 0;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return end != nullptr && *end == 0 && n > 0 && n < 1000000000 ? int(n) : 0;
+  };
+  if (const int n = count("OMPI_COMM_WORLD_SIZE"); n > 0) {
+    world = n;
+    return "mpirun (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) + ")";
+  }
+  if (std::getenv("SLURM_PROCID") != nullptr) {
+    if (const int n = count("SLURM_NTASKS"); n > 0) {
+      world = n;
+      return "srun (SLURM_NTASKS=" + std::to_string(n) + ")";
+    }
+  }
+  return "no launcher";
+}
 
 }  // namespace
 
@@ -210,8 +272,26 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
     s.parameters = j.at("parameters").get<int64_t>();
     s.optimizer = j.at("optimizer").get<std::string>();
     s.vocab_size = j.at("vocab_size").get<int64_t>();
+    s.world = j.value("world", 1);
+    s.shard_state = j.value("shard_state", false);
+    if (j.contains("data_cursors")) {
+      for (const json& c : j.at("data_cursors")) s.cursors.push_back(cursor_from(c));
+    } else {
+      s.cursors.push_back(s.cursor);
+    }
+    if (j.contains("optimizer_files")) {
+      s.optimizer_files = j.at("optimizer_files").get<std::vector<std::string>>();
+    } else {
+      s.optimizer_files.push_back("optimizer.safetensors");
+    }
   } catch (const json::exception& e) {
     throw_input_error(file.string(), std::string("not a valid checkpoint state: ") + e.what());
+  }
+  if (s.world < 1 || int64_t(s.cursors.size()) != s.world ||
+      int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
+    throw_input_error(file.string(), "not a valid checkpoint state: world " + std::to_string(s.world) + " with " +
+                                         std::to_string(s.cursors.size()) + " data cursors and " +
+                                         std::to_string(s.optimizer_files.size()) + " optimizer files");
   }
   return s;
 }
@@ -255,6 +335,23 @@ int64_t memory_budget_bytes(const Config& config) {
   return gib > 0 ? int64_t(gib * double(1ll << 30)) : physical_memory_bytes();
 }
 
+std::string resolve_communicator(const Config& config) {
+  const Params run_p = config.section("run");
+  const std::string chosen = run_p.get_string("communicator");
+  int launched = 1;
+  const std::string launcher = launcher_world_text(launched);
+  if (chosen == kAutoCommunicator) {
+    if (launched <= 1) return "single";
+    return run_p.get_string("device") == "cuda" ? "nccl" : "mpi";
+  }
+  if (chosen == "single" && launched > 1) {
+    throw_input_error("run.communicator", "is \"single\" but " + launcher + " started " + std::to_string(launched) +
+                                              " ranks: each would train alone into the same run directory; set "
+                                              "communicator = \"mpi\" (CPU), \"nccl\" (GPU) or \"auto\"");
+  }
+  return chosen;
+}
+
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
   const Params run_p = config.section("run");
   const Params opt_p = config.section("optimizer");
@@ -267,31 +364,57 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const int64_t keep = ckpt_p.get_int("keep");
   const int64_t log_every = log_p.get_int("every");
   const double grad_clip = opt_p.get_float("grad_clip");
+  const bool shard_state = opt_p.get_bool("shard_state");
 
-  const RunContext run = training_context(config);
+  RunContext run = training_context(config);
   const int64_t memory_bytes = memory_budget_bytes(config);
   const std::string memory_source = run_p.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
+
+  // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
+  const std::string comm_name = resolve_communicator(config);
+  auto comm = registry.create<Communicator>(Kind::communicator, comm_name,
+                                            {run_p, config.implementation("run", comm_name), run});
+  run.rank = comm->rank();
+  run.world = comm->world();
+  const int rank = run.rank, world = run.world;
+  const bool lead = rank == 0;
+  if (run_p.get_int("threads") == 0 && comm->local_world() > 1) {  // the machine's cores, shared
+    run.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world());
+#ifdef _OPENMP
+    omp_set_num_threads(run.threads);
+#endif
+  }
+  if (!lead) spdlog::set_level(spdlog::level::warn);  // one voice: rank 0's
 
   // Run directory: refuse to start over a run that already has checkpoints.
   const fs::path dir = options.run_dir;
   const fs::path ckpt_root = dir / "checkpoints";
   const bool has_checkpoint = fs::exists(ckpt_root / "latest");
   if (options.resume && !has_checkpoint) {
-    throw_input_error(dir.string(), "--resume: this run directory has no checkpoint to resume from");
+    throw_input_error(dir.string(), "--resume: this run directory has no checkpoint to resume from" +
+                                        std::string(world > 1 ? " (with several machines the run directory must be on a "
+                                                                "filesystem every rank sees)"
+                                                              : ""));
   }
   if (!options.resume && has_checkpoint) {
     throw_input_error(dir.string(), "already holds a run with checkpoints; pass --resume to continue it, or --run-dir to "
                                     "start a new one elsewhere");
   }
-  fs::create_directories(ckpt_root);
+  comm->barrier();  // every rank has looked before rank 0 writes anything
+  if (lead) fs::create_directories(ckpt_root);
 
-  // Data.
+  // Data: each rank draws its own share of the training documents (the sampler deals them out).
   auto source = make_data_source(config, registry, run);
   auto train_data = DataPipeline::from_config(config, registry, run, Split::train, source);
   Evaluator eval;
   eval.batches = run_p.get_int("eval_batches");
   eval.available = source->size(Split::validation) > 0 && eval.batches > 0;
-  if (eval.available) eval.pipeline = DataPipeline::from_config(config, registry, run, Split::validation, source);
+  if (eval.available) {
+    RunContext one = run;  // the validation batches of a world of one, split among the ranks
+    one.rank = 0;
+    one.world = 1;
+    eval.pipeline = DataPipeline::from_config(config, registry, one, Split::validation, source);
+  }
 
   // Model and optimizer.
   const ModelOptions mo = ModelOptions::from(config, source->vocab_size());
@@ -307,44 +430,73 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const std::string opt_name = config.selected("optimizer");
   auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
                                               {opt_p, config.implementation("optimizer", opt_name), run});
-  optimizer->init(model.table(), DeviceType::cpu);
+  // ZeRO-1: this rank's optimizer owns the contiguous shard `mine` of the flat parameter buffer.
+  const int64_t n_params = model.num_params();
+  const Shard mine = shard_state ? shard_of(n_params, world, rank) : Shard{0, n_params};
+  const ParamTable opt_table = shard_state ? shard_table(model.table(), mine) : model.table();
+  optimizer->init(opt_table, DeviceType::cpu);
   const LrSchedule schedule = LrSchedule::from(config.section("schedule"), opt_p.get_float("lr"), steps);
+  auto optimizer_file = [&](int r) -> std::string {
+    if (!shard_state) return "optimizer.safetensors";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "optimizer.rank_%05d-of-%05d.safetensors", r, world);
+    return buf;
+  };
 
   int64_t start_step = 0;
   if (options.resume) {
     const fs::path cdir = resolve_checkpoint(dir);
+    const fs::path state_file = cdir / "state.json";
     const CheckpointState st = read_checkpoint_state(cdir);
     if (st.parameters != model.num_params() || st.model != mo.describe()) {
-      throw_input_error((cdir / "state.json").string(), "the checkpoint's model (" + st.model + ", " +
-                                                            std::to_string(st.parameters) + " parameters) does not match the config's (" +
-                                                            mo.describe() + ", " + std::to_string(model.num_params()) + ")");
+      throw_input_error(state_file.string(), "the checkpoint's model (" + st.model + ", " + std::to_string(st.parameters) +
+                                                 " parameters) does not match the config's (" + mo.describe() + ", " +
+                                                 std::to_string(model.num_params()) + ")");
     }
     if (st.optimizer != opt_name) {
-      throw_input_error((cdir / "state.json").string(), "the checkpoint was written by optimizer '" + st.optimizer +
-                                                            "', the config selects '" + opt_name + "'");
+      throw_input_error(state_file.string(), "the checkpoint was written by optimizer '" + st.optimizer +
+                                                 "', the config selects '" + opt_name + "'");
+    }
+    if (st.world != world) {
+      throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
+                                                 " rank(s), this job has " + std::to_string(world) +
+                                                 ": every rank's place in the data is its own, so resume with " +
+                                                 std::to_string(st.world) + " rank(s)" +
+                                                 (st.world > 1 ? " (mpirun -np " + std::to_string(st.world) + ")" : ""));
+    }
+    if (st.shard_state != shard_state) {
+      throw_input_error(state_file.string(), std::string("the checkpoint's optimizer state is ") +
+                                                 (st.shard_state ? "sharded over the ranks (optimizer.shard_state = true)"
+                                                                 : "whole (optimizer.shard_state = false)") +
+                                                 ": resume with the same optimizer.shard_state");
     }
     if (st.config_hash != config.hash()) {
       spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
                    "not the uninterrupted one", config.hash(), st.config_hash);
     }
     load_params(cdir / "model.safetensors", model.table(), model.param_data());
+    const fs::path ofile = cdir / st.optimizer_files[std::size_t(shard_state ? rank : 0)];
     SafetensorsFile of;
     try {
-      of = read_safetensors(cdir / "optimizer.safetensors");
+      of = read_safetensors(ofile);
     } catch (const Error& e) {
-      throw_input_error((cdir / "optimizer.safetensors").string(), std::string("cannot read the optimizer state: ") + e.what());
+      throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
     }
     optimizer->load_state(of.tensors);
-    train_data->restore(st.cursor);
+    train_data->restore(st.cursors[std::size_t(rank)]);
     start_step = st.step;
     spdlog::info("resuming {} from step {}", cdir.string(), st.step);
   } else {
     model.init_params(run.seed);
   }
+  if (world > 1) {  // one model for every rank, whatever each computed: rank 0's
+    TensorView p = model.params();
+    comm->broadcast(p, 0);
+  }
 
   // What the run is, for reproduction.
-  write_file_atomic(dir / "config.toml", config.to_toml());
-  {
+  if (lead) {
+    write_file_atomic(dir / "config.toml", config.to_toml());
     json plugins = json::array();
     for (const ComponentInfo* info : registry.all()) {
       plugins.push_back({{"kind", std::string(to_string(info->kind))}, {"name", info->name}, {"version", info->version},
@@ -353,6 +505,9 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     write_json_atomic(dir / "run.json", {{"ablate_version", ABLATE_VERSION_STRING},
                                          {"device", run.device},
                                          {"threads", run.threads},
+                                         {"world", world},
+                                         {"communicator", comm_name},
+                                         {"shard_state", shard_state},
                                          {"parameters", model.num_params()},
                                          {"model", mo.describe()},
                                          {"config_hash", config.hash()},
@@ -366,9 +521,17 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                                          {"grad_accum_steps", accum},
                                          {"plugins", plugins}});
   }
-  // Loggers: every sink of [logging] sinks, opened with where the run starts.
+  // Loggers (rank 0): every sink of [logging] sinks, opened with where the run starts.
   LoggerSet loggers;
-  {
+  for (const std::string& name : config.selected_list("logging")) {
+    if (registry.find(Kind::logger, name) == nullptr) {
+      const std::vector<std::string> valid = registry.names(Kind::logger);
+      std::string list;
+      for (const std::string& v : valid) list += (list.empty() ? "" : ", ") + v;
+      throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (list.empty() ? "none" : list) + ")");
+    }
+  }
+  if (lead) {
     LogContext lc;
     lc.run_dir = dir.string();
     lc.config_toml = config.to_toml();
@@ -378,104 +541,153 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     lc.total_steps = steps;
     lc.log_every = log_every;
     for (const std::string& name : config.selected_list("logging")) {
-      if (registry.find(Kind::logger, name) == nullptr) {
-        const std::vector<std::string> valid = registry.names(Kind::logger);
-        std::string list;
-        for (const std::string& v : valid) list += (list.empty() ? "" : ", ") + v;
-        throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (list.empty() ? "none" : list) + ")");
-      }
       loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
       loggers.sinks.back()->open(lc);
     }
   }
 
-  // The CPU's peak when none is configured: the measured fp32 matrix-product rate.
+  // The peak of one rank (configured, else on the CPU the measured fp32 matrix-product rate, every
+  // rank measuring at once as they will train), and of the job: the sum over ranks.
   const double configured_peak = config.section("metrics").get_float("peak_tflops");
-  const double peak = configured_peak > 0 ? configured_peak : model.measure_matmul_tflops();
-  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state)",
+  double peak = configured_peak > 0 ? configured_peak : model.measure_matmul_tflops();
+  double job_peak = peak;
+  comm->all_reduce(host_view(&job_peak, 1), ReduceOp::sum);
+  peak = job_peak / world;
+  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{})",
                model.num_params(), mo.describe(), double(model.activation_bytes(B, T)) / (1 << 20), opt_name,
-               double(optimizer->state_bytes()) / (1 << 20));
-  spdlog::info("training {} steps of {} x {} x {} tokens on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", steps, accum, B,
-               T, run.threads, peak, configured_peak > 0 ? "configured" : "measured",
+               double(optimizer->state_bytes()) / (1 << 20), shard_state ? " per rank: ZeRO-1" : "");
+  if (world > 1) {
+    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", world, comm_name,
+                 run.threads, world, accum, B, T);
+  }
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", steps, accum, B,
+               T, world > 1 ? " per rank" : "", run.threads, peak, configured_peak > 0 ? "configured" : "measured",
                dir.string());
 
+  // Every rank takes part: each writes its data cursor (and its optimizer shard), rank 0 the rest,
+  // then rank 0 moves the finished directory into place.
   auto save_checkpoint = [&](int64_t step) {
     const fs::path final_dir = ckpt_root / step_name(step);
     const fs::path tmp = ckpt_root / ("." + step_name(step) + ".tmp");
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-    SafetensorsFile mf;
-    mf.tensors = param_tensors(model.table(), model.param_data());
-    mf.metadata["format"] = "ablate";
-    write_safetensors(tmp / "model.safetensors", mf);
-    SafetensorsFile of;
-    of.tensors = optimizer->save_state();
-    write_safetensors(tmp / "optimizer.safetensors", of);
-    write_file_atomic(tmp / "config.toml", config.to_toml());
-    write_json_atomic(tmp / "state.json", {{"step", step},
-                                           {"data_cursor", cursor_json(train_data->cursor())},
-                                           {"seed", run.seed},
-                                           {"rng", {{"dropout_key", "mix(seed, step, micro-batch)"}}},
-                                           {"config_hash", config.hash()},
-                                           {"model", mo.describe()},
-                                           {"parameters", model.num_params()},
-                                           {"vocab_size", mo.vocab_size},
-                                           {"optimizer", opt_name}});
-    fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
-    write_file_atomic(ckpt_root / "latest", step_name(step) + "\n");
-    // Keep the newest `keep` complete checkpoints.
-    std::vector<fs::path> all;
-    for (const auto& e : fs::directory_iterator(ckpt_root)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0) all.push_back(e.path());
+    if (lead) {
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
     }
-    std::sort(all.begin(), all.end());
-    for (std::size_t i = 0; i + std::size_t(keep) < all.size(); ++i) fs::remove_all(all[i]);
+    comm->barrier();
+    char cname[48];
+    std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", rank);
+    write_json_atomic(tmp / cname, cursor_json(train_data->cursor()));
+    if (shard_state || lead) {
+      SafetensorsFile of;
+      of.tensors = optimizer->save_state();
+      write_safetensors(tmp / optimizer_file(rank), of);
+    }
+    comm->barrier();
+    if (lead) {
+      SafetensorsFile mf;
+      mf.tensors = param_tensors(model.table(), model.param_data());
+      mf.metadata["format"] = "ablate";
+      write_safetensors(tmp / "model.safetensors", mf);
+      write_file_atomic(tmp / "config.toml", config.to_toml());
+      json cursors = json::array();
+      for (int r = 0; r < world; ++r) {
+        std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
+        cursors.push_back(json::parse(read_text(tmp / cname)));
+        fs::remove(tmp / cname);
+      }
+      json ofiles = json::array();
+      for (int r = 0; r < (shard_state ? world : 1); ++r) ofiles.push_back(optimizer_file(r));
+      write_json_atomic(tmp / "state.json", {{"step", step},
+                                             {"data_cursor", cursors[0]},
+                                             {"data_cursors", cursors},
+                                             {"world", world},
+                                             {"shard_state", shard_state},
+                                             {"optimizer_files", ofiles},
+                                             {"seed", run.seed},
+                                             {"rng", {{"dropout_key", "mix(seed, step, rank * accum + micro-batch)"}}},
+                                             {"config_hash", config.hash()},
+                                             {"model", mo.describe()},
+                                             {"parameters", model.num_params()},
+                                             {"vocab_size", mo.vocab_size},
+                                             {"optimizer", opt_name}});
+      fs::remove_all(final_dir);
+      fs::rename(tmp, final_dir);
+      write_file_atomic(ckpt_root / "latest", step_name(step) + "\n");
+      // Keep the newest `keep` complete checkpoints.
+      std::vector<fs::path> all;
+      for (const auto& e : fs::directory_iterator(ckpt_root)) {
+        const std::string n = e.path().filename().string();
+        if (e.is_directory() && n.rfind("step_", 0) == 0) all.push_back(e.path());
+      }
+      std::sort(all.begin(), all.end());
+      for (std::size_t i = 0; i + std::size_t(keep) < all.size(); ++i) fs::remove_all(all[i]);
+    }
+    comm->barrier();  // the checkpoint is complete for every rank
   };
 
   TrainResult result;
   result.run_dir = dir;
   std::vector<double> tps, rtps, mfus, emfus, tfl, waits;
   std::vector<Batch> micro(static_cast<std::size_t>(accum));
-  std::vector<double> micro_wait(static_cast<std::size_t>(accum));
   const auto t_run = Clock::now();
   double last_val = -1;
   double first_loss = -1;
   bool stopped = false;
+  std::vector<float>& grads = model.grad_data();
 
   for (int64_t step = start_step + 1; step <= steps; ++step) {
     const auto t0 = Clock::now();
-    int64_t real = 0, positions = 0;
+    double counts[2] = {0, 0};  // real targets, positions: this rank's, then the job's
     double wait_ms = 0;
     for (int64_t m = 0; m < accum; ++m) {
       const PipelineBatch& pb = train_data->next();
       micro[std::size_t(m)] = pb.batch;
       wait_ms += pb.wait_ms;
-      real += pb.batch.real_targets();
-      positions += pb.batch.positions_total();
+      counts[0] += double(pb.batch.real_targets());
+      counts[1] += double(pb.batch.positions_total());
     }
+    // The loss is the mean over every real target of the global batch: the count comes first.
+    comm->all_reduce(host_view(counts, 2), ReduceOp::sum);
+    const int64_t real = int64_t(counts[0]), positions = int64_t(counts[1]);
     model.zero_grads();
-    double loss_sum = 0;
+    double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
     const double scale = real > 0 ? 1.0 / double(real) : 0.0;
     for (int64_t m = 0; m < accum; ++m) {
-      loss_sum += model.forward_backward(micro[std::size_t(m)], scale, mix64(run.seed, uint64_t(step) * 4096 + uint64_t(m)));
+      const uint64_t key = mix64(run.seed, uint64_t(step) * 4096 + uint64_t(rank * accum + m));
+      sums[0] += model.forward_backward(micro[std::size_t(m)], scale, key);
     }
-    const double loss = real > 0 ? loss_sum / double(real) : 0.0;
+    double norm = 0;
+    if (shard_state) {
+      comm->reduce_scatter(model.grads(), ReduceOp::sum);
+      sums[1] = squared_norm(grads.data() + mine.offset, mine.count);
+      comm->all_reduce(host_view(sums, 2), ReduceOp::sum);
+      norm = std::sqrt(sums[1]);
+    } else {
+      if (world > 1) {
+        comm->all_reduce(host_view(sums, 1), ReduceOp::sum);
+        comm->all_reduce(model.grads(), ReduceOp::sum);
+      }
+      norm = std::sqrt(squared_norm(grads.data(), int64_t(grads.size())));
+    }
+    const double loss = real > 0 ? sums[0] / double(real) : 0.0;
     if (!std::isfinite(loss)) {
       throw_runtime_error("train", "loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                        "; lower optimizer.lr or enable optimizer.grad_clip");
     }
-    const double norm = global_norm(model.grad_data());
     if (grad_clip > 0 && norm > grad_clip) {
       const float c = float(grad_clip / (norm + 1e-6));
-      std::vector<float>& g = model.grad_data();
-      const int64_t n = int64_t(g.size());
+      float* g = grads.data() + mine.offset;
+      const int64_t n = mine.count;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) g[std::size_t(i)] *= c;
+      for (int64_t i = 0; i < n; ++i) g[i] *= c;
     }
     const double lr = schedule.at(step);
-    optimizer->step(model.table(), model.params(), model.grads(), lr, step);
+    if (shard_state) {
+      optimizer->step(opt_table, f32_range(model.param_data(), mine), f32_range(grads, mine), lr, step);
+      comm->all_gather(model.params());
+    } else {
+      optimizer->step(model.table(), model.params(), model.grads(), lr, step);
+    }
     const double step_s = seconds_since(t0);
 
     StepMetrics sm;
@@ -491,8 +703,8 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     sm.real_tokens_per_s = double(real) / step_s;
     const double fpt = model.flops_per_token(micro[0].seq_len);
     sm.tflops = fpt * double(positions) / step_s / 1e12;
-    sm.mfu = peak > 0 ? sm.tflops / peak : 0.0;
-    sm.effective_mfu = peak > 0 ? fpt * double(real) / step_s / 1e12 / peak : 0.0;
+    sm.mfu = job_peak > 0 ? sm.tflops / job_peak : 0.0;
+    sm.effective_mfu = job_peak > 0 ? fpt * double(real) / step_s / 1e12 / job_peak : 0.0;
     sm.data_wait_pct = 100.0 * wait_ms / sm.step_ms;
     sm.mem_peak_bytes = peak_rss_bytes();
     sm.optimizer_state_bytes = optimizer->state_bytes();
@@ -511,10 +723,10 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
 
     const bool do_eval = eval.available && ((eval_every > 0 && step % eval_every == 0) || step == steps);
     if (do_eval) {
-      last_val = eval.run(model);
+      last_val = eval.run(model, *comm);
       sm.extra.push_back({"val_loss", last_val});
     }
-    if (step % log_every == 0 || step == steps || do_eval) {
+    if (lead && (step % log_every == 0 || step == steps || do_eval)) {
       sm.extra.push_back({"elapsed_s", seconds_since(t_run)});
       for (auto& l : loggers.sinks) l->log(sm);
       if (options.on_step) options.on_step(sm);
@@ -529,11 +741,15 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   }
   result.val_loss = last_val;
 
+  // The largest memory peak of any rank.
+  double mem_peak = double(peak_rss_bytes());
+  comm->all_reduce(host_view(&mem_peak, 1), ReduceOp::max);
   const PipelineStats ps = train_data->stats();
   json summary = {{"status", stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", start_step},
                   {"parameters", model.num_params()},
+                  {"world", world},
                   {"first_loss", first_loss},
                   {"final_loss", result.final_loss},
                   {"val_loss", last_val < 0 ? json(nullptr) : json(last_val)},
@@ -545,12 +761,12 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                   {"peak_tflops", peak},
                   {"data_wait_pct", median(waits)},
                   {"data_bottleneck", ps.bottleneck()},
-                  {"mem_peak_bytes", peak_rss_bytes()},
+                  {"mem_peak_bytes", int64_t(mem_peak)},
                   {"optimizer_state_bytes", optimizer->state_bytes()},
                   {"wall_s", seconds_since(t_run)},
                   {"config_hash", config.hash()}};
   loggers.close();
-  write_json_atomic(dir / "summary.json", summary);
+  if (lead) write_json_atomic(dir / "summary.json", summary);
   spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", first_loss, result.final_loss,
                last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(), si(median(tps)), 100.0 * median(mfus),
                seconds_since(t_run), dir.string());

@@ -84,6 +84,7 @@ class MpiCommunicator final : public ablate::Communicator {
     rank_ = where.rank;
     world_ = where.world;
     local_rank_ = where.local_rank;
+    local_world_ = where.local_world;
     // A communicator of our own: our traffic never matches another library's on MPI_COMM_WORLD,
     // and errors come back as codes instead of ending the process.
     MPI_Request request = MPI_REQUEST_NULL;
@@ -99,6 +100,7 @@ class MpiCommunicator final : public ablate::Communicator {
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int local_world() const override { return local_world_; }
 
   void all_reduce(TensorView buffer, ReduceOp op) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -293,6 +295,7 @@ class MpiCommunicator final : public ablate::Communicator {
   int rank_ = 0;
   int world_ = 1;
   int local_rank_ = 0;
+  int local_world_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::unique_ptr<std::byte[]> scratch_;  // (2, segment_bytes): received ring segments
   std::size_t scratch_bytes_ = 0;

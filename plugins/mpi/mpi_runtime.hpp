@@ -90,6 +90,7 @@ struct Position {
   int rank = 0;
   int world = 1;
   int local_rank = 0;
+  int local_world = 1;  // ranks sharing this machine's memory
 };
 
 inline Position position(const std::string& where) {
@@ -111,13 +112,13 @@ inline Position position(const std::string& where) {
                                           "support) or with mpirun"
                                         : ": this MPI library is not the one mpirun belongs to"));
   }
-  p.local_rank = env.local_rank;
-  if (p.local_rank < 0) {
-    MPI_Comm node = MPI_COMM_NULL;
-    ABLATE_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL, &node));
-    ABLATE_MPI_CHECK(MPI_Comm_rank(node, &p.local_rank));
-    ABLATE_MPI_CHECK(MPI_Comm_free(&node));
-  }
+  MPI_Comm node = MPI_COMM_NULL;
+  ABLATE_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL, &node));
+  int node_rank = 0;
+  ABLATE_MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+  ABLATE_MPI_CHECK(MPI_Comm_size(node, &p.local_world));
+  ABLATE_MPI_CHECK(MPI_Comm_free(&node));
+  p.local_rank = env.local_rank >= 0 ? env.local_rank : node_rank;
   return p;
 }
 

@@ -70,6 +70,7 @@ class NcclCommunicator final : public ablate::Communicator {
     rank_ = where.rank;
     world_ = where.world;
     local_rank_ = where.local_rank;
+    local_world_ = where.local_world;
 
     int devices = 0;
     ABLATE_CUDA_CHECK(cudaGetDeviceCount(&devices));
@@ -126,6 +127,7 @@ class NcclCommunicator final : public ablate::Communicator {
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int local_world() const override { return local_world_; }
 
   void all_reduce(TensorView buffer, ReduceOp op) override {
     const std::string what = std::string("all_reduce (") + ablate::to_string(op) + ")";
@@ -313,6 +315,7 @@ class NcclCommunicator final : public ablate::Communicator {
   int rank_ = 0;
   int world_ = 1;
   int local_rank_ = 0;
+  int local_world_ = 1;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;

@@ -14,6 +14,7 @@ class SingleCommunicator final : public ablate::Communicator {
   int rank() const override { return 0; }
   int world() const override { return 1; }
   int local_rank() const override { return 0; }
+  int local_world() const override { return 1; }
   void all_reduce(ablate::TensorView, ablate::ReduceOp) override {}
   void reduce_scatter(ablate::TensorView, ablate::ReduceOp) override {}
   void all_gather(ablate::TensorView) override {}

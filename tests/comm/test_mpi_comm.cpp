@@ -183,6 +183,8 @@ TEST_CASE("rank, world and local rank agree with the launcher and are distinct")
   if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK")) CHECK(comm().rank() == std::atoi(rank));
   CHECK(comm().local_rank() >= 0);
   CHECK(comm().local_rank() < comm().world());
+  CHECK(comm().local_world() == comm().world());  // one machine: every rank shares it
+  CHECK(comm().local_rank() < comm().local_world());
   // Every rank contributes its own number: the gathered list is 0, 1, ..., world - 1.
   std::vector<int32_t> ranks(std::size_t(comm().world()), -1);
   ranks[std::size_t(comm().rank())] = comm().rank();

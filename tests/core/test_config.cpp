@@ -65,7 +65,7 @@ TEST_CASE_FIXTURE(Fixture, "an empty experiment resolves with every default fill
   CHECK(c.implementation("batching", "packed").get_string("strategy") == "best_fit");
   CHECK(c.selected("data") == "synthetic_probes");
   CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 1000);
-  CHECK(c.selected("run") == "single");
+  CHECK(c.selected("run") == "auto");
   CHECK(c.selected_list("logging") == std::vector<std::string>{"console", "jsonl"});
   CHECK(c.selected("optimizer") == "adamw");
   CHECK(c.selected("attention") == "naive_cpu");

@@ -44,6 +44,8 @@ class Communicator : public Component {
   virtual int world() const = 0;
   // This rank's index among the ranks on its machine (the GPU it uses).
   virtual int local_rank() const = 0;
+  // How many ranks share this rank's machine (the trainer divides the CPU cores among them).
+  virtual int local_world() const = 0;
 
   // Every element becomes the reduction over all ranks of that element.
   virtual void all_reduce(TensorView buffer, ReduceOp op) = 0;

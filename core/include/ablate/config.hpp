@@ -32,6 +32,10 @@ struct SectionSpec {
   std::string default_selection;   // "" = no default: the section must name one when present
 };
 
+// [run] communicator = "auto": the trainer picks mpi or nccl when a launcher started several ranks,
+// else single (see trainer.hpp, resolve_communicator).
+inline constexpr const char* kAutoCommunicator = "auto";
+
 // Core's sections, in the order they are documented and printed.
 const std::vector<SectionSpec>& section_specs();
 const SectionSpec* find_section_spec(std::string_view name);

@@ -2,6 +2,11 @@
 // whole global batch), LR schedule, global-norm clipping, the optimizer, evaluation on the
 // validation split, DESIGN.md's metrics per step, and atomic checkpoints that resume bit for bit.
 //
+// Data parallel (docs/distributed.md): under mpirun or srun every rank runs train() with its own
+// share of each batch; the loss is normalised by the real targets of all ranks together, gradients
+// are all-reduced (or reduce-scattered for ZeRO-1, optimizer.shard_state), and rank 0 writes the
+// run directory (a shared filesystem for several machines), checkpoints and logs.
+//
 // A run directory holds:
 //   config.toml          the resolved experiment (every default filled in)
 //   run.json             plugin files and versions, device, threads, parameter count
@@ -47,6 +52,12 @@ struct TrainResult {
 
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
 
+// [run] communicator with "auto" resolved: mpi (cpu) or nccl (cuda) when the launcher's environment
+// (OMPI_COMM_WORLD_SIZE, or SLURM_NTASKS under srun) says the job has several ranks, else single.
+// An explicit "single" in a job of several ranks is an input error: every rank would train alone
+// into the same run directory.
+std::string resolve_communicator(const Config& config);
+
 // The run facts of [run] (seed, device, threads: 0 = all cores), with the CPU thread count applied
 // to OpenMP. A device this build cannot train on is an input error naming run.device.
 RunContext training_context(const Config& config);
@@ -64,6 +75,12 @@ struct CheckpointState {
   int64_t parameters = 0;
   int64_t vocab_size = 0;     // the model's real vocabulary (the data's, when [model] left it 0)
   std::string optimizer;      // the optimizer's name
+  // Data parallel: the job's world size, one data cursor per rank (cursor == cursors[0]), and
+  // with optimizer.shard_state the optimizer state as one file per rank (else one file).
+  int world = 1;
+  std::vector<DataCursor> cursors;
+  bool shard_state = false;
+  std::vector<std::string> optimizer_files;
 };
 
 // `path` is a checkpoint directory or a run directory (its latest checkpoint). Input error (exit 2)

@@ -1,0 +1,150 @@
+// Data-parallel training end to end: `ablate train` under mpiexec with 2 ranks against one process
+// with the same global batch (2 micro-batches of accumulation), ZeRO-1 against plain data
+// parallel, a 2-rank run stopped and resumed against the uninterrupted one, and the refusals
+// (another world size on resume, communicator "single" under a launcher).
+//
+// The data makes the global batches identical: the padded batcher puts one document per row
+// (truncated to the row), and the samplers deal position p of the epoch's order to rank p % world,
+// so rank r's micro-batch holds rows r, r + 2, ... of what one process reads in two micro-batches.
+// What differs is the order of summation (per rank, then across ranks), so the losses agree within
+// a floating-point tolerance, stated below, rather than bit for bit.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "run_files.hpp"
+#include "test_support.hpp"
+
+using namespace ablate::test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// |loss difference| allowed per step. The per-step losses are means of ~500 float terms over
+// 20 steps of AdamW, and the gradients sum in another order: measured differences are ~1e-8.
+constexpr double kLossTolerance = 1e-6;
+
+const std::string kEnv =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none";
+
+std::string config(int threads) {
+  return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml" +
+         " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+         " --set batching.name=padded --set batching.long_documents=truncate --set batching.batch_size=4"
+         " --set batching.seq_len=64 --set run.eval_batches=2 --set run.eval_every=10 --set run.steps=20"
+         " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
+         " --set run.threads=" + std::to_string(threads) + " --set logging.sinks=[\\\"jsonl\\\"]";
+}
+
+CommandResult one_process(const std::string& args) { return run_ablate("train " + config(2) + " " + args); }
+
+CommandResult two_ranks(const std::string& args) {
+  return run_command(kEnv + " " + std::string(ABLATE_MPIEXEC) + " " + std::string(ABLATE_BINARY) + " train " + config(1) +
+                     " " + args);
+}
+
+void require_same_losses(const fs::path& a, const fs::path& b, double tolerance) {
+  const auto ma = metrics(a), mb = metrics(b);
+  REQUIRE(ma.size() == 20);
+  REQUIRE(mb.size() == ma.size());
+  for (std::size_t i = 0; i < ma.size(); ++i) {
+    INFO("step " << ma[i]["step"]);
+    CHECK(ma[i]["step"] == mb[i]["step"]);
+    CHECK(ma[i]["tokens"] == mb[i]["tokens"]);
+    CHECK(ma[i]["real_tokens"] == mb[i]["real_tokens"]);
+    CHECK(std::abs(ma[i]["loss"].get<double>() - mb[i]["loss"].get<double>()) <= tolerance);
+    CHECK(std::abs(ma[i]["grad_norm"].get<double>() - mb[i]["grad_norm"].get<double>()) <=
+          tolerance * std::max(1.0, ma[i]["grad_norm"].get<double>()));
+    if (ma[i].contains("val_loss")) {
+      REQUIRE(mb[i].contains("val_loss"));
+      CHECK(std::abs(ma[i]["val_loss"].get<double>() - mb[i]["val_loss"].get<double>()) <= tolerance);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks give the losses of 1 process with the same global batch, and ZeRO-1 those of plain data parallel") {
+  TempDir tmp;
+  const fs::path one = tmp.path() / "one", dp = tmp.path() / "dp", zero = tmp.path() / "zero";
+  const auto r1 = one_process("--set run.grad_accum_steps=2 --run-dir " + one.string());
+  INFO(r1.output);
+  REQUIRE(r1.exit_code == 0);
+  const auto r2 = two_ranks("--run-dir " + dp.string());
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  CHECK(read_json(one / "run.json")["communicator"] == "single");  // "auto" with no launcher
+  CHECK(read_json(dp / "run.json")["world"] == 2);
+  CHECK(read_json(dp / "run.json")["communicator"] == "mpi");  // "auto" under mpiexec
+  CHECK(metrics(dp).back()["tokens"] == 2 * 4 * 64);           // the global batch, both ranks counted
+  require_same_losses(one, dp, kLossTolerance);
+  // The losses fell: the comparison is of a run that learns.
+  CHECK(metrics(dp).back()["loss"].get<double>() < metrics(dp).front()["loss"].get<double>() - 0.5);
+
+  const auto rz = two_ranks("--set optimizer.shard_state=true --run-dir " + zero.string());
+  INFO(rz.output);
+  REQUIRE(rz.exit_code == 0);
+  require_same_losses(dp, zero, kLossTolerance);
+  // Each rank holds half the optimizer state: AdamW's 8 bytes per parameter, split over 2 ranks.
+  const int64_t params = read_json(dp / "run.json")["parameters"];
+  CHECK(metrics(dp).back()["optimizer_state_bytes"] == 8 * params);
+  CHECK(metrics(zero).back()["optimizer_state_bytes"] == 8 * ((params + 1) / 2));
+  const fs::path last = zero / "checkpoints/step_00000020";
+  CHECK(fs::exists(last / "optimizer.rank_00000-of-00002.safetensors"));
+  CHECK(fs::exists(last / "optimizer.rank_00001-of-00002.safetensors"));
+  CHECK_FALSE(fs::exists(last / "optimizer.safetensors"));
+  // One model file, written once by rank 0, that a single process loads.
+  const auto smp = run_ablate("sample --checkpoint " + zero.string() + " --prompt \"#h3 \" --tokens 10 --seed 1");
+  INFO(smp.output);
+  CHECK(smp.exit_code == 0);
+}
+
+TEST_CASE("a 2-rank run stopped at step 10 resumes to the uninterrupted run's losses, with and without ZeRO-1") {
+  for (const std::string shard : {"false", "true"}) {
+    CAPTURE(shard);
+    TempDir tmp;
+    const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
+    // The packed batcher carries pieces of documents across batches: each rank's cursor is its own.
+    const std::string opts = "--set batching.name=packed --set checkpoint.every=100 --set optimizer.shard_state=" + shard;
+    REQUIRE(two_ranks(opts + " --run-dir " + full.string()).exit_code == 0);
+    const auto stop = two_ranks(opts + " --run-dir " + parts.string() + " --stop-at 10");
+    INFO(stop.output);
+    REQUIRE(stop.exit_code == 0);
+    const json state = read_json(parts / "checkpoints/step_00000010/state.json");
+    CHECK(state["world"] == 2);
+    CHECK(state["data_cursors"].size() == 2);
+    CHECK(state["data_cursors"][0] != state["data_cursors"][1]);  // each rank's own place in the data
+    CHECK(state["data_cursor"] == state["data_cursors"][0]);
+
+    // Another world size is refused before anything is written, and the checkpoint stays.
+    const auto wrong = one_process(opts + " --run-dir " + parts.string() + " --resume");
+    CHECK(wrong.exit_code == 2);
+    CHECK(wrong.output.find("2 rank(s), this job has 1") != std::string::npos);
+    CHECK(fs::exists(parts / "checkpoints/step_00000010/model.safetensors"));
+
+    const auto resumed = two_ranks(opts + " --run-dir " + parts.string() + " --resume");
+    INFO(resumed.output);
+    REQUIRE(resumed.exit_code == 0);
+    const auto mf = metrics(full), mp = metrics(parts);
+    REQUIRE(mp.size() == mf.size());
+    for (std::size_t i = 0; i < mf.size(); ++i) {
+      INFO("step " << mf[i]["step"]);
+      CHECK(mp[i]["step"] == mf[i]["step"]);
+      CHECK(mp[i]["loss"].get<double>() == mf[i]["loss"].get<double>());  // same ranks, same threads: exact
+    }
+    CHECK(read_json(parts / "summary.json")["resumed_from"] == 10);
+  }
+}
+
+TEST_CASE("communicator single under a launcher of 2 ranks is refused with exit 2") {
+  TempDir tmp;
+  const auto r = two_ranks("--set run.communicator=single --run-dir " + (tmp.path() / "run").string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("run.communicator") != std::string::npos);
+  CHECK(r.output.find("started 2 ranks") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path() / "run" / "checkpoints"));
+}
