@@ -44,40 +44,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+from benchlib import REPO, cpu_model, git_commit, loadavg, read_run, run_checked, write_result
 
 # name -> (description, --set overrides on top of configs/quickstart.toml)
 MODELS = {
     "quickstart": ("configs/quickstart.toml as is: d=128 L=4 H=4 T=256 B=8", []),
     "gpt2-like-d256": ("d=256 L=4 H=4 T=256 B=8", ["model.d_model=256"]),
 }
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_commit():
-    def git(*args):
-        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return commit + ("-dirty" if dirty else "")
 
 
 # ----------------------------------------------------------------------------------------------- ablate
@@ -94,23 +67,11 @@ def run_ablate(args, overrides, threads):
         for o in overrides:
             cmd += ["--set", o]
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        p = run_checked(cmd)
         wall = time.perf_counter() - t0
-        if p.returncode != 0:
-            sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
-            raise SystemExit(f"ablate train failed (exit {p.returncode}): {' '.join(cmd)}")
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        with open(os.path.join(run_dir, "run.json")) as f:
-            run = json.load(f)
+        summary, run, step_ms = read_run(run_dir)
         with open(os.path.join(run_dir, "config.toml"), "rb") as f:
             resolved = tomllib.load(f)
-        step_ms = []
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                m = json.loads(line)
-                if m.get("step", 0) > 1:
-                    step_ms.append(m["step_ms"])
     log = p.stdout + p.stderr
     m = re.search(r"model: (\d+) parameters", log)
     logged_params = int(m.group(1)) if m else None
@@ -364,11 +325,7 @@ def main():
         "ablate_side": "configs/quickstart.toml data (synthetic_probes, packed best_fit rows, block-diagonal causal)",
         "results": results,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2)
-        f.write("\n")
-    print(f"wrote {os.path.relpath(os.path.abspath(args.out), REPO)}")
+    write_result(args.out, out)
 
 
 if __name__ == "__main__":
