@@ -352,7 +352,10 @@ std::string resolve_communicator(const Config& config) {
   return chosen;
 }
 
-TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
+namespace {
+
+TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
+                        const RunContext& run, const std::string& comm_name) {
   const Params run_p = config.section("run");
   const Params opt_p = config.section("optimizer");
   const Params ckpt_p = config.section("checkpoint");
@@ -365,26 +368,10 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const int64_t log_every = log_p.get_int("every");
   const double grad_clip = opt_p.get_float("grad_clip");
   const bool shard_state = opt_p.get_bool("shard_state");
-
-  RunContext run = training_context(config);
   const int64_t memory_bytes = memory_budget_bytes(config);
   const std::string memory_source = run_p.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
-
-  // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
-  const std::string comm_name = resolve_communicator(config);
-  auto comm = registry.create<Communicator>(Kind::communicator, comm_name,
-                                            {run_p, config.implementation("run", comm_name), run});
-  run.rank = comm->rank();
-  run.world = comm->world();
   const int rank = run.rank, world = run.world;
   const bool lead = rank == 0;
-  if (run_p.get_int("threads") == 0 && comm->local_world() > 1) {  // the machine's cores, shared
-    run.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world());
-#ifdef _OPENMP
-    omp_set_num_threads(run.threads);
-#endif
-  }
-  if (!lead) spdlog::set_level(spdlog::level::warn);  // one voice: rank 0's
 
   // Run directory: refuse to start over a run that already has checkpoints.
   const fs::path dir = options.run_dir;
@@ -400,7 +387,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     throw_input_error(dir.string(), "already holds a run with checkpoints; pass --resume to continue it, or --run-dir to "
                                     "start a new one elsewhere");
   }
-  comm->barrier();  // every rank has looked before rank 0 writes anything
+  comm.barrier();  // every rank has looked before rank 0 writes anything
   if (lead) fs::create_directories(ckpt_root);
 
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
@@ -491,7 +478,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   }
   if (world > 1) {  // one model for every rank, whatever each computed: rank 0's
     TensorView p = model.params();
-    comm->broadcast(p, 0);
+    comm.broadcast(p, 0);
   }
 
   // What the run is, for reproduction.
@@ -551,7 +538,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   const double configured_peak = config.section("metrics").get_float("peak_tflops");
   double peak = configured_peak > 0 ? configured_peak : model.measure_matmul_tflops();
   double job_peak = peak;
-  comm->all_reduce(host_view(&job_peak, 1), ReduceOp::sum);
+  comm.all_reduce(host_view(&job_peak, 1), ReduceOp::sum);
   peak = job_peak / world;
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{})",
                model.num_params(), mo.describe(), double(model.activation_bytes(B, T)) / (1 << 20), opt_name,
@@ -573,7 +560,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       fs::remove_all(tmp);
       fs::create_directories(tmp);
     }
-    comm->barrier();
+    comm.barrier();
     char cname[48];
     std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", rank);
     write_json_atomic(tmp / cname, cursor_json(train_data->cursor()));
@@ -582,7 +569,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       of.tensors = optimizer->save_state();
       write_safetensors(tmp / optimizer_file(rank), of);
     }
-    comm->barrier();
+    comm.barrier();
     if (lead) {
       SafetensorsFile mf;
       mf.tensors = param_tensors(model.table(), model.param_data());
@@ -622,7 +609,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       std::sort(all.begin(), all.end());
       for (std::size_t i = 0; i + std::size_t(keep) < all.size(); ++i) fs::remove_all(all[i]);
     }
-    comm->barrier();  // the checkpoint is complete for every rank
+    comm.barrier();  // the checkpoint is complete for every rank
   };
 
   TrainResult result;
@@ -647,7 +634,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
       counts[1] += double(pb.batch.positions_total());
     }
     // The loss is the mean over every real target of the global batch: the count comes first.
-    comm->all_reduce(host_view(counts, 2), ReduceOp::sum);
+    comm.all_reduce(host_view(counts, 2), ReduceOp::sum);
     const int64_t real = int64_t(counts[0]), positions = int64_t(counts[1]);
     model.zero_grads();
     double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
@@ -658,14 +645,14 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     }
     double norm = 0;
     if (shard_state) {
-      comm->reduce_scatter(model.grads(), ReduceOp::sum);
+      comm.reduce_scatter(model.grads(), ReduceOp::sum);
       sums[1] = squared_norm(grads.data() + mine.offset, mine.count);
-      comm->all_reduce(host_view(sums, 2), ReduceOp::sum);
+      comm.all_reduce(host_view(sums, 2), ReduceOp::sum);
       norm = std::sqrt(sums[1]);
     } else {
       if (world > 1) {
-        comm->all_reduce(host_view(sums, 1), ReduceOp::sum);
-        comm->all_reduce(model.grads(), ReduceOp::sum);
+        comm.all_reduce(host_view(sums, 1), ReduceOp::sum);
+        comm.all_reduce(model.grads(), ReduceOp::sum);
       }
       norm = std::sqrt(squared_norm(grads.data(), int64_t(grads.size())));
     }
@@ -684,7 +671,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
     const double lr = schedule.at(step);
     if (shard_state) {
       optimizer->step(opt_table, f32_range(model.param_data(), mine), f32_range(grads, mine), lr, step);
-      comm->all_gather(model.params());
+      comm.all_gather(model.params());
     } else {
       optimizer->step(model.table(), model.params(), model.grads(), lr, step);
     }
@@ -723,7 +710,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
 
     const bool do_eval = eval.available && ((eval_every > 0 && step % eval_every == 0) || step == steps);
     if (do_eval) {
-      last_val = eval.run(model, *comm);
+      last_val = eval.run(model, comm);
       sm.extra.push_back({"val_loss", last_val});
     }
     if (lead && (step % log_every == 0 || step == steps || do_eval)) {
@@ -743,7 +730,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
 
   // The largest memory peak of any rank.
   double mem_peak = double(peak_rss_bytes());
-  comm->all_reduce(host_view(&mem_peak, 1), ReduceOp::max);
+  comm.all_reduce(host_view(&mem_peak, 1), ReduceOp::max);
   const PipelineStats ps = train_data->stats();
   json summary = {{"status", stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
@@ -771,6 +758,37 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
                last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(), si(median(tps)), 100.0 * median(mfus),
                seconds_since(t_run), dir.string());
   return result;
+}
+
+}  // namespace
+
+TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
+  RunContext run = training_context(config);
+  const Params run_p = config.section("run");
+  // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
+  const std::string comm_name = resolve_communicator(config);
+  auto comm = registry.create<Communicator>(Kind::communicator, comm_name,
+                                            {run_p, config.implementation("run", comm_name), run});
+  run.rank = comm->rank();
+  run.world = comm->world();
+  if (run_p.get_int("threads") == 0 && comm->local_world() > 1) {  // the machine's cores, shared
+    run.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world());
+#ifdef _OPENMP
+    omp_set_num_threads(run.threads);
+#endif
+  }
+  if (run.rank != 0) spdlog::set_level(spdlog::level::warn);  // one voice: rank 0's
+  // A rank that leaves with an error ends the job: the others would wait in their next collective
+  // until the timeout. (Errors every rank meets alike end every rank alike, with the same code.)
+  try {
+    return train_ranks(config, registry, options, *comm, run, comm_name);
+  } catch (const Error& e) {
+    comm->abort_job_at_exit(e.exit_code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    comm->abort_job_at_exit(1, e.what());
+    throw;
+  }
 }
 
 }  // namespace ablate

@@ -69,17 +69,19 @@ inline void ensure_initialized(const std::string& where) {
 // rank) but abort the job: MPI_Abort at exit ends every rank. The error has been thrown to the
 // caller first, so a program prints it and exits as for any other runtime failure. atexit handlers
 // run in reverse order of registration, so this one runs before the finaliser above.
-inline void abort_job_at_exit(const std::string& reason) {
+inline void abort_job_at_exit(const std::string& reason, int exit_code = 1) {
   static std::mutex mu;
   static std::string first_reason;
+  static int code = 1;
   std::lock_guard<std::mutex> lock(mu);
   if (!first_reason.empty()) return;
   first_reason = reason.empty() ? "a collective failed" : reason;
+  code = exit_code;
   std::atexit([] {
     if (!initialized() || finalized()) return;
     std::fprintf(stderr, "ablate: aborting the MPI job: %s\n", first_reason.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(MPI_COMM_WORLD, code);
   });
 }
 

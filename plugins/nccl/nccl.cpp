@@ -128,6 +128,9 @@ class NcclCommunicator final : public ablate::Communicator {
   int world() const override { return world_; }
   int local_rank() const override { return local_rank_; }
   int local_world() const override { return local_world_; }
+  void abort_job_at_exit(int exit_code, const std::string& reason) override {
+    if (world_ > 1) rt::abort_job_at_exit("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + reason, exit_code);
+  }
 
   void all_reduce(TensorView buffer, ReduceOp op) override {
     const std::string what = std::string("all_reduce (") + ablate::to_string(op) + ")";

@@ -15,6 +15,7 @@ class SingleCommunicator final : public ablate::Communicator {
   int world() const override { return 1; }
   int local_rank() const override { return 0; }
   int local_world() const override { return 1; }
+  void abort_job_at_exit(int, const std::string&) override {}
   void all_reduce(ablate::TensorView, ablate::ReduceOp) override {}
   void reduce_scatter(ablate::TensorView, ablate::ReduceOp) override {}
   void all_gather(ablate::TensorView) override {}

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "ablate/component.hpp"
 #include "ablate/tensor.hpp"
@@ -58,6 +59,10 @@ class Communicator : public Component {
   // The root's buffer is copied into every rank's.
   virtual void broadcast(TensorView buffer, int root) = 0;
   virtual void barrier() = 0;
+  // This rank is leaving with an error while the others may be waiting in a collective: at exit,
+  // end the whole job with `exit_code` (MPI_Abort) rather than wait for ranks that will not come.
+  // `single` has nobody to tell.
+  virtual void abort_job_at_exit(int exit_code, const std::string& reason) = 0;
 };
 
 }  // namespace ablate
