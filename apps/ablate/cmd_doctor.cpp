@@ -131,6 +131,7 @@ std::vector<Finding> diagnose(const Run& run) {
   const std::string optimizer = run.cfg("optimizer", "name", std::string("adamw"));
   const int64_t B = run.cfg("batching", "batch_size", int64_t(1));
   const int64_t accum = run.cfg("run", "grad_accum_steps", int64_t(1));
+  const int64_t world = run.info.value("world", int64_t(1));  // data-parallel ranks
   const double lr = run.cfg("optimizer", "lr", 0.0);
   const int64_t workers = run.cfg("data", "workers", int64_t(1));
   const int64_t prefetch = run.cfg("data", "prefetch", int64_t(4));
@@ -198,11 +199,11 @@ std::vector<Finding> diagnose(const Run& run) {
       const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
       if (nb <= B * accum) {
         f.change = bs + " --set run.grad_accum_steps=" + std::to_string(new_accum) + " (the same global batch of " +
-                   std::to_string(B * accum) + " rows: the lr stays)";
+                   std::to_string(world * B * accum) + " rows: the lr stays)";
       } else {
         const double lr_global = lr * std::sqrt(double(nb) / double(B * accum));
         f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
-                   " (the global batch grows from " + std::to_string(B * accum) + " to " + std::to_string(nb) +
+                   " (the global batch grows from " + std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
                    " rows: the lr by the square-root rule)";
         f.evidence["sqrt_scaled_lr"] = lr_global;
       }
@@ -231,6 +232,31 @@ std::vector<Finding> diagnose(const Run& run) {
     f.message = "the optimizer state (" + gib(state) + fmt(") is %.0f%% of the memory", 100 * state / mem) +
                 ": 8-bit block-wise state takes about 0.27x of it";
     f.change = "--set optimizer.name=adamw8bit";
+    out.push_back(f);
+  }
+
+  // Communication: a data-parallel step spends much of its time in collectives (the gradient
+  // exchange, and waiting there for the slowest rank). Its cost per step is fixed by the gradient's
+  // size, so more accumulation per exchange amortises it.
+  const double comm = median_of(column(run.steps, "comm_pct", true));
+  const double step_ms = median_of(column(run.steps, "step_ms", true));
+  if (comm > 15.0 && step_ms > 0) {
+    const double c = step_ms * comm / 100.0, w = std::max(1e-9, step_ms - c);
+    const int64_t k = std::clamp<int64_t>(int64_t(std::ceil(9.0 * c / w)), 2, 64);  // brings it to 10%
+    Finding f;
+    f.id = "communication";
+    f.severity = comm > 30 ? "high" : "medium";
+    f.expected_speedup = double(k) * (c + w) / (c + double(k) * w);
+    const double lr_new = lr * std::sqrt(double(k));
+    f.evidence = {{"comm_pct", comm},     {"step_ms", step_ms}, {"world", world},
+                  {"communicator", run.info.value("communicator", std::string())},
+                  {"grad_accum_steps", accum}, {"accumulation_factor", k}, {"sqrt_scaled_lr", lr_new}};
+    f.message = fmt("%.1f%% of each step (median) is spent in collectives across ", comm) + std::to_string(world) +
+                " ranks: the gradient exchange, and waiting there for the slowest rank. Its cost is fixed per step, so "
+                "more micro-batches per exchange amortise it";
+    f.change = "--set run.grad_accum_steps=" + std::to_string(accum * k) + " --set optimizer.lr=" + fmt("%.3g", lr_new) +
+               " (the global batch grows " + std::to_string(k) + "x: the lr by the square-root rule), or fewer ranks with "
+               "more threads each";
     out.push_back(f);
   }
 

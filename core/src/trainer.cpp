@@ -614,7 +614,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 
   TrainResult result;
   result.run_dir = dir;
-  std::vector<double> tps, rtps, mfus, emfus, tfl, waits;
+  std::vector<double> tps, rtps, mfus, emfus, tfl, waits, comm_pcts;
   std::vector<Batch> micro(static_cast<std::size_t>(accum));
   const auto t_run = Clock::now();
   double last_val = -1;
@@ -633,8 +633,15 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
       counts[0] += double(pb.batch.real_targets());
       counts[1] += double(pb.batch.positions_total());
     }
+    // Time inside collectives, waiting for the slowest rank included.
+    double comm_s = 0;
+    auto timed = [&comm_s](auto&& collective) {
+      const auto c0 = Clock::now();
+      collective();
+      comm_s += seconds_since(c0);
+    };
     // The loss is the mean over every real target of the global batch: the count comes first.
-    comm.all_reduce(host_view(counts, 2), ReduceOp::sum);
+    timed([&] { comm.all_reduce(host_view(counts, 2), ReduceOp::sum); });
     const int64_t real = int64_t(counts[0]), positions = int64_t(counts[1]);
     model.zero_grads();
     double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
@@ -645,14 +652,16 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     }
     double norm = 0;
     if (shard_state) {
-      comm.reduce_scatter(model.grads(), ReduceOp::sum);
+      timed([&] { comm.reduce_scatter(model.grads(), ReduceOp::sum); });
       sums[1] = squared_norm(grads.data() + mine.offset, mine.count);
-      comm.all_reduce(host_view(sums, 2), ReduceOp::sum);
+      timed([&] { comm.all_reduce(host_view(sums, 2), ReduceOp::sum); });
       norm = std::sqrt(sums[1]);
     } else {
       if (world > 1) {
-        comm.all_reduce(host_view(sums, 1), ReduceOp::sum);
-        comm.all_reduce(model.grads(), ReduceOp::sum);
+        timed([&] {
+          comm.all_reduce(host_view(sums, 1), ReduceOp::sum);
+          comm.all_reduce(model.grads(), ReduceOp::sum);
+        });
       }
       norm = std::sqrt(squared_norm(grads.data(), int64_t(grads.size())));
     }
@@ -671,7 +680,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     const double lr = schedule.at(step);
     if (shard_state) {
       optimizer->step(opt_table, f32_range(model.param_data(), mine), f32_range(grads, mine), lr, step);
-      comm.all_gather(model.params());
+      timed([&] { comm.all_gather(model.params()); });
     } else {
       optimizer->step(model.table(), model.params(), model.grads(), lr, step);
     }
@@ -695,6 +704,10 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     sm.data_wait_pct = 100.0 * wait_ms / sm.step_ms;
     sm.mem_peak_bytes = peak_rss_bytes();
     sm.optimizer_state_bytes = optimizer->state_bytes();
+    if (world > 1) {
+      sm.extra.push_back({"comm_pct", 100.0 * comm_s / step_s});
+      if (step > start_step + 1 || steps - start_step == 1) comm_pcts.push_back(100.0 * comm_s / step_s);
+    }
     if (first_loss < 0) first_loss = loss;
     result.losses.push_back(loss);
     result.final_loss = loss;
@@ -752,6 +765,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
                   {"optimizer_state_bytes", optimizer->state_bytes()},
                   {"wall_s", seconds_since(t_run)},
                   {"config_hash", config.hash()}};
+  if (world > 1) summary["comm_pct"] = median(comm_pcts);
   loggers.close();
   if (lead) write_json_atomic(dir / "summary.json", summary);
   spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", first_loss, result.final_loss,

@@ -82,6 +82,14 @@ TEST_CASE("2 ranks give the losses of 1 process with the same global batch, and 
   CHECK(read_json(dp / "run.json")["communicator"] == "mpi");  // "auto" under mpiexec
   CHECK(metrics(dp).back()["tokens"] == 2 * 4 * 64);           // the global batch, both ranks counted
   require_same_losses(one, dp, kLossTolerance);
+  // The share of each step spent in collectives is measured on every data-parallel step.
+  for (const json& m : metrics(dp)) {
+    REQUIRE(m.contains("comm_pct"));
+    CHECK(m["comm_pct"].get<double>() >= 0.0);
+    CHECK(m["comm_pct"].get<double>() <= 100.0);
+  }
+  CHECK(read_json(dp / "summary.json").contains("comm_pct"));
+  CHECK_FALSE(metrics(one).front().contains("comm_pct"));
   // The losses fell: the comparison is of a run that learns.
   CHECK(metrics(dp).back()["loss"].get<double>() < metrics(dp).front()["loss"].get<double>() - 0.5);
 
@@ -147,4 +155,37 @@ TEST_CASE("communicator single under a launcher of 2 ranks is refused with exit 
   CHECK(r.output.find("run.communicator") != std::string::npos);
   CHECK(r.output.find("started 2 ranks") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp.path() / "run" / "checkpoints"));
+}
+
+TEST_CASE("doctor names communication when collectives take much of a data-parallel step, and the accumulation that fixes it") {
+  TempDir tmp;
+  const fs::path dp = tmp.path() / "dp";
+  const auto r = two_ranks("--run-dir " + dp.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(run_ablate("doctor " + dp.string() + " --json").exit_code == 0);
+  // The same run with every step at 100 ms of which 40% in collectives: c = 40, w = 60, so the
+  // accumulation that brings c / (c + k w) to 10% is k = ceil(9 c / w) = 6, for k (c + w) / (c + k w)
+  // = 600 / 400 = 1.5x the tokens per second.
+  std::string lines;
+  for (json m : metrics(dp)) {
+    m["step_ms"] = 100.0;
+    m["comm_pct"] = 40.0;
+    lines += m.dump() + "\n";
+  }
+  tmp.write("dp/metrics.jsonl", lines);
+  const auto d = run_ablate("doctor " + dp.string() + " --json");
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  const json* found = nullptr;
+  const json findings = json::parse(d.output);
+  for (const json& f : findings) {
+    if (f["id"] == "communication") found = &f;
+  }
+  REQUIRE(found != nullptr);
+  CHECK((*found)["severity"] == "high");
+  CHECK((*found)["evidence"]["world"] == 2);
+  CHECK((*found)["evidence"]["accumulation_factor"] == 6);
+  CHECK((*found)["expected_speedup"].get<double>() == doctest::Approx(1.5));
+  CHECK((*found)["change"].get<std::string>().find("run.grad_accum_steps=6") != std::string::npos);
 }
