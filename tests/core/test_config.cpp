@@ -3,9 +3,13 @@
 // Components are registered in-process here, so these tests do not depend on any plugin library.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <optional>
+
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/registry.hpp"
+#include "ablate/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;
@@ -201,4 +205,56 @@ TEST_CASE_FIXTURE(Fixture, "strings with newlines and quotes survive the round t
   const Config first = parse("[data]\nname = \"text_files\"\n[data.text_files]\nseparator = \"a\\\"b\\n\\tc\"\n");
   const Config second = Config::parse(first.to_toml(), "resolved.toml", {}, registry);
   CHECK(second.implementation("data", "text_files").get_string("separator") == "a\"b\n\tc");
+}
+
+namespace {
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope, then puts it back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment, and single under a launcher is refused") {
+  ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", nullptr), procid("SLURM_PROCID", nullptr), ntasks("SLURM_NTASKS", nullptr);
+  CHECK(resolve_communicator(parse("")) == "single");
+  {
+    ScopedEnv four("OMPI_COMM_WORLD_SIZE", "4");
+    CHECK(resolve_communicator(parse("")) == "mpi");
+    CHECK(resolve_communicator(parse("[run]\ndevice = \"cuda\"\n")) == "nccl");
+    try {
+      resolve_communicator(parse("[run]\ncommunicator = \"single\"\n"));
+      FAIL("expected an input error");
+    } catch (const Error& e) {
+      CHECK(e.exit_code() == 2);
+      CHECK(contains(e.what(), "run.communicator"));
+      CHECK(contains(e.what(), "started 4 ranks"));
+    }
+  }
+  {
+    ScopedEnv one("OMPI_COMM_WORLD_SIZE", "1");
+    CHECK(resolve_communicator(parse("")) == "single");
+  }
+  {
+    ScopedEnv r("SLURM_PROCID", "0"), n("SLURM_NTASKS", "3");
+    CHECK(resolve_communicator(parse("")) == "mpi");
+  }
+  {
+    ScopedEnv n("SLURM_NTASKS", "3");  // without SLURM_PROCID this process is no Slurm task
+    CHECK(resolve_communicator(parse("")) == "single");
+  }
 }
