@@ -509,7 +509,9 @@ void apply_override(toml::table& root, const std::string& assignment, const Regi
   origins[path] = origin;
 }
 
-uint64_t fnv1a(const std::string& s) {
+}  // namespace
+
+uint64_t fnv1a(std::string_view s) noexcept {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) {
     h ^= c;
@@ -517,8 +519,6 @@ uint64_t fnv1a(const std::string& s) {
   }
   return h;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 

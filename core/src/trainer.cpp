@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -208,6 +209,40 @@ ParamTable shard_table(const ParamTable& table, Shard shard) {
     out.slices.push_back(std::move(piece));
   }
   return out;
+}
+
+// Every rank must train the same experiment on the same data: a rank started with other overrides,
+// or reading other files, would silently average another run's gradients into the job. Each rank
+// contributes two fingerprints (the resolved config; the data source and model as they describe
+// themselves), every rank sees all of them, and every rank refuses alike.
+void require_same_experiment(Communicator& comm, const std::string& config_hash, const std::string& data_and_model,
+                             const std::string& where) {
+  const int world = comm.world(), rank = comm.rank();
+  const uint64_t mine[2] = {fnv1a(config_hash), fnv1a(data_and_model)};
+  std::vector<int32_t> all(std::size_t(4 * world), 0);
+  std::memcpy(all.data() + 4 * rank, mine, sizeof mine);
+  TensorView view;
+  view.data = all.data();
+  view.dtype = DType::i32;
+  view.ndim = 1;
+  view.shape[0] = 4 * world;
+  comm.all_gather(view);
+  std::string config_ranks, data_ranks;
+  for (int r = 1; r < world; ++r) {
+    const int32_t* x = all.data() + 4 * r;
+    if (x[0] != all[0] || x[1] != all[1]) config_ranks += (config_ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (x[2] != all[2] || x[3] != all[3]) data_ranks += (data_ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!config_ranks.empty()) {
+    throw_input_error(where, "rank(s) " + config_ranks + " resolved another experiment than rank 0 (this is rank " +
+                                 std::to_string(rank) + ", config hash " + config_hash +
+                                 "): start every rank with the same config file and --set overrides");
+  }
+  if (!data_ranks.empty()) {
+    throw_input_error(where, "rank(s) " + data_ranks + " read other data or built another model than rank 0 (this is rank " +
+                                 std::to_string(rank) + ": " + data_and_model +
+                                 "): every rank must see the same data files and plugins");
+  }
 }
 
 TensorView f32_range(std::vector<float>& v, Shard shard) {
@@ -414,6 +449,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   if (const std::string why = model.attention_supports(B, T); !why.empty()) {
     throw_input_error("attention.name", "'" + mo.attention + "' cannot serve this model: " + why);
   }
+  if (world > 1) require_same_experiment(comm, config.hash(), source->describe() + "; " + mo.describe(), config.source());
   const std::string opt_name = config.selected("optimizer");
   auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
                                               {opt_p, config.implementation("optimizer", opt_name), run});

@@ -42,9 +42,19 @@ std::string config(int threads) {
 
 CommandResult one_process(const std::string& args) { return run_ablate("train " + config(2) + " " + args); }
 
+// `n` ranks of `ablate train ...`, as mpiexec's argument text.
+std::string ranks_of(int n, const std::string& args) {
+  return std::string(ABLATE_MPIEXEC_NP) + " " + std::to_string(n) + " " + ABLATE_BINARY + " train " + config(1) + " " + args;
+}
+
 CommandResult two_ranks(const std::string& args) {
-  return run_command(kEnv + " " + std::string(ABLATE_MPIEXEC) + " " + std::string(ABLATE_BINARY) + " train " + config(1) +
-                     " " + args);
+  return run_command(kEnv + " " + ABLATE_MPIEXEC_BIN + " " + ABLATE_MPIEXEC_FLAGS + " " + ranks_of(2, args));
+}
+
+// One job of two ranks started with different arguments (mpiexec's MPMD form: A : B).
+CommandResult two_different_ranks(const std::string& args0, const std::string& args1) {
+  return run_command(kEnv + " " + ABLATE_MPIEXEC_BIN + " " + ABLATE_MPIEXEC_FLAGS + " " + ranks_of(1, args0) + " : " +
+                     ranks_of(1, args1));
 }
 
 void require_same_losses(const fs::path& a, const fs::path& b, double tolerance) {
@@ -146,6 +156,39 @@ TEST_CASE("a 2-rank run stopped at step 10 resumes to the uninterrupted run's lo
     }
     CHECK(read_json(parts / "summary.json")["resumed_from"] == 10);
   }
+}
+
+TEST_CASE("ranks started with different experiments or data are refused with exit 2, naming the rank") {
+  TempDir tmp;
+  const std::string dir = " --run-dir " + (tmp.path() / "run").string();
+  const auto lr = two_different_ranks("--set optimizer.lr=1e-3" + dir, "--set optimizer.lr=2e-3" + dir);
+  INFO(lr.output);
+  CHECK(lr.exit_code == 2);
+  CHECK(lr.output.find("rank(s) 1 resolved another experiment than rank 0") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path() / "run" / "checkpoints" / "latest"));
+}
+
+TEST_CASE("ranks whose identical config reads other data are refused with exit 2") {
+  // text_files paths are relative to the working directory: two ranks started in two directories
+  // resolve the same config to other files (3 documents here, 4 there).
+  TempDir tmp;
+  const fs::path cfg = tmp.write("exp.toml", "[run]\nsteps = 2\nthreads = 1\n"
+                                             "[model]\nd_model = 32\nn_layers = 1\nn_heads = 2\nmax_seq_len = 32\n"
+                                             "[data]\nname = \"text_files\"\n"
+                                             "[data.text_files]\npaths = [\"corpus.txt\"]\nseparator = \"|\"\n"
+                                             "[batching]\nname = \"padded\"\nbatch_size = 2\nseq_len = 32\n"
+                                             "[logging]\nsinks = [\"jsonl\"]\n");
+  tmp.write("a/corpus.txt", "one|two|three");
+  tmp.write("b/corpus.txt", "one|two|three|four");
+  auto rank = [&](const char* wdir) {
+    return std::string(ABLATE_MPIEXEC_NP) + " 1 -wdir " + (tmp.path() / wdir).string() + " " + ABLATE_BINARY + " train " +
+           cfg.string() + " --run-dir " + (tmp.path() / "run").string();
+  };
+  const auto r = run_command(kEnv + " " + ABLATE_MPIEXEC_BIN + " " + ABLATE_MPIEXEC_FLAGS + " " + rank("a") + " : " + rank("b"));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("rank(s) 1 read other data or built another model than rank 0") != std::string::npos);
+  CHECK(r.output.find("3 train") != std::string::npos);  // rank 0 says what it read
 }
 
 TEST_CASE("communicator single under a launcher of 2 ranks is refused with exit 2") {

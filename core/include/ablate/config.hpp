@@ -8,6 +8,7 @@
 // named after it. Every sub-table present is validated; only the selected one is used.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -31,6 +32,9 @@ struct SectionSpec {
   bool selector_is_list = false;   // sinks = ["console", "jsonl"]
   std::string default_selection;   // "" = no default: the section must name one when present
 };
+
+// 64-bit FNV-1a of `text`: what Config::hash() prints in hex.
+uint64_t fnv1a(std::string_view text) noexcept;
 
 // [run] communicator = "auto": the trainer picks mpi or nccl when a launcher started several ranks,
 // else single (see trainer.hpp, resolve_communicator).
