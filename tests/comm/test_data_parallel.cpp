@@ -47,9 +47,11 @@ std::string ranks_of(int n, const std::string& args) {
   return std::string(ABLATE_MPIEXEC_NP) + " " + std::to_string(n) + " " + ABLATE_BINARY + " train " + config(1) + " " + args;
 }
 
-CommandResult two_ranks(const std::string& args) {
-  return run_command(kEnv + " " + ABLATE_MPIEXEC_BIN + " " + ABLATE_MPIEXEC_FLAGS + " " + ranks_of(2, args));
+CommandResult n_ranks(int n, const std::string& args) {
+  return run_command(kEnv + " " + ABLATE_MPIEXEC_BIN + " " + ABLATE_MPIEXEC_FLAGS + " " + ranks_of(n, args));
 }
+
+CommandResult two_ranks(const std::string& args) { return n_ranks(2, args); }
 
 // One job of two ranks started with different arguments (mpiexec's MPMD form: A : B).
 CommandResult two_different_ranks(const std::string& args0, const std::string& args1) {
@@ -119,6 +121,25 @@ TEST_CASE("2 ranks give the losses of 1 process with the same global batch, and 
   const auto smp = run_ablate("sample --checkpoint " + zero.string() + " --prompt \"#h3 \" --tokens 10 --seed 1");
   INFO(smp.output);
   CHECK(smp.exit_code == 0);
+}
+
+TEST_CASE("3 ranks (uneven shards, slices cut mid-tensor) give 1 process's losses, with and without ZeRO-1") {
+  TempDir tmp;
+  const fs::path one = tmp.path() / "one", dp = tmp.path() / "dp", zero = tmp.path() / "zero";
+  REQUIRE(one_process("--set run.grad_accum_steps=3 --run-dir " + one.string()).exit_code == 0);
+  REQUIRE(n_ranks(3, "--run-dir " + dp.string()).exit_code == 0);
+  const auto rz = n_ranks(3, "--set optimizer.shard_state=true --run-dir " + zero.string());
+  INFO(rz.output);
+  REQUIRE(rz.exit_code == 0);
+  CHECK(metrics(dp).back()["tokens"] == 3 * 4 * 64);
+  require_same_losses(one, dp, kLossTolerance);
+  require_same_losses(dp, zero, kLossTolerance);
+  // 30,080 parameters over 3 ranks: shards of 10,027, 10,027 and 10,026 elements.
+  const int64_t params = read_json(dp / "run.json")["parameters"];
+  CHECK(metrics(zero).back()["optimizer_state_bytes"] == 8 * ((params + 2) / 3));
+  for (int r = 0; r < 3; ++r) {
+    CHECK(fs::exists(zero / "checkpoints/step_00000020" / ("optimizer.rank_0000" + std::to_string(r) + "-of-00003.safetensors")));
+  }
 }
 
 TEST_CASE("a 2-rank run stopped at step 10 resumes to the uninterrupted run's losses, with and without ZeRO-1") {
