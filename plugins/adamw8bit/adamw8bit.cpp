@@ -14,6 +14,10 @@
 // counts such elements in the last step, and a step that skipped any logs a warning.
 // OpenMP over blocks (a block never spans two slices); blocks are independent, so results do not
 // depend on the thread count.
+//
+// On a CUDA device (builds with CUDA; init(table, cuda)) the same state lives in device memory and
+// one kernel per step (adamw8bit_kernel.cu) does the same arithmetic, bit for bit; save_state and
+// load_state go through the host copies, so a checkpoint is the same on either device.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +33,11 @@
 #include "ablate/optimizer.hpp"
 #include "ablate/plugin.hpp"
 #include "dynamic_code.hpp"
+
+#ifdef ABLATE_ADAMW8BIT_CUDA
+#include "ablate/cuda_check.hpp"
+#include "adamw8bit_kernel.hpp"
+#endif
 
 namespace {
 
@@ -62,9 +71,12 @@ class AdamW8bit final : public ablate::Optimizer {
   }
 
   void init(const ablate::ParamTable& table, ablate::DeviceType device) override {
+#ifndef ABLATE_ADAMW8BIT_CUDA
     if (device != ablate::DeviceType::cpu) {
-      ablate::throw_input_error("optimizer.name", "adamw8bit runs on the CPU; its moments and the parameters it updates are host buffers");
+      ablate::throw_input_error("optimizer.name", "this build of adamw8bit has no CUDA kernel (built without the CUDA toolkit)");
     }
+#endif
+    device_ = device;
     slices_.clear();
     int64_t codes = 0, absmax = 0, fp32 = 0, blocks = 0;
     for (const ablate::ParamSlice& s : table.slices) {
@@ -97,6 +109,9 @@ class AdamW8bit final : public ablate::Optimizer {
     v_fp32_.assign(std::size_t(fp32), 0.0f);
     skipped_ = 0;
     initialised_ = true;
+#ifdef ABLATE_ADAMW8BIT_CUDA
+    if (device_ == ablate::DeviceType::cuda) init_device(table);
+#endif
   }
 
   void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads, double lr,
@@ -107,8 +122,6 @@ class AdamW8bit final : public ablate::Optimizer {
     if (params.numel() != total_ || grads.numel() != total_) {
       ablate::throw_runtime_error(kName, "parameter or gradient buffer does not match the parameter table");
     }
-    float* p = params.as<float>();
-    const float* g = grads.as<float>();
     // The same coefficients, rounded the same way, as adamw.
     const double bias1 = 1.0 - std::pow(h_.beta1, double(step));
     const double bias2 = 1.0 - std::pow(h_.beta2, double(step));
@@ -120,6 +133,15 @@ class AdamW8bit final : public ablate::Optimizer {
                          float(1.0 - h_.beta1),
                          float(1.0 - h_.beta2),
                          float(1.0 - lr * h_.weight_decay)};
+    if (device_ == ablate::DeviceType::cuda) {
+      step_device(params, grads, c, step);
+      return;
+    }
+    if (params.device != ablate::DeviceType::cpu || grads.device != ablate::DeviceType::cpu) {
+      ablate::throw_runtime_error(kName, "initialised on the CPU but given device buffers");
+    }
+    float* p = params.as<float>();
+    const float* g = grads.as<float>();
     const int64_t bs = h_.block_size;
     int64_t skipped = 0;
 #pragma omp parallel reduction(+ : skipped)
@@ -159,6 +181,9 @@ class AdamW8bit final : public ablate::Optimizer {
   int64_t skipped_nonfinite() const override { return skipped_; }
 
   std::vector<ablate::NamedTensor> save_state() const override {
+#ifdef ABLATE_ADAMW8BIT_CUDA
+    if (device_ == ablate::DeviceType::cuda) download_state();
+#endif
     std::vector<uint8_t> quantized(slices_.size());
     for (std::size_t i = 0; i < slices_.size(); ++i) quantized[i] = slices_[i].quantized ? 1 : 0;
     const int32_t bs = int32_t(h_.block_size);
@@ -242,6 +267,9 @@ class AdamW8bit final : public ablate::Optimizer {
     unpack(va, v_absmax_);
     unpack(mf, m_fp32_);
     unpack(vf, v_fp32_);
+#ifdef ABLATE_ADAMW8BIT_CUDA
+    if (device_ == ablate::DeviceType::cuda) upload_state();
+#endif
   }
 
  private:
@@ -347,19 +375,117 @@ class AdamW8bit final : public ablate::Optimizer {
     }
   }
 
+#ifdef ABLATE_ADAMW8BIT_CUDA
+  // Device state mirrors the host vectors' layout; one BlockInfo per work block.
+  void init_device(const ablate::ParamTable& table) {
+    namespace k = ablate::adamw8bit::cuda;
+    if (h_.block_size > k::kMaxBlockSize) {
+      ablate::throw_input_error("optimizer.adamw8bit.block_size", std::to_string(h_.block_size) +
+                                                                     " is above the CUDA kernel's largest block, " +
+                                                                     std::to_string(k::kMaxBlockSize));
+    }
+    std::vector<k::BlockInfo> blocks;
+    blocks.reserve(std::size_t(blocks_));
+    for (std::size_t si = 0; si < slices_.size(); ++si) {
+      const SliceState& s = slices_[si];
+      for (int64_t j0 = 0, b = 0; j0 < s.numel; j0 += h_.block_size, ++b) {
+        k::BlockInfo info;
+        info.param_offset = s.param_offset + j0;
+        info.state_offset = s.state_offset + j0;
+        info.absmax_index = int32_t(s.quantized ? s.absmax_offset + b : 0);
+        info.n = int32_t(std::min(h_.block_size, s.numel - j0));
+        info.quantized = s.quantized ? 1 : 0;
+        info.decay = table.slices[si].decay ? 1 : 0;
+        blocks.push_back(info);
+      }
+    }
+    d_blocks_.upload(blocks.data(), blocks.size());
+    d_m_values_.upload(signed_.values().data(), signed_.values().size());
+    d_v_values_.upload(unsigned_.values().data(), unsigned_.values().size());
+    d_m_thresholds_.upload(signed_.thresholds().data(), signed_.thresholds().size());
+    d_v_thresholds_.upload(unsigned_.thresholds().data(), unsigned_.thresholds().size());
+    d_skipped_.resize(1);
+    upload_state();
+  }
+
+  void upload_state() {
+    d_m_codes_.upload(m_codes_.data(), m_codes_.size());
+    d_v_codes_.upload(v_codes_.data(), v_codes_.size());
+    d_m_absmax_.upload(m_absmax_.data(), m_absmax_.size());
+    d_v_absmax_.upload(v_absmax_.data(), v_absmax_.size());
+    d_m_fp32_.upload(m_fp32_.data(), m_fp32_.size());
+    d_v_fp32_.upload(v_fp32_.data(), v_fp32_.size());
+  }
+
+  // The host vectors are the staging copies of the device state (refreshed for save_state).
+  void download_state() const {
+    d_m_codes_.download(m_codes_.data());
+    d_v_codes_.download(v_codes_.data());
+    d_m_absmax_.download(m_absmax_.data());
+    d_v_absmax_.download(v_absmax_.data());
+    d_m_fp32_.download(m_fp32_.data());
+    d_v_fp32_.download(v_fp32_.data());
+  }
+#endif
+
+  template <class Coeff>
+  void step_device(ablate::TensorView params, ablate::TensorView grads, const Coeff& c, int64_t step) {
+#ifdef ABLATE_ADAMW8BIT_CUDA
+    namespace k = ablate::adamw8bit::cuda;
+    if (params.device != ablate::DeviceType::cuda || grads.device != ablate::DeviceType::cuda) {
+      ablate::throw_runtime_error(kName, "initialised on a CUDA device but given host buffers");
+    }
+    k::StepArgs a;
+    a.params = params.as<float>();
+    a.grads = grads.as<float>();
+    a.blocks = d_blocks_.data();
+    a.num_blocks = int64_t(d_blocks_.size());
+    a.m_codes = d_m_codes_.data();
+    a.v_codes = d_v_codes_.data();
+    a.m_absmax = d_m_absmax_.data();
+    a.v_absmax = d_v_absmax_.data();
+    a.m_fp32 = d_m_fp32_.data();
+    a.v_fp32 = d_v_fp32_.data();
+    a.m_map = {d_m_values_.data(), d_m_thresholds_.data(), signed_.zero_code()};
+    a.v_map = {d_v_values_.data(), d_v_thresholds_.data(), unsigned_.zero_code()};
+    a.c = {c.step_size, c.sqrt_bias2, c.b1, c.b2, c.eps, c.one_minus_b1, c.one_minus_b2, c.decay};
+    a.skipped = d_skipped_.data();
+    d_skipped_.fill_zero();
+    ABLATE_CUDA_CHECK(k::launch_step(a, nullptr));
+    unsigned long long skipped = 0;
+    d_skipped_.download(&skipped);  // waits for the step
+    skipped_ = int64_t(skipped);
+    if (skipped_ > 0) {
+      spdlog::warn("adamw8bit: step {}: {} of {} gradient elements were not finite; their parameters and moments were left as they were",
+                   step, skipped_, total_);
+    }
+#else
+    (void)params, (void)grads, (void)c, (void)step;
+#endif
+  }
+
   Hyper h_;
+  ablate::DeviceType device_ = ablate::DeviceType::cpu;
   DynamicCode signed_, unsigned_;
   std::optional<std::regex> pattern_;
   std::vector<SliceState> slices_;
   int64_t total_ = 0, blocks_ = 0;
   bool initialised_ = false;
   int64_t skipped_ = 0;            // elements skipped in the last step
-  std::vector<uint8_t> m_codes_;   // (elements of 8-bit slices) first moment, signed map
-  std::vector<uint8_t> v_codes_;   // (elements of 8-bit slices) second moment, unsigned map
-  std::vector<float> m_absmax_;    // (blocks of 8-bit slices)
-  std::vector<float> v_absmax_;    // (blocks of 8-bit slices)
-  std::vector<float> m_fp32_;      // (elements of fp32 slices)
-  std::vector<float> v_fp32_;      // (elements of fp32 slices)
+  // On the CPU, the state; on a CUDA device, its staging copies (mutable: save_state refreshes them).
+  mutable std::vector<uint8_t> m_codes_;   // (elements of 8-bit slices) first moment, signed map
+  mutable std::vector<uint8_t> v_codes_;   // (elements of 8-bit slices) second moment, unsigned map
+  mutable std::vector<float> m_absmax_;    // (blocks of 8-bit slices)
+  mutable std::vector<float> v_absmax_;    // (blocks of 8-bit slices)
+  mutable std::vector<float> m_fp32_;      // (elements of fp32 slices)
+  mutable std::vector<float> v_fp32_;      // (elements of fp32 slices)
+#ifdef ABLATE_ADAMW8BIT_CUDA
+  ablate::cuda::DeviceBuffer<ablate::adamw8bit::cuda::BlockInfo> d_blocks_;
+  ablate::cuda::DeviceBuffer<uint8_t> d_m_codes_, d_v_codes_;
+  ablate::cuda::DeviceBuffer<float> d_m_absmax_, d_v_absmax_, d_m_fp32_, d_v_fp32_;
+  ablate::cuda::DeviceBuffer<float> d_m_values_, d_v_values_, d_m_thresholds_, d_v_thresholds_;
+  ablate::cuda::DeviceBuffer<unsigned long long> d_skipped_;
+#endif
 };
 
 ablate::Schema schema() {
@@ -376,7 +502,7 @@ ablate::Schema schema() {
 
 void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::optimizer, kName, "1.0.0",
-         "AdamW on the CPU with block-wise 8-bit moments (about 2 bytes of state per parameter)", schema(),
+         "AdamW with block-wise 8-bit moments (about 2 bytes of state per parameter), on the CPU or a CUDA device", schema(),
          [](const ablate::ComponentArgs& a) {
            Hyper h{a.common.get_float("weight_decay"), a.common.get_float("beta1"), a.common.get_float("beta2"),
                    a.common.get_float("eps"),          a.own.get_int("block_size"), a.own.get_int("min_8bit_size"),

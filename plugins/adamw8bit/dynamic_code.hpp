@@ -138,6 +138,8 @@ class DynamicCode {
   }
 
   const std::array<float, kCodes>& values() const noexcept { return values_; }  // sorted ascending
+  // encode()'s search table: [k] lies between values()[k-1] and values()[k]; +inf past 255.
+  const std::array<float, kCodes + 4>& thresholds() const noexcept { return thresholds_; }
   uint8_t zero_code() const noexcept { return encode(0.0f); }
 
  private:

@@ -10,6 +10,7 @@
 #include "ablate/optimizer.hpp"
 #include "ablate/registry.hpp"
 #include "test_support.hpp"
+#include "views.hpp"
 
 using namespace ablate;
 
@@ -25,13 +26,7 @@ struct Setup {
   std::unique_ptr<Optimizer> make() { return registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, run}); }
 };
 
-TensorView view(std::vector<float>& v) {
-  TensorView t;
-  t.data = v.data();
-  t.ndim = 1;
-  t.shape[0] = int64_t(v.size());
-  return t;
-}
+using ablate::test::view;
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include "ablate/registry.hpp"
 #include "dynamic_code.hpp"
 #include "test_support.hpp"
+#include "views.hpp"
 
 using namespace ablate;
 using ablate::adamw8bit::DynamicCode;
@@ -48,13 +49,7 @@ struct Setup {
   }
 };
 
-TensorView view(std::vector<float>& v) {
-  TensorView t;
-  t.data = v.data();
-  t.ndim = 1;
-  t.shape[0] = int64_t(v.size());
-  return t;
-}
+using ablate::test::view;
 
 const NamedTensor& tensor(const std::vector<NamedTensor>& state, const std::string& name) {
   for (const NamedTensor& t : state) {

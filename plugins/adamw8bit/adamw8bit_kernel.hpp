@@ -1,0 +1,57 @@
+// The `adamw8bit` CUDA step kernel's host interface (C++17, no ablate headers: nvcc compiles the
+// kernel, adamw8bit.cpp calls it when the optimizer was initialised on a CUDA device).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ablate::adamw8bit::cuda {
+
+// One work block: at most `block_size` consecutive elements of one slice.
+struct BlockInfo {
+  int64_t param_offset = 0;  // first element in the parameter buffer
+  int64_t state_offset = 0;  // first element in the code arrays (quantized) or the fp32 moments
+  int32_t absmax_index = 0;  // quantized: the block's absmax entry
+  int32_t n = 0;             // elements (the last block of a slice may be short)
+  int32_t quantized = 0;     // 1: 8-bit moments; 0: fp32 moments
+  int32_t decay = 0;         // 1: decoupled weight decay applies
+};
+
+struct Coefficients {
+  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay;
+};
+
+// The two code maps: values (256, ascending) and the thresholds of DynamicCode (260: [k] lies
+// between values[k-1] and values[k], +inf past 255), and the code of 0.
+struct CodeMap {
+  const float* values = nullptr;
+  const float* thresholds = nullptr;
+  uint8_t zero_code = 0;
+};
+
+struct StepArgs {
+  float* params = nullptr;
+  const float* grads = nullptr;
+  const BlockInfo* blocks = nullptr;
+  int64_t num_blocks = 0;
+  uint8_t* m_codes = nullptr;
+  uint8_t* v_codes = nullptr;
+  float* m_absmax = nullptr;
+  float* v_absmax = nullptr;
+  float* m_fp32 = nullptr;
+  float* v_fp32 = nullptr;
+  CodeMap m_map, v_map;
+  Coefficients c{};
+  unsigned long long* skipped = nullptr;  // device counter; elements with a non-finite gradient are added
+};
+
+// The largest block_size the kernel serves (elements are held in registers between the update and
+// the encoding: kThreads threads x kPerThread each).
+constexpr int kThreads = 256;
+constexpr int kPerThread = 16;
+constexpr int kMaxBlockSize = kThreads * kPerThread;
+
+cudaError_t launch_step(const StepArgs& args, cudaStream_t stream);
+
+}  // namespace ablate::adamw8bit::cuda
