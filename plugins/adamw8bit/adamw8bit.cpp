@@ -75,6 +75,12 @@ class AdamW8bit final : public ablate::Optimizer {
     if (device != ablate::DeviceType::cpu) {
       ablate::throw_input_error("optimizer.name", "this build of adamw8bit has no CUDA kernel (built without the CUDA toolkit)");
     }
+#else
+    if (device == ablate::DeviceType::cuda && h_.block_size > ablate::adamw8bit::cuda::kMaxBlockSize) {
+      ablate::throw_input_error("optimizer.adamw8bit.block_size", std::to_string(h_.block_size) +
+                                                                     " is above the CUDA kernel's largest block, " +
+                                                                     std::to_string(ablate::adamw8bit::cuda::kMaxBlockSize));
+    }
 #endif
     device_ = device;
     slices_.clear();
@@ -379,11 +385,6 @@ class AdamW8bit final : public ablate::Optimizer {
   // Device state mirrors the host vectors' layout; one BlockInfo per work block.
   void init_device(const ablate::ParamTable& table) {
     namespace k = ablate::adamw8bit::cuda;
-    if (h_.block_size > k::kMaxBlockSize) {
-      ablate::throw_input_error("optimizer.adamw8bit.block_size", std::to_string(h_.block_size) +
-                                                                     " is above the CUDA kernel's largest block, " +
-                                                                     std::to_string(k::kMaxBlockSize));
-    }
     std::vector<k::BlockInfo> blocks;
     blocks.reserve(std::size_t(blocks_));
     for (std::size_t si = 0; si < slices_.size(); ++si) {
