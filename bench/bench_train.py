@@ -30,7 +30,6 @@ Usage: python3 bench/bench_train.py [--steps 20] [--rounds 2] [--threads N] [--n
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import re
@@ -42,8 +41,9 @@ import tomllib
 import time
 
 import torch
-import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from torch_gpt import GPT  # noqa: E402
 from benchlib import REPO, cpu_model, git_commit, loadavg, read_run, run_checked, write_result
 
 # name -> (description, --set overrides on top of configs/quickstart.toml)
@@ -104,56 +104,6 @@ def run_ablate(args, overrides, threads):
 
 # ---------------------------------------------------------------------------------------------- PyTorch
 
-class Block(torch.nn.Module):
-    def __init__(self, d, h, hidden):
-        super().__init__()
-        self.h = h
-        self.ln1 = torch.nn.LayerNorm(d, eps=1e-5)
-        self.q = torch.nn.Linear(d, d)
-        self.k = torch.nn.Linear(d, d)
-        self.v = torch.nn.Linear(d, d)
-        self.o = torch.nn.Linear(d, d)
-        self.ln2 = torch.nn.LayerNorm(d, eps=1e-5)
-        self.fc = torch.nn.Linear(d, hidden)
-        self.proj = torch.nn.Linear(hidden, d)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        a = self.ln1(x)
-        q = self.q(a).view(B, T, self.h, C // self.h).transpose(1, 2)
-        k = self.k(a).view(B, T, self.h, C // self.h).transpose(1, 2)
-        v = self.v(a).view(B, T, self.h, C // self.h).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(torch.nn.Module):
-    def __init__(self, vocab, d, n_layers, n_heads, max_seq_len):
-        super().__init__()
-        self.wte = torch.nn.Embedding(vocab, d)
-        self.wpe = torch.nn.Embedding(max_seq_len, d)
-        self.blocks = torch.nn.ModuleList(Block(d, n_heads, 4 * d) for _ in range(n_layers))
-        self.ln_f = torch.nn.LayerNorm(d, eps=1e-5)
-        # GPT-2 initialisation, as ablate's init_params.
-        for name, p in self.named_parameters():
-            if name.endswith(".bias"):
-                torch.nn.init.zeros_(p)
-            elif p.dim() == 1:
-                torch.nn.init.ones_(p)
-            else:
-                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o.weight", "proj.weight")) else 0.02
-                torch.nn.init.normal_(p, 0.0, std)
-
-    def forward(self, tokens, targets):
-        T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
-        for b in self.blocks:
-            x = b(x)
-        logits = self.ln_f(x) @ self.wte.weight.T  # tied LM head
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-
-
 def run_torch(shape, steps, warmup, threads, seed):
     """Trains the model ablate resolved (`shape`: run_ablate's answer) in eager PyTorch."""
     if shape["vocab_padded"] != shape["vocab_size"]:
@@ -164,10 +114,7 @@ def run_torch(shape, steps, warmup, threads, seed):
     torch.manual_seed(seed)
     model = GPT(vocab, d, n_layers, n_heads, max_seq_len)
     params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=False)
+    opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=False)
     gen = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, vocab, (B, T + 1), generator=gen) for _ in range(warmup + steps)]
     times, losses = [], []
