@@ -142,6 +142,25 @@ TEST_CASE("3 ranks (uneven shards, slices cut mid-tensor) give 1 process's losse
   }
 }
 
+TEST_CASE("ZeRO-1 with adamw8bit follows plain data parallel within the quantisation error") {
+  // A slice cut by a shard boundary is quantized in blocks that start at the boundary, so the codes
+  // differ from plain data parallel's and the runs agree only approximately (measured: at most
+  // 7e-4 in the loss over 20 steps).
+  TempDir tmp;
+  const fs::path dp = tmp.path() / "dp", zero = tmp.path() / "zero";
+  const std::string opt = "--set optimizer.name=adamw8bit --set optimizer.adamw8bit.min_8bit_size=512 ";
+  REQUIRE(two_ranks(opt + "--run-dir " + dp.string()).exit_code == 0);
+  const auto rz = two_ranks(opt + "--set optimizer.shard_state=true --run-dir " + zero.string());
+  INFO(rz.output);
+  REQUIRE(rz.exit_code == 0);
+  const auto a = metrics(dp), b = metrics(zero);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(std::abs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()) < 5e-3);
+  }
+  CHECK(b.back()["optimizer_state_bytes"].get<int64_t>() < a.back()["optimizer_state_bytes"].get<int64_t>());
+}
+
 TEST_CASE("a 2-rank run stopped at step 10 resumes to the uninterrupted run's losses, with and without ZeRO-1") {
   for (const std::string shard : {"false", "true"}) {
     CAPTURE(shard);
