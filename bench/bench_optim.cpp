@@ -148,14 +148,8 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
     ablate::cuda::DeviceBuffer<float> p, g;
     p.upload(params.data(), params.size());
     g.upload(grads.data(), grads.size());
-    ablate::TensorView pv, gv;
-    for (ablate::TensorView* v : {&pv, &gv}) {
-      v->device = ablate::DeviceType::cuda;
-      v->ndim = 1;
-      v->shape[0] = n;
-    }
-    pv.data = p.data();
-    gv.data = g.data();
+    const ablate::TensorView pv = ablate::flat_view(p.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
+    const ablate::TensorView gv = ablate::flat_view(g.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
     std::vector<double> ms;
     for (int k = 0; k <= o.steps; ++k) {
       const double t = device_ms([&] { opt->step(table, pv, gv, 6e-4, k + 1); });

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -19,6 +18,7 @@
 #include "ablate/communicator.hpp"
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
+#include "ablate/launch_env.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/safetensors.hpp"
@@ -114,14 +114,7 @@ std::string si(double x) {
   return buf;
 }
 
-TensorView host_view(double* data, int64_t n) {
-  TensorView t;
-  t.data = data;
-  t.dtype = DType::f64;
-  t.ndim = 1;
-  t.shape[0] = n;
-  return t;
-}
+TensorView host_view(double* data, int64_t n) { return flat_view(data, DType::f64, n); }
 
 // Squared L2 norm of part of the gradient buffer, summed in double in a fixed order per thread count.
 double squared_norm(const float* g, int64_t n) {
@@ -221,12 +214,7 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
   const uint64_t mine[2] = {fnv1a(config_hash), fnv1a(data_and_model)};
   std::vector<int32_t> all(std::size_t(4 * world), 0);
   std::memcpy(all.data() + 4 * rank, mine, sizeof mine);
-  TensorView view;
-  view.data = all.data();
-  view.dtype = DType::i32;
-  view.ndim = 1;
-  view.shape[0] = 4 * world;
-  comm.all_gather(view);
+  comm.all_gather(flat_view(all.data(), DType::i32, 4 * world));
   std::string config_ranks, data_ranks;
   for (int r = 1; r < world; ++r) {
     const int32_t* x = all.data() + 4 * r;
@@ -246,34 +234,7 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
 }
 
 TensorView f32_range(std::vector<float>& v, Shard shard) {
-  TensorView t;
-  t.data = v.data() + shard.offset;
-  t.dtype = DType::f32;
-  t.ndim = 1;
-  t.shape[0] = shard.count;
-  return t;
-}
-
-std::string launcher_world_text(int& world) {
-  world = 1;
-  auto count = [](const char* var) -> int {
-    const char* v = std::getenv(var);
-    if (v == nullptr || *v == 0) return 0;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return end != nullptr && *end == 0 && n > 0 && n < 1000000000 ? int(n) : 0;
-  };
-  if (const int n = count("OMPI_COMM_WORLD_SIZE"); n > 0) {
-    world = n;
-    return "mpirun (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) + ")";
-  }
-  if (std::getenv("SLURM_PROCID") != nullptr) {
-    if (const int n = count("SLURM_NTASKS"); n > 0) {
-      world = n;
-      return "srun (SLURM_NTASKS=" + std::to_string(n) + ")";
-    }
-  }
-  return "no launcher";
+  return flat_view(v.data() + shard.offset, DType::f32, shard.count);
 }
 
 }  // namespace
@@ -373,16 +334,20 @@ int64_t memory_budget_bytes(const Config& config) {
 std::string resolve_communicator(const Config& config) {
   const Params run_p = config.section("run");
   const std::string chosen = run_p.get_string("communicator");
-  int launched = 1;
-  const std::string launcher = launcher_world_text(launched);
+  launch::LaunchEnv env;
+  try {
+    env = launch::read_launch_env();
+  } catch (const std::invalid_argument& e) {
+    throw_input_error("launcher environment", e.what());
+  }
   if (chosen == kAutoCommunicator) {
-    if (launched <= 1) return "single";
+    if (env.world <= 1) return "single";
     return run_p.get_string("device") == "cuda" ? "nccl" : "mpi";
   }
-  if (chosen == "single" && launched > 1) {
-    throw_input_error("run.communicator", "is \"single\" but " + launcher + " started " + std::to_string(launched) +
-                                              " ranks: each would train alone into the same run directory; set "
-                                              "communicator = \"mpi\" (CPU), \"nccl\" (GPU) or \"auto\"");
+  if (chosen == "single" && env.world > 1) {
+    throw_input_error("run.communicator", "is \"single\" but the " + env.launcher + " launcher started " +
+                                              std::to_string(env.world) + " ranks: each would train alone into the same "
+                                              "run directory; set communicator = \"mpi\" (CPU), \"nccl\" (GPU) or \"auto\"");
   }
   return chosen;
 }

@@ -75,16 +75,10 @@ void reduce_into(DType dtype, std::byte* dst, const std::byte* src, int64_t n, R
   }
 }
 
-class MpiCommunicator final : public ablate::Communicator {
+class MpiCommunicator final : public rt::LaunchedCommunicator {
  public:
   MpiCommunicator(double timeout_s, int64_t ring_min_bytes, int64_t segment_bytes)
-      : timeout_s_(timeout_s), ring_min_bytes_(ring_min_bytes), segment_bytes_(segment_bytes) {
-    rt::ensure_initialized(kWhere);
-    const rt::Position where = rt::position(kWhere);
-    rank_ = where.rank;
-    world_ = where.world;
-    local_rank_ = where.local_rank;
-    local_world_ = where.local_world;
+      : LaunchedCommunicator(kWhere), timeout_s_(timeout_s), ring_min_bytes_(ring_min_bytes), segment_bytes_(segment_bytes) {
     // A communicator of our own: our traffic never matches another library's on MPI_COMM_WORLD,
     // and errors come back as codes instead of ending the process.
     MPI_Request request = MPI_REQUEST_NULL;
@@ -97,18 +91,11 @@ class MpiCommunicator final : public ablate::Communicator {
     if (comm_ != MPI_COMM_NULL && failed_.empty() && !rt::finalized()) MPI_Comm_free(&comm_);
   }
 
-  int rank() const override { return rank_; }
-  int world() const override { return world_; }
-  int local_rank() const override { return local_rank_; }
-  int local_world() const override { return local_world_; }
-  void abort_job_at_exit(int exit_code, const std::string& reason) override {
-    if (world_ > 1) rt::abort_job_at_exit("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + reason, exit_code);
-  }
 
   void all_reduce(TensorView buffer, ReduceOp op) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Call call = begin(std::string("all_reduce (") + ablate::to_string(op) + ")", buffer, true);
-    if (world_ == 1 || buffer.numel() == 0) return;
+    if (where_.world == 1 || buffer.numel() == 0) return;
     const int64_t bytes = buffer.numel() * int64_t(ablate::dtype_size(buffer.dtype));
     if (bytes < ring_min_bytes_) {  // small: one MPI_Iallreduce (bytes < ring_min_bytes fits an int count)
       MPI_Request request = MPI_REQUEST_NULL;
@@ -124,25 +111,25 @@ class MpiCommunicator final : public ablate::Communicator {
   void reduce_scatter(TensorView buffer, ReduceOp op) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Call call = begin(std::string("reduce_scatter (") + ablate::to_string(op) + ")", buffer, true);
-    if (world_ == 1 || buffer.numel() == 0) return;
+    if (where_.world == 1 || buffer.numel() == 0) return;
     ring_reduce_scatter(call, buffer, op);
   }
 
   void all_gather(TensorView buffer) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Call call = begin("all_gather", buffer, false);
-    if (world_ == 1 || buffer.numel() == 0) return;
+    if (where_.world == 1 || buffer.numel() == 0) return;
     ring_all_gather(call, buffer);
   }
 
   void broadcast(TensorView buffer, int root) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Call call = begin("broadcast from rank " + std::to_string(root), buffer, false);
-    if (root < 0 || root >= world_) {
+    if (root < 0 || root >= where_.world) {
       ablate::throw_input_error(prefix(),
-                                call.what + ": the root is not a rank of this world of " + std::to_string(world_));
+                                call.what + ": the root is not a rank of this world of " + std::to_string(where_.world));
     }
-    if (world_ == 1) return;
+    if (where_.world == 1) return;
     const int64_t seg = segment_elements(buffer.dtype);
     auto* base = static_cast<std::byte*>(buffer.data);
     const std::size_t esize = ablate::dtype_size(buffer.dtype);
@@ -173,7 +160,7 @@ class MpiCommunicator final : public ablate::Communicator {
   };
 
   std::string prefix() const {
-    return std::string(kWhere) + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_);
+    return std::string(kWhere) + ": rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world);
   }
 
   void check_usable(const std::string& what) const {
@@ -202,7 +189,7 @@ class MpiCommunicator final : public ablate::Communicator {
   int64_t segment_elements(DType dtype) const {
     return std::max<int64_t>(1, segment_bytes_ / int64_t(ablate::dtype_size(dtype)));
   }
-  int peer(int offset) const { return ((rank_ + offset) % world_ + world_) % world_; }
+  int peer(int offset) const { return ((where_.rank + offset) % where_.world + where_.world) % where_.world; }
 
   // Posts one message per segment of `shard` (Isend or Irecv), appending the requests.
   template <class Post>
@@ -229,9 +216,9 @@ class MpiCommunicator final : public ablate::Communicator {
       scratch_bytes_ = 2 * seg_bytes;
     }
     std::vector<MPI_Request> sends;
-    for (int k = 0; k + 1 < world_; ++k) {
-      const Shard out = ablate::shard_of(n, world_, peer(-k - 1));
-      const Shard in = ablate::shard_of(n, world_, peer(-k - 2));
+    for (int k = 0; k + 1 < where_.world; ++k) {
+      const Shard out = ablate::shard_of(n, where_.world, peer(-k - 1));
+      const Shard in = ablate::shard_of(n, where_.world, peer(-k - 2));
       sends.clear();
       post_segments(out, seg, sends, [&](int64_t at, int count, MPI_Request& r) {
         ABLATE_MPI_CHECK(MPI_Isend(base + at * esize, count, type, peer(1), 0, comm_, &r));
@@ -263,10 +250,10 @@ class MpiCommunicator final : public ablate::Communicator {
     const MPI_Datatype type = element_type(buffer.dtype);
     auto* base = static_cast<std::byte*>(buffer.data);
     std::vector<MPI_Request> requests;
-    for (int k = 0; k + 1 < world_; ++k) {
+    for (int k = 0; k + 1 < where_.world; ++k) {
       requests.clear();
-      const Shard in = ablate::shard_of(n, world_, peer(-k - 1));
-      const Shard out = ablate::shard_of(n, world_, peer(-k));
+      const Shard in = ablate::shard_of(n, where_.world, peer(-k - 1));
+      const Shard out = ablate::shard_of(n, where_.world, peer(-k));
       post_segments(in, seg, requests, [&](int64_t at, int count, MPI_Request& r) {
         ABLATE_MPI_CHECK(MPI_Irecv(base + at * esize, count, type, peer(-1), 0, comm_, &r));
       });
@@ -295,10 +282,6 @@ class MpiCommunicator final : public ablate::Communicator {
   double timeout_s_;
   int64_t ring_min_bytes_;
   int64_t segment_bytes_;  // ring messages are cut into segments of this many bytes
-  int rank_ = 0;
-  int world_ = 1;
-  int local_rank_ = 0;
-  int local_world_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::unique_ptr<std::byte[]> scratch_;  // (2, segment_bytes): received ring segments
   std::size_t scratch_bytes_ = 0;

@@ -15,8 +15,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "ablate/communicator.hpp"
 #include "ablate/error.hpp"
-#include "launch_env.hpp"
+#include "ablate/launch_env.hpp"
 
 namespace ablate::mpi_runtime {
 
@@ -123,6 +124,28 @@ inline Position position(const std::string& where) {
   p.local_rank = env.local_rank >= 0 ? env.local_rank : node_rank;
   return p;
 }
+
+// What both MPI-launched communicators share: MPI initialised, this process's place in the job
+// (rank, world, local rank and local world, from position()), and ending the job at exit when a
+// rank leaves with an error. The collectives are each communicator's own.
+class LaunchedCommunicator : public Communicator {
+ public:
+  int rank() const override { return where_.rank; }
+  int world() const override { return where_.world; }
+  int local_rank() const override { return where_.local_rank; }
+  int local_world() const override { return where_.local_world; }
+  void abort_job_at_exit(int exit_code, const std::string& reason) override {
+    if (where_.world > 1) {
+      mpi_runtime::abort_job_at_exit("rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world) + ": " +
+                                         reason,
+                                     exit_code);
+    }
+  }
+
+ protected:
+  explicit LaunchedCommunicator(const std::string& where) : where_((ensure_initialized(where), position(where))) {}
+  const Position where_;
+};
 
 using Clock = std::chrono::steady_clock;
 

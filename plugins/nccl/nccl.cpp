@@ -62,33 +62,27 @@ bool reducible_type(DType dtype, ncclDataType_t& out) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
-class NcclCommunicator final : public ablate::Communicator {
+class NcclCommunicator final : public rt::LaunchedCommunicator {
  public:
-  explicit NcclCommunicator(double timeout_s) : timeout_s_(timeout_s) {
-    rt::ensure_initialized(kWhere);
-    const rt::Position where = rt::position(kWhere);
-    rank_ = where.rank;
-    world_ = where.world;
-    local_rank_ = where.local_rank;
-    local_world_ = where.local_world;
+  explicit NcclCommunicator(double timeout_s) : LaunchedCommunicator(kWhere), timeout_s_(timeout_s) {
 
     int devices = 0;
     ABLATE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (local_rank_ >= devices) {
+    if (where_.local_rank >= devices) {
       const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-      ablate::throw_runtime_error(prefix(), "local rank " + std::to_string(local_rank_) + " needs GPU " +
-                                                std::to_string(local_rank_) + " but " + std::to_string(devices) +
+      ablate::throw_runtime_error(prefix(), "local rank " + std::to_string(where_.local_rank) + " needs GPU " +
+                                                std::to_string(where_.local_rank) + " but " + std::to_string(devices) +
                                                 " are visible (CUDA_VISIBLE_DEVICES=" +
                                                 (visible != nullptr ? visible : "unset") +
                                                 "): start one process per GPU on each machine");
     }
-    device_ = local_rank_;
+    device_ = where_.local_rank;
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
 
     // Rank 0 makes the unique id; MPI carries it to the others, against the same deadline as a collective.
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
-    if (rank_ == 0) ABLATE_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (where_.rank == 0) ABLATE_NCCL_CHECK(ncclGetUniqueId(&id));
     const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
     MPI_Comm bootstrap = MPI_COMM_NULL;
     MPI_Request request = MPI_REQUEST_NULL;
@@ -101,7 +95,7 @@ class NcclCommunicator final : public ablate::Communicator {
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // calls return at once; completion and errors are polled, so a hang can time out
-    ABLATE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config));
+    ABLATE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, where_.world, id, where_.rank, &config));
     wait_ready("ncclCommInitRankConfig", -1, DType::u8, deadline);
     ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
@@ -124,13 +118,6 @@ class NcclCommunicator final : public ablate::Communicator {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  int rank() const override { return rank_; }
-  int world() const override { return world_; }
-  int local_rank() const override { return local_rank_; }
-  int local_world() const override { return local_world_; }
-  void abort_job_at_exit(int exit_code, const std::string& reason) override {
-    if (world_ > 1) rt::abort_job_at_exit("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + reason, exit_code);
-  }
 
   void all_reduce(TensorView buffer, ReduceOp op) override {
     const std::string what = std::string("all_reduce (") + ablate::to_string(op) + ")";
@@ -147,15 +134,15 @@ class NcclCommunicator final : public ablate::Communicator {
     run(what, buffer, true, [&](ncclDataType_t type, std::size_t esize) {
       auto* base = static_cast<char*>(buffer.data);
       const int64_t n = buffer.numel();
-      if (n % world_ == 0) {
-        const std::size_t count = std::size_t(n / world_);
-        char* mine = base + rank_ * count * esize;
+      if (n % where_.world == 0) {
+        const std::size_t count = std::size_t(n / where_.world);
+        char* mine = base + where_.rank * count * esize;
         ABLATE_NCCL_CHECK(ncclReduceScatter(base, mine, count, type, nccl_op(op), comm_, stream_));
         return;
       }
       ABLATE_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < world_; ++r) {
-        const ablate::Shard s = ablate::shard_of(n, world_, r);
+      for (int r = 0; r < where_.world; ++r) {
+        const ablate::Shard s = ablate::shard_of(n, where_.world, r);
         if (s.count == 0) continue;
         char* p = base + s.offset * esize;
         ABLATE_NCCL_CHECK(ncclReduce(p, p, std::size_t(s.count), type, nccl_op(op), r, comm_, stream_));
@@ -170,14 +157,14 @@ class NcclCommunicator final : public ablate::Communicator {
     run("all_gather", buffer, false, [&](ncclDataType_t, std::size_t esize) {
       auto* base = static_cast<char*>(buffer.data);
       const int64_t n = buffer.numel();
-      if (n % world_ == 0) {
-        const std::size_t bytes = std::size_t(n / world_) * esize;
-        ABLATE_NCCL_CHECK(ncclAllGather(base + rank_ * bytes, base, bytes, ncclUint8, comm_, stream_));
+      if (n % where_.world == 0) {
+        const std::size_t bytes = std::size_t(n / where_.world) * esize;
+        ABLATE_NCCL_CHECK(ncclAllGather(base + where_.rank * bytes, base, bytes, ncclUint8, comm_, stream_));
         return;
       }
       ABLATE_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < world_; ++r) {
-        const ablate::Shard s = ablate::shard_of(n, world_, r);
+      for (int r = 0; r < where_.world; ++r) {
+        const ablate::Shard s = ablate::shard_of(n, where_.world, r);
         if (s.count == 0) continue;
         char* p = base + s.offset * esize;
         ABLATE_NCCL_CHECK(ncclBroadcast(p, p, std::size_t(s.count) * esize, ncclUint8, r, comm_, stream_));
@@ -188,8 +175,8 @@ class NcclCommunicator final : public ablate::Communicator {
 
   void broadcast(TensorView buffer, int root) override {
     const std::string what = "broadcast from rank " + std::to_string(root);
-    if (root < 0 || root >= world_) {
-      ablate::throw_input_error(prefix(), what + ": the root is not a rank of this world of " + std::to_string(world_));
+    if (root < 0 || root >= where_.world) {
+      ablate::throw_input_error(prefix(), what + ": the root is not a rank of this world of " + std::to_string(where_.world));
     }
     run(what, buffer, false, [&](ncclDataType_t, std::size_t esize) {
       ABLATE_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, std::size_t(buffer.numel()) * esize, ncclUint8, root,
@@ -211,7 +198,7 @@ class NcclCommunicator final : public ablate::Communicator {
 
  private:
   std::string prefix() const {
-    return std::string(kWhere) + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_);
+    return std::string(kWhere) + ": rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world);
   }
 
   void check_usable(const std::string& what) const {
@@ -315,10 +302,6 @@ class NcclCommunicator final : public ablate::Communicator {
   }
 
   double timeout_s_;
-  int rank_ = 0;
-  int world_ = 1;
-  int local_rank_ = 0;
-  int local_world_ = 1;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;

@@ -1,4 +1,4 @@
-// The launcher-environment reader (plugins/mpi/launch_env.hpp) against fake environments: Open MPI,
+// The launcher-environment reader (core/include/ablate/launch_env.hpp) against fake environments: Open MPI,
 // Slurm, both at once, neither, and malformed or inconsistent values.
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "launch_env.hpp"
+#include "ablate/launch_env.hpp"
 
 using ablate::launch::LaunchEnv;
 using ablate::launch::read_launch_env;

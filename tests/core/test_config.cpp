@@ -230,10 +230,12 @@ class ScopedEnv {
 }  // namespace
 
 TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment, and single under a launcher is refused") {
-  ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", nullptr), procid("SLURM_PROCID", nullptr), ntasks("SLURM_NTASKS", nullptr);
+  ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", nullptr), ompi("OMPI_COMM_WORLD_SIZE", nullptr),
+      ompi_local("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), procid("SLURM_PROCID", nullptr), ntasks("SLURM_NTASKS", nullptr),
+      localid("SLURM_LOCALID", nullptr);
   CHECK(resolve_communicator(parse("")) == "single");
   {
-    ScopedEnv four("OMPI_COMM_WORLD_SIZE", "4");
+    ScopedEnv rank("OMPI_COMM_WORLD_RANK", "2"), four("OMPI_COMM_WORLD_SIZE", "4");
     CHECK(resolve_communicator(parse("")) == "mpi");
     CHECK(resolve_communicator(parse("[run]\ndevice = \"cuda\"\n")) == "nccl");
     try {
@@ -246,8 +248,18 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
     }
   }
   {
-    ScopedEnv one("OMPI_COMM_WORLD_SIZE", "1");
+    ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0"), one("OMPI_COMM_WORLD_SIZE", "1");
     CHECK(resolve_communicator(parse("")) == "single");
+  }
+  {
+    ScopedEnv rank("OMPI_COMM_WORLD_RANK", "5"), two("OMPI_COMM_WORLD_SIZE", "2");  // malformed: an input error
+    try {
+      resolve_communicator(parse(""));
+      FAIL("expected an input error");
+    } catch (const Error& e) {
+      CHECK(e.exit_code() == 2);
+      CHECK(contains(e.what(), "OMPI_COMM_WORLD_RANK=5 is not below OMPI_COMM_WORLD_SIZE=2"));
+    }
   }
   {
     ScopedEnv r("SLURM_PROCID", "0"), n("SLURM_NTASKS", "3");

@@ -56,7 +56,9 @@ struct Setup {
 
 TensorView host_view(std::vector<float>& v) { return test::view(v); }
 
-TensorView device_view(cuda::DeviceBuffer<float>& b) { return test::flat_view(b.data(), int64_t(b.size()), DeviceType::cuda); }
+TensorView device_view(cuda::DeviceBuffer<float>& b) {
+  return flat_view(b.data(), DType::f32, int64_t(b.size()), DeviceType::cuda);
+}
 
 std::vector<float> download(const cuda::DeviceBuffer<float>& b) {
   std::vector<float> h(b.size());

@@ -1,4 +1,4 @@
-// A TensorView over a host vector of floats or over a device pointer, for the tests.
+// A TensorView over a host vector of floats, for the tests (core's flat_view makes any other).
 #pragma once
 
 #include <cstdint>
@@ -8,15 +8,6 @@
 
 namespace ablate::test {
 
-inline TensorView flat_view(float* data, int64_t n, DeviceType device = DeviceType::cpu) {
-  TensorView t;
-  t.data = data;
-  t.device = device;
-  t.ndim = 1;
-  t.shape[0] = n;
-  return t;
-}
-
-inline TensorView view(std::vector<float>& v) { return flat_view(v.data(), int64_t(v.size())); }
+inline TensorView view(std::vector<float>& v) { return flat_view(v.data(), DType::f32, int64_t(v.size())); }
 
 }  // namespace ablate::test

@@ -34,6 +34,17 @@ struct TensorView {
   T* as() const noexcept { return static_cast<T*>(data); }
 };
 
+// A one-dimensional view of `n` elements at `data`.
+inline TensorView flat_view(void* data, DType dtype, int64_t n, DeviceType device = DeviceType::cpu) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = 1;
+  t.shape[0] = n;
+  return t;
+}
+
 // A named tensor that owns its bytes: optimizer state and checkpoint contents (safetensors.hpp).
 struct NamedTensor {
   std::string name;
