@@ -82,7 +82,8 @@ std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Option
   std::vector<std::string> overrides = {"optimizer.name=" + arm.optimizer};
   overrides.insert(overrides.end(), arm.overrides.begin(), arm.overrides.end());
   const ablate::Config config = ablate::Config::load(o.config, overrides, registry);
-  static const ablate::RunContext run;
+  ablate::RunContext run;  // the device the optimizer serves (adamw_fused: cuda only)
+  run.device = registry.find(ablate::Kind::optimizer, arm.optimizer, "cpu") != nullptr ? "cpu" : "cuda";
   const ablate::Params common = config.section("optimizer");
   const ablate::Params own = config.implementation("optimizer", arm.optimizer);
   return registry.create<ablate::Optimizer>(ablate::Kind::optimizer, arm.optimizer, {common, own, run});
@@ -192,7 +193,7 @@ int main(int argc, char** argv) {
     const ablate::ParamTable& table = model.table();
     const int64_t n = table.total;
     // Gradients of a plausible scale: a cheap deterministic hash mapped to [-0.01, 0.01).
-    std::vector<float>& g = model.grad_data();
+    std::vector<float> g(static_cast<std::size_t>(n)), p0;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       uint64_t x = uint64_t(i) * 0x9E3779B97F4A7C15ull;
@@ -228,7 +229,8 @@ int main(int argc, char** argv) {
         }
       }
       states.push_back(s);
-      params.push_back(model.param_data());
+      model.copy_params_to_host(p0);
+      params.push_back(p0);
     }
     std::vector<std::vector<double>> seconds(arms.size());
     for (int k = 0; k <= o.steps; ++k) {  // step 1 is untimed
@@ -236,7 +238,7 @@ int main(int argc, char** argv) {
         ablate::TensorView pv = model.params();
         pv.data = params[a].data();
         const auto t0 = std::chrono::steady_clock::now();
-        opts[a]->step(table, pv, model.grads(), 6e-4, k + 1);
+        opts[a]->step(table, pv, ablate::flat_view(g.data(), ablate::DType::f32, n), 6e-4, k + 1);
         if (k > 0) seconds[a].push_back(seconds_since(t0));
       }
     }
@@ -267,7 +269,7 @@ int main(int argc, char** argv) {
 
     nlohmann::json gpu = nullptr;
 #ifdef ABLATE_BENCH_CUDA
-    gpu = gpu_part(registry, o, table, model.param_data(), model.grad_data());
+    gpu = gpu_part(registry, o, table, p0, g);
 #endif
     if (!o.json_path.empty()) {
       nlohmann::json j;

@@ -211,7 +211,9 @@ int cmd_export(const Args& args) {
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
   const ModelOptions& o = lm.model->options();
-  Exporter ex{*lm.model, lm.model->param_data(), {}};
+  std::vector<float> values;
+  lm.model->copy_params_to_host(values);
+  Exporter ex{*lm.model, values, {}};
   const int64_t V = o.vocab_size, L = o.n_layers;
   json cfg;
   const bool gpt2 = o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&

@@ -25,6 +25,7 @@ std::string_view to_string(Kind kind) noexcept {
     case Kind::optimizer: return "optimizer";
     case Kind::logger: return "logger";
     case Kind::communicator: return "communicator";
+    case Kind::device: return "device";
   }
   return "unknown";
 }
@@ -42,6 +43,14 @@ const char* core_build_fingerprint() noexcept { return ABLATE_BUILD_FINGERPRINT;
 const char* to_string(Split split) noexcept { return split == Split::train ? "train" : "validation"; }
 
 Component::~Component() = default;
+
+bool ComponentInfo::serves(std::string_view device) const {
+  if (devices.empty()) return true;
+  for (const std::string& d : devices) {
+    if (d == device) return true;
+  }
+  return false;
+}
 Registrar::~Registrar() = default;
 DataSource::~DataSource() = default;
 

@@ -1,5 +1,6 @@
 // Model assembly: the layer plugins wired into a decoder-only transformer, its flat parameter and
-// gradient buffers, the activation plan, and the forward/backward schedule (see model.hpp).
+// gradient buffers and activation arena on the model's device, the activation plan, and the
+// forward/backward schedule (see model.hpp and model_schedule.hpp).
 #include "ablate/model.hpp"
 
 #include <chrono>
@@ -10,39 +11,15 @@
 
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
+#include "ablate/mix.hpp"
 #include "ablate/registry.hpp"
+#include "model_schedule.hpp"
 
 namespace ablate {
 
 namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-TensorView view(float* p, int64_t rows, int64_t cols) {
-  TensorView t;
-  t.data = p;
-  t.dtype = DType::f32;
-  t.device = DeviceType::cpu;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  return t;
-}
-
-TensorView view4(float* p, int64_t b, int64_t t, int64_t h, int64_t d) {
-  TensorView v;
-  v.data = p;
-  v.ndim = 4;
-  v.shape = {b, t, h, d};
-  return v;
-}
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 
@@ -85,7 +62,11 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   if (o.position == "rope" && o.head_dim % 2 != 0) {
     throw_input_error("model.position", "rope needs an even head_dim; d_model/n_heads = " + std::to_string(o.head_dim));
   }
-  if (config.has_section("attention")) o.attention = config.selected("attention");
+  if (config.has_section("attention")) {
+    o.attention = config.selected("attention");
+    o.attention_common = config.section("attention");
+    o.attention_own = config.implementation("attention", o.attention);
+  }
   return o;
 }
 
@@ -98,108 +79,42 @@ std::string ModelOptions::describe() const {
   return s.str();
 }
 
+
 // ---------------------------------------------------------------------------------------------
+
+using schedule::ArenaPlan;
+using schedule::in_block;
+using schedule::Op;
+using schedule::Ref;
+using schedule::shared;
+using schedule::Site;
+using schedule::Slot;
 
 struct Model::Impl {
   ModelOptions o;
   RunContext run;
+  std::unique_ptr<Device> device;
   std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn, cls;
   std::unique_ptr<Attention> attn;
   LayerSpec emb_spec, pos_spec, norm_spec, q_spec, kv_spec, o_spec, mlp_spec, qkn_spec, cls_spec;
   ParamTable table;
-  std::vector<float> params, grads;
+  int64_t head = 0;         // the classifier's weight (the embedding's when tied)
+  int64_t ln_f_param = 0;
+  std::vector<Site> sites;  // the forward pass in order (the classifier follows the last)
 
-  struct BlockParams {
-    int64_t ln1, q, k, v, q_norm = -1, k_norm = -1, o, ln2, mlp;
-  };
-  int64_t wte = 0, wpe = -1, ln_f = 0, head = 0;
-  std::vector<BlockParams> blocks;
+  Buffer params, grads, act;  // (P) f32, (P) f32, the arena
+  ArenaPlan plan;             // of the shape the arena was last laid out for
+  DeviceBatch batch;          // the micro-batch on the device
 
-  // Activation plan for the current shape: offsets into `act`.
-  int64_t planned_rows = -1, planned_T = -1;
-  struct BlockActs {
-    int64_t res, ln1, ln1_s, q_lin, k_lin, v, q, k, qn_s, kn_s, att, att_s, mid, ln2, ln2_s, mlp_s;
-  };
-  std::vector<BlockActs> acts;
-  int64_t res_final = 0, lnf = 0, lnf_s = 0, losses = 0;
-  int64_t d_res = 0, d_ln = 0, d_q = 0, d_k = 0, d_v = 0, d_att = 0, d_qlin = 0, d_klin = 0, scratch = 0;
-  int64_t scratch_n = 0;
-  int64_t planned_elements = 0;  // what the current shape uses of `act`
-  std::vector<float> act;
-
-  std::unique_ptr<Layer> make_layer(const Registry& registry, const std::string& name) {
+  std::unique_ptr<Layer> make_layer(const Registry& registry, const std::string& name, const char* key) {
     static const Params empty{"model", {}};
-    const std::string full = run.device == "cpu" ? name : name + "_" + run.device;
-    return registry.create<Layer>(Kind::layer, full, {empty, empty, run});
+    return registry.create<Layer>(Kind::layer, name, {empty, empty, run}, key);
   }
 
   int64_t declare(const Layer& layer, const LayerSpec& spec, const std::string& prefix) {
     const int64_t before = table.total;
     layer.declare_params(spec, prefix, table);
     return before;
-  }
-
-  void plan(int64_t rows, int64_t T) {
-    if (rows == planned_rows && T == planned_T) return;
-    const int64_t N = rows * T, C = o.d_model, Hd = o.n_heads * o.head_dim, Kd = o.n_kv_heads * o.head_dim;
-    int64_t at = 0;
-    auto take = [&](int64_t n) {
-      const int64_t off = at;
-      at += round_up(std::max<int64_t>(n, 0), 16);
-      return off;
-    };
-    AttentionProblem prob = problem(rows, T);
-    acts.assign(std::size_t(o.n_layers), {});
-    for (auto& a : acts) {
-      a.res = take(N * C);
-      a.ln1 = take(N * C);
-      a.ln1_s = take(norm->activation_elements(norm_spec, N));
-      a.q_lin = take(N * Hd);
-      a.k_lin = take(N * Kd);
-      a.v = take(N * Kd);
-      if (o.qk_norm) {
-        a.q = take(N * Hd);
-        a.k = take(N * Kd);
-        a.qn_s = take(qkn->activation_elements(qkn_spec, N * o.n_heads));
-        a.kn_s = take(qkn->activation_elements(qkn_spec, N * o.n_kv_heads));
-      } else {
-        a.q = a.q_lin;
-        a.k = a.k_lin;
-        a.qn_s = a.kn_s = 0;
-      }
-      a.att = take(N * Hd);
-      a.att_s = take(attn->saved_elements(prob));
-      a.mid = take(N * C);
-      a.ln2 = take(N * C);
-      a.ln2_s = take(norm->activation_elements(norm_spec, N));
-      a.mlp_s = take(mlp->activation_elements(mlp_spec, N));
-    }
-    res_final = take(N * C);
-    lnf = take(N * C);
-    lnf_s = take(norm->activation_elements(norm_spec, N));
-    losses = take(N);
-    d_res = take(N * C);
-    d_ln = take(N * C);
-    d_q = take(N * Hd);
-    d_k = take(N * Kd);
-    d_v = take(N * Kd);
-    d_att = take(N * Hd);
-    d_qlin = o.qk_norm ? take(N * Hd) : d_q;
-    d_klin = o.qk_norm ? take(N * Kd) : d_k;
-    scratch_n = 0;
-    for (auto [layer, spec, r] : {std::tuple{emb.get(), &emb_spec, N}, {pos.get(), &pos_spec, N}, {norm.get(), &norm_spec, N},
-                                 {lin.get(), &q_spec, N}, {lin.get(), &kv_spec, N}, {lin.get(), &o_spec, N},
-                                 {mlp.get(), &mlp_spec, N}, {cls.get(), &cls_spec, N}}) {
-      scratch_n = std::max(scratch_n, layer->scratch_elements(*spec, r));
-    }
-    if (qkn) scratch_n = std::max(scratch_n, qkn->scratch_elements(qkn_spec, N * o.n_heads));
-    scratch = take(scratch_n);
-    // Grow only: bucketed batches change T from batch to batch, and the plan is re-derived for
-    // each shape, but the buffer is allocated (and zeroed) once for the largest.
-    planned_elements = at;
-    if (act.size() < std::size_t(at)) act.resize(std::size_t(at), 0.0f);
-    planned_rows = rows;
-    planned_T = T;
   }
 
   AttentionProblem problem(int64_t rows, int64_t T) const {
@@ -210,26 +125,255 @@ struct Model::Impl {
     p.kv_heads = int32_t(o.n_kv_heads);
     p.head_dim = int32_t(o.head_dim);
     p.dtype = DType::f32;
-    p.device = DeviceType::cpu;
+    p.device = device->type();
     p.packed = true;
     return p;
   }
 
-  float* A(int64_t off) { return act.data() + off; }
-  // Views from a parameter (or gradient, or saved activation) to the end of its buffer: layers read
-  // as many values as they declared.
-  TensorView P(int64_t off, int64_t = 0) { return view(params.data() + off, table.total - off, 1); }
-  TensorView G(int64_t off, int64_t = 0) { return view(grads.data() + off, table.total - off, 1); }
-  TensorView S(int64_t off) { return view(A(off), planned_elements - off, 1); }
+  // ---- the schedule ----
 
-  LayerCall call(const LayerSpec& spec, const Batch& b, int64_t rows) {
+  Site layer_site(Layer* layer, const LayerSpec* spec, int64_t param, int64_t x_cols, int64_t y_cols) {
+    Site s;
+    s.layer = layer;
+    s.spec = spec;
+    s.param = param;
+    s.x_cols = x_cols;
+    s.y_cols = y_cols;
+    return s;
+  }
+
+  Site norm_site(Layer* layer, const LayerSpec* spec, int64_t param, Ref x, Ref y, Ref saved, Ref d_y, Ref d_x,
+                 GradMode mode, int64_t width, int64_t row_heads = 1) {
+    Site s = layer_site(layer, spec, param, width, width);
+    s.x = x;
+    s.y = y;
+    s.saved = saved;
+    s.d_y = d_y;
+    s.d_x = d_x;
+    s.input_grad = mode;
+    s.row_heads = row_heads;
+    return s;
+  }
+
+  // Declares every parameter and writes down every call of the forward pass.
+  void build_schedule() {
+    const int64_t C = o.d_model, D = o.head_dim, H = o.n_heads, Hk = o.n_kv_heads;
+    const double resid_std = 0.02 / std::sqrt(2.0 * double(o.n_layers));
+    uint64_t dropout_site = 0;
+    const Ref x0 = in_block(0, Slot::res);
+    const Ref d_res = shared(Slot::d_res), d_ln = shared(Slot::d_ln);
+
+    Site e = layer_site(emb.get(), &emb_spec, declare(*emb, emb_spec, "wte"), 0, C);
+    e.y = x0;
+    e.d_y = d_res;
+    e.dropout_site = ++dropout_site;
+    sites.push_back(e);
+    if (o.position == "learned") {
+      Site p = layer_site(pos.get(), &pos_spec, declare(*pos, pos_spec, "wpe"), C, C);
+      p.x = p.y = x0;
+      p.d_y = p.d_x = d_res;
+      sites.push_back(p);
+    }
+    for (int64_t l = 0; l < o.n_layers; ++l) {
+      const std::string pre = "blocks." + std::to_string(l);
+      auto B = [l](Slot s) { return in_block(l, s); };
+      sites.push_back(norm_site(norm.get(), &norm_spec, declare(*norm, norm_spec, pre + ".ln1"), B(Slot::res), B(Slot::ln1),
+                                B(Slot::ln1_s), d_ln, d_res, GradMode::accumulate, C));
+      // q, k, v read ln1; backward visits v first, which writes d_ln, then k and q add to it.
+      const struct {
+        const char* name;
+        const LayerSpec* spec;
+        Slot out, d_out;
+        int64_t width;
+      } proj[] = {{".attn.q", &q_spec, Slot::q_lin, Slot::d_qlin, H * D},
+                  {".attn.k", &kv_spec, Slot::k_lin, Slot::d_klin, Hk * D},
+                  {".attn.v", &kv_spec, Slot::v, Slot::d_v, Hk * D}};
+      for (const auto& pr : proj) {
+        Site s = layer_site(lin.get(), pr.spec, declare(*lin, *pr.spec, pre + pr.name), C, pr.width);
+        s.x = B(Slot::ln1);
+        s.y = B(pr.out);
+        s.d_y = shared(pr.d_out);
+        s.d_x = d_ln;
+        s.input_grad = pr.out == Slot::v ? GradMode::overwrite : GradMode::accumulate;
+        sites.push_back(s);
+      }
+      if (o.qk_norm) {
+        sites.push_back(norm_site(qkn.get(), &qkn_spec, declare(*qkn, qkn_spec, pre + ".attn.q_norm"), B(Slot::q_lin),
+                                  B(Slot::q), B(Slot::qn_s), shared(Slot::d_q), shared(Slot::d_qlin), GradMode::overwrite, D,
+                                  H));
+        sites.push_back(norm_site(qkn.get(), &qkn_spec, declare(*qkn, qkn_spec, pre + ".attn.k_norm"), B(Slot::k_lin),
+                                  B(Slot::k), B(Slot::kn_s), shared(Slot::d_k), shared(Slot::d_klin), GradMode::overwrite, D,
+                                  Hk));
+      }
+      if (o.position == "rope") {  // in place, forward on q and k, backward on their gradients
+        for (auto [slot, d_slot, heads] : {std::tuple{Slot::q, Slot::d_q, H}, {Slot::k, Slot::d_k, Hk}}) {
+          Site r = layer_site(pos.get(), &pos_spec, -1, heads * D, heads * D);
+          r.heads = heads;
+          r.x = r.y = B(slot);
+          r.d_y = r.d_x = shared(d_slot);
+          sites.push_back(r);
+        }
+      }
+      Site a;
+      a.op = Op::attention;
+      a.attn = {B(Slot::q), B(Slot::k), B(Slot::v), B(Slot::att), B(Slot::att_s),
+                shared(Slot::d_att), shared(Slot::d_q), shared(Slot::d_k), shared(Slot::d_v)};
+      sites.push_back(a);
+      Site out = layer_site(lin.get(), &o_spec, declare(*lin, o_spec, pre + ".attn.o"), H * D, C);
+      out.x = B(Slot::att);
+      out.y = B(Slot::mid);
+      out.residual = B(Slot::res);
+      out.d_y = d_res;
+      out.d_x = shared(Slot::d_att);
+      out.dropout_site = ++dropout_site;
+      sites.push_back(out);
+      sites.push_back(norm_site(norm.get(), &norm_spec, declare(*norm, norm_spec, pre + ".ln2"), B(Slot::mid), B(Slot::ln2),
+                                B(Slot::ln2_s), d_ln, d_res, GradMode::accumulate, C));
+      const std::size_t first_mlp = table.slices.size();
+      Site m = layer_site(mlp.get(), &mlp_spec, declare(*mlp, mlp_spec, pre + ".mlp"), C, C);
+      for (std::size_t i = first_mlp; i < table.slices.size(); ++i) {  // residual output projections
+        ParamSlice& s = table.slices[i];
+        const auto ends = [&](const std::string& suffix) {
+          return s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+        };
+        if ((ends(".proj.weight") || ends(".down.weight")) && s.init_std > 0) s.init_std = resid_std;
+      }
+      m.x = B(Slot::ln2);
+      m.y = in_block(l + 1, Slot::res);
+      m.residual = B(Slot::mid);
+      m.saved = B(Slot::mlp_s);
+      m.d_y = d_res;
+      m.d_x = d_ln;
+      m.dropout_site = ++dropout_site;
+      sites.push_back(m);
+    }
+    ln_f_param = declare(*norm, norm_spec, "ln_f");
+    sites.push_back(norm_site(norm.get(), &norm_spec, ln_f_param, in_block(o.n_layers, Slot::res), shared(Slot::lnf),
+                              shared(Slot::lnf_s), d_ln, d_res, GradMode::overwrite, C));
+    head = o.tie_embeddings ? sites.front().param : declare(*cls, cls_spec, "lm_head");
+  }
+
+  // ---- the activation plan ----
+
+  ArenaPlan make_plan(int64_t rows, int64_t T) const {
+    const int64_t N = rows * T, C = o.d_model, Hd = o.n_heads * o.head_dim, Kd = o.n_kv_heads * o.head_dim;
+    ArenaPlan p;
+    p.rows = rows;
+    p.seq_len = T;
+    p.offsets.assign(std::size_t((o.n_layers + 2) * schedule::kSlots), 0);
+    auto take = [&](Ref r, int64_t n) {
+      p.offsets[std::size_t((r.block + 1) * schedule::kSlots + int(r.slot))] = p.elements;
+      p.elements += round_up(std::max<int64_t>(n, 0), 16);
+    };
+    auto alias = [&](Ref r, Ref to) { p.offsets[std::size_t((r.block + 1) * schedule::kSlots + int(r.slot))] = p.at(to); };
+    const AttentionProblem prob = problem(rows, T);
+    for (int64_t l = 0; l < o.n_layers; ++l) {
+      auto B = [l](Slot s) { return in_block(l, s); };
+      take(B(Slot::res), N * C);
+      take(B(Slot::ln1), N * C);
+      take(B(Slot::ln1_s), norm->activation_elements(norm_spec, N));
+      take(B(Slot::q_lin), N * Hd);
+      take(B(Slot::k_lin), N * Kd);
+      take(B(Slot::v), N * Kd);
+      if (o.qk_norm) {
+        take(B(Slot::q), N * Hd);
+        take(B(Slot::k), N * Kd);
+        take(B(Slot::qn_s), qkn->activation_elements(qkn_spec, N * o.n_heads));
+        take(B(Slot::kn_s), qkn->activation_elements(qkn_spec, N * o.n_kv_heads));
+      } else {
+        alias(B(Slot::q), B(Slot::q_lin));
+        alias(B(Slot::k), B(Slot::k_lin));
+      }
+      take(B(Slot::att), N * Hd);
+      take(B(Slot::att_s), attn->saved_elements(prob));
+      take(B(Slot::mid), N * C);
+      take(B(Slot::ln2), N * C);
+      take(B(Slot::ln2_s), norm->activation_elements(norm_spec, N));
+      take(B(Slot::mlp_s), mlp->activation_elements(mlp_spec, N));
+    }
+    take(in_block(o.n_layers, Slot::res), N * C);
+    take(shared(Slot::lnf), N * C);
+    take(shared(Slot::lnf_s), norm->activation_elements(norm_spec, N));
+    take(shared(Slot::losses), N);
+    take(shared(Slot::d_res), N * C);
+    take(shared(Slot::d_ln), N * C);
+    take(shared(Slot::d_q), N * Hd);
+    take(shared(Slot::d_k), N * Kd);
+    take(shared(Slot::d_v), N * Kd);
+    take(shared(Slot::d_att), N * Hd);
+    if (o.qk_norm) {
+      take(shared(Slot::d_qlin), N * Hd);
+      take(shared(Slot::d_klin), N * Kd);
+    } else {
+      alias(shared(Slot::d_qlin), shared(Slot::d_q));
+      alias(shared(Slot::d_klin), shared(Slot::d_k));
+    }
+    for (const Site& s : sites) {
+      if (s.op == Op::layer) p.scratch_elements = std::max(p.scratch_elements, s.layer->scratch_elements(*s.spec, N * s.row_heads));
+    }
+    p.scratch_elements = std::max(p.scratch_elements, cls->scratch_elements(cls_spec, N));
+    take(shared(Slot::scratch), p.scratch_elements);
+    return p;
+  }
+
+  // Lays the arena out for a shape. The arena only grows: bucketed batches change T from batch to
+  // batch, and it is allocated (and zeroed) once for the largest.
+  void prepare(int64_t rows, int64_t T) {
+    if (plan.rows == rows && plan.seq_len == T) return;
+    plan = make_plan(rows, T);
+    if (act.count() < plan.elements) act = device->alloc(DType::f32, plan.elements);
+  }
+
+  // ---- views ----
+
+  TensorView arena(Ref r, int64_t rows, int64_t cols) const {
+    if (!r.set()) return {};
+    TensorView t = act.view(plan.at(r), rows * cols);
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    return t;
+  }
+  // From a slot to the end of the arena: a layer reads as many saved values as it declared.
+  TensorView arena_tail(Ref r) const { return r.set() ? act.view(plan.at(r), plan.elements - plan.at(r)) : TensorView{}; }
+  TensorView heads4(Ref r, int64_t heads) const {
+    TensorView t = act.view(plan.at(r), plan.rows * plan.seq_len * heads * o.head_dim);
+    t.ndim = 4;
+    t.shape = {plan.rows, plan.seq_len, heads, o.head_dim};
+    return t;
+  }
+  TensorView param_tail(const Buffer& b, int64_t off) const { return b.view(off, table.total - off); }
+
+  LayerCall call_of(const Site& s, bool backward) const {
+    const int64_t N = plan.rows * plan.seq_len, rows = N * s.row_heads;
     LayerCall c;
-    c.spec = &spec;
-    c.batch = &b;
+    c.spec = s.spec;
+    c.batch = &batch.views;
     c.rows = rows;
-    c.scratch = view(A(scratch), scratch_n, 1);
+    c.heads = s.heads;
+    c.x = arena(s.x, rows, s.x_cols);
+    c.y = arena(s.y, rows, s.y_cols);
+    if (!backward) c.residual = arena(s.residual, rows, s.y_cols);
+    c.saved = arena_tail(s.saved);
+    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+    if (s.param >= 0) c.params = param_tail(params, s.param);
+    if (backward) {
+      if (s.param >= 0) c.grads = param_tail(grads, s.param);
+      c.d_y = arena(s.d_y, rows, s.y_cols);
+      c.d_x = arena(s.d_x, rows, s.x_cols);
+      c.input_grad = s.input_grad;
+    }
+    if (s.layer->role() == LayerRole::position && s.spec->in != s.x_cols) {  // rope: (N, heads, D)
+      for (TensorView* t : {&c.x, &c.y, &c.d_y, &c.d_x}) {
+        if (t->data == nullptr) continue;
+        t->ndim = 3;
+        t->shape = {N, s.heads, o.head_dim, 0};
+      }
+    }
     return c;
   }
+
+  // ---- the passes ----
 
   void check_batch(const Batch& b) const {
     if (b.seq_len > o.max_seq_len) {
@@ -243,264 +387,63 @@ struct Model::Impl {
     }
   }
 
-  // The whole forward up to (and including) the classifier. Training: dropout on, and the
+  void set_dropout(LayerCall& c, const Site& s, bool train, uint64_t key) const {
+    if (s.dropout_site == 0 || !train) return;
+    c.dropout = o.dropout;
+    c.dropout_key = mix64(key, s.dropout_site);
+  }
+
+  // The whole forward pass up to (and including) the classifier. Training: dropout on, and the
   // classifier writes d(lnf) into d_ln.
-  double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, float* logits_out) {
+  double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits) {
     check_batch(b);
-    plan(b.rows, b.seq_len);
-    const int64_t B = b.rows, T = b.seq_len, N = B * T, C = o.d_model, H = o.n_heads, Hk = o.n_kv_heads,
-                  D = o.head_dim;
-    const double p_drop = train ? o.dropout : 0.0;
-    int64_t site = 0;
-    auto drop = [&](LayerCall& c) {
-      c.dropout = p_drop;
-      c.dropout_key = mix(key, uint64_t(++site));
-    };
-    const AttentionProblem prob = problem(B, T);
-    float* x0 = A(acts.empty() ? res_final : acts[0].res);
-    {
-      LayerCall c = call(emb_spec, b, N);
-      c.y = view(x0, N, C);
-      c.params = P(wte, o.vocab_padded * C);
-      drop(c);
-      emb->forward(c);
+    prepare(b.rows, b.seq_len);
+    device->upload_batch(b, batch);
+    const AttentionProblem prob = problem(b.rows, b.seq_len);
+    for (const Site& s : sites) {
+      if (s.op == Op::attention) {
+        attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
+                      heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
+                      act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
+        continue;
+      }
+      LayerCall c = call_of(s, false);
+      set_dropout(c, s, train, key);
+      s.layer->forward(c);
     }
-    if (o.position == "learned") {
-      LayerCall c = call(pos_spec, b, N);
-      c.x = c.y = view(x0, N, C);
-      c.params = P(wpe, o.max_seq_len * C);
-      pos->forward(c);
-    }
-    for (int64_t l = 0; l < o.n_layers; ++l) {
-      BlockActs& a = acts[std::size_t(l)];
-      const BlockParams& bp = blocks[std::size_t(l)];
-      const int64_t next = l + 1 < o.n_layers ? acts[std::size_t(l + 1)].res : res_final;
-      {
-        LayerCall c = call(norm_spec, b, N);
-        c.x = view(A(a.res), N, C);
-        c.y = view(A(a.ln1), N, C);
-        c.params = P(bp.ln1, 0);
-        c.saved = S(a.ln1_s);
-        norm->forward(c);
-      }
-      for (auto [spec, w, out, width] : {std::tuple{&q_spec, bp.q, a.q_lin, H * D}, {&kv_spec, bp.k, a.k_lin, Hk * D},
-                                         {&kv_spec, bp.v, a.v, Hk * D}}) {
-        LayerCall c = call(*spec, b, N);
-        c.x = view(A(a.ln1), N, C);
-        c.y = view(A(out), N, width);
-        c.params = P(w, 0);
-        lin->forward(c);
-      }
-      if (o.qk_norm) {
-        for (auto [w, in, out, s, heads] : {std::tuple{bp.q_norm, a.q_lin, a.q, a.qn_s, H}, {bp.k_norm, a.k_lin, a.k, a.kn_s, Hk}}) {
-          LayerCall c = call(qkn_spec, b, N * heads);
-          c.x = view(A(in), N * heads, D);
-          c.y = view(A(out), N * heads, D);
-          c.params = P(w, 0);
-          c.saved = S(s);
-          qkn->forward(c);
-        }
-      }
-      if (o.position == "rope") {
-        for (auto [buf, heads] : {std::pair{a.q, H}, {a.k, Hk}}) {
-          LayerCall c = call(pos_spec, b, N);
-          c.heads = heads;
-          c.x = c.y = view4(A(buf), B, T, heads, D);
-          c.x.ndim = c.y.ndim = 3;
-          c.x.shape = c.y.shape = {N, heads, D, 0};
-          pos->forward(c);
-        }
-      }
-      attn->forward(prob, b, view4(A(a.q), B, T, H, D), view4(A(a.k), B, T, Hk, D), view4(A(a.v), B, T, Hk, D),
-                    view4(A(a.att), B, T, H, D), view(A(a.att_s), attn->saved_elements(prob), 1));
-      {
-        LayerCall c = call(o_spec, b, N);
-        c.x = view(A(a.att), N, H * D);
-        c.y = view(A(a.mid), N, C);
-        c.residual = view(A(a.res), N, C);
-        c.params = P(bp.o, 0);
-        drop(c);
-        lin->forward(c);
-      }
-      {
-        LayerCall c = call(norm_spec, b, N);
-        c.x = view(A(a.mid), N, C);
-        c.y = view(A(a.ln2), N, C);
-        c.params = P(bp.ln2, 0);
-        c.saved = S(a.ln2_s);
-        norm->forward(c);
-      }
-      {
-        LayerCall c = call(mlp_spec, b, N);
-        c.x = view(A(a.ln2), N, C);
-        c.y = view(A(next), N, C);
-        c.residual = view(A(a.mid), N, C);
-        c.params = P(bp.mlp, 0);
-        c.saved = S(a.mlp_s);
-        drop(c);
-        mlp->forward(c);
-      }
-    }
-    {
-      LayerCall c = call(norm_spec, b, N);
-      c.x = view(A(res_final), N, C);
-      c.y = view(A(lnf), N, C);
-      c.params = P(ln_f, 0);
-      c.saved = S(lnf_s);
-      norm->forward(c);
-    }
-    LayerCall c = call(cls_spec, b, N);
-    c.x = view(A(lnf), N, C);
-    c.params = P(head, 0);
-    c.losses = view(A(losses), N, 1);
-    if (logits_out != nullptr) c.logits = view(logits_out, N, o.vocab_padded);
+    const int64_t N = int64_t(b.rows) * b.seq_len;
+    LayerCall c;
+    c.spec = &cls_spec;
+    c.batch = &batch.views;
+    c.rows = N;
+    c.x = arena(shared(Slot::lnf), N, o.d_model);
+    c.params = param_tail(params, head);
+    c.losses = arena(shared(Slot::losses), N, 1);
+    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+    c.logits = logits;
     if (train) {
-      c.grads = G(head, 0);
-      c.d_x = view(A(d_ln), N, C);
+      c.grads = param_tail(grads, head);
+      c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
       c.grad_scale = grad_scale;
     }
     cls->forward(c);
-    double sum = 0;
-    const float* lp = A(losses);
-    for (int64_t i = 0; i < N; ++i) {
-      if (b.targets[std::size_t(i)] >= 0) sum += double(lp[i]);
-    }
-    return sum;
+    return device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets);
   }
 
-  void run_backward(const Batch& b, uint64_t key) {
-    const int64_t B = b.rows, T = b.seq_len, N = B * T, C = o.d_model, H = o.n_heads, Hk = o.n_kv_heads,
-                  D = o.head_dim;
-    const AttentionProblem prob = problem(B, T);
-    // Dropout sites are numbered as in forward: 1 = embedding, then (o, mlp) per block.
-    auto drop = [&](LayerCall& c, uint64_t site) {
-      c.dropout = o.dropout;
-      c.dropout_key = mix(key, site);
-    };
-    {
-      LayerCall c = call(norm_spec, b, N);
-      c.x = view(A(res_final), N, C);
-      c.y = view(A(lnf), N, C);
-      c.params = P(ln_f, 0);
-      c.grads = G(ln_f, 0);
-      c.saved = S(lnf_s);
-      c.d_y = view(A(d_ln), N, C);
-      c.d_x = view(A(d_res), N, C);
-      norm->backward(c);
-    }
-    for (int64_t l = o.n_layers - 1; l >= 0; --l) {
-      BlockActs& a = acts[std::size_t(l)];
-      const BlockParams& bp = blocks[std::size_t(l)];
-      const int64_t next = l + 1 < o.n_layers ? acts[std::size_t(l + 1)].res : res_final;
-      {
-        LayerCall c = call(mlp_spec, b, N);
-        c.x = view(A(a.ln2), N, C);
-        c.y = view(A(next), N, C);
-        c.params = P(bp.mlp, 0);
-        c.grads = G(bp.mlp, 0);
-        c.saved = S(a.mlp_s);
-        c.d_y = view(A(d_res), N, C);
-        c.d_x = view(A(d_ln), N, C);
-        drop(c, uint64_t(2 + 2 * l + 1));
-        mlp->backward(c);
+  void run_backward(uint64_t key) {
+    const AttentionProblem prob = problem(plan.rows, plan.seq_len);
+    for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
+      const Site& s = *it;
+      if (s.op == Op::attention) {
+        attn->backward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
+                       heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
+                       act.view(plan.at(s.attn.saved), attn->saved_elements(prob)), heads4(s.attn.d_out, o.n_heads),
+                       heads4(s.attn.d_q, o.n_heads), heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
+        continue;
       }
-      {
-        LayerCall c = call(norm_spec, b, N);
-        c.x = view(A(a.mid), N, C);
-        c.y = view(A(a.ln2), N, C);
-        c.params = P(bp.ln2, 0);
-        c.grads = G(bp.ln2, 0);
-        c.saved = S(a.ln2_s);
-        c.d_y = view(A(d_ln), N, C);
-        c.d_x = view(A(d_res), N, C);
-        c.input_grad = GradMode::accumulate;
-        norm->backward(c);
-      }
-      {
-        LayerCall c = call(o_spec, b, N);
-        c.x = view(A(a.att), N, H * D);
-        c.y = view(A(a.mid), N, C);
-        c.params = P(bp.o, 0);
-        c.grads = G(bp.o, 0);
-        c.d_y = view(A(d_res), N, C);
-        c.d_x = view(A(d_att), N, H * D);
-        drop(c, uint64_t(2 + 2 * l));
-        lin->backward(c);
-      }
-      attn->backward(prob, b, view4(A(a.q), B, T, H, D), view4(A(a.k), B, T, Hk, D), view4(A(a.v), B, T, Hk, D),
-                     view4(A(a.att), B, T, H, D), view(A(a.att_s), attn->saved_elements(prob), 1),
-                     view4(A(d_att), B, T, H, D), view4(A(d_q), B, T, H, D), view4(A(d_k), B, T, Hk, D),
-                     view4(A(d_v), B, T, Hk, D));
-      if (o.position == "rope") {
-        for (auto [buf, heads] : {std::pair{d_q, H}, {d_k, Hk}}) {
-          LayerCall c = call(pos_spec, b, N);
-          c.heads = heads;
-          TensorView t = view(A(buf), 0, 0);
-          t.ndim = 3;
-          t.shape = {N, heads, D, 0};
-          c.d_y = c.d_x = t;
-          c.x = c.y = t;
-          pos->backward(c);
-        }
-      }
-      if (o.qk_norm) {
-        for (auto [w, in, out, s, dy, dx, heads] : {std::tuple{bp.q_norm, a.q_lin, a.q, a.qn_s, d_q, d_qlin, H},
-                                                    {bp.k_norm, a.k_lin, a.k, a.kn_s, d_k, d_klin, Hk}}) {
-          LayerCall c = call(qkn_spec, b, N * heads);
-          c.x = view(A(in), N * heads, D);
-          c.y = view(A(out), N * heads, D);
-          c.params = P(w, 0);
-          c.grads = G(w, 0);
-          c.saved = S(s);
-          c.d_y = view(A(dy), N * heads, D);
-          c.d_x = view(A(dx), N * heads, D);
-          qkn->backward(c);
-        }
-      }
-      bool first = true;
-      for (auto [spec, w, out, dy, width] : {std::tuple{&q_spec, bp.q, a.q_lin, d_qlin, H * D},
-                                             {&kv_spec, bp.k, a.k_lin, d_klin, Hk * D}, {&kv_spec, bp.v, a.v, d_v, Hk * D}}) {
-        LayerCall c = call(*spec, b, N);
-        c.x = view(A(a.ln1), N, C);
-        c.y = view(A(out), N, width);
-        c.params = P(w, 0);
-        c.grads = G(w, 0);
-        c.d_y = view(A(dy), N, width);
-        c.d_x = view(A(d_ln), N, C);
-        c.input_grad = first ? GradMode::overwrite : GradMode::accumulate;
-        first = false;
-        lin->backward(c);
-      }
-      {
-        LayerCall c = call(norm_spec, b, N);
-        c.x = view(A(a.res), N, C);
-        c.y = view(A(a.ln1), N, C);
-        c.params = P(bp.ln1, 0);
-        c.grads = G(bp.ln1, 0);
-        c.saved = S(a.ln1_s);
-        c.d_y = view(A(d_ln), N, C);
-        c.d_x = view(A(d_res), N, C);
-        c.input_grad = GradMode::accumulate;
-        norm->backward(c);
-      }
-    }
-    float* x0 = A(acts.empty() ? res_final : acts[0].res);
-    if (o.position == "learned") {
-      LayerCall c = call(pos_spec, b, N);
-      c.x = c.y = view(x0, N, C);
-      c.params = P(wpe, 0);
-      c.grads = G(wpe, 0);
-      c.d_y = c.d_x = view(A(d_res), N, C);
-      pos->backward(c);
-    }
-    {
-      LayerCall c = call(emb_spec, b, N);
-      c.y = view(x0, N, C);
-      c.params = P(wte, 0);
-      c.grads = G(wte, 0);
-      c.d_y = view(A(d_res), N, C);
-      drop(c, 1);
-      emb->backward(c);
+      LayerCall c = call_of(s, true);
+      set_dropout(c, s, true, key);
+      s.layer->backward(c);
     }
   }
 };
@@ -510,17 +453,19 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.o = options;
   m.run = run;
   const ModelOptions& o = m.o;
-  m.emb = m.make_layer(registry, "embedding");
-  m.pos = m.make_layer(registry, o.position);
-  m.norm = m.make_layer(registry, o.norm);
-  m.lin = m.make_layer(registry, "linear");
-  m.mlp = m.make_layer(registry, o.mlp);
-  m.cls = m.make_layer(registry, "cross_entropy");
-  if (o.qk_norm) m.qkn = m.make_layer(registry, "rmsnorm");
   {
-    static const Params empty{"attention", {}};
-    m.attn = registry.create<Attention>(Kind::attention, o.attention, {empty, empty, run});
+    static const Params empty{"run", {}};
+    m.device = registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
   }
+  m.emb = m.make_layer(registry, "embedding", "embedding");
+  m.pos = m.make_layer(registry, o.position, "model.position");
+  m.norm = m.make_layer(registry, o.norm, "model.norm");
+  m.lin = m.make_layer(registry, "linear", "linear");
+  m.mlp = m.make_layer(registry, o.mlp, "model.mlp");
+  m.cls = m.make_layer(registry, "cross_entropy", "cross_entropy");
+  if (o.qk_norm) m.qkn = m.make_layer(registry, "rmsnorm", "model.qk_norm");
+  m.attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run},
+                                      "attention.name");
   const struct {
     Layer* layer;
     LayerRole role;
@@ -563,37 +508,9 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.cls_spec.out = o.vocab_padded;
   m.cls_spec.real_out = o.vocab_size;
   m.cls_spec.declare = !o.tie_embeddings;
-
-  m.wte = m.declare(*m.emb, m.emb_spec, "wte");
-  if (o.position == "learned") m.wpe = m.declare(*m.pos, m.pos_spec, "wpe");
-  for (int64_t l = 0; l < o.n_layers; ++l) {
-    const std::string p = "blocks." + std::to_string(l);
-    Impl::BlockParams bp;
-    bp.ln1 = m.declare(*m.norm, m.norm_spec, p + ".ln1");
-    bp.q = m.declare(*m.lin, m.q_spec, p + ".attn.q");
-    bp.k = m.declare(*m.lin, m.kv_spec, p + ".attn.k");
-    bp.v = m.declare(*m.lin, m.kv_spec, p + ".attn.v");
-    if (o.qk_norm) {
-      bp.q_norm = m.declare(*m.qkn, m.qkn_spec, p + ".attn.q_norm");
-      bp.k_norm = m.declare(*m.qkn, m.qkn_spec, p + ".attn.k_norm");
-    }
-    bp.o = m.declare(*m.lin, m.o_spec, p + ".attn.o");
-    bp.ln2 = m.declare(*m.norm, m.norm_spec, p + ".ln2");
-    const std::size_t first_mlp = m.table.slices.size();
-    bp.mlp = m.declare(*m.mlp, m.mlp_spec, p + ".mlp");
-    for (std::size_t i = first_mlp; i < m.table.slices.size(); ++i) {
-      ParamSlice& s = m.table.slices[i];
-      const auto ends = [&](const std::string& suffix) {
-        return s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0;
-      };
-      if ((ends(".proj.weight") || ends(".down.weight")) && s.init_std > 0) s.init_std = resid_std;
-    }
-    m.blocks.push_back(bp);
-  }
-  m.ln_f = m.declare(*m.norm, m.norm_spec, "ln_f");
-  m.head = o.tie_embeddings ? m.wte : m.declare(*m.cls, m.cls_spec, "lm_head");
-  m.params.assign(std::size_t(m.table.total), 0.0f);
-  m.grads.assign(std::size_t(m.table.total), 0.0f);
+  m.build_schedule();
+  m.params = m.device->alloc(DType::f32, m.table.total);
+  m.grads = m.device->alloc(DType::f32, m.table.total);
 }
 
 Model::~Model() = default;
@@ -601,20 +518,39 @@ Model::~Model() = default;
 const ModelOptions& Model::options() const noexcept { return impl_->o; }
 const ParamTable& Model::table() const noexcept { return impl_->table; }
 int64_t Model::num_params() const noexcept { return impl_->table.total; }
-TensorView Model::params() { return view(impl_->params.data(), impl_->table.total, 1); }
-TensorView Model::grads() { return view(impl_->grads.data(), impl_->table.total, 1); }
-std::vector<float>& Model::param_data() { return impl_->params; }
-std::vector<float>& Model::grad_data() { return impl_->grads; }
+Device& Model::device() noexcept { return *impl_->device; }
+TensorView Model::params() { return impl_->params.view(); }
+TensorView Model::grads() { return impl_->grads.view(); }
+int64_t Model::state_bytes() const noexcept { return impl_->params.bytes() + impl_->grads.bytes(); }
+
+void Model::copy_params_to_host(std::vector<float>& out) {
+  out.resize(std::size_t(num_params()));
+  impl_->device->download(out.data(), params());
+}
+
+void Model::copy_grads_to_host(std::vector<float>& out) {
+  out.resize(std::size_t(num_params()));
+  impl_->device->download(out.data(), grads());
+}
+
+void Model::load_params_from_host(const std::vector<float>& values) {
+  if (int64_t(values.size()) != num_params()) {
+    throw_runtime_error("model", "load_params_from_host: " + std::to_string(values.size()) + " values for " +
+                                     std::to_string(num_params()) + " parameters");
+  }
+  impl_->device->upload(params(), values.data());
+}
 
 void Model::init_params(uint64_t seed) {
   Impl& m = *impl_;
+  std::vector<float> host(std::size_t(m.table.total), 0.0f);
   // One generator per slice, seeded from (seed, slice index): a slice's values do not depend on
   // how many values the slices before it drew.
   for (std::size_t i = 0; i < m.table.slices.size(); ++i) {
     const ParamSlice& s = m.table.slices[i];
-    float* p = m.params.data() + s.offset;
+    float* p = host.data() + s.offset;
     if (s.init_std > 0) {
-      std::mt19937_64 rng(mix(seed, i + 1));
+      std::mt19937_64 rng(mix64(seed, i + 1));
       std::normal_distribution<double> normal(0.0, s.init_std);
       for (int64_t j = 0; j < s.numel(); ++j) p[j] = float(normal(rng));
     } else {
@@ -622,27 +558,39 @@ void Model::init_params(uint64_t seed) {
     }
   }
   // Padded vocabulary rows are never used: keep them zero.
-  const int64_t C = m.o.d_model;
-  std::fill(m.params.begin() + m.wte + m.o.vocab_size * C, m.params.begin() + m.wte + m.o.vocab_padded * C, 0.0f);
+  const int64_t C = m.o.d_model, wte = m.sites.front().param;
+  std::fill(host.begin() + wte + m.o.vocab_size * C, host.begin() + wte + m.o.vocab_padded * C, 0.0f);
+  load_params_from_host(host);
 }
 
-void Model::zero_grads() { std::fill(impl_->grads.begin(), impl_->grads.end(), 0.0f); }
+void Model::zero_grads() { impl_->device->fill(grads(), 0.0f); }
 
 double Model::forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key) {
-  const double sum = impl_->run_forward(batch, true, grad_scale, dropout_key, nullptr);
-  impl_->run_backward(batch, dropout_key);
+  const double sum = impl_->run_forward(batch, true, grad_scale, dropout_key, {});
+  impl_->run_backward(dropout_key);
   return sum;
 }
 
 double Model::forward(const Batch& batch, std::vector<float>* losses, std::vector<float>* logits) {
   Impl& m = *impl_;
-  float* lp = nullptr;
+  const int64_t N = batch.positions_total();
+  Buffer logit_buffer;
+  TensorView lv;
   if (logits != nullptr) {
-    logits->assign(std::size_t(batch.positions_total() * m.o.vocab_padded), 0.0f);
-    lp = logits->data();
+    logit_buffer = m.device->alloc(DType::f32, N * m.o.vocab_padded);
+    lv = logit_buffer.view();
+    lv.ndim = 2;
+    lv.shape = {N, m.o.vocab_padded, 0, 0};
   }
-  const double sum = m.run_forward(batch, false, 0.0, 0, lp);
-  if (losses != nullptr) losses->assign(m.A(m.losses), m.A(m.losses) + batch.positions_total());
+  const double sum = m.run_forward(batch, false, 0.0, 0, lv);
+  if (losses != nullptr) {
+    losses->resize(std::size_t(N));
+    m.device->download(losses->data(), m.act.view(m.plan.at(shared(Slot::losses)), N));
+  }
+  if (logits != nullptr) {
+    logits->resize(std::size_t(N * m.o.vocab_padded));
+    m.device->download(logits->data(), lv);
+  }
   return sum;
 }
 
@@ -651,30 +599,33 @@ double Model::flops_per_token(int64_t seq_len) const noexcept {
   return 6.0 * double(num_params()) + 6.0 * double(o.n_layers) * double(o.d_model) * double(seq_len);
 }
 
-int64_t Model::activation_bytes(int64_t rows, int64_t seq_len) const {
-  impl_->plan(rows, seq_len);
-  return impl_->planned_elements * int64_t(sizeof(float));
+ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {
+  const ArenaPlan p = impl_->make_plan(rows, seq_len);
+  return {rows, seq_len, p.elements};
 }
 
 double Model::measure_matmul_tflops() {
-  // 256 rows through a 512 -> 512 linear layer, best of five after a warm-up.
+  // 256 rows through a 512 -> 512 linear layer on the model's device, best of five after a warm-up.
   const int64_t rows = 256, n = 512;
+  Device& dev = *impl_->device;
   LayerSpec spec;
   spec.in = spec.out = n;
   spec.bias = false;
-  std::vector<float> x(std::size_t(rows * n), 0.5f), w(std::size_t(n * n), 0.01f), y(std::size_t(rows * n));
-  Batch none;
+  Buffer x = dev.alloc(DType::f32, rows * n), w = dev.alloc(DType::f32, n * n), y = dev.alloc(DType::f32, rows * n);
+  dev.fill(x.view(), 0.5f);
+  dev.fill(w.view(), 0.01f);
   LayerCall c;
   c.spec = &spec;
-  c.batch = &none;
   c.rows = rows;
-  c.x = view(x.data(), rows, n);
-  c.y = view(y.data(), rows, n);
-  c.params = view(w.data(), n * n, 1);
+  c.x = x.view();
+  c.y = y.view();
+  c.params = w.view();
   double best = 1e30;
   for (int i = 0; i < 6; ++i) {
+    dev.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     impl_->lin->forward(c);
+    dev.synchronize();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) best = std::min(best, s);
   }

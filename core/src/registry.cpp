@@ -11,6 +11,7 @@
 #include <boost/dll/shared_library.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/device.hpp"
 #include "ablate/plugin.hpp"
 #include "ablate/version.hpp"
 
@@ -30,7 +31,21 @@ void keep_loaded_forever(boost::dll::shared_library lib) {
 }  // namespace
 
 struct Registry::Impl {
-  std::map<std::pair<Kind, std::string>, ComponentInfo, std::less<>> components;
+  // One (kind, name) may have several registrations, each serving its own devices.
+  std::multimap<std::pair<Kind, std::string>, ComponentInfo, std::less<>> components;
+
+  // A registration of (kind, name) that serves a device `info` also serves, if any.
+  const ComponentInfo* clash(const ComponentInfo& info) const {
+    auto [lo, hi] = components.equal_range(std::make_pair(info.kind, info.name));
+    for (auto it = lo; it != hi; ++it) {
+      const ComponentInfo& prev = it->second;
+      if (info.devices.empty() || prev.devices.empty()) return &prev;
+      for (const std::string& d : info.devices) {
+        if (prev.serves(d)) return &prev;
+      }
+    }
+    return nullptr;
+  }
   std::vector<LoadedPlugin> plugins;
   std::vector<LoadFailure> failures;
   std::vector<std::string> loaded_files;  // canonical paths, to load each file once
@@ -55,7 +70,11 @@ std::string fingerprint_part(const std::string& fp, int index) {
 
 }  // namespace
 
-Registry::Registry() : impl_(std::make_unique<Impl>()) {}
+Registry::Registry() : impl_(std::make_unique<Impl>()) {
+  ComponentInfo cpu = cpu_device_info();
+  cpu.library = "core";
+  impl_->components.emplace(std::make_pair(cpu.kind, cpu.name), std::move(cpu));
+}
 
 Registry::~Registry() = default;
 
@@ -159,10 +178,10 @@ bool Registry::load_file(const fs::path& file) {
   }
   // Duplicates are an error naming both files: two plugins claiming one name is ambiguous.
   for (const ComponentInfo& info : reg.collected) {
-    if (const ComponentInfo* prev = find(info.kind, info.name)) {
+    if (const ComponentInfo* prev = impl_->clash(info)) {
       throw_input_error(path, "registers " + std::string(to_string(info.kind)) + " '" + info.name +
                                   "', already registered by " + prev->library +
-                                  "; remove one of the two files from the plugin search path");
+                                  " for the same device; remove one of the two files from the plugin search path");
     }
   }
   for (ComponentInfo& info : reg.collected) {
@@ -178,7 +197,7 @@ bool Registry::load_file(const fs::path& file) {
 }
 
 void Registry::add(ComponentInfo info, const std::string& origin) {
-  if (const ComponentInfo* prev = find(info.kind, info.name)) {
+  if (const ComponentInfo* prev = impl_->clash(info)) {
     throw_input_error(origin, "registers " + std::string(to_string(info.kind)) + " '" + info.name +
                                   "', already registered by " + prev->library);
   }
@@ -192,12 +211,36 @@ const ComponentInfo* Registry::find(Kind kind, std::string_view name) const {
   return it == impl_->components.end() ? nullptr : &it->second;
 }
 
+const ComponentInfo* Registry::find(Kind kind, std::string_view name, std::string_view device) const {
+  auto [lo, hi] = impl_->components.equal_range(std::make_pair(kind, std::string(name)));
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second.serves(device)) return &it->second;
+  }
+  return nullptr;
+}
+
 const ComponentInfo& Registry::get(Kind kind, std::string_view name, const std::string& where) const {
   if (const ComponentInfo* info = find(kind, name)) return *info;
   const std::vector<std::string> valid = names(kind);
   throw_input_error(where, "unknown " + std::string(to_string(kind)) + " '" + std::string(name) + "'" +
                                did_you_mean(name, valid) + " (valid: " +
                                (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+}
+
+const ComponentInfo& Registry::get(Kind kind, std::string_view name, std::string_view device, const std::string& where) const {
+  if (const ComponentInfo* info = find(kind, name, device)) return *info;
+  get(kind, name, where);  // an unknown name is refused as such
+  std::vector<std::string> served, others;
+  auto [lo, hi] = impl_->components.equal_range(std::make_pair(kind, std::string(name)));
+  for (auto it = lo; it != hi; ++it) {
+    for (const std::string& d : it->second.devices) served.push_back(d + " (" + it->second.library + ")");
+  }
+  for (const ComponentInfo* c : list(kind)) {
+    if (c->serves(device)) others.push_back(c->name);
+  }
+  throw_input_error(where, std::string(to_string(kind)) + " '" + std::string(name) + "' has no implementation for device '" +
+                               std::string(device) + "' (it serves: " + join(served) + "); " + std::string(to_string(kind)) +
+                               "s for '" + std::string(device) + "': " + (others.empty() ? std::string("none loaded") : join(others)));
 }
 
 std::vector<const ComponentInfo*> Registry::list(Kind kind) const {
@@ -218,7 +261,9 @@ std::vector<const ComponentInfo*> Registry::all() const {
 
 std::vector<std::string> Registry::names(Kind kind) const {
   std::vector<std::string> out;
-  for (const ComponentInfo* c : list(kind)) out.push_back(c->name);
+  for (const ComponentInfo* c : list(kind)) {
+    if (out.empty() || out.back() != c->name) out.push_back(c->name);
+  }
   return out;
 }
 

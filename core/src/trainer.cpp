@@ -19,6 +19,7 @@
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/launch_env.hpp"
+#include "ablate/mix.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/safetensors.hpp"
@@ -40,23 +41,12 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return int64_t(u.ru_maxrss) * 1024;
-}
 
 int64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
 }
 
-uint64_t mix64(uint64_t a, uint64_t b) {
-  uint64_t z = a * 0x9e3779b97f4a7c15ULL ^ (b + 0x632be59bd9b4e019ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -115,14 +105,6 @@ std::string si(double x) {
 }
 
 TensorView host_view(double* data, int64_t n) { return flat_view(data, DType::f64, n); }
-
-// Squared L2 norm of part of the gradient buffer, summed in double in a fixed order per thread count.
-double squared_norm(const float* g, int64_t n) {
-  double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
-  return sum;
-}
 
 std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vector<float>& data) {
   std::vector<NamedTensor> out;
@@ -233,8 +215,9 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
   }
 }
 
-TensorView f32_range(std::vector<float>& v, Shard shard) {
-  return flat_view(v.data() + shard.offset, DType::f32, shard.count);
+// The shard's part of a flat f32 buffer.
+TensorView slice(TensorView v, Shard shard) {
+  return flat_view(v.as<float>() + shard.offset, DType::f32, shard.count, v.device);
 }
 
 }  // namespace
@@ -304,7 +287,9 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
   run.device = "cpu";
   const ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
   lm.model = std::make_unique<Model>(mo, registry, run);
-  load_params(lm.dir / "model.safetensors", lm.model->table(), lm.model->param_data());
+  std::vector<float> values(std::size_t(lm.model->num_params()));
+  load_params(lm.dir / "model.safetensors", lm.model->table(), values);
+  lm.model->load_params_from_host(values);
   return lm;
 }
 
@@ -317,9 +302,6 @@ RunContext training_context(const Config& config) {
   run.device = run_p.get_string("device");
   run.threads = int(run_p.get_int("threads"));
   if (run.threads == 0) run.threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (run.device != "cpu") {
-    throw_input_error("run.device", "'" + run.device + "' is not available in this build's trainer; use \"cpu\"");
-  }
 #ifdef _OPENMP
   omp_set_num_threads(run.threads);
 #endif
@@ -422,7 +404,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   const int64_t n_params = model.num_params();
   const Shard mine = shard_state ? shard_of(n_params, world, rank) : Shard{0, n_params};
   const ParamTable opt_table = shard_state ? shard_table(model.table(), mine) : model.table();
-  optimizer->init(opt_table, DeviceType::cpu);
+  optimizer->init(opt_table, model.device().type());
   const LrSchedule schedule = LrSchedule::from(config.section("schedule"), opt_p.get_float("lr"), steps);
   auto optimizer_file = [&](int r) -> std::string {
     if (!shard_state) return "optimizer.safetensors";
@@ -462,7 +444,9 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
       spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
                    "not the uninterrupted one", config.hash(), st.config_hash);
     }
-    load_params(cdir / "model.safetensors", model.table(), model.param_data());
+    std::vector<float> values(std::size_t(model.num_params()));
+    load_params(cdir / "model.safetensors", model.table(), values);
+    model.load_params_from_host(values);
     const fs::path ofile = cdir / st.optimizer_files[std::size_t(shard_state ? rank : 0)];
     SafetensorsFile of;
     try {
@@ -573,7 +557,9 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     comm.barrier();
     if (lead) {
       SafetensorsFile mf;
-      mf.tensors = param_tensors(model.table(), model.param_data());
+      std::vector<float> values;
+      model.copy_params_to_host(values);
+      mf.tensors = param_tensors(model.table(), values);
       mf.metadata["format"] = "ablate";
       write_safetensors(tmp / "model.safetensors", mf);
       write_file_atomic(tmp / "config.toml", config.to_toml());
@@ -621,7 +607,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   double last_val = -1;
   double first_loss = -1;
   bool stopped = false;
-  std::vector<float>& grads = model.grad_data();
+  Device& device = model.device();
 
   for (int64_t step = start_step + 1; step <= steps; ++step) {
     const auto t0 = Clock::now();
@@ -654,7 +640,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     double norm = 0;
     if (shard_state) {
       timed([&] { comm.reduce_scatter(model.grads(), ReduceOp::sum); });
-      sums[1] = squared_norm(grads.data() + mine.offset, mine.count);
+      sums[1] = device.squared_norm(slice(model.grads(), mine));
       timed([&] { comm.all_reduce(host_view(sums, 2), ReduceOp::sum); });
       norm = std::sqrt(sums[1]);
     } else {
@@ -664,7 +650,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
           comm.all_reduce(model.grads(), ReduceOp::sum);
         });
       }
-      norm = std::sqrt(squared_norm(grads.data(), int64_t(grads.size())));
+      norm = std::sqrt(device.squared_norm(model.grads()));
     }
     const double loss = real > 0 ? sums[0] / double(real) : 0.0;
     if (!std::isfinite(loss)) {
@@ -672,15 +658,11 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
                                        "; lower optimizer.lr or enable optimizer.grad_clip");
     }
     if (grad_clip > 0 && norm > grad_clip) {
-      const float c = float(grad_clip / (norm + 1e-6));
-      float* g = grads.data() + mine.offset;
-      const int64_t n = mine.count;
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) g[i] *= c;
+      device.scale(slice(model.grads(), mine), float(grad_clip / (norm + 1e-6)));
     }
     const double lr = schedule.at(step);
     if (shard_state) {
-      optimizer->step(opt_table, f32_range(model.param_data(), mine), f32_range(grads, mine), lr, step);
+      optimizer->step(opt_table, slice(model.params(), mine), slice(model.grads(), mine), lr, step);
       timed([&] { comm.all_gather(model.params()); });
     } else {
       optimizer->step(model.table(), model.params(), model.grads(), lr, step);
@@ -703,7 +685,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     sm.mfu = job_peak > 0 ? sm.tflops / job_peak : 0.0;
     sm.effective_mfu = job_peak > 0 ? fpt * double(real) / step_s / 1e12 / job_peak : 0.0;
     sm.data_wait_pct = 100.0 * wait_ms / sm.step_ms;
-    sm.mem_peak_bytes = peak_rss_bytes();
+    sm.mem_peak_bytes = device.memory_peak();
     sm.optimizer_state_bytes = optimizer->state_bytes();
     if (world > 1) {
       sm.extra.push_back({"comm_pct", 100.0 * comm_s / step_s});
@@ -743,7 +725,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   result.val_loss = last_val;
 
   // The largest memory peak of any rank.
-  double mem_peak = double(peak_rss_bytes());
+  double mem_peak = double(model.device().memory_peak());
   comm.all_reduce(host_view(&mem_peak, 1), ReduceOp::max);
   const PipelineStats ps = train_data->stats();
   json summary = {{"status", stopped ? "stopped" : "completed"},

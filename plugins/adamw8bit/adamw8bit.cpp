@@ -516,7 +516,7 @@ void register_components(ablate::Registrar& r) {
                                            e.what());
            }
          },
-         ""});
+         "", {"cpu", "cuda"}});
 }
 
 }  // namespace

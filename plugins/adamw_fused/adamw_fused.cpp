@@ -122,7 +122,7 @@ void register_components(ablate::Registrar& r) {
            return std::make_unique<AdamWFused>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
                                                      a.common.get_float("beta2"), a.common.get_float("eps")});
          },
-         ""});
+         "", {"cuda"}});
 }
 
 }  // namespace

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/mix.hpp"
 
 namespace ablate::cpu_layers {
 
@@ -80,15 +82,18 @@ inline void require(const char* layer, const TensorView& v, const char* what, in
   }
 }
 
-inline const Batch& require_batch(const char* layer, const LayerCall& call, std::vector<int32_t> Batch::*field,
-                                  const char* what) {
+// One of the batch's (B, T) id arrays (tokens, targets, positions), as host memory: a CPU layer
+// serves a model on the cpu device, whose batch views are the Batch itself.
+inline std::span<const int32_t> require_ids(const char* layer, const LayerCall& call, TensorView BatchViews::*field,
+                                            const char* what) {
   if (call.batch == nullptr) throw_runtime_error(layer, "the call has no batch");
-  const std::vector<int32_t>& v = call.batch->*field;
-  if (int64_t(v.size()) != call.rows) {
-    throw_runtime_error(layer, std::string("the batch has ") + std::to_string(v.size()) + " " + what + ", the call " +
+  const TensorView& v = call.batch->*field;
+  if (v.device != DeviceType::cpu || v.dtype != DType::i32) throw_runtime_error(layer, std::string("the batch's ") + what + " are not host i32");
+  if (v.numel() != call.rows) {
+    throw_runtime_error(layer, std::string("the batch has ") + std::to_string(v.numel()) + " " + what + ", the call " +
                                    std::to_string(call.rows) + " rows");
   }
-  return *call.batch;
+  return {v.as<const int32_t>(), std::size_t(v.numel())};
 }
 
 inline void check_spec(const char* layer, const LayerCall& call) {
@@ -137,13 +142,6 @@ inline void add_colsum(int64_t M, int64_t N, const double* A, double* y) {
 
 // --- dropout ---------------------------------------------------------------------------------------
 
-inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Inverted dropout whose mask is a pure function of (key, element index): element i is dropped when
 // a uniform number in [0, 1) drawn from splitmix64(key ^ splitmix64(i)) is below p; kept elements
 // are scaled by 1/(1-p). Backward regenerates the same mask.
@@ -154,7 +152,7 @@ struct Dropout {
   bool on() const { return p > 0.0; }
   template <class T>
   T factor(uint64_t index) const {
-    const double u = double(splitmix64(key ^ splitmix64(index)) >> 11) * 0x1.0p-53;
+    const double u = double(mix64(key, index) >> 11) * 0x1.0p-53;
     return u < p ? T(0) : T(scale);
   }
 };

@@ -19,7 +19,6 @@ class CrossEntropy final : public Layer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
-  double forward_flops_per_row(const LayerSpec& s) const override { return 2.0 * double(s.in) * double(s.out); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -42,9 +41,9 @@ class CrossEntropy final : public Layer {
       require(kName, call.grads, "grads", out * in);
       if (same(call.d_x, call.x)) throw_runtime_error(kName, "d_x must not alias x");
     }
-    const Batch& b = require_batch(kName, call, &Batch::targets, "targets");
+    const std::span<const int32_t> targets = require_ids(kName, call, &BatchViews::targets, "targets");
     for (int64_t r = 0; r < rows; ++r) {
-      const int32_t t = b.targets[std::size_t(r)];
+      const int32_t t = targets[std::size_t(r)];
       if (t != -1 && (t < 0 || t >= real_out)) {
         throw_input_error(kName, "target " + std::to_string(t) + " at " + std::to_string(r) + " is outside [0, " +
                                      std::to_string(real_out) + ") and not -1");
@@ -66,7 +65,7 @@ class CrossEntropy final : public Layer {
         if (logits != nullptr) std::memcpy(logits + r0 * out, z, std::size_t(n * out) * sizeof(T));
 #pragma omp parallel for schedule(static) if(n * out >= kParallelMin)
         for (int64_t i = 0; i < n; ++i) {
-          const int32_t target = b.targets[std::size_t(r0 + i)];
+          const int32_t target = targets[std::size_t(r0 + i)];
           T* zr = z + i * out;
           if (target < 0) {
             losses[r0 + i] = T(0);

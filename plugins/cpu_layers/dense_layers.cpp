@@ -76,9 +76,6 @@ class Linear final : public Layer {
     if (spec.bias) table.add(param_name(prefix, "bias"), {spec.out}, false, 0.0, 0.0);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  double forward_flops_per_row(const LayerSpec& s) const override {
-    return 2.0 * double(s.in) * double(s.out) + (s.bias ? double(s.out) : 0.0);
-  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -147,10 +144,6 @@ class GeluMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
-  double forward_flops_per_row(const LayerSpec& s) const override {
-    const double C = double(s.in), H = double(s.out);
-    return 4.0 * C * H + (s.bias ? H + C : 0.0) + 10.0 * H;
-  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -222,10 +215,6 @@ class SwiGLUMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 3 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
-  double forward_flops_per_row(const LayerSpec& s) const override {
-    const double C = double(s.in), H = double(s.out);
-    return 6.0 * C * H + (s.bias ? 2.0 * H + C : 0.0) + 6.0 * H;
-  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);

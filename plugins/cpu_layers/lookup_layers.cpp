@@ -20,7 +20,7 @@ void scatter_add_rows(const int32_t* index, int64_t rows, int64_t cols, const T*
   }
 }
 
-void check_indices(const char* layer, const std::vector<int32_t>& index, int64_t limit, const char* what) {
+void check_indices(const char* layer, std::span<const int32_t> index, int64_t limit, const char* what) {
   for (std::size_t i = 0; i < index.size(); ++i) {
     if (index[i] < 0 || index[i] >= limit) {
       throw_input_error(layer, std::string(what) + " " + std::to_string(index[i]) + " at " + std::to_string(i) +
@@ -39,7 +39,6 @@ class Embedding final : public Layer {
     table.add(param_name(prefix, "weight"), {spec.out, spec.in}, true, spec.init_std);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  double forward_flops_per_row(const LayerSpec&) const override { return 0.0; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -47,8 +46,8 @@ class Embedding final : public Layer {
     const DType dt = call_dtype(kName, {&call.y, &call.params});
     require(kName, call.y, "y", call.rows * s.in);
     require(kName, call.params, "params", s.out * s.in);
-    const Batch& b = require_batch(kName, call, &Batch::tokens, "tokens");
-    check_indices(kName, b.tokens, s.out, "token");
+    const std::span<const int32_t> tokens = require_ids(kName, call, &BatchViews::tokens, "tokens");
+    check_indices(kName, tokens, s.out, "token");
     const Dropout drop = make_dropout(kName, call);
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
@@ -57,7 +56,7 @@ class Embedding final : public Layer {
       const int64_t in = s.in;
 #pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
-        const T* src = w + int64_t(b.tokens[r]) * in;
+        const T* src = w + int64_t(tokens[r]) * in;
         T* yr = y + r * in;
         if (drop.on()) {
           for (int64_t c = 0; c < in; ++c) yr[c] = src[c] * drop.factor<T>(uint64_t(r * in + c));
@@ -74,17 +73,17 @@ class Embedding final : public Layer {
     const DType dt = call_dtype(kName, {&call.d_y, &call.grads});
     require(kName, call.d_y, "d_y", call.rows * s.in);
     require(kName, call.grads, "grads", s.out * s.in);
-    const Batch& b = require_batch(kName, call, &Batch::tokens, "tokens");
-    check_indices(kName, b.tokens, s.out, "token");
+    const std::span<const int32_t> tokens = require_ids(kName, call, &BatchViews::tokens, "tokens");
+    check_indices(kName, tokens, s.out, "token");
     const Dropout drop = make_dropout(kName, call);
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
       const int64_t in = s.in;
       if (drop.on()) {
-        scatter_add_rows(b.tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
+        scatter_add_rows(tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
                          [&](int64_t r, int64_t c) { return drop.factor<T>(uint64_t(r * in + c)); });
       } else {
-        scatter_add_rows(b.tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
+        scatter_add_rows(tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
                          [](int64_t, int64_t) { return T(1); });
       }
     });
@@ -105,7 +104,6 @@ class Learned final : public Layer {
     table.add(param_name(prefix, "weight"), {spec.max_positions, spec.in}, true, spec.init_std);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  double forward_flops_per_row(const LayerSpec& spec) const override { return double(spec.in); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -114,8 +112,8 @@ class Learned final : public Layer {
     require(kName, call.x, "x", call.rows * s.in);
     require(kName, call.y, "y", call.rows * s.in);
     require(kName, call.params, "params", s.max_positions * s.in);
-    const Batch& b = require_batch(kName, call, &Batch::positions, "positions");
-    check_indices(kName, b.positions, s.max_positions, "position");
+    const std::span<const int32_t> positions = require_ids(kName, call, &BatchViews::positions, "positions");
+    check_indices(kName, positions, s.max_positions, "position");
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
       const T* w = call.params.as<T>();
@@ -124,7 +122,7 @@ class Learned final : public Layer {
       const int64_t in = s.in;
 #pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
-        const T* p = w + int64_t(b.positions[r]) * in;
+        const T* p = w + int64_t(positions[r]) * in;
         for (int64_t c = 0; c < in; ++c) y[r * in + c] = x[r * in + c] + p[c];
       }
     });
@@ -137,13 +135,13 @@ class Learned final : public Layer {
     const DType dt = call_dtype(kName, {&call.d_y, &call.d_x, &call.grads});
     require(kName, call.d_y, "d_y", call.rows * s.in);
     require(kName, call.grads, "grads", s.max_positions * s.in);
-    const Batch& b = require_batch(kName, call, &Batch::positions, "positions");
-    check_indices(kName, b.positions, s.max_positions, "position");
+    const std::span<const int32_t> positions = require_ids(kName, call, &BatchViews::positions, "positions");
+    check_indices(kName, positions, s.max_positions, "position");
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
       const int64_t in = s.in, n = call.rows * in;
       const T* dy = call.d_y.as<T>();
-      scatter_add_rows(b.positions.data(), call.rows, in, dy, call.grads.as<T>(), [](int64_t, int64_t) { return T(1); });
+      scatter_add_rows(positions.data(), call.rows, in, dy, call.grads.as<T>(), [](int64_t, int64_t) { return T(1); });
       if (call.d_x.data != nullptr && !same(call.d_x, call.d_y)) {
         require(kName, call.d_x, "d_x", n);
         T* dx = call.d_x.as<T>();
@@ -178,7 +176,6 @@ class Rope final : public Layer {
   void declare_params(const LayerSpec& spec, const std::string&, ParamTable&) const override { check_dim(spec); }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   // Per row of one head (the spec does not know the head count): 4 multiplies and 2 adds per pair.
-  double forward_flops_per_row(const LayerSpec& spec) const override { return 3.0 * double(spec.in); }
 
   void forward(const LayerCall& call) override { run(call, false); }
   void backward(const LayerCall& call) override { run(call, true); }
@@ -208,7 +205,7 @@ class Rope final : public Layer {
     if (accumulate && same(src, dst)) {
       throw_runtime_error(kName, "d_x cannot both alias d_y and accumulate");
     }
-    const Batch& b = require_batch(kName, call, &Batch::positions, "positions");
+    const std::span<const int32_t> positions = require_ids(kName, call, &BatchViews::positions, "positions");
     const int64_t D = s.in, half = D / 2, heads = call.heads;
     // theta^(-2i/D) for each pair.
     std::vector<double> freq(static_cast<std::size_t>(half));
@@ -224,7 +221,7 @@ class Rope final : public Layer {
         std::vector<T> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < call.rows; ++r) {
-          const double pos = double(b.positions[r]);
+          const double pos = double(positions[r]);
           for (int64_t i = 0; i < half; ++i) {
             const double angle = pos * freq[i];
             cs[i] = T(std::cos(angle));

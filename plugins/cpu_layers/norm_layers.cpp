@@ -59,7 +59,6 @@ class LayerNorm final : public NormBase {
     if (spec.bias) table.add(param_name(prefix, "bias"), {spec.in}, false, 0.0, 0.0);
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return 2 * rows; }
-  double forward_flops_per_row(const LayerSpec& spec) const override { return 8.0 * double(spec.in); }
 
   void forward(const LayerCall& call) override {
     const LayerSpec* s = call.spec;
@@ -168,7 +167,6 @@ class RMSNorm final : public NormBase {
     table.add(param_name(prefix, "weight"), {spec.in}, false, 0.0, 1.0);
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rows; }
-  double forward_flops_per_row(const LayerSpec& spec) const override { return 4.0 * double(spec.in); }
 
   // y = x rstd w, rstd = 1/sqrt(mean(x^2) + eps).
   void forward(const LayerCall& call) override {

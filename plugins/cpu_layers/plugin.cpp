@@ -1,5 +1,4 @@
-// Registers the CPU layers: one component per layer, no keys of their own. A model on device
-// "cpu" finds them by their plain names.
+// Registers the CPU layers: one component per layer, no keys of their own, serving device "cpu".
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -9,7 +8,7 @@ using ablate::Layer;
 
 void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_ptr<Layer> (*make)()) {
   r.add({ablate::Kind::layer, name, "1.0.0", doc, {},
-         [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); }, ""});
+         [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); }, "", {"cpu"}});
 }
 
 void register_components(ablate::Registrar& r) {

@@ -308,7 +308,7 @@ void register_components(ablate::Registrar& r) {
            return std::make_unique<MpiCommunicator>(a.own.get_float("timeout_s"), a.own.get_int("ring_min_bytes"),
                                                     a.own.get_int("segment_bytes"));
          },
-         ""});
+         "", {"cpu"}});
 }
 
 }  // namespace

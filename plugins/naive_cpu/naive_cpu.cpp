@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,12 +38,30 @@
 namespace {
 
 using ablate::AttentionProblem;
-using ablate::Batch;
 using ablate::DType;
 using ablate::DeviceType;
 using ablate::TensorView;
 
 constexpr const char* kWhere = "naive_cpu";
+
+// The batch's segment layout as host memory (a model on the cpu device views its Batch in place).
+struct SegmentLayout {
+  int32_t rows = 0, seq_len = 0;
+  std::span<const ablate::Segment> segments;
+  std::span<const int32_t> row_segments;
+};
+
+SegmentLayout layout_of(const ablate::BatchViews& v) {
+  if (v.device != DeviceType::cpu || v.segments.dtype != DType::i32 || v.row_segments.dtype != DType::i32) {
+    ablate::throw_runtime_error(kWhere, "the batch's segment layout is not host i32 memory");
+  }
+  SegmentLayout l;
+  l.rows = v.rows;
+  l.seq_len = v.seq_len;
+  l.segments = {reinterpret_cast<const ablate::Segment*>(v.segments.data), std::size_t(v.num_segments)};
+  l.row_segments = {v.row_segments.as<const int32_t>(), std::size_t(v.row_segments.numel())};
+  return l;
+}
 
 std::string shape_string(const TensorView& t) {
   std::string s = "(";
@@ -89,7 +108,7 @@ void check_saved(const TensorView& saved, const AttentionProblem& p) {
 }
 
 // Checks the problem itself and the batch's segment layout against it.
-void check_problem(const AttentionProblem& p, const Batch& batch) {
+void check_problem(const AttentionProblem& p, const SegmentLayout& batch) {
   if (p.batch < 0 || p.seq_len < 0 || p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) {
     ablate::throw_runtime_error(kWhere, "batch and seq_len must be >= 0, heads, kv_heads and head_dim > 0");
   }
@@ -173,7 +192,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
               int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-int32_t longest_segment(const Batch& batch) {
+int32_t longest_segment(const SegmentLayout& batch) {
   int32_t n = 0;
   for (const ablate::Segment& s : batch.segments) n = std::max(n, s.length);
   return n;
@@ -206,7 +225,7 @@ struct Unit {
   int32_t row, start, length, head;
 };
 
-std::vector<Unit> units(const Batch& batch, int32_t heads) {
+std::vector<Unit> units(const SegmentLayout& batch, int32_t heads) {
   std::vector<Unit> out;
   for (int32_t b = 0; b < batch.rows; ++b) {
     for (int32_t s = batch.row_segments[std::size_t(b)]; s < batch.row_segments[std::size_t(b) + 1]; ++s) {
@@ -221,7 +240,7 @@ std::vector<Unit> units(const Batch& batch, int32_t heads) {
 }
 
 template <class T, class S>
-void forward_impl(const AttentionProblem& p, const Batch& batch, const T* q, const T* k, const T* v, T* out,
+void forward_impl(const AttentionProblem& p, const SegmentLayout& batch, const T* q, const T* k, const T* v, T* out,
                   S* lse, int threads) {
   const Layout L{p.seq_len, p.heads, p.kv_heads, p.head_dim};
   const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
@@ -278,7 +297,7 @@ void forward_impl(const AttentionProblem& p, const Batch& batch, const T* q, con
 }
 
 template <class T, class S>
-void backward_impl(const AttentionProblem& p, const Batch& batch, const T* q, const T* k, const T* v, const T* out,
+void backward_impl(const AttentionProblem& p, const SegmentLayout& batch, const T* q, const T* k, const T* v, const T* out,
                    const S* lse, const T* d_out, T* d_q, T* d_k, T* d_v, int threads) {
   const Layout L{p.seq_len, p.heads, p.kv_heads, p.head_dim};
   const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
@@ -359,8 +378,9 @@ class NaiveCpu final : public ablate::Attention {
     return int64_t(p.batch) * p.heads * p.seq_len;
   }
 
-  void forward(const AttentionProblem& p, const Batch& batch, TensorView q, TensorView k, TensorView v,
+  void forward(const AttentionProblem& p, const ablate::BatchViews& views, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {
+    const SegmentLayout batch = layout_of(views);
     check_problem(p, batch);
     check_tensor("q", q, p, p.heads);
     check_tensor("k", k, p, p.kv_heads);
@@ -379,9 +399,10 @@ class NaiveCpu final : public ablate::Attention {
     }
   }
 
-  void backward(const AttentionProblem& p, const Batch& batch, TensorView q, TensorView k, TensorView v,
+  void backward(const AttentionProblem& p, const ablate::BatchViews& views, TensorView q, TensorView k, TensorView v,
                 TensorView out, TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k,
                 TensorView d_v) override {
+    const SegmentLayout batch = layout_of(views);
     check_problem(p, batch);
     check_tensor("q", q, p, p.heads);
     check_tensor("k", k, p, p.kv_heads);
@@ -407,13 +428,6 @@ class NaiveCpu final : public ablate::Attention {
     }
   }
 
-  double forward_flops(const AttentionProblem& p, const Batch& batch) const override {
-    // Per query head and attended (i, j) pair: q.k and p*v, D multiply-adds each (2 FLOPs apiece).
-    double pairs = 0;
-    for (const ablate::Segment& s : batch.segments) pairs += 0.5 * double(s.length) * (double(s.length) + 1.0);
-    return pairs * 4.0 * double(p.head_dim) * double(p.heads);
-  }
-
  private:
   int threads_;
 };
@@ -421,7 +435,7 @@ class NaiveCpu final : public ablate::Attention {
 void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::attention, "naive_cpu", "1.0.0",
          "exact causal softmax attention on the CPU (f32/f64, segments, GQA): the reference backend", {},
-         [](const ablate::ComponentArgs& a) { return std::make_unique<NaiveCpu>(a.run.threads); }, ""});
+         [](const ablate::ComponentArgs& a) { return std::make_unique<NaiveCpu>(a.run.threads); }, "", {"cpu"}});
 }
 
 }  // namespace

@@ -320,7 +320,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& a) {
            return std::make_unique<NcclCommunicator>(a.own.get_float("timeout_s"));
          },
-         ""});
+         "", {"cuda"}});
 }
 
 }  // namespace

@@ -9,16 +9,12 @@
 
 #include "ablate/data.hpp"
 #include "ablate/error.hpp"
+#include "ablate/mix.hpp"
 #include "ablate/plugin.hpp"
 
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using ablate::mix64;
 
 // A keyed bijection of [0, n): a balanced Feistel network on the smallest even number of bits
 // covering n, with cycle walking for values that land outside [0, n).
@@ -42,7 +38,7 @@ class KeyedPermutation {
   uint64_t encrypt(uint64_t x) const {
     uint64_t left = x >> half_bits_, right = x & half_mask_;
     for (uint64_t round = 0; round < 6; ++round) {
-      const uint64_t f = mix64(key_ ^ mix64(right + (round << 56))) & half_mask_;
+      const uint64_t f = mix64(key_, right + (round << 56)) & half_mask_;
       const uint64_t next_right = left ^ f;
       left = right;
       right = next_right;
@@ -105,12 +101,12 @@ class ShuffledSampler final : public RoundRobinSampler {
 
  protected:
   uint64_t order(uint64_t epoch, uint64_t position) override {
-    const uint64_t epoch_key = mix64(seed_ ^ mix64(epoch + 0x5368756666ull));
+    const uint64_t epoch_key = mix64(seed_, epoch + 0x5368756666ull);
     if (buffer_ == 0 || buffer_ >= documents_) return KeyedPermutation(documents_, epoch_key)(position);
     const uint64_t window = position / buffer_;
     const uint64_t start = window * buffer_;
     const uint64_t size = std::min(buffer_, documents_ - start);
-    return start + KeyedPermutation(size, mix64(epoch_key ^ mix64(window)))(position - start);
+    return start + KeyedPermutation(size, mix64(epoch_key, window))(position - start);
   }
 
  private:

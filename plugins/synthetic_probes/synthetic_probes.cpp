@@ -22,6 +22,7 @@
 
 #include "ablate/data.hpp"
 #include "ablate/error.hpp"
+#include "ablate/mix.hpp"
 #include "ablate/plugin.hpp"
 
 namespace {
@@ -43,10 +44,9 @@ class SplitMix {
  public:
   explicit SplitMix(uint64_t seed) : state_(seed) {}
   uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    const uint64_t z = ablate::splitmix64(state_);
+    state_ += 0x9E3779B97F4A7C15ull;
+    return z;
   }
   double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
   uint64_t below(uint64_t n) { return next() % n; }
@@ -60,10 +60,7 @@ class SplitMix {
   uint64_t state_;
 };
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  SplitMix g(a ^ (b * 0xD6E8FEB86659FD93ull));
-  return g.next();
-}
+uint64_t mix(uint64_t a, uint64_t b) { return ablate::splitmix64(a ^ (b * 0xD6E8FEB86659FD93ull)); }
 
 struct Host {
   double lat_deg;

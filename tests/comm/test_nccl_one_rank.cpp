@@ -39,7 +39,8 @@ std::unique_ptr<ablate::Communicator> make(ablate::Registry& registry, const std
   const ablate::Params own{"run." + name, name == "nccl" ? std::map<std::string, ablate::Value, std::less<>>{
                                                                {"timeout_s", ablate::Value(30.0)}}
                                                          : std::map<std::string, ablate::Value, std::less<>>{}};
-  const ablate::RunContext run;
+  ablate::RunContext run;
+  run.device = name == "nccl" ? "cuda" : "cpu";
   return registry.create<ablate::Communicator>(ablate::Kind::communicator, name, {common, own, run});
 }
 

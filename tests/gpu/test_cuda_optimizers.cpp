@@ -50,7 +50,9 @@ struct Setup {
     if (name == "adamw8bit") {
       own = {{"block_size", int64_t(256)}, {"min_8bit_size", int64_t(4096)}, {"fp32_state_pattern", std::string()}};
     }
-    return registry.create<Optimizer>(Kind::optimizer, name, {common, Params("optimizer." + name, own), run});
+    RunContext at = run;  // the CPU references serve "cpu", adamw_fused "cuda" (adamw8bit both)
+    at.device = name == "adamw" ? "cpu" : "cuda";
+    return registry.create<Optimizer>(Kind::optimizer, name, {common, Params("optimizer." + name, own), at});
   }
 };
 

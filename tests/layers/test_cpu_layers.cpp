@@ -102,6 +102,7 @@ struct Case {
   int64_t rows = 7, heads = 1;
   int64_t nx = 0, ny = 0;  // x and y elements
   Batch batch;
+  mutable BatchViews views;  // of `batch`, made by make_call
   double dropout = 0.0;
   uint64_t key = 0;
   bool residual = false;       // y = residual + f(x)
@@ -118,7 +119,8 @@ struct State {
 LayerCall make_call(const Case& c) {
   LayerCall call;
   call.spec = &c.spec;
-  call.batch = &c.batch;
+  c.views = host_batch_views(c.batch);
+  call.batch = &c.views;
   call.rows = c.rows;
   call.heads = c.heads;
   call.dropout = c.dropout;
@@ -486,20 +488,16 @@ TEST_CASE("parameters are named under the prefix with their shapes, decay and in
   CHECK(names("cross_entropy", tied).first.empty());
 }
 
-TEST_CASE("activation, scratch and FLOP counts") {
+TEST_CASE("activation and scratch counts") {
   LayerSpec s;
   s.in = 13;
   s.out = 11;
   CHECK(make("layernorm")->activation_elements(s, 7) == 14);
   CHECK(make("rmsnorm")->activation_elements(s, 7) == 7);
   CHECK(make("linear")->activation_elements(s, 7) == 0);
-  CHECK(make("linear")->forward_flops_per_row(s) == doctest::Approx(2 * 13 * 11 + 11));
   CHECK(make("gelu_mlp")->activation_elements(s, 7) == 2 * 7 * 11);
   CHECK(make("gelu_mlp")->scratch_elements(s, 7) == 7 * 11);
-  CHECK(make("gelu_mlp")->forward_flops_per_row(s) >= 4 * 13 * 11);
   CHECK(make("swiglu_mlp")->activation_elements(s, 7) == 3 * 7 * 11);
-  CHECK(make("swiglu_mlp")->forward_flops_per_row(s) >= 6 * 13 * 11);
-  CHECK(make("cross_entropy")->forward_flops_per_row(s) == doctest::Approx(2 * 13 * 11));
   CHECK(make("cross_entropy")->scratch_elements(s, 7) == 7 * 11);
   CHECK(make("cross_entropy")->scratch_elements(s, 100000) <= 1024 * 11);  // chunked, never all rows
   CHECK(make("embedding")->activation_elements(s, 7) == 0);
@@ -820,8 +818,9 @@ struct ClassifierCall {
     std::vector<T> xs = x, Ws = W, losses(std::size_t(rows), kNaN<T>), lg, dx, g(W.size(), T(0));
     std::vector<T> scratch(std::size_t(layer.scratch_elements(spec, rows)), kNaN<T>);
     LayerCall call;
+    const BatchViews views = host_batch_views(batch);
     call.spec = &spec;
-    call.batch = &batch;
+    call.batch = &views;
     call.rows = rows;
     call.x = view(xs);
     call.params = view(Ws);

@@ -97,11 +97,25 @@ struct Fixture {
 };
 
 void load_golden_params(Model& m, const Golden& g) {
+  std::vector<float> values(std::size_t(m.num_params()));
   for (const ParamSlice& s : m.table().slices) {
     const NamedTensor& t = g.get("param." + s.name);
     REQUIRE_MESSAGE(t.shape == s.shape, s.name);
-    std::memcpy(m.param_data().data() + s.offset, t.bytes.data(), t.bytes.size());
+    std::memcpy(values.data() + s.offset, t.bytes.data(), t.bytes.size());
   }
+  m.load_params_from_host(values);
+}
+
+std::vector<float> grads_of(Model& m) {
+  std::vector<float> g;
+  m.copy_grads_to_host(g);
+  return g;
+}
+
+std::vector<float> params_of(Model& m) {
+  std::vector<float> p;
+  m.copy_params_to_host(p);
+  return p;
 }
 
 double rel_err(double got, double want) { return std::abs(got - want) / std::max(1e-3, std::abs(want)); }
@@ -135,12 +149,13 @@ void check_case(const std::string& name) {
   m.zero_grads();
   const double sum2 = m.forward_backward(b, 1.0 / double(b.real_targets()), 0);
   CHECK(sum2 == doctest::Approx(sum).epsilon(1e-6));
+  const std::vector<float> grads = grads_of(m);
   for (const ParamSlice& s : m.table().slices) {
     const std::vector<double> want = g.f64("grad." + s.name);
     double scale = 0, err = 0;
     for (int64_t i = 0; i < s.numel(); ++i) {
       scale = std::max(scale, std::abs(want[std::size_t(i)]));
-      err = std::max(err, std::abs(double(m.grad_data()[std::size_t(s.offset + i)]) - want[std::size_t(i)]));
+      err = std::max(err, std::abs(double(grads[std::size_t(s.offset + i)]) - want[std::size_t(i)]));
     }
     INFO(name << " gradient " << s.name << ": max abs error " << err << " (max |grad| " << scale << ")");
     CHECK(err <= 1e-6 + 2e-4 * scale);
@@ -182,13 +197,14 @@ TEST_CASE("accumulating micro-batches equals one batch, backward twice equals tw
     const double scale = 1.0 / double(whole.real_targets());
     m.zero_grads();
     const double sum_whole = m.forward_backward(whole, scale, 0);
-    const std::vector<float> g_whole = m.grad_data();
+    const std::vector<float> g_whole = grads_of(m);
     m.zero_grads();
     const double sum_parts = m.forward_backward(first, scale, 0) + m.forward_backward(second, scale, 0);
     CHECK(sum_parts == doctest::Approx(sum_whole).epsilon(1e-6));
     double err = 0, mx = 0;
+    const std::vector<float> g_parts = grads_of(m);
     for (std::size_t i = 0; i < g_whole.size(); ++i) {
-      err = std::max(err, double(std::abs(m.grad_data()[i] - g_whole[i])));
+      err = std::max(err, double(std::abs(g_parts[i] - g_whole[i])));
       mx = std::max(mx, double(std::abs(g_whole[i])));
     }
     INFO(name << ": accumulated vs whole max abs diff " << err << " of " << mx);
@@ -196,9 +212,10 @@ TEST_CASE("accumulating micro-batches equals one batch, backward twice equals tw
     // Twice the same micro-batch accumulates exactly twice.
     m.zero_grads();
     m.forward_backward(first, scale, 0);
-    const std::vector<float> once = m.grad_data();
+    const std::vector<float> once = grads_of(m);
     m.forward_backward(first, scale, 0);
-    for (std::size_t i = 0; i < once.size(); ++i) REQUIRE(m.grad_data()[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-6));
+    const std::vector<float> twice = grads_of(m);
+    for (std::size_t i = 0; i < once.size(); ++i) REQUIRE(twice[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-6));
   }
 }
 
@@ -217,6 +234,7 @@ TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 
   CHECK(m.num_params() == 124475904);
   // Initialisation: residual projections are scaled by 1/sqrt(2L), norms are one, biases zero.
   m.init_params(1);
+  const std::vector<float> p = params_of(m);
   const ParamSlice* proj = m.table().find("blocks.0.attn.o.weight");
   const ParamSlice* fc = m.table().find("blocks.0.mlp.fc.weight");
   const ParamSlice* ln = m.table().find("blocks.0.ln1.weight");
@@ -224,13 +242,13 @@ TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 
   REQUIRE((proj && fc && ln && bias));
   auto stddev = [&](const ParamSlice* s) {
     double sq = 0;
-    for (int64_t i = 0; i < s->numel(); ++i) sq += double(m.param_data()[std::size_t(s->offset + i)]) * m.param_data()[std::size_t(s->offset + i)];
+    for (int64_t i = 0; i < s->numel(); ++i) sq += double(p[std::size_t(s->offset + i)]) * p[std::size_t(s->offset + i)];
     return std::sqrt(sq / double(s->numel()));
   };
   CHECK(stddev(fc) == doctest::Approx(0.02).epsilon(0.01));
   CHECK(stddev(proj) == doctest::Approx(0.02 / std::sqrt(24.0)).epsilon(0.01));
-  CHECK(m.param_data()[std::size_t(ln->offset)] == 1.0f);
-  CHECK(m.param_data()[std::size_t(bias->offset)] == 0.0f);
+  CHECK(p[std::size_t(ln->offset)] == 1.0f);
+  CHECK(p[std::size_t(bias->offset)] == 0.0f);
   CHECK_FALSE(ln->decay);
   CHECK(fc->decay);
 }

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ablate/batch.hpp"
+#include "ablate/device.hpp"
 #include "ablate/component.hpp"
 #include "ablate/tensor.hpp"
 
@@ -29,13 +29,12 @@ class Attention : public Component {
   virtual std::string supports(const AttentionProblem& problem) const = 0;
   // fp32 values the backend keeps from forward to backward (e.g. softmax statistics, B*H*T).
   virtual int64_t saved_elements(const AttentionProblem& problem) const { (void)problem; return 0; }
-  virtual void forward(const AttentionProblem& problem, const Batch& batch, TensorView q, TensorView k,
+  // `batch` holds the segment layout on the problem's device (segments, row_segments, segment_ids).
+  virtual void forward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                        TensorView v, TensorView out, TensorView saved) = 0;
-  virtual void backward(const AttentionProblem& problem, const Batch& batch, TensorView q, TensorView k,
+  virtual void backward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                         TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
                         TensorView d_k, TensorView d_v) = 0;
-  // FLOPs of forward for `problem` on `batch`, causal counted once (what it actually computes).
-  virtual double forward_flops(const AttentionProblem& problem, const Batch& batch) const = 0;
 };
 
 }  // namespace ablate

@@ -8,15 +8,16 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ablate/schema.hpp"
 
 namespace ablate {
 
-enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, logger, communicator };
+enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, logger, communicator, device };
 
-inline constexpr Kind kAllKinds[] = {Kind::data_source, Kind::sampler,   Kind::batcher, Kind::layer,
-                                     Kind::attention,   Kind::optimizer, Kind::logger,  Kind::communicator};
+inline constexpr Kind kAllKinds[] = {Kind::data_source, Kind::sampler, Kind::batcher,      Kind::layer, Kind::attention,
+                                     Kind::optimizer,   Kind::logger,  Kind::communicator, Kind::device};
 
 std::string_view to_string(Kind kind) noexcept;  // "data_source", "batcher", ...
 std::optional<Kind> kind_from_string(std::string_view name) noexcept;
@@ -55,6 +56,11 @@ struct ComponentInfo {
   Schema schema;        // the keys of its own sub-table
   Factory factory;
   std::string library;  // filled in by the registry: the plugin file it came from
+  // The devices ([run] device) this registration serves; empty = every device (data pipeline,
+  // loggers). One name may have one registration per device: `layernorm` for "cpu" in one plugin
+  // and for "cuda" in another, and the registry picks the one for the run's device.
+  std::vector<std::string> devices;
+  bool serves(std::string_view device) const;
 };
 
 // Handed to a plugin's register function; the plugin adds each component it implements.

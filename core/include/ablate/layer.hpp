@@ -20,14 +20,14 @@
 //
 // Every CPU layer works on f32 (training) and f64 (gradient checks) views; all views of one call
 // share the dtype. Layers are stateless kernels: one object serves every place it is used.
-// Device: a model on device "cpu" looks layers up by their plain name ("layernorm"); a model on
-// "cuda" by the name with "_cuda" appended ("layernorm_cuda").
+// Device: a layer's registration says the devices it serves (ComponentInfo::devices); the model
+// asks the registry for (name, run.device), so "layernorm" names the same layer on every device.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "ablate/batch.hpp"
+#include "ablate/device.hpp"
 #include "ablate/component.hpp"
 #include "ablate/tensor.hpp"
 
@@ -54,7 +54,7 @@ struct LayerSpec {
 // One call. Shapes are those of LayerSpec; `rows` is B*T (qk-norm: B*T*heads).
 struct LayerCall {
   const LayerSpec* spec = nullptr;
-  const Batch* batch = nullptr;  // tokens, targets, positions (rows must equal B*T except norms)
+  const BatchViews* batch = nullptr;  // tokens, targets, positions on the model's device (rows = B*T except norms)
   int64_t rows = 0;
   int64_t heads = 1;             // rope: x is (rows, heads, in)
   TensorView x, y;               // forward input and output (backward: the same tensors again)
@@ -83,8 +83,6 @@ class Layer : public Component {
   // Values (of the call's dtype) the layer keeps from forward to backward, and scratch it needs.
   virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
   virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
-  // Forward FLOPs per row (multiply-add = 2), for the FLOPs accounting.
-  virtual double forward_flops_per_row(const LayerSpec& spec) const = 0;
   virtual void forward(const LayerCall& call) = 0;
   virtual void backward(const LayerCall& call) = 0;
 };

@@ -19,6 +19,7 @@
 #include "ablate/attention.hpp"
 #include "ablate/batch.hpp"
 #include "ablate/component.hpp"
+#include "ablate/device.hpp"
 #include "ablate/layer.hpp"
 #include "ablate/tensor.hpp"
 
@@ -36,6 +37,8 @@ struct ModelOptions {
   std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
   double rope_theta = 10000.0, dropout = 0.0;
   bool qk_norm = false, bias = true, tie_embeddings = true;
+  // The attention backend's keys: [attention] and its own sub-table [attention.<name>].
+  Params attention_common{"attention", {}}, attention_own{"attention", {}};
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
   // when [model] vocab_size is 0. Inconsistent shapes are input errors naming the key.
@@ -44,8 +47,18 @@ struct ModelOptions {
   std::string describe() const;
 };
 
+// Bytes of activations and scratch one micro-batch shape needs: a pure plan (offsets into one
+// arena), so that whether a shape fits is known without allocating it.
+struct ActivationPlan {
+  int64_t rows = 0, seq_len = 0;
+  int64_t elements = 0;  // f32 values of the arena
+  int64_t bytes() const noexcept { return elements * int64_t(sizeof(float)); }
+};
+
 class Model {
  public:
+  // The model on the device [run] device names (the registry's `device` component of that name),
+  // its layers and attention backend the registrations that serve that device.
   Model(const ModelOptions& options, const Registry& registry, const RunContext& run);
   ~Model();
   Model(const Model&) = delete;
@@ -54,11 +67,14 @@ class Model {
   const ModelOptions& options() const noexcept;
   const ParamTable& table() const noexcept;
   int64_t num_params() const noexcept;
-  // The flat buffers (fp32, host).
+  Device& device() noexcept;
+  // The flat fp32 buffers on the model's device (num_params() elements each).
   TensorView params();
   TensorView grads();
-  std::vector<float>& param_data();
-  std::vector<float>& grad_data();
+  // Checkpoints, export and tests: the parameters (or gradients) through host memory.
+  void copy_params_to_host(std::vector<float>& out);
+  void copy_grads_to_host(std::vector<float>& out);
+  void load_params_from_host(const std::vector<float>& values);  // num_params() values
 
   // GPT-2 initialisation from `seed` (a pure function of seed and the parameter table).
   void init_params(uint64_t seed);
@@ -72,11 +88,15 @@ class Model {
   // `losses` and (rows*T, vocab_padded) logits into `logits` when given.
   double forward(const Batch& batch, std::vector<float>* losses = nullptr, std::vector<float>* logits = nullptr);
 
-  // model FLOPs per token (6N + 6*L*d*T, DESIGN.md) at row length `seq_len`.
+  // model FLOPs per token (6N + 6*L*d*T, docs/architecture.md) at row length `seq_len`.
   double flops_per_token(int64_t seq_len) const noexcept;
-  // Bytes of activations and scratch for a micro-batch of `rows` x `seq_len`.
-  int64_t activation_bytes(int64_t rows, int64_t seq_len) const;
-  // fp32 matrix-product rate of the linear layer on this machine (TFLOP/s), the CPU's peak for MFU.
+  // The activation arena a micro-batch of `rows` x `seq_len` needs (allocates nothing).
+  ActivationPlan activation_plan(int64_t rows, int64_t seq_len) const;
+  int64_t activation_bytes(int64_t rows, int64_t seq_len) const { return activation_plan(rows, seq_len).bytes(); }
+  // Bytes of parameters and gradients on the device.
+  int64_t state_bytes() const noexcept;
+  // fp32 matrix-product rate of the linear layer on the model's device (TFLOP/s): the peak for MFU
+  // where the device has no table entry (a CPU).
   double measure_matmul_tflops();
   // The attention backend's answer for a micro-batch shape ("" = served).
   std::string attention_supports(int64_t rows, int64_t seq_len) const;

@@ -48,20 +48,26 @@ class Registry {
   // Components compiled into the program itself (tests use this; core registers none today).
   void add(ComponentInfo info, const std::string& origin);
 
+  // The first registration of (kind, name), whatever device it serves.
   const ComponentInfo* find(Kind kind, std::string_view name) const;
-  // Like find, but an unknown name is an input error listing the valid names of that kind.
+  // The registration of (kind, name) that serves `device` ([run] device).
+  const ComponentInfo* find(Kind kind, std::string_view name, std::string_view device) const;
+  // Like find, but an unknown name is an input error listing the valid names of that kind, and a
+  // name with no registration for `device` one naming the devices it has.
   const ComponentInfo& get(Kind kind, std::string_view name, const std::string& where = {}) const;
+  const ComponentInfo& get(Kind kind, std::string_view name, std::string_view device, const std::string& where) const;
   std::vector<const ComponentInfo*> list(Kind kind) const;  // sorted by name
   std::vector<const ComponentInfo*> all() const;            // sorted by kind, name
-  std::vector<std::string> names(Kind kind) const;
+  std::vector<std::string> names(Kind kind) const;  // distinct names, sorted
 
   const std::vector<LoadedPlugin>& plugins() const noexcept;
   const std::vector<LoadFailure>& failures() const noexcept;
 
-  // Constructs a component and checks it implements the interface T of its kind.
+  // Constructs the registration of (kind, name) for the run's device (args.run.device) and checks
+  // it implements the interface T of its kind. `where` names the config key for errors.
   template <class T>
-  std::unique_ptr<T> create(Kind kind, std::string_view name, const ComponentArgs& args) const {
-    const ComponentInfo& info = get(kind, name);
+  std::unique_ptr<T> create(Kind kind, std::string_view name, const ComponentArgs& args, const std::string& where = {}) const {
+    const ComponentInfo& info = get(kind, name, args.run.device, where);
     std::unique_ptr<Component> made = info.factory(args);
     T* typed = dynamic_cast<T*>(made.get());
     if (typed == nullptr) {

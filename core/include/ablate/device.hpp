@@ -1,0 +1,127 @@
+// The Device seam: where a model's parameters, gradients, activations and batches live, and the few
+// operations the trainer itself performs on them (fill, squared norm, scale, the masked loss sum),
+// so that the trainer and the model hold no device branch. Implementations: `cpu` (in core, host
+// memory; a batch is viewed in place, without a copy) and `cuda` (plugins/cuda_device). Core holds
+// no CUDA header: a device plugin hides its runtime behind this interface (docs/architecture.md).
+//
+// Ordering: calls on one device are executed in the order they are made. The calls that hand a
+// value back to the host (download, squared_norm, masked_loss_sum) return only once it is there;
+// everything else may still be running on return (synchronize() waits for it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ablate/batch.hpp"
+#include "ablate/component.hpp"
+#include "ablate/tensor.hpp"
+
+namespace ablate {
+
+class Device;
+
+// `count` elements of `dtype` in a device's memory, freed by that device with the object. Moves,
+// never copies. An empty buffer has no device.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device* device, void* data, DType dtype, int64_t count) noexcept
+      : device_(device), data_(data), dtype_(dtype), count_(count) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const noexcept { return data_; }
+  DType dtype() const noexcept { return dtype_; }
+  int64_t count() const noexcept { return count_; }
+  int64_t bytes() const noexcept { return count_ * int64_t(dtype_size(dtype_)); }
+  bool empty() const noexcept { return count_ == 0; }
+  // The whole buffer as a flat view, or `n` elements from element `offset`.
+  TensorView view() const noexcept;
+  TensorView view(int64_t offset, int64_t n) const noexcept;
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  DType dtype_ = DType::f32;
+  int64_t count_ = 0;
+};
+
+// A micro-batch as layers and attention backends read it: i32 views on the model's device, made
+// by one Device::upload_batch call. `host` is the Batch they were made from, for host-side
+// bookkeeping only (shapes, counts); kernels never read it.
+struct BatchViews {
+  int32_t rows = 0;           // B
+  int32_t seq_len = 0;        // T
+  int32_t num_segments = 0;   // S: all rows' segments
+  TensorView tokens;          // (B, T)
+  TensorView targets;         // (B, T), -1 = no loss
+  TensorView positions;       // (B, T)
+  TensorView segment_ids;     // (B, T), 1..S per row, 0 = padding
+  TensorView segments;        // (S, 2): start, length of each segment, row after row
+  TensorView row_segments;    // (B + 1): the segments of row r are [row_segments[r], row_segments[r+1])
+  const Batch* host = nullptr;
+  DeviceType device = DeviceType::cpu;
+};
+
+// What upload_batch leaves behind: the views, and the memory they point into when the device is
+// not the host's. Reused from micro-batch to micro-batch (grows, never shrinks).
+struct DeviceBatch {
+  BatchViews views;
+  Buffer storage;                 // the device copy (empty on the CPU)
+  std::vector<int32_t> staging;   // the host packing of one batch (pack_batch)
+};
+
+// The six arrays of `batch` one after another in `staging` (tokens, targets, positions,
+// segment_ids, segments as (start, length) pairs, row_segments), so that a device copies a batch
+// in one transfer; and the views of that packing at `base` (host or device memory).
+void pack_batch(const Batch& batch, std::vector<int32_t>& staging);
+BatchViews batch_views_at(const Batch& batch, int32_t* base, DeviceType device);
+// The views of `batch` itself (host memory, no copy).
+BatchViews host_batch_views(const Batch& batch);
+
+class Device : public Component {
+ public:
+  ~Device() override;
+  virtual DeviceType type() const noexcept = 0;
+  // What the device is, as a person reads it ("cpu (16 threads)", "NVIDIA H100 80GB HBM3").
+  virtual std::string describe() const = 0;
+
+  // Memory: a buffer of `count` zeros of `dtype` (a failure to allocate names the bytes asked
+  // for and the bytes free), and the memory it holds.
+  virtual Buffer alloc(DType dtype, int64_t count) = 0;
+  virtual void release(void* data) noexcept = 0;  // Buffer's destructor
+  virtual int64_t memory_in_use() const = 0;       // bytes allocated through this device now
+  virtual int64_t memory_peak() const = 0;         // the most ever in use at once
+  // Bytes the device has in all (0 = unknown: the host's memory budget applies).
+  virtual int64_t memory_capacity() const = 0;
+
+  // Copies between host memory and device views (bytes = the view's elements).
+  virtual void upload(TensorView dst, const void* host) = 0;
+  virtual void download(void* host, TensorView src) = 0;
+  // The views of one micro-batch on this device (the CPU views it in place).
+  virtual void upload_batch(const Batch& batch, DeviceBatch& out) = 0;
+
+  // The trainer's reductions, on f32 views: every element set to `value`; sum of squares
+  // accumulated in double; every element multiplied by `factor`; the sum in double of
+  // losses[i] over the positions whose targets[i] (i32) is not -1.
+  virtual void fill(TensorView x, float value) = 0;
+  virtual double squared_norm(TensorView x) = 0;
+  virtual void scale(TensorView x, float factor) = 0;
+  virtual double masked_loss_sum(TensorView losses, TensorView targets) = 0;
+
+  virtual void synchronize() = 0;
+  // The device's peak dense matrix rate for `dtype` in TFLOP/s from the table of known devices
+  // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it).
+  virtual double peak_tflops(DType dtype) const = 0;
+};
+
+// The `cpu` device of core: host memory (64-byte aligned), OpenMP loops.
+ComponentInfo cpu_device_info();
+
+}  // namespace ablate

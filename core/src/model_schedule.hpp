@@ -1,0 +1,98 @@
+// The model's schedule as data: every call the forward pass makes (a "site": which layer, its
+// spec, its parameters, which activation slots it reads and writes, how its input gradient is
+// written, its dropout site), built once when the model is assembled. Forward walks the sites in
+// order; backward walks the same list in reverse with each site's gradient slots, so the wiring
+// and the dropout numbering are written once and cannot drift between the two passes.
+//
+// Slots name regions of the activation arena; their offsets depend on the micro-batch shape and
+// come from a pure plan (ArenaPlan), so a shape's bytes are known without allocating them.
+// N = B*T rows, C = d_model, H/Hk query/kv heads, D = head_dim.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "ablate/attention.hpp"
+#include "ablate/layer.hpp"
+
+namespace ablate::schedule {
+
+enum class Slot : uint8_t {
+  none,
+  // Per block l (block n_layers has only `res`, the stream after the last block).
+  res,     // (N, C)    the residual stream entering block l (block 0: the embeddings)
+  ln1,     // (N, C)    norm1(res)
+  ln1_s,   //           norm1's saved values
+  q_lin,   // (N, H*D)  q projection
+  k_lin,   // (N, Hk*D) k projection
+  v,       // (N, Hk*D) v projection
+  q,       // (N, H*D)  q after qk-norm (= q_lin without it), rotated in place by rope
+  k,       // (N, Hk*D) k likewise
+  qn_s,    //           q-norm's saved values
+  kn_s,    //           k-norm's saved values
+  att,     // (N, H*D)  attention output
+  att_s,   //           the attention backend's saved values (e.g. softmax statistics)
+  mid,     // (N, C)    res + o(att)
+  ln2,     // (N, C)    norm2(mid)
+  ln2_s,   //           norm2's saved values
+  mlp_s,   //           the MLP's saved values
+  // Shared by every block (block -1).
+  lnf,     // (N, C)    final norm of the stream
+  lnf_s,   //           its saved values
+  losses,  // (N)       per-position loss
+  d_res,   // (N, C)    gradient of the residual stream
+  d_ln,    // (N, C)    gradient of a norm's output
+  d_q,     // (N, H*D)  gradient of q (after qk-norm and rope)
+  d_k,     // (N, Hk*D)
+  d_v,     // (N, Hk*D)
+  d_att,   // (N, H*D)  gradient of the attention output
+  d_qlin,  // (N, H*D)  gradient of q_lin (= d_q without qk-norm)
+  d_klin,  // (N, Hk*D)
+  scratch, //           the largest scratch any layer asks for
+  count
+};
+
+inline constexpr int kSlots = int(Slot::count);
+
+struct Ref {
+  int32_t block = -1;  // -1: a shared slot
+  Slot slot = Slot::none;
+  bool set() const noexcept { return slot != Slot::none; }
+};
+
+inline Ref shared(Slot s) { return {-1, s}; }
+inline Ref in_block(int64_t l, Slot s) { return {int32_t(l), s}; }
+
+// The arena's offsets (f32 elements) for one micro-batch shape.
+struct ArenaPlan {
+  int64_t rows = 0, seq_len = 0;
+  int64_t elements = 0;
+  int64_t scratch_elements = 0;
+  std::vector<int64_t> offsets;  // (n_layers + 2) * kSlots; index (block + 1) * kSlots + slot
+  int64_t at(Ref r) const { return offsets[std::size_t((r.block + 1) * kSlots + int(r.slot))]; }
+};
+
+enum class Op : uint8_t { layer, attention };
+
+struct Site {
+  Op op = Op::layer;
+  Layer* layer = nullptr;
+  const LayerSpec* spec = nullptr;
+  int64_t param = -1;      // offset of the layer's first parameter in the flat buffers (-1: none)
+  int64_t row_heads = 1;   // the call's rows are N * row_heads (qk-norm normalises each head)
+  int64_t heads = 1;       // rope: x is (N, heads, D)
+  int64_t x_cols = 0, y_cols = 0;
+  // Forward: input, output, residual added to the output, values kept for backward.
+  Ref x, y, residual, saved;
+  // Backward: gradient of the output (read) and of the input (written as input_grad says).
+  Ref d_y, d_x;
+  GradMode input_grad = GradMode::overwrite;
+  uint64_t dropout_site = 0;  // 0: no dropout on the output
+  // Attention sites: q, k, v -> out (= x... y unused), and their gradients.
+  struct {
+    Ref q, k, v, out, saved, d_out, d_q, d_k, d_v;
+  } attn;
+};
+
+}  // namespace ablate::schedule
