@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/communicator.hpp"
+#include "ablate/engine.hpp"
 #include "ablate/error.hpp"
 #include "ablate/model.hpp"
 #include "ablate/optimizer.hpp"
@@ -78,7 +80,12 @@ int tune_batch_size(const Args& args) {
   const std::string opt_name = config.selected("optimizer");
   auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
                                               {config.section("optimizer"), config.implementation("optimizer", opt_name), run});
-  optimizer->init(model.table(), DeviceType::cpu);
+  // One process, one micro-batch per step: the trainer's engine with the single communicator.
+  auto single = registry.create<Communicator>(Kind::communicator, "single", {run_p, Params("run.single", {}), run});
+  EngineOptions eo = EngineOptions::from(config);
+  eo.accum = 1;
+  eo.shard_state = false;
+  Engine engine(model, *optimizer, *single, eo);
   // What does not grow with the micro-batch: the process as it stands (parameters, gradients,
   // optimizer state, libraries) measured now.
   const int64_t fixed = current_rss();
@@ -102,17 +109,15 @@ int tune_batch_size(const Args& args) {
     double total_s = 0;
     int64_t positions = 0, real = 0;
     for (int64_t s = 0; s <= timed; ++s) {
-      const PipelineBatch& pb = pipe->next();
+      const Batch batch = pipe->next().batch;
       const auto t0 = Clock::now();
-      model.zero_grads();
-      const int64_t rt = pb.batch.real_targets();
-      model.forward_backward(pb.batch, rt > 0 ? 1.0 / double(rt) : 0.0, uint64_t(s));
-      optimizer->step(model.table(), model.params(), model.grads(), lr0 * 1e-3, ++opt_step);
+      const StepOutcome o = engine.step(std::span<const Batch>(&batch, 1), ++opt_step, lr0 * 1e-3);
+      model.device().synchronize();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (s > 0) {
         total_s += dt;
-        positions += pb.batch.positions_total();
-        real += rt;
+        positions += o.positions;
+        real += o.real_targets;
       }
     }
     t.step_ms = 1e3 * total_s / double(timed);

@@ -1,15 +1,15 @@
-// The trainer and its checkpoints (see trainer.hpp).
+// The trainer (see trainer.hpp): the run's settings read once, the run directory, the data, the
+// model and its engine, then the loop that reads like a recipe: take the micro-batches, one engine
+// step, the step's metrics, evaluation, logging, checkpoints. Device differences live behind the
+// Device (device.hpp), the schedule of collectives in the engine (engine.hpp), the files of a
+// checkpoint in the checkpointer (checkpointer.hpp), the metric definitions in run_metrics.hpp.
 #include "ablate/trainer.hpp"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -17,14 +17,16 @@
 
 #include "ablate/communicator.hpp"
 #include "ablate/config.hpp"
+#include "ablate/engine.hpp"
 #include "ablate/error.hpp"
 #include "ablate/launch_env.hpp"
-#include "ablate/mix.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/safetensors.hpp"
 #include "ablate/schedule.hpp"
 #include "ablate/version.hpp"
+#include "checkpointer.hpp"
+#include "run_metrics.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -41,37 +43,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-
 int64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
-}
-
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-json cursor_json(const DataCursor& c) {
-  json pending = json::array();
-  for (const PendingPiece& p : c.pending) pending.push_back({p.document, p.begin, p.end});
-  return {{"draw", c.draw}, {"pending", pending}};
-}
-
-DataCursor cursor_from(const json& j) {
-  DataCursor c;
-  c.draw = j.at("draw").get<uint64_t>();
-  for (const json& p : j.at("pending")) c.pending.push_back({p.at(0).get<uint64_t>(), p.at(1).get<int32_t>(), p.at(2).get<int32_t>()});
-  return c;
 }
 
 // Closes every sink once, also when training leaves by an exception.
@@ -89,13 +63,6 @@ struct LoggerSet {
   }
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string si(double x) {
   char buf[32];
   if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
@@ -104,48 +71,50 @@ std::string si(double x) {
   return buf;
 }
 
-TensorView host_view(double* data, int64_t n) { return flat_view(data, DType::f64, n); }
 
-std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vector<float>& data) {
-  std::vector<NamedTensor> out;
-  for (const ParamSlice& s : table.slices) {
-    NamedTensor t;
-    t.name = s.name;
-    t.dtype = DType::f32;
-    t.shape = s.shape;
-    t.bytes.resize(std::size_t(s.numel()) * 4);
-    std::memcpy(t.bytes.data(), data.data() + s.offset, t.bytes.size());
-    out.push_back(std::move(t));
+// The keys of [run], [checkpoint] and [logging] the loop needs, read once.
+struct TrainerSettings {
+  int64_t steps = 0, eval_every = 0, eval_batches = 0, ckpt_every = 0, keep = 1, log_every = 1;
+  int64_t batch_size = 0, seq_len = 0, accum = 1;
+  int64_t memory_bytes = 0;
+  std::string memory_source;
+
+  static TrainerSettings from(const Config& config) {
+    const Params run = config.section("run"), ckpt = config.section("checkpoint"), batching = config.section("batching");
+    TrainerSettings s;
+    s.steps = run.get_int("steps");
+    s.accum = run.get_int("grad_accum_steps");
+    s.eval_every = run.get_int("eval_every");
+    s.eval_batches = run.get_int("eval_batches");
+    s.ckpt_every = ckpt.get_int("every");
+    s.keep = ckpt.get_int("keep");
+    s.log_every = config.section("logging").get_int("every");
+    s.batch_size = batching.get_int("batch_size");
+    s.seq_len = batching.get_int("seq_len");
+    s.memory_bytes = memory_budget_bytes(config);
+    s.memory_source = run.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
+    return s;
   }
-  return out;
+};
+
+// Refuses to start over a run that already has checkpoints (or to resume one that has none);
+// rank 0 creates the directory once every rank has looked.
+void prepare_run_dir(const TrainOptions& options, Communicator& comm) {
+  const fs::path& dir = options.run_dir;
+  const bool has_checkpoint = fs::exists(dir / "checkpoints" / "latest");
+  if (options.resume && !has_checkpoint) {
+    throw_input_error(dir.string(), "--resume: this run directory has no checkpoint to resume from" +
+                                        std::string(comm.world() > 1 ? " (with several machines the run directory must be "
+                                                                       "on a filesystem every rank sees)"
+                                                                     : ""));
+  }
+  if (!options.resume && has_checkpoint) {
+    throw_input_error(dir.string(), "already holds a run with checkpoints; pass --resume to continue it, or --run-dir to "
+                                    "start a new one elsewhere");
+  }
+  comm.barrier();
+  if (comm.rank() == 0) fs::create_directories(dir / "checkpoints");
 }
-
-void load_params(const fs::path& file, const ParamTable& table, std::vector<float>& data) {
-  SafetensorsFile f;
-  try {
-    f = read_safetensors(file);
-  } catch (const Error& e) {
-    throw_input_error(file.string(), std::string("cannot read the checkpoint's parameters: ") + e.what());
-  }
-  for (const ParamSlice& s : table.slices) {
-    const NamedTensor* t = f.find(s.name);
-    if (t == nullptr) throw_input_error(file.string(), "the checkpoint has no tensor '" + s.name + "': it was written for another model");
-    if (t->shape != s.shape || t->dtype != DType::f32) {
-      std::string want, got;
-      for (int64_t d : s.shape) want += (want.empty() ? "" : "x") + std::to_string(d);
-      for (int64_t d : t->shape) got += (got.empty() ? "" : "x") + std::to_string(d);
-      throw_input_error(file.string(), "tensor '" + s.name + "' is " + got + " in the checkpoint, the model expects " + want +
-                                           ": the checkpoint does not match the config's [model]");
-    }
-    std::memcpy(data.data() + s.offset, t->bytes.data(), t->bytes.size());
-  }
-  if (f.tensors.size() != table.slices.size()) {
-    throw_input_error(file.string(), "the checkpoint has " + std::to_string(f.tensors.size()) + " tensors, the model " +
-                                         std::to_string(table.slices.size()) + ": it was written for another model");
-  }
-}
-
-void write_json_atomic(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
 
 // Evaluation sees the same batches whatever the world size: every rank reads the validation
 // stream of a world of one, forwards the batches i with i % world == rank, and the loss sums and
@@ -164,27 +133,10 @@ struct Evaluator {
       acc[0] += model.forward(pb.batch);
       acc[1] += double(pb.batch.real_targets());
     }
-    comm.all_reduce(host_view(acc, 2), ReduceOp::sum);
+    comm.all_reduce_host(flat_view(acc, DType::f64, 2), ReduceOp::sum);
     return acc[1] > 0 ? acc[0] / acc[1] : 0.0;
   }
 };
-
-// The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's
-// optimizer sees under ZeRO-1. A slice cut by a shard boundary keeps its name and becomes flat.
-ParamTable shard_table(const ParamTable& table, Shard shard) {
-  ParamTable out;
-  out.total = shard.count;
-  const int64_t end = shard.offset + shard.count;
-  for (const ParamSlice& s : table.slices) {
-    const int64_t lo = std::max(s.offset, shard.offset), hi = std::min(s.offset + s.numel(), end);
-    if (lo >= hi) continue;
-    ParamSlice piece = s;
-    piece.offset = lo - shard.offset;
-    if (hi - lo != s.numel()) piece.shape = {hi - lo};
-    out.slices.push_back(std::move(piece));
-  }
-  return out;
-}
 
 // Every rank must train the same experiment on the same data: a rank started with other overrides,
 // or reading other files, would silently average another run's gradients into the job. Each rank
@@ -196,7 +148,7 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
   const uint64_t mine[2] = {fnv1a(config_hash), fnv1a(data_and_model)};
   std::vector<int32_t> all(std::size_t(4 * world), 0);
   std::memcpy(all.data() + 4 * rank, mine, sizeof mine);
-  comm.all_gather(flat_view(all.data(), DType::i32, 4 * world));
+  comm.all_gather_host(flat_view(all.data(), DType::i32, 4 * world));
   std::string config_ranks, data_ranks;
   for (int r = 1; r < world; ++r) {
     const int32_t* x = all.data() + 4 * r;
@@ -215,83 +167,76 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
   }
 }
 
-// The shard's part of a flat f32 buffer.
-TensorView slice(TensorView v, Shard shard) {
-  return flat_view(v.as<float>() + shard.offset, DType::f32, shard.count, v.device);
+// run.json: what the run is, for reproduction.
+void write_run_json(const fs::path& dir, const Config& config, const Registry& registry, const RunContext& run,
+                    const std::string& comm_name, Model& model, const TrainerSettings& s) {
+  json plugins = json::array();
+  for (const ComponentInfo* info : registry.all()) {
+    plugins.push_back({{"kind", std::string(to_string(info->kind))}, {"name", info->name}, {"version", info->version},
+                       {"library", info->library}, {"devices", info->devices}});
+  }
+  write_json_file(dir / "run.json", {{"ablate_version", ABLATE_VERSION_STRING},
+                                     {"device", run.device},
+                                     {"device_name", model.device().describe()},
+                                     {"threads", run.threads},
+                                     {"world", run.world},
+                                     {"communicator", comm_name},
+                                     {"shard_state", config.section("optimizer").get_bool("shard_state")},
+                                     {"parameters", model.num_params()},
+                                     {"model", model.options().describe()},
+                                     {"config_hash", config.hash()},
+                                     {"memory_bytes", s.memory_bytes},
+                                     {"memory_source", s.memory_source},
+                                     {"param_bytes", int64_t(model.num_params()) * 4},
+                                     {"grad_bytes", int64_t(model.num_params()) * 4},
+                                     {"activation_bytes", model.activation_bytes(s.batch_size, s.seq_len)},
+                                     {"batch_size", s.batch_size},
+                                     {"seq_len", s.seq_len},
+                                     {"grad_accum_steps", s.accum},
+                                     {"plugins", plugins}});
+}
+
+// Every sink of [logging] sinks (rank 0 writes them; every rank checks the names).
+void open_loggers(LoggerSet& loggers, const Config& config, const Registry& registry, const RunContext& run,
+                  const fs::path& dir, int64_t start_step, const TrainerSettings& s) {
+  for (const std::string& name : config.selected_list("logging")) {
+    if (registry.find(Kind::logger, name) == nullptr) {
+      const std::vector<std::string> valid = registry.names(Kind::logger);
+      throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
+    }
+  }
+  if (run.rank != 0) return;
+  LogContext lc;
+  lc.run_dir = dir.string();
+  lc.config_toml = config.to_toml();
+  lc.run_name = fs::absolute(dir).lexically_normal().filename().string();
+  if (lc.run_name.empty()) lc.run_name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  lc.start_step = start_step;
+  lc.total_steps = s.steps;
+  lc.log_every = s.log_every;
+  const Params log_p = config.section("logging");
+  for (const std::string& name : config.selected_list("logging")) {
+    loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
+    loggers.sinks.back()->open(lc);
+  }
+}
+
+// The model of [model] for the data's vocabulary, refused before training when a micro-batch
+// shape cannot be served.
+std::unique_ptr<Model> make_model(const Config& config, const Registry& registry, const RunContext& run,
+                                  int64_t data_vocab, const TrainerSettings& s) {
+  const ModelOptions mo = ModelOptions::from(config, data_vocab);
+  auto model = std::make_unique<Model>(mo, registry, run);
+  if (s.seq_len > mo.max_seq_len) {
+    throw_input_error("batching.seq_len", std::to_string(s.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
+  }
+  if (const std::string why = model->attention_supports(s.batch_size, s.seq_len); !why.empty()) {
+    throw_input_error("attention.name", "'" + mo.attention + "' cannot serve this model: " + why);
+  }
+  return model;
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-
-fs::path resolve_checkpoint(const fs::path& path) {
-  if (!fs::exists(path)) throw_input_error(path.string(), "no such checkpoint or run directory");
-  if (fs::exists(path / "state.json")) return path;
-  const fs::path latest = path / "checkpoints" / "latest";
-  if (fs::exists(latest)) {
-    std::string name = read_text(latest);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    const fs::path dir = path / "checkpoints" / name;
-    if (!fs::exists(dir / "state.json")) throw_input_error(latest.string(), "names '" + name + "', which is not a complete checkpoint");
-    return dir;
-  }
-  throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with checkpoints/latest");
-}
-
-CheckpointState read_checkpoint_state(const fs::path& dir) {
-  const fs::path file = dir / "state.json";
-  CheckpointState s;
-  try {
-    const json j = json::parse(read_text(file));
-    s.step = j.at("step").get<int64_t>();
-    s.cursor = cursor_from(j.at("data_cursor"));
-    s.seed = j.at("seed").get<uint64_t>();
-    s.config_hash = j.at("config_hash").get<std::string>();
-    s.model = j.at("model").get<std::string>();
-    s.parameters = j.at("parameters").get<int64_t>();
-    s.optimizer = j.at("optimizer").get<std::string>();
-    s.vocab_size = j.at("vocab_size").get<int64_t>();
-    s.world = j.value("world", 1);
-    s.shard_state = j.value("shard_state", false);
-    if (j.contains("data_cursors")) {
-      for (const json& c : j.at("data_cursors")) s.cursors.push_back(cursor_from(c));
-    } else {
-      s.cursors.push_back(s.cursor);
-    }
-    if (j.contains("optimizer_files")) {
-      s.optimizer_files = j.at("optimizer_files").get<std::vector<std::string>>();
-    } else {
-      s.optimizer_files.push_back("optimizer.safetensors");
-    }
-  } catch (const json::exception& e) {
-    throw_input_error(file.string(), std::string("not a valid checkpoint state: ") + e.what());
-  }
-  if (s.world < 1 || int64_t(s.cursors.size()) != s.world ||
-      int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
-    throw_input_error(file.string(), "not a valid checkpoint state: world " + std::to_string(s.world) + " with " +
-                                         std::to_string(s.cursors.size()) + " data cursors and " +
-                                         std::to_string(s.optimizer_files.size()) + " optimizer files");
-  }
-  return s;
-}
-
-LoadedModel load_model(const fs::path& path, Registry& registry) {
-  LoadedModel lm;
-  lm.dir = resolve_checkpoint(path);
-  lm.state = read_checkpoint_state(lm.dir);
-  const fs::path cfg = lm.dir / "config.toml";
-  if (!fs::exists(cfg)) throw_input_error(lm.dir.string(), "checkpoint has no config.toml");
-  lm.config = std::make_unique<Config>(Config::parse(read_text(cfg), cfg.string(), {}, registry, lm.dir));
-  RunContext run;
-  run.seed = lm.state.seed;
-  run.device = "cpu";
-  const ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
-  lm.model = std::make_unique<Model>(mo, registry, run);
-  std::vector<float> values(std::size_t(lm.model->num_params()));
-  load_params(lm.dir / "model.safetensors", lm.model->table(), values);
-  lm.model->load_params_from_host(values);
-  return lm;
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -338,45 +283,16 @@ namespace {
 
 TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
                         const RunContext& run, const std::string& comm_name) {
-  const Params run_p = config.section("run");
-  const Params opt_p = config.section("optimizer");
-  const Params ckpt_p = config.section("checkpoint");
-  const Params log_p = config.section("logging");
-  const int64_t steps = run_p.get_int("steps");
-  const int64_t accum = run_p.get_int("grad_accum_steps");
-  const int64_t eval_every = run_p.get_int("eval_every");
-  const int64_t ckpt_every = ckpt_p.get_int("every");
-  const int64_t keep = ckpt_p.get_int("keep");
-  const int64_t log_every = log_p.get_int("every");
-  const double grad_clip = opt_p.get_float("grad_clip");
-  const bool shard_state = opt_p.get_bool("shard_state");
-  const int64_t memory_bytes = memory_budget_bytes(config);
-  const std::string memory_source = run_p.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
-  const int rank = run.rank, world = run.world;
-  const bool lead = rank == 0;
-
-  // Run directory: refuse to start over a run that already has checkpoints.
+  const TrainerSettings s = TrainerSettings::from(config);
+  const bool lead = run.rank == 0;
   const fs::path dir = options.run_dir;
-  const fs::path ckpt_root = dir / "checkpoints";
-  const bool has_checkpoint = fs::exists(ckpt_root / "latest");
-  if (options.resume && !has_checkpoint) {
-    throw_input_error(dir.string(), "--resume: this run directory has no checkpoint to resume from" +
-                                        std::string(world > 1 ? " (with several machines the run directory must be on a "
-                                                                "filesystem every rank sees)"
-                                                              : ""));
-  }
-  if (!options.resume && has_checkpoint) {
-    throw_input_error(dir.string(), "already holds a run with checkpoints; pass --resume to continue it, or --run-dir to "
-                                    "start a new one elsewhere");
-  }
-  comm.barrier();  // every rank has looked before rank 0 writes anything
-  if (lead) fs::create_directories(ckpt_root);
+  prepare_run_dir(options, comm);
 
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
   auto source = make_data_source(config, registry, run);
   auto train_data = DataPipeline::from_config(config, registry, run, Split::train, source);
   Evaluator eval;
-  eval.batches = run_p.get_int("eval_batches");
+  eval.batches = s.eval_batches;
   eval.available = source->size(Split::validation) > 0 && eval.batches > 0;
   if (eval.available) {
     RunContext one = run;  // the validation batches of a world of one, split among the ranks
@@ -385,337 +301,87 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     eval.pipeline = DataPipeline::from_config(config, registry, one, Split::validation, source);
   }
 
-  // Model and optimizer.
-  const ModelOptions mo = ModelOptions::from(config, source->vocab_size());
-  Model model(mo, registry, run);
-  const Params batching = config.section("batching");
-  const int64_t B = batching.get_int("batch_size"), T = batching.get_int("seq_len");
-  if (T > mo.max_seq_len) {
-    throw_input_error("batching.seq_len", std::to_string(T) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
+  // Model, optimizer, engine, checkpoints.
+  std::unique_ptr<Model> model_ptr = make_model(config, registry, run, source->vocab_size(), s);
+  Model& model = *model_ptr;
+  if (run.world > 1) {
+    require_same_experiment(comm, config.hash(), source->describe() + "; " + model.options().describe(), config.source());
   }
-  if (const std::string why = model.attention_supports(B, T); !why.empty()) {
-    throw_input_error("attention.name", "'" + mo.attention + "' cannot serve this model: " + why);
-  }
-  if (world > 1) require_same_experiment(comm, config.hash(), source->describe() + "; " + mo.describe(), config.source());
   const std::string opt_name = config.selected("optimizer");
   auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
-                                              {opt_p, config.implementation("optimizer", opt_name), run});
-  // ZeRO-1: this rank's optimizer owns the contiguous shard `mine` of the flat parameter buffer.
-  const int64_t n_params = model.num_params();
-  const Shard mine = shard_state ? shard_of(n_params, world, rank) : Shard{0, n_params};
-  const ParamTable opt_table = shard_state ? shard_table(model.table(), mine) : model.table();
-  optimizer->init(opt_table, model.device().type());
-  const LrSchedule schedule = LrSchedule::from(config.section("schedule"), opt_p.get_float("lr"), steps);
-  auto optimizer_file = [&](int r) -> std::string {
-    if (!shard_state) return "optimizer.safetensors";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "optimizer.rank_%05d-of-%05d.safetensors", r, world);
-    return buf;
-  };
-
+                                              {config.section("optimizer"), config.implementation("optimizer", opt_name), run},
+                                              "optimizer.name");
+  const EngineOptions eo = EngineOptions::from(config);
+  Engine engine(model, *optimizer, comm, eo);
+  Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed}, config, comm);
+  const LrSchedule schedule = LrSchedule::from(config.section("schedule"), config.section("optimizer").get_float("lr"), s.steps);
   int64_t start_step = 0;
   if (options.resume) {
-    const fs::path cdir = resolve_checkpoint(dir);
-    const fs::path state_file = cdir / "state.json";
-    const CheckpointState st = read_checkpoint_state(cdir);
-    if (st.parameters != model.num_params() || st.model != mo.describe()) {
-      throw_input_error(state_file.string(), "the checkpoint's model (" + st.model + ", " + std::to_string(st.parameters) +
-                                                 " parameters) does not match the config's (" + mo.describe() + ", " +
-                                                 std::to_string(model.num_params()) + ")");
-    }
-    if (st.optimizer != opt_name) {
-      throw_input_error(state_file.string(), "the checkpoint was written by optimizer '" + st.optimizer +
-                                                 "', the config selects '" + opt_name + "'");
-    }
-    if (st.world != world) {
-      throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
-                                                 " rank(s), this job has " + std::to_string(world) +
-                                                 ": every rank's place in the data is its own, so resume with " +
-                                                 std::to_string(st.world) + " rank(s)" +
-                                                 (st.world > 1 ? " (mpirun -np " + std::to_string(st.world) + ")" : ""));
-    }
-    if (st.shard_state != shard_state) {
-      throw_input_error(state_file.string(), std::string("the checkpoint's optimizer state is ") +
-                                                 (st.shard_state ? "sharded over the ranks (optimizer.shard_state = true)"
-                                                                 : "whole (optimizer.shard_state = false)") +
-                                                 ": resume with the same optimizer.shard_state");
-    }
-    if (st.config_hash != config.hash()) {
-      spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
-                   "not the uninterrupted one", config.hash(), st.config_hash);
-    }
-    std::vector<float> values(std::size_t(model.num_params()));
-    load_params(cdir / "model.safetensors", model.table(), values);
-    model.load_params_from_host(values);
-    const fs::path ofile = cdir / st.optimizer_files[std::size_t(shard_state ? rank : 0)];
-    SafetensorsFile of;
-    try {
-      of = read_safetensors(ofile);
-    } catch (const Error& e) {
-      throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
-    }
-    optimizer->load_state(of.tensors);
-    train_data->restore(st.cursors[std::size_t(rank)]);
-    start_step = st.step;
-    spdlog::info("resuming {} from step {}", cdir.string(), st.step);
+    start_step = checkpoints.resume(model, *optimizer, *train_data);
   } else {
     model.init_params(run.seed);
   }
-  if (world > 1) {  // one model for every rank, whatever each computed: rank 0's
-    TensorView p = model.params();
-    comm.broadcast(p, 0);
-  }
+  if (run.world > 1) comm.broadcast(model.params(), 0);  // one model for every rank: rank 0's
 
-  // What the run is, for reproduction.
   if (lead) {
     write_file_atomic(dir / "config.toml", config.to_toml());
-    json plugins = json::array();
-    for (const ComponentInfo* info : registry.all()) {
-      plugins.push_back({{"kind", std::string(to_string(info->kind))}, {"name", info->name}, {"version", info->version},
-                         {"library", info->library}});
-    }
-    write_json_atomic(dir / "run.json", {{"ablate_version", ABLATE_VERSION_STRING},
-                                         {"device", run.device},
-                                         {"threads", run.threads},
-                                         {"world", world},
-                                         {"communicator", comm_name},
-                                         {"shard_state", shard_state},
-                                         {"parameters", model.num_params()},
-                                         {"model", mo.describe()},
-                                         {"config_hash", config.hash()},
-                                         {"memory_bytes", memory_bytes},
-                                         {"memory_source", memory_source},
-                                         {"param_bytes", int64_t(model.num_params()) * 4},
-                                         {"grad_bytes", int64_t(model.num_params()) * 4},
-                                         {"activation_bytes", model.activation_bytes(B, T)},
-                                         {"batch_size", B},
-                                         {"seq_len", T},
-                                         {"grad_accum_steps", accum},
-                                         {"plugins", plugins}});
+    write_run_json(dir, config, registry, run, comm_name, model, s);
   }
-  // Loggers (rank 0): every sink of [logging] sinks, opened with where the run starts.
   LoggerSet loggers;
-  for (const std::string& name : config.selected_list("logging")) {
-    if (registry.find(Kind::logger, name) == nullptr) {
-      const std::vector<std::string> valid = registry.names(Kind::logger);
-      std::string list;
-      for (const std::string& v : valid) list += (list.empty() ? "" : ", ") + v;
-      throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (list.empty() ? "none" : list) + ")");
-    }
+  open_loggers(loggers, config, registry, run, dir, start_step, s);
+  const PeakFlops peak = resolve_peak(config, model, comm);
+  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
+               "device {}",
+               model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
+               opt_name, double(optimizer->state_bytes()) / (1 << 20), eo.shard_state ? " per rank: ZeRO-1" : "",
+               model.device().describe());
+  if (run.world > 1) {
+    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
+                 comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
   }
-  if (lead) {
-    LogContext lc;
-    lc.run_dir = dir.string();
-    lc.config_toml = config.to_toml();
-    lc.run_name = fs::absolute(dir).lexically_normal().filename().string();
-    if (lc.run_name.empty()) lc.run_name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
-    lc.start_step = start_step;
-    lc.total_steps = steps;
-    lc.log_every = log_every;
-    for (const std::string& name : config.selected_list("logging")) {
-      loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
-      loggers.sinks.back()->open(lc);
-    }
-  }
-
-  // The peak of one rank (configured, else on the CPU the measured fp32 matrix-product rate, every
-  // rank measuring at once as they will train), and of the job: the sum over ranks.
-  const double configured_peak = config.section("metrics").get_float("peak_tflops");
-  double peak = configured_peak > 0 ? configured_peak : model.measure_matmul_tflops();
-  double job_peak = peak;
-  comm.all_reduce(host_view(&job_peak, 1), ReduceOp::sum);
-  peak = job_peak / world;
-  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{})",
-               model.num_params(), mo.describe(), double(model.activation_bytes(B, T)) / (1 << 20), opt_name,
-               double(optimizer->state_bytes()) / (1 << 20), shard_state ? " per rank: ZeRO-1" : "");
-  if (world > 1) {
-    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", world, comm_name,
-                 run.threads, world, accum, B, T);
-  }
-  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", steps, accum, B,
-               T, world > 1 ? " per rank" : "", run.threads, peak, configured_peak > 0 ? "configured" : "measured",
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", s.steps,
+               s.accum, s.batch_size, s.seq_len, run.world > 1 ? " per rank" : "", run.threads, peak.rank_tflops, peak.source,
                dir.string());
-
-  // Every rank takes part: each writes its data cursor (and its optimizer shard), rank 0 the rest,
-  // then rank 0 moves the finished directory into place.
-  auto save_checkpoint = [&](int64_t step) {
-    const fs::path final_dir = ckpt_root / step_name(step);
-    const fs::path tmp = ckpt_root / ("." + step_name(step) + ".tmp");
-    if (lead) {
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-    }
-    comm.barrier();
-    char cname[48];
-    std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", rank);
-    write_json_atomic(tmp / cname, cursor_json(train_data->cursor()));
-    if (shard_state || lead) {
-      SafetensorsFile of;
-      of.tensors = optimizer->save_state();
-      write_safetensors(tmp / optimizer_file(rank), of);
-    }
-    comm.barrier();
-    if (lead) {
-      SafetensorsFile mf;
-      std::vector<float> values;
-      model.copy_params_to_host(values);
-      mf.tensors = param_tensors(model.table(), values);
-      mf.metadata["format"] = "ablate";
-      write_safetensors(tmp / "model.safetensors", mf);
-      write_file_atomic(tmp / "config.toml", config.to_toml());
-      json cursors = json::array();
-      for (int r = 0; r < world; ++r) {
-        std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
-        cursors.push_back(json::parse(read_text(tmp / cname)));
-        fs::remove(tmp / cname);
-      }
-      json ofiles = json::array();
-      for (int r = 0; r < (shard_state ? world : 1); ++r) ofiles.push_back(optimizer_file(r));
-      write_json_atomic(tmp / "state.json", {{"step", step},
-                                             {"data_cursor", cursors[0]},
-                                             {"data_cursors", cursors},
-                                             {"world", world},
-                                             {"shard_state", shard_state},
-                                             {"optimizer_files", ofiles},
-                                             {"seed", run.seed},
-                                             {"rng", {{"dropout_key", "mix(seed, step, rank * accum + micro-batch)"}}},
-                                             {"config_hash", config.hash()},
-                                             {"model", mo.describe()},
-                                             {"parameters", model.num_params()},
-                                             {"vocab_size", mo.vocab_size},
-                                             {"optimizer", opt_name}});
-      fs::remove_all(final_dir);
-      fs::rename(tmp, final_dir);
-      write_file_atomic(ckpt_root / "latest", step_name(step) + "\n");
-      // Keep the newest `keep` complete checkpoints.
-      std::vector<fs::path> all;
-      for (const auto& e : fs::directory_iterator(ckpt_root)) {
-        const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.rfind("step_", 0) == 0) all.push_back(e.path());
-      }
-      std::sort(all.begin(), all.end());
-      for (std::size_t i = 0; i + std::size_t(keep) < all.size(); ++i) fs::remove_all(all[i]);
-    }
-    comm.barrier();  // the checkpoint is complete for every rank
-  };
 
   TrainResult result;
   result.run_dir = dir;
-  std::vector<double> tps, rtps, mfus, emfus, tfl, waits, comm_pcts;
-  std::vector<Batch> micro(static_cast<std::size_t>(accum));
+  RunMetrics metrics(start_step, s.steps, peak, run.world);
+  std::vector<Batch> micro(static_cast<std::size_t>(s.accum));
   const auto t_run = Clock::now();
   double last_val = -1;
-  double first_loss = -1;
   bool stopped = false;
-  Device& device = model.device();
-
-  for (int64_t step = start_step + 1; step <= steps; ++step) {
+  for (int64_t step = start_step + 1; step <= s.steps; ++step) {
     const auto t0 = Clock::now();
-    double counts[2] = {0, 0};  // real targets, positions: this rank's, then the job's
     double wait_ms = 0;
-    for (int64_t m = 0; m < accum; ++m) {
+    for (Batch& b : micro) {
       const PipelineBatch& pb = train_data->next();
-      micro[std::size_t(m)] = pb.batch;
+      b = pb.batch;
       wait_ms += pb.wait_ms;
-      counts[0] += double(pb.batch.real_targets());
-      counts[1] += double(pb.batch.positions_total());
-    }
-    // Time inside collectives, waiting for the slowest rank included.
-    double comm_s = 0;
-    auto timed = [&comm_s](auto&& collective) {
-      const auto c0 = Clock::now();
-      collective();
-      comm_s += seconds_since(c0);
-    };
-    // The loss is the mean over every real target of the global batch: the count comes first.
-    timed([&] { comm.all_reduce(host_view(counts, 2), ReduceOp::sum); });
-    const int64_t real = int64_t(counts[0]), positions = int64_t(counts[1]);
-    model.zero_grads();
-    double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
-    const double scale = real > 0 ? 1.0 / double(real) : 0.0;
-    for (int64_t m = 0; m < accum; ++m) {
-      const uint64_t key = mix64(run.seed, uint64_t(step) * 4096 + uint64_t(rank * accum + m));
-      sums[0] += model.forward_backward(micro[std::size_t(m)], scale, key);
-    }
-    double norm = 0;
-    if (shard_state) {
-      timed([&] { comm.reduce_scatter(model.grads(), ReduceOp::sum); });
-      sums[1] = device.squared_norm(slice(model.grads(), mine));
-      timed([&] { comm.all_reduce(host_view(sums, 2), ReduceOp::sum); });
-      norm = std::sqrt(sums[1]);
-    } else {
-      if (world > 1) {
-        timed([&] {
-          comm.all_reduce(host_view(sums, 1), ReduceOp::sum);
-          comm.all_reduce(model.grads(), ReduceOp::sum);
-        });
-      }
-      norm = std::sqrt(device.squared_norm(model.grads()));
-    }
-    const double loss = real > 0 ? sums[0] / double(real) : 0.0;
-    if (!std::isfinite(loss)) {
-      throw_runtime_error("train", "loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                                       "; lower optimizer.lr or enable optimizer.grad_clip");
-    }
-    if (grad_clip > 0 && norm > grad_clip) {
-      device.scale(slice(model.grads(), mine), float(grad_clip / (norm + 1e-6)));
     }
     const double lr = schedule.at(step);
-    if (shard_state) {
-      optimizer->step(opt_table, slice(model.params(), mine), slice(model.grads(), mine), lr, step);
-      timed([&] { comm.all_gather(model.params()); });
-    } else {
-      optimizer->step(model.table(), model.params(), model.grads(), lr, step);
-    }
+    const StepOutcome outcome = engine.step(micro, step, lr);
+    model.device().synchronize();
     const double step_s = seconds_since(t0);
-
-    StepMetrics sm;
-    sm.step = step;
-    sm.loss = loss;
-    sm.lr = lr;
-    sm.grad_norm = norm;
-    sm.step_ms = step_s * 1e3;
-    sm.tokens = positions;
-    sm.real_tokens = real;
-    sm.padding_fraction = positions > 0 ? 1.0 - double(real) / double(positions) : 0.0;
-    sm.tokens_per_s = double(positions) / step_s;
-    sm.real_tokens_per_s = double(real) / step_s;
-    const double fpt = model.flops_per_token(micro[0].seq_len);
-    sm.tflops = fpt * double(positions) / step_s / 1e12;
-    sm.mfu = job_peak > 0 ? sm.tflops / job_peak : 0.0;
-    sm.effective_mfu = job_peak > 0 ? fpt * double(real) / step_s / 1e12 / job_peak : 0.0;
-    sm.data_wait_pct = 100.0 * wait_ms / sm.step_ms;
-    sm.mem_peak_bytes = device.memory_peak();
-    sm.optimizer_state_bytes = optimizer->state_bytes();
-    if (world > 1) {
-      sm.extra.push_back({"comm_pct", 100.0 * comm_s / step_s});
-      if (step > start_step + 1 || steps - start_step == 1) comm_pcts.push_back(100.0 * comm_s / step_s);
-    }
-    if (first_loss < 0) first_loss = loss;
-    result.losses.push_back(loss);
-    result.final_loss = loss;
+    StepMetrics sm = metrics.record(step, lr, outcome, step_s, wait_ms, model.flops_per_token(micro[0].seq_len),
+                                    model.device().memory_peak(), optimizer->state_bytes());
+    result.losses.push_back(outcome.loss);
+    result.final_loss = outcome.loss;
     result.steps = step;
-    if (step > start_step + 1 || steps - start_step == 1) {  // the first step carries warm-up costs
-      tps.push_back(sm.tokens_per_s);
-      rtps.push_back(sm.real_tokens_per_s);
-      mfus.push_back(sm.mfu);
-      emfus.push_back(sm.effective_mfu);
-      tfl.push_back(sm.tflops);
-    }
-    waits.push_back(sm.data_wait_pct);
 
-    const bool do_eval = eval.available && ((eval_every > 0 && step % eval_every == 0) || step == steps);
+    const bool do_eval = eval.available && ((s.eval_every > 0 && step % s.eval_every == 0) || step == s.steps);
     if (do_eval) {
       last_val = eval.run(model, comm);
       sm.extra.push_back({"val_loss", last_val});
     }
-    if (lead && (step % log_every == 0 || step == steps || do_eval)) {
+    if (lead && (step % s.log_every == 0 || step == s.steps || do_eval)) {
       sm.extra.push_back({"elapsed_s", seconds_since(t_run)});
       for (auto& l : loggers.sinks) l->log(sm);
       if (options.on_step) options.on_step(sm);
     }
-    const bool stopping = options.stop_at > 0 && step == options.stop_at && step < steps;
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps || stopping) save_checkpoint(step);
+    const bool stopping = options.stop_at > 0 && step == options.stop_at && step < s.steps;
+    if ((s.ckpt_every > 0 && step % s.ckpt_every == 0) || step == s.steps || stopping) {
+      checkpoints.save(step, model, *optimizer, *train_data);
+    }
     if (stopping) {
       stopped = true;
       spdlog::info("stopping after step {} (--stop-at); `ablate train ... --resume` continues", step);
@@ -726,34 +392,25 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 
   // The largest memory peak of any rank.
   double mem_peak = double(model.device().memory_peak());
-  comm.all_reduce(host_view(&mem_peak, 1), ReduceOp::max);
-  const PipelineStats ps = train_data->stats();
-  json summary = {{"status", stopped ? "stopped" : "completed"},
+  comm.all_reduce_host(flat_view(&mem_peak, DType::f64, 1), ReduceOp::max);
+  json summary = metrics.summary();
+  summary.update({{"status", stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", start_step},
                   {"parameters", model.num_params()},
-                  {"world", world},
-                  {"first_loss", first_loss},
+                  {"world", run.world},
                   {"final_loss", result.final_loss},
                   {"val_loss", last_val < 0 ? json(nullptr) : json(last_val)},
-                  {"tokens_per_s", median(tps)},
-                  {"real_tokens_per_s", median(rtps)},
-                  {"tflops", median(tfl)},
-                  {"mfu", median(mfus)},
-                  {"effective_mfu", median(emfus)},
-                  {"peak_tflops", peak},
-                  {"data_wait_pct", median(waits)},
-                  {"data_bottleneck", ps.bottleneck()},
+                  {"data_bottleneck", train_data->stats().bottleneck()},
                   {"mem_peak_bytes", int64_t(mem_peak)},
                   {"optimizer_state_bytes", optimizer->state_bytes()},
                   {"wall_s", seconds_since(t_run)},
-                  {"config_hash", config.hash()}};
-  if (world > 1) summary["comm_pct"] = median(comm_pcts);
+                  {"config_hash", config.hash()}});
   loggers.close();
-  if (lead) write_json_atomic(dir / "summary.json", summary);
-  spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", first_loss, result.final_loss,
-               last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(), si(median(tps)), 100.0 * median(mfus),
-               seconds_since(t_run), dir.string());
+  if (lead) write_json_file(dir / "summary.json", summary);
+  spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", metrics.first_loss(),
+               result.final_loss, last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(),
+               si(metrics.median_tokens_per_s()), 100.0 * metrics.median_mfu(), seconds_since(t_run), dir.string());
   return result;
 }
 

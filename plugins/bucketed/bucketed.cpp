@@ -118,7 +118,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<BucketedBatcher>(ablate::BatchingOptions::from(args.common), args.own);
          },
-         ""});
+         "", {}});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ablate/communicator.hpp"
+#include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
 #include "ablate/plugin.hpp"
 #include "mpi_runtime.hpp"
@@ -30,11 +31,6 @@ namespace rt = ablate::mpi_runtime;
 
 constexpr const char* kWhere = "nccl communicator";
 
-void check_cuda(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc == cudaSuccess) return;
-  ablate::throw_runtime_error(std::string(file) + ":" + std::to_string(line),
-                              std::string(call) + " failed: " + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
-}
 // ncclInProgress is how a non-blocking communicator says "started"; completion is polled for.
 void check_nccl(ncclResult_t rc, const char* call, const char* file, int line) {
   if (rc == ncclSuccess || rc == ncclInProgress) return;
@@ -43,7 +39,6 @@ void check_nccl(ncclResult_t rc, const char* call, const char* file, int line) {
                               std::string(call) + " failed: " + ncclGetErrorString(rc) +
                                   (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
 }
-#define ABLATE_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
 #define ABLATE_NCCL_CHECK(call) check_nccl((call), #call, __FILE__, __LINE__)
 
 // The NCCL type that reduces `dtype`, if NCCL can (u8 and u16 are moved, never reduced).
@@ -184,6 +179,14 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     });
   }
 
+  // Host values go through a device copy: NCCL reads and writes device memory only.
+  void all_reduce_host(TensorView host, ReduceOp op) override {
+    through_device(host, [&](TensorView dev) { all_reduce(dev, op); });
+  }
+  void all_gather_host(TensorView host) override {
+    through_device(host, [&](TensorView dev) { all_gather(dev); });
+  }
+
   // An all-reduce of one int on the device: NCCL has no barrier of its own.
   void barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,6 +200,16 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   }
 
  private:
+  template <class Collective>
+  void through_device(TensorView host, Collective&& collective) {
+    const std::size_t bytes = std::size_t(host.numel()) * ablate::dtype_size(host.dtype);
+    ABLATE_CUDA_CHECK(cudaSetDevice(device_));
+    if (staging_.size() < bytes) staging_.resize(bytes);
+    ABLATE_CUDA_CHECK(cudaMemcpy(staging_.data(), host.data, bytes, cudaMemcpyHostToDevice));
+    collective(ablate::flat_view(staging_.data(), host.dtype, host.numel(), ablate::DeviceType::cuda));
+    ABLATE_CUDA_CHECK(cudaMemcpy(host.data, staging_.data(), bytes, cudaMemcpyDeviceToHost));
+  }
+
   std::string prefix() const {
     return std::string(kWhere) + ": rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world);
   }
@@ -268,7 +281,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery(stream_)", __FILE__, __LINE__);
+      if (q != cudaErrorNotReady) ablate::cuda::check(q, "cudaStreamQuery(stream_)", __FILE__, __LINE__);
       ncclResult_t state = ncclSuccess;
       ABLATE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
       if (state != ncclSuccess && state != ncclInProgress) {
@@ -306,6 +319,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
+  ablate::cuda::DeviceBuffer<unsigned char> staging_;  // host values on their way through NCCL
   std::string failed_;
   std::mutex mu_;
 };

@@ -137,7 +137,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<PackedBatcher>(ablate::BatchingOptions::from(args.common), args.own);
          },
-         ""});
+         "", {}});
 }
 
 }  // namespace

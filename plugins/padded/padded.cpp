@@ -53,7 +53,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<PaddedBatcher>(ablate::BatchingOptions::from(args.common));
          },
-         ""});
+         "", {}});
 }
 
 }  // namespace

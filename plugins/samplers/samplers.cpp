@@ -116,12 +116,12 @@ class ShuffledSampler final : public RoundRobinSampler {
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
   r.add({ablate::Kind::sampler, "sequential", "1.0.0", "documents in index order, dealt round-robin to the ranks", {},
-         [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); }, ""});
+         [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); }, "", {}});
   r.add({ablate::Kind::sampler, "shuffled", "1.0.0",
          "a seeded permutation per epoch (run.seed), whole-epoch or within windows, dealt round-robin to the ranks",
          {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").at_least(0)},
          [](const ablate::ComponentArgs& args) { return std::make_unique<ShuffledSampler>(uint64_t(args.own.get_int("buffer"))); },
-         ""});
+         "", {}});
 }
 
 }  // namespace

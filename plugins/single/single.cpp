@@ -30,7 +30,7 @@ class SingleCommunicator final : public ablate::Communicator {
 
 void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::communicator, "single", "1.1.0", "one process, one device: collectives are the identity", {},
-         [](const ablate::ComponentArgs&) { return std::make_unique<SingleCommunicator>(); }, ""});
+         [](const ablate::ComponentArgs&) { return std::make_unique<SingleCommunicator>(); }, "", {}});
 }
 
 }  // namespace

@@ -236,7 +236,7 @@ void register_components(ablate::Registrar& r) {
              integer("min_length", 16, "shortest document (lengths are clipped)").at_least(1),
              integer("max_length", 1024, "longest document (lengths are clipped)").at_least(1),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<SyntheticProbes>(args.own); }, ""});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<SyntheticProbes>(args.own); }, "", {}});
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ void register_components(ablate::Registrar& r) {
              string("separator", "", "split files into documents on this string (empty = one document per file)"),
              floating("validation_fraction", 0.0, "share of documents (the last ones) held out for validation").within(0.0, 0.5),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<TextFiles>(args.own); }, ""});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<TextFiles>(args.own); }, "", {}});
 }
 
 }  // namespace

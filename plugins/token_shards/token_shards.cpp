@@ -199,7 +199,7 @@ void register_components(ablate::Registrar& r) {
              integer("eot", 50256, "end-of-text token id (documents are split on it)").at_least(0),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, ""});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, "", {}});
 }
 
 }  // namespace

@@ -58,6 +58,12 @@ class Communicator : public Component {
   virtual void all_gather(TensorView buffer) = 0;
   // The root's buffer is copied into every rank's.
   virtual void broadcast(TensorView buffer, int root) = 0;
+  // all_reduce and all_gather of a few values in host memory (the trainer's counts, loss sums,
+  // norms and fingerprints), whatever memory the communicator's buffers live in. The default
+  // runs the buffer collective on the host view (single, mpi); a communicator of device buffers
+  // stages the values through its device (nccl).
+  virtual void all_reduce_host(TensorView host, ReduceOp op) { all_reduce(host, op); }
+  virtual void all_gather_host(TensorView host) { all_gather(host); }
   virtual void barrier() = 0;
   // This rank is leaving with an error while the others may be waiting in a collective: at exit,
   // end the whole job with `exit_code` (MPI_Abort) rather than wait for ranks that will not come.

@@ -1,0 +1,70 @@
+// The engine: one optimizer step over the micro-batches of a global batch, the same on every device
+// and at every world size. Used by the trainer, `ablate tune` and the benchmarks.
+//
+//   1. the job's real targets and positions (all-reduced host scalars): the loss is the mean over
+//      every real target of the global batch, so each micro-batch's gradient is scaled by
+//      1 / (the job's real targets);
+//   2. forward and backward of each micro-batch, accumulating into the gradient buffer;
+//   3. the gradient all-reduced (plain data parallel) or reduce-scattered (ZeRO-1: each rank keeps
+//      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars;
+//   4. the global gradient norm, and clipping to optimizer.grad_clip;
+//   5. the optimizer on this rank's part of the parameters, then (ZeRO-1) their all-gather.
+//
+// Dropout keys are mix64(seed, step * 4096 + rank * accum + micro): the keys one process of a
+// world of one uses for the same micro-batches, so data parallel and accumulation agree.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "ablate/batch.hpp"
+#include "ablate/communicator.hpp"
+#include "ablate/model.hpp"
+#include "ablate/optimizer.hpp"
+
+namespace ablate {
+
+class Config;
+
+struct EngineOptions {
+  int64_t accum = 1;         // [run] grad_accum_steps: micro-batches per step
+  double grad_clip = 0.0;    // [optimizer] grad_clip (0 = off)
+  bool shard_state = false;  // [optimizer] shard_state: ZeRO-1
+  uint64_t seed = 0;         // [run] seed (dropout keys)
+  static EngineOptions from(const Config& config);
+};
+
+struct StepOutcome {
+  double loss = 0;            // mean over the job's real targets
+  double grad_norm = 0;       // global, before clipping
+  int64_t real_targets = 0;   // the job's (all ranks)
+  int64_t positions = 0;      // the job's B*T positions
+  double comm_s = 0;          // seconds in collectives, waiting for other ranks included
+};
+
+// The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's
+// optimizer sees under ZeRO-1. A slice cut by a shard boundary keeps its name and becomes flat.
+ParamTable shard_table(const ParamTable& table, Shard shard);
+
+class Engine {
+ public:
+  // Initialises `optimizer` on this rank's part of the parameters (all of them without ZeRO-1).
+  Engine(Model& model, Optimizer& optimizer, Communicator& comm, const EngineOptions& options);
+
+  // One optimizer step: `micro` holds this rank's accum micro-batches, `step` counts from 1.
+  // A non-finite loss is a runtime error naming the step.
+  StepOutcome step(std::span<const Batch> micro, int64_t step, double lr);
+
+  Shard shard() const noexcept { return shard_; }
+  const ParamTable& optimizer_table() const noexcept { return opt_table_; }
+
+ private:
+  Model& model_;
+  Optimizer& optimizer_;
+  Communicator& comm_;
+  EngineOptions o_;
+  Shard shard_;
+  ParamTable opt_table_;
+};
+
+}  // namespace ablate

@@ -1,0 +1,285 @@
+// Checkpoints: the files of one saved step, the state that names them, resume, and the model
+// restored for evaluation, sampling and export (see checkpointer.hpp and trainer.hpp).
+#include "checkpointer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ablate/config.hpp"
+#include "ablate/error.hpp"
+#include "ablate/registry.hpp"
+#include "ablate/safetensors.hpp"
+#include "ablate/trainer.hpp"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json cursor_json(const DataCursor& c) {
+  json pending = json::array();
+  for (const PendingPiece& p : c.pending) pending.push_back({p.document, p.begin, p.end});
+  return {{"draw", c.draw}, {"pending", pending}};
+}
+
+DataCursor cursor_from(const json& j) {
+  DataCursor c;
+  c.draw = j.at("draw").get<uint64_t>();
+  for (const json& p : j.at("pending")) c.pending.push_back({p.at(0).get<uint64_t>(), p.at(1).get<int32_t>(), p.at(2).get<int32_t>()});
+  return c;
+}
+
+std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vector<float>& data) {
+  std::vector<NamedTensor> out;
+  for (const ParamSlice& s : table.slices) {
+    NamedTensor t;
+    t.name = s.name;
+    t.dtype = DType::f32;
+    t.shape = s.shape;
+    t.bytes.resize(std::size_t(s.numel()) * 4);
+    std::memcpy(t.bytes.data(), data.data() + s.offset, t.bytes.size());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void load_params(const fs::path& file, const ParamTable& table, std::vector<float>& data) {
+  SafetensorsFile f;
+  try {
+    f = read_safetensors(file);
+  } catch (const Error& e) {
+    throw_input_error(file.string(), std::string("cannot read the checkpoint's parameters: ") + e.what());
+  }
+  for (const ParamSlice& s : table.slices) {
+    const NamedTensor* t = f.find(s.name);
+    if (t == nullptr) throw_input_error(file.string(), "the checkpoint has no tensor '" + s.name + "': it was written for another model");
+    if (t->shape != s.shape || t->dtype != DType::f32) {
+      std::string want, got;
+      for (int64_t d : s.shape) want += (want.empty() ? "" : "x") + std::to_string(d);
+      for (int64_t d : t->shape) got += (got.empty() ? "" : "x") + std::to_string(d);
+      throw_input_error(file.string(), "tensor '" + s.name + "' is " + got + " in the checkpoint, the model expects " + want +
+                                           ": the checkpoint does not match the config's [model]");
+    }
+    std::memcpy(data.data() + s.offset, t->bytes.data(), t->bytes.size());
+  }
+  if (f.tensors.size() != table.slices.size()) {
+    throw_input_error(file.string(), "the checkpoint has " + std::to_string(f.tensors.size()) + " tensors, the model " +
+                                         std::to_string(table.slices.size()) + ": it was written for another model");
+  }
+}
+
+
+}  // namespace
+
+void write_json_file(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
+
+fs::path resolve_checkpoint(const fs::path& path) {
+  if (!fs::exists(path)) throw_input_error(path.string(), "no such checkpoint or run directory");
+  if (fs::exists(path / "state.json")) return path;
+  const fs::path latest = path / "checkpoints" / "latest";
+  if (fs::exists(latest)) {
+    std::string name = read_text(latest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = path / "checkpoints" / name;
+    if (!fs::exists(dir / "state.json")) throw_input_error(latest.string(), "names '" + name + "', which is not a complete checkpoint");
+    return dir;
+  }
+  throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with checkpoints/latest");
+}
+
+CheckpointState read_checkpoint_state(const fs::path& dir) {
+  const fs::path file = dir / "state.json";
+  CheckpointState s;
+  try {
+    const json j = json::parse(read_text(file));
+    s.step = j.at("step").get<int64_t>();
+    s.cursor = cursor_from(j.at("data_cursor"));
+    s.seed = j.at("seed").get<uint64_t>();
+    s.config_hash = j.at("config_hash").get<std::string>();
+    s.model = j.at("model").get<std::string>();
+    s.parameters = j.at("parameters").get<int64_t>();
+    s.optimizer = j.at("optimizer").get<std::string>();
+    s.vocab_size = j.at("vocab_size").get<int64_t>();
+    s.world = j.value("world", 1);
+    s.shard_state = j.value("shard_state", false);
+    if (j.contains("data_cursors")) {
+      for (const json& c : j.at("data_cursors")) s.cursors.push_back(cursor_from(c));
+    } else {
+      s.cursors.push_back(s.cursor);
+    }
+    if (j.contains("optimizer_files")) {
+      s.optimizer_files = j.at("optimizer_files").get<std::vector<std::string>>();
+    } else {
+      s.optimizer_files.push_back("optimizer.safetensors");
+    }
+  } catch (const json::exception& e) {
+    throw_input_error(file.string(), std::string("not a valid checkpoint state: ") + e.what());
+  }
+  if (s.world < 1 || int64_t(s.cursors.size()) != s.world ||
+      int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
+    throw_input_error(file.string(), "not a valid checkpoint state: world " + std::to_string(s.world) + " with " +
+                                         std::to_string(s.cursors.size()) + " data cursors and " +
+                                         std::to_string(s.optimizer_files.size()) + " optimizer files");
+  }
+  return s;
+}
+
+LoadedModel load_model(const fs::path& path, Registry& registry) {
+  LoadedModel lm;
+  lm.dir = resolve_checkpoint(path);
+  lm.state = read_checkpoint_state(lm.dir);
+  const fs::path cfg = lm.dir / "config.toml";
+  if (!fs::exists(cfg)) throw_input_error(lm.dir.string(), "checkpoint has no config.toml");
+  lm.config = std::make_unique<Config>(Config::parse(read_text(cfg), cfg.string(), {}, registry, lm.dir));
+  RunContext run;
+  run.seed = lm.state.seed;
+  run.device = "cpu";
+  const ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
+  lm.model = std::make_unique<Model>(mo, registry, run);
+  std::vector<float> values(std::size_t(lm.model->num_params()));
+  load_params(lm.dir / "model.safetensors", lm.model->table(), values);
+  lm.model->load_params_from_host(values);
+  return lm;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+
+Checkpointer::Checkpointer(const Setup& setup, const Config& config, Communicator& comm)
+    : s_(setup), config_(config), comm_(comm), root_(setup.run_dir / "checkpoints") {}
+
+std::string Checkpointer::optimizer_file(int rank) const {
+  if (!s_.shard_state) return "optimizer.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer.rank_%05d-of-%05d.safetensors", rank, comm_.world());
+  return buf;
+}
+
+void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data) {
+  const fs::path final_dir = root_ / step_name(step);
+  const fs::path tmp = root_ / ("." + step_name(step) + ".tmp");
+  if (comm_.rank() == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  comm_.barrier();
+  char cname[48];
+  std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", comm_.rank());
+  write_json_file(tmp / cname, cursor_json(data.cursor()));
+  if (s_.shard_state || comm_.rank() == 0) {
+    SafetensorsFile of;
+    of.tensors = optimizer.save_state();
+    write_safetensors(tmp / optimizer_file(comm_.rank()), of);
+  }
+  comm_.barrier();
+  if (comm_.rank() == 0) {
+    SafetensorsFile mf;
+    std::vector<float> values;
+    model.copy_params_to_host(values);
+    mf.tensors = param_tensors(model.table(), values);
+    mf.metadata["format"] = "ablate";
+    write_safetensors(tmp / "model.safetensors", mf);
+    write_file_atomic(tmp / "config.toml", config_.to_toml());
+    json cursors = json::array();
+    for (int r = 0; r < comm_.world(); ++r) {
+      std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
+      cursors.push_back(json::parse(read_text(tmp / cname)));
+      fs::remove(tmp / cname);
+    }
+    json ofiles = json::array();
+    for (int r = 0; r < (s_.shard_state ? comm_.world() : 1); ++r) ofiles.push_back(optimizer_file(r));
+    write_json_file(tmp / "state.json", {{"step", step},
+                                           {"data_cursor", cursors[0]},
+                                           {"data_cursors", cursors},
+                                           {"world", comm_.world()},
+                                           {"shard_state", s_.shard_state},
+                                           {"optimizer_files", ofiles},
+                                           {"seed", s_.seed},
+                                           {"rng", {{"dropout_key", "mix64(seed, step * 4096 + rank * accum + micro-batch)"}}},
+                                           {"config_hash", config_.hash()},
+                                           {"model", model.options().describe()},
+                                           {"parameters", model.num_params()},
+                                           {"vocab_size", model.options().vocab_size},
+                                           {"optimizer", s_.optimizer}});
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    write_file_atomic(root_ / "latest", step_name(step) + "\n");
+    // Keep the newest `s_.keep` complete checkpoints.
+    std::vector<fs::path> all;
+    for (const auto& e : fs::directory_iterator(root_)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0) all.push_back(e.path());
+    }
+    std::sort(all.begin(), all.end());
+    for (std::size_t i = 0; i + std::size_t(s_.keep) < all.size(); ++i) fs::remove_all(all[i]);
+  }
+  comm_.barrier();  // the checkpoint is complete for every rank
+}
+
+int64_t Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& data) {
+  const fs::path cdir = resolve_checkpoint(s_.run_dir);
+  const fs::path state_file = cdir / "state.json";
+  const CheckpointState st = read_checkpoint_state(cdir);
+  if (st.parameters != model.num_params() || st.model != model.options().describe()) {
+    throw_input_error(state_file.string(), "the checkpoint's model (" + st.model + ", " + std::to_string(st.parameters) +
+                                               " parameters) does not match the config's (" + model.options().describe() + ", " +
+                                               std::to_string(model.num_params()) + ")");
+  }
+  if (st.optimizer != s_.optimizer) {
+    throw_input_error(state_file.string(), "the checkpoint was written by optimizer '" + st.optimizer +
+                                               "', the config selects '" + s_.optimizer + "'");
+  }
+  if (st.world != comm_.world()) {
+    throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
+                                               " rank(s), this job has " + std::to_string(comm_.world()) +
+                                               ": every rank's place in the data is its own, so resume with " +
+                                               std::to_string(st.world) + " rank(s)" +
+                                               (st.world > 1 ? " (mpirun -np " + std::to_string(st.world) + ")" : ""));
+  }
+  if (st.shard_state != s_.shard_state) {
+    throw_input_error(state_file.string(), std::string("the checkpoint's optimizer state is ") +
+                                               (st.shard_state ? "sharded over the ranks (optimizer.shard_state = true)"
+                                                               : "whole (optimizer.shard_state = false)") +
+                                               ": resume with the same optimizer.shard_state");
+  }
+  if (st.config_hash != config_.hash()) {
+    spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
+                 "not the uninterrupted one", config_.hash(), st.config_hash);
+  }
+  std::vector<float> values(std::size_t(model.num_params()));
+  load_params(cdir / "model.safetensors", model.table(), values);
+  model.load_params_from_host(values);
+  const fs::path ofile = cdir / st.optimizer_files[std::size_t(s_.shard_state ? comm_.rank() : 0)];
+  SafetensorsFile of;
+  try {
+    of = read_safetensors(ofile);
+  } catch (const Error& e) {
+    throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
+  }
+  optimizer.load_state(of.tensors);
+  data.restore(st.cursors[std::size_t(comm_.rank())]);
+  spdlog::info("resuming {} from step {}", cdir.string(), st.step);
+  return st.step;
+}
+
+}  // namespace ablate

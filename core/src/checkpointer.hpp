@@ -1,0 +1,53 @@
+// The trainer's checkpoints: one directory per saved step, written by every rank together and
+// moved into place by rank 0, and the resume that reads one back (see trainer.hpp for the layout).
+//   checkpoints/step_NNNNNNNN/{model.safetensors, optimizer[.rank_R-of-W].safetensors, state.json,
+//                              config.toml}
+//   checkpoints/latest   the name of the newest complete checkpoint
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ablate/communicator.hpp"
+#include "ablate/model.hpp"
+#include "ablate/optimizer.hpp"
+#include "ablate/pipeline.hpp"
+
+namespace ablate {
+
+class Config;
+
+// A JSON file of the run directory, written atomically (safetensors.hpp's write_file_atomic).
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
+
+class Checkpointer {
+ public:
+  struct Setup {
+    std::filesystem::path run_dir;
+    int64_t keep = 1;           // [checkpoint] keep: complete checkpoints kept
+    bool shard_state = false;   // ZeRO-1: one optimizer file per rank
+    std::string optimizer;      // the optimizer's name
+    uint64_t seed = 0;
+  };
+  Checkpointer(const Setup& setup, const Config& config, Communicator& comm);
+
+  // Every rank takes part: each writes its data cursor (and its optimizer shard), rank 0 the
+  // model, config and state, then moves the finished directory into place and updates `latest`.
+  void save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data);
+  // Restores the model, this rank's optimizer state and data cursor from the run directory's
+  // latest checkpoint; returns its step. A checkpoint of another model, optimizer, world size or
+  // sharding is an input error naming state.json, before anything is changed.
+  int64_t resume(Model& model, Optimizer& optimizer, DataPipeline& data);
+
+ private:
+  std::string optimizer_file(int rank) const;
+  Setup s_;
+  const Config& config_;
+  Communicator& comm_;
+  std::filesystem::path root_;  // run_dir / "checkpoints"
+};
+
+}  // namespace ablate

@@ -1,0 +1,117 @@
+// The engine: one optimizer step (see engine.hpp).
+#include "ablate/engine.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "ablate/config.hpp"
+#include "ablate/error.hpp"
+#include "ablate/mix.hpp"
+
+namespace ablate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The shard's part of a flat f32 buffer.
+TensorView slice(TensorView v, Shard shard) { return flat_view(v.as<float>() + shard.offset, DType::f32, shard.count, v.device); }
+
+TensorView host_f64(double* data, int64_t n) { return flat_view(data, DType::f64, n); }
+
+}  // namespace
+
+EngineOptions EngineOptions::from(const Config& config) {
+  const Params run = config.section("run"), opt = config.section("optimizer");
+  EngineOptions o;
+  o.accum = run.get_int("grad_accum_steps");
+  o.grad_clip = opt.get_float("grad_clip");
+  o.shard_state = opt.get_bool("shard_state");
+  o.seed = uint64_t(run.get_int("seed"));
+  return o;
+}
+
+ParamTable shard_table(const ParamTable& table, Shard shard) {
+  ParamTable out;
+  out.total = shard.count;
+  const int64_t end = shard.offset + shard.count;
+  for (const ParamSlice& s : table.slices) {
+    const int64_t lo = std::max(s.offset, shard.offset), hi = std::min(s.offset + s.numel(), end);
+    if (lo >= hi) continue;
+    ParamSlice piece = s;
+    piece.offset = lo - shard.offset;
+    if (hi - lo != s.numel()) piece.shape = {hi - lo};
+    out.slices.push_back(std::move(piece));
+  }
+  return out;
+}
+
+Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const EngineOptions& options)
+    : model_(model), optimizer_(optimizer), comm_(comm), o_(options) {
+  const int64_t n = model.num_params();
+  shard_ = o_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
+  opt_table_ = o_.shard_state ? shard_table(model.table(), shard_) : model.table();
+  optimizer_.init(opt_table_, model.device().type());
+}
+
+StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
+  Device& device = model_.device();
+  StepOutcome out;
+  auto timed = [&out](auto&& collective) {
+    const auto c0 = Clock::now();
+    collective();
+    out.comm_s += std::chrono::duration<double>(Clock::now() - c0).count();
+  };
+
+  // 1. The loss is the mean over every real target of the global batch: the count comes first.
+  double counts[2] = {0, 0};  // real targets, positions: this rank's, then the job's
+  for (const Batch& b : micro) {
+    counts[0] += double(b.real_targets());
+    counts[1] += double(b.positions_total());
+  }
+  timed([&] { comm_.all_reduce_host(host_f64(counts, 2), ReduceOp::sum); });
+  out.real_targets = int64_t(counts[0]);
+  out.positions = int64_t(counts[1]);
+
+  // 2. Forward and backward of each micro-batch.
+  model_.zero_grads();
+  double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
+  const double scale = out.real_targets > 0 ? 1.0 / double(out.real_targets) : 0.0;
+  const uint64_t first_key = uint64_t(comm_.rank()) * uint64_t(micro.size());
+  for (std::size_t m = 0; m < micro.size(); ++m) {
+    const uint64_t key = mix64(o_.seed, uint64_t(step) * 4096 + first_key + m);
+    sums[0] += model_.forward_backward(micro[m], scale, key);
+  }
+
+  // 3-4. Gradient reduction and the global norm.
+  if (o_.shard_state) {
+    timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
+    sums[1] = device.squared_norm(slice(model_.grads(), shard_));
+    timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
+    out.grad_norm = std::sqrt(sums[1]);
+  } else {
+    if (comm_.world() > 1) {
+      timed([&] {
+        comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
+        comm_.all_reduce(model_.grads(), ReduceOp::sum);
+      });
+    }
+    out.grad_norm = std::sqrt(device.squared_norm(model_.grads()));
+  }
+  out.loss = out.real_targets > 0 ? sums[0] / double(out.real_targets) : 0.0;
+  if (!std::isfinite(out.loss)) {
+    throw_runtime_error("train", "loss is " + std::to_string(out.loss) + " at step " + std::to_string(step) +
+                                     "; lower optimizer.lr or enable optimizer.grad_clip");
+  }
+  if (o_.grad_clip > 0 && out.grad_norm > o_.grad_clip) {
+    device.scale(slice(model_.grads(), shard_), float(o_.grad_clip / (out.grad_norm + 1e-6)));
+  }
+
+  // 5. The optimizer on this rank's part, then everyone's parts to everyone.
+  optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), lr, step);
+  if (o_.shard_state) timed([&] { comm_.all_gather(model_.params()); });
+  return out;
+}
+
+}  // namespace ablate

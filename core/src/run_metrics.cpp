@@ -1,0 +1,94 @@
+// The run's metrics (see run_metrics.hpp).
+#include "run_metrics.hpp"
+
+#include <algorithm>
+
+#include "ablate/config.hpp"
+
+namespace ablate {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm) {
+  PeakFlops p;
+  const double configured = config.section("metrics").get_float("peak_tflops");
+  const DType dtype = config.section("run").get_string("dtype") == "bf16" ? DType::bf16 : DType::f32;
+  if (configured > 0) {
+    p.rank_tflops = configured;
+    p.source = "configured";
+  } else if (const double table = model.device().peak_tflops(dtype); table > 0) {
+    p.rank_tflops = table;
+    p.source = "device table";
+  } else {
+    p.rank_tflops = model.measure_matmul_tflops();
+    p.source = "measured";
+  }
+  double job = p.rank_tflops;
+  comm.all_reduce_host(flat_view(&job, DType::f64, 1), ReduceOp::sum);
+  p.job_tflops = job;
+  p.rank_tflops = job / comm.world();
+  return p;
+}
+
+RunMetrics::RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, int world)
+    : start_step_(start_step), steps_(steps), peak_(peak), world_(world) {}
+
+StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, double step_s, double wait_ms,
+                               double flops_per_token, int64_t mem_peak_bytes, int64_t optimizer_state_bytes) {
+  StepMetrics sm;
+  sm.step = step;
+  sm.loss = o.loss;
+  sm.lr = lr;
+  sm.grad_norm = o.grad_norm;
+  sm.step_ms = step_s * 1e3;
+  sm.tokens = o.positions;
+  sm.real_tokens = o.real_targets;
+  sm.padding_fraction = o.positions > 0 ? 1.0 - double(o.real_targets) / double(o.positions) : 0.0;
+  sm.tokens_per_s = double(o.positions) / step_s;
+  sm.real_tokens_per_s = double(o.real_targets) / step_s;
+  sm.tflops = flops_per_token * double(o.positions) / step_s / 1e12;
+  sm.mfu = peak_.job_tflops > 0 ? sm.tflops / peak_.job_tflops : 0.0;
+  sm.effective_mfu = peak_.job_tflops > 0 ? flops_per_token * double(o.real_targets) / step_s / 1e12 / peak_.job_tflops : 0.0;
+  sm.data_wait_pct = 100.0 * wait_ms / sm.step_ms;
+  sm.mem_peak_bytes = mem_peak_bytes;
+  sm.optimizer_state_bytes = optimizer_state_bytes;
+  // The first step of a process carries warm-up costs: left out of the medians unless it is the only one.
+  const bool counted = step > start_step_ + 1 || steps_ - start_step_ == 1;
+  if (world_ > 1) {
+    sm.extra.push_back({"comm_pct", 100.0 * o.comm_s / step_s});
+    if (counted) comm_pcts_.push_back(100.0 * o.comm_s / step_s);
+  }
+  if (first_loss_ < 0) first_loss_ = o.loss;
+  if (counted) {
+    tps_.push_back(sm.tokens_per_s);
+    rtps_.push_back(sm.real_tokens_per_s);
+    mfus_.push_back(sm.mfu);
+    emfus_.push_back(sm.effective_mfu);
+    tflops_.push_back(sm.tflops);
+  }
+  waits_.push_back(sm.data_wait_pct);
+  return sm;
+}
+
+double RunMetrics::median_tokens_per_s() const { return median(tps_); }
+double RunMetrics::median_mfu() const { return median(mfus_); }
+
+nlohmann::json RunMetrics::summary() const {
+  nlohmann::json j = {{"first_loss", first_loss_},
+                      {"tokens_per_s", median(tps_)},
+                      {"real_tokens_per_s", median(rtps_)},
+                      {"tflops", median(tflops_)},
+                      {"mfu", median(mfus_)},
+                      {"effective_mfu", median(emfus_)},
+                      {"peak_tflops", peak_.rank_tflops},
+                      {"data_wait_pct", median(waits_)}};
+  if (world_ > 1) j["comm_pct"] = median(comm_pcts_);
+  return j;
+}
+
+}  // namespace ablate
