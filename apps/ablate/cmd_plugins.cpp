@@ -12,6 +12,9 @@ namespace ablate::cli {
 
 namespace {
 
+// "cpu,cuda", or "any" for a component that serves every device.
+std::string devices_of(const ComponentInfo& c) { return c.devices.empty() ? "any" : join(c.devices, ","); }
+
 int plugins_list(const Args& args) {
   po::options_description desc("plugins list");
   desc.add_options()("json", "print one JSON object instead of a table");
@@ -26,17 +29,17 @@ int plugins_list(const Args& args) {
     out["components"] = nlohmann::json::array();
     for (const ComponentInfo* c : registry.all()) {
       out["components"].push_back({{"kind", to_string(c->kind)}, {"name", c->name}, {"version", c->version},
-                                   {"library", c->library}, {"doc", c->doc}});
+                                   {"library", c->library}, {"doc", c->doc}, {"devices", c->devices}});
     }
     out["failed"] = nlohmann::json::array();
     for (const LoadFailure& f : registry.failures()) out["failed"].push_back({{"file", f.file}, {"reason", f.reason}});
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-13s %-18s %-8s %s\n", "KIND", "NAME", "VERSION", "LIBRARY");
+  std::printf("%-13s %-18s %-8s %-10s %s\n", "KIND", "NAME", "VERSION", "DEVICES", "LIBRARY");
   for (const ComponentInfo* c : registry.all()) {
-    std::printf("%-13s %-18s %-8s %s\n", std::string(to_string(c->kind)).c_str(), c->name.c_str(), c->version.c_str(),
-                c->library.c_str());
+    std::printf("%-13s %-18s %-8s %-10s %s\n", std::string(to_string(c->kind)).c_str(), c->name.c_str(), c->version.c_str(),
+                devices_of(*c).c_str(), c->library.c_str());
   }
   if (registry.all().empty()) std::printf("(no plugins found; search path: set ABLATE_PLUGIN_PATH)\n");
   if (!registry.failures().empty()) {
@@ -74,8 +77,8 @@ int plugins_describe(const Args& args) {
                               " (see ablate plugins list)");
   }
   for (const ComponentInfo* c : found) {
-    std::printf("%s %s %s\n  %s\n  library: %s\n\n", std::string(to_string(c->kind)).c_str(), c->name.c_str(),
-                c->version.c_str(), c->doc.c_str(), c->library.c_str());
+    std::printf("%s %s %s\n  %s\n  devices: %s\n  library: %s\n\n", std::string(to_string(c->kind)).c_str(),
+                c->name.c_str(), c->version.c_str(), c->doc.c_str(), devices_of(*c).c_str(), c->library.c_str());
     if (c->schema.empty()) {
       std::printf("  (no parameters)\n");
     }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 
 namespace ablate {
@@ -170,7 +171,7 @@ class CpuDevice final : public Device {
     const int64_t n = x.numel();
     double sum = 0;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+    for (int64_t i = 0; i < n; ++i) sum += device_math::square_term(g[i]);
     return sum;
   }
 
@@ -178,7 +179,7 @@ class CpuDevice final : public Device {
     float* g = x.as<float>();
     const int64_t n = x.numel();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= factor;
+    for (int64_t i = 0; i < n; ++i) g[i] = device_math::scaled(g[i], factor);
   }
 
   double masked_loss_sum(TensorView losses, TensorView targets) override {
@@ -186,9 +187,7 @@ class CpuDevice final : public Device {
     const int32_t* t = targets.as<int32_t>();
     const int64_t n = targets.numel();
     double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (t[i] >= 0) sum += double(l[i]);
-    }
+    for (int64_t i = 0; i < n; ++i) sum += device_math::masked_loss_term(l[i], t[i]);
     return sum;
   }
 

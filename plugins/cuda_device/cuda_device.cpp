@@ -1,0 +1,206 @@
+// The `cuda` device: buffers in GPU memory (cudaMalloc, counted for memory_in_use/peak), one
+// non-blocking stream for every call, batches copied up in one transfer (core's pack_batch), and
+// the trainer's reductions as kernels (cuda_device_kernels.cu) whose per-block partial sums the
+// host adds in block order. The GPU is the launcher's local rank (one process per GPU), else 0.
+// Without a visible CUDA device, asking for it is an input error naming run.device.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "ablate/cuda_check.hpp"
+#include "ablate/device.hpp"
+#include "ablate/error.hpp"
+#include "ablate/launch_env.hpp"
+#include "ablate/metrics.hpp"
+#include "ablate/plugin.hpp"
+#include "cuda_device_kernels.hpp"
+
+namespace ablate::cuda_device {
+namespace {
+
+int64_t view_bytes(const TensorView& t) { return t.numel() * int64_t(dtype_size(t.dtype)); }
+
+void require_f32(const TensorView& t, const char* what) {
+  if (t.dtype != DType::f32 || t.device != DeviceType::cuda) {
+    throw_runtime_error("cuda device", std::string(what) + " needs an f32 view of device memory");
+  }
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    ABLATE_CUDA_CHECK(cudaSetDevice(ordinal_));
+    cudaDeviceProp prop{};
+    ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
+    name_ = prop.name;
+    size_t free_b = 0, total_b = 0;
+    ABLATE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    capacity_ = int64_t(total_b);
+    ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ABLATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), kReduceBlocks * sizeof(double)));
+    ABLATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_partials_), kReduceBlocks * sizeof(double)));
+  }
+
+  ~CudaDevice() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (partials_ != nullptr) cudaFree(partials_);
+    if (host_partials_ != nullptr) cudaFreeHost(host_partials_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  DeviceType type() const noexcept override { return DeviceType::cuda; }
+  std::string describe() const override { return name_ + " (cuda:" + std::to_string(ordinal_) + ")"; }
+
+  Buffer alloc(DType dtype, int64_t count) override {
+    if (count <= 0) return {};
+    const std::size_t bytes = std::size_t(count) * dtype_size(dtype);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, bytes);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw_input_error("run.device", "cannot allocate " + std::to_string(bytes) + " bytes on " + describe() + ": " +
+                                          std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free (" +
+                                          cudaGetErrorString(rc) + ")");
+    }
+    ABLATE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_[p] = int64_t(bytes);
+    in_use_ += int64_t(bytes);
+    peak_ = std::max(peak_, in_use_);
+    return Buffer(this, p, dtype, count);
+  }
+
+  void release(void* data) noexcept override {
+    cudaStreamSynchronize(stream_);  // no kernel still reads it
+    cudaFree(data);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(data);
+    if (it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+  }
+
+  int64_t memory_in_use() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_use_;
+  }
+  int64_t memory_peak() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+  int64_t memory_capacity() const override { return capacity_; }
+
+  void upload(TensorView dst, const void* host) override {
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, std::size_t(view_bytes(dst)), cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* host, TensorView src) override {
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(host, src.data, std::size_t(view_bytes(src)), cudaMemcpyDeviceToHost, stream_));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void upload_batch(const Batch& batch, DeviceBatch& out) override {
+    pack_batch(batch, out.staging);
+    const int64_t n = int64_t(out.staging.size());
+    if (out.storage.count() < n) out.storage = alloc(DType::i32, n);
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(out.storage.data(), out.staging.data(), std::size_t(n) * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream_));
+    out.views = batch_views_at(batch, static_cast<int32_t*>(out.storage.data()), DeviceType::cuda);
+  }
+
+  void fill(TensorView x, float value) override {
+    require_f32(x, "fill");
+    launch_fill(x.as<float>(), x.numel(), value, stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  double squared_norm(TensorView x) override {
+    require_f32(x, "squared_norm");
+    launch_squared_norm(x.as<const float>(), x.numel(), partials_, stream_);
+    return sum_partials();
+  }
+
+  void scale(TensorView x, float factor) override {
+    require_f32(x, "scale");
+    launch_scale(x.as<float>(), x.numel(), factor, stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  double masked_loss_sum(TensorView losses, TensorView targets) override {
+    require_f32(losses, "masked_loss_sum");
+    if (targets.dtype != DType::i32 || targets.numel() != losses.numel()) {
+      throw_runtime_error("cuda device", "masked_loss_sum needs i32 targets, one per loss");
+    }
+    launch_masked_loss_sum(losses.as<const float>(), targets.as<const int32_t>(), losses.numel(), partials_, stream_);
+    return sum_partials();
+  }
+
+  void synchronize() override { ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  double peak_tflops(DType dtype) const override {
+    return peak_tflops_for_device(name_, dtype == DType::bf16 || dtype == DType::f16 ? "bf16" : "fp32");
+  }
+
+ private:
+  double sum_partials() {
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(host_partials_, partials_, kReduceBlocks * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    double sum = 0;
+    for (int b = 0; b < kReduceBlocks; ++b) sum += host_partials_[b];
+    return sum;
+  }
+
+  int ordinal_;
+  std::string name_;
+  int64_t capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
+  double* partials_ = nullptr;       // (kReduceBlocks) on the device
+  double* host_partials_ = nullptr;  // (kReduceBlocks) pinned
+  mutable std::mutex mu_;
+  std::unordered_map<void*, int64_t> sizes_;
+  int64_t in_use_ = 0, peak_ = 0;
+};
+
+std::unique_ptr<Component> make_cuda_device(const ComponentArgs&) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw_input_error("run.device", std::string("\"cuda\": no CUDA device is visible to this process (") +
+                                        (rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices") +
+                                        "); train with run.device = \"cpu\"");
+  }
+  int ordinal = 0;
+  try {
+    const launch::LaunchEnv env = launch::read_launch_env();
+    if (env.local_rank > 0) ordinal = env.local_rank;
+  } catch (const std::invalid_argument& e) {
+    throw_input_error("launcher environment", e.what());
+  }
+  if (ordinal >= count) {
+    throw_input_error("run.device", "local rank " + std::to_string(ordinal) + " needs GPU " + std::to_string(ordinal) + " but " +
+                                        std::to_string(count) + " are visible: start one process per GPU on each machine");
+  }
+  return std::make_unique<CudaDevice>(ordinal);
+}
+
+void register_components(Registrar& r) {
+  ComponentInfo info;
+  info.kind = Kind::device;
+  info.name = "cuda";
+  info.version = "1.0.0";
+  info.doc = "an NVIDIA GPU through the CUDA runtime: GPU memory, one stream, reductions as kernels";
+  info.devices = {"cuda"};
+  info.factory = make_cuda_device;
+  r.add(std::move(info));
+}
+
+}  // namespace
+}  // namespace ablate::cuda_device
+
+ABLATE_PLUGIN("cuda_device", "1.0.0", ablate::cuda_device::register_components)

@@ -1,0 +1,21 @@
+// Launchers of the cuda device's kernels, all on the given stream, none synchronising.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ablate::cuda_device {
+
+// Blocks of the reductions: each writes one double partial sum; the host adds the partials in
+// block order, so a sum does not depend on scheduling.
+inline constexpr int kReduceBlocks = 256;
+inline constexpr int kThreads = 256;
+
+void launch_fill(float* x, int64_t n, float value, cudaStream_t stream);
+void launch_scale(float* x, int64_t n, float factor, cudaStream_t stream);
+// partials: kReduceBlocks doubles in device memory.
+void launch_squared_norm(const float* x, int64_t n, double* partials, cudaStream_t stream);
+void launch_masked_loss_sum(const float* losses, const int32_t* targets, int64_t n, double* partials, cudaStream_t stream);
+
+}  // namespace ablate::cuda_device
