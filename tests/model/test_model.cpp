@@ -5,7 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -251,4 +254,51 @@ TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 
   CHECK(p[std::size_t(bias->offset)] == 0.0f);
   CHECK_FALSE(ln->decay);
   CHECK(fc->decay);
+}
+
+TEST_CASE("the activation plan of a micro-batch that does not fit is known without allocating it") {
+  Fixture f;
+  ModelOptions o;
+  o.d_model = 256;
+  o.n_layers = 4;
+  o.n_heads = o.n_kv_heads = 4;
+  o.head_dim = 64;
+  o.vocab_size = 50257;
+  o.vocab_padded = 50304;
+  o.max_seq_len = 1024;
+  o.mlp_hidden = 1024;
+  Model m(o, f.registry, f.run);
+  const int64_t state = m.device().memory_in_use();
+  CHECK(state >= m.state_bytes());
+  const auto rss_kib = [] {
+    long pages = 0, resident = 0;
+    if (FILE* file = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(file, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(file);
+    }
+    return int64_t(resident) * int64_t(sysconf(_SC_PAGE_SIZE)) / 1024;
+  };
+  const int64_t rss_before = rss_kib();
+  // 64 rows of 1024 positions: the residual stream alone is 64*1024*256 floats per block.
+  const ActivationPlan big = m.activation_plan(64, 1024);
+  CHECK(big.bytes() > int64_t(4) << 30);
+  CHECK(m.device().memory_in_use() == state);          // nothing allocated through the device
+  CHECK(rss_kib() - rss_before < 64 * 1024);           // nor anywhere else in the process
+  // What a shape's plan says is what training that shape allocates.
+  const ActivationPlan small = m.activation_plan(1, 16);
+  Batch b;
+  b.reset(1, 16);
+  for (int32_t t = 0; t < 16; ++t) {
+    b.tokens[std::size_t(t)] = t;
+    b.targets[std::size_t(t)] = t + 1;
+    b.positions[std::size_t(t)] = t;
+    b.segment_ids[std::size_t(t)] = 1;
+  }
+  b.segments = {{0, 16}};
+  b.row_segments = {0, 1};
+  m.init_params(3);
+  m.forward_backward(b, 1.0 / 16, 0);
+  const int64_t grown = m.device().memory_in_use() - state;
+  CHECK(grown >= small.bytes());
+  CHECK(grown < small.bytes() + 128);  // the cpu device rounds each buffer up to 64 bytes plus a header
 }
