@@ -5,6 +5,7 @@
 #include "ablate/component.hpp"
 #include "ablate/data.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/version.hpp"

@@ -3,6 +3,7 @@
 // step, the step's metrics, evaluation, logging, checkpoints. Device differences live behind the
 // Device (device.hpp), the schedule of collectives in the engine (engine.hpp), the files of a
 // checkpoint in the checkpointer (checkpointer.hpp), the metric definitions in run_metrics.hpp.
+#include "ablate/logger.hpp"
 #include "ablate/trainer.hpp"
 
 #include <unistd.h>

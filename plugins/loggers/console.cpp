@@ -157,7 +157,7 @@ void register_console(Registrar& r) {
            if (every < 1) throw_input_error(key_path(a.own, "every"), "must be at least 1, got " + std::to_string(every));
            return std::make_unique<ConsoleLogger>(mode_from(mode), every);
          },
-         ""});
+         "", {}});
 }
 
 }  // namespace ablate::loggers

@@ -1,4 +1,4 @@
-// The `csv` logger: <run dir>/metrics.csv with a fixed header, DESIGN.md's metric names in their
+// The `csv` logger: <run dir>/metrics.csv with a fixed header, docs/architecture.md's metric names in their
 // documented order followed by the columns of `extra_columns` (default: the trainer's extras
 // val_loss and elapsed_s). An extra column is empty on steps without that value; an extra metric
 // not listed there is left out (with one warning naming it). Counts are integers, other numbers
@@ -147,7 +147,7 @@ void register_csv(Registrar& r) {
                              "extra metrics given a column after the fixed ones (empty on steps without the value); "
                              "extras not listed are not written")},
          [](const ComponentArgs& a) { return std::make_unique<CsvLogger>(checked_extra_columns(a.own)); },
-         ""});
+         "", {}});
 }
 
 }  // namespace ablate::loggers

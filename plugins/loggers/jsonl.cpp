@@ -1,4 +1,4 @@
-// The `jsonl` logger: <run dir>/metrics.jsonl, one JSON object per logged step with DESIGN.md's
+// The `jsonl` logger: <run dir>/metrics.jsonl, one JSON object per logged step with docs/architecture.md's
 // metric names in their documented order (counts as integers), then the step's extras (val_loss).
 // Each line is flushed as it is written. A resumed run keeps the lines up to its start step.
 #include <nlohmann/json.hpp>
@@ -62,7 +62,7 @@ void register_jsonl(Registrar& r) {
          "metrics.jsonl in the run directory: one JSON object per logged step, flushed line by line",
          {},
          [](const ComponentArgs&) { return std::make_unique<JsonlLogger>(); },
-         ""});
+         "", {}});
 }
 
 }  // namespace ablate::loggers

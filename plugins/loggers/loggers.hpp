@@ -2,6 +2,7 @@
 // the entry file (loggers.cpp) can register them all.
 #pragma once
 
+#include "ablate/logger.hpp"
 #include "ablate/component.hpp"
 
 namespace ablate::loggers {

@@ -37,24 +37,6 @@ std::vector<std::string> read_complete_lines(const fs::path& file) {
   return lines;
 }
 
-void write_file_atomic(const fs::path& file, const std::string& text) {
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw_input_error(tmp.string(), std::string("cannot open for writing: ") + std::strerror(errno));
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      throw_runtime_error(tmp.string(), "write failed");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, file, ec);
-  if (ec) throw_runtime_error(file.string(), "cannot replace it with " + tmp.string() + ": " + ec.message());
-}
-
 std::ofstream open_for_append(const fs::path& file, bool truncate) {
   std::ofstream out(file, std::ios::binary | (truncate ? std::ios::trunc : std::ios::app));
   if (!out) throw_input_error(file.string(), std::string("cannot open for writing: ") + std::strerror(errno));

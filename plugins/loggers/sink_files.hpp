@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ablate/atomic_file.hpp"
+#include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/schema.hpp"
 
@@ -29,9 +31,7 @@ void ensure_directory(const fs::path& dir);
 // crash and is left out. A missing file has no lines.
 std::vector<std::string> read_complete_lines(const fs::path& file);
 
-// Replaces `file` by `text` through `<file>.tmp` and a rename, so a crash leaves either the old
-// or the new content.
-void write_file_atomic(const fs::path& file, const std::string& text);
+// Rewriting a file: core's write_file_atomic (ablate/atomic_file.hpp).
 
 // Opens `file` to append to it (or emptied first when `truncate`); an input error naming the file
 // when it cannot be opened for writing.

@@ -1,6 +1,6 @@
 // The `tensorboard` logger: an event file <run dir>/<dir>/events.out.tfevents.<unix time>.<host>
 // holding, per logged step, one Event with every metric as a scalar. Tags: "train/<metric>" for
-// DESIGN.md's metrics (step is the event's step, not a scalar), "val/<x>" for an extra named
+// docs/architecture.md's metrics (step is the event's step, not a scalar), "val/<x>" for an extra named
 // "val_<x>" (val_loss -> val/loss), "train/<name>" for any other extra. A new run removes the
 // event files an earlier one left in <dir>; a resumed run starts a new file that first marks a
 // restart, so TensorBoard drops what the earlier files hold after the resume step.
@@ -103,7 +103,7 @@ void register_tensorboard(Registrar& r) {
          "TensorBoard event file in the run directory: every metric as a scalar per logged step",
          {param::string("dir", "tensorboard", "folder inside the run directory for the event files")},
          [](const ComponentArgs& a) { return std::make_unique<TensorboardLogger>(checked_dir(a.own)); },
-         ""});
+         "", {}});
 }
 
 }  // namespace ablate::loggers

@@ -18,7 +18,7 @@ namespace {
 
 void add(Registry& r, Kind kind, const std::string& name, Schema schema = {}) {
   r.add(ComponentInfo{kind, name, "1.0", "test component", std::move(schema),
-                      [](const ComponentArgs&) -> std::unique_ptr<Component> { return nullptr; }, ""},
+                      [](const ComponentArgs&) -> std::unique_ptr<Component> { return nullptr; }, "", {}},
         "test");
 }
 

@@ -1,11 +1,11 @@
-// The metric definitions of DESIGN.md: names and order, FLOPs per token, the peak table.
+// The metric definitions of docs/architecture.md: names and order, FLOPs per token, the peak table.
 #include <doctest/doctest.h>
 
 #include "ablate/metrics.hpp"
 
 using namespace ablate;
 
-TEST_CASE("metric_values lists DESIGN.md's metrics in order, then the extras") {
+TEST_CASE("metric_values lists docs/architecture.md's metrics in order, then the extras") {
   StepMetrics m;
   m.step = 7;
   m.loss = 2.5;

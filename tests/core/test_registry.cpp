@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "ablate/error.hpp"
+#include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/version.hpp"

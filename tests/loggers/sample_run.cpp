@@ -4,6 +4,7 @@
 #include <iostream>
 #include <map>
 
+#include "ablate/logger.hpp"
 #include "ablate/error.hpp"
 #include "ablate/registry.hpp"
 #include "sample_metrics.hpp"

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
+#include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/registry.hpp"
 #include "sample_metrics.hpp"
@@ -311,7 +312,7 @@ TEST_CASE("jsonl: one line per logged step that parses back to exactly the logge
     }
     CHECK(j.contains("val_loss") == (s % 2 == 0));
   }
-  // DESIGN.md's order: step first, optimizer_state_bytes last of the fixed ones.
+  // docs/architecture.md's order: step first, optimizer_state_bytes last of the fixed ones.
   CHECK(lines[0].rfind("{\"step\":1,\"loss\":", 0) == 0);
 }
 

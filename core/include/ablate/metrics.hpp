@@ -1,4 +1,4 @@
-// One logged step's metrics, with DESIGN.md's names and definitions, and the logger interface.
+// One logged step's metrics, with docs/architecture.md's names and definitions, and the peak table.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,7 @@ struct StepMetrics {
   std::vector<std::pair<std::string, double>> extra;
 };
 
-// DESIGN.md's per-step metrics in their documented order, as (name, value) pairs, followed by the
+// docs/architecture.md's per-step metrics in their documented order, as (name, value) pairs, followed by the
 // extras. Counts (step, tokens, real_tokens, bytes) are exact in a double up to 2^53.
 std::vector<std::pair<std::string, double>> metric_values(const StepMetrics& metrics);
 // The names of the fixed metrics, in the same order.
@@ -47,28 +47,5 @@ double peak_tflops_for_device(std::string_view device_name, std::string_view dty
 
 // model FLOPs per token = 6*N + 6*L*d*T (llm.c's convention; causal attention counted once).
 double model_flops_per_token(int64_t parameters, int64_t layers, int64_t d_model, int64_t seq_len) noexcept;
-
-// What a logger is told when a run starts. A resumed run starts at `start_step` > 0: a sink that
-// appends to files of the run directory drops what it holds after that step, so the continued
-// run's record is the uninterrupted one's.
-struct LogContext {
-  std::string run_dir;
-  std::string config_toml;   // the resolved experiment
-  std::string run_name;      // the run directory's last component
-  int64_t start_step = 0;    // 0 for a new run
-  int64_t total_steps = 0;
-  int64_t log_every = 1;
-};
-
-class Logger : public Component {
- public:
-  ~Logger() override;
-  // Called once before the first step.
-  virtual void open(const LogContext& context) = 0;
-  // Called for each logged step, in step order.
-  virtual void log(const StepMetrics& metrics) = 0;
-  // Called once at the end of the run (also when it stops early or fails): flush and release.
-  virtual void close() = 0;
-};
 
 }  // namespace ablate

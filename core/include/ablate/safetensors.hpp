@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ablate/atomic_file.hpp"
 #include "ablate/tensor.hpp"
 
 namespace ablate {
@@ -25,8 +26,5 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsFile&
 // Throws ablate::Error (input) naming the file and what is wrong: truncated, bad header, offsets
 // out of range or overlapping, unknown dtype.
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
-
-// Writes `bytes` to `path` atomically (temporary name, fsync, rename, directory fsync).
-void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
 
 }  // namespace ablate

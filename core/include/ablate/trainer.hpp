@@ -1,6 +1,6 @@
 // The trainer: steps of gradient-accumulated micro-batches (loss = mean over the real targets of the
 // whole global batch), LR schedule, global-norm clipping, the optimizer, evaluation on the
-// validation split, DESIGN.md's metrics per step, and atomic checkpoints that resume bit for bit.
+// validation split, docs/architecture.md's metrics per step, and atomic checkpoints that resume bit for bit.
 //
 // Data parallel (docs/distributed.md): under mpirun or srun every rank runs train() with its own
 // share of each batch; the loss is normalised by the real targets of all ranks together, gradients

@@ -2,6 +2,7 @@
 // several libraries whose behaviour is chosen by compile definitions:
 //   ABLATE_TEST_COMPONENT  the logger name it registers (duplicates are made by reusing a name)
 //   ABLATE_PLUGIN_API_VERSION  set to another value to make a plugin the loader must refuse
+#include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/plugin.hpp"
 
