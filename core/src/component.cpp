@@ -79,7 +79,9 @@ std::string DataSource::decode(const std::vector<int32_t>& tokens) const {
 Sampler::~Sampler() = default;
 DocumentFeed::~DocumentFeed() = default;
 Batcher::~Batcher() = default;
+LayerBase::~LayerBase() = default;
 Layer::~Layer() = default;
+LossLayer::~LossLayer() = default;
 
 const char* to_string(LayerRole role) noexcept {
   switch (role) {

@@ -94,7 +94,8 @@ struct Model::Impl {
   ModelOptions o;
   RunContext run;
   std::unique_ptr<Device> device;
-  std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn, cls;
+  std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn;
+  std::unique_ptr<LossLayer> cls;
   std::unique_ptr<Attention> attn;
   LayerSpec emb_spec, pos_spec, norm_spec, q_spec, kv_spec, o_spec, mlp_spec, qkn_spec, cls_spec;
   ParamTable table;
@@ -106,12 +107,13 @@ struct Model::Impl {
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
 
-  std::unique_ptr<Layer> make_layer(const Registry& registry, const std::string& name, const char* key) {
+  template <class L = Layer>
+  std::unique_ptr<L> make_layer(const Registry& registry, const std::string& name, const char* key) {
     static const Params empty{"model", {}};
-    return registry.create<Layer>(Kind::layer, name, {empty, empty, run}, key);
+    return registry.create<L>(Kind::layer, name, {empty, empty, run}, key);
   }
 
-  int64_t declare(const Layer& layer, const LayerSpec& spec, const std::string& prefix) {
+  int64_t declare(const LayerBase& layer, const LayerSpec& spec, const std::string& prefix) {
     const int64_t before = table.total;
     layer.declare_params(spec, prefix, table);
     return before;
@@ -426,7 +428,7 @@ struct Model::Impl {
       c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
       c.grad_scale = grad_scale;
     }
-    cls->forward(c);
+    cls->loss(c);
     return device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets);
   }
 
@@ -462,12 +464,12 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.norm = m.make_layer(registry, o.norm, "model.norm");
   m.lin = m.make_layer(registry, "linear", "linear");
   m.mlp = m.make_layer(registry, o.mlp, "model.mlp");
-  m.cls = m.make_layer(registry, "cross_entropy", "cross_entropy");
+  m.cls = m.make_layer<LossLayer>(registry, "cross_entropy", "cross_entropy");
   if (o.qk_norm) m.qkn = m.make_layer(registry, "rmsnorm", "model.qk_norm");
   m.attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run},
                                       "attention.name");
   const struct {
-    Layer* layer;
+    LayerBase* layer;
     LayerRole role;
     const char* key;
   } roles[] = {{m.emb.get(), LayerRole::embedding, "embedding"}, {m.pos.get(), LayerRole::position, "model.position"},

@@ -31,7 +31,7 @@ std::unique_ptr<Layer> make_rmsnorm();
 std::unique_ptr<Layer> make_linear();
 std::unique_ptr<Layer> make_gelu_mlp();
 std::unique_ptr<Layer> make_swiglu_mlp();
-std::unique_ptr<Layer> make_cross_entropy();
+std::unique_ptr<LossLayer> make_cross_entropy();
 
 inline std::string param_name(const std::string& prefix, const char* name) {
   return prefix.empty() ? std::string(name) : prefix + "." + name;

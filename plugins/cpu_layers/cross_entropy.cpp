@@ -10,7 +10,7 @@ namespace {
 
 constexpr int64_t kChunk = 256;
 
-class CrossEntropy final : public Layer {
+class CrossEntropy final : public LossLayer {
  public:
   LayerRole role() const override { return LayerRole::classifier; }
 
@@ -20,7 +20,7 @@ class CrossEntropy final : public Layer {
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
 
-  void forward(const LayerCall& call) override {
+  void loss(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const bool with_grad = call.d_x.data != nullptr;
@@ -93,16 +93,12 @@ class CrossEntropy final : public Layer {
     });
   }
 
-  void backward(const LayerCall&) override {
-    throw_runtime_error(kName, "the classifier is fused: forward computes the gradients when d_x is set");
-  }
-
  private:
   static constexpr const char* kName = "cross_entropy";
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_cross_entropy() { return std::make_unique<CrossEntropy>(); }
+std::unique_ptr<LossLayer> make_cross_entropy() { return std::make_unique<CrossEntropy>(); }
 
 }  // namespace ablate::cpu_layers

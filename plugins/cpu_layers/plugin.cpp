@@ -6,7 +6,8 @@ namespace {
 
 using ablate::Layer;
 
-void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_ptr<Layer> (*make)()) {
+template <class L>
+void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_ptr<L> (*make)()) {
   r.add({ablate::Kind::layer, name, "1.0.0", doc, {},
          [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); }, "", {"cpu"}});
 }

@@ -33,12 +33,16 @@ Plugins& plugins() {
   return p;
 }
 
-std::unique_ptr<Layer> make(const std::string& name) {
+template <class L = Layer>
+std::unique_ptr<L> make_as(const std::string& name) {
   Params common{"model", {}};
   Params own{"model." + name, {}};
   RunContext run;
-  return plugins().registry.create<Layer>(Kind::layer, name, {common, own, run});
+  return plugins().registry.create<L>(Kind::layer, name, {common, own, run});
 }
+
+std::unique_ptr<Layer> make(const std::string& name) { return make_as<Layer>(name); }
+std::unique_ptr<LossLayer> make_loss(const std::string& name) { return make_as<LossLayer>(name); }
 
 template <class T>
 constexpr DType dtype_of() {
@@ -412,7 +416,7 @@ TEST_CASE("cpu_layers registers every layer with its role") {
       {"gelu_mlp", LayerRole::mlp},        {"swiglu_mlp", LayerRole::mlp},     {"cross_entropy", LayerRole::classifier}};
   for (const auto& [name, role] : expected) {
     INFO(name);
-    CHECK(make(name)->role() == role);
+    CHECK(make_as<LayerBase>(name)->role() == role);
   }
 }
 
@@ -424,7 +428,7 @@ TEST_CASE("parameters are named under the prefix with their shapes, decay and in
   s.init_std = 0.03;
   auto names = [&](const char* layer, const LayerSpec& spec) {
     ParamTable t;
-    make(layer)->declare_params(spec, "blocks.0.x", t);
+    make_as<LayerBase>(layer)->declare_params(spec, "blocks.0.x", t);
     std::vector<std::string> n;
     for (const ParamSlice& sl : t.slices) n.push_back(sl.name);
     return std::make_pair(n, t);
@@ -498,8 +502,8 @@ TEST_CASE("activation and scratch counts") {
   CHECK(make("gelu_mlp")->activation_elements(s, 7) == 2 * 7 * 11);
   CHECK(make("gelu_mlp")->scratch_elements(s, 7) == 7 * 11);
   CHECK(make("swiglu_mlp")->activation_elements(s, 7) == 3 * 7 * 11);
-  CHECK(make("cross_entropy")->scratch_elements(s, 7) == 7 * 11);
-  CHECK(make("cross_entropy")->scratch_elements(s, 100000) <= 1024 * 11);  // chunked, never all rows
+  CHECK(make_loss("cross_entropy")->scratch_elements(s, 7) == 7 * 11);
+  CHECK(make_loss("cross_entropy")->scratch_elements(s, 100000) <= 1024 * 11);  // chunked, never all rows
   CHECK(make("embedding")->activation_elements(s, 7) == 0);
   CHECK(make("rope")->activation_elements(s, 7) == 0);
 }
@@ -814,7 +818,7 @@ struct ClassifierCall {
   double scale = 1.0;
 
   // Forward (with gradients when `grads` is true); logits requested when `logits` is true.
-  ClassifierRun run(Layer& layer, bool grads, bool logits, GradMode mode = GradMode::overwrite) {
+  ClassifierRun run(LossLayer& layer, bool grads, bool logits, GradMode mode = GradMode::overwrite) {
     std::vector<T> xs = x, Ws = W, losses(std::size_t(rows), kNaN<T>), lg, dx, g(W.size(), T(0));
     std::vector<T> scratch(std::size_t(layer.scratch_elements(spec, rows)), kNaN<T>);
     LayerCall call;
@@ -837,7 +841,7 @@ struct ClassifierCall {
       call.d_x = view(dx);
       call.grads = view(g);
     }
-    layer.forward(call);
+    layer.loss(call);
     return {convert<double>(losses), convert<double>(lg), convert<double>(dx), convert<double>(g)};
   }
 };
@@ -860,7 +864,7 @@ ClassifierCall<double> classifier_problem(int64_t rows, int64_t in, int64_t out,
 }  // namespace
 
 TEST_CASE("cross_entropy: loss, logits and gradients against a plain log-softmax, padded columns excluded") {
-  auto layer = make("cross_entropy");
+  auto layer = make_loss("cross_entropy");
   ClassifierCall<double> p = classifier_problem(7, 13, 11, 9, 21);
   const ClassifierRun ref = reference_classifier(p.x, p.W, p.batch.targets, 7, 13, 11, 9, p.scale);
   const ClassifierRun got = p.run(*layer, true, true);
@@ -876,11 +880,12 @@ TEST_CASE("cross_entropy: loss, logits and gradients against a plain log-softmax
   // Forward without gradients gives the same losses and leaves no logits requirement.
   const ClassifierRun plain = p.run(*layer, false, false);
   CHECK(plain.losses == got.losses);
-  CHECK_THROWS_AS(layer->backward(LayerCall{}), Error);
+  // The classifier has no separate backward: it is not a stream Layer at all.
+  CHECK_THROWS_AS(make("cross_entropy"), Error);
 }
 
 TEST_CASE("cross_entropy: finite differences of grad_scale * sum(losses)") {
-  auto layer = make("cross_entropy");
+  auto layer = make_loss("cross_entropy");
   ClassifierCall<double> p = classifier_problem(7, 13, 11, 9, 22);
   const ClassifierRun got = p.run(*layer, true, false);
   const double h = 1e-6;
@@ -908,7 +913,7 @@ TEST_CASE("cross_entropy: finite differences of grad_scale * sum(losses)") {
 }
 
 TEST_CASE("cross_entropy: many chunks of rows give the row-by-row result, and float32 agrees") {
-  auto layer = make("cross_entropy");
+  auto layer = make_loss("cross_entropy");
   // 256-row chunks of 70 columns: enough values for the threaded loop.
   ClassifierCall<double> p = classifier_problem(601, 5, 70, 65, 23);
   const ClassifierRun ref = reference_classifier(p.x, p.W, p.batch.targets, 601, 5, 70, 65, p.scale);
@@ -958,7 +963,7 @@ TEST_CASE("misuse is refused: mixed dtypes, tokens out of range, bad targets") {
   State<double> se = random_state(*emb, e, rng);
   CHECK_THROWS_AS(forward(*emb, e, se), Error);
 
-  auto ce = make("cross_entropy");
+  auto ce = make_loss("cross_entropy");
   ClassifierCall<double> p = classifier_problem(7, 13, 11, 9, 24);
   p.batch.targets[1] = 9;  // a padded column is never a target
   CHECK_THROWS_AS(p.run(*ce, false, false), Error);

@@ -15,8 +15,8 @@
 // `residual` input passes d_y through to the residual unchanged, which the model does by sharing
 // one buffer, so the layer itself never writes a residual gradient.
 //
-// The classifier is fused: forward computes the loss and, when d_x is set, the gradients at once
-// (scaled by grad_scale), so the (rows, vocab) logits never have to be kept for a backward pass.
+// The classifier is fused (LossLayer): one call computes the loss and, when d_x is set, the
+// gradients at once (scaled by grad_scale), so the (rows, vocab) logits are never kept.
 //
 // Every CPU layer works on f32 (training) and f64 (gradient checks) views; all views of one call
 // share the dtype. Layers are stateless kernels: one object serves every place it is used.
@@ -74,17 +74,33 @@ struct LayerCall {
   double grad_scale = 0.0;       // d(loss_sum * grad_scale)/d x is written to d_x when d_x is set
 };
 
-class Layer : public Component {
+// What every layer has: its role, its parameters and the memory it needs.
+class LayerBase : public Component {
  public:
-  ~Layer() override;
+  ~LayerBase() override;
   virtual LayerRole role() const = 0;
   // Appends this layer's parameters to `table` under `prefix` ("blocks.0.ln1").
   virtual void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const = 0;
   // Values (of the call's dtype) the layer keeps from forward to backward, and scratch it needs.
   virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
   virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+};
+
+// A layer of the residual stream: an explicit forward/backward pair.
+class Layer : public LayerBase {
+ public:
+  ~Layer() override;
   virtual void forward(const LayerCall& call) = 0;
   virtual void backward(const LayerCall& call) = 0;
+};
+
+// The classifier (role classifier): the loss of every row into call.losses and, when call.d_x is
+// set, the gradients in the same pass (d_x written, the weight gradient accumulated, both of
+// grad_scale * sum(losses)), so the (rows, vocab) logits never have to be kept for a backward.
+class LossLayer : public LayerBase {
+ public:
+  ~LossLayer() override;
+  virtual void loss(const LayerCall& call) = 0;
 };
 
 }  // namespace ablate
