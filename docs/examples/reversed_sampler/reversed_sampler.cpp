@@ -36,7 +36,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<ReversedSampler>(args.own.get_int("stride"));
          },
-         ""});
+         "", {}});
 }
 
 }  // namespace
