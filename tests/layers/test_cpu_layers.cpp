@@ -2,7 +2,8 @@
 // (odd sizes, random inputs, against the random linear functional sum(y * w)), "backward twice
 // equals twice the gradient", residual paths, dropout, float32 against float64, and each layer
 // against an independent direct computation (norm formulas, complex-number rotation for rope,
-// a plain log-softmax for the classifier). Outputs are poisoned with NaN before every call.
+// a plain log-softmax for the classifier), and every layer on every device (kDevices: cpu here, cuda
+// where a GPU is) against the float64 CPU layers. Outputs are poisoned with NaN before every call.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ablate/device.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
 #include "ablate/registry.hpp"
@@ -967,4 +969,168 @@ TEST_CASE("misuse is refused: mixed dtypes, tokens out of range, bad targets") {
   ClassifierCall<double> p = classifier_problem(7, 13, 11, 9, 24);
   p.batch.targets[1] = 9;  // a padded column is never a target
   CHECK_THROWS_AS(p.run(*ce, false, false), Error);
+}
+
+// --- every layer on every device against the CPU layers in float64 ------------------------------
+//
+// In the manner of ggml's test-backend-ops: each layer case runs on each device of kDevices in
+// float32, its inputs uploaded through that device's buffers and its batch through
+// Device::upload_batch, its outputs poisoned with NaN first, and forward, d_x and every parameter
+// gradient are compared with the cpu_layers plugin in float64 on the same (float32-rounded)
+// inputs, at rows 1, 7 and 257 and widths that are not multiples of 8. A device that cannot run
+// here (no hardware) or has no registration of a layer is reported, not failed. Tolerance per
+// dtype, relative to the largest reference magnitude: float32 2e-5 (reductions of up to ~300
+// terms at 2^-24 each, with margin).
+
+namespace {
+
+constexpr const char* kDevices[] = {"cpu", "cuda"};
+constexpr double kTolerance_f32 = 2e-5;
+
+// `c` with `rows` rows and a batch to match (random tokens, targets and positions in range).
+Case with_rows(Case c, int64_t rows, std::mt19937_64& rng) {
+  const int64_t per_x = c.rows > 0 ? c.nx / c.rows : 0, per_y = c.ny / c.rows;
+  c.rows = rows;
+  c.nx = per_x * rows;
+  c.ny = per_y * rows;
+  const int32_t vocab = int32_t(std::max<int64_t>(c.spec.out, 1));
+  const int32_t max_pos = c.layer == "learned" ? int32_t(c.spec.max_positions) : 200;
+  std::uniform_int_distribution<int32_t> pos(0, max_pos - 1);
+  std::vector<int32_t> positions(static_cast<std::size_t>(rows));
+  for (int32_t& p : positions) p = pos(rng);
+  c.batch = make_batch(rows, rng, vocab, positions);
+  c.name += " x" + std::to_string(rows);
+  return c;
+}
+
+struct DeviceUnderTest {
+  std::string name;
+  std::unique_ptr<Device> device;
+  std::string why_not;  // non-empty: the device cannot run here
+};
+
+DeviceUnderTest open_device(const std::string& name) {
+  DeviceUnderTest d{name, nullptr, ""};
+  static const Params empty{"run", {}};
+  RunContext run;
+  run.device = name;
+  try {
+    d.device = plugins().registry.create<Device>(Kind::device, name, {empty, empty, run});
+  } catch (const Error& e) {
+    d.why_not = e.what();
+  }
+  return d;
+}
+
+Buffer upload_f32(Device& dev, const std::vector<double>& values) {
+  const std::vector<float> f = convert<float>(values);
+  Buffer b = dev.alloc(DType::f32, int64_t(f.size()));
+  if (!f.empty()) dev.upload(b.view(), f.data());
+  return b;
+}
+
+Buffer poisoned_f32(Device& dev, int64_t n) {
+  Buffer b = dev.alloc(DType::f32, n);
+  if (n > 0) dev.fill(b.view(), std::numeric_limits<float>::quiet_NaN());
+  return b;
+}
+
+std::vector<double> download_f64(Device& dev, const Buffer& b) {
+  std::vector<float> f(std::size_t(b.count()));
+  if (!f.empty()) dev.download(f.data(), b.view());
+  return convert<double>(f);
+}
+
+// One case on one device against the float64 CPU reference; false when the device has no
+// registration of the layer (reported).
+bool check_on_device(const Case& c, DeviceUnderTest& dut) {
+  INFO("case: " << c.name << " on " << dut.name);
+  Device& dev = *dut.device;
+  RunContext run;
+  run.device = dut.name;
+  static const Params common{"model", {}};
+  const Params own{"model." + c.layer, {}};
+  std::unique_ptr<Layer> layer;
+  try {
+    layer = plugins().registry.create<Layer>(Kind::layer, c.layer, {common, own, run});
+  } catch (const Error& e) {
+    MESSAGE("not run: " << e.what());
+    return false;
+  }
+  auto reference = make(c.layer);
+  std::mt19937_64 rng(17);
+  State<double> s = random_state(*reference, c, rng);
+  s.x = convert<double>(convert<float>(s.x));  // both sides see the same float32 values
+  s.params = convert<double>(convert<float>(s.params));
+  s.residual = convert<double>(convert<float>(s.residual));
+  const std::vector<double> dy = convert<double>(convert<float>(randn(std::size_t(c.ny), rng)));
+  const std::vector<double> y_ref = forward(*reference, c, s);
+  std::vector<double> dx_ref(std::size_t(c.nx), kNaN<double>), g_ref(s.params.size(), 0.0);
+  backward(*reference, c, s, dy, GradMode::overwrite, dx_ref, g_ref);
+
+  DeviceBatch batch;
+  dev.upload_batch(c.batch, batch);
+  Buffer x = upload_f32(dev, s.x), params = upload_f32(dev, s.params), grads = upload_f32(dev, std::vector<double>(s.params.size(), 0.0));
+  Buffer y = c.alias ? upload_f32(dev, s.x) : (c.residual_in_y ? upload_f32(dev, s.residual) : poisoned_f32(dev, c.ny));
+  Buffer residual = c.residual && !c.residual_in_y ? upload_f32(dev, s.residual) : Buffer{};
+  Buffer saved = poisoned_f32(dev, layer->activation_elements(c.spec, c.rows));
+  Buffer scratch = poisoned_f32(dev, layer->scratch_elements(c.spec, c.rows));
+  LayerCall call;
+  call.spec = &c.spec;
+  call.batch = &batch.views;
+  call.rows = c.rows;
+  call.heads = c.heads;
+  call.x = c.alias ? y.view() : x.view();
+  call.y = y.view();
+  if (c.residual) call.residual = c.residual_in_y ? y.view() : residual.view();
+  call.params = params.view();
+  call.saved = saved.view();
+  call.scratch = scratch.view();
+  layer->forward(call);
+  CHECK(scaled_diff(download_f64(dev, y), y_ref) < kTolerance_f32);
+
+  Buffer d_y = upload_f32(dev, dy), d_x = poisoned_f32(dev, c.nx);
+  dev.fill(scratch.view(), std::numeric_limits<float>::quiet_NaN());
+  LayerCall back = call;
+  back.residual = {};
+  back.x = x.view();
+  back.grads = grads.view();
+  back.d_y = d_y.view();
+  back.d_x = c.alias ? d_y.view() : (c.has_dx ? d_x.view() : TensorView{});
+  back.input_grad = GradMode::overwrite;
+  layer->backward(back);
+  if (c.has_dx) CHECK(scaled_diff(download_f64(dev, c.alias ? d_y : d_x), dx_ref) < kTolerance_f32);
+  CHECK(scaled_diff(download_f64(dev, grads), g_ref) < kTolerance_f32);
+  return true;
+}
+
+std::vector<Case> device_cases() {
+  std::vector<Case> base = {embedding_case(0.0), learned_case(false), learned_case(true), rope_case(false),
+                            rope_case(true), norm_case("layernorm", true), norm_case("layernorm", false),
+                            norm_case("rmsnorm", false), dense_case("linear", true, false, false, 0.0),
+                            dense_case("linear", false, true, false, 0.0), dense_case("linear", true, true, true, 0.0),
+                            dense_case("gelu_mlp", true, true, false, 0.0), dense_case("swiglu_mlp", false, true, true, 0.0)};
+  std::mt19937_64 rng(29);
+  std::vector<Case> out;
+  for (const Case& c : base) {
+    for (int64_t rows : {int64_t(1), int64_t(7), int64_t(257)}) out.push_back(with_rows(c, rows, rng));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every layer on every device matches the CPU layers in float64 (rows 1, 7, 257)") {
+  const std::vector<Case> cases = device_cases();
+  for (const char* name : kDevices) {
+    DeviceUnderTest dut = open_device(name);
+    if (dut.device == nullptr) {
+      MESSAGE("device " << std::string(name) << " not run here: " << dut.why_not);
+      continue;
+    }
+    int run = 0;
+    for (const Case& c : cases) run += check_on_device(c, dut) ? 1 : 0;
+    MESSAGE("device " << std::string(name) << ": " << run << " of " << cases.size() << " layer cases run");
+    if (std::string(name) == "cpu") CHECK(run == int(cases.size()));
+  }
 }
