@@ -23,8 +23,12 @@ Each side is measured `--rounds` times per model (default 2), alternating which 
 faster round of each is kept: on a shared machine, the least disturbed measurement. MFU for both
 sides is against one reference: the best fp32 256x512x512 matrix-product rate seen in the run.
 
+With `--baseline PATH` (another build's `ablate`, e.g. of the commit before a refactor) the peer is
+that build instead of PyTorch: both builds train the same runs in alternating order and the result
+is the ratio of their tokens/s (bench/results/bench_train_builds.json by default).
+
 Usage: python3 bench/bench_train.py [--steps 20] [--rounds 2] [--threads N] [--note TEXT]
-                                    [--out bench/results/bench_train.json]
+                                    [--out bench/results/bench_train.json] [--baseline OTHER_ABLATE]
        bench/run_bench_train.sh [same arguments]   (also keeps the console in bench/results/bench_train.log)
 """
 import argparse
@@ -40,10 +44,7 @@ import tempfile
 import tomllib
 import time
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from torch_gpt import GPT  # noqa: E402
 from benchlib import REPO, cpu_model, git_commit, loadavg, read_run, run_checked, write_result
 
 # name -> (description, --set overrides on top of configs/quickstart.toml)
@@ -106,6 +107,8 @@ def run_ablate(args, overrides, threads):
 
 def run_torch(shape, steps, warmup, threads, seed):
     """Trains the model ablate resolved (`shape`: run_ablate's answer) in eager PyTorch."""
+    import torch
+    from torch_gpt import GPT
     if shape["vocab_padded"] != shape["vocab_size"]:
         raise SystemExit("a padded vocabulary (model.vocab_multiple > 1) is not mirrored on the PyTorch side")
     vocab, d, n_layers, n_heads = shape["vocab_size"], shape["d_model"], shape["n_layers"], shape["n_heads"]
@@ -142,6 +145,7 @@ def run_torch(shape, steps, warmup, threads, seed):
 
 def torch_matmul_tflops(threads, n=512, rows=256, repeats=10):
     """Best-of-ten rate of the same 256 x 512 x 512 product ablate measures for its peak."""
+    import torch
     torch.set_num_threads(threads)
     x, w = torch.randn(rows, n), torch.randn(n, n)
     for _ in range(3):
@@ -153,6 +157,57 @@ def torch_matmul_tflops(threads, n=512, rows=256, repeats=10):
             x @ w
         best = min(best, (time.perf_counter() - t0) / 20)
     return 2.0 * rows * n * n / best / 1e12
+
+
+# ------------------------------------------------------------------------------------- build vs build
+
+def compare_builds(args):
+    """This build against `args.baseline` on the same runs, alternating which goes first each round;
+    the best round of each is kept and the result is their ratio."""
+    import copy
+    baseline = copy.copy(args)
+    baseline.ablate = args.baseline
+    if not os.path.exists(baseline.ablate):
+        raise SystemExit(f"{baseline.ablate} not found")
+    machine = {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "threads": args.threads, "git_commit": git_commit(),
+               "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    print(f"bench_train (build vs build): {machine['cpu_model']}, nproc {machine['nproc']}, threads {args.threads}, "
+          f"commit {machine['git_commit']}, {machine['date_utc']}")
+    print(f"this build: {args.ablate}\nbaseline  : {baseline.ablate}")
+    if args.note:
+        print(f"note: {args.note}")
+    results = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        desc, overrides = MODELS[name]
+        print(f"\n[{name}] {desc}")
+        runs = {"this": [], "baseline": []}
+        loads = []
+        for rnd in range(args.rounds):
+            loads.append(loadavg())
+            for side in (("this", "baseline") if rnd % 2 == 0 else ("baseline", "this")):
+                a = run_ablate(args if side == "this" else baseline, overrides, args.threads)
+                runs[side].append(a)
+                print(f"  round {rnd + 1} {side:<8}: {a['tokens_per_s']:.0f} tok/s, {a['median_step_ms']:.1f} ms/step, "
+                      f"loss {a['first_loss']:.3f} -> {a['final_loss']:.3f}")
+        best = {k: max(v, key=lambda r: r["tokens_per_s"]) for k, v in runs.items()}
+        results.append({
+            "model": name, "description": desc, "overrides": overrides, "load_averages": loads,
+            "this_rounds_tokens_per_s": [r["tokens_per_s"] for r in runs["this"]],
+            "baseline_rounds_tokens_per_s": [r["tokens_per_s"] for r in runs["baseline"]],
+            "this": best["this"], "baseline": best["baseline"],
+            "ratio_this_over_baseline": best["this"]["tokens_per_s"] / best["baseline"]["tokens_per_s"],
+            "median_ratio_this_over_baseline": statistics.median(r["tokens_per_s"] for r in runs["this"]) /
+                                               statistics.median(r["tokens_per_s"] for r in runs["baseline"]),
+        })
+    print("\nmodel            this tok/s   baseline tok/s   this/baseline (best)   (median of rounds)")
+    for r in results:
+        print(f"{r['model']:<16} {r['this']['tokens_per_s']:>10.0f}   {r['baseline']['tokens_per_s']:>14.0f}   "
+              f"{r['ratio_this_over_baseline']:>20.3f}   {r['median_ratio_this_over_baseline']:>18.3f}")
+    out = args.out if args.out_given else os.path.join(REPO, "bench", "results", "bench_train_builds.json")
+    write_result(out, {"benchmark": "bench_train (build vs build)",
+                       "what": "training tokens/s of two builds of ablate on the same CPU runs, best of the rounds",
+                       "machine": machine, "note": args.note, "steps": args.steps, "rounds": args.rounds,
+                       "this_build": args.ablate, "baseline_build": baseline.ablate, "results": results})
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -168,10 +223,19 @@ def main():
                     help="measurements per side and model, alternating which side goes first; the best of each is kept")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--note", default="", help="a line about the conditions (load, other work), kept in the results")
-    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "bench_train.json"))
+    ap.add_argument("--out", default=None, help="the result JSON (default bench/results/bench_train.json, or "
+                    "bench_train_builds.json with --baseline)")
+    ap.add_argument("--baseline", default=None, help="another build's ablate: compare builds instead of PyTorch")
     args = ap.parse_args()
+    args.out_given = args.out is not None
+    if args.out is None:
+        args.out = os.path.join(REPO, "bench", "results", "bench_train.json")
     if not os.path.exists(args.ablate):
         raise SystemExit(f"{args.ablate} not found: build the project first")
+    if args.baseline:
+        compare_builds(args)
+        return
+    import torch
 
     machine = {
         "nproc": os.cpu_count(),

@@ -26,6 +26,7 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   const Params m = config.section("model");
   ModelOptions o;
+  o.model_common = m;
   o.d_model = m.get_int("d_model");
   o.n_layers = m.get_int("n_layers");
   o.n_heads = m.get_int("n_heads");
@@ -109,8 +110,8 @@ struct Model::Impl {
 
   template <class L = Layer>
   std::unique_ptr<L> make_layer(const Registry& registry, const std::string& name, const char* key) {
-    static const Params empty{"model", {}};
-    return registry.create<L>(Kind::layer, name, {empty, empty, run}, key);
+    const Params own{"model." + name, {}};
+    return registry.create<L>(Kind::layer, name, {o.model_common, own, run}, key);
   }
 
   int64_t declare(const LayerBase& layer, const LayerSpec& spec, const std::string& prefix) {

@@ -37,7 +37,9 @@ struct ModelOptions {
   std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
   double rope_theta = 10000.0, dropout = 0.0;
   bool qk_norm = false, bias = true, tie_embeddings = true;
-  // The attention backend's keys: [attention] and its own sub-table [attention.<name>].
+  // The keys components receive: layers [model] (their kind's common table; layers declare no
+  // keys of their own yet), the attention backend [attention] and its sub-table [attention.<name>].
+  Params model_common{"model", {}};
   Params attention_common{"attention", {}}, attention_own{"attention", {}};
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
