@@ -3,7 +3,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ABLATE_BUILD_DIR:-$root/build}
+source "$root/scripts/cmake-bin.sh"
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ABLATE_CMAKE_ARGS:-}
+  "$CMAKE" -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ABLATE_CMAKE_ARGS:-}
 fi
-cmake --build "$build" -j "$(nproc)"
+"$CMAKE" --build "$build" -j "$(nproc)"

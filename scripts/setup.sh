@@ -25,7 +25,7 @@ fi
 python=${PYTHON:-python3}
 pip_missing=()
 for p in $(packages "$root/third_party/pip-packages.txt"); do
-  if ! "$python" -m pip show -q "$p" >/dev/null 2>&1; then pip_missing+=("$p"); fi
+  if ! "$python" -m pip show -q "${p%%[<>=!]*}" >/dev/null 2>&1; then pip_missing+=("$p"); fi
 done
 if [ ${#pip_missing[@]} -gt 0 ]; then
   echo "setup: installing PyPI packages: ${pip_missing[*]}"

@@ -5,4 +5,5 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
-ctest --test-dir "${ABLATE_BUILD_DIR:-$root/build}" -j "$(nproc)" --output-on-failure "$@"
+source "$root/scripts/cmake-bin.sh"
+"$CTEST" --test-dir "${ABLATE_BUILD_DIR:-$root/build}" -j "$(nproc)" --output-on-failure "$@"

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs ablate's GPU checks on this machine in one call (docs/gpu-machine.md): the machine and the
+# libraries found, every test program labelled gpu once under compute-sanitizer memcheck and once
+# plainly (JUnit XML from the doctest programs), the GPU benchmarks and the PyTorch peer, then a
+# one-screen summary. Everything goes to OUT: run.log, summary.txt, summary.json, the benchmarks'
+# JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
+# Usage: run.sh OUT   (or with $OUT set)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-${OUT:?usage: run.sh OUT}}
+mkdir -p "$out/logs"
+out=$(cd "$out" && pwd)
+source "$here/env.sh"
+exec > >(tee "$out/run.log") 2>&1
+results="$out/logs/results.tsv"
+: > "$results"
+t_start=$(date +%s)
+
+echo "== machine"
+date -u +%Y-%m-%dT%H:%M:%SZ
+cat "$here/BUNDLE.txt" | head -4
+uname -a
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 || echo "nvidia-smi: not available"
+command -v nvcc >/dev/null && nvcc --version | tail -1
+python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1 || true
+echo "CUDA libraries for ablate's plugins:"
+cuda_libraries_report
+"$here/bin/ablate" plugins list 2>&1 | tail -n +1
+
+# One program, one mode: records passed / failed / skipped (exit 77) with its time.
+run_program() {  # mode prog [args...]
+  local mode=$1 prog=$2; shift 2
+  local log="$out/logs/$prog.$mode.log" xml="$out/logs/$prog.$mode.xml" t0 rc status
+  local cmd=("$here/bin/$prog")
+  if grep -q -- "--reporters" "$here/bin/$prog" 2>/dev/null; then  # a doctest program
+    cmd+=(--reporters=junit --out="$xml")
+  fi
+  [ "$mode" = memcheck ] && cmd=(compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "${cmd[@]}")
+  t0=$(date +%s%N)
+  timeout 300 "${cmd[@]}" "$@" > "$log" 2>&1
+  rc=$?
+  case $rc in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf '%s\t%s\t%s\t%d\t%s\n' "$prog" "$mode" "$status" "$rc" "$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b - a) / 1e9}')" >> "$results"
+  printf '  %-26s %-9s %-8s (exit %d)\n' "$prog" "$mode" "$status" "$rc"
+}
+
+gpu_programs=$(awk -F'\t' '$2 ~ /(^|,)gpu(,|$)/ {print $1}' "$here/manifest/tests.tsv")
+echo "== gpu tests under compute-sanitizer memcheck"
+if command -v compute-sanitizer >/dev/null; then
+  for p in $gpu_programs; do [ -x "$here/bin/$p" ] && run_program memcheck "$p"; done
+else
+  echo "  compute-sanitizer not found: skipped"
+fi
+echo "== gpu tests"
+for p in $gpu_programs; do [ -x "$here/bin/$p" ] && run_program plain "$p"; done
+
+echo "== benchmarks"
+for b in bench_optim; do
+  [ -x "$here/bin/$b" ] || continue
+  t0=$(date +%s)
+  if timeout 300 "$here/bin/$b" --json "$out/$b.json" > "$out/logs/$b.log" 2>&1; then status=passed; else status=failed; fi
+  printf '%s\tbenchmark\t%s\t0\t%d\n' "$b" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -25 "$out/logs/$b.log"
+done
+echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  t0=$(date +%s)
+  if PYTHONUNBUFFERED=1 timeout 420 python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/gpt2-124m.toml" \
+       --batch auto --json "$out/pytorch_gpt.json" > "$out/logs/pytorch_gpt.log" 2>&1; then status=passed; else status=failed; fi
+  printf 'pytorch_gpt\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -15 "$out/logs/pytorch_gpt.log"
+else
+  echo "  python3 has no torch with CUDA: skipped"
+fi
+
+echo "== done in $(( $(date +%s) - t_start )) s"
+python3 "$here/summary.py" "$out" || echo "summary.py failed"
+tar czf "$out/all.tar.gz" -C "$out" logs run.log 2>/dev/null
+! awk -F'\t' '$3 == "failed" {found = 1} END {exit !found}' "$results"

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""One screen of what run.sh did: each test program and mode (passed / failed / skipped, with the
+test cases of its JUnit XML), each benchmark's headline figures. Writes OUT/summary.txt and
+OUT/summary.json and prints the text. Usage: summary.py OUT"""
+import glob
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+out = sys.argv[1]
+logs = os.path.join(out, "logs")
+rows = []
+with open(os.path.join(logs, "results.tsv")) as f:
+    for line in f:
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) == 5:
+            rows.append(dict(zip(["program", "mode", "status", "exit", "seconds"], parts)))
+
+
+def junit_cases(path):
+    """(passed, failed, skipped, names of failed cases) of a doctest JUnit file."""
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError):
+        return None
+    passed = failed = skipped = 0
+    failed_names = []
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+            failed_names.append(case.get("name", "?"))
+        elif case.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped, failed_names
+
+
+def headline(name, data):
+    """A few figures that say how a benchmark went."""
+    keys = {
+        "pytorch_gpt": ["device", "batch_size", "tokens_per_s", "step_ms", "mfu", "peak_memory_gib"],
+        "bench_optim": ["gpu"],
+    }.get(name)
+    if isinstance(data, dict) and keys:
+        picked = {k: data[k] for k in keys if k in data}
+        if "gpu" in picked and isinstance(picked["gpu"], dict):
+            picked = {k: v for k, v in picked["gpu"].items() if not isinstance(v, (dict, list))}
+        if picked:
+            return picked
+    if isinstance(data, dict):
+        return {k: v for k, v in list(data.items())[:6] if isinstance(v, (int, float, str))}
+    return {}
+
+
+lines, summary = [], {"tests": [], "benchmarks": []}
+lines.append(f"{'program':<26} {'mode':<9} {'status':<8} {'cases (pass/fail/skip)':<22} seconds")
+for r in rows:
+    if r["mode"] not in ("memcheck", "plain"):
+        continue
+    cases = junit_cases(os.path.join(logs, f"{r['program']}.{r['mode']}.xml"))
+    case_text = f"{cases[0]}/{cases[1]}/{cases[2]}" if cases else "-"
+    lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} {case_text:<22} {r['seconds']}")
+    if cases and cases[3]:
+        lines.extend(f"    failed: {n}" for n in cases[3][:5])
+    summary["tests"].append({**r, "cases": list(cases[:3]) if cases else None,
+                             "failed_cases": cases[3] if cases else []})
+for r in rows:
+    if r["mode"] not in ("benchmark", "peer"):
+        continue
+    path = os.path.join(out, f"{r['program']}.json")
+    data = {}
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+    h = headline(r["program"], data)
+    lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} " +
+                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
+    summary["benchmarks"].append({**r, "headline": h})
+failed = [r for r in rows if r["status"] == "failed"]
+lines.append(f"{len(rows)} runs: {sum(r['status'] == 'passed' for r in rows)} passed, {len(failed)} failed, "
+             f"{sum(r['status'] == 'skipped' for r in rows)} skipped")
+summary["failed"] = len(failed)
+text = "\n".join(lines)
+print(text)
+with open(os.path.join(out, "summary.txt"), "w") as f:
+    f.write(text + "\n")
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
