@@ -237,6 +237,28 @@ std::unique_ptr<Model> make_model(const Config& config, const Registry& registry
   return model;
 }
 
+// The run's memory, planned before step 1: parameters, gradients, optimizer state and the
+// activation arena of the largest micro-batch. A run that cannot fit is refused with both numbers
+// before anything is trained (the arena is only planned, never allocated, to know it).
+void require_memory(const Config& config, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
+  const int64_t params = model.num_params() * 4, grads = model.num_params() * 4, state = optimizer.state_bytes();
+  const int64_t acts = model.activation_bytes(s.batch_size, s.seq_len);
+  const int64_t needed = params + grads + state + acts;
+  const int64_t capacity = model.device().memory_capacity();
+  const bool configured = config.section("run").get_float("memory_budget_gib") > 0;
+  int64_t budget = configured ? s.memory_bytes : capacity;
+  if (configured && capacity > 0) budget = std::min(budget, capacity);
+  if (budget <= 0 || needed <= budget) return;
+  const auto mib = [](int64_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); };
+  throw_input_error("batching.batch_size",
+                    fmt::format("a micro-batch of {} x {} needs {} ({} parameters, {} gradients, {} optimizer state, {} "
+                                "activations) but {} has {} ({}); lower batching.batch_size (`ablate tune batch-size` "
+                                "finds the largest that fits) or batching.seq_len",
+                                s.batch_size, s.seq_len, mib(needed), mib(params), mib(grads), mib(state), mib(acts),
+                                model.device().describe(), mib(budget),
+                                configured ? "run.memory_budget_gib" : "the device's memory"));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -314,6 +336,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
                                               "optimizer.name");
   const EngineOptions eo = EngineOptions::from(config);
   Engine engine(model, *optimizer, comm, eo);
+  require_memory(config, model, *optimizer, s);
   Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed}, config, comm);
   const LrSchedule schedule = LrSchedule::from(config.section("schedule"), config.section("optimizer").get_float("lr"), s.steps);
   int64_t start_step = 0;

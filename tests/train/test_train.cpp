@@ -127,6 +127,26 @@ TEST_CASE("a checkpoint that does not match the config, or is truncated, is refu
   CHECK(fs::exists(run / "checkpoints/step_00000003/optimizer.safetensors"));
 }
 
+TEST_CASE("a run whose memory plan exceeds the budget is refused before training, with both numbers") {
+  TempDir dir;
+  const fs::path run = dir.path() / "run";
+  // The quickstart model: ~3.3 MiB of parameters, as much of gradients, twice that of AdamW state,
+  // and activations for 64 rows of 256 positions far beyond 8 MiB.
+  const auto r = run_ablate("train " + config() + " --set run.steps=2 --set batching.batch_size=64"
+                            " --set run.memory_budget_gib=0.0078125 --run-dir " + run.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("batching.batch_size") != std::string::npos);
+  CHECK(r.output.find("needs") != std::string::npos);
+  CHECK(r.output.find("8.0 MiB (run.memory_budget_gib)") != std::string::npos);
+  CHECK_FALSE(fs::exists(run / "summary.json"));
+  // The same run fits a budget of a gigabyte.
+  const auto ok = run_ablate("train " + config() + kTiny + " --set run.steps=1 --set run.memory_budget_gib=1 --run-dir " +
+                             (dir.path() / "fits").string());
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+}
+
 TEST_CASE("eval: mean next-token loss over windows of an llm.c shard") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
