@@ -359,6 +359,7 @@ struct Model::Impl {
     if (!backward) c.residual = arena(s.residual, rows, s.y_cols);
     c.saved = arena_tail(s.saved);
     c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+    c.stream = device->stream();
     if (s.param >= 0) c.params = param_tail(params, s.param);
     if (backward) {
       if (s.param >= 0) c.grads = param_tail(grads, s.param);
@@ -423,6 +424,7 @@ struct Model::Impl {
     c.params = param_tail(params, head);
     c.losses = arena(shared(Slot::losses), N, 1);
     c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+    c.stream = device->stream();
     c.logits = logits;
     if (train) {
       c.grads = param_tail(grads, head);

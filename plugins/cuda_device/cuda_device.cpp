@@ -140,6 +140,7 @@ class CudaDevice final : public Device {
   }
 
   void synchronize() override { ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* stream() const noexcept override { return stream_; }
 
   double peak_tflops(DType dtype) const override {
     return peak_tflops_for_device(name_, dtype == DType::bf16 || dtype == DType::f16 ? "bf16" : "fp32");

@@ -1078,6 +1078,7 @@ bool check_on_device(const Case& c, DeviceUnderTest& dut) {
   LayerCall call;
   call.spec = &c.spec;
   call.batch = &batch.views;
+  call.stream = dev.stream();
   call.rows = c.rows;
   call.heads = c.heads;
   call.x = c.alias ? y.view() : x.view();

@@ -116,6 +116,9 @@ class Device : public Component {
   virtual double masked_loss_sum(TensorView losses, TensorView targets) = 0;
 
   virtual void synchronize() = 0;
+  // The queue the device executes its calls in, for plugins of the same device to launch their
+  // work in order with it (cuda: a cudaStream_t); nullptr where there is none (the cpu).
+  virtual void* stream() const noexcept { return nullptr; }
   // The device's peak dense matrix rate for `dtype` in TFLOP/s from the table of known devices
   // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it).
   virtual double peak_tflops(DType dtype) const = 0;

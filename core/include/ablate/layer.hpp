@@ -64,6 +64,7 @@ struct LayerCall {
   TensorView params, grads;      // at the layer's first parameter in the flat buffers
   TensorView saved;              // activation_elements(spec, rows) values, kept forward -> backward
   TensorView scratch;            // scratch_elements(spec, rows) values, free between calls
+  void* stream = nullptr;        // the model's device queue (Device::stream(): cuda's cudaStream_t)
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;

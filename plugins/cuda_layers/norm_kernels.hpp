@@ -1,0 +1,17 @@
+// Launchers of the norm kernels (norm_kernels.cu), f32, on the given stream, never synchronising.
+// Shapes: x, y, dy, dx (rows, in); w, b, dw, db (in); saved: layernorm mean then rstd (2 * rows),
+// rmsnorm rstd (rows). bias may be null; dx may be null (no input gradient); accumulate adds into dx.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ablate::cuda_layers {
+
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows,
+                         int64_t in, float eps, cudaStream_t stream);
+void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx,
+                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream);
+
+}  // namespace ablate::cuda_layers
