@@ -161,6 +161,29 @@ def torch_matmul_tflops(threads, n=512, rows=256, repeats=10):
 
 # ------------------------------------------------------------------------------------- build vs build
 
+def cpu_seconds(ablate, overrides, steps):
+    """User + system CPU seconds of one single-threaded training process of `steps` steps. On a
+    shared machine wall time varies with what else runs; the process's own CPU time much less."""
+    import resource
+    with tempfile.TemporaryDirectory(prefix="bench_train_cpu_") as tmp:
+        cmd = [ablate, "train", "configs/quickstart.toml", "--run-dir", os.path.join(tmp, "run"),
+               "--set", f"run.steps={steps}", "--set", "run.threads=1", "--set", "run.eval_batches=0",
+               "--set", "checkpoint.every=0", "--set", "metrics.peak_tflops=1", "--set", 'logging.sinks=["jsonl"]']
+        for o in overrides:
+            cmd += ["--set", o]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run_checked(cmd)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cpu_seconds_per_step(ablate, overrides, short=3, long=13, repeats=3):
+    """The CPU time of (long - short) steps, start-up cancelled, median of `repeats` pairs."""
+    per_step = [(cpu_seconds(ablate, overrides, long) - cpu_seconds(ablate, overrides, short)) / (long - short)
+                for _ in range(repeats)]
+    return statistics.median(per_step), per_step
+
+
 def compare_builds(args):
     """This build against `args.baseline` on the same runs, alternating which goes first each round;
     the best round of each is kept and the result is their ratio."""
@@ -190,6 +213,11 @@ def compare_builds(args):
                 print(f"  round {rnd + 1} {side:<8}: {a['tokens_per_s']:.0f} tok/s, {a['median_step_ms']:.1f} ms/step, "
                       f"loss {a['first_loss']:.3f} -> {a['final_loss']:.3f}")
         best = {k: max(v, key=lambda r: r["tokens_per_s"]) for k, v in runs.items()}
+        cpu = {}
+        for side, build in (("this", args.ablate), ("baseline", baseline.ablate)):
+            cpu[side] = cpu_seconds_per_step(build, overrides)
+            print(f"  cpu time per step, 1 thread, {side:<8}: {1e3 * cpu[side][0]:.1f} ms "
+                  f"(pairs: {', '.join(f'{1e3 * x:.1f}' for x in cpu[side][1])})")
         results.append({
             "model": name, "description": desc, "overrides": overrides, "load_averages": loads,
             "this_rounds_tokens_per_s": [r["tokens_per_s"] for r in runs["this"]],
@@ -198,11 +226,17 @@ def compare_builds(args):
             "ratio_this_over_baseline": best["this"]["tokens_per_s"] / best["baseline"]["tokens_per_s"],
             "median_ratio_this_over_baseline": statistics.median(r["tokens_per_s"] for r in runs["this"]) /
                                                statistics.median(r["tokens_per_s"] for r in runs["baseline"]),
+            "cpu_ms_per_step_1_thread": {k: 1e3 * v[0] for k, v in cpu.items()},
+            "cpu_ms_per_step_1_thread_pairs": {k: [1e3 * x for x in v[1]] for k, v in cpu.items()},
+            "cpu_time_ratio_this_over_baseline": cpu["this"][0] / cpu["baseline"][0],
         })
-    print("\nmodel            this tok/s   baseline tok/s   this/baseline (best)   (median of rounds)")
+    print("\nmodel            this tok/s   baseline tok/s   this/baseline (best)   (median of rounds)   "
+          "cpu ms/step this   baseline   this/baseline")
     for r in results:
+        c = r["cpu_ms_per_step_1_thread"]
         print(f"{r['model']:<16} {r['this']['tokens_per_s']:>10.0f}   {r['baseline']['tokens_per_s']:>14.0f}   "
-              f"{r['ratio_this_over_baseline']:>20.3f}   {r['median_ratio_this_over_baseline']:>18.3f}")
+              f"{r['ratio_this_over_baseline']:>20.3f}   {r['median_ratio_this_over_baseline']:>18.3f}   "
+              f"{c['this']:>16.1f}   {c['baseline']:>8.1f}   {r['cpu_time_ratio_this_over_baseline']:>13.3f}")
     out = args.out if args.out_given else os.path.join(REPO, "bench", "results", "bench_train_builds.json")
     write_result(out, {"benchmark": "bench_train (build vs build)",
                        "what": "training tokens/s of two builds of ablate on the same CPU runs, best of the rounds",
