@@ -53,6 +53,10 @@ else
 fi
 echo "== gpu tests"
 for p in $gpu_programs; do [ -x "$here/bin/$p" ] && run_program plain "$p"; done
+# Device cases inside programs labelled cpu: every layer on every device (cuda_layers against the
+# float64 CPU layers), which runs its cuda half where a GPU is.
+echo "== device cases of the layer tests"
+[ -x "$here/bin/test_cpu_layers" ] && run_program plain test_cpu_layers "--test-case=every layer on every device*"
 
 echo "== benchmarks"
 for b in bench_optim; do
