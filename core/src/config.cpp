@@ -30,13 +30,16 @@ const std::vector<SectionSpec>& section_specs() {
         integer("steps", 100, "optimizer steps to train").at_least(0),
         integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
         string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
-        string("dtype", "fp32", "compute precision (bf16 on cuda keeps fp32 master weights)").one_of({"fp32", "bf16"}),
+        string("dtype", "fp32", "compute precision (bf16, with fp32 master weights, is refused until the layers compute in it)")
+            .one_of({"fp32", "bf16"}),
         integer("threads", 0, "CPU threads (0 = all cores)").at_least(0),
         floating("memory_budget_gib", 0.0, "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
                  "doctor and tune measure headroom against it").at_least(0.0),
         integer("grad_accum_steps", 1, "micro-batches per optimizer step").at_least(1),
         integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").at_least(0),
         integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
+        integer("profile_steps", 0, "time every op of the last N steps, the device synchronised around each (slows "
+                "those steps); writes profile.json and a table to the log").at_least(0),
         string("communicator", "auto", "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
                "when a launcher started several ranks, else single)"),
       }, Kind::communicator, "communicator", false, "auto"});

@@ -55,13 +55,30 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Eng
   optimizer_.init(opt_table_, model.device().type());
 }
 
+void Engine::set_op_times(OpTimes* sink) noexcept {
+  op_times_ = sink;
+  model_.set_op_times(sink);
+}
+
 StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
   Device& device = model_.device();
   StepOutcome out;
-  auto timed = [&out](auto&& collective) {
+  auto timed = [&](auto&& collective) {
+    if (op_times_ != nullptr) device.synchronize();
     const auto c0 = Clock::now();
     collective();
-    out.comm_s += std::chrono::duration<double>(Clock::now() - c0).count();
+    const double s = std::chrono::duration<double>(Clock::now() - c0).count();
+    out.comm_s += s;
+    if (op_times_ != nullptr) op_times_->add("collectives", s);
+  };
+  // An engine op timed when profiling (the device synchronised on both sides).
+  auto profiled = [&](const char* op, auto&& f) {
+    if (op_times_ == nullptr) return f();
+    device.synchronize();
+    const auto c0 = Clock::now();
+    f();
+    device.synchronize();
+    op_times_->add(op, std::chrono::duration<double>(Clock::now() - c0).count());
   };
 
   // 1. The loss is the mean over every real target of the global batch: the count comes first.
@@ -75,7 +92,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   out.positions = int64_t(counts[1]);
 
   // 2. Forward and backward of each micro-batch.
-  model_.zero_grads();
+  profiled("zero gradients", [&] { model_.zero_grads(); });
   double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
   const double scale = out.real_targets > 0 ? 1.0 / double(out.real_targets) : 0.0;
   const uint64_t first_key = uint64_t(comm_.rank()) * uint64_t(micro.size());
@@ -87,7 +104,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   // 3-4. Gradient reduction and the global norm.
   if (o_.shard_state) {
     timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
-    sums[1] = device.squared_norm(slice(model_.grads(), shard_));
+    profiled("gradient norm", [&] { sums[1] = device.squared_norm(slice(model_.grads(), shard_)); });
     timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
     out.grad_norm = std::sqrt(sums[1]);
   } else {
@@ -97,19 +114,19 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
         comm_.all_reduce(model_.grads(), ReduceOp::sum);
       });
     }
-    out.grad_norm = std::sqrt(device.squared_norm(model_.grads()));
+    profiled("gradient norm", [&] { out.grad_norm = std::sqrt(device.squared_norm(model_.grads())); });
   }
   out.loss = out.real_targets > 0 ? sums[0] / double(out.real_targets) : 0.0;
   if (!std::isfinite(out.loss)) {
     throw_runtime_error("train", "loss is " + std::to_string(out.loss) + " at step " + std::to_string(step) +
                                      "; lower optimizer.lr or enable optimizer.grad_clip");
   }
-  if (o_.grad_clip > 0 && out.grad_norm > o_.grad_clip) {
-    device.scale(slice(model_.grads(), shard_), float(o_.grad_clip / (out.grad_norm + 1e-6)));
-  }
+  // Norm clipping is a factor the optimizer applies as it reads each gradient (no pass of its own).
+  StepArgs args{lr, step, 1.0f, device.stream()};
+  if (o_.grad_clip > 0 && out.grad_norm > o_.grad_clip) args.grad_scale = float(o_.grad_clip / (out.grad_norm + 1e-6));
 
   // 5. The optimizer on this rank's part, then everyone's parts to everyone.
-  optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), lr, step);
+  profiled("optimizer", [&] { optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), args); });
   if (o_.shard_state) timed([&] { comm_.all_gather(model_.params()); });
   return out;
 }

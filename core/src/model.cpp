@@ -47,6 +47,11 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
                                               std::to_string(data_vocab) + ")");
   }
   o.vocab_padded = round_up(o.vocab_size, m.get_int("vocab_multiple"));
+  // Computing in fp32 while MFU is counted against a bf16 peak would misreport the run: refused.
+  if (const std::string dtype = config.section("run").get_string("dtype"); dtype != "fp32") {
+    throw_input_error("run.dtype", "\"" + dtype + "\": the layers compute in fp32 on every device today (bf16 compute with fp32 "
+                                   "master weights is not built yet); use \"fp32\"");
+  }
   o.max_seq_len = m.get_int("max_seq_len");
   o.norm = m.get_string("norm");
   o.mlp = m.get_string("mlp");
@@ -92,6 +97,20 @@ using schedule::Site;
 using schedule::Slot;
 
 struct Model::Impl {
+  OpTimes* op_times = nullptr;  // per-op timing (run.profile_steps), else null
+  // Runs f, timed as `op` with the device synchronised on both sides when profiling.
+  template <class F>
+  void timed(const char* op, const char* pass, F&& f) {
+    if (op_times == nullptr) {
+      f();
+      return;
+    }
+    device->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    device->synchronize();
+    op_times->add(std::string(op) + pass, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   ModelOptions o;
   RunContext run;
   std::unique_ptr<Device> device;
@@ -402,18 +421,20 @@ struct Model::Impl {
   double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits) {
     check_batch(b);
     prepare(b.rows, b.seq_len);
-    device->upload_batch(b, batch);
+    timed("batch upload", "", [&] { device->upload_batch(b, batch); });
     const AttentionProblem prob = problem(b.rows, b.seq_len);
     for (const Site& s : sites) {
       if (s.op == Op::attention) {
-        attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
-                      heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
-                      act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
+        timed("attention", " fwd", [&] {
+          attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
+                        heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
+                        act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
+        });
         continue;
       }
       LayerCall c = call_of(s, false);
       set_dropout(c, s, train, key);
-      s.layer->forward(c);
+      timed(to_string(s.layer->role()), " fwd", [&] { s.layer->forward(c); });
     }
     const int64_t N = int64_t(b.rows) * b.seq_len;
     LayerCall c;
@@ -431,8 +452,10 @@ struct Model::Impl {
       c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
       c.grad_scale = grad_scale;
     }
-    cls->loss(c);
-    return device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets);
+    timed("classifier", "", [&] { cls->loss(c); });
+    double sum = 0;
+    timed("loss sum", "", [&] { sum = device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets); });
+    return sum;
   }
 
   void run_backward(uint64_t key) {
@@ -440,15 +463,17 @@ struct Model::Impl {
     for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
       const Site& s = *it;
       if (s.op == Op::attention) {
-        attn->backward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
-                       heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
-                       act.view(plan.at(s.attn.saved), attn->saved_elements(prob)), heads4(s.attn.d_out, o.n_heads),
-                       heads4(s.attn.d_q, o.n_heads), heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
+        timed("attention", " bwd", [&] {
+          attn->backward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
+                         heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
+                         act.view(plan.at(s.attn.saved), attn->saved_elements(prob)), heads4(s.attn.d_out, o.n_heads),
+                         heads4(s.attn.d_q, o.n_heads), heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
+        });
         continue;
       }
       LayerCall c = call_of(s, true);
       set_dropout(c, s, true, key);
-      s.layer->backward(c);
+      timed(to_string(s.layer->role()), " bwd", [&] { s.layer->backward(c); });
     }
   }
 };
@@ -569,6 +594,8 @@ void Model::init_params(uint64_t seed) {
 }
 
 void Model::zero_grads() { impl_->device->fill(grads(), 0.0f); }
+
+void Model::set_op_times(OpTimes* sink) noexcept { impl_->op_times = sink; }
 
 double Model::forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key) {
   const double sum = impl_->run_forward(batch, true, grad_scale, dropout_key, {});

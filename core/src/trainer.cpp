@@ -75,7 +75,7 @@ std::string si(double x) {
 
 // The keys of [run], [checkpoint] and [logging] the loop needs, read once.
 struct TrainerSettings {
-  int64_t steps = 0, eval_every = 0, eval_batches = 0, ckpt_every = 0, keep = 1, log_every = 1;
+  int64_t steps = 0, eval_every = 0, eval_batches = 0, ckpt_every = 0, keep = 1, log_every = 1, profile_steps = 0;
   int64_t batch_size = 0, seq_len = 0, accum = 1;
   int64_t memory_bytes = 0;
   std::string memory_source;
@@ -86,6 +86,7 @@ struct TrainerSettings {
     s.steps = run.get_int("steps");
     s.accum = run.get_int("grad_accum_steps");
     s.eval_every = run.get_int("eval_every");
+    s.profile_steps = run.get_int("profile_steps");
     s.eval_batches = run.get_int("eval_batches");
     s.ckpt_every = ckpt.get_int("every");
     s.keep = ckpt.get_int("keep");
@@ -219,6 +220,31 @@ void open_loggers(LoggerSet& loggers, const Config& config, const Registry& regi
   for (const std::string& name : config.selected_list("logging")) {
     loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
     loggers.sinks.back()->open(lc);
+  }
+}
+
+// The op profile of run.profile_steps: profile.json (ms per step and share of the profiled step
+// time per op, largest first) and the same as a table in the log.
+void write_profile(const fs::path& dir, const OpTimes& times, int64_t steps, double step_s, bool lead) {
+  if (steps <= 0) return;
+  std::vector<std::pair<std::string, double>> ops(times.seconds.begin(), times.seconds.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  double timed_s = 0;
+  for (const auto& [op, s] : ops) timed_s += s;
+  json rows = json::array();
+  std::string table = fmt::format("op profile over the last {} step(s), {:.2f} ms per step (device synchronised around each op):",
+                                  steps, 1e3 * step_s / double(steps));
+  for (const auto& [op, s] : ops) {
+    const double ms = 1e3 * s / double(steps), share = step_s > 0 ? s / step_s : 0.0;
+    rows.push_back({{"op", op}, {"ms_per_step", ms}, {"calls_per_step", double(times.calls.at(op)) / double(steps)}, {"share", share}});
+    table += fmt::format("\n  {:<20} {:>10.3f} ms {:>6.1f}%", op, ms, 100.0 * share);
+  }
+  const double other = std::max(0.0, step_s - timed_s);
+  table += fmt::format("\n  {:<20} {:>10.3f} ms {:>6.1f}%", "(untimed)", 1e3 * other / double(steps), step_s > 0 ? 100.0 * other / step_s : 0.0);
+  spdlog::info("{}", table);
+  if (lead) {
+    write_json_file(dir / "profile.json", {{"steps", steps}, {"step_ms", 1e3 * step_s / double(steps)}, {"ops", rows},
+                                           {"untimed_ms_per_step", 1e3 * other / double(steps)}});
   }
 }
 
@@ -374,7 +400,12 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   const auto t_run = Clock::now();
   double last_val = -1;
   bool stopped = false;
+  OpTimes op_times;
+  int64_t profiled_steps = 0;
+  double profiled_s = 0;
   for (int64_t step = start_step + 1; step <= s.steps; ++step) {
+    const bool profiling = step > s.steps - s.profile_steps;
+    engine.set_op_times(profiling ? &op_times : nullptr);
     const auto t0 = Clock::now();
     double wait_ms = 0;
     for (Batch& b : micro) {
@@ -385,7 +416,12 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     const double lr = schedule.at(step);
     const StepOutcome outcome = engine.step(micro, step, lr);
     model.device().synchronize();
+    engine.set_op_times(nullptr);  // evaluation is not part of the step
     const double step_s = seconds_since(t0);
+    if (profiling) {
+      ++profiled_steps;
+      profiled_s += step_s;
+    }
     StepMetrics sm = metrics.record(step, lr, outcome, step_s, wait_ms, model.flops_per_token(micro[0].seq_len),
                                     model.device().memory_peak(), optimizer->state_bytes());
     result.losses.push_back(outcome.loss);
@@ -413,6 +449,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     }
   }
   result.val_loss = last_val;
+  write_profile(dir, op_times, profiled_steps, profiled_s, lead);
 
   // The largest memory peak of any rank.
   double mem_peak = double(model.device().memory_peak());

@@ -27,8 +27,11 @@ class AdamW final : public ablate::Optimizer {
     v_.assign(std::size_t(table.total), 0.0f);
   }
 
-  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads, double lr,
-            int64_t step) override {
+  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads,
+            const ablate::StepArgs& args) override {
+    const double lr = args.lr;
+    const int64_t step = args.step;
+    const float grad_scale = args.grad_scale;
     if (step < 1) ablate::throw_runtime_error("adamw", "step counts from 1");
     if (params.numel() != table.total || grads.numel() != table.total) {
       ablate::throw_runtime_error("adamw", "parameter or gradient buffer does not match the parameter table");
@@ -47,7 +50,7 @@ class AdamW final : public ablate::Optimizer {
       const int64_t begin = s.offset, end = s.offset + s.numel();
 #pragma omp parallel for schedule(static)
       for (int64_t i = begin; i < end; ++i) {
-        const float gi = g[i];
+        const float gi = g[i] * grad_scale;
         const float mi = b1 * m_[i] + one_minus_b1 * gi;
         const float vi = b2 * v_[i] + one_minus_b2 * gi * gi;
         m_[i] = mi;

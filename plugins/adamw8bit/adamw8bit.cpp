@@ -120,8 +120,10 @@ class AdamW8bit final : public ablate::Optimizer {
 #endif
   }
 
-  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads, double lr,
-            int64_t step) override {
+  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads,
+            const ablate::StepArgs& args) override {
+    const double lr = args.lr;
+    const int64_t step = args.step;
     if (!initialised_) ablate::throw_runtime_error(kName, "step before init");
     if (step < 1) ablate::throw_runtime_error(kName, "step counts from 1");
     check_table(table);
@@ -138,9 +140,10 @@ class AdamW8bit final : public ablate::Optimizer {
                          float(h_.eps),
                          float(1.0 - h_.beta1),
                          float(1.0 - h_.beta2),
-                         float(1.0 - lr * h_.weight_decay)};
+                         float(1.0 - lr * h_.weight_decay),
+                         args.grad_scale};
     if (device_ == ablate::DeviceType::cuda) {
-      step_device(params, grads, c, step);
+      step_device(params, grads, c, step, static_cast<void*>(args.stream));
       return;
     }
     if (params.device != ablate::DeviceType::cpu || grads.device != ablate::DeviceType::cpu) {
@@ -184,7 +187,10 @@ class AdamW8bit final : public ablate::Optimizer {
            int64_t(m_fp32_.size() + v_fp32_.size()) * 4 + 2 * DynamicCode::kCodes * 4;
   }
 
-  int64_t skipped_nonfinite() const override { return skipped_; }
+  int64_t skipped_nonfinite() const override {
+    collect_skipped();
+    return skipped_;
+  }
 
   std::vector<ablate::NamedTensor> save_state() const override {
 #ifdef ABLATE_ADAMW8BIT_CUDA
@@ -280,7 +286,7 @@ class AdamW8bit final : public ablate::Optimizer {
 
  private:
   struct Coefficients {
-    float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay;
+    float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay, grad_scale;
   };
 
   bool keeps_8bit(const std::string& name, int64_t numel) const {
@@ -309,7 +315,7 @@ class AdamW8bit final : public ablate::Optimizer {
                               int64_t n) {
     int64_t skipped = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i];
+      const float gi = g[i] * c.grad_scale;
       const bool ok = gi * gi <= std::numeric_limits<float>::max();  // false for inf, NaN and overflow
       const float mi = c.b1 * m[i] + c.one_minus_b1 * gi;
       const float vi = c.b2 * v[i] + c.one_minus_b2 * gi * gi;
@@ -416,10 +422,13 @@ class AdamW8bit final : public ablate::Optimizer {
     d_v_absmax_.upload(v_absmax_.data(), v_absmax_.size());
     d_m_fp32_.upload(m_fp32_.data(), m_fp32_.size());
     d_v_fp32_.upload(v_fp32_.data(), v_fp32_.size());
+    // Those copies ran on the legacy default stream, which does not order the model's non-blocking one.
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   // The host vectors are the staging copies of the device state (refreshed for save_state).
   void download_state() const {
+    collect_skipped();  // waits for the last step on its stream
     d_m_codes_.download(m_codes_.data());
     d_v_codes_.download(v_codes_.data());
     d_m_absmax_.download(m_absmax_.data());
@@ -429,13 +438,18 @@ class AdamW8bit final : public ablate::Optimizer {
   }
 #endif
 
+  // The step on the device, enqueued on `stream`. The count of skipped elements stays in device
+  // memory: it is read when asked (skipped_nonfinite) or at the start of the next step, when the
+  // host has already waited for the gradient norm, so reading it costs no extra wait.
   template <class Coeff>
-  void step_device(ablate::TensorView params, ablate::TensorView grads, const Coeff& c, int64_t step) {
+  void step_device(ablate::TensorView params, ablate::TensorView grads, const Coeff& c, int64_t step, void* stream) {
 #ifdef ABLATE_ADAMW8BIT_CUDA
     namespace k = ablate::adamw8bit::cuda;
     if (params.device != ablate::DeviceType::cuda || grads.device != ablate::DeviceType::cuda) {
       ablate::throw_runtime_error(kName, "initialised on a CUDA device but given host buffers");
     }
+    collect_skipped();
+    stream_ = static_cast<cudaStream_t>(stream);
     k::StepArgs a;
     a.params = params.as<float>();
     a.grads = grads.as<float>();
@@ -449,19 +463,29 @@ class AdamW8bit final : public ablate::Optimizer {
     a.v_fp32 = d_v_fp32_.data();
     a.m_map = {d_m_values_.data(), d_m_thresholds_.data(), signed_.zero_code()};
     a.v_map = {d_v_values_.data(), d_v_thresholds_.data(), unsigned_.zero_code()};
-    a.c = {c.step_size, c.sqrt_bias2, c.b1, c.b2, c.eps, c.one_minus_b1, c.one_minus_b2, c.decay};
+    a.c = {c.step_size, c.sqrt_bias2, c.b1, c.b2, c.eps, c.one_minus_b1, c.one_minus_b2, c.decay, c.grad_scale};
     a.skipped = d_skipped_.data();
-    d_skipped_.fill_zero();
-    ABLATE_CUDA_CHECK(k::launch_step(a, nullptr));
+    ABLATE_CUDA_CHECK(cudaMemsetAsync(d_skipped_.data(), 0, sizeof(unsigned long long), stream_));
+    ABLATE_CUDA_CHECK(k::launch_step(a, stream_));
+    pending_step_ = step;
+#else
+    (void)params, (void)grads, (void)c, (void)step, (void)stream;
+#endif
+  }
+
+  // Reads the device's count of the last enqueued step (waiting for it) and warns when it is not 0.
+  void collect_skipped() const {
+#ifdef ABLATE_ADAMW8BIT_CUDA
+    if (pending_step_ == 0) return;
     unsigned long long skipped = 0;
-    d_skipped_.download(&skipped);  // waits for the step
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(&skipped, d_skipped_.data(), sizeof(skipped), cudaMemcpyDeviceToHost, stream_));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     skipped_ = int64_t(skipped);
     if (skipped_ > 0) {
       spdlog::warn("adamw8bit: step {}: {} of {} gradient elements were not finite; their parameters and moments were left as they were",
-                   step, skipped_, total_);
+                   pending_step_, skipped_, total_);
     }
-#else
-    (void)params, (void)grads, (void)c, (void)step;
+    pending_step_ = 0;
 #endif
   }
 
@@ -472,7 +496,11 @@ class AdamW8bit final : public ablate::Optimizer {
   std::vector<SliceState> slices_;
   int64_t total_ = 0, blocks_ = 0;
   bool initialised_ = false;
-  int64_t skipped_ = 0;            // elements skipped in the last step
+  mutable int64_t skipped_ = 0;            // elements skipped in the last step
+  mutable int64_t pending_step_ = 0;       // cuda: a step whose count is still on the device (0: none)
+#ifdef ABLATE_ADAMW8BIT_CUDA
+  cudaStream_t stream_ = nullptr;          // the queue of the last step
+#endif
   // On the CPU, the state; on a CUDA device, its staging copies (mutable: save_state refreshes them).
   mutable std::vector<uint8_t> m_codes_;   // (elements of 8-bit slices) first moment, signed map
   mutable std::vector<uint8_t> v_codes_;   // (elements of 8-bit slices) second moment, unsigned map

@@ -22,7 +22,8 @@ __device__ __forceinline__ int encode(const float* thresholds, float y) {
 }
 
 // adamw's element update; returns false (and leaves m, v, p as they were) for a non-finite gradient.
-__device__ __forceinline__ bool update(const Coefficients& c, float decay, float& p, float gi, float& m, float& v) {
+__device__ __forceinline__ bool update(const Coefficients& c, float decay, float& p, float g, float& m, float& v) {
+  const float gi = __fmul_rn(g, c.grad_scale);
   const bool ok = __fmul_rn(gi, gi) <= kFloatMax;  // false for inf, NaN and overflow
   const float mi = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, gi));
   const float vi = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
@@ -58,55 +59,58 @@ __global__ void __launch_bounds__(kThreads) step_kernel(StepArgs a) {
   }
   __syncthreads();
 
-  const BlockInfo b = a.blocks[blockIdx.x];
-  float* p = a.params + b.param_offset;
-  const float* g = a.grads + b.param_offset;
-  const float decay = b.decay ? a.c.decay : 1.0f;
+  // Several quantization blocks per thread block, so the code maps above are loaded once per
+  // thread block rather than once per quantization block.
   unsigned int skipped = 0;
-
-  if (!b.quantized) {
-    float* m = a.m_fp32 + b.state_offset;
-    float* v = a.v_fp32 + b.state_offset;
-    for (int j = threadIdx.x; j < b.n; j += kThreads) {
-      float pj = p[j], mj = m[j], vj = v[j];
-      skipped += update(a.c, decay, pj, g[j], mj, vj) ? 0u : 1u;
-      p[j] = pj;
-      m[j] = mj;
-      v[j] = vj;
-    }
-  } else {
-    uint8_t* mc = a.m_codes + b.state_offset;
-    uint8_t* vc = a.v_codes + b.state_offset;
-    const float m_scale = a.m_absmax[b.absmax_index], v_scale = a.v_absmax[b.absmax_index];
-    float m[kPerThread], v[kPerThread];
-    float m_max = 0.0f, v_max = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int j = threadIdx.x + k * kThreads;
-      m[k] = 0.0f;
-      v[k] = 0.0f;
-      if (j < b.n) {
-        m[k] = __fmul_rn(m_values[mc[j]], m_scale);
-        v[k] = __fmul_rn(v_values[vc[j]], v_scale);
-        float pj = p[j];
-        skipped += update(a.c, decay, pj, g[j], m[k], v[k]) ? 0u : 1u;
+  for (int64_t bi = blockIdx.x; bi < a.num_blocks; bi += gridDim.x) {
+    const BlockInfo b = a.blocks[bi];
+    float* p = a.params + b.param_offset;
+    const float* g = a.grads + b.param_offset;
+    const float decay = b.decay ? a.c.decay : 1.0f;
+    if (!b.quantized) {
+      float* m = a.m_fp32 + b.state_offset;
+      float* v = a.v_fp32 + b.state_offset;
+      for (int j = threadIdx.x; j < b.n; j += kThreads) {
+        float pj = p[j], mj = m[j], vj = v[j];
+        skipped += update(a.c, decay, pj, g[j], mj, vj) ? 0u : 1u;
         p[j] = pj;
-        m_max = fmaxf(m_max, fabsf(m[k]));
-        v_max = fmaxf(v_max, v[k]);
+        m[j] = mj;
+        v[j] = vj;
       }
-    }
-    m_max = block_max(m_max, reduce_scratch);
-    v_max = block_max(v_max, reduce_scratch);
-    if (threadIdx.x == 0) {  // every thread has read the old absmax before the first block_max's barrier
-      a.m_absmax[b.absmax_index] = m_max;
-      a.v_absmax[b.absmax_index] = v_max;
-    }
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int j = threadIdx.x + k * kThreads;
-      if (j < b.n) {
-        mc[j] = uint8_t(m_max > 0.0f ? encode(m_thr, __fdiv_rn(m[k], m_max)) : a.m_map.zero_code);
-        vc[j] = uint8_t(v_max > 0.0f ? encode(v_thr, __fdiv_rn(v[k], v_max)) : a.v_map.zero_code);
+    } else {
+      uint8_t* mc = a.m_codes + b.state_offset;
+      uint8_t* vc = a.v_codes + b.state_offset;
+      const float m_scale = a.m_absmax[b.absmax_index], v_scale = a.v_absmax[b.absmax_index];
+      float m[kPerThread], v[kPerThread];
+      float m_max = 0.0f, v_max = 0.0f;
+  #pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int j = threadIdx.x + k * kThreads;
+        m[k] = 0.0f;
+        v[k] = 0.0f;
+        if (j < b.n) {
+          m[k] = __fmul_rn(m_values[mc[j]], m_scale);
+          v[k] = __fmul_rn(v_values[vc[j]], v_scale);
+          float pj = p[j];
+          skipped += update(a.c, decay, pj, g[j], m[k], v[k]) ? 0u : 1u;
+          p[j] = pj;
+          m_max = fmaxf(m_max, fabsf(m[k]));
+          v_max = fmaxf(v_max, v[k]);
+        }
+      }
+      m_max = block_max(m_max, reduce_scratch);
+      v_max = block_max(v_max, reduce_scratch);
+      if (threadIdx.x == 0) {  // every thread has read the old absmax before the first block_max's barrier
+        a.m_absmax[b.absmax_index] = m_max;
+        a.v_absmax[b.absmax_index] = v_max;
+      }
+  #pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int j = threadIdx.x + k * kThreads;
+        if (j < b.n) {
+          mc[j] = uint8_t(m_max > 0.0f ? encode(m_thr, __fdiv_rn(m[k], m_max)) : a.m_map.zero_code);
+          vc[j] = uint8_t(v_max > 0.0f ? encode(v_thr, __fdiv_rn(v[k], v_max)) : a.v_map.zero_code);
+        }
       }
     }
   }
@@ -118,7 +122,13 @@ __global__ void __launch_bounds__(kThreads) step_kernel(StepArgs a) {
 cudaError_t launch_step(const StepArgs& args, cudaStream_t stream) {
   if (args.num_blocks <= 0) return cudaSuccess;
   if (args.num_blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  step_kernel<<<unsigned(args.num_blocks), kThreads, 0, stream>>>(args);
+  // A few thread blocks per SM keep the memory system busy; each walks its share of the blocks.
+  int device = 0, sms = 0;
+  cudaError_t rc = cudaGetDevice(&device);
+  if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (rc != cudaSuccess) return rc;
+  const int64_t grid = args.num_blocks < int64_t(sms) * 8 ? args.num_blocks : int64_t(sms) * 8;
+  step_kernel<<<unsigned(grid), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -18,8 +18,9 @@ struct BlockInfo {
   int32_t decay = 0;         // 1: decoupled weight decay applies
 };
 
+// The gradient used is g * grad_scale (norm clipping in the same pass).
 struct Coefficients {
-  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay;
+  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay, grad_scale;
 };
 
 // The two code maps: values (256, ascending) and the thresholds of DynamicCode (260: [k] lies

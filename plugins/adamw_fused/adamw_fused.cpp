@@ -52,10 +52,14 @@ class AdamWFused final : public ablate::Optimizer {
     v_.resize(std::size_t(total_));
     m_.fill_zero();
     v_.fill_zero();
+    // Those copies ran on the legacy default stream, which does not order the model's non-blocking one.
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
-  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads, double lr,
-            int64_t step) override {
+  void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads,
+            const ablate::StepArgs& args) override {
+    const double lr = args.lr;
+    const int64_t step = args.step;
     if (step < 1) ablate::throw_runtime_error(kName, "step counts from 1");
     if (table.total != total_ || params.numel() != total_ || grads.numel() != total_) {
       ablate::throw_runtime_error(kName, "parameter or gradient buffer does not match the parameter table given to init");
@@ -69,15 +73,17 @@ class AdamWFused final : public ablate::Optimizer {
     const ablate::adamw_fused::Coefficients c{float(lr / bias1),          float(std::sqrt(bias2)),
                                               float(h_.beta1),            float(h_.beta2),
                                               float(h_.eps),              float(1.0 - h_.beta1),
-                                              float(1.0 - h_.beta2),      float(1.0 - lr * h_.weight_decay)};
+                                              float(1.0 - h_.beta2),      float(1.0 - lr * h_.weight_decay),
+                                              args.grad_scale};
     ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(params.as<float>(), grads.as<float>(), m_.data(), v_.data(), total_,
-                                                       runs_.data(), int32_t(runs_.size()), c, nullptr));
+                                                       runs_.data(), int32_t(runs_.size()), c,
+                                                       static_cast<cudaStream_t>(args.stream)));
   }
 
   int64_t state_bytes() const override { return int64_t(m_.bytes() + v_.bytes()); }
 
   std::vector<ablate::NamedTensor> save_state() const override {
-    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());  // the last step was enqueued on the model's stream
     return {pack("exp_avg", m_), pack("exp_avg_sq", v_)};
   }
 
@@ -97,6 +103,7 @@ class AdamWFused final : public ablate::Optimizer {
       ablate::cuda::DeviceBuffer<float>& dst = t.name == "exp_avg" ? m_ : v_;
       ABLATE_CUDA_CHECK(cudaMemcpy(dst.data(), t.bytes.data(), bytes, cudaMemcpyHostToDevice));
     }
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());  // before any step on the model's stream reads them
   }
 
  private:

@@ -32,7 +32,7 @@ __global__ void step_kernel(float* __restrict__ p, const float* __restrict__ g, 
       if (i >= n) break;
       while (runs[r].end <= i) ++r;
       const float decay = runs[r].decay ? c.decay : 1.0f;
-      const float gi = g[i];
+      const float gi = __fmul_rn(g[i], c.grad_scale);
       const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
       const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
       m[i] = mi;

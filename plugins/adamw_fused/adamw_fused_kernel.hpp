@@ -16,9 +16,10 @@ struct DecayRun {
   int32_t pad = 0;
 };
 
-// The step's scalars, formed in double on the host and rounded once (as adamw does).
+// The step's scalars, formed in double on the host and rounded once (as adamw does); the gradient
+// used is g * grad_scale (norm clipping in the same pass).
 struct Coefficients {
-  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay;
+  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay, grad_scale;
 };
 
 // One AdamW step over n elements of p, from g, updating m and v, on `stream`. Returns the launch's error.

@@ -18,6 +18,7 @@
 
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/layer_params.hpp"
 #include "ablate/mix.hpp"
 
 namespace ablate::cpu_layers {
@@ -32,10 +33,6 @@ std::unique_ptr<Layer> make_linear();
 std::unique_ptr<Layer> make_gelu_mlp();
 std::unique_ptr<Layer> make_swiglu_mlp();
 std::unique_ptr<LossLayer> make_cross_entropy();
-
-inline std::string param_name(const std::string& prefix, const char* name) {
-  return prefix.empty() ? std::string(name) : prefix + "." + name;
-}
 
 // The dtype shared by every view of a call that is set; f32 or f64, on the CPU.
 inline DType call_dtype(const char* layer, std::initializer_list<const TensorView*> views) {

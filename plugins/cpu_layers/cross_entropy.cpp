@@ -15,7 +15,7 @@ class CrossEntropy final : public LossLayer {
   LayerRole role() const override { return LayerRole::classifier; }
 
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
-    if (s.declare) table.add(param_name(prefix, "weight"), {s.out, s.in}, true, s.init_std);
+    layer_params::classifier(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
@@ -26,10 +26,7 @@ class CrossEntropy final : public LossLayer {
     const bool with_grad = call.d_x.data != nullptr;
     const DType dt =
         call_dtype(kName, {&call.x, &call.params, &call.scratch, &call.losses, &call.logits, &call.d_x, &call.grads});
-    if (s.out <= 0 || s.real_out <= 0 || s.real_out > s.out) {
-      throw_input_error(kName, "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
-                                   std::to_string(s.out));
-    }
+    layer_params::check_classifier(s);
     const int64_t rows = call.rows, in = s.in, out = s.out, real_out = s.real_out;
     require(kName, call.x, "x", rows * in);
     require(kName, call.params, "params", out * in);

@@ -42,20 +42,7 @@ DenseCheck check_dense_backward(const char* name, const LayerCall& call, int64_t
   return {dt, make_dropout(name, call)};
 }
 
-// Offsets of a weight (rows_out, cols_in) and its optional bias inside the layer's parameters.
-struct DenseParams {
-  int64_t weight = 0, bias = -1, end = 0;
-};
-DenseParams dense_params(int64_t begin, int64_t in, int64_t out, bool bias) {
-  DenseParams p;
-  p.weight = begin;
-  p.end = begin + in * out;
-  if (bias) {
-    p.bias = p.end;
-    p.end += out;
-  }
-  return p;
-}
+namespace lp = layer_params;
 template <class T>
 const T* at(const TensorView& v, int64_t offset) {
   return offset < 0 ? nullptr : v.as<T>() + offset;
@@ -72,15 +59,14 @@ class Linear final : public Layer {
   LayerRole role() const override { return LayerRole::linear; }
 
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "weight"), {spec.out, spec.in}, true, spec.init_std);
-    if (spec.bias) table.add(param_name(prefix, "bias"), {spec.out}, false, 0.0, 0.0);
+    lp::linear(spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    const DenseParams p = dense_params(0, s.in, s.out, s.bias);
+    const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DenseCheck c = check_dense_forward(kName, call, s.in, s.out, p.end, 0);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -92,7 +78,7 @@ class Linear final : public Layer {
   void backward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    const DenseParams p = dense_params(0, s.in, s.out, s.bias);
+    const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DenseCheck c = check_dense_backward(kName, call, s.in, s.out, p.end, 0, 0);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -137,10 +123,7 @@ class GeluMLP final : public Layer {
   LayerRole role() const override { return LayerRole::mlp; }
 
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "fc.weight"), {s.out, s.in}, true, s.init_std);
-    if (s.bias) table.add(param_name(prefix, "fc.bias"), {s.out}, false, 0.0, 0.0);
-    table.add(param_name(prefix, "proj.weight"), {s.in, s.out}, true, s.init_std);
-    if (s.bias) table.add(param_name(prefix, "proj.bias"), {s.in}, false, 0.0, 0.0);
+    lp::gelu_mlp(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
@@ -149,7 +132,8 @@ class GeluMLP final : public Layer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
-    const DenseParams fc = dense_params(0, C, H, s.bias), proj = dense_params(fc.end, H, C, s.bias);
+    const lp::GeluMlp o = lp::gelu_mlp_offsets(s);
+    const lp::Dense &fc = o.fc, &proj = o.proj;
     const DenseCheck c = check_dense_forward(kName, call, C, C, proj.end, 2 * rows * H);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -169,7 +153,8 @@ class GeluMLP final : public Layer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
-    const DenseParams fc = dense_params(0, C, H, s.bias), proj = dense_params(fc.end, H, C, s.bias);
+    const lp::GeluMlp o = lp::gelu_mlp_offsets(s);
+    const lp::Dense &fc = o.fc, &proj = o.proj;
     const DenseCheck c = check_dense_backward(kName, call, C, C, proj.end, 2 * rows * H, rows * H);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -206,12 +191,7 @@ class SwiGLUMLP final : public Layer {
   LayerRole role() const override { return LayerRole::mlp; }
 
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "gate.weight"), {s.out, s.in}, true, s.init_std);
-    if (s.bias) table.add(param_name(prefix, "gate.bias"), {s.out}, false, 0.0, 0.0);
-    table.add(param_name(prefix, "up.weight"), {s.out, s.in}, true, s.init_std);
-    if (s.bias) table.add(param_name(prefix, "up.bias"), {s.out}, false, 0.0, 0.0);
-    table.add(param_name(prefix, "down.weight"), {s.in, s.out}, true, s.init_std);
-    if (s.bias) table.add(param_name(prefix, "down.bias"), {s.in}, false, 0.0, 0.0);
+    lp::swiglu_mlp(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 3 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
@@ -220,8 +200,8 @@ class SwiGLUMLP final : public Layer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
-    const DenseParams gate = dense_params(0, C, H, s.bias), up = dense_params(gate.end, C, H, s.bias),
-                      down = dense_params(up.end, H, C, s.bias);
+    const lp::SwigluMlp o = lp::swiglu_mlp_offsets(s);
+    const lp::Dense &gate = o.gate, &up = o.up, &down = o.down;
     const DenseCheck c = check_dense_forward(kName, call, C, C, down.end, 3 * rows * H);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -246,8 +226,8 @@ class SwiGLUMLP final : public Layer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
-    const DenseParams gate = dense_params(0, C, H, s.bias), up = dense_params(gate.end, C, H, s.bias),
-                      down = dense_params(up.end, H, C, s.bias);
+    const lp::SwigluMlp o = lp::swiglu_mlp_offsets(s);
+    const lp::Dense &gate = o.gate, &up = o.up, &down = o.down;
     const DenseCheck c = check_dense_backward(kName, call, C, C, down.end, 3 * rows * H, 2 * rows * H);
     dispatch(c.dtype, [&](auto tag) {
       using T = decltype(tag);

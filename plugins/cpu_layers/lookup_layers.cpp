@@ -36,7 +36,7 @@ class Embedding final : public Layer {
   LayerRole role() const override { return LayerRole::embedding; }
 
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "weight"), {spec.out, spec.in}, true, spec.init_std);
+    layer_params::embedding(spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
 
@@ -100,8 +100,7 @@ class Learned final : public Layer {
   LayerRole role() const override { return LayerRole::position; }
 
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    if (spec.max_positions <= 0) throw_input_error(kName, "spec.max_positions must be positive");
-    table.add(param_name(prefix, "weight"), {spec.max_positions, spec.in}, true, spec.init_std);
+    layer_params::learned(spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
 
@@ -183,12 +182,7 @@ class Rope final : public Layer {
  private:
   static constexpr const char* kName = "rope";
 
-  static void check_dim(const LayerSpec& spec) {
-    if (spec.in <= 0 || spec.in % 2 != 0) {
-      throw_input_error(kName, "head_dim (spec.in) must be positive and even, got " + std::to_string(spec.in));
-    }
-    if (!(spec.rope_theta > 0.0)) throw_input_error(kName, "rope_theta must be positive");
-  }
+  static void check_dim(const LayerSpec& spec) { layer_params::rope(spec); }
 
   void run(const LayerCall& call, bool inverse) {
     check_spec(kName, call);

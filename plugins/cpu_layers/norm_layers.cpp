@@ -55,8 +55,7 @@ class NormBase : public Layer {
 class LayerNorm final : public NormBase {
  public:
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "weight"), {spec.in}, false, 0.0, 1.0);
-    if (spec.bias) table.add(param_name(prefix, "bias"), {spec.in}, false, 0.0, 0.0);
+    layer_params::norm(false, spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return 2 * rows; }
 
@@ -164,7 +163,7 @@ class LayerNorm final : public NormBase {
 class RMSNorm final : public NormBase {
  public:
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    table.add(param_name(prefix, "weight"), {spec.in}, false, 0.0, 1.0);
+    layer_params::norm(true, spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rows; }
 

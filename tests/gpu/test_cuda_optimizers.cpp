@@ -44,7 +44,14 @@ struct Setup {
   Params common{"optimizer", {{"lr", 1e-3}, {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8},
                               {"grad_clip", 0.0}}};
   RunContext run;
-  Setup() { registry.load_directories({ABLATE_PLUGIN_DIR}); }
+  cudaStream_t stream = nullptr;  // non-blocking, as the cuda device's
+  Setup() {
+    registry.load_directories({ABLATE_PLUGIN_DIR});
+    ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~Setup() { cudaStreamDestroy(stream); }
+  Setup(const Setup&) = delete;
+  Setup& operator=(const Setup&) = delete;
   std::unique_ptr<Optimizer> make(const std::string& name) {
     std::map<std::string, Value, std::less<>> own;
     if (name == "adamw8bit") {
@@ -105,9 +112,12 @@ double compare(Setup& s, const std::string& cpu_name, const std::string& gpu_nam
       g[n - 5] = 3e30f;  // its square overflows
     }
     g_dev.upload(g.data(), n);
-    const double lr = 1e-3 * (1.0 + 0.1 * step);
-    cpu->step(table, host_view(p_cpu), host_view(g), lr, step);
-    gpu->step(table, device_view(p_dev), device_view(g_dev), lr, step);
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy-stream upload, before the step's own stream
+    // As the engine calls it: on the model's non-blocking stream, with a clipping factor every other step.
+    const StepArgs args{1e-3 * (1.0 + 0.1 * step), step, step % 2 == 0 ? 0.37f : 1.0f, s.stream};
+    cpu->step(table, host_view(p_cpu), host_view(g), args);
+    gpu->step(table, device_view(p_dev), device_view(g_dev), args);
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     const std::vector<float> p_gpu = download(p_dev);
     REQUIRE(same_bits(p_cpu.data(), p_gpu.data(), n * sizeof(float)));
     CHECK(cpu->skipped_nonfinite() == gpu->skipped_nonfinite());

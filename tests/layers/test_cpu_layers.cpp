@@ -1081,6 +1081,8 @@ bool check_on_device(const Case& c, DeviceUnderTest& dut) {
   call.stream = dev.stream();
   call.rows = c.rows;
   call.heads = c.heads;
+  call.dropout = c.dropout;
+  call.dropout_key = c.key;
   call.x = c.alias ? y.view() : x.view();
   call.y = y.view();
   if (c.residual) call.residual = c.residual_in_y ? y.view() : residual.view();
@@ -1105,12 +1107,59 @@ bool check_on_device(const Case& c, DeviceUnderTest& dut) {
   return true;
 }
 
+// The classifier on a device against the float64 reference: losses, d_x and the weight gradient,
+// with ignored rows (-1) and padded vocabulary columns; 1100 rows span two of a GPU's row chunks.
+bool check_classifier_on_device(int64_t rows, DeviceUnderTest& dut) {
+  INFO("cross_entropy x" << rows << " on " << dut.name);
+  Device& dev = *dut.device;
+  RunContext run;
+  run.device = dut.name;
+  static const Params common{"model", {}};
+  std::unique_ptr<LossLayer> layer;
+  try {
+    layer = plugins().registry.create<LossLayer>(Kind::layer, "cross_entropy", {common, Params{"model.cross_entropy", {}}, run});
+  } catch (const Error& e) {
+    MESSAGE("not run: " << e.what());
+    return false;
+  }
+  ClassifierCall<double> p = classifier_problem(rows, 37, 131, 127, 41 + uint64_t(rows));
+  p.x = convert<double>(convert<float>(p.x));
+  p.W = convert<double>(convert<float>(p.W));
+  const ClassifierRun ref = reference_classifier(p.x, p.W, p.batch.targets, rows, 37, 131, 127, p.scale);
+  DeviceBatch batch;
+  dev.upload_batch(p.batch, batch);
+  Buffer x = upload_f32(dev, p.x), W = upload_f32(dev, p.W), grads = upload_f32(dev, std::vector<double>(p.W.size(), 0.0));
+  Buffer losses = poisoned_f32(dev, rows), d_x = poisoned_f32(dev, int64_t(p.x.size()));
+  Buffer scratch = poisoned_f32(dev, layer->scratch_elements(p.spec, rows));
+  LayerCall call;
+  call.spec = &p.spec;
+  call.batch = &batch.views;
+  call.stream = dev.stream();
+  call.rows = rows;
+  call.x = x.view();
+  call.params = W.view();
+  call.scratch = scratch.view();
+  call.losses = losses.view();
+  call.grad_scale = p.scale;
+  call.d_x = d_x.view();
+  call.grads = grads.view();
+  layer->loss(call);
+  // Sums of up to 131 products and a softmax over 127 columns in float32.
+  CHECK(scaled_diff(download_f64(dev, losses), ref.losses) < kTolerance_f32);
+  CHECK(scaled_diff(download_f64(dev, d_x), ref.dx) < kTolerance_f32);
+  CHECK(scaled_diff(download_f64(dev, grads), ref.grads) < 1e-4);  // sums over up to 1100 rows
+  return true;
+}
+
 std::vector<Case> device_cases() {
   std::vector<Case> base = {embedding_case(0.0), learned_case(false), learned_case(true), rope_case(false),
                             rope_case(true), norm_case("layernorm", true), norm_case("layernorm", false),
                             norm_case("rmsnorm", false), dense_case("linear", true, false, false, 0.0),
                             dense_case("linear", false, true, false, 0.0), dense_case("linear", true, true, true, 0.0),
-                            dense_case("gelu_mlp", true, true, false, 0.0), dense_case("swiglu_mlp", false, true, true, 0.0)};
+                            dense_case("gelu_mlp", true, true, false, 0.0), dense_case("swiglu_mlp", false, true, true, 0.0),
+                            // Dropout: the device must draw the CPU's mask (a pure function of key and index).
+                            embedding_case(0.1), dense_case("linear", true, true, true, 0.1),
+                            dense_case("gelu_mlp", true, true, false, 0.1), dense_case("swiglu_mlp", true, false, false, 0.1)};
   std::mt19937_64 rng(29);
   std::vector<Case> out;
   for (const Case& c : base) {
@@ -1123,6 +1172,7 @@ std::vector<Case> device_cases() {
 
 TEST_CASE("every layer on every device matches the CPU layers in float64 (rows 1, 7, 257)") {
   const std::vector<Case> cases = device_cases();
+  const std::size_t total = cases.size() + 3;  // and the classifier at three row counts
   for (const char* name : kDevices) {
     DeviceUnderTest dut = open_device(name);
     if (dut.device == nullptr) {
@@ -1131,7 +1181,8 @@ TEST_CASE("every layer on every device matches the CPU layers in float64 (rows 1
     }
     int run = 0;
     for (const Case& c : cases) run += check_on_device(c, dut) ? 1 : 0;
-    MESSAGE("device " << std::string(name) << ": " << run << " of " << cases.size() << " layer cases run");
-    if (std::string(name) == "cpu") CHECK(run == int(cases.size()));
+    for (int64_t rows : {int64_t(1), int64_t(7), int64_t(1100)}) run += check_classifier_on_device(rows, dut) ? 1 : 0;
+    MESSAGE("device " << std::string(name) << ": " << run << " of " << total << " layer cases run");
+    if (std::string(name) == "cpu") CHECK(run == int(total));
   }
 }

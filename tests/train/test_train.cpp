@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -172,4 +173,58 @@ TEST_CASE("eval: mean next-token loss over windows of an llm.c shard") {
   // A window longer than the model's positions, and a file that is not a shard, are input errors.
   CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + shard.string() + " --seq-len 65").exit_code == 2);
   CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + (run / "config.toml").string()).exit_code == 2);
+}
+
+TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, before anything is written") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  // CUDA_VISIBLE_DEVICES="" hides every GPU, so this holds on a GPU machine too.
+  const auto r = run_ablate("train " + config() + kTiny +
+                                " --set run.device=cuda --set attention.name=naive_cuda --set optimizer.name=adamw_fused --run-dir " +
+                                run.string(),
+                            "CUDA_VISIBLE_DEVICES=");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("run.device") != std::string::npos);
+  CHECK(!fs::exists(run / "metrics.jsonl"));
+}
+
+TEST_CASE("run.dtype = bf16 is refused with exit 2 rather than trained in fp32 and reported against a bf16 peak") {
+  TempDir tmp;
+  const auto r = run_ablate("train " + config() + kTiny + " --set run.dtype=bf16 --run-dir " + (tmp.path() / "run").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("run.dtype") != std::string::npos);
+  CHECK(!fs::exists(tmp.path() / "run" / "metrics.jsonl"));
+}
+
+TEST_CASE("run.profile_steps times every op of the last steps: profile.json holds each op, and they add up to the step") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const auto r = run_ablate("train " + config() + kTiny + " --set run.steps=6 --set run.profile_steps=2 --set checkpoint.every=100 --run-dir " +
+                            run.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("op profile over the last 2 step(s)") != std::string::npos);
+  const json p = read_json(run / "profile.json");
+  CHECK(p["steps"] == 2);
+  std::map<std::string, double> ms;
+  double sum = 0;
+  for (const json& op : p["ops"]) {
+    ms[op["op"].get<std::string>()] = op["ms_per_step"].get<double>();
+    sum += op["ms_per_step"].get<double>();
+  }
+  for (const char* op : {"embedding fwd", "position fwd", "norm fwd", "linear fwd", "attention fwd", "mlp fwd", "classifier", "mlp bwd",
+                         "attention bwd", "linear bwd", "norm bwd", "embedding bwd", "gradient norm", "optimizer", "batch upload"}) {
+    CHECK_MESSAGE(ms.count(op) == 1, op);
+  }
+  // The ops are timed one after another inside the step: their sum cannot exceed it, and the
+  // untimed rest (the data hand-over, the loop) is small beside the model's work.
+  const double step_ms = p["step_ms"].get<double>();
+  CHECK(sum <= step_ms * 1.001);
+  CHECK(sum + p["untimed_ms_per_step"].get<double>() == doctest::Approx(step_ms).epsilon(1e-6));
+  // Calls per step: each of the 2 blocks runs its mlp once forward.
+  for (const json& op : p["ops"]) {
+    if (op["op"] == "mlp fwd") CHECK(op["calls_per_step"].get<double>() == 2.0);
+  }
 }

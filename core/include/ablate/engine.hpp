@@ -55,6 +55,9 @@ class Engine {
   // A non-finite loss is a runtime error naming the step.
   StepOutcome step(std::span<const Batch> micro, int64_t step, double lr);
 
+  // Per-op timing of the following steps into `sink` (the model's ops and the engine's own), null: off.
+  void set_op_times(OpTimes* sink) noexcept;
+
   Shard shard() const noexcept { return shard_; }
   const ParamTable& optimizer_table() const noexcept { return opt_table_; }
 
@@ -65,6 +68,7 @@ class Engine {
   EngineOptions o_;
   Shard shard_;
   ParamTable opt_table_;
+  OpTimes* op_times_ = nullptr;
 };
 
 }  // namespace ablate

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,21 @@ struct ActivationPlan {
   int64_t rows = 0, seq_len = 0;
   int64_t elements = 0;  // f32 values of the arena
   int64_t bytes() const noexcept { return elements * int64_t(sizeof(float)); }
+};
+
+// Where a step's time goes, op by op (run.profile_steps): each op is bracketed by synchronisations
+// of the device, so every op's time is its own (on a GPU, launch latency included), and a profiled
+// step is slower than an unprofiled one by those waits. Keys: "<role> fwd" / "<role> bwd" for the
+// layers (embedding, position, norm, linear, mlp), "attention fwd/bwd", "classifier" (loss and
+// gradients in one pass), "batch upload", "loss sum"; the engine adds "gradient norm", "optimizer"
+// and "collectives".
+struct OpTimes {
+  std::map<std::string, double> seconds;
+  std::map<std::string, int64_t> calls;
+  void add(const std::string& op, double s) {
+    seconds[op] += s;
+    calls[op] += 1;
+  }
 };
 
 class Model {
@@ -102,6 +118,8 @@ class Model {
   double measure_matmul_tflops();
   // The attention backend's answer for a micro-batch shape ("" = served).
   std::string attention_supports(int64_t rows, int64_t seq_len) const;
+  // Per-op timing into `sink` (null: off, the default).
+  void set_op_times(OpTimes* sink) noexcept;
 
  private:
   struct Impl;

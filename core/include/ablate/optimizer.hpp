@@ -10,18 +10,33 @@
 
 namespace ablate {
 
+// What one step needs besides the buffers.
+struct StepArgs {
+  double lr = 0.0;          // this step's learning rate
+  int64_t step = 0;         // counts from 1
+  float grad_scale = 1.0f;  // the gradient used is grads * grad_scale, one fp32 multiply per element
+                            // (norm clipping, applied in the update's pass rather than a pass of its own)
+  void* stream = nullptr;   // the model's device queue (Device::stream(); cuda: a cudaStream_t), null on the CPU
+};
+
 class Optimizer : public Component {
  public:
   ~Optimizer() override;
   // Allocates state for the parameters described by `table` on `device`.
   virtual void init(const ParamTable& table, DeviceType device) = 0;
-  // One step: params -= update(grads); `lr` is this step's learning rate, `step` counts from 1.
-  virtual void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step) = 0;
+  // One step: params -= update(grads * grad_scale). On a device it is enqueued on args.stream and
+  // returns without waiting for it.
+  virtual void step(const ParamTable& table, TensorView params, TensorView grads, const StepArgs& args) = 0;
+  // The same with grad_scale 1 on the default queue.
+  void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step_number) {
+    step(table, params, grads, StepArgs{lr, step_number, 1.0f, nullptr});
+  }
   virtual int64_t state_bytes() const = 0;
   // The state as named tensors, for checkpoints; load_state takes back what save_state gave.
   virtual std::vector<NamedTensor> save_state() const = 0;
   virtual void load_state(const std::vector<NamedTensor>& state) = 0;
-  // Elements skipped because their gradient was not finite (0 when the optimizer never skips).
+  // Elements skipped in the last step because their gradient was not finite (0 when the optimizer
+  // never skips). On a device this waits for the step.
   virtual int64_t skipped_nonfinite() const { return 0; }
 };
 

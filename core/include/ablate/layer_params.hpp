@@ -1,0 +1,109 @@
+// The parameter layout of the built-in layers: each tensor's name, shape and initialisation, in
+// the order it sits in the layer's part of the flat buffers. It is part of the layer contract, not
+// of one implementation: the cpu and cuda registrations of a name declare through these, so a
+// checkpoint written on one device loads on the other and exports see the same names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ablate/error.hpp"
+#include "ablate/layer.hpp"
+#include "ablate/tensor.hpp"
+
+namespace ablate::layer_params {
+
+inline std::string name(const std::string& prefix, const char* leaf) { return prefix.empty() ? std::string(leaf) : prefix + "." + leaf; }
+
+// Offsets of a dense weight (out, in) and its optional bias (out) from `begin` in a layer's
+// parameters; bias is -1 without one; `end` is one past the last value.
+struct Dense {
+  int64_t weight = 0, bias = -1, end = 0;
+};
+inline Dense dense(int64_t begin, int64_t in, int64_t out, bool bias) {
+  Dense d{begin, -1, begin + in * out};
+  if (bias) {
+    d.bias = d.end;
+    d.end += out;
+  }
+  return d;
+}
+
+// embedding: weight (vocab_padded = spec.out, in).
+inline void embedding(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  t.add(name(prefix, "weight"), {s.out, s.in}, true, s.init_std);
+}
+
+// learned positions: weight (max_positions, in).
+inline void learned(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  if (s.max_positions <= 0) throw_input_error("learned", "spec.max_positions must be positive");
+  t.add(name(prefix, "weight"), {s.max_positions, s.in}, true, s.init_std);
+}
+
+// layernorm: weight (in) = 1 and, with spec.bias, bias (in) = 0; rmsnorm: the weight alone.
+inline void norm(bool rms, const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  t.add(name(prefix, "weight"), {s.in}, false, 0.0, 1.0);
+  if (!rms && s.bias) t.add(name(prefix, "bias"), {s.in}, false, 0.0, 0.0);
+}
+
+// linear: weight (out, in), bias (out).
+inline void linear(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  t.add(name(prefix, "weight"), {s.out, s.in}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "bias"), {s.out}, false, 0.0, 0.0);
+}
+
+// gelu_mlp of width C = in, hidden H = out: fc.weight (H, C), fc.bias (H), proj.weight (C, H), proj.bias (C).
+inline void gelu_mlp(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  t.add(name(prefix, "fc.weight"), {s.out, s.in}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "fc.bias"), {s.out}, false, 0.0, 0.0);
+  t.add(name(prefix, "proj.weight"), {s.in, s.out}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "proj.bias"), {s.in}, false, 0.0, 0.0);
+}
+
+// swiglu_mlp: gate.weight (H, C), gate.bias (H), up.weight (H, C), up.bias (H), down.weight (C, H), down.bias (C).
+inline void swiglu_mlp(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  t.add(name(prefix, "gate.weight"), {s.out, s.in}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "gate.bias"), {s.out}, false, 0.0, 0.0);
+  t.add(name(prefix, "up.weight"), {s.out, s.in}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "up.bias"), {s.out}, false, 0.0, 0.0);
+  t.add(name(prefix, "down.weight"), {s.in, s.out}, true, s.init_std);
+  if (s.bias) t.add(name(prefix, "down.bias"), {s.in}, false, 0.0, 0.0);
+}
+
+// The dense pieces of the mlps in parameter order (fc, proj; gate, up, down).
+struct GeluMlp {
+  Dense fc, proj;
+};
+inline GeluMlp gelu_mlp_offsets(const LayerSpec& s) {
+  const Dense fc = dense(0, s.in, s.out, s.bias);
+  return {fc, dense(fc.end, s.out, s.in, s.bias)};
+}
+struct SwigluMlp {
+  Dense gate, up, down;
+};
+inline SwigluMlp swiglu_mlp_offsets(const LayerSpec& s) {
+  const Dense gate = dense(0, s.in, s.out, s.bias), up = dense(gate.end, s.in, s.out, s.bias);
+  return {gate, up, dense(up.end, s.out, s.in, s.bias)};
+}
+
+// rope has no parameters; its spec is checked where the others declare: head_dim (spec.in)
+// positive and even, theta positive.
+inline void rope(const LayerSpec& s) {
+  if (s.in <= 0 || s.in % 2 != 0) throw_input_error("rope", "head_dim (spec.in) must be positive and even, got " + std::to_string(s.in));
+  if (!(s.rope_theta > 0.0)) throw_input_error("rope", "rope_theta must be positive");
+}
+
+// The classifier's columns: 0 < real_out <= out (padded columns never enter the softmax).
+inline void check_classifier(const LayerSpec& s) {
+  if (s.out <= 0 || s.real_out <= 0 || s.real_out > s.out) {
+    throw_input_error("cross_entropy", "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
+                                           std::to_string(s.out));
+  }
+}
+
+// classifier: weight (out, in), unless tied to the embedding (spec.declare false).
+inline void classifier(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  if (s.declare) t.add(name(prefix, "weight"), {s.out, s.in}, true, s.init_std);
+}
+
+}  // namespace ablate::layer_params

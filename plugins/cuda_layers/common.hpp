@@ -1,0 +1,83 @@
+// Shared host pieces of the CUDA layers: the checks every call makes (f32 views on the cuda device
+// holding enough values, the batch's ids on the device), the stream, and the dropout arguments.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "ablate/cuda_check.hpp"
+#include "ablate/error.hpp"
+#include "ablate/layer.hpp"
+#include "layer_kernels.hpp"
+
+#include <functional>
+
+namespace ablate::cuda_layers {
+
+// Factories, one per component (defined next to each layer).
+std::unique_ptr<Layer> make_norm(bool rms, const char* name);
+std::unique_ptr<Layer> make_embedding();
+std::unique_ptr<Layer> make_learned();
+std::unique_ptr<Layer> make_rope();
+std::unique_ptr<Layer> make_linear();
+std::unique_ptr<Layer> make_gelu_mlp();
+std::unique_ptr<Layer> make_swiglu_mlp();
+std::unique_ptr<LossLayer> make_cross_entropy();
+
+inline void require_f32(const char* layer, const TensorView& t, const char* what, int64_t elements) {
+  if (elements == 0) return;
+  if (t.data == nullptr) throw_runtime_error(layer, std::string("the call has no '") + what + "' tensor");
+  if (t.dtype != DType::f32 || t.device != DeviceType::cuda) {
+    throw_runtime_error(layer, std::string("'") + what + "' must be f32 on the cuda device, it is " + to_string(t.dtype) +
+                                   " on " + to_string(t.device));
+  }
+  if (t.numel() < elements) {
+    throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(t.numel()) + " values, the call needs " +
+                                   std::to_string(elements));
+  }
+}
+
+inline cudaStream_t stream_of(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }
+
+inline void check_spec(const char* layer, const LayerCall& call) {
+  if (call.spec == nullptr) throw_runtime_error(layer, "the call has no spec");
+  if (call.rows < 0) throw_runtime_error(layer, "negative row count");
+  if (call.spec->in <= 0) throw_runtime_error(layer, "spec.in must be positive");
+}
+
+// One of the batch's (B, T) id arrays on the cuda device, holding one id per row of the call.
+inline const int32_t* require_ids(const char* layer, const LayerCall& call, TensorView BatchViews::*field, const char* what) {
+  if (call.batch == nullptr) throw_runtime_error(layer, "the call has no batch");
+  const TensorView& v = call.batch->*field;
+  if (v.device != DeviceType::cuda || v.dtype != DType::i32) {
+    throw_runtime_error(layer, std::string("the batch's ") + what + " are not i32 on the cuda device");
+  }
+  if (v.numel() != call.rows) {
+    throw_runtime_error(layer, std::string("the batch has ") + std::to_string(v.numel()) + " " + what + ", the call " +
+                                   std::to_string(call.rows) + " rows");
+  }
+  return v.as<const int32_t>();
+}
+
+inline DropoutArgs dropout_of(const char* layer, const LayerCall& call) {
+  if (!(call.dropout >= 0.0 && call.dropout < 1.0)) {
+    throw_input_error(layer, "dropout must be in [0, 1), got " + std::to_string(call.dropout));
+  }
+  DropoutArgs d;
+  d.p = call.dropout;
+  d.key = call.dropout_key;
+  d.scale = d.p > 0.0 ? float(1.0 / (1.0 - d.p)) : 1.0f;
+  return d;
+}
+
+inline bool same(const TensorView& a, const TensorView& b) { return a.data != nullptr && a.data == b.data; }
+
+// After a layer's launches: a launch error (bad configuration) surfaces here with the layer's name.
+inline void check_launch(const char* layer) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc != cudaSuccess) throw_runtime_error(layer, std::string("kernel launch failed: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
+}
+
+}  // namespace ablate::cuda_layers

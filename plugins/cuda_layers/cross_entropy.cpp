@@ -1,0 +1,73 @@
+// `cross_entropy` on a CUDA device: the fused classifier, f32, with the CPU layer's contract. Rows
+// are processed in chunks of kChunk: z = x W^T (cuBLASLt) into the scratch, one block per row
+// computes the loss and overwrites z with the logit gradient (layer_kernels.cu), then
+// d_x = dz W and dW += dz^T x. Only (kChunk, out) logits live at once, never (B*T, vocab): at GPT-2's
+// vocabulary 1024 rows are 206 MB of f32 and products large enough to keep the GPU busy.
+#include <algorithm>
+
+#include "ablate/layer_params.hpp"
+#include "common.hpp"
+#include "gemm.hpp"
+
+namespace ablate::cuda_layers {
+namespace {
+
+constexpr int64_t kChunk = 1024;
+
+class CrossEntropy final : public LossLayer {
+ public:
+  LayerRole role() const override { return LayerRole::classifier; }
+  void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
+    layer_params::classifier(s, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
+
+  void loss(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    layer_params::check_classifier(s);
+    const int64_t rows = call.rows, in = s.in, out = s.out;
+    const bool with_grad = call.d_x.data != nullptr;
+    require_f32(kName, call.x, "x", rows * in);
+    require_f32(kName, call.params, "params", out * in);
+    require_f32(kName, call.losses, "losses", rows);
+    require_f32(kName, call.scratch, "scratch", std::min(rows, kChunk) * out);
+    if (call.logits.data != nullptr) require_f32(kName, call.logits, "logits", rows * out);
+    if (with_grad) {
+      require_f32(kName, call.d_x, "d_x", rows * in);
+      require_f32(kName, call.grads, "grads", out * in);
+      if (same(call.d_x, call.x)) throw_runtime_error(kName, "d_x must not alias x");
+    }
+    const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
+    const cudaStream_t st = stream_of(call);
+    const float* x = call.x.as<const float>();
+    const float* W = call.params.as<const float>();
+    float* z = call.scratch.as<float>();
+    for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+      const int64_t n = std::min(kChunk, rows - r0);
+      gemm_x_wt(x + r0 * in, n, in, out, W, nullptr, nullptr, 0.0f, z, st);
+      if (call.logits.data != nullptr) {
+        ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, st));
+      }
+      launch_cross_entropy_rows(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
+                                float(call.grad_scale), st);
+      if (with_grad) {
+        // d_x = dz W (written or added), dW += dz^T x
+        gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st);
+        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), st);
+      }
+    }
+    check_launch(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "cross_entropy";
+};
+
+}  // namespace
+
+std::unique_ptr<LossLayer> make_cross_entropy() { return std::make_unique<CrossEntropy>(); }
+
+}  // namespace ablate::cuda_layers

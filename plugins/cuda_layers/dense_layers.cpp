@@ -1,0 +1,238 @@
+// Dense layers on a CUDA device: `linear`, `gelu_mlp`, `swiglu_mlp`, f32, with the CPU layers'
+// parameters (weights (out, in) as PyTorch stores them), saved values, scratch and gradient
+// contract. Matrix products through cuBLASLt (gemm.hpp), the bias in its epilogue where the output
+// is written whole; activations, dropout and residual adds in layer_kernels.cu.
+//
+// Dropout with a residual needs the product apart from the stream it is added to, so these
+// layers ask for (rows, out) more scratch than the CPU ones (which use a small chunk); the model's
+// scratch is one region sized by the largest request, which an mlp's (rows, hidden) already sets.
+#include "ablate/layer_params.hpp"
+#include "common.hpp"
+#include "gemm.hpp"
+
+namespace ablate::cuda_layers {
+namespace {
+
+namespace lp = layer_params;
+
+const float* at(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<const float>() + offset; }
+float* at_mut(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<float>() + offset; }
+
+// y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
+void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* b, float* y,
+                   const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s) {
+  if (rows == 0) return;
+  const int64_t n = rows * out;
+  if (drop.p == 0.0) {
+    // With a residual, C = residual (which may be y itself) and beta 1.
+    gemm_x_wt(x, rows, in, out, W, b, residual, residual != nullptr ? 1.0f : 0.0f, y, s);
+    return;
+  }
+  if (residual == nullptr) {
+    gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, y, s);
+    launch_dropout_residual(y, nullptr, y, n, drop, s);
+    return;
+  }
+  gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, tmp, s);
+  launch_dropout_residual(tmp, residual, y, n, drop, s);
+}
+
+// Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
+// skipped when null), dW += dy'^T x, db += colsum(dy'), dy' = dy masked by the forward's dropout
+// (into `tmp`, (rows, out), when dropout is on).
+void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, const float* W, float* dW, float* db,
+                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s) {
+  if (rows == 0) return;
+  if (drop.p > 0.0) {
+    launch_dropout_grad(dy, tmp, rows * out, drop, s);
+    dy = tmp;
+  }
+  if (dx != nullptr) gemm_dy_w(dy, rows, in, out, W, accumulate, dx, s);
+  gemm_add_dyt_x(dy, rows, in, out, x, dW, s);
+  if (db != nullptr) add_column_sums(dy, db, rows, out, s);
+}
+
+void check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch) {
+  require_f32(name, call.x, "x", call.rows * in);
+  require_f32(name, call.y, "y", call.rows * out);
+  require_f32(name, call.params, "params", params);
+  require_f32(name, call.saved, "saved", saved);
+  if (call.residual.data != nullptr) require_f32(name, call.residual, "residual", call.rows * out);
+  if (scratch > 0 && call.dropout > 0.0) require_f32(name, call.scratch, "scratch", scratch);
+  if (same(call.x, call.y)) throw_runtime_error(name, "y must not alias x");
+}
+
+void check_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
+                    int64_t scratch) {
+  require_f32(name, call.x, "x", call.rows * in);
+  require_f32(name, call.d_y, "d_y", call.rows * out);
+  require_f32(name, call.params, "params", params);
+  require_f32(name, call.grads, "grads", params);
+  require_f32(name, call.saved, "saved", saved);
+  require_f32(name, call.scratch, "scratch", scratch);
+  if (call.d_x.data != nullptr) {
+    require_f32(name, call.d_x, "d_x", call.rows * in);
+    if (same(call.d_x, call.d_y) || same(call.d_x, call.x)) throw_runtime_error(name, "d_x must not alias d_y or x");
+  }
+}
+
+float* scratch_at(const LayerCall& call, int64_t offset) { return call.scratch.data != nullptr ? call.scratch.as<float>() + offset : nullptr; }
+
+// --- linear -------------------------------------------------------------------------------------
+
+class Linear final : public Layer {
+ public:
+  LayerRole role() const override { return LayerRole::linear; }
+  void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
+    lp::linear(s, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
+
+  void forward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
+    check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out);
+    dense_forward(call.x.as<const float>(), call.rows, s.in, s.out, at(call.params, p.weight), at(call.params, p.bias),
+                  call.y.as<float>(), call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0),
+                  stream_of(call));
+    check_launch(kName);
+  }
+
+  void backward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
+    const DropoutArgs drop = dropout_of(kName, call);
+    check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0);
+    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, call.x.as<const float>(), at(call.params, p.weight),
+                   at_mut(call.grads, p.weight), at_mut(call.grads, p.bias), call.d_x.as<float>(),
+                   call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call));
+    check_launch(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "linear";
+};
+
+// --- gelu_mlp -------------------------------------------------------------------------------------
+
+// saved: pre-activation and activation (rows, H) each; scratch: (rows, H) for their gradient, then
+// (rows, C) for the output's dropout (forward and backward).
+class GeluMLP final : public Layer {
+ public:
+  LayerRole role() const override { return LayerRole::mlp; }
+  void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
+    lp::gelu_mlp(s, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out + rows * s.in; }
+
+  void forward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows;
+    const auto [fc, proj] = lp::gelu_mlp_offsets(s);
+    check_forward(kName, call, C, C, proj.end, 2 * rows * H, scratch_elements(s, rows));
+    const cudaStream_t st = stream_of(call);
+    float* pre = call.saved.as<float>();
+    float* post = pre + rows * H;
+    dense_forward(call.x.as<const float>(), rows, C, H, at(call.params, fc.weight), at(call.params, fc.bias), pre, nullptr,
+                  DropoutArgs{}, nullptr, st);
+    launch_gelu_forward(pre, post, rows * H, st);
+    dense_forward(post, rows, H, C, at(call.params, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st);
+    check_launch(kName);
+  }
+
+  void backward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows;
+    const auto [fc, proj] = lp::gelu_mlp_offsets(s);
+    check_backward(kName, call, C, C, proj.end, 2 * rows * H, scratch_elements(s, rows));
+    const cudaStream_t st = stream_of(call);
+    const float* pre = call.saved.as<const float>();
+    const float* post = pre + rows * H;
+    float* d_h = call.scratch.as<float>();
+    dense_backward(call.d_y.as<const float>(), rows, H, C, post, at(call.params, proj.weight), at_mut(call.grads, proj.weight),
+                   at_mut(call.grads, proj.bias), d_h, false, dropout_of(kName, call), scratch_at(call, rows * H), st);
+    launch_gelu_backward(pre, d_h, rows * H, st);
+    dense_backward(d_h, rows, C, H, call.x.as<const float>(), at(call.params, fc.weight), at_mut(call.grads, fc.weight),
+                   at_mut(call.grads, fc.bias), call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{},
+                   nullptr, st);
+    check_launch(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "gelu_mlp";
+};
+
+// --- swiglu_mlp -----------------------------------------------------------------------------------
+
+// saved: gate g, up u and h = silu(g) u, (rows, H) each; scratch: two (rows, H) gradients, then
+// (rows, C) for the output's dropout.
+class SwiGLUMLP final : public Layer {
+ public:
+  LayerRole role() const override { return LayerRole::mlp; }
+  void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
+    lp::swiglu_mlp(s, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 3 * rows * s.out; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
+
+  void forward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows;
+    const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
+    check_forward(kName, call, C, C, down.end, 3 * rows * H, scratch_elements(s, rows));
+    const cudaStream_t st = stream_of(call);
+    float* g = call.saved.as<float>();
+    float* u = g + rows * H;
+    float* h = u + rows * H;
+    const float* x = call.x.as<const float>();
+    dense_forward(x, rows, C, H, at(call.params, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st);
+    dense_forward(x, rows, C, H, at(call.params, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st);
+    launch_swiglu_forward(g, u, h, rows * H, st);
+    dense_forward(h, rows, H, C, at(call.params, down.weight), at(call.params, down.bias), call.y.as<float>(),
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st);
+    check_launch(kName);
+  }
+
+  void backward(const LayerCall& call) override {
+    check_spec(kName, call);
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows;
+    const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
+    check_backward(kName, call, C, C, down.end, 3 * rows * H, scratch_elements(s, rows));
+    const cudaStream_t st = stream_of(call);
+    const float* g = call.saved.as<const float>();
+    const float* u = g + rows * H;
+    const float* h = u + rows * H;
+    float* d_u = call.scratch.as<float>();  // holds dh first
+    float* d_g = d_u + rows * H;
+    const float* x = call.x.as<const float>();
+    dense_backward(call.d_y.as<const float>(), rows, H, C, h, at(call.params, down.weight), at_mut(call.grads, down.weight),
+                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st);
+    launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
+    float* d_x = call.d_x.as<float>();
+    dense_backward(d_g, rows, C, H, x, at(call.params, gate.weight), at_mut(call.grads, gate.weight),
+                   at_mut(call.grads, gate.bias), d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st);
+    dense_backward(d_u, rows, C, H, x, at(call.params, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias),
+                   d_x, true, DropoutArgs{}, nullptr, st);
+    check_launch(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "swiglu_mlp";
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_linear() { return std::make_unique<Linear>(); }
+std::unique_ptr<Layer> make_gelu_mlp() { return std::make_unique<GeluMLP>(); }
+std::unique_ptr<Layer> make_swiglu_mlp() { return std::make_unique<SwiGLUMLP>(); }
+
+}  // namespace ablate::cuda_layers

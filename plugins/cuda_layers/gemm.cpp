@@ -1,0 +1,210 @@
+// cuBLASLt behind GemmCall (see gemm.hpp for the row-major to column-major mapping).
+#include "gemm.hpp"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "ablate/cuda_check.hpp"
+#include "ablate/error.hpp"
+
+namespace ablate::cuda_layers {
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
+
+std::string shape_of(const GemmCall& g) {
+  return std::string("D(") + std::to_string(g.M) + "x" + std::to_string(g.N) + ") = " + (g.ta ? "A^T" : "A") + " " +
+         (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) +
+         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "");
+}
+
+void check_lt(cublasStatus_t rc, const char* call, const GemmCall& g) {
+  if (rc == CUBLAS_STATUS_SUCCESS) return;
+  throw_runtime_error("cuda_layers gemm", std::string(call) + " failed for " + shape_of(g) + ": " + cublasLtGetStatusName(rc) +
+                                              ": " + cublasLtGetStatusString(rc));
+}
+
+// One problem's descriptors and the algorithm chosen for it.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// The process's handle, workspace and plan cache. Created on first use, so loading the plugin on
+// a machine without a GPU touches no CUDA state.
+class Context {
+ public:
+  Context() {
+    check_lt(cublasLtCreate(&handle_), "cublasLtCreate", GemmCall{});
+    ABLATE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  }
+  ~Context() {
+    plans_.clear();
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+  }
+
+  void run(const GemmCall& g, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Plan& p = plan(g);
+    if (g.bias != nullptr) {
+      const void* bias = g.bias;
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
+    }
+    // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
+    const float* c = g.C != nullptr ? g.C : g.D;
+    check_lt(cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, c, p.c, g.D, p.d, &p.algo, workspace_,
+                            kWorkspaceBytes, stream),
+             "cublasLtMatmul", g);
+  }
+
+  int64_t built() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return int64_t(plans_.size());
+  }
+
+ private:
+  Plan& plan(const GemmCall& g) {
+    const std::string key = gemm_key(g);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;
+    auto p = std::make_unique<Plan>();
+    check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", g);
+    // The column-major operands: first B's memory (op = tb), then A's (op = ta).
+    const cublasOperation_t op_first = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+             "cublasLtMatmulDescSetAttribute(TRANSA)", g);
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+             "cublasLtMatmulDescSetAttribute(TRANSB)", g);
+    if (g.bias != nullptr) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE)", g);
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
+    }
+    const auto u = [](int64_t v) { return uint64_t(v); };
+    // B's memory, column-major: (N, K) when not transposed (row-major (K, N)), else (K, N).
+    check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, u(g.tb ? g.K : g.N), u(g.tb ? g.N : g.K), g.ldb),
+             "cublasLtMatrixLayoutCreate(B)", g);
+    // A's memory, column-major: (K, M) when not transposed (row-major (M, K)), else (M, K).
+    check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, u(g.ta ? g.M : g.K), u(g.ta ? g.K : g.M), g.lda),
+             "cublasLtMatrixLayoutCreate(A)", g);
+    check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
+    check_lt(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", g);
+    const uint64_t ws = kWorkspaceBytes;
+    cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (rc == CUBLAS_STATUS_SUCCESS) {
+      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    check_lt(rc, "cublasLtMatmulAlgoGetHeuristic", g);
+    if (found == 0) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no algorithm for " + shape_of(g));
+    p->algo = result.algo;
+    return *plans_.emplace(key, std::move(p)).first->second;
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Plan>> plans_;
+};
+
+Context& context() {
+  static Context ctx;
+  return ctx;
+}
+
+}  // namespace
+
+std::string gemm_key(const GemmCall& g) {
+  // The C operand's layout equals D's; whether C is D changes nothing in the plan. Alignment of the
+  // pointers is part of cuBLASLt's choice, so the key includes each operand's 16-byte alignment.
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) % 16 == 0) ? '1' : '0'; };
+  return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
+         std::to_string(g.K) + " ld " + std::to_string(g.lda) + "," + std::to_string(g.ldb) + "," + std::to_string(g.ldc) +
+         (g.bias != nullptr ? " bias" : "") + " f32 align " + al(g.A) + al(g.B) + al(g.D) + al(g.C != nullptr ? g.C : g.D);
+}
+
+void gemm(const GemmCall& g, cudaStream_t stream) {
+  if (g.M == 0 || g.N == 0) return;
+  if (g.M < 0 || g.N < 0 || g.K < 0 || g.D == nullptr || (g.K > 0 && (g.A == nullptr || g.B == nullptr))) {
+    throw_runtime_error("cuda_layers gemm", "invalid problem " + shape_of(g));
+  }
+  context().run(g, stream);
+}
+
+int64_t gemm_plans_built() { return context().built(); }
+
+void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
+               float beta, float* y, cudaStream_t stream) {
+  GemmCall g;
+  g.tb = true;
+  g.M = rows;
+  g.N = out;
+  g.K = in;
+  g.A = x;
+  g.lda = in;
+  g.B = W;
+  g.ldb = in;
+  g.beta = beta;
+  g.C = c;
+  g.D = y;
+  g.ldc = out;
+  g.bias = bias;
+  gemm(g, stream);
+}
+
+void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
+               cudaStream_t stream) {
+  GemmCall g;
+  g.M = rows;
+  g.N = in;
+  g.K = out;
+  g.A = dy;
+  g.lda = out;
+  g.B = W;
+  g.ldb = in;
+  g.beta = accumulate ? 1.0f : 0.0f;
+  g.D = dx;
+  g.ldc = in;
+  gemm(g, stream);
+}
+
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream) {
+  GemmCall g;
+  g.ta = true;
+  g.M = out;
+  g.N = in;
+  g.K = rows;
+  g.A = dy;
+  g.lda = out;
+  g.B = x;
+  g.ldb = in;
+  g.beta = 1.0f;
+  g.D = dW;
+  g.ldc = in;
+  gemm(g, stream);
+}
+
+}  // namespace ablate::cuda_layers

@@ -1,0 +1,54 @@
+// Matrix products of the CUDA layers through cuBLASLt, in the row-major terms the layers think in:
+//   D(M, N) = alpha op(A) op(B) + beta C (+ bias broadcast over rows),  op(X) = X or X^T
+// with A (M, K) or, transposed, (K, M) in memory; B (K, N) or (N, K); C and D (M, N), C may be D.
+// cuBLASLt is column-major: a row-major X is the column-major X^T, so the product is computed as
+// D^T = op(B)^T op(A)^T, with the operands swapped (gemm.cpp).
+//
+// f32 runs with CUBLAS_COMPUTE_32F (true fp32, no TF32): the f32 path on cuda is the one that must
+// agree closely with the CPU. One descriptor set and one algorithm from the heuristic are kept per
+// distinct problem (transposes, sizes, strides, epilogue, dtype), so a training step after the
+// first builds nothing. A 32 MiB workspace (the size NVIDIA recommends for Hopper) is allocated
+// once per process, on first use.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace ablate::cuda_layers {
+
+struct GemmCall {
+  bool ta = false, tb = false;
+  int64_t M = 0, N = 0, K = 0;
+  const float* A = nullptr;
+  int64_t lda = 0;
+  const float* B = nullptr;
+  int64_t ldb = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* C = nullptr;  // null: C is D (read only when beta != 0)
+  float* D = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
+};
+
+// Enqueues the product on `stream`; errors name the call, the shape and cuBLASLt's message.
+void gemm(const GemmCall& g, cudaStream_t stream);
+
+// The three products of a dense layer, W (out, in) as PyTorch stores it:
+//   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
+void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
+               float beta, float* y, cudaStream_t stream);
+//   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
+void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
+               cudaStream_t stream);
+//   dW(out, in)  += dy^T x
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream);
+
+// Descriptor sets built so far in this process (each distinct problem once).
+int64_t gemm_plans_built();
+
+// The key a problem is cached under (exposed for tests: every field that changes the plan).
+std::string gemm_key(const GemmCall& g);
+
+}  // namespace ablate::cuda_layers

@@ -1,0 +1,322 @@
+// Kernels of the CUDA layers other than the norms: elementwise activations and dropout, table
+// lookups and their deterministic scatter-add backward, rope, column sums and the classifier's
+// softmax rows. Grid-stride loops over 64-bit indices; the arithmetic is dense_math.hpp's.
+#include <math_constants.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cfloat>
+#include <cmath>
+#include <mutex>
+
+#include "ablate/cuda_check.hpp"
+#include "dense_math.hpp"
+#include "gemm.hpp"
+#include "layer_kernels.hpp"
+
+namespace ablate::cuda_layers {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 65535 * 16 ? b : 65535 * 16);  // grid-stride beyond this
+}
+
+#define ABLATE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// Device memory the kernels need beyond their arguments (sort buffers, a ones vector), grown on the
+// stream when a larger problem comes and kept: after the first step of a shape nothing is
+// allocated. Stream-ordered allocation, so growing never waits for the device.
+class Workspace {
+ public:
+  void* bytes(int slot, std::size_t n, cudaStream_t stream) {
+    Slot& s = slots_[slot];
+    if (s.size < n) {
+      if (s.ptr != nullptr) ABLATE_CUDA_CHECK(cudaFreeAsync(s.ptr, stream));
+      s.ptr = nullptr;
+      ABLATE_CUDA_CHECK(cudaMallocAsync(&s.ptr, n, stream));
+      s.size = n;
+      s.filled = 0;
+    }
+    return s.ptr;
+  }
+  std::size_t& filled(int slot) { return slots_[slot].filled; }
+  std::mutex mu;
+
+ private:
+  struct Slot {
+    void* ptr = nullptr;
+    std::size_t size = 0, filled = 0;
+  };
+  Slot slots_[6];
+};
+
+enum WorkSlot { kKeysIn, kKeysOut, kValsIn, kValsOut, kSortTemp, kOnes };
+
+Workspace& workspace() {
+  static Workspace ws;  // freed by the driver at exit
+  return ws;
+}
+
+// --- elementwise ---------------------------------------------------------------------------------
+
+__global__ void dropout_residual_kernel(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d) {
+  ABLATE_GRID_STRIDE(i, n) {
+    const float v = t[i] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
+    y[i] = residual != nullptr ? residual[i] + v : v;
+  }
+}
+
+__global__ void dropout_grad_kernel(const float* dy, float* out, int64_t n, DropoutArgs d) {
+  ABLATE_GRID_STRIDE(i, n) out[i] = dy[i] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
+}
+
+__global__ void gelu_forward_kernel(const float* pre, float* post, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) post[i] = gelu_out(pre[i]);
+}
+
+__global__ void gelu_backward_kernel(const float* pre, float* dh, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) dh[i] *= gelu_grad(pre[i]);
+}
+
+__global__ void swiglu_forward_kernel(const float* g, const float* u, float* h, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) h[i] = swiglu_out(g[i], u[i]);
+}
+
+__global__ void swiglu_backward_kernel(const float* g, const float* u, float* du, float* dg, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) {
+    const float dh = du[i];
+    dg[i] = swiglu_dg(g[i], u[i], dh);
+    du[i] = swiglu_du(g[i], dh);
+  }
+}
+
+__global__ void copy_or_add_kernel(const float* src, float* dst, int64_t n, bool accumulate) {
+  ABLATE_GRID_STRIDE(i, n) dst[i] = accumulate ? dst[i] + src[i] : src[i];
+}
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  ABLATE_GRID_STRIDE(i, n) p[i] = v;
+}
+
+__global__ void iota_kernel(int32_t* p, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) p[i] = int32_t(i);
+}
+
+// --- lookups --------------------------------------------------------------------------------------
+
+__global__ void gather_rows_kernel(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
+                                   DropoutArgs d) {
+  ABLATE_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i % cols;
+    const int32_t t = index[r];
+    y[i] = (t < 0 || t >= limit) ? CUDART_NAN_F : table[int64_t(t) * cols + c] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
+  }
+}
+
+__global__ void add_rows_kernel(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
+                                int64_t limit) {
+  ABLATE_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i % cols;
+    const int32_t t = index[r];
+    y[i] = (t < 0 || t >= limit) ? CUDART_NAN_F : x[i] + table[int64_t(t) * cols + c];
+  }
+}
+
+// Block b handles the run of equal indices that starts at sorted position b (other blocks exit):
+// its threads own columns and add the run's rows in row order (the sort is stable).
+__global__ void scatter_runs_kernel(const int32_t* sorted_index, const int32_t* sorted_row, const float* d, float* grads,
+                                    int64_t rows, int64_t cols, int64_t limit, DropoutArgs drop) {
+  const int64_t start = blockIdx.x;
+  if (start >= rows) return;
+  const int32_t t = sorted_index[start];
+  if ((start > 0 && sorted_index[start - 1] == t) || t < 0 || t >= limit) return;
+  int64_t end = start + 1;
+  while (end < rows && sorted_index[end] == t) ++end;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t k = start; k < end; ++k) {
+      const int64_t i = int64_t(sorted_row[k]) * cols + c;
+      acc += d[i] * dropout_factor(drop.key, uint64_t(i), drop.p, drop.scale);
+    }
+    grads[int64_t(t) * cols + c] += acc;
+  }
+}
+
+// --- rope ------------------------------------------------------------------------------------------
+
+__global__ void rope_kernel(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D,
+                            double theta, double sign, bool accumulate) {
+  const int64_t half = D / 2;
+  ABLATE_GRID_STRIDE(k, rows * heads * half) {
+    const int64_t i = k % half, rh = k / half, r = rh / heads;
+    const int64_t base = rh * D;
+    const RopePair p = rope_rotate(src[base + i], src[base + i + half], rope_angle(positions[r], i, D, theta), sign);
+    if (accumulate) {
+      dst[base + i] += p.a;
+      dst[base + i + half] += p.b;
+    } else {
+      dst[base + i] = p.a;
+      dst[base + i + half] = p.b;
+    }
+  }
+}
+
+// --- classifier rows -------------------------------------------------------------------------------
+
+constexpr int kRowThreads = 512;
+
+// A block-wide reduction in a fixed tree (the same order every run).
+template <class T, class Op>
+__device__ T block_reduce(T v, T* shared, Op op) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (int(threadIdx.x) < s) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const T out = shared[0];
+  __syncthreads();
+  return out;
+}
+
+__global__ void cross_entropy_rows_kernel(float* z, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                                          bool with_grad, float scale) {
+  __shared__ double sd[kRowThreads];
+  __shared__ float sf[kRowThreads];
+  const int64_t row = blockIdx.x;
+  float* zr = z + row * out;
+  const int32_t target = targets[row];
+  if (target < 0 || target >= real_out) {
+    // -1: no loss and no gradient; anything else is a bad target, shown as a non-finite loss.
+    if (threadIdx.x == 0) losses[row] = target == -1 ? 0.0f : CUDART_NAN_F;
+    if (with_grad) {
+      for (int64_t c = threadIdx.x; c < out; c += blockDim.x) zr[c] = 0.0f;
+    }
+    return;
+  }
+  float mx = -FLT_MAX;
+  for (int64_t c = threadIdx.x; c < real_out; c += blockDim.x) mx = fmaxf(mx, zr[c]);
+  mx = block_reduce(mx, sf, [](float a, float b) { return fmaxf(a, b); });
+  double sum = 0.0;
+  for (int64_t c = threadIdx.x; c < real_out; c += blockDim.x) sum += double(expf(zr[c] - mx));
+  sum = block_reduce(sum, sd, [](double a, double b) { return a + b; });
+  const double lse = double(mx) + log(sum);
+  const float z_target = zr[target];
+  if (threadIdx.x == 0) losses[row] = ce_loss(lse, z_target);
+  if (!with_grad) return;
+  __syncthreads();  // every thread has read z[target] before it is overwritten
+  const float lse_f = float(lse);
+  for (int64_t c = threadIdx.x; c < out; c += blockDim.x) {
+    const float g = c < real_out ? ce_dz(zr[c], lse_f, scale) : 0.0f;
+    zr[c] = c == target ? g - scale : g;
+  }
+}
+
+}  // namespace
+
+void launch_dropout_residual(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d, cudaStream_t stream) {
+  if (n > 0) dropout_residual_kernel<<<blocks_for(n), kThreads, 0, stream>>>(t, residual, y, n, d);
+}
+
+void launch_dropout_grad(const float* dy, float* out, int64_t n, DropoutArgs d, cudaStream_t stream) {
+  if (n > 0) dropout_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dy, out, n, d);
+}
+
+void launch_gelu_forward(const float* pre, float* post, int64_t n, cudaStream_t stream) {
+  if (n > 0) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pre, post, n);
+}
+
+void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t stream) {
+  if (n > 0) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pre, dh, n);
+}
+
+void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream) {
+  if (n > 0) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
+}
+
+void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg, int64_t n, cudaStream_t stream) {
+  if (n > 0) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, du, dg, n);
+}
+
+void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
+                        DropoutArgs d, cudaStream_t stream) {
+  if (rows * cols > 0) gather_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, y, rows, cols, limit, d);
+}
+
+void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
+                     int64_t limit, cudaStream_t stream) {
+  if (rows * cols > 0) add_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, x, y, rows, cols, limit);
+}
+
+void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
+                      DropoutArgs drop, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  if (rows > INT32_MAX) throw_runtime_error("cuda_layers", "more rows than a 32-bit sort handles");
+  Workspace& ws = workspace();
+  std::lock_guard<std::mutex> lock(ws.mu);
+  const std::size_t n = std::size_t(rows), ints = n * sizeof(int32_t);
+  auto* keys_out = static_cast<int32_t*>(ws.bytes(kKeysOut, ints, stream));
+  auto* vals_in = static_cast<int32_t*>(ws.bytes(kValsIn, ints, stream));
+  auto* vals_out = static_cast<int32_t*>(ws.bytes(kValsOut, ints, stream));
+  iota_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(vals_in, rows);
+  std::size_t temp_bytes = 0;
+  ABLATE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, index, keys_out, vals_in, vals_out, int(rows), 0,
+                                                    int(sizeof(int32_t) * 8), stream));
+  void* temp = ws.bytes(kSortTemp, temp_bytes, stream);
+  ABLATE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, index, keys_out, vals_in, vals_out, int(rows), 0,
+                                                    int(sizeof(int32_t) * 8), stream));
+  const unsigned threads = cols >= 256 ? 256u : unsigned((cols + 31) / 32 * 32);
+  scatter_runs_kernel<<<unsigned(rows), threads, 0, stream>>>(keys_out, vals_out, d, grads, rows, cols, limit, drop);
+}
+
+void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream) {
+  if (n > 0) copy_or_add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, accumulate);
+}
+
+void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,
+                 bool inverse, bool accumulate, cudaStream_t stream) {
+  const int64_t n = rows * heads * (D / 2);
+  if (n > 0) {
+    rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, inverse ? -1.0 : 1.0,
+                                                         accumulate);
+  }
+}
+
+void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  Workspace& ws = workspace();
+  const float* ones = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(ws.mu);
+    auto* p = static_cast<float*>(ws.bytes(kOnes, std::size_t(rows) * sizeof(float), stream));
+    if (ws.filled(kOnes) < std::size_t(rows)) {
+      fill_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(p, rows, 1.0f);
+      ws.filled(kOnes) = std::size_t(rows);
+    }
+    ones = p;
+  }
+  // db(1, cols) += ones(1, rows) m(rows, cols)
+  GemmCall g;
+  g.M = 1;
+  g.N = cols;
+  g.K = rows;
+  g.A = ones;
+  g.lda = rows;
+  g.B = m;
+  g.ldb = cols;
+  g.beta = 1.0f;
+  g.D = db;
+  g.ldc = cols;
+  gemm(g, stream);
+}
+
+void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                               bool with_grad, float scale, cudaStream_t stream) {
+  if (n > 0) cross_entropy_rows_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(z, out, real_out, targets, losses, with_grad, scale);
+}
+
+}  // namespace ablate::cuda_layers

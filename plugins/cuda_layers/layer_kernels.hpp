@@ -1,0 +1,60 @@
+// Launchers of the CUDA layers' kernels other than the norms (layer_kernels.cu). Every launcher
+// enqueues on `stream` and returns without synchronising; the host layer checks cudaGetLastError.
+// The arithmetic per element is dense_math.hpp's.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ablate::cuda_layers {
+
+struct DropoutArgs {
+  double p = 0.0;  // 0 = off
+  uint64_t key = 0;
+  float scale = 1.0f;  // 1 / (1 - p)
+};
+
+// y = (residual or 0) + t * mask, elementwise over n values (t may be y when residual is null).
+void launch_dropout_residual(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d, cudaStream_t stream);
+// out = dy * mask (the gradient through the forward's dropout).
+void launch_dropout_grad(const float* dy, float* out, int64_t n, DropoutArgs d, cudaStream_t stream);
+
+void launch_gelu_forward(const float* pre, float* post, int64_t n, cudaStream_t stream);
+// dh *= gelu'(pre)
+void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t stream);
+void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream);
+// From dh (held in du on entry): dg and du.
+void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg, int64_t n, cudaStream_t stream);
+
+// y[r, :] = table[index[r], :] * mask; an index outside [0, limit) gives a row of NaN (never a
+// read out of bounds), so a bad batch shows as a non-finite loss.
+void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
+                        DropoutArgs d, cudaStream_t stream);
+// y = x + table[index[r], :] (y may alias x); out-of-range index as above.
+void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
+                     int64_t limit, cudaStream_t stream);
+// grads[index[r], :] += d[r, :] * mask for every row, deterministically: rows are sorted by index
+// (stable), and each index's rows are summed in row order by one thread per column. Rows whose
+// index is outside [0, limit) are skipped.
+void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
+                      DropoutArgs drop, cudaStream_t stream);
+// dst = src, or dst += src (accumulate).
+void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream);
+
+// Rotary embedding of (rows, heads, D) in place or into dst (see dense_math.hpp); inverse for
+// backward; accumulate adds into dst.
+void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,
+                 bool inverse, bool accumulate, cudaStream_t stream);
+
+// db(cols) += column sums of m(rows, cols), as a cuBLASLt product with a ones vector (a fixed
+// order, so the same every run).
+void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// The classifier's rows: for each of `n` rows of logits z (n, out), the softmax over the first
+// real_out columns gives losses[i] (0 where targets[i] is -1, NaN where a target is out of range)
+// and, with_grad, overwrites z with scale (softmax - onehot) (0 on padded columns and ignored rows).
+void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                               bool with_grad, float scale, cudaStream_t stream);
+
+}  // namespace ablate::cuda_layers

@@ -1,0 +1,68 @@
+// The norms on a CUDA device: `layernorm` and `rmsnorm` (also the qk-norm of attention heads), f32,
+// with the CPU layers' parameters, saved values (mean and rstd per row; rmsnorm rstd) and gradient
+// contract (parameter gradients accumulate, the input gradient is written or accumulated as the
+// call asks). Kernels in norm_kernels.cu.
+#include "ablate/layer_params.hpp"
+#include "common.hpp"
+#include "norm_kernels.hpp"
+
+namespace ablate::cuda_layers {
+namespace {
+
+class Norm final : public Layer {
+ public:
+  Norm(bool rms, const char* name) : rms_(rms), name_(name) {}
+  LayerRole role() const override { return LayerRole::norm; }
+
+  void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
+    layer_params::norm(rms_, spec, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rms_ ? rows : 2 * rows; }
+
+  void forward(const LayerCall& call) override {
+    const int64_t in = check(call), n = call.rows * in;
+    require_f32(name_, call.x, "x", n);
+    require_f32(name_, call.y, "y", n);
+    if (call.x.data == call.y.data) throw_runtime_error(name_, "y must not alias x (backward reads x again)");
+    const float* w = call.params.as<const float>();
+    launch_norm_forward(rms_, call.x.as<const float>(), w, bias(call, w), call.y.as<float>(), call.saved.as<float>(), call.rows,
+                        in, float(call.spec->eps), stream_of(call));
+    check_launch(name_);
+  }
+
+  void backward(const LayerCall& call) override {
+    const int64_t in = check(call), n = call.rows * in;
+    require_f32(name_, call.x, "x", n);
+    require_f32(name_, call.d_y, "d_y", n);
+    require_f32(name_, call.grads, "grads", params_of(*call.spec));
+    if (call.d_x.data != nullptr) {
+      require_f32(name_, call.d_x, "d_x", n);
+      if (call.d_x.data == call.x.data) throw_runtime_error(name_, "d_x must not alias x");
+    }
+    float* dw = call.grads.as<float>();
+    float* db = !rms_ && call.spec->bias ? dw + in : nullptr;
+    launch_norm_backward(rms_, call.x.as<const float>(), call.params.as<const float>(), call.d_y.as<const float>(),
+                         call.saved.as<const float>(), call.d_x.data != nullptr ? call.d_x.as<float>() : nullptr,
+                         call.input_grad == GradMode::accumulate, dw, db, call.rows, in, stream_of(call));
+    check_launch(name_);
+  }
+
+ private:
+  int64_t params_of(const LayerSpec& s) const { return !rms_ && s.bias ? 2 * s.in : s.in; }
+  const float* bias(const LayerCall& call, const float* w) const { return !rms_ && call.spec->bias ? w + call.spec->in : nullptr; }
+  static cudaStream_t stream(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }
+  int64_t check(const LayerCall& call) const {
+    if (call.spec == nullptr || call.spec->in <= 0 || call.rows < 0) throw_runtime_error(name_, "the call has no valid spec or rows");
+    require_f32(name_, call.params, "params", params_of(*call.spec));
+    require_f32(name_, call.saved, "saved", activation_elements(*call.spec, call.rows));
+    return call.spec->in;
+  }
+  bool rms_;
+  const char* name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_norm(bool rms, const char* name) { return std::make_unique<Norm>(rms, name); }
+
+}  // namespace ablate::cuda_layers

@@ -1,0 +1,124 @@
+// The CUDA training path end to end through the `ablate` program: a small quickstart model trained
+// on cuda in f32 follows the CPU's f32 run step by step; a cuda run stopped and resumed gives the
+// uninterrupted run's losses bit for bit; a cuda checkpoint resumes on the cpu and back; a run whose
+// memory plan cannot fit the device is refused before training. Exits 77 (CTest: skipped) without
+// a CUDA device.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "ablate/cuda_check.hpp"
+#include "run_files.hpp"
+#include "test_support.hpp"
+
+using namespace ablate::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The tiny quickstart of tests/train, with a seq_len not a multiple of 64 and packed rows.
+const std::string kTiny =
+    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=80"
+    " --set batching.batch_size=4 --set batching.seq_len=77 --set run.threads=2 --set run.eval_batches=2"
+    " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
+    " --set checkpoint.every=100";
+const std::string kCuda = " --set run.device=cuda --set attention.name=naive_cuda --set optimizer.name=adamw_fused";
+const std::string kCpu = " --set run.device=cpu --set attention.name=naive_cpu --set optimizer.name=adamw";
+
+std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
+
+CommandResult train(const std::string& args) {
+  const CommandResult r = run_ablate("train " + config() + kTiny + args);
+  INFO(r.output);
+  return r;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
+
+}  // namespace
+
+TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same batches)") {
+  TempDir tmp;
+  const fs::path cpu = tmp.path() / "cpu", gpu = tmp.path() / "gpu";
+  REQUIRE(train(kCpu + " --set run.steps=20 --set run.eval_every=10 --run-dir " + cpu.string()).exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.steps=20 --set run.eval_every=10 --run-dir " + gpu.string()).exit_code == 0);
+  const auto a = metrics(cpu), b = metrics(gpu);
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  // Step 1 starts from the same parameters: only the order of f32 sums differs (products of up to
+  // a few hundred terms, softmax over 80 columns), so the loss and the gradient norm agree to about
+  // 1e-6 relative; 1e-5 leaves a margin. Later steps go through AdamW, whose update divides by
+  // sqrt(v): a gradient element near zero turns a 1e-6 difference into a visible one, and 20 steps
+  // at lr 3e-3 compound it. 2e-3 relative on the loss is still far below a step's change (~1e-1).
+  CHECK(rel(b[0]["loss"].get<double>(), a[0]["loss"].get<double>()) < 1e-5);
+  CHECK(rel(b[0]["grad_norm"].get<double>(), a[0]["grad_norm"].get<double>()) < 1e-5);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+    if (a[i].contains("val_loss")) CHECK(rel(b[i]["val_loss"].get<double>(), a[i]["val_loss"].get<double>()) < 2e-3);
+  }
+  // MFU is measured against the device's peak (the table's, for a known GPU).
+  CHECK(b.back()["mfu"].get<double>() > 0.0);
+  CHECK(read_json(gpu / "run.json")["device"].get<std::string>().find("cuda") != std::string::npos);
+}
+
+TEST_CASE("a cuda run stopped and resumed gives the uninterrupted run's losses bit for bit (accumulation, dropout)") {
+  TempDir tmp;
+  const std::string common = kCuda + " --set run.steps=16 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=8";
+  const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
+  REQUIRE(train(common + " --run-dir " + full.string()).exit_code == 0);
+  REQUIRE(train(common + " --run-dir " + parts.string() + " --stop-at 6").exit_code == 0);
+  REQUIRE(run_ablate("train " + config() + kTiny + common + " --resume " + parts.string()).exit_code == 0);
+  const auto a = metrics(full), b = metrics(parts);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+  }
+  CHECK(slurp(full / "checkpoints/step_00000016/model.safetensors") == slurp(parts / "checkpoints/step_00000016/model.safetensors"));
+}
+
+TEST_CASE("a cuda checkpoint resumes on the cpu, and a cpu checkpoint on cuda (the files are the same format)") {
+  TempDir tmp;
+  const std::string steps = " --set run.steps=16 --set run.eval_every=8";
+  const fs::path gpu = tmp.path() / "gpu", g2c = tmp.path() / "g2c", c2g = tmp.path() / "c2g";
+  REQUIRE(train(kCuda + steps + " --run-dir " + gpu.string()).exit_code == 0);
+  REQUIRE(train(kCuda + steps + " --run-dir " + g2c.string() + " --stop-at 8").exit_code == 0);
+  REQUIRE(train(kCpu + steps + " --resume " + g2c.string()).exit_code == 0);
+  REQUIRE(train(kCpu + steps + " --run-dir " + c2g.string() + " --stop-at 8").exit_code == 0);
+  REQUIRE(train(kCuda + steps + " --resume " + c2g.string()).exit_code == 0);
+  const auto ref = metrics(gpu), a = metrics(g2c), b = metrics(c2g);
+  REQUIRE(a.size() == ref.size());
+  REQUIRE(b.size() == ref.size());
+  for (std::size_t i = 0; i < 8; ++i) CHECK(a[i]["loss"].get<double>() == ref[i]["loss"].get<double>());
+  for (std::size_t i = 8; i < ref.size(); ++i) {
+    INFO("step " << ref[i]["step"]);
+    // Continued on the other device: the tolerance of the cpu/cuda comparison above.
+    CHECK(rel(a[i]["loss"].get<double>(), ref[i]["loss"].get<double>()) < 2e-3);
+    CHECK(rel(b[i]["loss"].get<double>(), ref[i]["loss"].get<double>()) < 2e-3);
+  }
+}
+
+TEST_CASE("a run whose memory plan exceeds the device is refused before training, exit 2, with both numbers") {
+  TempDir tmp;
+  // About 1.2e11 parameters: 450 GiB of fp32 weights alone.
+  const auto r = run_ablate("train " + config() + kCuda + " --set model.d_model=16384 --set model.n_layers=36 --set model.n_heads=128"
+                            " --set run.steps=1 --run-dir " + (tmp.path() / "big").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("MiB") != std::string::npos);
+  CHECK(!fs::exists(tmp.path() / "big" / "metrics.jsonl"));
+}
+
+int main(int argc, char** argv) {
+  if (!ablate::cuda::device_available()) {
+    std::puts("no CUDA device: skipped");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
