@@ -154,7 +154,13 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
   RunContext run;
   run.seed = lm.state.seed;
   run.device = "cpu";
-  const ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
+  ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
+  // A checkpoint of a GPU run names a GPU attention backend; every backend computes the same
+  // function, so the CPU reads it with the CPU reference.
+  if (registry.find(Kind::attention, mo.attention, "cpu") == nullptr) {
+    spdlog::info("attention '{}' does not run on the cpu: {} is read with naive_cpu", mo.attention, lm.dir.string());
+    mo.attention = "naive_cpu";
+  }
   lm.model = std::make_unique<Model>(mo, registry, run);
   std::vector<float> values(std::size_t(lm.model->num_params()));
   load_params(lm.dir / "model.safetensors", lm.model->table(), values);

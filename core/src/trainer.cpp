@@ -294,6 +294,7 @@ RunContext training_context(const Config& config) {
   RunContext run;
   run.seed = uint64_t(run_p.get_int("seed"));
   run.device = run_p.get_string("device");
+  run.dtype = run_p.get_string("dtype");
   run.threads = int(run_p.get_int("threads"));
   if (run.threads == 0) run.threads = int(std::max(1u, std::thread::hardware_concurrency()));
 #ifdef _OPENMP

@@ -21,10 +21,11 @@ std::unique_ptr<Layer> make_norm(bool rms, const char* name);
 std::unique_ptr<Layer> make_embedding();
 std::unique_ptr<Layer> make_learned();
 std::unique_ptr<Layer> make_rope();
-std::unique_ptr<Layer> make_linear();
-std::unique_ptr<Layer> make_gelu_mlp();
-std::unique_ptr<Layer> make_swiglu_mlp();
-std::unique_ptr<LossLayer> make_cross_entropy();
+// The layers with matrix products take the run's math mode: tf32 (run.dtype = "tf32") or true fp32.
+std::unique_ptr<Layer> make_linear(bool tf32);
+std::unique_ptr<Layer> make_gelu_mlp(bool tf32);
+std::unique_ptr<Layer> make_swiglu_mlp(bool tf32);
+std::unique_ptr<LossLayer> make_cross_entropy(bool tf32);
 
 inline void require_f32(const char* layer, const TensorView& t, const char* what, int64_t elements) {
   if (elements == 0) return;

@@ -9,29 +9,30 @@
 namespace ablate::cuda_layers {
 namespace {
 
+// `make` receives whether the run computes its products in TF32 (run.dtype = "tf32").
 template <class L>
-void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>()> make) {
+void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>(bool)> make) {
   ComponentInfo info;
   info.kind = Kind::layer;
   info.name = name;
   info.version = "1.1.0";
   info.doc = doc;
   info.devices = {"cuda"};
-  info.factory = [make](const ComponentArgs&) -> std::unique_ptr<Component> { return make(); };
+  info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(a.run.dtype == "tf32"); };
   r.add(std::move(info));
 }
 
 void register_components(Registrar& r) {
   add<Layer>(r, "embedding", "token embedding lookup on a CUDA device (f32), optional output dropout; sorted scatter-add backward",
-             make_embedding);
-  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", make_learned);
-  add<Layer>(r, "rope", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", make_rope);
+             [](bool) { return make_embedding(); });
+  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", [](bool) { return make_learned(); });
+  add<Layer>(r, "rope", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", [](bool) { return make_rope(); });
   add<Layer>(r, "layernorm", "layer norm with weight and optional bias on a CUDA device (f32; warp per row)",
-             [] { return make_norm(false, "layernorm"); });
-  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [] { return make_norm(true, "rmsnorm"); });
-  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32)", make_linear);
-  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32)", make_gelu_mlp);
-  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32)", make_swiglu_mlp);
+             [](bool) { return make_norm(false, "layernorm"); });
+  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [](bool) { return make_norm(true, "rmsnorm"); });
+  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32, or TF32 products)", make_linear);
+  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32, or TF32 products)", make_gelu_mlp);
+  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32, or TF32 products)", make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows, softmax cross-entropy and its gradients",
                  make_cross_entropy);

@@ -18,7 +18,7 @@ constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 std::string shape_of(const GemmCall& g) {
   return std::string("D(") + std::to_string(g.M) + "x" + std::to_string(g.N) + ") = " + (g.ta ? "A^T" : "A") + " " +
          (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) +
-         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "");
+         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") + (g.tf32 ? ", tf32" : "");
 }
 
 void check_lt(cublasStatus_t rc, const char* call, const GemmCall& g) {
@@ -84,7 +84,8 @@ class Context {
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
     auto p = std::make_unique<Plan>();
-    check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", g);
+    check_lt(cublasLtMatmulDescCreate(&p->desc, g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate", g);
     // The column-major operands: first B's memory (op = tb), then A's (op = ta).
     const cublasOperation_t op_first = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
@@ -143,7 +144,7 @@ std::string gemm_key(const GemmCall& g) {
   const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) % 16 == 0) ? '1' : '0'; };
   return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
          std::to_string(g.K) + " ld " + std::to_string(g.lda) + "," + std::to_string(g.ldb) + "," + std::to_string(g.ldc) +
-         (g.bias != nullptr ? " bias" : "") + " f32 align " + al(g.A) + al(g.B) + al(g.D) + al(g.C != nullptr ? g.C : g.D);
+         (g.bias != nullptr ? " bias" : "") + (g.tf32 ? " tf32" : " f32") + " align " + al(g.A) + al(g.B) + al(g.D) + al(g.C != nullptr ? g.C : g.D);
 }
 
 void gemm(const GemmCall& g, cudaStream_t stream) {
@@ -157,8 +158,9 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
 int64_t gemm_plans_built() { return context().built(); }
 
 void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream) {
+               float beta, float* y, cudaStream_t stream, bool tf32) {
   GemmCall g;
+  g.tf32 = tf32;
   g.tb = true;
   g.M = rows;
   g.N = out;
@@ -176,8 +178,9 @@ void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const floa
 }
 
 void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
-               cudaStream_t stream) {
+               cudaStream_t stream, bool tf32) {
   GemmCall g;
+  g.tf32 = tf32;
   g.M = rows;
   g.N = in;
   g.K = out;
@@ -191,8 +194,10 @@ void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const flo
   gemm(g, stream);
 }
 
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream) {
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream,
+                    bool tf32) {
   GemmCall g;
+  g.tf32 = tf32;
   g.ta = true;
   g.M = out;
   g.N = in;

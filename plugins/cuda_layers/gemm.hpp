@@ -5,7 +5,9 @@
 // D^T = op(B)^T op(A)^T, with the operands swapped (gemm.cpp).
 //
 // f32 runs with CUBLAS_COMPUTE_32F (true fp32, no TF32): the f32 path on cuda is the one that must
-// agree closely with the CPU. One descriptor set and one algorithm from the heuristic are kept per
+// agree closely with the CPU. With tf32 set (run.dtype = "tf32") the inputs are rounded to TF32
+// (10-bit mantissa) inside the tensor cores and accumulated in fp32: several times faster, with
+// relative errors near 1e-3 per product. One descriptor set and one algorithm from the heuristic are kept per
 // distinct problem (transposes, sizes, strides, epilogue, dtype), so a training step after the
 // first builds nothing. A 32 MiB workspace (the size NVIDIA recommends for Hopper) is allocated
 // once per process, on first use.
@@ -30,6 +32,7 @@ struct GemmCall {
   float* D = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
+  bool tf32 = false;            // products on TF32 tensor cores (run.dtype = "tf32"), else true fp32
 };
 
 // Enqueues the product on `stream`; errors name the call, the shape and cuBLASLt's message.
@@ -38,12 +41,12 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
 void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream);
+               float beta, float* y, cudaStream_t stream, bool tf32);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
-               cudaStream_t stream);
+               cudaStream_t stream, bool tf32);
 //   dW(out, in)  += dy^T x
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream);
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, bool tf32);
 
 // Descriptor sets built so far in this process (each distinct problem once).
 int64_t gemm_plans_built();

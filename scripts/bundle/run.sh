@@ -44,32 +44,85 @@ run_program() {  # mode prog [args...]
   printf '  %-26s %-9s %-8s (exit %d)\n' "$prog" "$mode" "$status" "$rc"
 }
 
+# The device call is cut at 600 s: each stage starts only with enough time left for it, so the
+# summary is always written.
+left() { echo $(( 570 - ($(date +%s) - t_start) )); }
+skip_stage() {  # name seconds_needed
+  if [ "$(left)" -lt "$2" ]; then
+    echo "  $1: skipped, $(left) s left of the call"
+    printf '%s\tskipped-for-time\tskipped\t0\t0\n' "$1" >> "$results"
+    return 0
+  fi
+  return 1
+}
+
 gpu_programs=$(awk -F'\t' '$2 ~ /(^|,)gpu(,|$)/ {print $1}' "$here/manifest/tests.tsv")
+# memcheck slows a program tens of times: the end-to-end training program runs plainly, and two
+# training steps of a small model run under memcheck on their own below.
+memcheck_programs=$(for p in $gpu_programs; do [ "$p" = test_cuda_train ] || echo "$p"; done)
 echo "== gpu tests under compute-sanitizer memcheck"
 if command -v compute-sanitizer >/dev/null; then
-  for p in $gpu_programs; do [ -x "$here/bin/$p" ] && run_program memcheck "$p"; done
+  for p in $memcheck_programs; do
+    [ -x "$here/bin/$p" ] && { skip_stage "$p memcheck" 120 || run_program memcheck "$p"; }
+  done
+  if ! skip_stage "two training steps under memcheck" 120; then
+    t0=$(date +%s%N)
+    rm -rf "$out/memcheck_run"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$here/bin/ablate" train \
+      "$here/src/configs/quickstart.toml" --set run.device=cuda --set attention.name=naive_cuda --set optimizer.name=adamw_fused \
+      --set run.steps=2 --set model.dropout=0.1 --set run.eval_batches=1 --set checkpoint.every=100 \
+      --run-dir "$out/memcheck_run" > "$out/logs/train_2_steps.memcheck.log" 2>&1
+    rc=$?
+    case $rc in 0) status=passed ;; *) status=failed ;; esac
+    printf 'train_2_steps\tmemcheck\t%s\t%d\t%s\n' "$status" "$rc" "$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b - a) / 1e9}')" >> "$results"
+    printf '  %-26s %-9s %-8s (exit %d)\n' train_2_steps memcheck "$status" "$rc"
+  fi
 else
   echo "  compute-sanitizer not found: skipped"
 fi
 echo "== gpu tests"
-for p in $gpu_programs; do [ -x "$here/bin/$p" ] && run_program plain "$p"; done
+for p in $gpu_programs; do
+  [ -x "$here/bin/$p" ] && { skip_stage "$p" 60 || run_program plain "$p"; }
+done
 # Device cases inside programs labelled cpu: every layer on every device (cuda_layers against the
 # float64 CPU layers), which runs its cuda half where a GPU is.
 echo "== device cases of the layer tests"
-[ -x "$here/bin/test_cpu_layers" ] && run_program plain test_cpu_layers "--test-case=every layer on every device*"
+[ -x "$here/bin/test_cpu_layers" ] && { skip_stage test_cpu_layers 30 || run_program plain test_cpu_layers "--test-case=every layer on every device*"; }
 
 echo "== benchmarks"
 for b in bench_optim; do
   [ -x "$here/bin/$b" ] || continue
+  skip_stage "$b" 60 && continue
   t0=$(date +%s)
-  if timeout 300 "$here/bin/$b" --json "$out/$b.json" > "$out/logs/$b.log" 2>&1; then status=passed; else status=failed; fi
+  if timeout 240 "$here/bin/$b" --json "$out/$b.json" > "$out/logs/$b.log" 2>&1; then status=passed; else status=failed; fi
   printf '%s\tbenchmark\t%s\t0\t%d\n' "$b" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -25 "$out/logs/$b.log"
 done
-echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+# ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
+# ones: the shapes, not the text, set the speed), T = 1024, f32 on cuda, naive_cuda and adamw_fused;
+# the last 3 steps profiled op by op (profile.json).
+echo "== ablate: GPT-2 124M on cuda (f32, naive_cuda, adamw_fused)"
+if ! skip_stage ablate_gpt2 150; then
   t0=$(date +%s)
-  if PYTHONUNBUFFERED=1 timeout 420 python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/gpt2-124m.toml" \
+  rm -rf "$out/ablate_gpt2"
+  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set attention.name=naive_cuda \
+       --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
+       --set batching.batch_size="${ABLATE_GPT2_BATCH:-8}" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
+       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/ablate_gpt2" \
+       > "$out/logs/ablate_gpt2.log" 2>&1; then status=passed; else status=failed; fi
+  [ -f "$out/ablate_gpt2/summary.json" ] && cp "$out/ablate_gpt2/summary.json" "$out/ablate_gpt2.json"
+  [ -f "$out/ablate_gpt2/profile.json" ] && cp "$out/ablate_gpt2/profile.json" "$out/ablate_gpt2_profile.json"
+  rm -rf "$out/ablate_gpt2/checkpoints"  # 1.5 GB of weights and moments: not worth bringing back
+  printf 'ablate_gpt2\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  grep -E "op profile|^  |done:" "$out/logs/ablate_gpt2.log" | head -30
+  tail -3 "$out/logs/ablate_gpt2.log"
+fi
+echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
+if skip_stage pytorch_gpt 150; then
+  :
+elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  t0=$(date +%s)
+  if PYTHONUNBUFFERED=1 timeout "$(( $(left) - 20 ))" python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/gpt2-124m.toml" \
        --batch auto --json "$out/pytorch_gpt.json" > "$out/logs/pytorch_gpt.log" 2>&1; then status=passed; else status=failed; fi
   printf 'pytorch_gpt\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -15 "$out/logs/pytorch_gpt.log"

@@ -65,6 +65,19 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
   CHECK(read_json(gpu / "run.json")["device"].get<std::string>().find("cuda") != std::string::npos);
 }
 
+TEST_CASE("run.dtype = tf32 trains on cuda within TF32's rounding of the f32 run") {
+  TempDir tmp;
+  const fs::path f32 = tmp.path() / "f32", tf32 = tmp.path() / "tf32";
+  REQUIRE(train(kCuda + " --set run.steps=10 --run-dir " + f32.string()).exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.dtype=tf32 --set run.steps=10 --run-dir " + tf32.string()).exit_code == 0);
+  const auto a = metrics(f32), b = metrics(tf32);
+  REQUIRE(a.size() == b.size());
+  // TF32 keeps 10 mantissa bits (2^-11 relative per input): products over d_model = 32 terms differ
+  // by ~1e-3 relative, and the loss, a mean over many positions, by less; 1e-2 bounds 10 steps.
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 1e-2);
+  CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
+}
+
 TEST_CASE("a cuda run stopped and resumed gives the uninterrupted run's losses bit for bit (accumulation, dropout)") {
   TempDir tmp;
   const std::string common = kCuda + " --set run.steps=16 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=8";

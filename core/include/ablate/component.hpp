@@ -35,6 +35,7 @@ struct RunContext {
   int rank = 0;
   int world = 1;
   std::string device = "cpu";  // "cpu" | "cuda"
+  std::string dtype = "fp32";  // [run] dtype: "fp32" | "tf32" (cuda: fp32 storage, TF32 tensor-core products)
   int threads = 0;
 };
 
