@@ -500,6 +500,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   if (o.qk_norm) m.qkn = m.make_layer(registry, "rmsnorm", "model.qk_norm");
   m.attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run},
                                       "attention.name");
+  m.attn->set_stream(m.device->stream());
   const struct {
     LayerBase* layer;
     LayerRole role;

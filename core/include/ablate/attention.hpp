@@ -35,6 +35,15 @@ class Attention : public Component {
   virtual void backward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                         TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
                         TensorView d_k, TensorView d_v) = 0;
+
+  // The queue a device backend enqueues its work on: the model's Device::stream() (cuda: a
+  // cudaStream_t; null on the cpu), set by the model before the first call. forward and backward
+  // return without waiting for the device.
+  void set_stream(void* stream) noexcept { stream_ = stream; }
+  void* stream() const noexcept { return stream_; }
+
+ private:
+  void* stream_ = nullptr;
 };
 
 }  // namespace ablate
