@@ -41,6 +41,8 @@ const std::vector<SectionSpec>& section_specs() {
         integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
         integer("profile_steps", 0, "time every op of the last N steps, the device synchronised around each (slows "
                 "those steps); writes profile.json and a table to the log").at_least(0),
+        floating("bucket_mb", 25.0, "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
+                 "finishes them (0 = one reduction after the backward pass)").at_least(0.0),
         string("communicator", "auto", "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
                "when a launcher started several ranks, else single)"),
       }, Kind::communicator, "communicator", false, "auto"});

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ablate/config.hpp"
@@ -29,6 +30,7 @@ EngineOptions EngineOptions::from(const Config& config) {
   o.grad_clip = opt.get_float("grad_clip");
   o.shard_state = opt.get_bool("shard_state");
   o.seed = uint64_t(run.get_int("seed"));
+  o.bucket_mb = run.get_float("bucket_mb");
   return o;
 }
 
@@ -53,6 +55,25 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Eng
   shard_ = o_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
   opt_table_ = o_.shard_state ? shard_table(model.table(), shard_) : model.table();
   optimizer_.init(opt_table_, model.device().type());
+  if (comm.world() > 1 && o_.bucket_mb > 0) {
+    const int64_t elements = std::max<int64_t>(1, int64_t(o_.bucket_mb * 1e6 / double(sizeof(float))));
+    buckets_ = plan_buckets(n, model.gradient_writes(), elements);
+  }
+}
+
+// A ready bucket across the ranks: all of it (plain data parallel), or each piece of it that lies in
+// a rank's shard to that rank (ZeRO-1: the owner alone needs the sum).
+void Engine::reduce_bucket(const GradBucket& b) {
+  const TensorView grads = model_.grads();
+  if (!o_.shard_state) {
+    comm_.all_reduce(slice(grads, Shard{b.begin, b.end - b.begin}), ReduceOp::sum);
+    return;
+  }
+  for (int r = 0; r < comm_.world(); ++r) {
+    const Shard s = shard_of(grads.numel(), comm_.world(), r);
+    const int64_t lo = std::max(b.begin, s.offset), hi = std::min(b.end, s.offset + s.count);
+    if (lo < hi) comm_.reduce(slice(grads, Shard{lo, hi - lo}), ReduceOp::sum, r);
+  }
 }
 
 void Engine::set_op_times(OpTimes* sink) noexcept {
@@ -96,14 +117,30 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
   const double scale = out.real_targets > 0 ? 1.0 / double(out.real_targets) : 0.0;
   const uint64_t first_key = uint64_t(comm_.rank()) * uint64_t(micro.size());
+  // With buckets, the last micro-batch's backward pass reduces each bucket once it is ready.
+  std::size_t next_bucket = 0;
+  auto reduce_ready = [&](std::size_t write) {
+    while (next_bucket < buckets_.size() && buckets_[next_bucket].ready_after <= write) {
+      timed([&] { reduce_bucket(buckets_[next_bucket]); });
+      ++next_bucket;
+    }
+  };
+  struct HookGuard {  // the hook never outlives this step, whatever throws
+    Model& m;
+    ~HookGuard() { m.set_gradient_hook({}); }
+  } guard{model_};
   for (std::size_t m = 0; m < micro.size(); ++m) {
     const uint64_t key = mix64(o_.seed, uint64_t(step) * 4096 + first_key + m);
+    if (!buckets_.empty() && m + 1 == micro.size()) model_.set_gradient_hook(reduce_ready);
     sums[0] += model_.forward_backward(micro[m], scale, key);
   }
+  model_.set_gradient_hook({});
+  reduce_ready(std::numeric_limits<std::size_t>::max());  // any bucket no write reached (none, by the plan)
+  const bool reduced = !buckets_.empty();
 
   // 3-4. Gradient reduction and the global norm.
   if (o_.shard_state) {
-    timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
+    if (!reduced) timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
     profiled("gradient norm", [&] { sums[1] = device.squared_norm(slice(model_.grads(), shard_)); });
     timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
     out.grad_norm = std::sqrt(sums[1]);
@@ -111,7 +148,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
     if (comm_.world() > 1) {
       timed([&] {
         comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
-        comm_.all_reduce(model_.grads(), ReduceOp::sum);
+        if (!reduced) comm_.all_reduce(model_.grads(), ReduceOp::sum);
       });
     }
     profiled("gradient norm", [&] { out.grad_norm = std::sqrt(device.squared_norm(model_.grads())); });

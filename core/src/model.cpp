@@ -3,7 +3,9 @@
 // forward/backward schedule (see model.hpp and model_schedule.hpp).
 #include "ablate/model.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -124,6 +126,8 @@ struct Model::Impl {
   LayerSpec emb_spec, pos_spec, norm_spec, q_spec, kv_spec, o_spec, mlp_spec, qkn_spec, cls_spec;
   ParamTable table;
   int64_t head = 0;         // the classifier's weight (the embedding's when tied)
+  std::vector<GradRange> writes;                  // gradient_writes()
+  std::function<void(std::size_t)> gradient_hook;  // called after each of them in forward_backward
   int64_t ln_f_param = 0;
   std::vector<Site> sites;  // the forward pass in order (the classifier follows the last)
 
@@ -277,6 +281,29 @@ struct Model::Impl {
     sites.push_back(norm_site(norm.get(), &norm_spec, ln_f_param, in_block(o.n_layers, Slot::res), shared(Slot::lnf),
                               shared(Slot::lnf_s), d_ln, d_res, GradMode::overwrite, C));
     head = o.tie_embeddings ? sites.front().param : declare(*cls, cls_spec, "lm_head");
+    record_gradient_writes();
+  }
+
+  // The gradient writes of one backward pass in their order: the classifier's (with the loss, in
+  // the forward pass), then each site with parameters in reverse. Declarations are contiguous and
+  // in order, so a site's parameters run up to the next declared offset.
+  void record_gradient_writes() {
+    std::vector<int64_t> starts;
+    for (const Site& s : sites) {
+      if (s.param >= 0) starts.push_back(s.param);
+    }
+    starts.push_back(head);
+    std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    const auto range_of = [&](int64_t begin) {
+      const auto next = std::upper_bound(starts.begin(), starts.end(), begin);
+      return GradRange{begin, next == starts.end() ? table.total : *next};
+    };
+    writes.clear();
+    writes.push_back(range_of(head));
+    for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
+      if (it->param >= 0) writes.push_back(range_of(it->param));
+    }
   }
 
   // ---- the activation plan ----
@@ -457,6 +484,7 @@ struct Model::Impl {
       c.grad_scale = grad_scale;
     }
     timed("classifier", "", [&] { cls->loss(c); });
+    if (train && gradient_hook) gradient_hook(0);
     double sum = 0;
     timed("loss sum", "", [&] { sum = device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets); });
     return sum;
@@ -464,6 +492,7 @@ struct Model::Impl {
 
   void run_backward(uint64_t key) {
     const AttentionProblem prob = problem(plan.rows, plan.seq_len);
+    std::size_t write = 1;  // gradient_writes() index of the next site with parameters
     for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
       const Site& s = *it;
       if (s.op == Op::attention) {
@@ -478,6 +507,10 @@ struct Model::Impl {
       LayerCall c = call_of(s, true);
       set_dropout(c, s, true, key);
       timed(to_string(s.layer->role()), " bwd", [&] { s.layer->backward(c); });
+      if (s.param >= 0) {
+        if (gradient_hook) gradient_hook(write);
+        ++write;
+      }
     }
   }
 };
@@ -601,6 +634,10 @@ void Model::init_params(uint64_t seed) {
 void Model::zero_grads() { impl_->device->fill(grads(), 0.0f); }
 
 void Model::set_op_times(OpTimes* sink) noexcept { impl_->op_times = sink; }
+
+const std::vector<GradRange>& Model::gradient_writes() const noexcept { return impl_->writes; }
+
+void Model::set_gradient_hook(std::function<void(std::size_t)> hook) { impl_->gradient_hook = std::move(hook); }
 
 double Model::forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key) {
   const double sum = impl_->run_forward(batch, true, grad_scale, dropout_key, {});

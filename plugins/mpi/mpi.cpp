@@ -141,6 +141,26 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     }
   }
 
+  // Segment by segment (an int count each), MPI_IN_PLACE at the root.
+  void reduce(TensorView buffer, ReduceOp op, int root) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Call call = begin(std::string("reduce (") + ablate::to_string(op) + ") to rank " + std::to_string(root), buffer, true);
+    if (root < 0 || root >= where_.world) {
+      ablate::throw_input_error(prefix(), call.what + ": the root is not a rank of this world of " + std::to_string(where_.world));
+    }
+    if (where_.world == 1 || buffer.numel() == 0) return;
+    const int64_t seg = segment_elements(buffer.dtype);
+    auto* base = static_cast<std::byte*>(buffer.data);
+    const std::size_t esize = ablate::dtype_size(buffer.dtype);
+    for (int64_t at = 0; at < buffer.numel(); at += seg) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      void* p = base + at * esize;
+      ABLATE_MPI_CHECK(MPI_Ireduce(where_.rank == root ? MPI_IN_PLACE : p, p, int(std::min(seg, buffer.numel() - at)),
+                                   element_type(buffer.dtype), mpi_op(op), root, comm_, &request));
+      if (!rt::wait_until(request, call.deadline)) fail(call);
+    }
+  }
+
   void barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable("barrier");

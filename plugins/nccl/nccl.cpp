@@ -122,6 +122,14 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     });
   }
 
+  void reduce(TensorView buffer, ReduceOp op, int root) override {
+    const std::string what = std::string("reduce (") + ablate::to_string(op) + ") to rank " + std::to_string(root);
+    if (root < 0 || root >= where_.world) ablate::throw_input_error("nccl", what + ": the root is not a rank of this world");
+    run(what, buffer, true, [&](ncclDataType_t type, std::size_t) {
+      ABLATE_NCCL_CHECK(ncclReduce(buffer.data, buffer.data, std::size_t(buffer.numel()), type, nccl_op(op), root, comm_, stream_));
+    });
+  }
+
   // An even split is NCCL's in-place ncclReduceScatter (shard r at r * numel / world); an uneven one
   // is one ncclReduce per shard, rooted at its owner, in one group.
   void reduce_scatter(TensorView buffer, ReduceOp op) override {

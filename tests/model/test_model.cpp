@@ -302,3 +302,57 @@ TEST_CASE("the activation plan of a micro-batch that does not fit is known witho
   CHECK(grown >= small.bytes());
   CHECK(grown < small.bytes() + 128);  // the cpu device rounds each buffer up to 64 bytes plus a header
 }
+
+TEST_CASE("gradient_writes: every parameter written, and each range final when the hook reports it (tied and untied)") {
+  // tiny_gpt2 ties its embedding to the classifier; tiny_llama does not.
+  for (const char* name : {"tiny_gpt2", "tiny_llama"}) {
+    INFO(name);
+    Fixture f;
+    Golden g(name);
+    Model m(g.options(), f.registry, f.run);
+    load_golden_params(m, g);
+    const std::vector<GradRange>& writes = m.gradient_writes();
+    REQUIRE(writes.size() >= 3);
+    // Coverage: each element is written once, except a tied embedding's, written twice.
+    std::vector<int> times(std::size_t(m.num_params()), 0);
+    for (const GradRange& w : writes) {
+      REQUIRE(0 <= w.begin);
+      REQUIRE(w.begin < w.end);
+      REQUIRE(w.end <= m.num_params());
+      for (int64_t i = w.begin; i < w.end; ++i) ++times[std::size_t(i)];
+    }
+    const bool tied = std::string(name) == "tiny_gpt2";
+    for (int64_t i = 0; i < m.num_params(); ++i) {
+      const bool in_head = i >= writes[0].begin && i < writes[0].end;
+      CHECK(times[std::size_t(i)] == (tied && in_head ? 2 : 1));
+    }
+    // The hook runs once per write, in order; a range that no later write touches is final then.
+    const Batch b = g.batch();
+    std::vector<std::vector<float>> at_hook;
+    std::vector<std::size_t> order;
+    m.zero_grads();
+    m.set_gradient_hook([&](std::size_t k) {
+      order.push_back(k);
+      at_hook.push_back(grads_of(m));
+    });
+    m.forward_backward(b, 1.0 / double(b.real_targets()), 0);
+    m.set_gradient_hook({});
+    const std::vector<float> final_grads = grads_of(m);
+    REQUIRE(order.size() == writes.size());
+    for (std::size_t k = 0; k < order.size(); ++k) CHECK(order[k] == k);
+    for (std::size_t k = 0; k < writes.size(); ++k) {
+      bool later = false;
+      for (std::size_t j = k + 1; j < writes.size(); ++j) later |= writes[j].begin < writes[k].end && writes[k].begin < writes[j].end;
+      if (later) continue;
+      int64_t differing = 0;
+      for (int64_t i = writes[k].begin; i < writes[k].end; ++i) differing += at_hook[k][std::size_t(i)] != final_grads[std::size_t(i)];
+      CHECK_MESSAGE(differing == 0, "write " << k << " changed after its hook");
+    }
+    // And the hook is not called outside training.
+    std::size_t calls = 0;
+    m.set_gradient_hook([&](std::size_t) { ++calls; });
+    m.forward(b);
+    m.set_gradient_hook({});
+    CHECK(calls == 0);
+  }
+}

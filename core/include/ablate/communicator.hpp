@@ -58,6 +58,13 @@ class Communicator : public Component {
   virtual void all_gather(TensorView buffer) = 0;
   // The root's buffer is copied into every rank's.
   virtual void broadcast(TensorView buffer, int root) = 0;
+  // On return the root's buffer holds the reduction over all ranks; the others' are left as they
+  // were or unspecified. (Gradient buckets under ZeRO-1 reduce each bucket's part of a shard to the
+  // shard's owner.) The default is an all_reduce: correct, with twice the traffic.
+  virtual void reduce(TensorView buffer, ReduceOp op, int root) {
+    (void)root;
+    all_reduce(buffer, op);
+  }
   // all_reduce and all_gather of a few values in host memory (the trainer's counts, loss sums,
   // norms and fingerprints), whatever memory the communicator's buffers live in. The default
   // runs the buffer collective on the host view (single, mpi); a communicator of device buffers

@@ -6,7 +6,10 @@
 //      1 / (the job's real targets);
 //   2. forward and backward of each micro-batch, accumulating into the gradient buffer;
 //   3. the gradient all-reduced (plain data parallel) or reduce-scattered (ZeRO-1: each rank keeps
-//      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars;
+//      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars.
+//      With [run] bucket_mb > 0 and several ranks, the last micro-batch's backward pass reduces
+//      each gradient bucket (buckets.hpp) as soon as its last write is done: all_reduce, or under
+//      ZeRO-1 a reduce of each of its shard pieces to the piece's owner;
 //   4. the global gradient norm, and clipping to optimizer.grad_clip;
 //   5. the optimizer on this rank's part of the parameters, then (ZeRO-1) their all-gather.
 //
@@ -16,6 +19,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "ablate/batch.hpp"
 #include "ablate/communicator.hpp"
@@ -31,6 +35,7 @@ struct EngineOptions {
   double grad_clip = 0.0;    // [optimizer] grad_clip (0 = off)
   bool shard_state = false;  // [optimizer] shard_state: ZeRO-1
   uint64_t seed = 0;         // [run] seed (dropout keys)
+  double bucket_mb = 0.0;    // [run] bucket_mb: gradient buckets reduced during the backward pass (0 = off)
   static EngineOptions from(const Config& config);
 };
 
@@ -59,9 +64,12 @@ class Engine {
   void set_op_times(OpTimes* sink) noexcept;
 
   Shard shard() const noexcept { return shard_; }
+  const std::vector<GradBucket>& buckets() const noexcept { return buckets_; }
   const ParamTable& optimizer_table() const noexcept { return opt_table_; }
 
  private:
+  void reduce_bucket(const GradBucket& b);
+
   Model& model_;
   Optimizer& optimizer_;
   Communicator& comm_;
@@ -69,6 +77,7 @@ class Engine {
   Shard shard_;
   ParamTable opt_table_;
   OpTimes* op_times_ = nullptr;
+  std::vector<GradBucket> buckets_;  // empty: one reduction after the backward pass
 };
 
 }  // namespace ablate

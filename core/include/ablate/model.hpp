@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "ablate/attention.hpp"
 #include "ablate/batch.hpp"
+#include "ablate/buckets.hpp"
 #include "ablate/component.hpp"
 #include "ablate/device.hpp"
 #include "ablate/layer.hpp"
@@ -120,6 +122,13 @@ class Model {
   std::string attention_supports(int64_t rows, int64_t seq_len) const;
   // Per-op timing into `sink` (null: off, the default).
   void set_op_times(OpTimes* sink) noexcept;
+  // The ranges of the flat gradient buffer that forward_backward writes, in the order it finishes
+  // them: the classifier's first (it comes with the loss), then the layers' in reverse. A tied
+  // embedding's range appears twice (the classifier's write and the embedding's).
+  const std::vector<GradRange>& gradient_writes() const noexcept;
+  // Called with the index (into gradient_writes()) of each write as forward_backward finishes it
+  // (enqueues it, on a device with a queue); empty: none. Gradient buckets hang on this.
+  void set_gradient_hook(std::function<void(std::size_t)> hook);
 
  private:
   struct Impl;
