@@ -55,6 +55,7 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Eng
   shard_ = o_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
   opt_table_ = o_.shard_state ? shard_table(model.table(), shard_) : model.table();
   optimizer_.init(opt_table_, model.device().type());
+  comm_.set_stream(model.device().stream());
   if (comm.world() > 1 && o_.bucket_mb > 0) {
     const int64_t elements = std::max<int64_t>(1, int64_t(o_.bucket_mb * 1e6 / double(sizeof(float))));
     buckets_ = plan_buckets(n, model.gradient_writes(), elements);
@@ -138,9 +139,11 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   reduce_ready(std::numeric_limits<std::size_t>::max());  // any bucket no write reached (none, by the plan)
   const bool reduced = !buckets_.empty();
 
-  // 3-4. Gradient reduction and the global norm.
+  // 3-4. Gradient reduction and the global norm. join() is where a device communicator's
+  // collectives, issued without waiting, are waited for: the time there is what was not hidden.
   if (o_.shard_state) {
     if (!reduced) timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
+    timed([&] { comm_.join(); });
     profiled("gradient norm", [&] { sums[1] = device.squared_norm(slice(model_.grads(), shard_)); });
     timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
     out.grad_norm = std::sqrt(sums[1]);
@@ -149,6 +152,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
       timed([&] {
         comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
         if (!reduced) comm_.all_reduce(model_.grads(), ReduceOp::sum);
+        comm_.join();
       });
     }
     profiled("gradient norm", [&] { out.grad_norm = std::sqrt(device.squared_norm(model_.grads())); });
@@ -164,7 +168,12 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
 
   // 5. The optimizer on this rank's part, then everyone's parts to everyone.
   profiled("optimizer", [&] { optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), args); });
-  if (o_.shard_state) timed([&] { comm_.all_gather(model_.params()); });
+  if (o_.shard_state) {
+    timed([&] {
+      comm_.all_gather(model_.params());
+      comm_.join();
+    });
+  }
   return out;
 }
 

@@ -372,7 +372,10 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   } else {
     model.init_params(run.seed);
   }
-  if (run.world > 1) comm.broadcast(model.params(), 0);  // one model for every rank: rank 0's
+  if (run.world > 1) {  // one model for every rank: rank 0's
+    comm.broadcast(model.params(), 0);
+    comm.join();
+  }
 
   if (lead) {
     write_file_atomic(dir / "config.toml", config.to_toml());

@@ -2,10 +2,15 @@
 // Rank and world come from MPI (mpirun or srun starts the processes), the GPU from the local rank
 // (cudaSetDevice(local_rank)), and rank 0's NCCL unique id reaches the others by MPI broadcast.
 // all_reduce and reduce_scatter reduce f32, f64, bf16, f16 and i32 (sum, max); broadcast and
-// all_gather move any dtype. Collectives run on the communicator's own stream and are complete when
-// the call returns; the communicator is non-blocking, so a collective that exceeds [run.nccl]
-// timeout_s is aborted (ncclCommAbort) and throws ablate::Error naming the rank, the operation and
-// the element count, and the MPI job is aborted at exit.
+// all_gather move any dtype. Collectives run on the communicator's own stream. Given the model's
+// stream (Communicator::set_stream, as the engine does), a collective waits on the GPU for the work
+// already on that stream (an event), and the call returns once NCCL has issued it: the host runs
+// on, the backward pass goes on on the model's stream, and join() waits for the collectives (on the
+// host, against the deadline) and orders the model's stream after them. Without a model stream,
+// each call synchronises the device first and returns complete. The communicator is non-blocking,
+// so a collective that exceeds [run.nccl] timeout_s is aborted (ncclCommAbort) and throws
+// ablate::Error naming the rank, the operation and the element count, and the MPI job is aborted
+// at exit.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -93,6 +98,8 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     ABLATE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, where_.world, id, where_.rank, &config));
     wait_ready("ncclCommInitRankConfig", -1, DType::u8, deadline);
     ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ABLATE_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+    ABLATE_CUDA_CHECK(cudaEventCreateWithFlags(&outputs_ready_, cudaEventDisableTiming));
   }
 
   ~NcclCommunicator() override {
@@ -110,6 +117,8 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
       }
     }
     if (barrier_word_ != nullptr) cudaFree(barrier_word_);
+    if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
+    if (outputs_ready_ != nullptr) cudaEventDestroy(outputs_ready_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -195,6 +204,20 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     through_device(host, [&](TensorView dev) { all_gather(dev); });
   }
 
+  void join() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.empty()) return;
+    const std::string what = pending_;
+    pending_.clear();
+    check_usable(what);
+    ABLATE_CUDA_CHECK(cudaSetDevice(device_));
+    wait_stream(what, -1, DType::u8, pending_deadline_);
+    if (stream() != nullptr) {
+      ABLATE_CUDA_CHECK(cudaEventRecord(outputs_ready_, stream_));
+      ABLATE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream()), outputs_ready_, 0));
+    }
+  }
+
   // An all-reduce of one int on the device: NCCL has no barrier of its own.
   void barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -213,9 +236,12 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     const std::size_t bytes = std::size_t(host.numel()) * ablate::dtype_size(host.dtype);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
     if (staging_.size() < bytes) staging_.resize(bytes);
-    ABLATE_CUDA_CHECK(cudaMemcpy(staging_.data(), host.data, bytes, cudaMemcpyHostToDevice));
+    // On our stream: ordered with the collective whether or not it returns before completing.
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), host.data, bytes, cudaMemcpyHostToDevice, stream_));
     collective(ablate::flat_view(staging_.data(), host.dtype, host.numel(), ablate::DeviceType::cuda));
-    ABLATE_CUDA_CHECK(cudaMemcpy(host.data, staging_.data(), bytes, cudaMemcpyDeviceToHost));
+    join();
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(host.data, staging_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   std::string prefix() const {
@@ -242,8 +268,18 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     if (buffer.numel() == 0) return;
     check_device_buffer(what, buffer);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
-    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
     const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
+    if (stream() != nullptr) {
+      // Stream order: the collective waits on the GPU for what the model's stream holds now.
+      ABLATE_CUDA_CHECK(cudaEventRecord(inputs_ready_, static_cast<cudaStream_t>(stream())));
+      ABLATE_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+      enqueue(type, ablate::dtype_size(buffer.dtype));
+      wait_ready(what, buffer.numel(), buffer.dtype, deadline);
+      if (pending_.empty()) pending_deadline_ = deadline;  // the oldest unjoined collective's
+      pending_ = what;
+      return;
+    }
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
     enqueue(type, ablate::dtype_size(buffer.dtype));
     wait_ready(what, buffer.numel(), buffer.dtype, deadline);
     wait_stream(what, buffer.numel(), buffer.dtype, deadline);
@@ -325,6 +361,9 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   double timeout_s_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t inputs_ready_ = nullptr, outputs_ready_ = nullptr;  // model stream -> ours, ours -> model stream
+  std::string pending_;                 // the last collective issued and not yet joined ("" = none)
+  rt::Deadline pending_deadline_{};     // the oldest of those collectives' deadline
   ncclComm_t comm_ = nullptr;
   int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
   ablate::cuda::DeviceBuffer<unsigned char> staging_;  // host values on their way through NCCL

@@ -60,6 +60,7 @@ void compare(ablate::Communicator& single, ablate::Communicator& nccl, ablate::D
   void* device = nullptr;
   CHECK_CUDA(cudaMalloc(&device, bytes));
   CHECK_CUDA(cudaMemcpy(device, host.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaDeviceSynchronize());  // a legacy-stream copy, before work on a non-blocking stream
   t.data = device;
   t.device = ablate::DeviceType::cuda;
   op(nccl, t);
@@ -93,6 +94,26 @@ int main() {
       compare(*single, *nccl, dtype, n, "broadcast", [](auto& c, auto t) { c.broadcast(t, 0); });
     }
   }
+  // Stream order, as the engine uses it: collectives issued against a model stream return at once,
+  // and join() completes them (and the host-scalar collective completes on return, too).
+  cudaStream_t model_stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&model_stream, cudaStreamNonBlocking));
+  nccl->set_stream(model_stream);
+  for (int64_t n : {7, 1000003}) {
+    compare(*single, *nccl, DType::f32, n, "stream-ordered all_reduce + join", [](auto& c, auto t) {
+      c.all_reduce(t, ReduceOp::sum);
+      c.join();
+    });
+    compare(*single, *nccl, DType::f32, n, "stream-ordered reduce to rank 0 + join", [](auto& c, auto t) {
+      c.reduce(t, ReduceOp::sum, 0);
+      c.join();
+    });
+  }
+  double scalars[2] = {3.0, -1.5};
+  nccl->all_reduce_host(ablate::flat_view(scalars, DType::f64, 2), ReduceOp::sum);
+  expect(scalars[0] == 3.0 && scalars[1] == -1.5, "all_reduce_host in stream order");
+  nccl->set_stream(nullptr);
+  CHECK_CUDA(cudaStreamDestroy(model_stream));
   nccl->barrier();
   std::vector<float> host(16, 1.0f);
   ablate::TensorView on_host;

@@ -2,8 +2,13 @@
 // device the communicator serves (host for `single` and `mpi`, GPU for `nccl`). Implementations:
 // `single` (one rank, every collective the identity), `mpi` (host buffers), `nccl` (device buffers).
 //
-// Every collective is in place on one flat buffer and complete when the call returns. Every rank
-// must make the same calls in the same order with the same element count and dtype. A rank that
+// Every collective is in place on one flat buffer. On host buffers (single, mpi) it is complete when
+// the call returns. A device communicator given the model's stream (set_stream) orders each
+// collective after the work already on that stream and may return before it completes: join()
+// waits for every collective issued so far and orders the model's stream after them (what lets
+// gradient buckets overlap the rest of the backward pass). Without a stream, calls complete on
+// return. Host-scalar collectives always complete on return. Every rank must make the same calls
+// in the same order with the same element count and dtype. A rank that
 // waits longer than its communicator's timeout for the others throws ablate::Error (runtime) naming
 // the rank, the operation and the element count, and the job is ended (see docs/distributed.md).
 #pragma once
@@ -72,10 +77,20 @@ class Communicator : public Component {
   virtual void all_reduce_host(TensorView host, ReduceOp op) { all_reduce(host, op); }
   virtual void all_gather_host(TensorView host) { all_gather(host); }
   virtual void barrier() = 0;
+  // The model's device queue (Device::stream(); cuda: a cudaStream_t), set by the engine. Host
+  // communicators ignore it.
+  void set_stream(void* stream) noexcept { stream_ = stream; }
+  void* stream() const noexcept { return stream_; }
+  // Every collective issued so far is complete and the model's stream is ordered after them; a
+  // collective that fails or times out throws here. No-op where collectives complete on return.
+  virtual void join() {}
   // This rank is leaving with an error while the others may be waiting in a collective: at exit,
   // end the whole job with `exit_code` (MPI_Abort) rather than wait for ranks that will not come.
   // `single` has nobody to tell.
   virtual void abort_job_at_exit(int exit_code, const std::string& reason) = 0;
+
+ private:
+  void* stream_ = nullptr;
 };
 
 }  // namespace ablate
