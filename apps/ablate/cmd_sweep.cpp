@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
+#include "ablate/atomic_file.hpp"
 #include "ablate/error.hpp"
 #include "ablate/model.hpp"
 #include "ablate/pipeline.hpp"
@@ -372,6 +373,7 @@ int cmd_sweep(const Args& args) {
   if (vm.count("dry-run")) return 0;
 
   fs::create_directories(out);
+  const DirectoryLock lock(out, "the sweep directory");  // one sweep per directory, for its whole life
   write_file_atomic(out / "sweep.toml", read_text(s.file));
   {
     json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};

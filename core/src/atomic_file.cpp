@@ -2,6 +2,7 @@
 #include "ablate/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +53,32 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
     throw_runtime_error(path.string(), "rename failed: " + why);
   }
   fsync_path(dir, O_RDONLY | O_DIRECTORY);
+}
+
+DirectoryLock::DirectoryLock(const fs::path& dir, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path file = dir / ".lock";
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_input_error(file.string(), std::string("cannot open the lock file: ") + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string pid = n > 0 ? std::string(holder, std::size_t(n)) : std::string("unknown");
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    throw_input_error(dir.string(), what + " is in use by another ablate process (pid " + pid +
+                                        "): one run per directory; wait for it or choose another directory");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // The lock holds without the pid; only the message of a refused second process is poorer.
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
 }
 
 }  // namespace ablate

@@ -27,18 +27,18 @@ const std::vector<SectionSpec>& section_specs() {
     using namespace param;
     std::vector<SectionSpec> s;
     s.push_back({"run", "what to run and where", {
-        integer("steps", 100, "optimizer steps to train").at_least(0),
+        integer("steps", 100, "optimizer steps to train").within(0, 1e12),
         integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
         string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
         string("dtype", "fp32", "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
                "bf16 (with fp32 master weights) is refused until the layers compute in it")
             .one_of({"fp32", "tf32", "bf16"}),
-        integer("threads", 0, "CPU threads (0 = all cores)").at_least(0),
+        integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
         floating("memory_budget_gib", 0.0, "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
                  "doctor and tune measure headroom against it").at_least(0.0),
-        integer("grad_accum_steps", 1, "micro-batches per optimizer step").at_least(1),
-        integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").at_least(0),
-        integer("eval_batches", 8, "validation batches per evaluation").at_least(0),
+        integer("grad_accum_steps", 1, "micro-batches per optimizer step").within(1, 65536),
+        integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").within(0, 1e12),
+        integer("eval_batches", 8, "validation batches per evaluation").within(0, 1e9),
         integer("profile_steps", 0, "time every op of the last N steps, the device synchronised around each (slows "
                 "those steps); writes profile.json and a table to the log").at_least(0),
         floating("bucket_mb", 25.0, "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
@@ -47,16 +47,16 @@ const std::vector<SectionSpec>& section_specs() {
                "when a launcher started several ranks, else single)"),
       }, Kind::communicator, "communicator", false, "auto"});
     s.push_back({"model", "the decoder-only transformer", {
-        integer("d_model", 128, "model width").at_least(1),
-        integer("n_layers", 4, "transformer blocks").at_least(1),
-        integer("n_heads", 4, "query heads").at_least(1),
-        integer("n_kv_heads", 0, "key/value heads for GQA (0 = n_heads)").at_least(0),
-        integer("vocab_size", 0, "vocabulary (0 = the data source's)").at_least(0),
-        integer("vocab_multiple", 1, "pad the vocabulary up to a multiple of this").at_least(1),
-        integer("max_seq_len", 1024, "longest sequence (learned position table size)").at_least(1),
+        integer("d_model", 128, "model width").within(1, 65536),
+        integer("n_layers", 4, "transformer blocks").within(1, 4096),
+        integer("n_heads", 4, "query heads").within(1, 4096),
+        integer("n_kv_heads", 0, "key/value heads for GQA (0 = n_heads)").within(0, 4096),
+        integer("vocab_size", 0, "vocabulary (0 = the data source's; token ids are 32-bit)").within(0, 2147483647),
+        integer("vocab_multiple", 1, "pad the vocabulary up to a multiple of this").within(1, 65536),
+        integer("max_seq_len", 1024, "longest sequence (learned position table size)").within(1, 16777216),
         string("norm", "layernorm", "normalisation layer").one_of({"layernorm", "rmsnorm"}),
         string("mlp", "gelu_mlp", "feed-forward layer").one_of({"gelu_mlp", "swiglu_mlp"}),
-        integer("mlp_hidden", 0, "MLP hidden size (0 = 4*d for gelu_mlp, 8/3*d rounded up to 64 for swiglu_mlp)").at_least(0),
+        integer("mlp_hidden", 0, "MLP hidden size (0 = 4*d for gelu_mlp, 8/3*d rounded up to 64 for swiglu_mlp)").within(0, 1048576),
         string("position", "learned", "position encoding").one_of({"learned", "rope"}),
         floating("rope_theta", 10000.0, "RoPE base").at_least(1.0),
         boolean("qk_norm", false, "per-head RMSNorm of q and k before RoPE"),
@@ -76,8 +76,8 @@ const std::vector<SectionSpec>& section_specs() {
       }, Kind::sampler, "name", false, "shuffled"});
     s.push_back({"batching", "how documents become batches", {
         string("name", "packed", "the batcher (a batcher plugin): padded, bucketed, packed"),
-        integer("batch_size", 8, "rows per micro-batch (B)").at_least(1),
-        integer("seq_len", 256, "positions per row (T)").at_least(2),
+        integer("batch_size", 8, "rows per micro-batch (B)").within(1, 1048576),
+        integer("seq_len", 256, "positions per row (T)").within(2, 16777216),
         boolean("append_eot", true, "end every document with the source's end-of-document token"),
         string("long_documents", "split", "documents longer than a row: split into several rows, or truncate").one_of({"split", "truncate"}),
       }, Kind::batcher, "name", false, "packed"});
@@ -190,7 +190,7 @@ class Validator {
       fail(node.source(), path, "expected " + spec.expectation() + ", got " + node_type_name(node) + " " + node_text(node));
     };
     auto range = [&](double v, const toml::node& at) {
-      if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max) || std::isnan(v)) {
+      if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max) || !std::isfinite(v)) {
         fail(at.source(), path, node_text(at) + " is out of range; expected " + spec.expectation());
       }
     };

@@ -71,6 +71,15 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   if (o.mlp_hidden == 0) {
     o.mlp_hidden = o.mlp == "swiglu_mlp" ? round_up((8 * o.d_model + 2) / 3, 64) : 4 * o.d_model;
   }
+  // Each key is bounded by its schema; their products are checked here, in floating point, before
+  // any plan multiplies them in 64-bit integers: nothing near 2^50 values fits any machine.
+  const double width = double(o.d_model), blocks = double(o.n_layers);
+  const double params = 2.0 * double(o.vocab_padded) * width + blocks * (4.0 * width * width + 3.0 * width * double(o.mlp_hidden));
+  if (params > 0x1p50) {
+    throw_input_error("model", "d_model " + std::to_string(o.d_model) + ", n_layers " + std::to_string(o.n_layers) + ", vocabulary " +
+                                   std::to_string(o.vocab_padded) + " and mlp_hidden " + std::to_string(o.mlp_hidden) +
+                                   " make about " + std::to_string(params) + " parameters: more than any device holds");
+  }
   if (o.position == "rope" && o.head_dim % 2 != 0) {
     throw_input_error("model.position", "rope needs an even head_dim; d_model/n_heads = " + std::to_string(o.head_dim));
   }
@@ -577,6 +586,15 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.cls_spec.real_out = o.vocab_size;
   m.cls_spec.declare = !o.tie_embeddings;
   m.build_schedule();
+  // Refused by size before anything is allocated (the run's full plan is checked later, with the
+  // optimizer and the activations): values and gradients alone must fit the device.
+  const int64_t capacity = m.device->memory_capacity();
+  if (capacity > 0 && double(m.table.total) * 8.0 > double(capacity)) {
+    throw_input_error("model", std::to_string(m.table.total) + " parameters need " +
+                                   std::to_string(int64_t(double(m.table.total) * 8.0 / double(1 << 20))) +
+                                   " MiB for their values and gradients alone; " + m.device->describe() + " holds " +
+                                   std::to_string(capacity / (1 << 20)) + " MiB");
+  }
   m.params = m.device->alloc(DType::f32, m.table.total);
   m.grads = m.device->alloc(DType::f32, m.table.total);
 }

@@ -2,6 +2,7 @@
 #include "ablate/schema.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <sstream>
 
@@ -32,7 +33,7 @@ std::string format_double(double v) {
     std::ostringstream t;
     t.precision(p);
     t << v;
-    if (std::stod(t.str()) == v) {
+    if (std::strtod(t.str().c_str(), nullptr) == v) {  // strtod: subnormals parse (stod throws on them)
       std::string r = t.str();
       if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
       return r;

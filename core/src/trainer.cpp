@@ -11,11 +11,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/atomic_file.hpp"
 #include "ablate/communicator.hpp"
 #include "ablate/config.hpp"
 #include "ablate/engine.hpp"
@@ -101,9 +104,23 @@ struct TrainerSettings {
 
 // Refuses to start over a run that already has checkpoints (or to resume one that has none);
 // rank 0 creates the directory once every rank has looked.
-void prepare_run_dir(const TrainOptions& options, Communicator& comm) {
+void prepare_run_dir(const TrainOptions& options, Communicator& comm, int64_t steps) {
   const fs::path& dir = options.run_dir;
   const bool has_checkpoint = fs::exists(dir / "checkpoints" / "latest");
+  // A finished run stays as it is: resuming it would rewrite its summary with an empty one.
+  if (options.resume && fs::exists(dir / "summary.json")) {
+    json summary;
+    try {
+      std::ifstream in(dir / "summary.json");
+      summary = json::parse(in);
+    } catch (const std::exception&) {
+      summary = json();  // unreadable: the checkpoint decides, as for a killed run
+    }
+    if (summary.is_object() && summary.value("status", "") == "completed" && summary.value("steps", int64_t(0)) >= steps) {
+      throw_input_error(dir.string(), "--resume: this run finished at step " + std::to_string(summary.value("steps", int64_t(0))) +
+                                          " of " + std::to_string(steps) + "; nothing to resume (raise run.steps to train further)");
+    }
+  }
   if (options.resume && !has_checkpoint) {
     throw_input_error(dir.string(), "--resume: this run directory has no checkpoint to resume from" +
                                         std::string(comm.world() > 1 ? " (with several machines the run directory must be "
@@ -336,7 +353,11 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   const TrainerSettings s = TrainerSettings::from(config);
   const bool lead = run.rank == 0;
   const fs::path dir = options.run_dir;
-  prepare_run_dir(options, comm);
+  // One run per directory, held until this function returns (rank 0 writes there; the others wait
+  // for its verdict in prepare_run_dir's barrier).
+  std::optional<DirectoryLock> lock;
+  if (lead) lock.emplace(dir, "the run directory");
+  prepare_run_dir(options, comm, s.steps);
 
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
   auto source = make_data_source(config, registry, run);

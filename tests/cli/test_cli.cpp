@@ -2,6 +2,8 @@
 // every subcommand, plugin listing from the build tree and from ABLATE_PLUGIN_PATH / [plugins] paths.
 #include <doctest/doctest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
@@ -139,4 +141,52 @@ TEST_CASE("[plugins] paths in the experiment file loads plugins relative to the 
   CHECK(r.exit_code == 0);
   CHECK(contains(r.output, "[logging.recorder]"));
   CHECK(contains(r.output, "width = 4"));
+}
+
+TEST_CASE("size keys are bounded and floats must be finite: exit 2 naming the key, before anything is allocated") {
+  struct Bad {
+    const char* set;
+    const char* key;
+  };
+  const Bad cases[] = {
+      {"model.vocab_size=9223372036854775807 --set model.vocab_multiple=128", "model.vocab_size"},
+      {"run.threads=100000", "run.threads"},
+      {"run.threads=2147483648", "run.threads"},
+      {"optimizer.lr=inf", "optimizer.lr"},
+      {"optimizer.lr=nan", "optimizer.lr"},
+      {"model.d_model=65537", "model.d_model"},
+      {"batching.batch_size=1099511627776", "batching.batch_size"},
+      {"run.grad_accum_steps=100000000", "run.grad_accum_steps"},
+  };
+  for (const Bad& b : cases) {
+    INFO(b.set);
+    const auto r = run_ablate("config show " + kQuickstart + " --set " + b.set);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, b.key));
+  }
+  // The same bound read from a file names the file and line.
+  ablate::test::TempDir tmp;
+  const fs::path exp = tmp.path() / "huge.toml";
+  {
+    std::ofstream f(exp);
+    f << "[model]\nvocab_size = 9223372036854775807\nvocab_multiple = 128\n";
+  }
+  const auto r = run_ablate("config show " + exp.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "huge.toml:2"));
+  // A subnormal learning rate is a valid float (it once failed in the formatter's round trip).
+  CHECK(run_ablate("config show " + kQuickstart + " --set optimizer.lr=1e-320").exit_code == 0);
+}
+
+TEST_CASE("a model whose parameters alone exceed the device is refused by size, exit 2, before allocating") {
+  ablate::test::TempDir tmp;
+  // Every key within its bound, the product far beyond any machine: about 1.6e13 parameters.
+  const auto r = run_ablate("train " + kQuickstart + " --set model.d_model=65536 --set model.n_layers=1024 --set model.n_heads=64"
+                            " --set run.steps=1 --run-dir " + (tmp.path() / "run").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "parameters"));
+  CHECK_FALSE(fs::exists(tmp.path() / "run" / "metrics.jsonl"));
 }

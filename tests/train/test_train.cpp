@@ -231,3 +231,41 @@ TEST_CASE("run.profile_steps times every op of the last steps: profile.json hold
     if (op["op"] == "mlp fwd") CHECK(op["calls_per_step"].get<double>() == 2.0);
   }
 }
+
+TEST_CASE("one run per directory: a second train on a directory in use is refused with the holder's pid, and the first is unharmed") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const std::string train = std::string(ABLATE_BINARY) + " train " + config() + kTiny + " --set checkpoint.every=1000 --run-dir " +
+                            run.string();
+  // The first run holds the directory while the second starts; then both exit codes are printed.
+  const auto r = run_command("(" + train + " --set run.steps=400 > " + (tmp.path() / "first.log").string() +
+                             " 2>&1 & first=$!; for i in $(seq 200); do [ -s " + (run / ".lock").string() +
+                             " ] && break; sleep 0.05; done; " + train + " --set run.steps=5; echo \"second=$?\"; wait $first; "
+                             "echo \"first=$?\"; echo \"holder=$first\")");
+  INFO(r.output);
+  CHECK(r.output.find("second=2") != std::string::npos);
+  CHECK(r.output.find("first=0") != std::string::npos);
+  CHECK(r.output.find("in use by another ablate process (pid ") != std::string::npos);
+  const std::string holder = r.output.substr(r.output.find("holder=") + 7);
+  CHECK(r.output.find("(pid " + holder.substr(0, holder.find('\n'))) != std::string::npos);
+  CHECK(metrics(run).size() == 400);  // the first run's records are its own, whole
+  CHECK(read_json(run / "summary.json")["steps"] == 400);
+}
+
+TEST_CASE("--resume of a finished run is refused with exit 2 and its summary stays as it was") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const std::string common = "train " + config() + kTiny + " --set run.steps=6 --set checkpoint.every=3";
+  REQUIRE(run_ablate(common + " --run-dir " + run.string()).exit_code == 0);
+  const std::string before = slurp(run / "summary.json");
+  const auto r = run_ablate(common + " --resume " + run.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("finished at step 6") != std::string::npos);
+  CHECK(slurp(run / "summary.json") == before);
+  // Raising run.steps continues it.
+  const auto more = run_ablate("train " + config() + kTiny + " --set run.steps=9 --set checkpoint.every=3 --resume " + run.string());
+  INFO(more.output);
+  CHECK(more.exit_code == 0);
+  CHECK(read_json(run / "summary.json")["steps"] == 9);
+}
