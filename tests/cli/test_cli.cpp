@@ -190,3 +190,23 @@ TEST_CASE("a model whose parameters alone exceed the device is refused by size, 
   CHECK(contains(r.output, "parameters"));
   CHECK_FALSE(fs::exists(tmp.path() / "run" / "metrics.jsonl"));
 }
+
+TEST_CASE("a directory, a FIFO, /dev/zero or an oversized file as the experiment: exit 2 at once, never a default run or a hang") {
+  ablate::test::TempDir tmp;
+  const fs::path fifo = tmp.path() / "fifo.toml", big = tmp.path() / "big.toml";
+  REQUIRE(ablate::test::run_command("mkfifo " + fifo.string()).exit_code == 0);
+  {
+    std::ofstream f(big);
+    f << "# " << std::string(5 << 20, 'x') << "\n";
+  }
+  for (const std::string& path : {tmp.path().string(), fifo.string(), std::string("/dev/zero"), big.string()}) {
+    INFO(path);
+    // `timeout` turns a hang into exit 124, which fails the check rather than the suite.
+    const auto r = ablate::test::run_command("timeout 20 " + std::string(ABLATE_BINARY) + " train " + path + " --run-dir " +
+                                             (tmp.path() / "run").string() + " 2>&1");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, path));
+  }
+  CHECK_FALSE(fs::exists(tmp.path() / "run" / "metrics.jsonl"));
+}
