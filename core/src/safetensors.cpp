@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
@@ -82,6 +84,10 @@ void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
 
 SafetensorsFile read_safetensors(const fs::path& path) {
   const std::string where = path.string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw_input_error(where, fs::exists(path, ec) ? "is not a regular file (a directory?): expected a safetensors file" : "does not exist");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_input_error(where, "cannot open");
   in.seekg(0, std::ios::end);
@@ -90,6 +96,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   if (file_size < 8) throw_input_error(where, "truncated: " + std::to_string(file_size) + " bytes, no header length");
   unsigned char len_bytes[8];
   in.read(reinterpret_cast<char*>(len_bytes), 8);
+  if (!in) throw_input_error(where, "could not read the header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
   if (header_len > file_size - 8) {
@@ -98,13 +105,25 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   std::string json(header_len, '\0');
   in.read(json.data(), std::streamsize(header_len));
+  if (!in) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
   nlohmann::json header;
+  // JSON lets a key repeat (the parser keeps the last); two tensors of one name are refused.
+  std::set<std::string> names;
+  std::string duplicate;
+  const auto watch_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && duplicate.empty() && parsed.is_string() &&
+        !names.insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(json);
+    header = nlohmann::json::parse(json, watch_keys);
   } catch (const std::exception& e) {
     throw_input_error(where + ":offset 8", std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw_input_error(where, "header is not a JSON object");
+  if (!duplicate.empty()) throw_input_error(where, "the header names tensor '" + duplicate + "' twice");
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
   SafetensorsFile out;
@@ -115,6 +134,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) throw_input_error(where, "__metadata__ is not a JSON object of strings");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) throw_input_error(where, "metadata '" + m.key() + "' is not a string");
         out.metadata[m.key()] = m.value().get<std::string>();

@@ -105,6 +105,25 @@ TEST_CASE("overlapping tensors, wrong sizes and bad JSON are refused") {
   CHECK(error_of(dir.path() / "j.safetensors").find("not valid JSON") != std::string::npos);
 }
 
+TEST_CASE("a directory, duplicate tensor names and non-object metadata are refused naming the file (exit-2 errors)") {
+  test::TempDir dir;
+  fs::create_directories(dir.path() / "d.safetensors");
+  CHECK(error_of(dir.path() / "d.safetensors").find("not a regular file") != std::string::npos);
+  CHECK(error_of(dir.path() / "missing.safetensors").find("does not exist") != std::string::npos);
+  const std::string data(16, '\0');
+  std::ofstream(dir.path() / "dup.safetensors", std::ios::binary)
+      << by_hand(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", data);
+  CHECK(error_of(dir.path() / "dup.safetensors").find("names tensor 'a' twice") != std::string::npos);
+  for (const char* meta : {R"("x")", R"([1,2])", R"(7)"}) {
+    std::ofstream(dir.path() / "m.safetensors", std::ios::binary)
+        << by_hand(std::string(R"({"__metadata__":)") + meta + R"(,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
+    CHECK(error_of(dir.path() / "m.safetensors").find("__metadata__ is not a JSON object") != std::string::npos);
+  }
+  std::ofstream(dir.path() / "mv.safetensors", std::ios::binary)
+      << by_hand(R"({"__metadata__":{"k":{"nested":1}},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
+  CHECK(error_of(dir.path() / "mv.safetensors").find("metadata 'k' is not a string") != std::string::npos);
+}
+
 TEST_CASE("an atomic write replaces the old file whole and leaves no temporary behind") {
   test::TempDir dir;
   const fs::path p = dir.path() / "latest.json";
