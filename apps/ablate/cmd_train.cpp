@@ -58,21 +58,29 @@ namespace {
 
 // An llm.c token shard: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens.
 std::vector<int32_t> read_shard(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw_input_error(path.string(), "is not a regular file: expected an llm.c token shard");
+  const uintmax_t size = fs::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw_input_error(path.string(), "cannot open the token shard");
+  if (ec || !in) throw_input_error(path.string(), "cannot open the token shard");
   int32_t header[256];
   in.read(reinterpret_cast<char*>(header), sizeof header);
   if (!in || header[0] != 20240520) {
     throw_input_error(path.string(), "not an llm.c token shard (expected a 1024-byte header with magic 20240520)");
   }
   if (header[1] != 1) throw_input_error(path.string(), "shard version " + std::to_string(header[1]) + ", expected 1 (uint16 tokens)");
+  // The header's count is checked against the file before anything is sized by it.
   const int64_t count = header[2];
-  std::vector<uint16_t> raw(std::size_t(std::max<int64_t>(count, 0)));
-  in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size() * 2));
-  if (in.gcount() != std::streamsize(raw.size() * 2)) {
-    throw_input_error(path.string(), "truncated: the header promises " + std::to_string(count) + " tokens, the file holds " +
-                                         std::to_string(in.gcount() / 2));
+  if (count < 0) throw_input_error(path.string(), "the header's token count is negative (" + std::to_string(count) + ")");
+  const uintmax_t want = sizeof header + uintmax_t(count) * 2;
+  if (size != want) {
+    throw_input_error(path.string(), std::string(size < want ? "truncated" : "trailing bytes") + ": the header promises " +
+                                         std::to_string(count) + " tokens (" + std::to_string(want) + " bytes), the file has " +
+                                         std::to_string(size) + " bytes");
   }
+  std::vector<uint16_t> raw(static_cast<std::size_t>(count));
+  in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size() * 2));
+  if (in.gcount() != std::streamsize(raw.size() * 2)) throw_input_error(path.string(), "could not read its tokens");
   return {raw.begin(), raw.end()};
 }
 

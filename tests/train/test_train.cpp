@@ -173,6 +173,24 @@ TEST_CASE("eval: mean next-token loss over windows of an llm.c shard") {
   // A window longer than the model's positions, and a file that is not a shard, are input errors.
   CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + shard.string() + " --seq-len 65").exit_code == 2);
   CHECK(run_ablate("eval --checkpoint " + run.string() + " --tokens " + (run / "config.toml").string()).exit_code == 2);
+  // A header that promises 2^31-1 tokens in a 2 KB file, one with a negative count, trailing bytes,
+  // and a directory: refused by size before any buffer is made (exit 2, naming the file).
+  const auto shard_with = [&](const char* name, int32_t count, int extra_bytes) {
+    const fs::path p = tmp.path() / name;
+    std::ofstream out(p, std::ios::binary);
+    int32_t header[256] = {20240520, 1, count};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    const std::string body(std::size_t(2000 + extra_bytes), '\0');
+    out.write(body.data(), std::streamsize(body.size()));
+    return p;
+  };
+  for (const fs::path& bad : {shard_with("huge.bin", 2147483647, 0), shard_with("neg.bin", -5, 0), shard_with("tail.bin", 1000, 3),
+                              tmp.path()}) {
+    const auto e = run_ablate("eval --checkpoint " + run.string() + " --tokens " + bad.string());
+    INFO(e.output);
+    CHECK(e.exit_code == 2);
+    CHECK(e.output.find(bad.string()) != std::string::npos);
+  }
 }
 
 TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, before anything is written") {
