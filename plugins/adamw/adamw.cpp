@@ -67,17 +67,26 @@ class AdamW final : public ablate::Optimizer {
     return {pack("exp_avg", m_), pack("exp_avg_sq", v_)};
   }
 
+  // Both moments, each once and of the right size, are checked before either is taken: a state
+  // missing one would otherwise resume with zeroed moments, silently.
   void load_state(const std::vector<ablate::NamedTensor>& state) override {
+    const ablate::NamedTensor* found[2] = {nullptr, nullptr};
     for (const ablate::NamedTensor& t : state) {
-      std::vector<float>* dst = t.name == "exp_avg" ? &m_ : t.name == "exp_avg_sq" ? &v_ : nullptr;
-      if (dst == nullptr) ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "'");
-      if (t.dtype != ablate::DType::f32 || t.bytes.size() != dst->size() * sizeof(float)) {
+      const int which = t.name == "exp_avg" ? 0 : t.name == "exp_avg_sq" ? 1 : -1;
+      if (which < 0) ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "' (was it written by another optimizer?)");
+      if (found[which] != nullptr) ablate::throw_input_error("adamw state", "tensor '" + t.name + "' appears twice");
+      if (t.dtype != ablate::DType::f32 || t.bytes.size() != m_.size() * sizeof(float)) {
         ablate::throw_input_error("adamw state", "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
-                                                     " bytes, expected " + std::to_string(dst->size() * sizeof(float)) +
+                                                     " bytes, expected " + std::to_string(m_.size() * sizeof(float)) +
                                                      " (f32, one per parameter)");
       }
-      std::memcpy(dst->data(), t.bytes.data(), t.bytes.size());
+      found[which] = &t;
     }
+    for (int i = 0; i < 2; ++i) {
+      if (found[i] == nullptr) ablate::throw_input_error("adamw state", std::string("tensor '") + (i == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
+    }
+    std::memcpy(m_.data(), found[0]->bytes.data(), found[0]->bytes.size());
+    std::memcpy(v_.data(), found[1]->bytes.data(), found[1]->bytes.size());
   }
 
  private:

@@ -89,15 +89,21 @@ class AdamWFused final : public ablate::Optimizer {
 
   void load_state(const std::vector<ablate::NamedTensor>& state) override {
     const std::size_t bytes = std::size_t(total_) * sizeof(float);
+    int seen[2] = {0, 0};
     for (const ablate::NamedTensor& t : state) {  // everything is checked before anything changes
       if (t.name != "exp_avg" && t.name != "exp_avg_sq") {
         ablate::throw_input_error("adamw_fused state", "unexpected tensor '" + t.name + "'");
       }
+      if (++seen[t.name == "exp_avg" ? 0 : 1] > 1) ablate::throw_input_error("adamw_fused state", "tensor '" + t.name + "' appears twice");
       if (t.dtype != ablate::DType::f32 || t.bytes.size() != bytes) {
         ablate::throw_input_error("adamw_fused state", "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
                                                            " bytes, expected " + std::to_string(bytes) +
                                                            " (f32, one per parameter)");
       }
+    }
+    // A state missing a moment would resume with it zeroed, silently.
+    if (seen[0] == 0 || seen[1] == 0) {
+      ablate::throw_input_error("adamw_fused state", std::string("tensor '") + (seen[0] == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
     }
     for (const ablate::NamedTensor& t : state) {
       ablate::cuda::DeviceBuffer<float>& dst = t.name == "exp_avg" ? m_ : v_;
