@@ -27,31 +27,16 @@ unsigned blocks_for(int64_t n) {
 #define ABLATE_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
-// Device memory the kernels need beyond their arguments (sort buffers, a ones vector), grown on the
-// stream when a larger problem comes and kept: after the first step of a shape nothing is
-// allocated. Stream-ordered allocation, so growing never waits for the device.
+// Device memory the kernels need beyond their arguments (sort buffers, a ones vector), each slot
+// grown on the stream and kept (cuda::StreamScratch).
 class Workspace {
  public:
-  void* bytes(int slot, std::size_t n, cudaStream_t stream) {
-    Slot& s = slots_[slot];
-    if (s.size < n) {
-      if (s.ptr != nullptr) ABLATE_CUDA_CHECK(cudaFreeAsync(s.ptr, stream));
-      s.ptr = nullptr;
-      ABLATE_CUDA_CHECK(cudaMallocAsync(&s.ptr, n, stream));
-      s.size = n;
-      s.filled = 0;
-    }
-    return s.ptr;
-  }
-  std::size_t& filled(int slot) { return slots_[slot].filled; }
+  void* bytes(int slot, std::size_t n, cudaStream_t stream) { return slots_[slot].get(n, stream); }
+  bool grown(int slot) { return slots_[slot].take_grown(); }
   std::mutex mu;
 
  private:
-  struct Slot {
-    void* ptr = nullptr;
-    std::size_t size = 0, filled = 0;
-  };
-  Slot slots_[6];
+  cuda::StreamScratch slots_[6];
 };
 
 enum WorkSlot { kKeysIn, kKeysOut, kValsIn, kValsOut, kSortTemp, kOnes };
@@ -293,10 +278,7 @@ void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cuda
   {
     std::lock_guard<std::mutex> lock(ws.mu);
     auto* p = static_cast<float*>(ws.bytes(kOnes, std::size_t(rows) * sizeof(float), stream));
-    if (ws.filled(kOnes) < std::size_t(rows)) {
-      fill_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(p, rows, 1.0f);
-      ws.filled(kOnes) = std::size_t(rows);
-    }
+    if (ws.grown(kOnes)) fill_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(p, rows, 1.0f);
     ones = p;
   }
   // db(1, cols) += ones(1, rows) m(rows, cols)

@@ -15,9 +15,13 @@
 #include "ablate/attention.hpp"
 #include "ablate/error.hpp"
 #include "ablate/registry.hpp"
+#include "attention_support.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;
+using ablate::test::make_batch;
+using ablate::test::random_packed_row;
+using ablate::test::RowLayout;
 
 namespace {
 
@@ -34,48 +38,6 @@ struct Setup {
     return registry.create<Attention>(Kind::attention, "naive_cpu", {common, own, run});
   }
 };
-
-// One row's segments as (start, length) pairs; positions outside them are padding.
-using RowLayout = std::vector<std::pair<int32_t, int32_t>>;
-
-Batch make_batch(int32_t seq_len, const std::vector<RowLayout>& rows) {
-  Batch batch;
-  batch.reset(int32_t(rows.size()), seq_len);
-  batch.segments.clear();
-  batch.row_segments.assign(1, 0);
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    int32_t id = 0;
-    for (auto [start, length] : rows[r]) {
-      ++id;
-      batch.segments.push_back({start, length});
-      for (int32_t t = start; t < start + length; ++t) {
-        const std::size_t at = r * std::size_t(seq_len) + std::size_t(t);
-        batch.segment_ids[at] = id;
-        batch.positions[at] = t - start;
-        batch.tokens[at] = 1 + t;
-        batch.targets[at] = 1;
-      }
-    }
-    batch.row_segments.push_back(int32_t(batch.segments.size()));
-  }
-  return batch;
-}
-
-// Packs random segment lengths (some of length 1) back to back, leaving a random tail as padding.
-RowLayout random_packed_row(int32_t seq_len, std::mt19937& rng) {
-  RowLayout row;
-  int32_t at = 0;
-  std::uniform_int_distribution<int32_t> len(1, std::max(1, seq_len / 3));
-  std::bernoulli_distribution one(0.25);
-  while (at < seq_len) {
-    int32_t n = one(rng) ? 1 : len(rng);
-    n = std::min(n, seq_len - at);
-    if (at > 0 && std::bernoulli_distribution(0.15)(rng)) break;  // padding tail
-    row.push_back({at, n});
-    at += n;
-  }
-  return row;
-}
 
 template <class T>
 TensorView view(std::vector<T>& v, int64_t a, int64_t b, int64_t c, int64_t d) {

@@ -81,4 +81,36 @@ class DeviceBuffer {
   std::size_t count_ = 0;
 };
 
+// Scratch device memory for a plugin's kernels, grown on a stream when a larger problem comes and
+// kept: after the first step of a shape nothing is allocated. Stream-ordered (cudaMallocAsync /
+// cudaFreeAsync), so growing never waits for the device and never frees memory queued work still
+// reads.
+class StreamScratch {
+ public:
+  StreamScratch() = default;
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  // At least `bytes` bytes (contents unspecified after growth).
+  void* get(std::size_t bytes, cudaStream_t stream) {
+    if (size_ < bytes) {
+      if (ptr_ != nullptr) ABLATE_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
+      ptr_ = nullptr;
+      ABLATE_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+      size_ = bytes;
+      grown_ = true;
+    }
+    return ptr_;
+  }
+  // True once after each growth (a caller that fills the memory once, e.g. with ones, refills).
+  bool take_grown() noexcept { return std::exchange(grown_, false); }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t size_ = 0;
+  bool grown_ = false;
+};
+
 }  // namespace ablate::cuda

@@ -1,0 +1,263 @@
+// The `naive_cuda` attention backend: exact causal softmax attention on a CUDA device in f32, with
+// every score materialised: the baseline `cudnn_flash` must beat, and the fallback where cuDNN
+// cannot serve. Per (row b, head h), as one batched cuBLAS product over all of them:
+//   S = scale Q K^T          (T x T; GQA: head h reads kv head h / (H / Hkv))
+//   P = softmax(S) masked    (keys [segment start, i] of query i's own segment; lse kept in `saved`)
+//   O = P V
+// Backward recomputes S and P from q, k and lse, then
+//   dP = dO V^T,  D_i = dot(dO_i, O_i),  dS = P (dP - D),  dQ = scale dS K,
+//   dK = scale dS^T Q,  dV = P^T dO
+// (with GQA, dK and dV per query head into a workspace, then summed over each group in head order,
+// so every result is the same run to run). Padding positions see no key: their P rows are zero, so
+// their outputs and every gradient through them are zero. Work is T^2 per (b, h) whatever the
+// segments: this is the naive baseline, and its memory is two (B, H, T, T) f32 blocks in backward
+// (supports() refuses a problem whose blocks exceed 32 GiB).
+//
+// cuBLAS is column-major: a row-major X (r x c, leading dimension ld) is the column-major X^T, so
+// each product below is written for the transposes (the comment at each call gives the row-major
+// product it computes). run.dtype = "tf32" runs the products on TF32 tensor cores.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "ablate/attention.hpp"
+#include "ablate/cuda_check.hpp"
+#include "ablate/error.hpp"
+#include "ablate/plugin.hpp"
+#include "attention_kernels.hpp"
+
+namespace ablate::naive_cuda {
+namespace {
+
+constexpr const char* kWhere = "naive_cuda";
+constexpr double kMaxScoreBytes = 32.0 * double(1ull << 30);
+
+void check_cublas(cublasStatus_t rc, const char* call, const char* file, int line) {
+  if (rc == CUBLAS_STATUS_SUCCESS) return;
+  throw_runtime_error(std::string(file) + ":" + std::to_string(line),
+                      std::string(call) + " failed: " + cublasGetStatusName(rc) + ": " + cublasGetStatusString(rc));
+}
+#define ABLATE_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+
+// Scratch slots, each grown on the stream and kept (cuda::StreamScratch).
+class Workspace {
+ public:
+  void* get(int slot, std::size_t bytes, cudaStream_t stream) { return slots_[slot].get(bytes, stream); }
+
+ private:
+  cuda::StreamScratch slots_[6];
+};
+
+enum Slot { kSegStart, kScores, kGradScores, kRowD, kPointers, kGroupTmp };
+enum Ptr { kQ, kK, kV, kO, kS, kDO, kDS, kDQ, kDK, kDV, kPtrCount };
+
+class NaiveCuda final : public Attention {
+ public:
+  explicit NaiveCuda(bool tf32) : tf32_(tf32) {}
+  ~NaiveCuda() override {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+
+  std::string supports(const AttentionProblem& p) const override {
+    if (p.device != DeviceType::cuda) return "naive_cuda runs on a CUDA device (run.device = \"cuda\")";
+    if (p.dtype != DType::f32) return std::string("naive_cuda computes in f32 (the model's dtype on every device today); the problem is ") + to_string(p.dtype);
+    if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) return "heads, kv_heads and head_dim must be positive";
+    if (p.heads % p.kv_heads != 0) {
+      return "heads (" + std::to_string(p.heads) + ") is not a multiple of kv_heads (" + std::to_string(p.kv_heads) + ")";
+    }
+    const double bytes = 2.0 * double(p.batch) * p.heads * double(p.seq_len) * double(p.seq_len) * sizeof(float);
+    if (bytes > kMaxScoreBytes) {
+      return "its backward holds two (B, H, T, T) f32 score blocks, " + std::to_string(int64_t(bytes / double(1 << 20))) +
+             " MiB at batch " + std::to_string(p.batch) + " x seq_len " + std::to_string(p.seq_len) +
+             " (at most 32 GiB): use a smaller micro-batch or a flash backend";
+    }
+    return "";
+  }
+
+  int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
+
+  void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
+               TensorView saved) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    check(p, batch, {&q, &out}, {&k, &v}, saved);
+    const Dims d = dims(p);
+    if (d.z == 0 || d.T == 0) return;
+    const cudaStream_t st = prepare(p, batch);
+    float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
+    fill(kQ, q.data, d.qb, d.D, 1, st);
+    fill(kK, k.data, d.kb, d.D, d.group, st);
+    fill(kV, v.data, d.kb, d.D, d.group, st);
+    fill(kO, out.data, d.qb, d.D, 1, st);
+    fill(kS, scores, d.H * d.T * d.T, d.T * d.T, 1, st);
+    // S (T_q x T_k) = scale Q K^T
+    batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, d.scale, kK, d.kld, kQ, d.qld, 0.0f, kS, d.T, d.z);
+    launch_softmax_rows(scores, saved.as<float>(), seg_start_, d.B, d.H, d.T, st);
+    // O (T_q x D) = P V
+    batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, 1.0f, kV, d.kld, kS, d.T, 0.0f, kO, d.qld, d.z);
+    check_launch();
+  }
+
+  void backward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
+                TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k, TensorView d_v) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    check(p, batch, {&q, &out, &d_out, &d_q}, {&k, &v, &d_k, &d_v}, saved);
+    const Dims d = dims(p);
+    if (d.z == 0 || d.T == 0) return;
+    const cudaStream_t st = prepare(p, batch);
+    const std::size_t block = std::size_t(d.z * d.T * d.T) * sizeof(float);
+    float* probs = static_cast<float*>(ws_.get(kScores, block, st));
+    float* grads = static_cast<float*>(ws_.get(kGradScores, block, st));
+    float* d_row = static_cast<float*>(ws_.get(kRowD, std::size_t(d.z * d.T) * sizeof(float), st));
+    // With GQA, dK and dV of each query head first (B, T, H, D each), then their group sums.
+    float* dk_heads = d_k.as<float>();
+    float* dv_heads = d_v.as<float>();
+    int64_t kv_head_ld = d.kld, kv_head_b = d.kb;
+    if (d.group > 1) {
+      float* tmp = static_cast<float*>(ws_.get(kGroupTmp, 2 * std::size_t(d.B * d.T * d.H * d.D) * sizeof(float), st));
+      dk_heads = tmp;
+      dv_heads = tmp + d.B * d.T * d.H * d.D;
+      kv_head_ld = d.qld;
+      kv_head_b = d.qb;
+    }
+    fill(kQ, q.data, d.qb, d.D, 1, st);
+    fill(kK, k.data, d.kb, d.D, d.group, st);
+    fill(kV, v.data, d.kb, d.D, d.group, st);
+    fill(kS, probs, d.H * d.T * d.T, d.T * d.T, 1, st);
+    fill(kDO, d_out.data, d.qb, d.D, 1, st);
+    fill(kDS, grads, d.H * d.T * d.T, d.T * d.T, 1, st);
+    fill(kDQ, d_q.data, d.qb, d.D, 1, st);
+    fill(kDK, dk_heads, kv_head_b, d.D, 1, st);
+    fill(kDV, dv_heads, kv_head_b, d.D, 1, st);
+    // S = scale Q K^T, then P from the saved lse (in place).
+    batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, d.scale, kK, d.kld, kQ, d.qld, 0.0f, kS, d.T, d.z);
+    launch_recompute_p(probs, saved.as<const float>(), seg_start_, d.B, d.H, d.T, st);
+    // dP (T_q x T_k) = dO V^T
+    batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, 1.0f, kV, d.kld, kDO, d.qld, 0.0f, kDS, d.T, d.z);
+    launch_row_dot(d_out.as<const float>(), out.as<const float>(), d_row, d.B, d.T, d.H, d.D, st);
+    launch_softmax_backward(probs, grads, d_row, d.B, d.H, d.T, st);  // dP -> dS
+    // dQ (T_q x D) = scale dS K
+    batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, d.scale, kK, d.kld, kDS, d.T, 0.0f, kDQ, d.qld, d.z);
+    // dK (T_k x D) = scale dS^T Q, per query head
+    batched(CUBLAS_OP_N, CUBLAS_OP_T, d.D, d.T, d.T, d.scale, kQ, d.qld, kDS, d.T, 0.0f, kDK, kv_head_ld, d.z);
+    // dV (T_k x D) = P^T dO, per query head
+    batched(CUBLAS_OP_N, CUBLAS_OP_T, d.D, d.T, d.T, 1.0f, kDO, d.qld, kS, d.T, 0.0f, kDV, kv_head_ld, d.z);
+    if (d.group > 1) {
+      launch_group_sum(dk_heads, d_k.as<float>(), d.B, d.T, d.H, d.Hkv, d.D, st);
+      launch_group_sum(dv_heads, d_v.as<float>(), d.B, d.T, d.H, d.Hkv, d.D, st);
+    }
+    check_launch();
+  }
+
+ private:
+  struct Dims {
+    int64_t B, T, H, Hkv, D, group, z;
+    int64_t qld, kld;  // row strides of q (and out, d_q, d_out) and of k (and v)
+    int64_t qb, kb;    // strides between batch rows
+    float scale;
+  };
+
+  static Dims dims(const AttentionProblem& p) {
+    Dims d{};
+    d.B = p.batch;
+    d.T = p.seq_len;
+    d.H = p.heads;
+    d.Hkv = p.kv_heads;
+    d.D = p.head_dim;
+    d.group = d.H / d.Hkv;
+    d.z = d.B * d.H;
+    d.qld = d.H * d.D;
+    d.kld = d.Hkv * d.D;
+    d.qb = d.T * d.qld;
+    d.kb = d.T * d.kld;
+    d.scale = float(1.0 / std::sqrt(double(d.D)));
+    return d;
+  }
+
+  void check(const AttentionProblem& p, const BatchViews& batch, std::initializer_list<const TensorView*> q_like,
+             std::initializer_list<const TensorView*> kv_like, const TensorView& saved) const {
+    if (const std::string why = supports(p); !why.empty()) throw_runtime_error(kWhere, why);
+    if (batch.device != DeviceType::cuda || batch.rows != p.batch || batch.seq_len != p.seq_len) {
+      throw_runtime_error(kWhere, "the batch's segment layout is not on the cuda device or does not match the problem");
+    }
+    const auto need = [&](const TensorView* t, int64_t heads) {
+      const int64_t n = int64_t(p.batch) * p.seq_len * heads * p.head_dim;
+      if (t->device != DeviceType::cuda || t->dtype != DType::f32 || t->numel() != n || (n > 0 && t->data == nullptr)) {
+        throw_runtime_error(kWhere, std::string("a tensor is not ") + std::to_string(n) + " f32 values on the cuda device");
+      }
+    };
+    for (const TensorView* t : q_like) need(t, p.heads);
+    for (const TensorView* t : kv_like) need(t, p.kv_heads);
+    if (saved.device != DeviceType::cuda || saved.dtype != DType::f32 || saved.numel() != saved_elements(p)) {
+      throw_runtime_error(kWhere, "saved must hold batch * heads * seq_len f32 values on the cuda device");
+    }
+  }
+
+  // The handle, the stream and the per-position segment starts of this batch.
+  cudaStream_t prepare(const AttentionProblem& p, const BatchViews& batch) {
+    const cudaStream_t st = static_cast<cudaStream_t>(stream());
+    if (handle_ == nullptr) ABLATE_CUBLAS_CHECK(cublasCreate(&handle_));
+    ABLATE_CUBLAS_CHECK(cublasSetStream(handle_, st));
+    seg_start_ = static_cast<int32_t*>(ws_.get(kSegStart, std::size_t(p.batch) * p.seq_len * sizeof(int32_t), st));
+    launch_segment_starts(batch.segments.as<const int32_t>(), batch.row_segments.as<const int32_t>(), p.batch, p.seq_len,
+                          seg_start_, st);
+    pointers_ = static_cast<float**>(ws_.get(kPointers, std::size_t(kPtrCount) * std::size_t(p.batch) * p.heads * sizeof(float*), st));
+    z_ = int64_t(p.batch) * p.heads;
+    heads_ = p.heads;
+    return st;
+  }
+
+  // Pointer array `which`: base + b * stride_b + (h / group) * stride_h for every (b, h).
+  void fill(Ptr which, const void* base, int64_t stride_b, int64_t stride_h, int64_t group, cudaStream_t st) {
+    launch_fill_pointers(pointers_ + which * z_, static_cast<const float*>(base), z_, heads_, stride_b, stride_h, group, st);
+  }
+
+  // One batched product per (b, h), column-major: C = alpha op(A) op(B) + beta C.
+  void batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha, Ptr a, int64_t lda,
+               Ptr b, int64_t ldb, float beta, Ptr c, int64_t ldc, int64_t count) {
+    const auto as_int = [](int64_t v) {
+      if (v > INT32_MAX) throw_runtime_error(kWhere, "a matrix dimension exceeds cuBLAS's int: " + std::to_string(v));
+      return int(v);
+    };
+    const void* const* A = reinterpret_cast<const void* const*>(pointers_ + a * z_);
+    const void* const* B = reinterpret_cast<const void* const*>(pointers_ + b * z_);
+    void* const* C = reinterpret_cast<void* const*>(pointers_ + c * z_);
+    ABLATE_CUBLAS_CHECK(cublasGemmBatchedEx(handle_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, A, CUDA_R_32F, as_int(lda),
+                                            B, CUDA_R_32F, as_int(ldb), &beta, C, CUDA_R_32F, as_int(ldc), as_int(count),
+                                            tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  static void check_launch() {
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) throw_runtime_error(kWhere, std::string("kernel launch failed: ") + cudaGetErrorString(rc));
+  }
+
+  bool tf32_;
+  std::mutex mu_;
+  cublasHandle_t handle_ = nullptr;
+  Workspace ws_;
+  int32_t* seg_start_ = nullptr;
+  float** pointers_ = nullptr;  // kPtrCount arrays of z_ device pointers (written by a kernel)
+  int64_t z_ = 0, heads_ = 0;
+};
+
+void register_components(Registrar& r) {
+  ComponentInfo info;
+  info.kind = Kind::attention;
+  info.name = "naive_cuda";
+  info.version = "1.0.0";
+  info.doc = "exact causal attention on a CUDA device (f32; scores materialised, batched cuBLAS products; packed rows "
+             "block-diagonal, GQA): the baseline and fallback";
+  info.devices = {"cuda"};
+  info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
+    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32");
+  };
+  r.add(std::move(info));
+}
+
+}  // namespace
+}  // namespace ablate::naive_cuda
+
+ABLATE_PLUGIN("naive_cuda", "1.0.0", ablate::naive_cuda::register_components)

@@ -1,0 +1,72 @@
+// Batches for the attention tests: rows of (start, length) segments made into a Batch (ids,
+// positions, tokens and targets filled as the batchers fill them), and random packed rows with
+// segments of length 1 and padding tails.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "ablate/batch.hpp"
+
+namespace ablate::test {
+
+// One row's segments as (start, length) pairs; positions outside them are padding.
+using RowLayout = std::vector<std::pair<int32_t, int32_t>>;
+
+inline Batch make_batch(int32_t seq_len, const std::vector<RowLayout>& rows) {
+  Batch batch;
+  batch.reset(int32_t(rows.size()), seq_len);
+  batch.segments.clear();
+  batch.row_segments.assign(1, 0);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    int32_t id = 0;
+    for (auto [start, length] : rows[r]) {
+      ++id;
+      batch.segments.push_back({start, length});
+      for (int32_t t = start; t < start + length; ++t) {
+        const std::size_t at = r * std::size_t(seq_len) + std::size_t(t);
+        batch.segment_ids[at] = id;
+        batch.positions[at] = t - start;
+        batch.tokens[at] = 1 + t;
+        batch.targets[at] = 1;
+      }
+    }
+    batch.row_segments.push_back(int32_t(batch.segments.size()));
+  }
+  return batch;
+}
+
+// Packs random segment lengths (some of length 1) back to back, leaving a random tail as padding.
+inline RowLayout random_packed_row(int32_t seq_len, std::mt19937& rng) {
+  RowLayout row;
+  int32_t at = 0;
+  std::uniform_int_distribution<int32_t> len(1, std::max(1, seq_len / 3));
+  std::bernoulli_distribution one(0.25);
+  while (at < seq_len) {
+    int32_t n = one(rng) ? 1 : len(rng);
+    n = std::min(n, seq_len - at);
+    if (at > 0 && std::bernoulli_distribution(0.15)(rng)) break;  // padding tail
+    row.push_back({at, n});
+    at += n;
+  }
+  return row;
+}
+
+// max |a - b| over max |b|: an error relative to the reference's largest value (an infinite result
+// when `a` holds anything not finite, e.g. a poisoned output never written).
+inline double scaled_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0.0, scale = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return worst / scale;
+}
+
+}  // namespace ablate::test
