@@ -29,14 +29,81 @@ std::string read_text(const fs::path& p) {
 
 namespace {
 
+// The run and sweep files ablate writes are a few KB; these bounds stop a damaged or hostile one
+// from costing more than that (a multi-GB read, or nesting deep enough to exhaust the stack of
+// whatever walks it later).
+constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t(16) << 20;
+constexpr int kMaxJsonDepth = 32;
+
 json read_json_or(const fs::path& p, json fallback) {
-  if (!fs::exists(p)) return fallback;
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return fallback;
+  if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > kMaxJsonBytes) {
+    throw_input_error(p.string(), "is not a regular file of at most 16 MiB: not one ablate wrote");
+  }
+  bool too_deep = false;
+  const auto guard = [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) too_deep = true;
+    return !too_deep;
+  };
+  json out;
   try {
-    return json::parse(read_text(p));
+    out = json::parse(read_text(p), guard);
   } catch (const json::exception& e) {
     spdlog::warn("{}: not valid JSON ({}); ignored", p.string(), e.what());
     return fallback;
   }
+  if (too_deep) throw_input_error(p.string(), "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels: not one ablate wrote");
+  return out;
+}
+
+// Only the fields the report reads, each of the type it expects: a number ('n', or null), a string
+// ('s'), or an object of numbers, strings and booleans ('o'); anything else is an input error
+// naming the file and field. Unknown fields are dropped, so nothing unchecked reaches results.json.
+json typed_fields(const fs::path& file, const json& in, std::initializer_list<std::pair<const char*, char>> fields) {
+  json out = json::object();
+  if (!in.is_object()) {
+    if (!in.is_null()) throw_input_error(file.string(), "is not a JSON object");
+    return out;
+  }
+  for (const auto& [key, kind] : fields) {
+    if (!in.contains(key)) continue;
+    const json& v = in.at(key);
+    bool ok = false;
+    switch (kind) {
+      case 'n': ok = v.is_number() || v.is_null(); break;
+      case 's': ok = v.is_string(); break;
+      default:
+        ok = v.is_object() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); });
+        break;
+    }
+    if (!ok) {
+      throw_input_error(file.string(), std::string("field '") + key + "' is " + v.type_name() + ", expected " +
+                                           (kind == 'n' ? "a number" : kind == 's' ? "a string" : "an object of plain values"));
+    }
+    out[key] = v;
+  }
+  return out;
+}
+
+json read_summary(const fs::path& p) {
+  return typed_fields(p, read_json_or(p, json::object()),
+                      {{"status", 's'}, {"steps", 'n'}, {"parameters", 'n'}, {"first_loss", 'n'}, {"final_loss", 'n'},
+                       {"val_loss", 'n'}, {"tokens_per_s", 'n'}, {"real_tokens_per_s", 'n'}, {"tflops", 'n'}, {"mfu", 'n'},
+                       {"effective_mfu", 'n'}, {"peak_tflops", 'n'}, {"data_wait_pct", 'n'}, {"comm_pct", 'n'},
+                       {"mem_peak_bytes", 'n'}, {"optimizer_state_bytes", 'n'}, {"wall_s", 'n'}, {"world", 'n'},
+                       {"resumed_from", 'n'}, {"data_bottleneck", 's'}});
+}
+
+// An arm's directory name as arms.json gives it: one plain path component, never a way out of
+// the sweep directory.
+std::string arm_name(const fs::path& arms_json, const json& v) {
+  if (!v.is_string()) throw_input_error(arms_json.string(), std::string("an arm name is ") + v.type_name() + ", expected a string");
+  const std::string name = v.get<std::string>();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    throw_input_error(arms_json.string(), "arm name '" + name + "' is not a plain directory name");
+  }
+  return name;
 }
 
 // The columns of results.csv / results.json taken from each arm's summary.json.
@@ -134,14 +201,24 @@ std::string draw(const fs::path& dir, const json& spec) {
 void write_sweep_results(const fs::path& sweep_dir) {
   const json order = read_json_or(sweep_dir / "arms.json", json());
   if (!order.is_object()) throw_input_error((sweep_dir / "arms.json").string(), "missing or unreadable: not a sweep directory");
-  const std::vector<std::string> axes = order.value("axes", std::vector<std::string>{});
+  const fs::path arms_json = sweep_dir / "arms.json";
+  const json shape = typed_fields(arms_json, order, {{"name", 's'}, {"base", 's'}});
+  std::vector<std::string> axes;
+  for (const json& a : order.value("axes", json::array())) {
+    if (!a.is_string()) throw_input_error(arms_json.string(), "an axis is not a string");
+    axes.push_back(a.get<std::string>());
+  }
+  const json arm_list = order.contains("arms") ? order.at("arms") : json::array();
+  if (!arm_list.is_array()) throw_input_error(arms_json.string(), "field 'arms' is not a list");
   json rows = json::array();
-  for (const json& name_j : order.value("arms", json::array())) {
-    const std::string name = name_j.get<std::string>();
+  for (const json& name_j : arm_list) {
+    const std::string name = arm_name(arms_json, name_j);
     const fs::path d = sweep_dir / name;
-    const json arm = read_json_or(d / "arm.json", json::object());
-    const json summary = read_json_or(d / "summary.json", json::object());
-    json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", arm.value("repeat", 0)}};
+    const json arm = typed_fields(d / "arm.json", read_json_or(d / "arm.json", json::object()),
+                                  {{"group", 's'}, {"repeat", 'n'}, {"overrides", 'o'}, {"status", 's'}, {"wall_s", 'n'}, {"error", 's'}});
+    const json summary = read_summary(d / "summary.json");
+    const json repeat = arm.contains("repeat") && arm["repeat"].is_number_integer() ? arm["repeat"] : json(0);
+    json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", repeat}};
     row["overrides"] = arm.value("overrides", json::object());
     std::string status = arm.value("status", "not run");
     if (status == "running") status = "interrupted";
@@ -153,7 +230,7 @@ void write_sweep_results(const fs::path& sweep_dir) {
     row["run_dir"] = name;
     rows.push_back(row);
   }
-  json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
+  json results = {{"sweep", shape.value("name", "")}, {"base", shape.value("base", "")}, {"axes", axes}, {"arms", rows}};
   write_file_atomic(sweep_dir / "results.json", results.dump(2) + "\n");
 
   std::ostringstream csv;
@@ -237,7 +314,7 @@ fs::path write_report(const fs::path& dir) {
     }
     for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
   } else {
-    const json summary = read_json_or(dir / "summary.json", json::object());
+    const json summary = read_summary(dir / "summary.json");
     const std::string name = fs::absolute(dir).lexically_normal().filename().string();
     spec["title"] = "run " + name;
     md << "# Run `" << name << "`\n\n| metric | value |\n|---|---:|\n";

@@ -255,3 +255,48 @@ TEST_CASE("tune batch-size measures each micro-batch that fits and recommends on
   CHECK(contains(small.output, "run.memory_budget_gib"));
   CHECK(contains(small.output, "even a micro-batch of 1 row"));
 }
+
+TEST_CASE("report reads a sweep's files typed: nesting, wrong types and escaping arm names exit 2 naming the file; extras are dropped") {
+  TempDir tmp;
+  const auto write = [](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  };
+  const auto sweep = [&](const std::string& name, const std::string& arms, const std::string& summary) {
+    const fs::path d = tmp.path() / name;
+    write(d / "arms.json", R"({"name": "s", "base": "b.toml", "axes": [], "arms": )" + arms + "}");
+    write(d / "a" / "arm.json", R"({"status": "completed", "repeat": 0, "overrides": {}})");
+    write(d / "a" / "summary.json", summary);
+    return d;
+  };
+  const std::string ok_summary = R"({"status": "completed", "steps": 3, "final_loss": 1.5})";
+  std::string deep = "1";
+  for (int i = 0; i < 5000; ++i) deep = "[" + deep + "]";
+  struct Bad {
+    fs::path dir;
+    std::string file;
+    std::string words;
+  };
+  const Bad bad[] = {
+      {sweep("deep", R"(["a"])", R"({"status": "completed", "final_loss": )" + deep + "}"), "summary.json", "nests deeper"},
+      {sweep("typed", R"(["a"])", R"({"status": "completed", "final_loss": "low"})"), "summary.json", "field 'final_loss' is string"},
+      {sweep("escape", R"([".."])", ok_summary), "arms.json", "not a plain directory name"},
+      {sweep("slash", R"(["a/../../x"])", ok_summary), "arms.json", "not a plain directory name"},
+      {sweep("arms", R"(7)", ok_summary), "arms.json", "field 'arms' is not a list"},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.dir.string());
+    const auto r = run_ablate("report " + b.dir.string());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, b.file));
+    CHECK(contains(r.output, b.words));
+  }
+  // Unknown and oversized-in-spirit fields never reach results.json.
+  const fs::path extra = sweep("extra", R"(["a"])", R"({"status": "completed", "final_loss": 1.5, "junk": {"x": [1, 2, 3]}})");
+  run_ablate("report " + extra.string());  // the plots may fail for want of metrics; results.json comes first
+  const json results = read_json(extra / "results.json");
+  REQUIRE(results["arms"].size() == 1);
+  CHECK(results["arms"][0]["final_loss"] == 1.5);
+  CHECK_FALSE(slurp(extra / "results.json").find("junk") != std::string::npos);
+}
