@@ -70,13 +70,18 @@ std::string value_text(const toml::node& v) {
   return s.str();
 }
 
-// A short, file-name-safe rendering of a value for arm names.
+// A short, file-name-safe rendering of a value for arm names: letters, digits, '.', '_', '-', and
+// never "." or ".." (which would name the sweep directory or its parent).
 std::string value_label(const toml::node& v) {
   std::string t = v.is_string() ? v.as_string()->get() : value_text(v);
   std::string out;
   for (char c : t) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') ? c : '_';
+  if (out == "." || out == "..") out = std::string(out.size(), '_');
   return out.empty() ? "x" : out;
 }
+
+// Sweeps larger than this are refused before their arms are listed (each arm is a training run).
+constexpr double kMaxArms = 10000;
 
 struct Override {
   std::string key;    // "batching.name"
@@ -143,6 +148,10 @@ Sweep read_sweep(const fs::path& file) {
   if (const toml::node* n = sw->get("name")) {
     if (!n->is_string() || n->as_string()->get().empty()) throw_input_error(where(f, n->source()) + " sweep.name", "expected a non-empty string");
     s.name = n->as_string()->get();
+    // It names the default output directory, sweeps/<name>: one plain path component.
+    if (s.name == "." || s.name == ".." || s.name.find('/') != std::string::npos) {
+      throw_input_error(where(f, n->source()) + " sweep.name", "'" + s.name + "' is not a plain directory name");
+    }
   }
   if (const toml::node* n = sw->get("repeats")) {
     if (!n->is_integer() || n->as_integer()->get() < 1 || n->as_integer()->get() > 100) {
@@ -173,6 +182,12 @@ Sweep read_sweep(const fs::path& file) {
   std::vector<Arm> base_arms;
   if (grid) {
     if (!grid->is_table()) throw_input_error(where(f, grid->source()) + " sweep.grid", "expected a table of \"section.key\" = [values]");
+    double count = s.repeats;  // the product of the axes' lengths, counted before anything is listed
+    for (const auto& [k, v] : *grid->as_table()) count *= v.is_array() ? double(std::max<std::size_t>(1, v.as_array()->size())) : 1.0;
+    if (count > kMaxArms) {
+      throw_input_error(where(f, grid->source()) + " sweep.grid", "makes " + std::to_string(int64_t(std::min(count, 9e18))) +
+                                                                       " arms (with repeats); a sweep has at most 10000");
+    }
     std::vector<Arm> acc(1);
     for (const auto& [k, v] : *grid->as_table()) {
       const std::string key(k.str());
@@ -196,6 +211,10 @@ Sweep read_sweep(const fs::path& file) {
     base_arms = std::move(acc);
   } else if (arms) {
     if (!arms->is_array_of_tables()) throw_input_error(where(f, arms->source()) + " sweep.arms", "expected [[sweep.arms]] tables");
+    if (double(arms->as_array()->size()) * s.repeats > kMaxArms) {
+      throw_input_error(where(f, arms->source()) + " sweep.arms", std::to_string(arms->as_array()->size()) + " arms x " +
+                                                                      std::to_string(s.repeats) + " repeats; a sweep has at most 10000");
+    }
     std::set<std::string> keys;
     for (const toml::node& el : *arms->as_array()) {
       const toml::table& t = *el.as_table();

@@ -174,6 +174,31 @@ TEST_CASE("a bad sweep file or a bad arm is refused with exit 2 before any arm r
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "not both"));
   }
+  SUBCASE("a grid of 10^12 arms is refused by its count, before any arm is listed") {
+    std::string axes;  // 12 axes of 10 values
+    for (const char* k : {"run.seed", "optimizer.lr", "optimizer.eps", "optimizer.beta1", "optimizer.beta2", "optimizer.weight_decay",
+                          "optimizer.grad_clip", "model.dropout", "schedule.warmup_steps", "run.eval_batches", "batching.batch_size",
+                          "data.synthetic_probes.documents"}) {
+      axes += std::string("\"") + k + "\" = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n";
+    }
+    const fs::path f = tmp.write("huge.toml", "base = \"" + quickstart() + "\"\n[sweep.grid]\n" + axes);
+    const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "1000000000000 arms"));
+  }
+  SUBCASE("names that would leave the sweep directory") {
+    const fs::path f = tmp.write("dots.toml", "base = \"" + quickstart() + "\"\n[sweep]\nname = \"..\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n");
+    const auto r = run_ablate("sweep " + f.string());
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "not a plain directory name"));
+    // An arm named ".." becomes "__": its directory stays inside the sweep's.
+    const fs::path g = tmp.write("arm.toml", "base = \"" + quickstart() + "\"\n[[sweep.arms]]\nname = \"..\"\n\"optimizer.lr\" = 0.1\n");
+    const auto d = run_ablate("sweep " + g.string() + " --out " + out.string() + " --dry-run");
+    INFO(d.output);
+    CHECK(d.exit_code == 0);
+    CHECK(contains(d.output, "  __:"));
+  }
   CHECK_FALSE(fs::exists(out));
 }
 
