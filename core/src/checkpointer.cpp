@@ -135,6 +135,15 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   } catch (const json::exception& e) {
     throw_input_error(file.string(), std::string("not a valid checkpoint state: ") + e.what());
   }
+  if (s.step < 0 || s.parameters < 0 || s.vocab_size <= 0) {
+    throw_input_error(file.string(), "not a valid checkpoint state: step " + std::to_string(s.step) + ", parameters " +
+                                         std::to_string(s.parameters) + ", vocab_size " + std::to_string(s.vocab_size));
+  }
+  for (const std::string& f : s.optimizer_files) {  // files of this checkpoint's own directory, nothing else
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos) {
+      throw_input_error(file.string(), "not a valid checkpoint state: optimizer file '" + f + "' is not a plain file name");
+    }
+  }
   if (s.world < 1 || int64_t(s.cursors.size()) != s.world ||
       int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
     throw_input_error(file.string(), "not a valid checkpoint state: world " + std::to_string(s.world) + " with " +

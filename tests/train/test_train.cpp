@@ -286,3 +286,30 @@ TEST_CASE("--resume of a finished run is refused with exit 2 and its summary sta
   CHECK(more.exit_code == 0);
   CHECK(read_json(run / "summary.json")["steps"] == 9);
 }
+
+TEST_CASE("a state.json with wrong types, impossible values or an optimizer file outside the checkpoint is refused naming it (exit 2)") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + config() + kTiny + " --set run.steps=4 --run-dir " + run.string() + " --stop-at 2").exit_code == 0);
+  const fs::path state = run / "checkpoints/step_00000002/state.json";
+  const json good = read_json(state);
+  const auto refused = [&](const json& bad, const std::string& words) {
+    std::ofstream(state) << bad.dump();
+    const auto r = run_ablate("train " + config() + kTiny + " --set run.steps=4 --resume " + run.string());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("state.json") != std::string::npos);
+    CHECK(r.output.find(words) != std::string::npos);
+  };
+  json typed = good;
+  typed["step"] = "two";
+  refused(typed, "not a valid checkpoint state");
+  json negative = good;
+  negative["step"] = -5;
+  refused(negative, "step -5");
+  json escape = good;
+  escape["optimizer_files"] = json::array({"../../elsewhere.safetensors"});
+  refused(escape, "not a plain file name");
+  std::ofstream(state) << good.dump();  // and restored, it resumes
+  CHECK(run_ablate("train " + config() + kTiny + " --set run.steps=4 --resume " + run.string()).exit_code == 0);
+}
