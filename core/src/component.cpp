@@ -95,6 +95,29 @@ const char* to_string(LayerRole role) noexcept {
   return "unknown";
 }
 Attention::~Attention() = default;
+
+void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
+                            int64_t heads, DeviceType device) {
+  const int64_t want[4] = {p.batch, p.seq_len, heads, p.head_dim};
+  bool ok = t.ndim == 4;
+  for (int i = 0; ok && i < 4; ++i) ok = t.shape[i] == want[i];
+  if (!ok) {
+    std::string got = "(";
+    for (int i = 0; i < t.ndim; ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
+    throw_runtime_error(where, std::string(name) + " has shape " + got + "), expected (" + std::to_string(p.batch) +
+                                   ", " + std::to_string(p.seq_len) + ", " + std::to_string(heads) + ", " +
+                                   std::to_string(p.head_dim) + ")");
+  }
+  if (t.dtype != p.dtype) {
+    throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem is " +
+                                   to_string(p.dtype));
+  }
+  if (t.device != device) {
+    throw_runtime_error(where, std::string(name) + " lives on " + to_string(t.device) + "; " + where + " reads " +
+                                   to_string(device) + " memory only");
+  }
+  if (t.data == nullptr && t.numel() > 0) throw_runtime_error(where, std::string(name) + " has no data");
+}
 Optimizer::~Optimizer() = default;
 Logger::~Logger() = default;
 Communicator::~Communicator() = default;

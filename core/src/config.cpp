@@ -133,6 +133,7 @@ namespace {
 struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
   std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
+  std::set<std::string, std::less<>> written;  // implementations whose sub-table the experiment gave
 };
 
 const ParamSpec* find_param(const Schema& schema, std::string_view key) {
@@ -366,6 +367,7 @@ class Validator {
                                 (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
         }
         res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
+        res.written.insert(impl);
       }
     }
     if (spec.kind && selected.size() == 1 && *spec.kind == Kind::communicator && selected[0] == kAutoCommunicator) {
@@ -635,7 +637,18 @@ std::string Config::to_toml() const {
       if (spec.kind && p.name == spec.selector) continue;
       out += p.name + " = " + format_value(sec.keys.at(p.name)) + "\n";
     }
+    // The chosen implementations' sub-tables, and any the experiment gave itself. The keys of an
+    // implementation resolved only because "auto" might pick it stay out: a run written by a build
+    // with nccl must read where nccl is not built.
+    const auto chosen = [&](const std::string& impl) {
+      if (sec.written.count(impl) > 0 || !spec.kind) return true;
+      const Value& sel = sec.keys.at(spec.selector);
+      if (const auto* one = std::get_if<std::string>(&sel)) return *one == impl;
+      if (const auto* many = std::get_if<std::vector<std::string>>(&sel)) return std::find(many->begin(), many->end(), impl) != many->end();
+      return false;
+    };
     for (const auto& [impl, values] : sec.impls) {
+      if (!chosen(impl)) continue;
       out += "\n[" + spec.name + "." + impl + "]\n";
       for (const auto& [k, v] : values) out += k + " = " + format_value(v) + "\n";
     }

@@ -1,6 +1,7 @@
 // Parameter specs, value formatting, and Params' typed lookups.
 #include "ablate/schema.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -28,18 +29,12 @@ namespace {
 std::string format_double(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   if (std::isnan(v)) return "nan";
-  // Shortest form that round-trips.
-  for (int p = 1; p <= 17; ++p) {
-    std::ostringstream t;
-    t.precision(p);
-    t << v;
-    if (std::strtod(t.str().c_str(), nullptr) == v) {  // strtod: subnormals parse (stod throws on them)
-      std::string r = t.str();
-      if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
-      return r;
-    }
-  }
-  return "nan";  // unreachable: 17 significant digits always round-trip a double
+  // The shortest text that reads back as the same double (std::to_chars), written as a TOML float.
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  std::string r(buf, res.ptr);
+  if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
+  return r;
 }
 
 std::string quote(const std::string& s) {

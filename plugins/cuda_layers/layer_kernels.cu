@@ -9,6 +9,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "ablate/cuda_launch.cuh"
 #include "ablate/cuda_check.hpp"
 #include "dense_math.hpp"
 #include "gemm.hpp"
@@ -17,15 +18,8 @@
 namespace ablate::cuda_layers {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < 65535 * 16 ? b : 65535 * 16);  // grid-stride beyond this
-}
-
-#define ABLATE_GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+using cuda::blocks_for;
+using cuda::kThreads;
 
 // Device memory the kernels need beyond their arguments (sort buffers, a ones vector), each slot
 // grown on the stream and kept (cuda::StreamScratch).

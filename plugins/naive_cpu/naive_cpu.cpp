@@ -63,32 +63,8 @@ SegmentLayout layout_of(const ablate::BatchViews& v) {
   return l;
 }
 
-std::string shape_string(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
-
 void check_tensor(const char* name, const TensorView& t, const AttentionProblem& p, int64_t heads) {
-  const int64_t want[4] = {p.batch, p.seq_len, heads, p.head_dim};
-  bool ok = t.ndim == 4;
-  for (int i = 0; ok && i < 4; ++i) ok = t.shape[i] == want[i];
-  if (!ok) {
-    ablate::throw_runtime_error(kWhere, std::string(name) + " has shape " + shape_string(t) + ", expected (" +
-                                            std::to_string(p.batch) + ", " + std::to_string(p.seq_len) + ", " +
-                                            std::to_string(heads) + ", " + std::to_string(p.head_dim) + ")");
-  }
-  if (t.dtype != p.dtype) {
-    ablate::throw_runtime_error(kWhere, std::string(name) + " is " + ablate::to_string(t.dtype) +
-                                            " but the problem is " + ablate::to_string(p.dtype));
-  }
-  if (t.device != DeviceType::cpu) {
-    ablate::throw_runtime_error(kWhere, std::string(name) + " lives on " + ablate::to_string(t.device) +
-                                            "; naive_cpu reads host memory only");
-  }
-  if (t.data == nullptr && t.numel() > 0) {
-    ablate::throw_runtime_error(kWhere, std::string(name) + " has no data");
-  }
+  ablate::check_attention_tensor(kWhere, name, t, p, heads, DeviceType::cpu);
 }
 
 void check_saved(const TensorView& saved, const AttentionProblem& p) {

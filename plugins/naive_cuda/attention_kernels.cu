@@ -3,21 +3,15 @@
 // products. Reductions are block trees in a fixed order, so results repeat run to run.
 #include <cfloat>
 
+#include "ablate/cuda_launch.cuh"
 #include "attention_kernels.hpp"
 #include "naive_math.hpp"
 
 namespace ablate::naive_cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-#define ABLATE_GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
+using cuda::blocks_for;
+using cuda::kThreads;
 
 __global__ void fill_i32(int32_t* p, int64_t n, int32_t v) {
   ABLATE_GRID_STRIDE(i, n) p[i] = v;

@@ -99,24 +99,27 @@ for b in bench_optim; do
   tail -25 "$out/logs/$b.log"
 done
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
-# ones: the shapes, not the text, set the speed), T = 1024, f32 on cuda, naive_cuda and adamw_fused;
-# the last 3 steps profiled op by op (profile.json).
-echo "== ablate: GPT-2 124M on cuda (f32, naive_cuda, adamw_fused)"
-if ! skip_stage ablate_gpt2 150; then
+# ones: the shapes, not the text, set the speed), T = 1024, f32 on cuda with adamw_fused; the last 3
+# steps profiled op by op (profile.json). Once with naive_cuda here, once with cudnn_flash after the peer.
+ablate_gpt2() {  # name attention
+  echo "== ablate: GPT-2 124M on cuda (f32, $2, adamw_fused)"
+  skip_stage "$1" 150 && return 0
+  local t0 status
   t0=$(date +%s)
-  rm -rf "$out/ablate_gpt2"
-  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set attention.name=naive_cuda \
+  rm -rf "${out:?}/$1"
+  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set attention.name="$2" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
        --set batching.batch_size="${ABLATE_GPT2_BATCH:-8}" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
-       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/ablate_gpt2" \
-       > "$out/logs/ablate_gpt2.log" 2>&1; then status=passed; else status=failed; fi
-  [ -f "$out/ablate_gpt2/summary.json" ] && cp "$out/ablate_gpt2/summary.json" "$out/ablate_gpt2.json"
-  [ -f "$out/ablate_gpt2/profile.json" ] && cp "$out/ablate_gpt2/profile.json" "$out/ablate_gpt2_profile.json"
-  rm -rf "$out/ablate_gpt2/checkpoints"  # 1.5 GB of weights and moments: not worth bringing back
-  printf 'ablate_gpt2\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
-  grep -E "op profile|^  |done:" "$out/logs/ablate_gpt2.log" | head -30
-  tail -3 "$out/logs/ablate_gpt2.log"
-fi
+       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/$1" \
+       > "$out/logs/$1.log" 2>&1; then status=passed; else status=failed; fi
+  [ -f "$out/$1/summary.json" ] && cp "$out/$1/summary.json" "$out/$1.json"
+  [ -f "$out/$1/profile.json" ] && cp "$out/$1/profile.json" "$out/$1_profile.json"
+  rm -rf "$out/$1/checkpoints"  # 1.5 GB of weights and moments: not worth bringing back
+  printf '%s\tbenchmark\t%s\t0\t%d\n' "$1" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  grep -E "op profile|^  |done:" "$out/logs/$1.log" | head -30
+  tail -3 "$out/logs/$1.log"
+}
+ablate_gpt2 ablate_gpt2 naive_cuda
 echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
 if skip_stage pytorch_gpt 150; then
   :
@@ -129,6 +132,8 @@ elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 else
   echo "  python3 has no torch with CUDA: skipped"
 fi
+
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 ablate_gpt2_flash cudnn_flash
 
 echo "== done in $(( $(date +%s) - t_start )) s"
 python3 "$here/summary.py" "$out" || echo "summary.py failed"

@@ -43,7 +43,7 @@ def headline(name, data):
         "pytorch_gpt": ["device", "batch_size", "tokens_per_s", "step_ms", "mfu", "peak_memory_gib"],
         "bench_optim": ["gpu"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss"],
-    }.get(name)
+    }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     if isinstance(data, dict) and keys:
         picked = {k: data[k] for k in keys if k in data}
         if "gpu" in picked and isinstance(picked["gpu"], dict):

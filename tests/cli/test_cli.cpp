@@ -210,3 +210,17 @@ TEST_CASE("a directory, a FIFO, /dev/zero or an oversized file as the experiment
   }
   CHECK_FALSE(fs::exists(tmp.path() / "run" / "metrics.jsonl"));
 }
+
+TEST_CASE("a resolved config writes the chosen implementations' sections and those the experiment gave, not every one \"auto\" might pick") {
+  // A run's config.toml is read back by eval, sample and export, possibly by a build without the
+  // CUDA plugins: an unchosen [run.nccl] there would be an unknown section.
+  const auto plain = run_ablate("config show " + kQuickstart);
+  REQUIRE(plain.exit_code == 0);
+  CHECK_FALSE(contains(plain.output, "[run.nccl]"));
+  CHECK_FALSE(contains(plain.output, "[run.mpi]"));
+  CHECK(contains(plain.output, "[attention.naive_cpu]"));
+  CHECK(contains(plain.output, "[logging.jsonl]"));  // a list selector: every listed sink
+  const auto given = run_ablate("config show " + kQuickstart + " --set run.mpi.timeout_s=60");
+  CHECK(contains(given.output, "[run.mpi]"));
+  CHECK(contains(given.output, "timeout_s = 60"));
+}

@@ -15,6 +15,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
 #include "ablate/registry.hpp"
+#include "attention_device_run.hpp"
 #include "attention_support.hpp"
 
 using namespace ablate;
@@ -40,14 +41,7 @@ struct Fixture {
   }
 };
 
-TensorView shaped(TensorView t, int64_t a, int64_t b, int64_t c, int64_t d) {
-  t.ndim = 4;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.shape[3] = d;
-  return t;
-}
+using test::shaped;
 
 struct Outputs {
   std::vector<double> out, d_q, d_k, d_v;
@@ -70,36 +64,12 @@ Outputs run_cpu(Fixture& f, AttentionProblem p, const Batch& batch, std::vector<
 
 Outputs run_gpu(Fixture& f, AttentionProblem p, const Batch& batch, const std::vector<double>& q, const std::vector<double>& k,
                 const std::vector<double>& v, const std::vector<double>& d_out) {
-  Device& dev = *f.device;
-  const auto up = [&](const std::vector<double>& x) {
-    std::vector<float> h(x.begin(), x.end());
-    Buffer b = dev.alloc(DType::f32, int64_t(h.size()));
-    dev.upload(b.view(), h.data());
-    return b;
-  };
-  const auto poisoned = [&](int64_t n) {
-    Buffer b = dev.alloc(DType::f32, n);
-    dev.fill(b.view(), std::numeric_limits<float>::quiet_NaN());
-    return b;
-  };
-  const auto down = [&](const Buffer& b) {
-    std::vector<float> h(std::size_t(b.count()));
-    dev.download(h.data(), b.view());
-    return std::vector<double>(h.begin(), h.end());
-  };
-  DeviceBatch db;
-  dev.upload_batch(batch, db);
-  Buffer bq = up(q), bk = up(k), bv = up(v), bdo = up(d_out);
-  Buffer out = poisoned(int64_t(q.size())), dq = poisoned(int64_t(q.size())), dk = poisoned(int64_t(k.size())),
-         dv = poisoned(int64_t(k.size())), saved = poisoned(f.gpu->saved_elements(p));
-  const auto hv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
-  const auto kv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
-  f.gpu->forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view());
-  f.gpu->backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
-  dev.synchronize();
-  return {down(out), down(dq), down(dk), down(dv)};
+  const auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const test::AttentionOutputs o =
+      test::run_attention_on(*f.device, *f.gpu, p, batch, narrow(q), narrow(k), narrow(v), narrow(d_out));
+  return {widen(o.out), widen(o.d_q), widen(o.d_k), widen(o.d_v)};
 }
-
 
 }  // namespace
 

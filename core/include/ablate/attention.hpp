@@ -46,4 +46,10 @@ class Attention : public Component {
   void* stream_ = nullptr;
 };
 
+// Throws (naming `where`, the tensor and what was expected) unless `t` is a (batch, seq_len, heads,
+// head_dim) view of the problem's dtype on `device` with data: the argument check every backend
+// makes on q, k, v, out and their gradients.
+void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
+                            int64_t heads, DeviceType device);
+
 }  // namespace ablate

@@ -1,0 +1,303 @@
+// `cudnn_flash` without a GPU: its graph keys (every field that changes a graph changes the key,
+// equal problems give equal keys, packed batches share a graph within a segment bound), the host
+// twin of its ragged-offset kernel against a direct walk of random packed layouts, the padded
+// lengths, its supports() answers through the Registry, and cuDNN SDPA graphs (bf16, THD with GQA,
+// causal, padding mask; forward and backward) described, validated and lowered to cuDNN operation
+// graphs for SM90 with no device. Execution plans need a device and are left to tests/gpu.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ablate/attention.hpp"
+#include "ablate/cuda_check.hpp"
+#include "ablate/error.hpp"
+#include "ablate/registry.hpp"
+#include "attention_support.hpp"
+#include "cudnn_library.hpp"
+#include "graph_key.hpp"
+#include "ragged.hpp"
+#include "sdpa_graph.hpp"
+#include "test_support.hpp"
+
+using namespace ablate;
+using namespace ablate::cudnn_flash;
+using ablate::test::make_batch;
+using ablate::test::random_packed_row;
+using ablate::test::RowLayout;
+
+namespace {
+
+AttentionProblem problem(int32_t B, int32_t T, int32_t H, int32_t Hkv, int32_t D, bool packed,
+                         DType dtype = DType::f32) {
+  AttentionProblem p;
+  p.batch = B;
+  p.seq_len = T;
+  p.heads = H;
+  p.kv_heads = Hkv;
+  p.head_dim = D;
+  p.dtype = dtype;
+  p.device = DeviceType::cuda;
+  p.packed = packed;
+  return p;
+}
+
+struct Flash {
+  Registry registry;
+  Params common{"attention", {}};
+  Params own{"attention.cudnn_flash", {}};
+  RunContext run;
+  std::unique_ptr<Attention> attention;
+  Flash() {
+    registry.load_directories({test::plugin_dir()});
+    run.device = "cuda";
+    attention = registry.create<Attention>(Kind::attention, "cudnn_flash", {common, own, run});
+  }
+};
+
+// Expected metadata from the rows' (start, length) lists directly: segments in row order, token
+// r * T + start, the empty entries after them at the end of the data.
+struct Expected {
+  std::vector<int32_t> lengths, q, kv, stats;
+};
+
+Expected walk(const std::vector<RowLayout>& rows, int32_t T, int32_t H, int32_t Hkv, int32_t D, int32_t bound) {
+  Expected e;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    for (auto [start, length] : rows[r]) {
+      const int64_t token = int64_t(r) * T + start;
+      e.lengths.push_back(length);
+      e.q.push_back(int32_t(token * H * D));
+      e.kv.push_back(int32_t(token * Hkv * D));
+      e.stats.push_back(int32_t(token * H));
+    }
+  }
+  const int64_t end = int64_t(rows.size()) * T;
+  while (int32_t(e.lengths.size()) < bound) e.lengths.push_back(0);
+  while (int32_t(e.q.size()) < bound + 1) {
+    e.q.push_back(int32_t(end * H * D));
+    e.kv.push_back(int32_t(end * Hkv * D));
+    e.stats.push_back(int32_t(end * H));
+  }
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("graph keys: equal problems give one key, every field that changes the graph another") {
+  const AttentionProblem p = problem(4, 77, 6, 2, 64, true);
+  const GraphKey base = make_graph_key(p, 10, Pass::forward, 0, 90, 91900);
+  CHECK(base == make_graph_key(p, 10, Pass::forward, 0, 90, 91900));
+  CHECK(GraphKeyHash{}(base) == GraphKeyHash{}(make_graph_key(p, 10, Pass::forward, 0, 90, 91900)));
+  // 9..16 segments in 4 rows share the bound 16, so the graph.
+  CHECK(base.segment_bound == 16);
+  CHECK(make_graph_key(p, 9, Pass::forward, 0, 90, 91900) == base);
+  CHECK(make_graph_key(p, 16, Pass::forward, 0, 90, 91900) == base);
+  CHECK(make_graph_key(p, 17, Pass::forward, 0, 90, 91900) != base);
+  // Padded rows: the segment count plays no part.
+  const AttentionProblem padded = problem(4, 77, 6, 2, 64, false);
+  CHECK(make_graph_key(padded, 3, Pass::forward, 0, 90, 91900) == make_graph_key(padded, 4, Pass::forward, 0, 90, 91900));
+  CHECK(make_graph_key(padded, 4, Pass::forward, 0, 90, 91900).segment_bound == 0);
+
+  std::vector<GraphKey> changed;
+  const auto with = [&](auto change) {
+    GraphKey k = base;
+    change(k);
+    changed.push_back(k);
+  };
+  with([](GraphKey& k) { k.batch = 5; });
+  with([](GraphKey& k) { k.seq_len = 78; });
+  with([](GraphKey& k) { k.heads = 8; });
+  with([](GraphKey& k) { k.kv_heads = 3; });
+  with([](GraphKey& k) { k.head_dim = 128; });
+  with([](GraphKey& k) { k.packed = false; });
+  with([](GraphKey& k) { k.segment_bound = 32; });
+  with([](GraphKey& k) { k.dtype = DType::bf16; });
+  with([](GraphKey& k) { k.causal = false; });
+  with([](GraphKey& k) { k.pass = Pass::backward; });
+  with([](GraphKey& k) { k.device = 1; });
+  with([](GraphKey& k) { k.sm = 100; });
+  with([](GraphKey& k) { k.cudnn_version = 91901; });
+  std::vector<std::size_t> hashes{GraphKeyHash{}(base)};
+  for (const GraphKey& k : changed) {
+    INFO(k.describe());
+    CHECK(k != base);
+    hashes.push_back(GraphKeyHash{}(k));
+  }
+  std::sort(hashes.begin(), hashes.end());
+  CHECK(std::adjacent_find(hashes.begin(), hashes.end()) == hashes.end());
+  CHECK(base.describe() == "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 16 f32 causal sm90 device 0 cuDNN 91900");
+}
+
+TEST_CASE("segment_bound: the rows doubled until every segment fits") {
+  for (int32_t rows : {1, 3, 4, 8}) {
+    int32_t previous = 0;
+    for (int32_t n = 0; n <= 300; ++n) {
+      const int32_t b = segment_bound(n, rows);
+      INFO("rows " << rows << " segments " << n << " bound " << b);
+      CHECK(b >= n);
+      CHECK(b >= rows);
+      CHECK(b >= previous);
+      int32_t m = b;
+      while (m > rows && m % 2 == 0) m /= 2;
+      CHECK(m == rows);                        // rows * 2^k
+      CHECK((b == rows || b < 2 * n));         // never twice what is needed
+      previous = b;
+    }
+  }
+  CHECK(segment_bound(0, 0) == 1);
+}
+
+TEST_CASE("ragged offsets: the kernel's host twin against a direct walk of random packed layouts") {
+  std::mt19937 rng(7);
+  for (int32_t T : {1, 2, 7, 64, 77, 130}) {
+    for (auto [H, Hkv, D] : {std::tuple{4, 4, 64}, std::tuple{6, 2, 128}, std::tuple{8, 2, 8}}) {
+      for (int trial = 0; trial < 5; ++trial) {
+        std::vector<RowLayout> rows;
+        rows.push_back(random_packed_row(T, rng));
+        rows.push_back({{0, T}});                        // one segment filling the row
+        rows.push_back({{0, std::max(1, T / 2)}});       // one segment and a padding tail
+        rows.push_back({});                              // all padding
+        RowLayout ones;                                  // every segment of length 1, the last position padding
+        for (int32_t t = 0; t + 1 < T; ++t) ones.push_back({t, 1});
+        rows.push_back(ones);
+        rows.push_back(random_packed_row(T, rng));
+        std::shuffle(rows.begin(), rows.end(), rng);
+        const Batch batch = make_batch(T, rows);
+        const int32_t B = batch.rows, S = int32_t(batch.segments.size());
+        const int32_t bound = segment_bound(S, B);
+        const RaggedShape shape{B, T, H, Hkv, D};
+        std::vector<int32_t> lengths(std::size_t(bound), -1), q(std::size_t(bound) + 1, -1), kv(q), st(q);
+        fill_ragged_host(S, bound, reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(),
+                         shape, lengths.data(), q.data(), kv.data(), st.data());
+        const Expected want = walk(rows, T, H, Hkv, D, bound);
+        INFO("T " << T << " H " << H << " Hkv " << Hkv << " D " << D << " segments " << S << " bound " << bound);
+        CHECK(lengths == want.lengths);
+        CHECK(q == want.q);
+        CHECK(kv == want.kv);
+        CHECK(st == want.stats);
+
+        // Every real position lies in exactly one entry, padding in none (from the segment ids).
+        std::vector<int> covered(std::size_t(B) * T, 0);
+        for (int32_t i = 0; i < bound; ++i) {
+          const int64_t first = st[std::size_t(i)] / H;
+          for (int64_t t = first; t < first + lengths[std::size_t(i)]; ++t) ++covered[std::size_t(t)];
+          CHECK(q[std::size_t(i)] <= q[std::size_t(i) + 1]);  // offsets never decrease
+        }
+        for (std::size_t at = 0; at < covered.size(); ++at) {
+          CHECK(covered[at] == (batch.segment_ids[at] != 0 ? 1 : 0));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("padded lengths: each row's single segment, 0 for an empty row") {
+  std::mt19937 rng(11);
+  for (int32_t T : {1, 7, 77}) {
+    std::vector<RowLayout> rows;
+    std::vector<int32_t> want;
+    for (int r = 0; r < 9; ++r) {
+      const int32_t length = std::uniform_int_distribution<int32_t>(0, T)(rng);
+      rows.push_back(length > 0 ? RowLayout{{0, length}} : RowLayout{});
+      want.push_back(length);
+    }
+    const Batch batch = make_batch(T, rows);
+    std::vector<int32_t> lengths(rows.size(), -1);
+    fill_padded_host(reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(),
+                     int32_t(rows.size()), lengths.data());
+    CHECK(lengths == want);
+  }
+}
+
+TEST_CASE("supports: refusals with their reasons, answered without a GPU") {
+  Flash f;
+  Attention& a = *f.attention;
+  const auto refuses = [&](const AttentionProblem& p, const std::string& words) {
+    const std::string why = a.supports(p);
+    INFO("reason: " << why);
+    CHECK(why.find(words) != std::string::npos);
+  };
+  AttentionProblem cpu = problem(2, 64, 4, 4, 64, false);
+  cpu.device = DeviceType::cpu;
+  refuses(cpu, "CUDA device");
+  refuses(problem(2, 64, 4, 4, 64, false, DType::f64), "f64");
+  refuses(problem(2, 64, 4, 4, 64, false, DType::f16), "f16");
+  refuses(problem(2, 64, 4, 4, 136, false), "at most 128");
+  refuses(problem(2, 64, 4, 4, 60, false), "multiple of 8");
+  refuses(problem(2, 64, 5, 2, 64, true), "multiple of kv_heads");
+  refuses(problem(2, 64, 4, 0, 64, true), "kv_heads");
+  refuses(problem(64, 8192, 64, 8, 128, true), "2^31");
+  CHECK(a.saved_elements(problem(3, 77, 6, 2, 64, true)) == 3 * 77 * 6);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool packed : {false, true}) {
+      for (auto [H, Hkv, D] : {std::tuple{4, 4, 64}, std::tuple{6, 2, 128}, std::tuple{12, 3, 8}}) {
+        const AttentionProblem p = problem(4, 77, H, Hkv, D, packed, dtype);
+        if (!cuda::device_available()) {
+          CHECK(a.supports(p).empty());
+        } else {
+          MESSAGE("with a device: " << a.supports(p));  // the device and cuDNN may refuse; tests/gpu runs it
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("forward without a device fails with an ablate error, not a crash") {
+  if (cuda::device_available()) return;  // the GPU test runs it for real
+  Flash f;
+  const AttentionProblem p = problem(2, 8, 2, 1, 64, true);
+  const Batch batch = make_batch(8, {{{0, 3}, {3, 5}}, {{0, 8}}});
+  BatchViews views = host_batch_views(batch);
+  views.device = DeviceType::cuda;  // never read: the call stops before any kernel
+  alignas(16) static float fake[1];
+  const auto tensor = [&](int64_t heads, DType dtype = DType::f32) {
+    TensorView t;
+    t.data = fake;
+    t.dtype = dtype;
+    t.device = DeviceType::cuda;
+    t.ndim = 4;
+    t.shape = {p.batch, p.seq_len, heads, p.head_dim};
+    return t;
+  };
+  TensorView saved = flat_view(fake, DType::f32, f.attention->saved_elements(p), DeviceType::cuda);
+  CHECK_THROWS_AS(f.attention->forward(p, views, tensor(2), tensor(1), tensor(1), tensor(2), saved), Error);
+  // Wrong shapes are named before anything else.
+  CHECK_THROWS_WITH_AS(f.attention->forward(p, views, tensor(2), tensor(2), tensor(1), tensor(2), saved),
+                       doctest::Contains("k has shape"), Error);
+}
+
+TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, forward and backward, lowered for SM90 without a GPU") {
+  const CudnnLibrary& lib = cudnn_library();
+  if (!lib.loaded) {
+    MESSAGE("cuDNN could not be loaded here (" << lib.error << "): graph lowering not checked");
+    return;
+  }
+  MESSAGE("cuDNN " << lib.version << " from " << lib.path);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    for (bool packed : {true, false}) {
+      for (auto [H, Hkv, D] : {std::tuple{6, 2, 64}, std::tuple{8, 2, 128}, std::tuple{4, 4, 64}}) {
+        const AttentionProblem p = problem(3, 77, H, Hkv, D, packed);
+        const GraphKey key = make_graph_key(p, 11, pass, 0, 90, lib.version);
+        INFO(key.describe());
+        const SdpaGraph::Built built = SdpaGraph::build(key, nullptr);
+        CHECK_MESSAGE(built.error.empty(), built.error);
+        REQUIRE(built.graph != nullptr);
+        CHECK(built.graph->key() == key);
+        CHECK(built.graph->workspace_bytes() == 0);  // no plan without a device
+      }
+    }
+  }
+  // A head count that is no multiple of the kv heads is refused by validation.
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    const GraphKey key = make_graph_key(problem(2, 64, 5, 2, 64, true), 4, pass, 0, 90, lib.version);
+    const SdpaGraph::Built built = SdpaGraph::build(key, nullptr);
+    INFO(built.error);
+    CHECK(built.graph == nullptr);
+    CHECK(built.error.find("validate") != std::string::npos);
+  }
+}

@@ -1,0 +1,222 @@
+// `cudnn_flash` on a GPU against `naive_cuda` (exact f32 attention): padded rows and packed rows
+// with random segments (length 1 and empty rows included), GQA ratios 1, 3 and 4, head_dim 64 and
+// 128, T = 7, 77 and 130 (none a multiple of 64); outputs and all three gradients, outputs poisoned
+// with NaN first so that a position cuDNN never writes shows; and one graph build per distinct key
+// over repeated calls. Exits 77 (CTest: skipped) without a CUDA device.
+//
+// Both backends get the same inputs, already representable in bf16, so cudnn_flash's conversion of
+// its f32 inputs is exact and what remains is cuDNN's own bf16 arithmetic (see the tolerances).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ablate/attention.hpp"
+#include "ablate/cuda_check.hpp"
+#include "ablate/device.hpp"
+#include "ablate/registry.hpp"
+#include "attention_device_run.hpp"
+#include "attention_support.hpp"
+
+using namespace ablate;
+
+namespace {
+
+// The plugin's build counters (exported by libablate_cudnn_flash for tests and benchmarks).
+using Counter = int64_t (*)(const Attention*);
+
+struct Fixture {
+  Registry registry;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Attention> flash, naive;
+  Counter builds = nullptr, cached = nullptr;
+  Fixture() {
+    registry.load_directories({ABLATE_PLUGIN_DIR});
+    static const Params run_params{"run", {}}, common{"attention", {}}, flash_own{"attention.cudnn_flash", {}},
+        naive_own{"attention.naive_cuda", {}};
+    RunContext on_gpu;
+    on_gpu.device = "cuda";
+    device = registry.create<Device>(Kind::device, "cuda", {run_params, run_params, on_gpu});
+    flash = registry.create<Attention>(Kind::attention, "cudnn_flash", {common, flash_own, on_gpu});
+    naive = registry.create<Attention>(Kind::attention, "naive_cuda", {common, naive_own, on_gpu});
+    flash->set_stream(device->stream());
+    naive->set_stream(device->stream());
+    const std::string library = std::string(ABLATE_PLUGIN_DIR) + "/libablate_cudnn_flash.so";
+    void* plugin = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE_MESSAGE(plugin != nullptr, "the registry did not load " << library);
+    builds = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cudnn_flash_graph_builds"));
+    cached = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cudnn_flash_graphs_cached"));
+    REQUIRE_MESSAGE((builds != nullptr && cached != nullptr), "the plugin exports no build counters");
+  }
+};
+
+// The nearest bf16 value (round to nearest even), as an f32.
+float to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &bits, 4);
+  return y;
+}
+
+using Outputs = test::AttentionOutputs;
+
+Outputs run(Fixture& f, Attention& attention, const AttentionProblem& p, const Batch& batch, const std::vector<float>& q,
+            const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& d_out) {
+  return test::run_attention_on(*f.device, attention, p, batch, q, k, v, d_out);
+}
+
+// Every element within atol + rtol * |ref|, atol = rtol * max |ref|; positions the reference leaves
+// at exactly 0 (padding) must be exactly 0. Returns the worst ratio of error to allowance (<= 1 passes).
+double worst(const std::vector<float>& got, const std::vector<float>& ref, double rtol) {
+  double scale = 0.0;
+  for (float r : ref) scale = std::max(scale, double(std::abs(r)));
+  const double atol = rtol * scale;
+  double ratio = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    const double err = std::abs(double(got[i]) - double(ref[i]));
+    ratio = std::max(ratio, err / (atol + rtol * std::abs(double(ref[i])) + 1e-30));
+  }
+  return ratio;
+}
+
+bool zero_at_padding(const std::vector<float>& x, const Batch& batch, int64_t per_position) {
+  for (std::size_t at = 0; at < batch.segment_ids.size(); ++at) {
+    if (batch.segment_ids[at] != 0) continue;
+    for (int64_t j = 0; j < per_position; ++j) {
+      if (x[at * std::size_t(per_position) + std::size_t(j)] != 0.0f) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, head_dim 64 and 128, odd T") {
+  Fixture f;
+  std::mt19937 rng(43);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  // Tolerances for bf16 (8 significant bits, unit roundoff u = 2^-9), relative to each tensor's
+  // largest reference value plus the element's own: the inputs are exact in bf16, so the errors are
+  // cuDNN's: the probabilities rounded to bf16 before they meet V (about u relative per term), O
+  // rounded once, and in backward the bf16 dO and O whose row dot is subtracted from dP (a
+  // cancellation) and the gradients rounded once, over sums of up to 130 keys. Forward errors stay
+  // near a few u, gradients near ten u; 2^-6 (8 u) and 2^-5 (16 u) hold them with margin, while any
+  // masking or layout mistake gives errors of the order of the values themselves.
+  const double out_rtol = 1.0 / 64, grad_rtol = 1.0 / 32;
+  for (int32_t T : {7, 77, 130}) {
+    for (int32_t D : {64, 128}) {
+      for (int32_t ratio : {1, 3, 4}) {
+        for (bool packed : {false, true}) {
+          INFO("T " << T << " D " << D << " heads/kv " << ratio << (packed ? " packed" : " padded"));
+          const Batch batch =
+              packed ? test::make_batch(T, {test::random_packed_row(T, rng), test::random_packed_row(T, rng),
+                                            {{0, 1}, {1, T - 1}}, {}})
+                     : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}, {{0, 1}}});
+          AttentionProblem p;
+          p.batch = batch.rows;
+          p.seq_len = T;
+          p.kv_heads = 2;
+          p.heads = 2 * ratio;
+          p.head_dim = D;
+          p.dtype = DType::f32;
+          p.device = DeviceType::cuda;
+          p.packed = packed;
+          const std::string why = f.flash->supports(p);
+          if (!why.empty()) {
+            MESSAGE("cudnn_flash refuses: " << why);  // e.g. packed rows on an SM80 device
+            continue;
+          }
+          REQUIRE(f.naive->supports(p).empty());
+          const auto make = [&](int64_t heads) {
+            std::vector<float> x(std::size_t(p.batch) * T * heads * D);
+            for (float& e : x) e = to_bf16(n(rng));
+            return x;
+          };
+          const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads),
+                                   d_out = make(p.heads);
+          const Outputs want = run(f, *f.naive, p, batch, q, k, v, d_out);
+          const int64_t builds_before = f.builds(f.flash.get());
+          const Outputs got = run(f, *f.flash, p, batch, q, k, v, d_out);
+          CHECK(worst(got.out, want.out, out_rtol) <= 1.0);
+          CHECK(worst(got.d_q, want.d_q, grad_rtol) <= 1.0);
+          CHECK(worst(got.d_k, want.d_k, grad_rtol) <= 1.0);
+          CHECK(worst(got.d_v, want.d_v, grad_rtol) <= 1.0);
+          CHECK(zero_at_padding(got.out, batch, int64_t(p.heads) * D));
+          CHECK(zero_at_padding(got.d_q, batch, int64_t(p.heads) * D));
+          CHECK(zero_at_padding(got.d_k, batch, int64_t(p.kv_heads) * D));
+          CHECK(zero_at_padding(got.d_v, batch, int64_t(p.kv_heads) * D));
+          // A forward and a backward graph for a new key, none for a key met before.
+          const int64_t built = f.builds(f.flash.get()) - builds_before;
+          CHECK(built <= 2);
+          const Outputs again = run(f, *f.flash, p, batch, q, k, v, d_out);
+          CHECK(f.builds(f.flash.get()) == builds_before + built);
+          CHECK(again.out == got.out);  // forward is deterministic; backward may order its sums differently
+        }
+      }
+    }
+  }
+  // One build per distinct key over everything above.
+  CHECK(f.builds(f.flash.get()) == f.cached(f.flash.get()));
+  MESSAGE("cudnn_flash built " << f.builds(f.flash.get()) << " graphs");
+}
+
+TEST_CASE("cudnn_flash: packed batches with different segment counts share a graph within a bound") {
+  Fixture f;
+  const int32_t T = 96;
+  AttentionProblem p;
+  p.batch = 2;
+  p.seq_len = T;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 64;
+  p.dtype = DType::f32;
+  p.device = DeviceType::cuda;
+  p.packed = true;
+  if (const std::string why = f.flash->supports(p); !why.empty()) {
+    MESSAGE("cudnn_flash refuses: " << why);
+    return;
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const auto make = [&](int64_t heads) {
+    std::vector<float> x(std::size_t(p.batch) * T * heads * p.head_dim);
+    for (float& e : x) e = to_bf16(n(rng));
+    return x;
+  };
+  const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
+  // 3 and 4 segments in 2 rows: both within the bound 4, so one forward and one backward graph.
+  const Batch three = test::make_batch(T, {{{0, 40}, {40, 50}}, {{0, 96}}});
+  const Batch four = test::make_batch(T, {{{0, 10}, {10, 1}, {11, 80}}, {{0, 95}}});
+  const Outputs a = run(f, *f.flash, p, three, q, k, v, d_out);
+  CHECK(f.builds(f.flash.get()) == 2);
+  const Outputs b = run(f, *f.flash, p, four, q, k, v, d_out);
+  CHECK(f.builds(f.flash.get()) == 2);
+  const Outputs want = run(f, *f.naive, p, four, q, k, v, d_out);
+  CHECK(worst(b.out, want.out, 1.0 / 64) <= 1.0);
+  CHECK(worst(b.d_q, want.d_q, 1.0 / 32) <= 1.0);
+  CHECK(worst(b.d_k, want.d_k, 1.0 / 32) <= 1.0);
+  CHECK(worst(b.d_v, want.d_v, 1.0 / 32) <= 1.0);
+  (void)a;
+}
+
+int main(int argc, char** argv) {
+  if (!cuda::device_available()) {
+    std::puts("no CUDA device: skipped");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}

@@ -1,0 +1,61 @@
+// One forward and backward of an attention backend on a Device (the GPU tests): f32 inputs
+// uploaded, every output poisoned with NaN first (a position the backend never writes shows), the
+// batch uploaded as the trainer uploads it, results downloaded after a synchronize.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ablate/attention.hpp"
+#include "ablate/batch.hpp"
+#include "ablate/device.hpp"
+
+namespace ablate::test {
+
+// A view given the (B, T, heads, D) shape of an attention tensor.
+inline TensorView shaped(TensorView t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  t.ndim = 4;
+  t.shape[0] = a;
+  t.shape[1] = b;
+  t.shape[2] = c;
+  t.shape[3] = d;
+  return t;
+}
+
+struct AttentionOutputs {
+  std::vector<float> out, d_q, d_k, d_v;
+};
+
+inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, const AttentionProblem& p,
+                                         const Batch& batch, const std::vector<float>& q, const std::vector<float>& k,
+                                         const std::vector<float>& v, const std::vector<float>& d_out) {
+  const auto up = [&](const std::vector<float>& x) {
+    Buffer b = dev.alloc(DType::f32, int64_t(x.size()));
+    dev.upload(b.view(), x.data());
+    return b;
+  };
+  const auto poisoned = [&](int64_t n) {
+    Buffer b = dev.alloc(DType::f32, n);
+    dev.fill(b.view(), std::numeric_limits<float>::quiet_NaN());
+    return b;
+  };
+  const auto down = [&](const Buffer& b) {
+    std::vector<float> h(std::size_t(b.count()));
+    dev.download(h.data(), b.view());
+    return h;
+  };
+  DeviceBatch db;
+  dev.upload_batch(batch, db);
+  Buffer bq = up(q), bk = up(k), bv = up(v), bdo = up(d_out);
+  Buffer out = poisoned(int64_t(q.size())), dq = poisoned(int64_t(q.size())), dk = poisoned(int64_t(k.size())),
+         dv = poisoned(int64_t(k.size())), saved = poisoned(attention.saved_elements(p));
+  const auto hv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
+  const auto kv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
+  attention.forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view());
+  attention.backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
+  dev.synchronize();
+  return {down(out), down(dq), down(dk), down(dv)};
+}
+
+}  // namespace ablate::test
