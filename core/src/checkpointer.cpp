@@ -180,6 +180,26 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
 
 // ---------------------------------------------------------------------------------------------
 
+// Retention: the newest `keep` checkpoints by step (not by name: step_100000000 sorts before
+// step_99999999 as text) among those at or before the one just written, which `latest` names and
+// is never removed. Checkpoints after it are left alone: they belong to an abandoned continuation
+// (a run resumed from an earlier checkpoint, or killed between writing a checkpoint and naming it
+// latest) and are data, not clutter; a later save of the same step replaces its directory.
+void Checkpointer::remove_old_checkpoints(int64_t written) const {
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(root_)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("step_", 0) != 0 || n.size() == 5) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 18) continue;
+    const int64_t step = std::stoll(n.substr(5));
+    if (step < written) older.emplace_back(step, e.path());
+  }
+  std::sort(older.begin(), older.end());
+  // `written` itself is one of the `keep` newest.
+  const std::size_t keep_older = s_.keep > 0 ? std::size_t(s_.keep - 1) : 0;
+  for (std::size_t i = 0; i + keep_older < older.size(); ++i) fs::remove_all(older[i].second);
+}
+
 Checkpointer::Checkpointer(const Setup& setup, const Config& config, Communicator& comm)
     : s_(setup), config_(config), comm_(comm), root_(setup.run_dir / "checkpoints") {}
 
@@ -239,14 +259,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     fs::remove_all(final_dir);
     fs::rename(tmp, final_dir);
     write_file_atomic(root_ / "latest", step_name(step) + "\n");
-    // Keep the newest `s_.keep` complete checkpoints.
-    std::vector<fs::path> all;
-    for (const auto& e : fs::directory_iterator(root_)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0) all.push_back(e.path());
-    }
-    std::sort(all.begin(), all.end());
-    for (std::size_t i = 0; i + std::size_t(s_.keep) < all.size(); ++i) fs::remove_all(all[i]);
+    remove_old_checkpoints(step);
   }
   comm_.barrier();  // the checkpoint is complete for every rank
 }

@@ -44,6 +44,7 @@ class Checkpointer {
 
  private:
   std::string optimizer_file(int rank) const;
+  void remove_old_checkpoints(int64_t written) const;
   Setup s_;
   const Config& config_;
   Communicator& comm_;

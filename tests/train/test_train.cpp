@@ -313,3 +313,24 @@ TEST_CASE("a state.json with wrong types, impossible values or an optimizer file
   std::ofstream(state) << good.dump();  // and restored, it resumes
   CHECK(run_ablate("train " + config() + kTiny + " --set run.steps=4 --resume " + run.string()).exit_code == 0);
 }
+
+TEST_CASE("retention keeps the newest checkpoints by step, never the one latest names, and leaves an abandoned later one alone") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const fs::path ck = run / "checkpoints";
+  const std::string base = "train " + config() + kTiny + " --set checkpoint.every=2";
+  REQUIRE(run_ablate(base + " --set run.steps=4 --set checkpoint.keep=5 --run-dir " + run.string()).exit_code == 0);
+  REQUIRE(fs::exists(ck / "step_00000002"));
+  REQUIRE(fs::exists(ck / "step_00000004"));
+  // A complete checkpoint after the one `latest` names: left by a longer run that was abandoned
+  // (or killed between writing step 10 and naming it latest). By name it is the newest.
+  fs::copy(ck / "step_00000004", ck / "step_00000010", fs::copy_options::recursive);
+  const auto r = run_ablate(base + " --set run.steps=6 --set checkpoint.keep=1 --resume " + run.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(slurp(ck / "latest") == "step_00000006\n");
+  CHECK(fs::exists(ck / "step_00000006" / "model.safetensors"));  // sorting by name would delete it
+  CHECK_FALSE(fs::exists(ck / "step_00000002"));
+  CHECK_FALSE(fs::exists(ck / "step_00000004"));
+  CHECK(fs::exists(ck / "step_00000010" / "model.safetensors"));  // data, not clutter
+}
