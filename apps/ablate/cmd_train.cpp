@@ -374,9 +374,10 @@ int cmd_sample(const Args& args) {
     ctx.push_back(next);
     if (next == source->eot_token() && vm["stop-at-eot"].as<bool>()) break;
   }
-  const std::vector<int32_t> prompt(ctx.begin(), ctx.begin() + std::ptrdiff_t(prompt_len));
-  const std::vector<int32_t> generated(ctx.begin() + std::ptrdiff_t(prompt_len), ctx.end());
-  std::cout << (from_start ? std::string() : source->decode(prompt)) << source->decode(generated) << "\n";
+  // Prompt and continuation decoded as one sequence: sources that speak token ids separate every id
+  // (the prompt's last and the first generated must not run together), text sources join bytes.
+  const std::vector<int32_t> shown(ctx.begin() + (from_start ? std::ptrdiff_t(prompt_len) : 0), ctx.end());
+  std::cout << source->decode(shown) << "\n";
   return 0;
 }
 

@@ -1,7 +1,9 @@
 // The `token_shards` data source: pre-tokenised llm.c shards (a header of 256 int32 -- magic
 // 20240520, version 1, token count -- then that many uint16 tokens), memory-mapped, never read whole.
 // Documents are the runs of tokens between end-of-text tokens (`eot`) within one shard; the split
-// is by shard glob (`val_paths`) or the last `validation_fraction` of the documents.
+// is by shard glob (`val_paths`) or the last `validation_fraction` of the documents. Samples are
+// decoded through the corpus's GPT-2 tokenizer files when it has them (gpt2_vocab.hpp), else
+// written as token ids.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -12,6 +14,9 @@
 #include "ablate/data_util.hpp"
 #include "ablate/error.hpp"
 #include "ablate/plugin.hpp"
+#include "gpt2_vocab.hpp"
+
+#include <spdlog/spdlog.h>
 
 namespace {
 
@@ -32,6 +37,8 @@ struct Shard {
   uint64_t count = 0;
   std::vector<uint32_t> doc_begin;
   std::vector<uint32_t> doc_end;
+  uint64_t eot_count = 0;  // end-of-text tokens met
+  int32_t max_token = -1;  // the largest token id met
 };
 
 std::unique_ptr<Shard> open_shard(const std::filesystem::path& path, int32_t eot, int32_t vocab) {
@@ -74,7 +81,9 @@ std::unique_ptr<Shard> open_shard(const std::filesystem::path& path, int32_t eot
                                 "token " + std::to_string(t) + " is outside the vocabulary (vocab_size " +
                                     std::to_string(vocab) + ")");
     }
+    shard.max_token = std::max(shard.max_token, t);
     if (t == eot) {
+      ++shard.eot_count;
       if (i > begin) {
         shard.doc_begin.push_back(uint32_t(begin));
         shard.doc_end.push_back(uint32_t(i));
@@ -150,6 +159,8 @@ class TokenShards final : public ablate::DataSource {
     }
     tokens_total_ = 0;
     for (const auto& s : shards_) tokens_total_ += s->count;
+    warn_about_the_data(own, val_files.empty());
+    open_tokenizer(own, train_files.front());
   }
 
   int32_t vocab_size() const override { return vocab_; }
@@ -171,13 +182,66 @@ class TokenShards final : public ablate::DataSource {
     out.tokens.assign(begin, end);
   }
 
+  std::vector<int32_t> encode(const std::string& text) const override {
+    return DataSource::encode(text);  // prompts are token ids: encoding text needs GPT-2's merges
+  }
+  std::string decode(const std::vector<int32_t>& tokens) const override {
+    return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);
+  }
+
   std::string describe() const override {
     return "token_shards: " + std::to_string(shards_.size()) + " shards, " + std::to_string(tokens_total_) + " tokens, " +
            std::to_string(train_.total) + " train / " + std::to_string(validation_.total) +
-           " validation documents, vocab " + std::to_string(vocab_) + ", eot " + std::to_string(eot_);
+           " validation documents, vocab " + std::to_string(vocab_) + ", eot " + std::to_string(eot_) +
+           (vocab_text_ ? ", decoded with " + vocab_text_->file().string() : std::string());
   }
 
  private:
+  // Settings that read the data wrongly without failing: an end-of-text id the shards never hold
+  // (each shard one giant document), a vocabulary far larger than the ids in use (byte shards read
+  // with GPT-2's 50257), a validation fraction that holds out nothing.
+  void warn_about_the_data(const ablate::Params& own, bool split_by_fraction) const {
+    uint64_t eots = 0;
+    int32_t max_token = -1;
+    for (const auto& s : shards_) {
+      eots += s->eot_count;
+      max_token = std::max(max_token, s->max_token);
+    }
+    if (eots == 0 && tokens_total_ > 0) {
+      spdlog::warn("{}.eot: token {} never occurs in the {} tokens of the shards, so each shard is one document; set eot "
+                   "to the id that ends the data's documents",
+                   own.path(), eot_, tokens_total_);
+    }
+    if (max_token >= 0 && int64_t(max_token) + 1 < vocab_ / 2) {
+      spdlog::warn("{}.vocab_size: the shards use ids 0..{} only but vocab_size is {}; the model's embedding and "
+                   "classifier spend {}% of their rows on ids that never occur (byte-level shards take vocab_size 256)",
+                   own.path(), max_token, vocab_, 100 * (int64_t(vocab_) - max_token - 1) / vocab_);
+    }
+    const double fraction = own.get_float("validation_fraction");
+    if (split_by_fraction && fraction > 0.0 && validation_.total == 0) {
+      spdlog::warn("{}.validation_fraction: {} of {} document(s) holds out none (at least 2 documents are needed); "
+                   "the run has no validation split",
+                   own.path(), fraction, train_.total);
+    }
+  }
+
+  // `tokenizer`: "auto" reads the tokenizer/ directory beside the first training shard when there
+  // is one; a path must hold the files; "none" decodes as token ids.
+  void open_tokenizer(const ablate::Params& own, const std::filesystem::path& first_shard) {
+    using ablate::token_shards::Gpt2Vocab;
+    const std::string setting = own.get_string("tokenizer");
+    if (setting == "none") return;
+    std::filesystem::path dir = setting;
+    if (setting == "auto") {
+      dir = first_shard.parent_path() / "tokenizer";
+      if (!Gpt2Vocab::present(dir)) return;
+    } else if (!Gpt2Vocab::present(dir)) {
+      ablate::throw_input_error(own.path() + ".tokenizer", "'" + setting +
+                                                               "' holds neither encoder.json nor gpt2.tiktoken (give a "
+                                                               "directory with GPT-2's tokenizer files, \"auto\" or \"none\")");
+    }
+    vocab_text_ = std::make_unique<Gpt2Vocab>(Gpt2Vocab::load(dir, vocab_));
+  }
   const SplitIndex& index(ablate::Split split) const { return split == ablate::Split::train ? train_ : validation_; }
 
   int32_t eot_ = 50256;
@@ -186,6 +250,7 @@ class TokenShards final : public ablate::DataSource {
   SplitIndex train_;
   SplitIndex validation_;
   uint64_t tokens_total_ = 0;
+  std::unique_ptr<ablate::token_shards::Gpt2Vocab> vocab_text_;  // null: samples as token ids
 };
 
 void register_components(ablate::Registrar& r) {
@@ -198,6 +263,9 @@ void register_components(ablate::Registrar& r) {
              floating("validation_fraction", 0.0, "share of documents held out when val_paths is empty").within(0.0, 0.5),
              integer("eot", 50256, "end-of-text token id (documents are split on it)").at_least(0),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
+             string("tokenizer", "auto",
+                    "GPT-2 tokenizer files (encoder.json or gpt2.tiktoken) that samples are decoded with: a directory, "
+                    "\"auto\" (tokenizer/ beside the first shard, when there) or \"none\" (token ids)"),
          },
          [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, "", {}});
 }

@@ -2,7 +2,12 @@
 // named by file and offset), text_files (separators, splits), synthetic_probes (determinism,
 // vocabulary, the length distribution).
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "data_test_support.hpp"
 
@@ -41,6 +46,28 @@ std::string input_error_of(F&& make) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// What spdlog warns while `make` runs.
+template <class F>
+std::string warnings_of(F&& make) {
+  std::ostringstream text;
+  auto previous = spdlog::default_logger();
+  auto capture = std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  spdlog::set_default_logger(capture);
+  try {
+    make();
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  return text.str();
+}
+
+void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
 
 }  // namespace
 
@@ -142,6 +169,51 @@ TEST_CASE("token_shards refuses a data set without documents") {
   const std::string msg = input_error_of([&] { source_from(shards_toml("\"" + (dir.path() / "eots.bin").string() + "\"")); });
   CHECK(contains(msg, "eots.bin"));
   CHECK(contains(msg, "empty data set"));
+}
+
+TEST_CASE("token_shards warns of an eot that never occurs, a vocabulary far above the ids in use, and a fraction that holds out nothing") {
+  TempDir dir;
+  write_shard(dir.path() / "bytes.bin", {104, 105, 33, 10, 104, 111});  // byte-level text, no eot 0
+  const std::string glob = "\"" + (dir.path() / "bytes.bin").string() + "\"";
+  const std::string w = warnings_of([&] {
+    source_from(shards_toml(glob, "validation_fraction = 0.1\n"), {"data.token_shards.vocab_size=50257"});
+  });
+  CHECK(contains(w, "data.token_shards.eot: token 0 never occurs in the 6 tokens"));
+  CHECK(contains(w, "data.token_shards.vocab_size: the shards use ids 0..111 only but vocab_size is 50257"));
+  CHECK(contains(w, "data.token_shards.validation_fraction"));
+  // Data that fits its settings: no warning.
+  write_shard(dir.path() / "ok.bin", {0, 51, 52, 0, 53, 99, 0});
+  CHECK(warnings_of([&] { source_from(shards_toml("\"" + (dir.path() / "ok.bin").string() + "\"")); }).empty());
+}
+
+TEST_CASE("token_shards decodes samples with the GPT-2 tokenizer files beside its shards, and as separated ids without") {
+  TempDir dir;
+  write_shard(dir.path() / "a.bin", {0, 1, 2, 3, 0});
+  const std::string glob = "\"" + (dir.path() / "a.bin").string() + "\"";
+  // No tokenizer: ids, one space between each.
+  CHECK(source_from(shards_toml(glob))->decode({13, 198, 2}) == "13 198 2");
+  // encoder.json: GPT-2's byte table writes a space as U+0120 and a newline as U+010A.
+  write_text(dir.path() / "tokenizer" / "encoder.json",
+             "{\"<|endoftext|>\": 0, \"Hello\": 1, \"\u0120world\": 2, \"\u010a\": 3, \"caf\u00c3\u00a9\": 4}");
+  const auto with_json = source_from(shards_toml(glob));
+  CHECK(with_json->decode({1, 2, 3}) == "Hello world\n");
+  CHECK(with_json->decode({4}) == "caf\xc3\xa9");  // the two bytes of UTF-8 "é"
+  CHECK(with_json->decode({0, 1, 7}) == "<|endoftext|>Hello<|7|>");
+  CHECK(contains(with_json->describe(), "encoder.json"));
+  CHECK(source_from(shards_toml(glob, "tokenizer = \"none\"\n"))->decode({1, 2}) == "1 2");
+  // gpt2.tiktoken in a directory named by the key: base64 bytes and the id.
+  write_text(dir.path() / "tik" / "gpt2.tiktoken", "SGVsbG8= 1\nIHdvcmxk 2\nCg== 3\n");
+  const auto with_tik = source_from(shards_toml(glob, "tokenizer = \"" + (dir.path() / "tik").string() + "\"\n"));
+  CHECK(with_tik->decode({1, 2, 3}) == "Hello world\n");
+  // Malformed files and a directory without them: input errors naming the file or key.
+  write_text(dir.path() / "bad" / "encoder.json", "{\"x\": 1, \"y\": 1}");
+  CHECK(contains(input_error_of([&] { source_from(shards_toml(glob, "tokenizer = \"" + (dir.path() / "bad").string() + "\"\n")); }),
+                 "appears twice"));
+  write_text(dir.path() / "big" / "gpt2.tiktoken", "SGVsbG8= 100\n");
+  CHECK(contains(input_error_of([&] { source_from(shards_toml(glob, "tokenizer = \"" + (dir.path() / "big").string() + "\"\n")); }),
+                 "gpt2.tiktoken:1"));
+  CHECK(contains(input_error_of([&] { source_from(shards_toml(glob, "tokenizer = \"" + dir.path().string() + "\"\n")); }),
+                 "data.token_shards.tokenizer"));
 }
 
 TEST_CASE("text_files makes one document per file without a separator") {

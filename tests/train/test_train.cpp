@@ -334,3 +334,49 @@ TEST_CASE("retention keeps the newest checkpoints by step, never the one latest 
   CHECK_FALSE(fs::exists(ck / "step_00000004"));
   CHECK(fs::exists(ck / "step_00000010" / "model.safetensors"));  // data, not clutter
 }
+
+TEST_CASE("sample on token shards prints prompt and continuation as separate ids, or as text through the shards' tokenizer") {
+  TempDir tmp;
+  const fs::path shard = tmp.path() / "data" / "train.bin";
+  fs::create_directories(shard.parent_path());
+  {
+    std::ofstream out(shard, std::ios::binary);
+    int32_t header[256] = {20240520, 1, 4000};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    for (int i = 0; i < 4000; ++i) {
+      const uint16_t t = uint16_t(i % 40 == 39 ? 0 : 1 + (i * 7) % 60);  // documents of 39 tokens, eot 0
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  const fs::path run = tmp.path() / "run";
+  const std::string data = " --set data.name=token_shards --set 'data.token_shards.paths=[\"" + shard.string() +
+                           "\"]' --set data.token_shards.eot=0 --set data.token_shards.vocab_size=64 --set model.vocab_size=64";
+  const auto r = run_ablate("train " + config() + kTiny + data + " --set run.steps=3 --set run.eval_every=0 --run-dir " + run.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto s = run_ablate("sample --checkpoint " + run.string() + " --prompt \"13 21\" --tokens 5 --seed 3 --stop-at-eot false");
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  // The last line: seven ids below 64, the prompt's two first, each separated.
+  const std::string text = s.output.substr(s.output.rfind('\n', s.output.size() - 2) + 1);
+  std::istringstream ids(text);
+  std::vector<int> got;
+  for (int id; ids >> id;) got.push_back(id);
+  REQUIRE(got.size() == 7);
+  CHECK(got[0] == 13);
+  CHECK(got[1] == 21);
+  for (int id : got) CHECK(id < 64);
+  // With GPT-2-style tokenizer files beside the shard, the same ids decode to text.
+  fs::create_directories(shard.parent_path() / "tokenizer");
+  {
+    json enc = json::object();
+    for (int i = 0; i < 64; ++i) enc["t" + std::to_string(i) + "\xC4\xA0"] = i;  // "t<i>" then GPT-2's space (U+0120)
+    std::ofstream(shard.parent_path() / "tokenizer" / "encoder.json") << enc.dump();
+  }
+  const auto d = run_ablate("sample --checkpoint " + run.string() + " --prompt \"13 21\" --tokens 5 --seed 3 --stop-at-eot false");
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  std::string expect;
+  for (int id : got) expect += "t" + std::to_string(id) + " ";
+  CHECK(d.output.find(expect) != std::string::npos);
+}

@@ -1,0 +1,42 @@
+// The decoding half of GPT-2's byte-level BPE: token id -> the bytes it stands for, read from the
+// tokenizer files kept beside a corpus's shards (tools/tokenize_shards.py writes them to
+// `tokenizer/`). Either `encoder.json` (token string -> id, each byte of the token written as one
+// printable code point in GPT-2's byte-to-unicode table) or `gpt2.tiktoken` (one "base64-bytes id"
+// line per token). Encoding (the merges and the pre-tokenizer) is not needed to read samples.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ablate::token_shards {
+
+class Gpt2Vocab {
+ public:
+  // Reads `dir`/encoder.json or else `dir`/gpt2.tiktoken; throws an input error naming the file
+  // and line/entry on anything malformed (a token string that is not byte-level, an id repeated or
+  // outside 0..vocab_size-1).
+  static Gpt2Vocab load(const std::filesystem::path& dir, int32_t vocab_size);
+  // Whether `dir` holds one of the two files.
+  static bool present(const std::filesystem::path& dir);
+
+  // The text of `tokens` (their bytes concatenated; ids without an entry, like an end-of-text id the
+  // files do not list, written as "<|id|>").
+  std::string decode(const std::vector<int32_t>& tokens) const;
+  std::size_t entries() const noexcept { return count_; }
+  const std::filesystem::path& file() const noexcept { return file_; }
+
+ private:
+  std::vector<std::string> bytes_;  // by id
+  std::vector<bool> known_;
+  std::size_t count_ = 0;
+  std::filesystem::path file_;
+};
+
+// GPT-2's byte-to-unicode table read backwards: the byte a code point stands for, or -1 when the
+// code point is not in the table. Bytes that print (33-126, 161-172, 174-255) are their own code
+// points; the other 68 bytes, in increasing order, are 256, 257, ...
+int32_t gpt2_byte_of(uint32_t code_point);
+
+}  // namespace ablate::token_shards
