@@ -697,8 +697,11 @@ ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {
 }
 
 double Model::measure_matmul_tflops() {
-  // 256 rows through a 512 -> 512 linear layer on the model's device, best of five after a warm-up.
-  const int64_t rows = 256, n = 512;
+  // 512 rows through a 1024 -> 1024 linear layer (1.07 GFLOP, the size of a small model's products
+  // and large enough to reach the BLAS's steady rate) on the model's device: the best of at least
+  // five timed runs after a warm-up, going on for at least 0.2 s so that a machine busy for a moment
+  // is not taken as its peak.
+  const int64_t rows = 512, n = 1024;
   Device& dev = *impl_->device;
   LayerSpec spec;
   spec.in = spec.out = n;
@@ -712,14 +715,15 @@ double Model::measure_matmul_tflops() {
   c.x = x.view();
   c.y = y.view();
   c.params = w.view();
-  double best = 1e30;
-  for (int i = 0; i < 6; ++i) {
+  double best = 1e30, spent = 0;
+  for (int i = 0; i < 6 || (spent < 0.2 && i < 50); ++i) {
     dev.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     impl_->lin->forward(c);
     dev.synchronize();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) best = std::min(best, s);
+    spent += s;
   }
   return 2.0 * double(rows * n * n) / best / 1e12;
 }

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "ablate/config.hpp"
 
 namespace ablate {
@@ -72,6 +74,16 @@ StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, do
     tflops_.push_back(sm.tflops);
   }
   waits_.push_back(sm.data_wait_pct);
+  if (counted && sm.mfu > 1.0) {
+    // More FLOP/s than the peak: the peak is wrong (a CPU measured under load, a table entry for
+    // another part), not the model. Said once, and summary.json carries the flag.
+    if (!above_peak_) {
+      spdlog::warn("step {}: MFU {:.0f}% exceeds 100% of the peak it is measured against ({:.3f} TFLOP/s per rank, {}); "
+                   "MFU figures of this run are not trustworthy: set [metrics] peak_tflops to this machine's peak",
+                   step, 100.0 * sm.mfu, peak_.rank_tflops, peak_.source);
+    }
+    above_peak_ = true;
+  }
   return sm;
 }
 
@@ -86,6 +98,8 @@ nlohmann::json RunMetrics::summary() const {
                       {"mfu", median(mfus_)},
                       {"effective_mfu", median(emfus_)},
                       {"peak_tflops", peak_.rank_tflops},
+                      {"peak_source", peak_.source},
+                      {"mfu_above_peak", above_peak_},
                       {"data_wait_pct", median(waits_)}};
   if (world_ > 1) j["comm_pct"] = median(comm_pcts_);
   return j;

@@ -46,6 +46,7 @@ class RunMetrics {
   PeakFlops peak_;
   int world_;
   double first_loss_ = -1;
+  bool above_peak_ = false;  // a counted step's MFU exceeded 1
   std::vector<double> tps_, rtps_, mfus_, emfus_, tflops_, waits_, comm_pcts_;
 };
 

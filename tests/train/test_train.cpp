@@ -380,3 +380,24 @@ TEST_CASE("sample on token shards prints prompt and continuation as separate ids
   for (int id : got) expect += "t" + std::to_string(id) + " ";
   CHECK(d.output.find(expect) != std::string::npos);
 }
+
+TEST_CASE("an MFU above 100% is warned about once, naming the peak used, and flagged in summary.json") {
+  TempDir tmp;
+  const std::string common = "train " + config() + kTiny + " --set run.steps=4 --set run.eval_every=0";
+  const auto low = run_ablate(common + " --set metrics.peak_tflops=1e-9 --run-dir " + (tmp.path() / "low").string());
+  INFO(low.output);
+  REQUIRE(low.exit_code == 0);
+  CHECK(low.output.find("exceeds 100% of the peak it is measured against (0.000 TFLOP/s per rank, configured)") !=
+        std::string::npos);
+  CHECK(low.output.find("exceeds 100%") == low.output.rfind("exceeds 100%"));  // once
+  const json s = read_json(tmp.path() / "low" / "summary.json");
+  CHECK(s["mfu_above_peak"] == true);
+  CHECK(s["peak_source"] == "configured");
+  // The measured CPU peak: a real MFU, below 1.
+  const auto measured = run_ablate(common + " --run-dir " + (tmp.path() / "measured").string());
+  REQUIRE(measured.exit_code == 0);
+  const json m = read_json(tmp.path() / "measured" / "summary.json");
+  CHECK(m["peak_source"] == "measured");
+  CHECK(m["mfu_above_peak"] == false);
+  CHECK(m["mfu"].get<double>() < 1.0);
+}
