@@ -14,6 +14,7 @@
 #include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
 #include "commands.hpp"
+#include "report.hpp"
 
 namespace ablate::cli {
 
@@ -207,6 +208,47 @@ struct Exporter {
 
 }  // namespace
 
+// The run's end-of-document token as config.json's bos and eos ids, and the directory of its GPT-2
+// tokenizer files (empty when it has none): both from the data source, which may be gone (shards on
+// another machine): then the ids stay null and export says so.
+static fs::path describe_tokens(const Config& config, Registry& registry, json& cfg) {
+  std::shared_ptr<DataSource> source;
+  try {
+    RunContext run;
+    source = make_data_source(config, registry, run);
+  } catch (const Error& e) {
+    spdlog::warn("export: the run's data source cannot be opened here ({}); config.json has no bos/eos ids and no "
+                 "tokenizer is written",
+                 e.what());
+    return {};
+  }
+  if (source->eot_token() >= 0) cfg["bos_token_id"] = cfg["eos_token_id"] = source->eot_token();
+  const fs::path dir = source->gpt2_tokenizer_dir();
+  if (dir.empty()) return {};
+  if (!fs::is_regular_file(dir / "encoder.json") || !fs::is_regular_file(dir / "vocab.bpe")) {
+    spdlog::warn("export: {} has no encoder.json and vocab.bpe (Hugging Face's GPT-2 tokenizer needs the merges); no "
+                 "tokenizer is written",
+                 dir.string());
+    return {};
+  }
+  return dir;
+}
+
+// GPT-2's tokenizer as transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the
+// encoder.json and vocab.bpe the shards were made with; <|endoftext|> begins and ends documents.
+static void write_gpt2_tokenizer(const fs::path& from, int64_t max_len, const fs::path& out) {
+  write_file_atomic(out / "vocab.json", read_text(from / "encoder.json"));
+  write_file_atomic(out / "merges.txt", read_text(from / "vocab.bpe"));
+  const json special = {{"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
+  json config = special;
+  config["tokenizer_class"] = "GPT2Tokenizer";
+  config["model_max_length"] = max_len;
+  config["add_prefix_space"] = false;
+  write_file_atomic(out / "tokenizer_config.json", config.dump(2) + "\n");
+  write_file_atomic(out / "special_tokens_map.json", special.dump(2) + "\n");
+  spdlog::info("export: GPT-2 tokenizer from {} written beside the weights", from.string());
+}
+
 int cmd_export(const Args& args) {
   po::options_description desc("ablate export --checkpoint DIR --format hf --out DIR");
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
@@ -307,9 +349,11 @@ int cmd_export(const Args& args) {
   }
   const fs::path out = vm["out"].as<std::string>();
   fs::create_directories(out);
+  const fs::path tokenizer = describe_tokens(*lm.config, registry, cfg);
   ex.out.metadata["format"] = "pt";
   write_safetensors(out / "model.safetensors", ex.out);
   write_file_atomic(out / "config.json", cfg.dump(2) + "\n");
+  if (!tokenizer.empty()) write_gpt2_tokenizer(tokenizer, o.max_seq_len, out);
   spdlog::info("exported {} ({}, {} tensors) to {}", lm.dir.string(), cfg["architectures"][0].get<std::string>(),
                ex.out.tensors.size(), out.string());
   return 0;

@@ -189,6 +189,10 @@ class TokenShards final : public ablate::DataSource {
     return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);
   }
 
+  std::filesystem::path gpt2_tokenizer_dir() const override {
+    return vocab_text_ ? vocab_text_->file().parent_path() : std::filesystem::path();
+  }
+
   std::string describe() const override {
     return "token_shards: " + std::to_string(shards_.size()) + " shards, " + std::to_string(tokens_total_) + " tokens, " +
            std::to_string(train_.total) + " train / " + std::to_string(validation_.total) +

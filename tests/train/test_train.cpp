@@ -379,6 +379,27 @@ TEST_CASE("sample on token shards prints prompt and continuation as separate ids
   std::string expect;
   for (int id : got) expect += "t" + std::to_string(id) + " ";
   CHECK(d.output.find(expect) != std::string::npos);
+  // Export: config.json's bos/eos are the eot, and the tokenizer goes beside the weights once the
+  // merges are there too (Hugging Face's GPT2Tokenizer reads vocab.json and merges.txt).
+  const fs::path hf = tmp.path() / "hf";
+  const auto no_merges = run_ablate("export --checkpoint " + run.string() + " --out " + hf.string());
+  INFO(no_merges.output);
+  REQUIRE(no_merges.exit_code == 0);
+  CHECK(no_merges.output.find("no encoder.json and vocab.bpe") != std::string::npos);
+  CHECK_FALSE(fs::exists(hf / "vocab.json"));
+  std::ofstream(shard.parent_path() / "tokenizer" / "vocab.bpe") << "#version: 0.2\nt 1\n";
+  const auto e = run_ablate("export --checkpoint " + run.string() + " --out " + hf.string());
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  const json cfg = read_json(hf / "config.json");
+  CHECK(cfg["bos_token_id"] == 0);
+  CHECK(cfg["eos_token_id"] == 0);
+  CHECK(slurp(hf / "vocab.json") == slurp(shard.parent_path() / "tokenizer" / "encoder.json"));
+  CHECK(slurp(hf / "merges.txt") == "#version: 0.2\nt 1\n");
+  const json tc = read_json(hf / "tokenizer_config.json");
+  CHECK(tc["tokenizer_class"] == "GPT2Tokenizer");
+  CHECK(tc["eos_token"] == "<|endoftext|>");
+  CHECK(tc["model_max_length"] == 64);
 }
 
 TEST_CASE("an MFU above 100% is warned about once, naming the peak used, and flagged in summary.json") {

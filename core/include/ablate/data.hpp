@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ class DataSource : public Component {
   // cannot express.
   virtual std::vector<int32_t> encode(const std::string& text) const;
   virtual std::string decode(const std::vector<int32_t>& tokens) const;
+  // The directory of the GPT-2 byte-level BPE files the tokens were made with (encoder.json and
+  // vocab.bpe), which `ablate export` copies beside the weights; empty when the source has none.
+  virtual std::filesystem::path gpt2_tokenizer_dir() const { return {}; }
 };
 
 class Sampler : public Component {
