@@ -49,14 +49,13 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
                                               std::to_string(data_vocab) + ")");
   }
   o.vocab_padded = round_up(o.vocab_size, m.get_int("vocab_multiple"));
-  // Computing in fp32 while MFU is counted against a bf16 peak would misreport the run: refused.
+  // tf32 and bf16 are modes of NVIDIA tensor cores: the CPU computes in fp32, and a CPU run counted
+  // against a bf16 peak would misreport itself.
   const std::string dtype = config.section("run").get_string("dtype");
-  if (dtype == "bf16") {
-    throw_input_error("run.dtype", "\"bf16\": the layers compute in fp32 on every device today (bf16 compute with fp32 master "
-                                   "weights is not built yet); use \"fp32\", or \"tf32\" on cuda");
-  }
-  if (dtype == "tf32" && config.section("run").get_string("device") != "cuda") {
-    throw_input_error("run.dtype", "\"tf32\" is a mode of NVIDIA tensor cores: it needs run.device = \"cuda\" (the CPU computes in fp32)");
+  if (dtype != "fp32" && config.section("run").get_string("device") != "cuda") {
+    throw_input_error("run.dtype", "\"" + dtype + "\" is a mode of NVIDIA tensor cores (" +
+                                       (dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
+                                       "): it needs run.device = \"cuda\" (the CPU computes in fp32)");
   }
   o.max_seq_len = m.get_int("max_seq_len");
   o.norm = m.get_string("norm");

@@ -10,6 +10,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
+#include "gemm.hpp"
 #include "layer_kernels.hpp"
 
 #include <functional>
@@ -21,11 +22,11 @@ std::unique_ptr<Layer> make_norm(bool rms, const char* name);
 std::unique_ptr<Layer> make_embedding();
 std::unique_ptr<Layer> make_learned();
 std::unique_ptr<Layer> make_rope();
-// The layers with matrix products take the run's math mode: tf32 (run.dtype = "tf32") or true fp32.
-std::unique_ptr<Layer> make_linear(bool tf32);
-std::unique_ptr<Layer> make_gelu_mlp(bool tf32);
-std::unique_ptr<Layer> make_swiglu_mlp(bool tf32);
-std::unique_ptr<LossLayer> make_cross_entropy(bool tf32);
+// The layers with matrix products take the run's math mode (gemm.hpp: fp32, tf32 or bf16 products).
+std::unique_ptr<Layer> make_linear(MatmulMode mode);
+std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode);
+std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode);
+std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode);
 
 inline void require_f32(const char* layer, const TensorView& t, const char* what, int64_t elements) {
   if (elements == 0) return;

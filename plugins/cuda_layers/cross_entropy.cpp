@@ -16,7 +16,7 @@ constexpr int64_t kChunk = 1024;
 
 class CrossEntropy final : public LossLayer {
  public:
-  explicit CrossEntropy(bool tf32) : tf32_(tf32) {}
+  explicit CrossEntropy(MatmulMode mode) : mode_(mode) {}
   LayerRole role() const override { return LayerRole::classifier; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     layer_params::classifier(s, prefix, table);
@@ -47,7 +47,7 @@ class CrossEntropy final : public LossLayer {
     float* z = call.scratch.as<float>();
     for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
       const int64_t n = std::min(kChunk, rows - r0);
-      gemm_x_wt(x + r0 * in, n, in, out, W, nullptr, nullptr, 0.0f, z, st, tf32_);
+      gemm_x_wt(x + r0 * in, n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_);
       if (call.logits.data != nullptr) {
         ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, st));
@@ -56,8 +56,8 @@ class CrossEntropy final : public LossLayer {
                                 float(call.grad_scale), st);
       if (with_grad) {
         // d_x = dz W (written or added), dW += dz^T x
-        gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, tf32_);
-        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), st, tf32_);
+        gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
+        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), st, mode_);
       }
     }
     check_launch(kName);
@@ -65,11 +65,11 @@ class CrossEntropy final : public LossLayer {
 
  private:
   static constexpr const char* kName = "cross_entropy";
-  bool tf32_;
+  MatmulMode mode_;
 };
 
 }  // namespace
 
-std::unique_ptr<LossLayer> make_cross_entropy(bool tf32) { return std::make_unique<CrossEntropy>(tf32); }
+std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode) { return std::make_unique<CrossEntropy>(mode); }
 
 }  // namespace ablate::cuda_layers

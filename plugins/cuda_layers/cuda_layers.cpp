@@ -1,5 +1,6 @@
 // `cuda_layers`: the layers on a CUDA device, registered for device "cuda" under the names of their
-// CPU twins, so an experiment's [model] means the same on both devices. f32 today, with the CPU
+// CPU twins, so an experiment's [model] means the same on both devices. f32 values (products in f32,
+// TF32 or bf16 by run.dtype), with the CPU
 // layers' parameters, saved values and gradient contract; tests/layers runs each against the CPU
 // layers in float64 on a GPU, and tests/layers/test_cuda_layers_math.cpp checks the arithmetic of
 // their kernels (the __host__ __device__ headers) here on the CPU.
@@ -9,30 +10,30 @@
 namespace ablate::cuda_layers {
 namespace {
 
-// `make` receives whether the run computes its products in TF32 (run.dtype = "tf32").
+// `make` receives how the run computes its products (run.dtype: fp32, tf32 or bf16; gemm.hpp).
 template <class L>
-void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>(bool)> make) {
+void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>(MatmulMode)> make) {
   ComponentInfo info;
   info.kind = Kind::layer;
   info.name = name;
   info.version = "1.1.0";
   info.doc = doc;
   info.devices = {"cuda"};
-  info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(a.run.dtype == "tf32"); };
+  info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(matmul_mode(a.run.dtype)); };
   r.add(std::move(info));
 }
 
 void register_components(Registrar& r) {
   add<Layer>(r, "embedding", "token embedding lookup on a CUDA device (f32), optional output dropout; sorted scatter-add backward",
-             [](bool) { return make_embedding(); });
-  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", [](bool) { return make_learned(); });
-  add<Layer>(r, "rope", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", [](bool) { return make_rope(); });
+             [](MatmulMode) { return make_embedding(); });
+  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", [](MatmulMode) { return make_learned(); });
+  add<Layer>(r, "rope", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", [](MatmulMode) { return make_rope(); });
   add<Layer>(r, "layernorm", "layer norm with weight and optional bias on a CUDA device (f32; warp per row)",
-             [](bool) { return make_norm(false, "layernorm"); });
-  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [](bool) { return make_norm(true, "rmsnorm"); });
-  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32, or TF32 products)", make_linear);
-  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32, or TF32 products)", make_gelu_mlp);
-  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32, or TF32 products)", make_swiglu_mlp);
+             [](MatmulMode) { return make_norm(false, "layernorm"); });
+  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [](MatmulMode) { return make_norm(true, "rmsnorm"); });
+  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32 or bf16 products)", make_linear);
+  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_gelu_mlp);
+  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows, softmax cross-entropy and its gradients",
                  make_cross_entropy);

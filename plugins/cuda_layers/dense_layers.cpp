@@ -20,20 +20,20 @@ float* at_mut(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr
 
 // y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
 void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* b, float* y,
-                   const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s, bool tf32) {
+                   const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   const int64_t n = rows * out;
   if (drop.p == 0.0) {
     // With a residual, C = residual (which may be y itself) and beta 1.
-    gemm_x_wt(x, rows, in, out, W, b, residual, residual != nullptr ? 1.0f : 0.0f, y, s, tf32);
+    gemm_x_wt(x, rows, in, out, W, b, residual, residual != nullptr ? 1.0f : 0.0f, y, s, mode);
     return;
   }
   if (residual == nullptr) {
-    gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, y, s, tf32);
+    gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, y, s, mode);
     launch_dropout_residual(y, nullptr, y, n, drop, s);
     return;
   }
-  gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, tmp, s, tf32);
+  gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, tmp, s, mode);
   launch_dropout_residual(tmp, residual, y, n, drop, s);
 }
 
@@ -41,14 +41,14 @@ void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, const 
 // skipped when null), dW += dy'^T x, db += colsum(dy'), dy' = dy masked by the forward's dropout
 // (into `tmp`, (rows, out), when dropout is on).
 void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, const float* W, float* dW, float* db,
-                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, bool tf32) {
+                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   if (drop.p > 0.0) {
     launch_dropout_grad(dy, tmp, rows * out, drop, s);
     dy = tmp;
   }
-  if (dx != nullptr) gemm_dy_w(dy, rows, in, out, W, accumulate, dx, s, tf32);
-  gemm_add_dyt_x(dy, rows, in, out, x, dW, s, tf32);
+  if (dx != nullptr) gemm_dy_w(dy, rows, in, out, W, accumulate, dx, s, mode);
+  gemm_add_dyt_x(dy, rows, in, out, x, dW, s, mode);
   if (db != nullptr) add_column_sums(dy, db, rows, out, s);
 }
 
@@ -82,7 +82,7 @@ float* scratch_at(const LayerCall& call, int64_t offset) { return call.scratch.d
 
 class Linear final : public Layer {
  public:
-  explicit Linear(bool tf32) : tf32_(tf32) {}
+  explicit Linear(MatmulMode mode) : mode_(mode) {}
   LayerRole role() const override { return LayerRole::linear; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::linear(s, prefix, table);
@@ -97,7 +97,7 @@ class Linear final : public Layer {
     check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out);
     dense_forward(call.x.as<const float>(), call.rows, s.in, s.out, at(call.params, p.weight), at(call.params, p.bias),
                   call.y.as<float>(), call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0),
-                  stream_of(call), tf32_);
+                  stream_of(call), mode_);
     check_launch(kName);
   }
 
@@ -109,13 +109,13 @@ class Linear final : public Layer {
     check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0);
     dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, call.x.as<const float>(), at(call.params, p.weight),
                    at_mut(call.grads, p.weight), at_mut(call.grads, p.bias), call.d_x.as<float>(),
-                   call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call), tf32_);
+                   call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call), mode_);
     check_launch(kName);
   }
 
  private:
   static constexpr const char* kName = "linear";
-  bool tf32_;
+  MatmulMode mode_;
 };
 
 // --- gelu_mlp -------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class Linear final : public Layer {
 // (rows, C) for the output's dropout (forward and backward).
 class GeluMLP final : public Layer {
  public:
-  explicit GeluMLP(bool tf32) : tf32_(tf32) {}
+  explicit GeluMLP(MatmulMode mode) : mode_(mode) {}
   LayerRole role() const override { return LayerRole::mlp; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::gelu_mlp(s, prefix, table);
@@ -142,10 +142,10 @@ class GeluMLP final : public Layer {
     float* pre = call.saved.as<float>();
     float* post = pre + rows * H;
     dense_forward(call.x.as<const float>(), rows, C, H, at(call.params, fc.weight), at(call.params, fc.bias), pre, nullptr,
-                  DropoutArgs{}, nullptr, st, tf32_);
+                  DropoutArgs{}, nullptr, st, mode_);
     launch_gelu_forward(pre, post, rows * H, st);
     dense_forward(post, rows, H, C, at(call.params, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, tf32_);
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     check_launch(kName);
   }
 
@@ -160,17 +160,17 @@ class GeluMLP final : public Layer {
     const float* post = pre + rows * H;
     float* d_h = call.scratch.as<float>();
     dense_backward(call.d_y.as<const float>(), rows, H, C, post, at(call.params, proj.weight), at_mut(call.grads, proj.weight),
-                   at_mut(call.grads, proj.bias), d_h, false, dropout_of(kName, call), scratch_at(call, rows * H), st, tf32_);
+                   at_mut(call.grads, proj.bias), d_h, false, dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     launch_gelu_backward(pre, d_h, rows * H, st);
     dense_backward(d_h, rows, C, H, call.x.as<const float>(), at(call.params, fc.weight), at_mut(call.grads, fc.weight),
                    at_mut(call.grads, fc.bias), call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{},
-                   nullptr, st, tf32_);
+                   nullptr, st, mode_);
     check_launch(kName);
   }
 
  private:
   static constexpr const char* kName = "gelu_mlp";
-  bool tf32_;
+  MatmulMode mode_;
 };
 
 // --- swiglu_mlp -----------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class GeluMLP final : public Layer {
 // (rows, C) for the output's dropout.
 class SwiGLUMLP final : public Layer {
  public:
-  explicit SwiGLUMLP(bool tf32) : tf32_(tf32) {}
+  explicit SwiGLUMLP(MatmulMode mode) : mode_(mode) {}
   LayerRole role() const override { return LayerRole::mlp; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::swiglu_mlp(s, prefix, table);
@@ -198,11 +198,11 @@ class SwiGLUMLP final : public Layer {
     float* u = g + rows * H;
     float* h = u + rows * H;
     const float* x = call.x.as<const float>();
-    dense_forward(x, rows, C, H, at(call.params, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, tf32_);
-    dense_forward(x, rows, C, H, at(call.params, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, tf32_);
+    dense_forward(x, rows, C, H, at(call.params, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, mode_);
+    dense_forward(x, rows, C, H, at(call.params, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
     launch_swiglu_forward(g, u, h, rows * H, st);
     dense_forward(h, rows, H, C, at(call.params, down.weight), at(call.params, down.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, tf32_);
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     check_launch(kName);
   }
 
@@ -220,25 +220,25 @@ class SwiGLUMLP final : public Layer {
     float* d_g = d_u + rows * H;
     const float* x = call.x.as<const float>();
     dense_backward(call.d_y.as<const float>(), rows, H, C, h, at(call.params, down.weight), at_mut(call.grads, down.weight),
-                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, tf32_);
+                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
     float* d_x = call.d_x.as<float>();
     dense_backward(d_g, rows, C, H, x, at(call.params, gate.weight), at_mut(call.grads, gate.weight),
-                   at_mut(call.grads, gate.bias), d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, tf32_);
+                   at_mut(call.grads, gate.bias), d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
     dense_backward(d_u, rows, C, H, x, at(call.params, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias),
-                   d_x, true, DropoutArgs{}, nullptr, st, tf32_);
+                   d_x, true, DropoutArgs{}, nullptr, st, mode_);
     check_launch(kName);
   }
 
  private:
   static constexpr const char* kName = "swiglu_mlp";
-  bool tf32_;
+  MatmulMode mode_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_linear(bool tf32) { return std::make_unique<Linear>(tf32); }
-std::unique_ptr<Layer> make_gelu_mlp(bool tf32) { return std::make_unique<GeluMLP>(tf32); }
-std::unique_ptr<Layer> make_swiglu_mlp(bool tf32) { return std::make_unique<SwiGLUMLP>(tf32); }
+std::unique_ptr<Layer> make_linear(MatmulMode mode) { return std::make_unique<Linear>(mode); }
+std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode) { return std::make_unique<GeluMLP>(mode); }
+std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode) { return std::make_unique<SwiGLUMLP>(mode); }
 
 }  // namespace ablate::cuda_layers

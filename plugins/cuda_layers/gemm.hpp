@@ -7,7 +7,12 @@
 // f32 runs with CUBLAS_COMPUTE_32F (true fp32, no TF32): the f32 path on cuda is the one that must
 // agree closely with the CPU. With tf32 set (run.dtype = "tf32") the inputs are rounded to TF32
 // (10-bit mantissa) inside the tensor cores and accumulated in fp32: several times faster, with
-// relative errors near 1e-3 per product. One descriptor set and one algorithm from the heuristic are kept per
+// relative errors near 1e-3 per product. With bf16 (run.dtype = "bf16") A and B are rounded to bf16
+// (8-bit mantissa) into packed workspaces on the stream, multiplied on bf16 tensor cores and
+// accumulated in fp32 into the f32 C/D: twice TF32's rate, relative errors near 1e-2 per product;
+// weights, gradients, activations and optimizer state stay f32 (master weights in f32, the bf16
+// copies made per product: about 6 bytes of traffic per weight per product, under 1% of a GPT-2
+// step). One descriptor set and one algorithm from the heuristic are kept per
 // distinct problem (transposes, sizes, strides, epilogue, dtype), so a training step after the
 // first builds nothing. A 32 MiB workspace (the size NVIDIA recommends for Hopper) is allocated
 // once per process, on first use.
@@ -19,6 +24,12 @@
 #include <string>
 
 namespace ablate::cuda_layers {
+
+// How the products compute: true fp32, fp32 values on TF32 tensor cores, or bf16 operands with
+// fp32 accumulation (run.dtype "fp32", "tf32", "bf16").
+enum class MatmulMode : uint8_t { f32, tf32, bf16 };
+MatmulMode matmul_mode(const std::string& dtype);
+const char* to_string(MatmulMode mode);
 
 struct GemmCall {
   bool ta = false, tb = false;
@@ -32,7 +43,7 @@ struct GemmCall {
   float* D = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
-  bool tf32 = false;            // products on TF32 tensor cores (run.dtype = "tf32"), else true fp32
+  MatmulMode mode = MatmulMode::f32;
 };
 
 // Enqueues the product on `stream`; errors name the call, the shape and cuBLASLt's message.
@@ -41,12 +52,12 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
 void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream, bool tf32);
+               float beta, float* y, cudaStream_t stream, MatmulMode mode);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
-               cudaStream_t stream, bool tf32);
+               cudaStream_t stream, MatmulMode mode);
 //   dW(out, in)  += dy^T x
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, bool tf32);
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, MatmulMode mode);
 
 // Descriptor sets built so far in this process (each distinct problem once).
 int64_t gemm_plans_built();

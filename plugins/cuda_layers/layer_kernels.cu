@@ -252,6 +252,22 @@ void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_
   scatter_runs_kernel<<<unsigned(rows), threads, 0, stream>>>(keys_out, vals_out, d, grads, rows, cols, limit, drop);
 }
 
+namespace {
+__global__ void to_bf16_kernel(const float* src, int64_t cols, int64_t ld, uint16_t* dst, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
+}
+}  // namespace
+
+void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  if (ld == cols) {
+    to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, n, n, dst, n);  // one contiguous run
+  } else {
+    to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, cols, ld, dst, n);
+  }
+}
+
 void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream) {
   if (n > 0) copy_or_add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, accumulate);
 }

@@ -39,6 +39,9 @@ void launch_add_rows(const int32_t* index, const float* table, const float* x, f
 // index is outside [0, limit) are skipped.
 void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
                       DropoutArgs drop, cudaStream_t stream);
+// dst (rows, cols), packed, = the bf16 rounding (bf16_bits) of src (rows, cols) with leading
+// dimension ld: the operands of the bf16 products.
+void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, cudaStream_t stream);
 // dst = src, or dst += src (accumulate).
 void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream);
 

@@ -15,7 +15,8 @@
 //
 // cuBLAS is column-major: a row-major X (r x c, leading dimension ld) is the column-major X^T, so
 // each product below is written for the transposes (the comment at each call gives the row-major
-// product it computes). run.dtype = "tf32" runs the products on TF32 tensor cores.
+// product it computes). run.dtype = "tf32" runs the products on TF32 tensor cores, and so does
+// "bf16" (its operands stay f32; cudnn_flash is the bf16 backend).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -252,7 +253,7 @@ void register_components(Registrar& r) {
              "block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32");
+    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || a.run.dtype == "bf16");
   };
   r.add(std::move(info));
 }

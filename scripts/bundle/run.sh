@@ -99,15 +99,17 @@ for b in bench_optim; do
   tail -25 "$out/logs/$b.log"
 done
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
-# ones: the shapes, not the text, set the speed), T = 1024, f32 on cuda with adamw_fused; the last 3
-# steps profiled op by op (profile.json). Once with naive_cuda here, once with cudnn_flash after the peer.
+# ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)
+# with adamw_fused; the last 3 steps profiled op by op (profile.json). Once with naive_cuda here, once
+# with cudnn_flash after the peer.
 ablate_gpt2() {  # name attention
-  echo "== ablate: GPT-2 124M on cuda (f32, $2, adamw_fused)"
+  local dtype="${ABLATE_GPT2_DTYPE:-bf16}"
+  echo "== ablate: GPT-2 124M on cuda ($dtype, $2, adamw_fused)"
   skip_stage "$1" 150 && return 0
   local t0 status
   t0=$(date +%s)
   rm -rf "${out:?}/$1"
-  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set attention.name="$2" \
+  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
        --set batching.batch_size="${ABLATE_GPT2_BATCH:-8}" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
        --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/$1" \

@@ -1,7 +1,8 @@
 // The CUDA training path end to end through the `ablate` program: a small quickstart model trained
 // on cuda in f32 follows the CPU's f32 run step by step; a cuda run stopped and resumed gives the
 // uninterrupted run's losses bit for bit; a cuda checkpoint resumes on the cpu and back; a run whose
-// memory plan cannot fit the device is refused before training. Exits 77 (CTest: skipped) without
+// memory plan cannot fit the device is refused before training; bf16 products follow the CPU within
+// bf16's rounding. Exits 77 (CTest: skipped) without
 // a CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -76,6 +77,37 @@ TEST_CASE("run.dtype = tf32 trains on cuda within TF32's rounding of the f32 run
   // by ~1e-3 relative, and the loss, a mean over many positions, by less; 1e-2 bounds 10 steps.
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 1e-2);
   CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
+}
+
+TEST_CASE("run.dtype = bf16 follows the cpu f32 run within bf16's rounding, and resumes bit for bit") {
+  TempDir tmp;
+  const fs::path cpu = tmp.path() / "cpu", bf16 = tmp.path() / "bf16", parts = tmp.path() / "parts";
+  const std::string steps = " --set run.steps=20 --set run.eval_every=10";
+  REQUIRE(train(kCpu + steps + " --run-dir " + cpu.string()).exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --run-dir " + bf16.string()).exit_code == 0);
+  const auto a = metrics(cpu), b = metrics(bf16);
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  // bf16 keeps 8 significant bits (2^-9 relative per operand): a product over d_model = 32 or the
+  // MLP's 128 terms errs by about 2^-9 * sqrt(K) / sqrt(K) ~ 2e-3 relative per element, and the
+  // loss, a mean over ~300 positions of a log-softmax of such logits, by less. Through 20 AdamW
+  // steps at lr 3e-3 the runs drift apart as the f32 pair does, 8x more (2^-9 vs TF32's 2^-11
+  // would be 4x; 8x leaves a margin): 3e-2 relative on each step's loss, 1e-2 on the first step.
+  CHECK(rel(b[0]["loss"].get<double>(), a[0]["loss"].get<double>()) < 1e-2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 3e-2);
+  }
+  CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
+  // MFU is counted against the device's bf16 peak (every GPU of the table has one above 60 TFLOP/s).
+  const auto summary = read_json(bf16 / "summary.json");
+  if (summary["peak_source"] == "device table") CHECK(summary["peak_tflops"].get<double>() > 60.0);
+  // Stopped and resumed: the same bits (the bf16 copies are made afresh from the f32 weights).
+  REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --run-dir " + parts.string() + " --stop-at 7").exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --resume " + parts.string()).exit_code == 0);
+  const auto c = metrics(parts);
+  REQUIRE(c.size() == b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) CHECK(c[i]["loss"].get<double>() == b[i]["loss"].get<double>());
 }
 
 TEST_CASE("a cuda run stopped and resumed gives the uninterrupted run's losses bit for bit (accumulation, dropout)") {

@@ -206,14 +206,15 @@ TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, 
   CHECK(!fs::exists(run / "metrics.jsonl"));
 }
 
-TEST_CASE("run.dtype = bf16 (not built yet) and tf32 on the cpu (a tensor-core mode) are refused with exit 2") {
+TEST_CASE("run.dtype = bf16 and tf32 on the cpu (tensor-core modes) are refused with exit 2") {
   TempDir tmp;
-  // bf16: rather than trained in fp32 and reported against a bf16 peak.
+  // Rather than trained in fp32 and reported against a bf16 or tf32 peak.
   for (const char* dtype : {"bf16", "tf32"}) {
     const auto r = run_ablate("train " + config() + kTiny + " --set run.dtype=" + dtype + " --run-dir " + (tmp.path() / dtype).string());
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("run.dtype") != std::string::npos);
+    CHECK(r.output.find("needs run.device = \"cuda\"") != std::string::npos);
     CHECK(!fs::exists(tmp.path() / dtype / "metrics.jsonl"));
   }
 }
