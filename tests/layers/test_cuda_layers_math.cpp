@@ -75,7 +75,7 @@ double max_rel(const std::vector<float>& got, const std::vector<float>& want) {
 
 }  // namespace
 
-TEST_CASE("the CUDA norms' per-element arithmetic is the cpu_layers norms (layernorm, rmsnorm; widths 1, 7, 61, 769)") {
+TEST_CASE("the CUDA norms' per-element arithmetic is the cpu_layers norms (layernorm, rmsnorm, widths 1, 7, 61, 769)") {
   Registry registry;
   registry.load_directories({test::plugin_dir()});
   const Params common{"model", {}};
@@ -334,7 +334,7 @@ uint16_t bits_of(float f) {
 
 }  // namespace
 
-TEST_CASE("bf16_bits rounds f32 to the nearest bf16, ties to even, over every exponent; NaN stays a quiet NaN") {
+TEST_CASE("bf16_bits rounds f32 to the nearest bf16, ties to even, over every exponent, and NaN stays a quiet NaN") {
   std::mt19937_64 rng(7);
   std::vector<float> xs = {1.0f, -1.0f, 1.00390625f /* 1 + 2^-8: a tie, to even (1) */, 1.01171875f /* 1 + 3*2^-8: to 1 + 2^-6 */,
                            3.3895313892515355e38f /* bf16's largest */, 3.4028234663852886e38f /* f32's largest: to inf */,
