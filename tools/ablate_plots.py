@@ -3,22 +3,49 @@
 
 Called by `ablate report` / `ablate sweep` with one argument: a JSON file describing what to draw:
   {"out_dir": DIR, "title": str,
-   "runs": [{"label": str, "group": str, "metrics": path to metrics.jsonl}, ...],
+   "smooth": float in [0, 1) (EMA weight for training loss; 0: raw), "log_y": bool,
+   "factors": [name, ...]            (a sweep's axes, e.g. "batching.name"; [] for a run),
+   "color_by": name or null, "style_by": name or null,
+   "runs": [{"label": str, "group": str, "metrics": path to metrics.jsonl,
+             "factors": {name: value, ...}}, ...],
    "throughput": [{"group": str, "tokens_per_s": [...], "real_tokens_per_s": [...]}, ...]}
-Writes DIR/loss_vs_step.png, DIR/loss_vs_time.png and DIR/throughput.png. Exits 3 when matplotlib
-is missing, 2 on a bad description.
+Writes DIR/loss_vs_step.png, loss_vs_time.png, loss_vs_real_tokens.png, throughput.png and
+padding.png. Exits 3 when matplotlib is missing, 2 on a bad description.
+
+The drawing is split into functions that return matplotlib figures (figures(spec) gives them all)
+so that what is drawn can be checked without reading images back.
 """
 import json
+import math
 import sys
+
+PLOT_FILES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_real_tokens.png", "throughput.png", "padding.png")
+
+# Line styles for the style factor: the four named ones, then dash patterns.
+LINE_STYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 3, 2, 3))]
+# Markers for the factors beyond colour and style (filled on training curves; hollow circles are validation).
+MARKERS = ["s", "^", "v", "D", "P", "X", "*", "<", ">", "h"]
+NEUTRAL = "0.35"
+
+
+class SpecError(Exception):
+    """The description is not one this script can draw (exit 2)."""
 
 
 def load_metrics(path):
     rows = []
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise SpecError(f"{path}:{n}: not a JSON line ({e})")
+            number = (int, float)
+            if isinstance(row, dict) and isinstance(row.get("step"), number) and isinstance(row.get("loss"), number):
+                rows.append(row)
     return rows
 
 
@@ -34,6 +61,336 @@ def elapsed(rows):
     return out
 
 
+REAL_TOKENS_FROM_COUNT = "running sum of each step's real_tokens"
+REAL_TOKENS_FROM_RATE = "running sum of real_tokens_per_s x step_ms"
+
+
+def real_tokens_seen(rows):
+    """Real (non-padding) target tokens the job had trained on by each logged row, and how that was
+    computed, or (None, None) when the rows hold neither count nor rate.
+
+    Each step's count is the row's real_tokens, else real_tokens_per_s * step_ms. With logging.every > 1
+    the logged step's count stands for the unlogged steps before it. A step logged twice (a resumed
+    run repeats the steps after its checkpoint) counts once.
+    """
+    if not rows:
+        return [], REAL_TOKENS_FROM_COUNT
+    if all(isinstance(r.get("real_tokens"), (int, float)) for r in rows):
+        per_step, how = (lambda r: float(r["real_tokens"])), REAL_TOKENS_FROM_COUNT
+    elif all(isinstance(r.get("real_tokens_per_s"), (int, float)) and isinstance(r.get("step_ms"), (int, float))
+             for r in rows):
+        per_step, how = (lambda r: r["real_tokens_per_s"] * r["step_ms"] / 1e3), REAL_TOKENS_FROM_RATE
+    else:
+        return None, None
+    count = {}
+    for r in rows:
+        count[int(r["step"])] = per_step(r)
+    seen, total, prev = {}, 0.0, 0
+    for step in sorted(count):
+        total += count[step] * max(1, step - prev)
+        prev = step
+        seen[step] = total
+    return [seen[int(r["step"])] for r in rows], how
+
+
+def ema(values, weight):
+    """Exponential moving average with bias correction (the first point is the first value): each
+    point is weight * the previous average + (1 - weight) * the value; weight 0 returns the values."""
+    if weight <= 0:
+        return list(values)
+    out, avg, norm = [], 0.0, 0.0
+    for v in values:
+        avg = weight * avg + (1 - weight) * v
+        norm = weight * norm + (1 - weight)
+        out.append(avg / norm)
+    return out
+
+
+def bar_stats(values):
+    """(median, median - min, max - median, count) of the finite values, or None when there are none."""
+    v = sorted(float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x))
+    if not v:
+        return None
+    n = len(v)
+    med = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+    return med, med - v[0], v[-1] - med, n
+
+
+def padding_of(rows):
+    """Share of the run's batch positions that were padding: 1 - sum(real_tokens) / sum(tokens) over
+    the logged steps, else the mean of their padding_fraction; None when the rows hold neither."""
+    tok = [r.get("tokens") for r in rows]
+    real = [r.get("real_tokens") for r in rows]
+    if rows and all(isinstance(x, (int, float)) for x in tok + real) and sum(tok) > 0:
+        return 1.0 - sum(real) / sum(tok)
+    pf = [r.get("padding_fraction") for r in rows]
+    if rows and all(isinstance(x, (int, float)) for x in pf):
+        return sum(pf) / len(pf)
+    return None
+
+
+def check_spec(spec):
+    """Raises SpecError naming the field when the description is not one this script draws."""
+    if not isinstance(spec, dict):
+        raise SpecError("the description is not a JSON object")
+    for key in ("out_dir", "runs"):
+        if key not in spec:
+            raise SpecError(f"field '{key}' is missing")
+    smooth = spec.get("smooth", 0)
+    if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not (0 <= smooth < 1):
+        raise SpecError(f"smooth: {smooth!r} is not a number in [0, 1)")
+    if not isinstance(spec.get("log_y", False), bool):
+        raise SpecError("log_y: expected true or false")
+    factors = spec.get("factors", [])
+    if not isinstance(factors, list) or not all(isinstance(f, str) for f in factors):
+        raise SpecError("factors: expected a list of names")
+    for key in ("color_by", "style_by"):
+        name = spec.get(key)
+        if name is not None and name not in factors:
+            raise SpecError(f"{key}: unknown factor {name!r} (factors: {', '.join(factors) if factors else 'none'})")
+    if spec.get("color_by") is not None and spec.get("color_by") == spec.get("style_by"):
+        raise SpecError("color_by and style_by name the same factor")
+    if not isinstance(spec["runs"], list):
+        raise SpecError("runs: expected a list")
+    for i, r in enumerate(spec["runs"]):
+        if not isinstance(r, dict) or not isinstance(r.get("label"), str) or not isinstance(r.get("metrics"), str):
+            raise SpecError(f"runs[{i}]: expected an object with a label and a metrics path")
+
+
+class Encoding:
+    """How each run is told apart: colour from one factor, line style from another, markers from the
+    rest (or one colour per group when there are no factors), and the legend entries saying so."""
+
+    def __init__(self, spec, plt):
+        runs = spec["runs"]
+        factors = spec.get("factors", [])
+        self.color_by = spec.get("color_by")
+        self.style_by = spec.get("style_by")
+        self.marker_by = [f for f in factors if f not in (self.color_by, self.style_by)
+                          and len(self._values(runs, f)) > 1]
+        colour_keys = self._values(runs, self.color_by) if self.color_by else self._groups(runs)
+        self.colours = {k: self._colour(plt, i, len(colour_keys)) for i, k in enumerate(colour_keys)}
+        self.styles = {v: LINE_STYLES[i % len(LINE_STYLES)]
+                       for i, v in enumerate(self._values(runs, self.style_by))} if self.style_by else {}
+        marker_keys = []
+        for r in runs:
+            k = self._marker_key(r)
+            if self.marker_by and k not in marker_keys:
+                marker_keys.append(k)
+        self.markers = {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(marker_keys)}
+
+    @staticmethod
+    def _value(run, factor):
+        v = run.get("factors", {}).get(factor)
+        return "(base)" if v is None else str(v)
+
+    @classmethod
+    def _values(cls, runs, factor):
+        out = []
+        for r in runs:
+            v = cls._value(r, factor)
+            if v not in out:
+                out.append(v)
+        return out
+
+    @staticmethod
+    def _groups(runs):
+        out = []
+        for r in runs:
+            g = r.get("group", r["label"])
+            if g not in out:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def _colour(plt, i, n):
+        if n <= 10:
+            return plt.cm.tab10(i)
+        if n <= 20:
+            return plt.cm.tab20(i)
+        return plt.cm.turbo(i / max(1, n - 1))
+
+    def _marker_key(self, run):
+        return tuple(self._value(run, f) for f in self.marker_by)
+
+    def colour(self, run):
+        key = self._value(run, self.color_by) if self.color_by else run.get("group", run["label"])
+        return self.colours[key]
+
+    def style(self, run):
+        return self.styles[self._value(run, self.style_by)] if self.style_by else "-"
+
+    def marker(self, run):
+        return self.markers.get(self._marker_key(run)) if self.marker_by else None
+
+    def legend_handles(self, with_validation, smooth):
+        """Legend entries: one per colour, style and marker value, then what training and validation look like."""
+        from matplotlib.lines import Line2D
+
+        handles = []
+        for key, c in self.colours.items():
+            name = f"{self.color_by} = {key}" if self.color_by else key
+            handles.append(Line2D([], [], color=c, lw=2, label=name))
+        for key, ls in self.styles.items():
+            handles.append(Line2D([], [], color=NEUTRAL, ls=ls, lw=1.4, label=f"{self.style_by} = {key}"))
+        for key, m in self.markers.items():
+            text = ", ".join(f"{f} = {v}" for f, v in zip(self.marker_by, key))
+            handles.append(Line2D([], [], color=NEUTRAL, lw=0, marker=m, ms=6, label=text))
+        training = "training" + (f" (EMA {smooth:g}; raw faint)" if smooth > 0 else "")
+        handles.append(Line2D([], [], color=NEUTRAL, lw=1.4, label=training))
+        if with_validation:
+            handles.append(Line2D([], [], color=NEUTRAL, lw=0.8, marker="o", ms=6, mfc="none", mew=1.3,
+                                  label="validation"))
+        return handles
+
+
+def loss_figure(plt, spec, runs, enc, kind):
+    """Loss against 'step', 'time' or 'real_tokens' for every run."""
+    smooth = float(spec.get("smooth", 0))
+    title = spec.get("title", "")
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    hows = []
+    any_val = False
+    for run, rows in runs:
+        if not rows:
+            continue
+        if kind == "step":
+            x = [r["step"] for r in rows]
+        elif kind == "time":
+            x = elapsed(rows)
+        else:
+            x, how = real_tokens_seen(rows)
+            if x is None:
+                continue
+            if how not in hows:
+                hows.append(how)
+        colour, ls, marker = enc.colour(run), enc.style(run), enc.marker(run)
+        loss = [r["loss"] for r in rows]
+        every = max(1, len(x) // 8)
+        if smooth > 0:
+            ax.plot(x, loss, color=colour, ls=ls, lw=0.8, alpha=0.22)
+        ax.plot(x, ema(loss, smooth), color=colour, ls=ls, lw=1.4, alpha=0.95,
+                marker=marker, markevery=every, ms=5)
+        val = [(xi, r["val_loss"]) for xi, r in zip(x, rows) if isinstance(r.get("val_loss"), (int, float))]
+        if val:
+            any_val = True
+            ax.plot([v[0] for v in val], [v[1] for v in val], color=colour, ls=ls, lw=0.8, alpha=0.8,
+                    marker=marker or "o", ms=6, mfc="none", mew=1.3)
+    if kind == "step":
+        ax.set_xlabel("step")
+    elif kind == "time":
+        ax.set_xlabel("wall-clock time since the run started (s)")
+    else:
+        ax.set_xlabel("real (non-padding) tokens seen, whole job: " + ("; ".join(hows) or REAL_TOKENS_FROM_COUNT))
+    ax.set_ylabel("loss" + (" (log scale)" if spec.get("log_y") else ""))
+    if spec.get("log_y"):
+        from matplotlib.ticker import LogFormatter
+
+        ax.set_yscale("log")
+        # Plain numbers (2, 3, 0.7) on the ticks, the in-between ones too when the range is under a decade or two.
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    what = {"step": "step", "time": "time", "real_tokens": "real tokens seen"}[kind]
+    ax.set_title(f"{title}: loss against {what}")
+    ax.grid(alpha=0.3, which="both" if spec.get("log_y") else "major")
+    ax.legend(handles=enc.legend_handles(any_val, smooth), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0)
+    fig.tight_layout()
+    return fig
+
+
+def draw_bars(ax, positions, stats, width, **kwargs):
+    """Bars at the medians; min-max whiskers only on bars that have more than one value (a single
+    repeat has no spread to show). Returns how many whiskers were drawn."""
+    med = [s[0] if s else 0 for s in stats]
+    ax.bar(positions, med, width, **kwargs)
+    spread = [(p, s) for p, s in zip(positions, stats) if s and s[3] > 1]
+    if spread:
+        ax.errorbar([p for p, _ in spread], [s[0] for _, s in spread],
+                    yerr=[[s[1] for _, s in spread], [s[2] for _, s in spread]],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=4)
+    return len(spread)
+
+
+def throughput_figure(plt, spec, runs, enc):
+    title = spec.get("title", "")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bars = spec.get("throughput") or []
+    repeats = False
+    if bars:
+        xs = list(range(len(bars)))
+        w = 0.38
+        for off, key, name in ((-w / 2, "tokens_per_s", "tokens/s"), (w / 2, "real_tokens_per_s", "real tokens/s")):
+            stats = [bar_stats(b.get(key) or []) for b in bars]
+            repeats = draw_bars(ax, [x + off for x in xs], stats, w, label=name) > 0 or repeats
+        ax.set_xticks(xs)
+        ax.set_xticklabels([b["group"] for b in bars], rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("tokens per second" + (" (bars: median of the repeats; whiskers: min to max)" if repeats else ""))
+    else:
+        for run, rows in runs:
+            steps = [r["step"] for r in rows]
+            ax.plot(steps, [r.get("tokens_per_s", math.nan) for r in rows], color=enc.colour(run), label="tokens/s")
+            ax.plot(steps, [r.get("real_tokens_per_s", math.nan) for r in rows], color=enc.colour(run), ls="--",
+                    label="real tokens/s")
+        ax.set_xlabel("step")
+        ax.set_ylabel("tokens per second")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}: throughput")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def padding_figure(plt, spec, runs, enc):
+    """Per arm (repeats together), the share of batch positions that were padding."""
+    title = spec.get("title", "")
+    groups, values, colours = [], {}, {}
+    for run, rows in runs:
+        g = run.get("group", run["label"])
+        if g not in values:
+            groups.append(g)
+            values[g] = []
+            colours[g] = enc.colour(run)
+        p = padding_of(rows)
+        if p is not None:
+            values[g].append(100.0 * p)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    stats = [bar_stats(values[g]) for g in groups]
+    xs = list(range(len(groups)))
+    repeats = draw_bars(ax, xs, stats, 0.6, color=[colours[g] for g in groups]) > 0
+    for x, s in zip(xs, stats):
+        text = f"{s[0]:.1f}%" if s else "no data"
+        ax.annotate(text, (x, s[0] if s else 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    if enc.color_by:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=c, label=f"{enc.color_by} = {k}") for k, c in enc.colours.items()], fontsize=8)
+    top = max([s[0] + s[2] for s in stats if s] + [1.0])
+    ax.set_ylim(0, min(100.0, top * 1.2 + 1))
+    ax.set_ylabel("padding, % of batch positions")
+    ax.set_title(f"{title}: padding per arm\n(1 - real tokens / tokens over the run"
+                 + ("; bars: median of the repeats, whiskers: min to max)" if repeats else ")"), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def figures(spec, plt):
+    """Every plot of the report as {file name: figure}."""
+    check_spec(spec)
+    runs = [(r, load_metrics(r["metrics"])) for r in spec["runs"]]
+    enc = Encoding(spec, plt)
+    return {
+        "loss_vs_step.png": loss_figure(plt, spec, runs, enc, "step"),
+        "loss_vs_time.png": loss_figure(plt, spec, runs, enc, "time"),
+        "loss_vs_real_tokens.png": loss_figure(plt, spec, runs, enc, "real_tokens"),
+        "throughput.png": throughput_figure(plt, spec, runs, enc),
+        "padding.png": padding_figure(plt, spec, runs, enc),
+    }
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: ablate_plots.py SPEC.json", file=sys.stderr)
@@ -46,72 +403,16 @@ def main():
     except ImportError:
         print("matplotlib is not installed (python3 -m pip install matplotlib)", file=sys.stderr)
         return 3
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    out = spec["out_dir"]
-    title = spec.get("title", "")
-    runs = [(r["label"], r.get("group", r["label"]), load_metrics(r["metrics"])) for r in spec["runs"]]
-
-    # One colour per group, so the repeats of an arm share it.
-    groups = []
-    for _, g, _ in runs:
-        if g not in groups:
-            groups.append(g)
-    colours = {g: plt.cm.tab10(i % 10) for i, g in enumerate(groups)}
-
-    for kind in ("step", "time"):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        labelled = set()
-        for label, group, rows in runs:
-            if not rows:
-                continue
-            x = [r["step"] for r in rows] if kind == "step" else elapsed(rows)
-            lab = group if group not in labelled else None
-            labelled.add(group)
-            ax.plot(x, [r["loss"] for r in rows], color=colours[group], lw=1.2, alpha=0.9, label=lab)
-            val = [(xi, r["val_loss"]) for xi, r in zip(x, rows) if "val_loss" in r]
-            if val:
-                ax.plot([v[0] for v in val], [v[1] for v in val], color=colours[group], ls="--", marker="o", ms=3, lw=1)
-        ax.set_xlabel("step" if kind == "step" else "wall-clock time (s)")
-        ax.set_ylabel("loss (solid: training, dashed: validation)")
-        ax.set_title(f"{title}: loss against {'step' if kind == 'step' else 'time'}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(f"{out}/loss_vs_{kind}.png", dpi=110)
+    try:
+        with open(sys.argv[1]) as f:
+            spec = json.load(f)
+        figs = figures(spec, plt)
+    except (OSError, ValueError, KeyError, SpecError) as e:
+        print(f"{sys.argv[1]}: {e}", file=sys.stderr)
+        return 2
+    for name, fig in figs.items():
+        fig.savefig(f"{spec['out_dir']}/{name}", dpi=110)
         plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    if spec.get("throughput"):
-        bars = spec["throughput"]
-        xs = range(len(bars))
-        w = 0.38
-        for off, key, name in ((-w / 2, "tokens_per_s", "tokens/s"), (w / 2, "real_tokens_per_s", "real tokens/s")):
-            med, lo, hi = [], [], []
-            for b in bars:
-                v = sorted(x for x in b[key] if x is not None)
-                m = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2]) if v else 0
-                med.append(m)
-                lo.append(m - (v[0] if v else 0))
-                hi.append((v[-1] if v else 0) - m)
-            ax.bar([x + off for x in xs], med, w, yerr=[lo, hi], capsize=4, label=name)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([b["group"] for b in bars], rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("tokens per second")
-        ax.legend(fontsize=8)
-    else:
-        for label, group, rows in runs:
-            ax.plot([r["step"] for r in rows], [r["tokens_per_s"] for r in rows], color=colours[group], label="tokens/s")
-            ax.plot([r["step"] for r in rows], [r["real_tokens_per_s"] for r in rows], color=colours[group], ls="--",
-                    label="real tokens/s")
-        ax.set_xlabel("step")
-        ax.set_ylabel("tokens per second")
-        ax.legend(fontsize=8)
-    ax.set_title(f"{title}: throughput")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(f"{out}/throughput.png", dpi=110)
-    plt.close(fig)
     return 0
 
 

@@ -322,12 +322,20 @@ int cmd_sweep(const Args& args) {
       "out", po::value<std::string>(), "sweep directory (default: sweeps/<sweep.name>)")(
       "parallel", po::value<int>()->default_value(1), "arms trained at once")(
       "dry-run", "list the arms and their overrides, validate them, and stop");
+  add_report_options(desc);
   pos.add("sweep", 1);
   po::variables_map vm;
-  if (parse_or_help(args, desc, pos, vm, "ablate sweep SWEEP.toml [--out DIR] [--parallel N] [--dry-run]")) return 0;
+  if (parse_or_help(args, desc, pos, vm,
+                    "ablate sweep SWEEP.toml [--out DIR] [--parallel N] [--dry-run] [--smooth W] [--log-y] [--color-by FACTOR] "
+                    "[--style-by FACTOR]")) {
+    return 0;
+  }
   const int parallel = vm["parallel"].as<int>();
   if (parallel < 1 || parallel > 64) throw_input_error("--parallel", "expected an integer in [1, 64]");
   const Sweep s = read_sweep(vm["sweep"].as<std::string>());
+  // The report's options are checked against the sweep's axes now, not after the arms have run.
+  const ReportOptions report = report_options(vm);
+  resolve_report_factors(report, s.axes, "sweep " + s.file.string());
   const fs::path out = vm.count("out") ? fs::path(vm["out"].as<std::string>()) : fs::path("sweeps") / s.name;
 
   // Every arm's experiment is validated before any arm runs: a typo fails now, not an hour in.
@@ -481,7 +489,7 @@ int cmd_sweep(const Args& args) {
 
   write_sweep_results(out);
   try {
-    write_report(out);
+    write_report(out, report);
   } catch (const Error& e) {
     spdlog::warn("report: {}", e.what());
   }
@@ -497,12 +505,16 @@ int cmd_report(const Args& args) {
   po::options_description desc("ablate report DIR");
   po::positional_options_description pos;
   desc.add_options()("dir", po::value<std::string>()->required(), "a run directory or a sweep directory");
+  add_report_options(desc);
   pos.add("dir", 1);
   po::variables_map vm;
-  if (parse_or_help(args, desc, pos, vm, "ablate report DIR")) return 0;
+  if (parse_or_help(args, desc, pos, vm, "ablate report DIR [--smooth W] [--log-y] [--color-by FACTOR] [--style-by FACTOR]")) {
+    return 0;
+  }
   const fs::path dir = vm["dir"].as<std::string>();
+  const ReportOptions options = report_options(vm);
   if (fs::exists(dir / "arms.json")) write_sweep_results(dir);
-  const fs::path md = write_report(dir);
+  const fs::path md = write_report(dir, options);
   std::cout << md.string() << "\n";
   return 0;
 }

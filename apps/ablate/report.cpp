@@ -3,6 +3,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <toml++/toml.h>
 
 #include "ablate/error.hpp"
 #include "ablate/safetensors.hpp"
@@ -18,6 +20,7 @@
 namespace ablate::cli {
 
 namespace fs = std::filesystem;
+namespace po = boost::program_options;
 using json = nlohmann::json;
 
 std::string read_text(const fs::path& p) {
@@ -196,7 +199,101 @@ std::string draw(const fs::path& dir, const json& spec) {
   return "";
 }
 
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (const std::string& x : items) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
+// A plain TOML value as text: strings as they are, numbers as the sweep labels them (a double's
+// shortest text, with ".0" when it would read as an integer), booleans as true/false.
+json toml_value_text(const toml::node& v) {
+  if (const auto* s = v.as_string()) return s->get();
+  if (const auto* i = v.as_integer()) return std::to_string(i->get());
+  if (const auto* b = v.as_boolean()) return b->get() ? "true" : "false";
+  if (const auto* f = v.as_floating_point()) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, f->get());
+    std::string t(buf, r.ptr);
+    if (std::isfinite(f->get()) && t.find_first_of(".eE") == std::string::npos) t += ".0";
+    return t;
+  }
+  return nullptr;
+}
+
+// The value `key` ("optimizer.name") has in a run's resolved config.toml: what an arm that does
+// not override a factor ran with. null when the file or the key is missing or unreadable.
+json resolved_value(const fs::path& config_toml, const std::string& key) {
+  std::error_code ec;
+  if (!fs::is_regular_file(config_toml, ec) || fs::file_size(config_toml, ec) > kMaxJsonBytes) return nullptr;
+  try {
+    const toml::table t = toml::parse(read_text(config_toml), config_toml.string());
+    const toml::node* v = t.at_path(key).node();
+    return v ? toml_value_text(*v) : json(nullptr);
+  } catch (const toml::parse_error&) {
+    return nullptr;
+  }
+}
+
+// An override label from arm.json as the text the plots show.
+json factor_text(const json& v) { return v.is_string() ? v : json(v.dump()); }
+
+std::string resolve_factor(const char* option, const std::string& name, const std::vector<std::string>& factors,
+                           const std::string& where) {
+  if (name.empty()) return "";
+  if (std::find(factors.begin(), factors.end(), name) != factors.end()) return name;
+  if (factors.empty()) {
+    throw_input_error(option, "unknown factor '" + name + "': " + where + " has no factors (they are a sweep's axes)");
+  }
+  std::vector<std::string> hits;
+  for (const std::string& f : factors) {
+    if (f.rfind(name + ".", 0) == 0) hits.push_back(f);
+  }
+  if (hits.size() == 1) return hits.front();
+  if (hits.size() > 1) {
+    throw_input_error(option, "'" + name + "' could be " + join(hits, " or ") + "; give the full name (factors: " + join(factors) + ")");
+  }
+  throw_input_error(option, "unknown factor '" + name + "' (factors of " + where + ": " + join(factors) + ")");
+}
+
 }  // namespace
+
+void add_report_options(po::options_description& desc) {
+  desc.add_options()("smooth", po::value<double>()->default_value(0.0, "0"),
+                     "smooth the training-loss curves with an exponential moving average of this weight, in [0, 1) "
+                     "(0.9: strong; the raw curve stays faint behind)")(
+      "log-y", po::bool_switch(), "loss on a log scale")(
+      "color-by", po::value<std::string>()->value_name("FACTOR"),
+      "the sweep factor (axis) that picks the curves' colours (default: the first)")(
+      "style-by", po::value<std::string>()->value_name("FACTOR"),
+      "the sweep factor that picks the curves' line styles (default: the first other one)");
+}
+
+ReportOptions report_options(const po::variables_map& vm) {
+  ReportOptions o;
+  o.smooth = vm.count("smooth") ? vm["smooth"].as<double>() : 0.0;
+  if (!(o.smooth >= 0.0 && o.smooth < 1.0)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", o.smooth);
+    throw_input_error("--smooth", std::string(buf) + " is not a weight in [0, 1) (0: raw curves; 0.9: strong smoothing)");
+  }
+  o.log_y = vm.count("log-y") && vm["log-y"].as<bool>();
+  if (vm.count("color-by")) o.color_by = vm["color-by"].as<std::string>();
+  if (vm.count("style-by")) o.style_by = vm["style-by"].as<std::string>();
+  return o;
+}
+
+ReportOptions resolve_report_factors(const ReportOptions& options, const std::vector<std::string>& factors,
+                                     const std::string& where) {
+  ReportOptions o = options;
+  o.color_by = resolve_factor("--color-by", options.color_by, factors, where);
+  o.style_by = resolve_factor("--style-by", options.style_by, factors, where);
+  if (!o.color_by.empty() && o.color_by == o.style_by) {
+    throw_input_error("--style-by", "'" + o.style_by + "' is the --color-by factor too; give each option its own (factors: " +
+                                        join(factors) + ")");
+  }
+  return o;
+}
 
 void write_sweep_results(const fs::path& sweep_dir) {
   const json order = read_json_or(sweep_dir / "arms.json", json());
@@ -249,16 +346,31 @@ void write_sweep_results(const fs::path& sweep_dir) {
   write_file_atomic(sweep_dir / "results.csv", csv.str());
 }
 
-fs::path write_report(const fs::path& dir) {
+fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   const bool sweep = fs::exists(dir / "arms.json");
   if (!sweep && !fs::exists(dir / "metrics.jsonl")) {
     throw_input_error(dir.string(), "neither a sweep directory (arms.json) nor a run directory (metrics.jsonl)");
   }
   std::ostringstream md;
   json spec = {{"out_dir", fs::absolute(dir).string()}, {"runs", json::array()}, {"throughput", json::array()}};
+  const json results = sweep ? read_json_or(dir / "results.json", json::object()) : json::object();
+  std::vector<std::string> axes;
+  for (const json& a : results.value("axes", json::array())) {
+    if (a.is_string()) axes.push_back(a.get<std::string>());
+  }
+  // Colour by one factor, line style by another (the first two unless chosen), markers for the rest.
+  ReportOptions plot = resolve_report_factors(options, axes, (sweep ? "sweep directory " : "run directory ") + dir.string());
+  for (const std::string& a : axes) {
+    if (plot.color_by.empty() && a != plot.style_by) plot.color_by = a;
+    else if (plot.style_by.empty() && a != plot.color_by) plot.style_by = a;
+  }
+  spec["factors"] = axes;
+  spec["color_by"] = plot.color_by.empty() ? json(nullptr) : json(plot.color_by);
+  spec["style_by"] = plot.style_by.empty() ? json(nullptr) : json(plot.style_by);
+  spec["smooth"] = plot.smooth;
+  spec["log_y"] = plot.log_y;
+  std::size_t most_repeats = 1;
   if (sweep) {
-    const json results = read_json_or(dir / "results.json", json::object());
-    const std::vector<std::string> axes = results.value("axes", std::vector<std::string>{});
     spec["title"] = "sweep " + results.value("sweep", std::string());
     md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
     md << "Base experiment `" << results.value("base", std::string()) << "`";
@@ -296,7 +408,18 @@ fs::path write_report(const fs::path& dir) {
       }
       groups[g]["tokens_per_s"].push_back(r["tokens_per_s"]);
       groups[g]["real_tokens_per_s"].push_back(r["real_tokens_per_s"]);
-      spec["runs"].push_back({{"label", r.value("arm", "")}, {"group", g}, {"metrics", fs::absolute(dir / r.value("run_dir", "") / "metrics.jsonl").string()}});
+      most_repeats = std::max(most_repeats, groups[g]["tokens_per_s"].size());
+      const fs::path run_dir = dir / r.value("run_dir", "");
+      const json overrides = r.contains("overrides") && r["overrides"].is_object() ? r["overrides"] : json::object();
+      json factors = json::object();
+      for (const std::string& a : axes) {
+        // An arm of an explicit list may leave a factor to the base experiment: its resolved value.
+        factors[a] = overrides.contains(a) ? factor_text(overrides[a]) : resolved_value(run_dir / "config.toml", a);
+      }
+      spec["runs"].push_back({{"label", r.value("arm", "")},
+                              {"group", g},
+                              {"metrics", fs::absolute(run_dir / "metrics.jsonl").string()},
+                              {"factors", factors}});
       if (r["val_loss"].is_number() && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
       if (r["real_tokens_per_s"].is_number() &&
           (!fastest || r["real_tokens_per_s"].get<double>() > (*fastest)["real_tokens_per_s"].get<double>())) {
@@ -332,13 +455,36 @@ fs::path write_report(const fs::path& dir) {
     md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
     md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
     md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
-    spec["runs"].push_back({{"label", name}, {"group", name}, {"metrics", fs::absolute(dir / "metrics.jsonl").string()}});
+    spec["runs"].push_back({{"label", name},
+                            {"group", name},
+                            {"metrics", fs::absolute(dir / "metrics.jsonl").string()},
+                            {"factors", json::object()}});
   }
+  const std::string whiskers = most_repeats > 1 ? " (bars: median of the repeats; whiskers: their range)" : "";
   const std::vector<std::pair<std::string, std::string>> plots = {
-      {"loss_vs_step.png", "Loss against step"}, {"loss_vs_time.png", "Loss against wall-clock time"},
-      {"throughput.png", sweep ? "Throughput per arm (bars: median of the repeats; whiskers: their range)" : "Throughput per step"}};
+      {"loss_vs_step.png", "Loss against step"},
+      {"loss_vs_time.png", "Loss against wall-clock time"},
+      {"loss_vs_real_tokens.png", "Loss against real (non-padding) tokens seen"},
+      {"throughput.png", sweep ? "Throughput per arm" + whiskers : "Throughput per step"},
+      {"padding.png", (sweep ? "Padding per arm" + whiskers : std::string("Padding")) + ": share of batch positions that were padding"}};
   const std::string err = spec["runs"].empty() ? std::string("no completed run to plot") : draw(dir, spec);
   if (err.empty()) {
+    md << "Loss curves: ";
+    if (!plot.color_by.empty()) md << "colour by `" << plot.color_by << "`";
+    else md << "one colour per " << (sweep ? "arm" : "run");
+    if (!plot.style_by.empty()) md << ", line style by `" << plot.style_by << "`";
+    std::vector<std::string> rest;
+    for (const std::string& a : axes) {
+      if (a != plot.color_by && a != plot.style_by) rest.push_back("`" + a + "`");
+    }
+    if (!rest.empty()) md << ", markers by " << join(rest);
+    md << "; training loss as lines";
+    if (plot.smooth > 0) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", plot.smooth);
+      md << " smoothed by an exponential moving average of weight " << buf << " (the raw curve faint behind)";
+    }
+    md << ", validation loss as hollow circles" << (plot.log_y ? "; loss on a log scale" : "") << ".\n\n";
     for (const auto& [file, caption] : plots) md << "## " << caption << "\n\n![" << caption << "](" << file << ")\n\n";
   } else {
     md << "_Plots not drawn: " << err << "_\n";
