@@ -90,7 +90,7 @@ echo "== device cases of the layer tests"
 [ -x "$here/bin/test_cpu_layers" ] && { skip_stage test_cpu_layers 30 || run_program plain test_cpu_layers "--test-case=every layer on every device*"; }
 
 echo "== benchmarks"
-for b in bench_optim; do
+for b in bench_optim bench_attention; do
   [ -x "$here/bin/$b" ] || continue
   skip_stage "$b" 60 && continue
   t0=$(date +%s)
@@ -98,6 +98,15 @@ for b in bench_optim; do
   printf '%s\tbenchmark\t%s\t0\t%d\n' "$b" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -25 "$out/logs/$b.log"
 done
+echo "== peer: PyTorch SDPA at bench_attention's shapes (bench/peers/pytorch_sdpa.py)"
+if ! skip_stage pytorch_sdpa 60; then
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout 120 python3 "$here/src/bench/peers/pytorch_sdpa.py" --json "$out/pytorch_sdpa.json" \
+    > "$out/logs/pytorch_sdpa.log" 2>&1
+  case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf 'pytorch_sdpa\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -8 "$out/logs/pytorch_sdpa.log"
+fi
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
 # ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)
 # with adamw_fused; the last 3 steps profiled op by op (profile.json). Once with naive_cuda here, once

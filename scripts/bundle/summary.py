@@ -42,6 +42,9 @@ def headline(name, data):
     keys = {
         "pytorch_gpt": ["device", "batch_size", "tokens_per_s", "step_ms", "mfu", "peak_memory_gib"],
         "bench_optim": ["gpu"],
+        "bench_attention": ["device", "flash_over_naive_t2048", "padded_over_packed_time", "packed_real_fraction",
+                            "padded_real_fraction"],
+        "pytorch_sdpa": ["device", "torch"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     if isinstance(data, dict) and keys:
