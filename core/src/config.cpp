@@ -35,6 +35,10 @@ const std::vector<SectionSpec>& section_specs() {
                "optimizer state and activations; MFU against the bf16 peak)")
             .one_of({"fp32", "tf32", "bf16"}),
         integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
+        string("recompute", "none", "activations backward recomputes instead of keeping them from forward: none; mlp "
+               "(the MLP's saved values: its hidden activations); block (everything inside a block but its input, "
+               "one extra forward pass of the blocks); the same losses and gradients bit for bit")
+            .one_of({"none", "mlp", "block"}),
         floating("memory_budget_gib", 0.0, "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
                  "doctor and tune measure headroom against it").at_least(0.0),
         integer("grad_accum_steps", 1, "micro-batches per optimizer step").within(1, 65536),

@@ -57,6 +57,7 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
                                        (dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
                                        "): it needs run.device = \"cuda\" (the CPU computes in fp32)");
   }
+  o.recompute = config.section("run").get_string("recompute");
   o.max_seq_len = m.get_int("max_seq_len");
   o.norm = m.get_string("norm");
   o.mlp = m.get_string("mlp");
@@ -138,6 +139,7 @@ struct Model::Impl {
   std::function<void(std::size_t)> gradient_hook;  // called after each of them in forward_backward
   int64_t ln_f_param = 0;
   std::vector<Site> sites;  // the forward pass in order (the classifier follows the last)
+  std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
 
   Buffer params, grads, act;  // (P) f32, (P) f32, the arena
   ArenaPlan plan;             // of the shape the arena was last laid out for
@@ -215,6 +217,7 @@ struct Model::Impl {
     for (int64_t l = 0; l < o.n_layers; ++l) {
       const std::string pre = "blocks." + std::to_string(l);
       auto B = [l](Slot s) { return in_block(l, s); };
+      block_sites.push_back({sites.size(), 0});
       sites.push_back(norm_site(norm.get(), &norm_spec, declare(*norm, norm_spec, pre + ".ln1"), B(Slot::res), B(Slot::ln1),
                                 B(Slot::ln1_s), d_ln, d_res, GradMode::accumulate, C));
       // q, k, v read ln1; backward visits v first, which writes d_ln, then k and q add to it.
@@ -284,6 +287,7 @@ struct Model::Impl {
       m.d_x = d_ln;
       m.dropout_site = ++dropout_site;
       sites.push_back(m);
+      block_sites.back().second = sites.size() - 1;  // the MLP: the block's last site
     }
     ln_f_param = declare(*norm, norm_spec, "ln_f");
     sites.push_back(norm_site(norm.get(), &norm_spec, ln_f_param, in_block(o.n_layers, Slot::res), shared(Slot::lnf),
@@ -316,6 +320,13 @@ struct Model::Impl {
 
   // ---- the activation plan ----
 
+  // Whether backward recomputes `slot` of a block (o.recompute) rather than read it from forward.
+  bool recomputed(Slot slot) const {
+    if (o.recompute == "block") return slot != Slot::res;
+    if (o.recompute == "mlp") return slot == Slot::mlp_s;
+    return false;
+  }
+
   ArenaPlan make_plan(int64_t rows, int64_t T) const {
     const int64_t N = rows * T, C = o.d_model, Hd = o.n_heads * o.head_dim, Kd = o.n_kv_heads * o.head_dim;
     ArenaPlan p;
@@ -328,8 +339,16 @@ struct Model::Impl {
     };
     auto alias = [&](Ref r, Ref to) { p.offsets[std::size_t((r.block + 1) * schedule::kSlots + int(r.slot))] = p.at(to); };
     const AttentionProblem prob = problem(rows, T);
+    const auto keep = take;
+    // A slot backward recomputes is held once, in block 0's place, for whichever block is being
+    // recomputed (forward overwrites it block after block; only `res` carries between blocks).
+    const auto take_in_block = [&](Ref r, int64_t n) {
+      if (r.block > 0 && recomputed(r.slot)) alias(r, in_block(0, r.slot));
+      else keep(r, n);
+    };
     for (int64_t l = 0; l < o.n_layers; ++l) {
       auto B = [l](Slot s) { return in_block(l, s); };
+      const auto take = take_in_block;
       take(B(Slot::res), N * C);
       take(B(Slot::ln1), N * C);
       take(B(Slot::ln1_s), norm->activation_elements(norm_spec, N));
@@ -352,7 +371,7 @@ struct Model::Impl {
       take(B(Slot::ln2_s), norm->activation_elements(norm_spec, N));
       take(B(Slot::mlp_s), mlp->activation_elements(mlp_spec, N));
     }
-    take(in_block(o.n_layers, Slot::res), N * C);
+    keep(in_block(o.n_layers, Slot::res), N * C);
     take(shared(Slot::lnf), N * C);
     take(shared(Slot::lnf_s), norm->activation_elements(norm_spec, N));
     take(shared(Slot::losses), N);
@@ -455,6 +474,30 @@ struct Model::Impl {
     c.dropout_key = mix64(key, s.dropout_site);
   }
 
+  // One site's forward call (`pass` names it in the op profile: " fwd", or " recompute").
+  void forward_site(const Site& s, const AttentionProblem& prob, bool train, uint64_t key, const char* pass) {
+    if (s.op == Op::attention) {
+      timed("attention", pass, [&] {
+        attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
+                      heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
+                      act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
+      });
+      return;
+    }
+    LayerCall c = call_of(s, false);
+    set_dropout(c, s, train, key);
+    timed(to_string(s.layer->role()), pass, [&] { s.layer->forward(c); });
+  }
+
+  // Before block l's backward: its recomputed slots filled again by its forward sites (all of them
+  // for "block", the MLP for "mlp"; the MLP also rewrites res of block l + 1, with the same bits).
+  // The last block's are still there from the forward pass.
+  void recompute_block(int64_t l, const AttentionProblem& prob, uint64_t key) {
+    if (o.recompute == "none" || l == o.n_layers - 1) return;
+    const auto [first, last] = block_sites[std::size_t(l)];
+    for (std::size_t i = o.recompute == "block" ? first : last; i <= last; ++i) forward_site(sites[i], prob, true, key, " recompute");
+  }
+
   // The whole forward pass up to (and including) the classifier. Training: dropout on, and the
   // classifier writes d(lnf) into d_ln.
   double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits) {
@@ -462,19 +505,7 @@ struct Model::Impl {
     prepare(b.rows, b.seq_len);
     timed("batch upload", "", [&] { device->upload_batch(b, batch); });
     const AttentionProblem prob = problem(b.rows, b.seq_len);
-    for (const Site& s : sites) {
-      if (s.op == Op::attention) {
-        timed("attention", " fwd", [&] {
-          attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
-                        heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
-                        act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
-        });
-        continue;
-      }
-      LayerCall c = call_of(s, false);
-      set_dropout(c, s, train, key);
-      timed(to_string(s.layer->role()), " fwd", [&] { s.layer->forward(c); });
-    }
+    for (const Site& s : sites) forward_site(s, prob, train, key, " fwd");
     const int64_t N = int64_t(b.rows) * b.seq_len;
     LayerCall c;
     c.spec = &cls_spec;
@@ -501,8 +532,10 @@ struct Model::Impl {
   void run_backward(uint64_t key) {
     const AttentionProblem prob = problem(plan.rows, plan.seq_len);
     std::size_t write = 1;  // gradient_writes() index of the next site with parameters
-    for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
-      const Site& s = *it;
+    int64_t block = o.n_layers - 1;  // the next block backward enters
+    for (std::size_t i = sites.size(); i-- > 0;) {
+      const Site& s = sites[i];
+      if (block >= 0 && i == block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
       if (s.op == Op::attention) {
         timed("attention", " bwd", [&] {
           attn->backward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),

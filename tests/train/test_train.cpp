@@ -423,3 +423,43 @@ TEST_CASE("an MFU above 100% is warned about once, naming the peak used, and fla
   CHECK(m["mfu_above_peak"] == false);
   CHECK(m["mfu"].get<double>() < 1.0);
 }
+
+TEST_CASE("run.recompute = mlp and block give the same losses, gradients and weights bit for bit, in less activation memory") {
+  TempDir tmp;
+  // Dropout on (its masks must be drawn again identically), accumulation, and a Llama-shaped model
+  // too (rope rotating q and k in place, qk-norm, GQA).
+  const std::string common = "train " + config() + kTiny +
+                             " --set run.steps=5 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=5";
+  const std::string llama = " --set model.n_heads=4 --set model.n_kv_heads=2 --set model.norm=rmsnorm --set model.mlp=swiglu_mlp"
+                            " --set model.position=rope --set model.qk_norm=true --set model.bias=false";
+  for (const std::string& shape : {std::string(), llama}) {
+    INFO((shape.empty() ? "gpt2-shaped" : "llama-shaped"));
+    std::map<std::string, fs::path> runs;
+    for (const char* mode : {"none", "mlp", "block"}) {
+      runs[mode] = tmp.path() / (std::string(mode) + (shape.empty() ? "_gpt2" : "_llama"));
+      const auto r = run_ablate(common + shape + " --set run.recompute=" + mode + " --run-dir " + runs[mode].string());
+      INFO(r.output);
+      REQUIRE(r.exit_code == 0);
+    }
+    const auto ref = metrics(runs["none"]);
+    const auto bytes = [&](const char* mode) { return read_json(runs[mode] / "run.json")["activation_bytes"].get<int64_t>(); };
+    for (const char* mode : {"mlp", "block"}) {
+      INFO(mode);
+      const auto got = metrics(runs[mode]);
+      REQUIRE(got.size() == ref.size());
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        CHECK(got[i]["loss"].get<double>() == ref[i]["loss"].get<double>());
+        CHECK(got[i]["grad_norm"].get<double>() == ref[i]["grad_norm"].get<double>());
+        if (ref[i].contains("val_loss")) CHECK(got[i]["val_loss"].get<double>() == ref[i]["val_loss"].get<double>());
+      }
+      CHECK(slurp(runs[mode] / "checkpoints/step_00000005/model.safetensors") ==
+            slurp(runs["none"] / "checkpoints/step_00000005/model.safetensors"));
+    }
+    CHECK(bytes("mlp") < bytes("none"));
+    CHECK(bytes("block") < bytes("mlp"));
+  }
+  // A value outside the three is refused naming the key.
+  const auto bad = run_ablate(common + " --set run.recompute=all --run-dir " + (tmp.path() / "bad").string());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("run.recompute") != std::string::npos);
+}

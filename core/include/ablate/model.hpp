@@ -40,6 +40,10 @@ struct ModelOptions {
   std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
   double rope_theta = 10000.0, dropout = 0.0;
   bool qk_norm = false, bias = true, tie_embeddings = true;
+  // [run] recompute: which activations backward recomputes instead of keeping them from forward
+  // ("none"; "mlp": the MLP's saved values; "block": everything inside a block but its input).
+  // Changes memory and time only: the values, hence losses and gradients, are the same bits.
+  std::string recompute = "none";
   // The keys components receive: layers [model] (their kind's common table; layers declare no
   // keys of their own yet), the attention backend [attention] and its sub-table [attention.<name>].
   Params model_common{"model", {}};
