@@ -5,6 +5,8 @@
 # one-screen summary. Everything goes to OUT: run.log, summary.txt, summary.json, the benchmarks'
 # JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
 # Usage: run.sh OUT   (or with $OUT set)
+# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2) runs a part, so that the
+# whole can be split over two device calls: tests,memcheck in one, bench,gpt2 in the next.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-${OUT:?usage: run.sh OUT}}
@@ -37,7 +39,7 @@ run_program() {  # mode prog [args...]
   fi
   [ "$mode" = memcheck ] && cmd=(compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "${cmd[@]}")
   t0=$(date +%s%N)
-  timeout 300 "${cmd[@]}" "$@" > "$log" 2>&1
+  timeout "$(limit "$([ "$mode" = memcheck ] && echo 150 || echo 300)")" "${cmd[@]}" "$@" > "$log" 2>&1
   rc=$?
   case $rc in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
   printf '%s\t%s\t%s\t%d\t%s\n' "$prog" "$mode" "$status" "$rc" "$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b - a) / 1e9}')" >> "$results"
@@ -47,6 +49,10 @@ run_program() {  # mode prog [args...]
 # The device call is cut at 600 s: each stage starts only with enough time left for it, so the
 # summary is always written.
 left() { echo $(( 570 - ($(date +%s) - t_start) )); }
+# A command's own limit: at most $1 seconds, and never past the call's end.
+limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2},"
+want() { [[ "$stages" == *",$1,"* ]]; }
 skip_stage() {  # name seconds_needed
   if [ "$(left)" -lt "$2" ]; then
     echo "  $1: skipped, $(left) s left of the call"
@@ -58,17 +64,29 @@ skip_stage() {  # name seconds_needed
 
 gpu_programs=$(awk -F'\t' '$2 ~ /(^|,)gpu(,|$)/ {print $1}' "$here/manifest/tests.tsv")
 # memcheck slows a program tens of times: the end-to-end training program runs plainly, and two
-# training steps of a small model run under memcheck on their own below.
-memcheck_programs=$(for p in $gpu_programs; do [ "$p" = test_cuda_train ] || echo "$p"; done)
-echo "== gpu tests under compute-sanitizer memcheck"
-if command -v compute-sanitizer >/dev/null; then
+# training steps of a small model run under memcheck on their own below; cudnn_flash's test runs
+# plainly too (cuDNN's own kernels under memcheck take minutes and are not ours).
+memcheck_programs=$(for p in $gpu_programs; do case $p in test_cuda_train | test_cudnn_flash) ;; *) echo "$p" ;; esac; done)
+want tests && echo "== gpu tests"
+for p in $gpu_programs; do
+  want tests && [ -x "$here/bin/$p" ] && { skip_stage "$p" 60 || run_program plain "$p"; }
+done
+# Device cases inside programs labelled cpu: every layer on every device (cuda_layers against the
+# float64 CPU layers), which runs its cuda half where a GPU is.
+want tests && echo "== device cases of the layer tests"
+want tests && [ -x "$here/bin/test_cpu_layers" ] && { skip_stage test_cpu_layers 30 || run_program plain test_cpu_layers "--test-case=every layer on every device*"; }
+
+if ! want memcheck; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
+  echo "== gpu tests under compute-sanitizer memcheck"
   for p in $memcheck_programs; do
     [ -x "$here/bin/$p" ] && { skip_stage "$p memcheck" 120 || run_program memcheck "$p"; }
   done
   if ! skip_stage "two training steps under memcheck" 120; then
     t0=$(date +%s%N)
     rm -rf "$out/memcheck_run"
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$here/bin/ablate" train \
+    timeout "$(limit 200)" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$here/bin/ablate" train \
       "$here/src/configs/quickstart.toml" --set run.device=cuda --set attention.name=naive_cuda --set optimizer.name=adamw_fused \
       --set run.steps=2 --set model.dropout=0.1 --set run.eval_batches=1 --set checkpoint.every=100 \
       --run-dir "$out/memcheck_run" > "$out/logs/train_2_steps.memcheck.log" 2>&1
@@ -80,28 +98,21 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "  compute-sanitizer not found: skipped"
 fi
-echo "== gpu tests"
-for p in $gpu_programs; do
-  [ -x "$here/bin/$p" ] && { skip_stage "$p" 60 || run_program plain "$p"; }
-done
-# Device cases inside programs labelled cpu: every layer on every device (cuda_layers against the
-# float64 CPU layers), which runs its cuda half where a GPU is.
-echo "== device cases of the layer tests"
-[ -x "$here/bin/test_cpu_layers" ] && { skip_stage test_cpu_layers 30 || run_program plain test_cpu_layers "--test-case=every layer on every device*"; }
-
-echo "== benchmarks"
+want bench && echo "== benchmarks"
 for b in bench_optim bench_attention; do
+  want bench || continue
   [ -x "$here/bin/$b" ] || continue
   skip_stage "$b" 60 && continue
   t0=$(date +%s)
-  if timeout 240 "$here/bin/$b" --json "$out/$b.json" > "$out/logs/$b.log" 2>&1; then status=passed; else status=failed; fi
+  timeout "$(limit 240)" "$here/bin/$b" --json "$out/$b.json" > "$out/logs/$b.log" 2>&1
+  case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
   printf '%s\tbenchmark\t%s\t0\t%d\n' "$b" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -25 "$out/logs/$b.log"
 done
-echo "== peer: PyTorch SDPA at bench_attention's shapes (bench/peers/pytorch_sdpa.py)"
-if ! skip_stage pytorch_sdpa 60; then
+want bench && echo "== peer: PyTorch SDPA at bench_attention's shapes (bench/peers/pytorch_sdpa.py)"
+if want bench && ! skip_stage pytorch_sdpa 60; then
   t0=$(date +%s)
-  PYTHONUNBUFFERED=1 timeout 120 python3 "$here/src/bench/peers/pytorch_sdpa.py" --json "$out/pytorch_sdpa.json" \
+  PYTHONUNBUFFERED=1 timeout "$(limit 120)" python3 "$here/src/bench/peers/pytorch_sdpa.py" --json "$out/pytorch_sdpa.json" \
     > "$out/logs/pytorch_sdpa.log" 2>&1
   case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
   printf 'pytorch_sdpa\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
@@ -109,16 +120,17 @@ if ! skip_stage pytorch_sdpa 60; then
 fi
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
 # ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)
-# with adamw_fused; the last 3 steps profiled op by op (profile.json). Once with naive_cuda here, once
-# with cudnn_flash after the peer.
+# with adamw_fused; the last 3 steps profiled op by op (profile.json). Once with naive_cuda, once with
+# cudnn_flash, then the PyTorch peer with the time left.
 ablate_gpt2() {  # name attention
+  want gpt2 || return 0
   local dtype="${ABLATE_GPT2_DTYPE:-bf16}"
   echo "== ablate: GPT-2 124M on cuda ($dtype, $2, adamw_fused)"
   skip_stage "$1" 150 && return 0
   local t0 status
   t0=$(date +%s)
   rm -rf "${out:?}/$1"
-  if timeout 240 "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
+  if timeout "$(limit 240)" "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
        --set batching.batch_size="${ABLATE_GPT2_BATCH:-8}" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
        --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/$1" \
@@ -131,8 +143,9 @@ ablate_gpt2() {  # name attention
   tail -3 "$out/logs/$1.log"
 }
 ablate_gpt2 ablate_gpt2 naive_cuda
-echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
-if skip_stage pytorch_gpt 150; then
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 ablate_gpt2_flash cudnn_flash
+want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
+if ! want gpt2 || skip_stage pytorch_gpt 150; then
   :
 elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   t0=$(date +%s)
@@ -143,8 +156,6 @@ elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 else
   echo "  python3 has no torch with CUDA: skipped"
 fi
-
-[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 ablate_gpt2_flash cudnn_flash
 
 echo "== done in $(( $(date +%s) - t_start )) s"
 python3 "$here/summary.py" "$out" || echo "summary.py failed"
