@@ -71,6 +71,8 @@ std::vector<int32_t> DataSource::encode(const std::string& text) const {
   return out;
 }
 
+std::vector<DocumentGroup> DataSource::groups(Split split) const { return {{"all", 0, size(split)}}; }
+
 std::string DataSource::decode(const std::vector<int32_t>& tokens) const {
   std::string out;
   for (int32_t t : tokens) out += (out.empty() ? "" : " ") + std::to_string(t);

@@ -2,10 +2,14 @@
 // ranks round-robin (position p goes to rank p % world), so the ranks' draws are disjoint and
 // together complete. `shuffled` orders each epoch by a seeded permutation -- of the whole epoch
 // (buffer = 0) or within consecutive windows of `buffer` documents -- computed by a keyed Feistel
-// network, so document_at(draw) is a pure function with no per-epoch table.
+// network, so document_at(draw) is a pure function with no per-epoch table. `mixture` draws from
+// the source's groups (DataSource::groups: token_shards' path patterns) in proportion to weights.
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ablate/data.hpp"
 #include "ablate/error.hpp"
@@ -113,6 +117,106 @@ class ShuffledSampler final : public RoundRobinSampler {
   uint64_t buffer_;
 };
 
+// `mixture`: the global sequence of draws (position p, dealt to rank p % world) takes group g at
+// the position where g is furthest behind its share: the g with the largest (p + 1) w_g - n_g,
+// n_g the draws g had before p (ties to the lower index). Every prefix of the sequence then holds
+// each group within one draw of its weighted share. Within a group, its k-th draw is document k of
+// the group's own epochs, each a seeded permutation of the group (a small group is revisited
+// sooner than a large one: the weights, not the sizes, set the mix). The state at a position is a
+// walk from 0; snapshots every 4096 positions make any position (a resumed cursor) cheap to reach.
+class MixtureSampler final : public ablate::Sampler {
+ public:
+  MixtureSampler(std::vector<double> weights, std::string where) : weights_(std::move(weights)), where_(std::move(where)) {}
+
+  void set_groups(const std::vector<ablate::DocumentGroup>& groups) override { groups_ = groups; }
+
+  void reset(uint64_t documents, uint64_t seed, int rank, int world) override {
+    if (world < 1 || rank < 0 || rank >= world) {
+      ablate::throw_runtime_error("sampler", "rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+    }
+    if (groups_.empty()) groups_ = {{"all", 0, documents}};
+    std::string listing;
+    for (const auto& g : groups_) listing += (listing.empty() ? "" : ", ") + g.name + " (" + std::to_string(g.documents) + ")";
+    if (weights_.size() != groups_.size()) {
+      ablate::throw_input_error(where_ + ".weights", std::to_string(weights_.size()) + " weight(s) for the data's " +
+                                                        std::to_string(groups_.size()) + " group(s): " + listing +
+                                                        " (one weight per group, in this order)");
+    }
+    double total = 0;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (weights_[g] > 0 && groups_[g].documents == 0) {
+        ablate::throw_input_error(where_ + ".weights", "group " + groups_[g].name + " has weight " +
+                                                          std::to_string(weights_[g]) + " but no document in this split");
+      }
+      total += weights_[g];
+    }
+    if (!(total > 0)) ablate::throw_input_error(where_ + ".weights", "the weights sum to 0; groups: " + listing);
+    share_.resize(weights_.size());
+    for (std::size_t g = 0; g < weights_.size(); ++g) share_[g] = weights_[g] / total;
+    seed_ = seed;
+    rank_ = uint64_t(rank);
+    world_ = uint64_t(world);
+    per_epoch_ = std::max<uint64_t>(1, (documents - std::min(documents, rank_) + world_ - 1) / world_);
+    snapshots_.clear();
+    at_ = 0;
+    counts_.assign(groups_.size(), 0);
+    snapshots_[0] = counts_;
+  }
+
+  uint64_t draws_per_epoch() const override { return per_epoch_; }
+
+  uint64_t document_at(uint64_t draw) override {
+    if (share_.empty()) ablate::throw_runtime_error("sampler", "document_at before reset");
+    const uint64_t position = draw * world_ + rank_;
+    seek(position);
+    const std::size_t g = pick();  // the group of `position`, with counts_ as they stand before it
+    const ablate::DocumentGroup& group = groups_[g];
+    const uint64_t k = counts_[g];
+    const uint64_t epoch = k / group.documents;
+    const uint64_t key = mix64(mix64(seed_, 0x4d69787475726500ull + g), epoch);
+    return group.first + KeyedPermutation(group.documents, key)(k % group.documents);
+  }
+
+ private:
+  static constexpr uint64_t kSnapshotEvery = 4096;
+
+  std::size_t pick() const {
+    std::size_t best = 0;
+    double best_deficit = -1e300;
+    for (std::size_t g = 0; g < share_.size(); ++g) {
+      if (share_[g] <= 0) continue;
+      const double deficit = double(at_ + 1) * share_[g] - double(counts_[g]);
+      if (deficit > best_deficit) {
+        best_deficit = deficit;
+        best = g;
+      }
+    }
+    return best;
+  }
+
+  // counts_ as they stand before global position `position`.
+  void seek(uint64_t position) {
+    if (position < at_) {
+      auto it = std::prev(snapshots_.upper_bound(position));
+      at_ = it->first;
+      counts_ = it->second;
+    }
+    while (at_ < position) {
+      ++counts_[pick()];
+      ++at_;
+      if (at_ % kSnapshotEvery == 0) snapshots_.emplace(at_, counts_);
+    }
+  }
+
+  std::vector<double> weights_, share_;
+  std::string where_;
+  std::vector<ablate::DocumentGroup> groups_;
+  uint64_t seed_ = 0, rank_ = 0, world_ = 1, per_epoch_ = 0;
+  uint64_t at_ = 0;                // the position counts_ stands before
+  std::vector<uint64_t> counts_;   // draws of each group before at_
+  std::map<uint64_t, std::vector<uint64_t>> snapshots_;
+};
+
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
   r.add({ablate::Kind::sampler, "sequential", "1.0.0", "documents in index order, dealt round-robin to the ranks", {},
@@ -121,6 +225,14 @@ void register_components(ablate::Registrar& r) {
          "a seeded permutation per epoch (run.seed), whole-epoch or within windows, dealt round-robin to the ranks",
          {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").at_least(0)},
          [](const ablate::ComponentArgs& args) { return std::make_unique<ShuffledSampler>(uint64_t(args.own.get_int("buffer"))); },
+         "", {}});
+  r.add({ablate::Kind::sampler, "mixture", "1.0.0",
+         "draws from the data's groups (token_shards: one per paths pattern) in proportion to weights, each prefix within "
+         "one draw of its share; each group shuffled per its own epochs (run.seed)",
+         {float_list("weights", {1.0}, "one weight per group of the data, in its order (normalised to sum to 1)").within(0.0, 1e9)},
+         [](const ablate::ComponentArgs& args) {
+           return std::make_unique<MixtureSampler>(args.own.get_float_list("weights"), args.own.path());
+         },
          "", {}});
 }
 

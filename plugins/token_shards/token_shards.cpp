@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -128,9 +129,22 @@ class TokenShards final : public ablate::DataSource {
     const auto& train_patterns = own.get_string_list("paths");
     const auto& val_patterns = own.get_string_list("val_paths");
     if (train_patterns.empty()) ablate::throw_input_error(own.path() + ".paths", "no shard paths given");
-    const auto train_files = ablate::expand_paths(train_patterns, own.path() + ".paths");
-    const auto val_files = val_patterns.empty() ? std::vector<std::filesystem::path>{}
-                                                : ablate::expand_paths(val_patterns, own.path() + ".val_paths");
+    // Each pattern expanded on its own: a pattern is a group of documents (a source a mixture weighs).
+    // A file two patterns of a split match is read once, in the first one's group.
+    std::vector<std::filesystem::path> train_files, val_files;
+    const auto expand = [&](const std::vector<std::string>& patterns, const std::string& key,
+                            std::vector<std::filesystem::path>& files) {
+      std::set<std::filesystem::path> seen;
+      for (const std::string& pattern : patterns) {
+        for (auto& f : ablate::expand_paths({pattern}, own.path() + key)) {
+          if (!seen.insert(f).second) continue;
+          files.push_back(std::move(f));
+          shard_pattern_.push_back(pattern);
+        }
+      }
+    };
+    expand(train_patterns, ".paths", train_files);
+    expand(val_patterns, ".val_paths", val_files);
     for (const auto& f : train_files) shards_.push_back(open_shard(f, eot_, vocab_));
     const std::size_t first_val_shard = shards_.size();
     for (const auto& f : val_files) shards_.push_back(open_shard(f, eot_, vocab_));
@@ -187,6 +201,20 @@ class TokenShards final : public ablate::DataSource {
   }
   std::string decode(const std::vector<int32_t>& tokens) const override {
     return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);
+  }
+
+  // One group per shard pattern, in the order the split holds their documents.
+  std::vector<ablate::DocumentGroup> groups(ablate::Split split) const override {
+    std::vector<ablate::DocumentGroup> out;
+    uint64_t at = 0;
+    for (const SplitIndex::Part& part : index(split).parts) {
+      std::size_t s = 0;
+      while (shards_[s].get() != part.shard) ++s;
+      if (out.empty() || out.back().name != shard_pattern_[s]) out.push_back({shard_pattern_[s], at, 0});
+      out.back().documents += part.docs;
+      at += part.docs;
+    }
+    return out;
   }
 
   std::filesystem::path gpt2_tokenizer_dir() const override {
@@ -251,6 +279,7 @@ class TokenShards final : public ablate::DataSource {
   int32_t eot_ = 50256;
   int32_t vocab_ = 50257;
   std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<std::string> shard_pattern_;  // the pattern each shard came from (parallel to shards_)
   SplitIndex train_;
   SplitIndex validation_;
   uint64_t tokens_total_ = 0;

@@ -1,5 +1,8 @@
 // Sampler tests: over each epoch the ranks' draws are disjoint and complete, document_at is
 // deterministic, and shuffling permutes whole epochs or windows as configured.
+#include <algorithm>
+#include <cmath>
+
 #include "data_test_support.hpp"
 
 using namespace ablate;
@@ -85,4 +88,88 @@ TEST_CASE("windowed shuffling permutes within consecutive windows") {
 TEST_CASE("a split with fewer documents than ranks is an input error") {
   auto s = sampler_from("sequential");
   CHECK_THROWS_AS(s->reset(2, 1, 0, 4), Error);
+}
+
+// --- mixture -------------------------------------------------------------------------------------
+
+namespace {
+
+// Groups of 300, 20 and 80 documents (consecutive), as a data source reports them.
+const std::vector<DocumentGroup> kGroups = {{"web", 0, 300}, {"code", 300, 20}, {"books", 320, 80}};
+
+std::size_t group_of(uint64_t doc) { return doc < 300 ? 0 : doc < 320 ? 1 : 2; }
+
+std::unique_ptr<Sampler> mixture(const std::string& weights, int rank = 0, int world = 1) {
+  auto s = sampler_from("mixture", "weights = " + weights);
+  s->set_groups(kGroups);
+  s->reset(400, 7, rank, world);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("mixture draws each group within one draw of its weighted share over every prefix, across ranks") {
+  const std::vector<double> share = {0.5, 0.3, 0.2};
+  for (int world : {1, 3}) {
+    INFO("world " << world);
+    // The global sequence: position p is rank p % world's draw p / world.
+    std::vector<std::unique_ptr<Sampler>> ranks;
+    for (int r = 0; r < world; ++r) ranks.push_back(mixture("[5.0, 3.0, 2.0]", r, world));
+    std::vector<uint64_t> taken(3, 0);
+    std::vector<std::vector<int>> seen(3);
+    for (uint64_t p = 0; p < 6000; ++p) {
+      const uint64_t doc = ranks[p % uint64_t(world)]->document_at(p / uint64_t(world));
+      REQUIRE(doc < 400);
+      ++taken[group_of(doc)];
+      for (std::size_t g = 0; g < 3; ++g) {
+        const double want = double(p + 1) * share[g];
+        if (std::abs(double(taken[g]) - want) >= 1.0) {
+          FAIL("after " << p + 1 << " draws group " << g << " has " << taken[g] << ", its share is " << want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("mixture visits every document of a group once per group epoch, in a seeded order, and resumes anywhere") {
+  auto a = mixture("[0.5, 0.3, 0.2]");
+  std::vector<uint64_t> draws;
+  for (uint64_t d = 0; d < 3000; ++d) draws.push_back(a->document_at(d));
+  // Group "code" (20 documents, 30% of draws): its first 20 draws are a permutation of its
+  // documents, the next 20 another one.
+  std::vector<uint64_t> code;
+  for (uint64_t doc : draws) {
+    if (group_of(doc) == 1) code.push_back(doc);
+  }
+  REQUIRE(code.size() >= 40);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<uint64_t> e(code.begin() + epoch * 20, code.begin() + epoch * 20 + 20);
+    std::sort(e.begin(), e.end());
+    for (uint64_t i = 0; i < 20; ++i) CHECK(e[i] == 300 + i);
+  }
+  CHECK(std::vector<uint64_t>(code.begin(), code.begin() + 20) != std::vector<uint64_t>(code.begin() + 20, code.begin() + 40));
+  // A fresh sampler asked at random points (a resumed cursor, backwards too) gives the same draws.
+  auto b = mixture("[0.5, 0.3, 0.2]");
+  for (uint64_t d : {2999ull, 17ull, 4096ull - 1, 4096ull, 0ull, 1234ull, 2500ull}) {
+    if (d < draws.size()) CHECK(b->document_at(d) == draws[d]);
+  }
+  CHECK(b->document_at(9000) == a->document_at(9000));
+}
+
+TEST_CASE("mixture refuses weights that do not match the data's groups, naming the key and the groups") {
+  for (const char* weights : {"[1.0, 1.0]", "[0.0, 0.0, 0.0]"}) {
+    INFO(weights);
+    try {
+      mixture(weights);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::input);
+      CHECK(std::string(e.what()).find("sampler.mixture.weights") != std::string::npos);
+      CHECK(std::string(e.what()).find("code (20)") != std::string::npos);
+    }
+  }
+  // A group with weight but no document in the split.
+  auto s = sampler_from("mixture", "weights = [1.0, 1.0]");
+  s->set_groups({{"train", 0, 10}, {"empty", 10, 0}});
+  CHECK_THROWS_AS(s->reset(10, 1, 0, 1), Error);
 }

@@ -216,6 +216,31 @@ TEST_CASE("token_shards decodes samples with the GPT-2 tokenizer files beside it
                  "data.token_shards.tokenizer"));
 }
 
+TEST_CASE("token_shards reports one group per paths pattern, and a mixture over them draws by weight") {
+  TempDir dir;
+  write_shard(dir.path() / "web_0.bin", {0, 1, 0, 2, 0, 3, 0, 4});  // 4 documents
+  write_shard(dir.path() / "web_1.bin", {0, 5, 0, 6});             // 2
+  write_shard(dir.path() / "code_0.bin", {0, 7, 7, 0, 8});         // 2
+  const std::string paths = "\"" + (dir.path() / "web_*.bin").string() + "\", \"" + (dir.path() / "code_*.bin").string() + "\"";
+  const auto src = source_from(shards_toml(paths));
+  const auto groups = src->groups(Split::train);
+  REQUIRE(groups.size() == 2);
+  CHECK(groups[0].first == 0);
+  CHECK(groups[0].documents == 6);
+  CHECK(groups[1].first == 6);
+  CHECK(groups[1].documents == 2);
+  CHECK(contains(groups[1].name, "code_*.bin"));
+  // Through the pipeline: half of the draws from the 2 code documents.
+  const Config cfg = data_config(shards_toml(paths, "[sampler]\nname = \"mixture\"\n[sampler.mixture]\nweights = [1.0, 1.0]\n"));
+  RunContext run;
+  auto sampler = make_sampler(cfg, data_registry(), run);
+  sampler->set_groups(groups);
+  sampler->reset(src->size(Split::train), 3, 0, 1);
+  int code = 0;
+  for (uint64_t d = 0; d < 100; ++d) code += sampler->document_at(d) >= 6 ? 1 : 0;
+  CHECK(code == 50);
+}
+
 TEST_CASE("text_files makes one document per file without a separator") {
   TempDir dir;
   dir.write("a.txt", "hi");

@@ -25,6 +25,12 @@ struct Document {
   std::vector<int32_t> tokens;   // without an end-of-document token; batchers add it when asked
 };
 
+// Documents [first, first + documents) of a split that come from one source (a shard pattern).
+struct DocumentGroup {
+  std::string name;
+  uint64_t first = 0, documents = 0;
+};
+
 class DataSource : public Component {
  public:
   ~DataSource() override;
@@ -46,11 +52,17 @@ class DataSource : public Component {
   // The directory of the GPT-2 byte-level BPE files the tokens were made with (encoder.json and
   // vocab.bpe), which `ablate export` copies beside the weights; empty when the source has none.
   virtual std::filesystem::path gpt2_tokenizer_dir() const { return {}; }
+  // The split's documents as consecutive groups in index order (the sources a `mixture` sampler
+  // weighs: token_shards makes one per `paths` pattern); by default one group of every document.
+  virtual std::vector<DocumentGroup> groups(Split split) const;
 };
 
 class Sampler : public Component {
  public:
   ~Sampler() override;
+  // The split's groups (DataSource::groups), given before reset; samplers that draw from the split
+  // as a whole ignore them.
+  virtual void set_groups(const std::vector<DocumentGroup>& groups) { (void)groups; }
   // Prepares the order over `documents` documents for `rank` of `world`. Over one epoch the ranks'
   // draws are disjoint and together cover every document exactly once.
   virtual void reset(uint64_t documents, uint64_t seed, int rank, int world) = 0;

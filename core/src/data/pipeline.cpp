@@ -166,6 +166,7 @@ struct DataPipeline::Impl final : DocumentFeed {
     if (documents == 0) {
       throw_input_error(source->describe(), std::string("the ") + to_string(options.split) + " split has no documents");
     }
+    sampler->set_groups(source->groups(options.split));
     sampler->reset(documents, options.seed, options.rank, options.world);
     options.workers = std::max(0, options.workers);
     options.prefetch = std::max(1, options.prefetch);
