@@ -509,6 +509,12 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
   RunContext run = training_context(config);
   const Params run_p = config.section("run");
+  // The device first: a communicator that serves it (nccl) needs it there, and a missing one is
+  // an input error naming run.device, not the communicator's failure to find it.
+  {
+    const Params none("run", {});
+    (void)registry.create<Device>(Kind::device, run.device, {none, none, run}, "run.device");
+  }
   // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
   const std::string comm_name = resolve_communicator(config);
   auto comm = registry.create<Communicator>(Kind::communicator, comm_name,

@@ -5,8 +5,8 @@
 # one-screen summary. Everything goes to OUT: run.log, summary.txt, summary.json, the benchmarks'
 # JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
 # Usage: run.sh OUT   (or with $OUT set)
-# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2) runs a part, so that the
-# whole can be split over two device calls: tests,memcheck in one, bench,gpt2 in the next.
+# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,comm) runs a part, so that
+# the whole can be split over device calls: tests,memcheck in one, bench,gpt2,comm in the next.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-${OUT:?usage: run.sh OUT}}
@@ -51,7 +51,7 @@ run_program() {  # mode prog [args...]
 left() { echo $(( 570 - ($(date +%s) - t_start) )); }
 # A command's own limit: at most $1 seconds, and never past the call's end.
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
-stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2},"
+stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,comm},"
 want() { [[ "$stages" == *",$1,"* ]]; }
 skip_stage() {  # name seconds_needed
   if [ "$(left)" -lt "$2" ]; then
@@ -122,10 +122,11 @@ fi
 # ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)
 # with adamw_fused; the last 3 steps profiled op by op (profile.json). Once with naive_cuda, once with
 # cudnn_flash, then the PyTorch peer with the time left.
-ablate_gpt2() {  # name attention
-  want gpt2 || return 0
+ablate_gpt2() {  # stage name attention [--set key=value ...]
+  want "$1" || return 0
+  shift
   local dtype="${ABLATE_GPT2_DTYPE:-bf16}"
-  echo "== ablate: GPT-2 124M on cuda ($dtype, $2, adamw_fused)"
+  echo "== ablate: GPT-2 124M on cuda ($dtype, $2, adamw_fused${3:+, ${*:3}})"
   skip_stage "$1" 150 && return 0
   local t0 status
   t0=$(date +%s)
@@ -133,7 +134,7 @@ ablate_gpt2() {  # name attention
   if timeout "$(limit 240)" "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
        --set batching.batch_size="${ABLATE_GPT2_BATCH:-8}" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
-       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 --run-dir "$out/$1" \
+       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 "${@:3}" --run-dir "$out/$1" \
        > "$out/logs/$1.log" 2>&1; then status=passed; else status=failed; fi
   [ -f "$out/$1/summary.json" ] && cp "$out/$1/summary.json" "$out/$1.json"
   [ -f "$out/$1/profile.json" ] && cp "$out/$1/profile.json" "$out/$1_profile.json"
@@ -142,8 +143,8 @@ ablate_gpt2() {  # name attention
   grep -E "op profile|^  |done:" "$out/logs/$1.log" | head -30
   tail -3 "$out/logs/$1.log"
 }
-ablate_gpt2 ablate_gpt2 naive_cuda
-[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 ablate_gpt2_flash cudnn_flash
+ablate_gpt2 gpt2 ablate_gpt2 naive_cuda
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
 want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
 if ! want gpt2 || skip_stage pytorch_gpt 150; then
   :
@@ -156,6 +157,12 @@ elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 else
   echo "  python3 has no torch with CUDA: skipped"
 fi
+
+# comm: one rank, the nccl communicator against single on the same run (the machinery's overhead).
+flash=naive_cuda
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash=cudnn_flash
+ablate_gpt2 comm ablate_gpt2_single "$flash" --set run.communicator=single
+ablate_gpt2 comm ablate_gpt2_nccl "$flash" --set run.communicator=nccl
 
 echo "== done in $(( $(date +%s) - t_start )) s"
 python3 "$here/summary.py" "$out" || echo "summary.py failed"

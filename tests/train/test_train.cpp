@@ -204,6 +204,14 @@ TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, 
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("run.device") != std::string::npos);
   CHECK(!fs::exists(run / "metrics.jsonl"));
+  // The same with the nccl communicator, which is made before the model: the device comes first.
+  const auto n = run_ablate("train " + config() + kTiny + " --set run.device=cuda --set run.communicator=nccl --run-dir " +
+                                run.string(),
+                            "CUDA_VISIBLE_DEVICES=");
+  INFO(n.output);
+  CHECK(n.exit_code == 2);
+  // (A build without the CUDA plugins has no nccl to name: it refuses run.communicator instead.)
+  CHECK((n.output.find("run.device") != std::string::npos || n.output.find("run.communicator") != std::string::npos));
 }
 
 TEST_CASE("run.dtype = bf16 and tf32 on the cpu (tensor-core modes) are refused with exit 2") {
