@@ -724,8 +724,14 @@ double Model::flops_per_token(int64_t seq_len) const noexcept {
 }
 
 ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {
-  const ArenaPlan p = impl_->make_plan(rows, seq_len);
-  return {rows, seq_len, p.elements};
+  const Impl& m = *impl_;
+  const ArenaPlan p = m.make_plan(rows, seq_len);
+  const int64_t N = rows * seq_len;
+  int64_t layers = m.cls->workspace_bytes(m.cls_spec, N);
+  for (const Site& s : m.sites) {
+    if (s.op == Op::layer) layers = std::max(layers, s.layer->workspace_bytes(*s.spec, N * s.row_heads));
+  }
+  return {rows, seq_len, p.elements, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
 }
 
 double Model::measure_matmul_tflops() {

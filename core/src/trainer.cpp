@@ -280,8 +280,8 @@ std::unique_ptr<Model> make_model(const Config& config, const Registry& registry
   return model;
 }
 
-// The run's memory, planned before step 1: parameters, gradients, optimizer state and the
-// activation arena of the largest micro-batch. A run that cannot fit is refused with both numbers
+// The run's memory, planned before step 1: parameters, gradients, optimizer state, the activation
+// arena of the largest micro-batch and the plugins' workspaces for it (attention scores, bf16 copies). A run that cannot fit is refused with both numbers
 // before anything is trained (the arena is only planned, never allocated, to know it).
 void require_memory(const Config& config, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
   const int64_t params = model.num_params() * 4, grads = model.num_params() * 4, state = optimizer.state_bytes();
@@ -295,7 +295,7 @@ void require_memory(const Config& config, Model& model, const Optimizer& optimiz
   const auto mib = [](int64_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); };
   throw_input_error("batching.batch_size",
                     fmt::format("a micro-batch of {} x {} needs {} ({} parameters, {} gradients, {} optimizer state, {} "
-                                "activations) but {} has {} ({}); lower batching.batch_size (`ablate tune batch-size` "
+                                "activations and workspaces) but {} has {} ({}); lower batching.batch_size (`ablate tune batch-size` "
                                 "finds the largest that fits) or batching.seq_len",
                                 s.batch_size, s.seq_len, mib(needed), mib(params), mib(grads), mib(state), mib(acts),
                                 model.device().describe(), mib(budget),

@@ -23,6 +23,9 @@ class CrossEntropy final : public LossLayer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
+    return gemm_workspace_bytes(mode_, std::min(rows, kChunk), s.in, s.out);
+  }
 
   void loss(const LayerCall& call) override {
     check_spec(kName, call);

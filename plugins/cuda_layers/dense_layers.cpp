@@ -89,6 +89,9 @@ class Linear final : public Layer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
+    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
+  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -131,6 +134,9 @@ class GeluMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out + rows * s.in; }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
+    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
+  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -186,6 +192,9 @@ class SwiGLUMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 3 * rows * s.out; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
+    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
+  }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);

@@ -3,6 +3,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -221,6 +222,15 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
 }
 
 int64_t gemm_plans_built() { return context().built(); }
+
+int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
+  int64_t bytes = int64_t(kWorkspaceBytes);
+  if (mode == MatmulMode::bf16) {
+    const int64_t wide = std::max(in, out);
+    bytes += 2 * (rows * wide + std::max(in * out, rows * wide));  // A: an activation; B: the weight or one
+  }
+  return bytes;
+}
 
 void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode) {

@@ -59,6 +59,11 @@ void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const flo
 //   dW(out, in)  += dy^T x
 void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, MatmulMode mode);
 
+// Device memory the products of a dense layer of `rows` x `in` -> `out` hold beyond their
+// operands: cuBLASLt's workspace and, in bf16 mode, the packed copies of the largest A and B among
+// the layer's three products (forward, input gradient, weight gradient).
+int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out);
+
 // Descriptor sets built so far in this process (each distinct problem once).
 int64_t gemm_plans_built();
 

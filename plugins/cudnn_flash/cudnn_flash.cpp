@@ -160,6 +160,15 @@ class CudnnFlash final : public Attention {
   // packed rows; zero at padding positions.
   int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
 
+  // An f32 problem's bf16 copies (backward's eight: q, k, v, o, dO, dQ, dK, dV) and the sequence
+  // metadata; cuDNN's own workspace is known once a plan is built (flash SDPA asks for little or
+  // none) and is not counted.
+  int64_t workspace_bytes(const AttentionProblem& p) const override {
+    const Sizes n = sizes(p);
+    const int64_t copies = p.dtype == DType::f32 ? (4 * n.q + 4 * n.kv) * 2 : 0;
+    return copies + 4 * (2 * int64_t(p.batch) * p.seq_len + 4) * 4;
+  }
+
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {
     check_call(p, batch, saved);

@@ -80,6 +80,16 @@ class NaiveCuda final : public Attention {
 
   int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
 
+  // The workspace slots at their largest (backward's): scores and their gradients (B*H*T*T each),
+  // a row value per (b, h, t), with GQA the per-query-head dK and dV, the segment starts and the
+  // batched products' pointer arrays.
+  int64_t workspace_bytes(const AttentionProblem& p) const override {
+    const int64_t z = int64_t(p.batch) * p.heads, T = p.seq_len, positions = int64_t(p.batch) * T;
+    int64_t bytes = 2 * z * T * T * 4 + z * T * 4 + positions * 4 + int64_t(kPtrCount) * z * 8;
+    if (p.kv_heads > 0 && p.heads / p.kv_heads > 1) bytes += 2 * positions * p.heads * p.head_dim * 4;
+    return bytes;
+  }
+
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
                TensorView saved) override {
     std::lock_guard<std::mutex> lock(mu_);

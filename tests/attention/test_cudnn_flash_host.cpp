@@ -133,6 +133,23 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
   CHECK(base.describe() == "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 16 f32 causal sm90 device 0 cuDNN 91900");
 }
 
+TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's are not, and no T x T block") {
+  Flash f;
+  AttentionProblem p;
+  p.batch = 8;
+  p.seq_len = 1024;
+  p.heads = 12;
+  p.kv_heads = 4;
+  p.head_dim = 64;
+  p.device = DeviceType::cuda;
+  p.dtype = DType::f32;
+  const int64_t q = int64_t(8) * 1024 * 12 * 64, kv = int64_t(8) * 1024 * 4 * 64;
+  CHECK(f.attention->workspace_bytes(p) >= 2 * (4 * q + 4 * kv));  // q, o, dO, dQ and k, v, dK, dV in bf16
+  CHECK(f.attention->workspace_bytes(p) < 2 * (4 * q + 4 * kv) + (1 << 20));
+  p.dtype = DType::bf16;
+  CHECK(f.attention->workspace_bytes(p) < (1 << 20));
+}
+
 TEST_CASE("segment_bound: the rows doubled until every segment fits") {
   for (int32_t rows : {1, 3, 4, 8}) {
     int32_t previous = 0;

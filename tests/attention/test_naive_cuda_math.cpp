@@ -227,6 +227,13 @@ TEST_CASE("naive_cuda loads without a GPU and answers supports() with reasons") 
   p.device = DeviceType::cuda;
   CHECK(a->supports(p).empty());
   CHECK(a->saved_elements(p) == 8 * 12 * 1024);
+  // The memory plan counts the score matrices it materialises: two (B, H, T, T) f32 blocks.
+  const int64_t scores = 2 * int64_t(8) * 12 * 1024 * 1024 * 4;
+  CHECK(a->workspace_bytes(p) >= scores);
+  CHECK(a->workspace_bytes(p) < scores + scores / 16);
+  AttentionProblem longer = p;
+  longer.seq_len = 2048;
+  CHECK(double(a->workspace_bytes(longer)) / double(a->workspace_bytes(p)) > 3.9);  // quadratic in T
   AttentionProblem cpu = p;
   cpu.device = DeviceType::cpu;
   CHECK(a->supports(cpu).find("CUDA device") != std::string::npos);

@@ -29,6 +29,9 @@ class Attention : public Component {
   virtual std::string supports(const AttentionProblem& problem) const = 0;
   // fp32 values the backend keeps from forward to backward (e.g. softmax statistics, B*H*T).
   virtual int64_t saved_elements(const AttentionProblem& problem) const { (void)problem; return 0; }
+  // Device memory the backend holds for `problem` beyond its arguments and `saved` (score
+  // matrices, converted copies), in bytes: the memory plan counts it.
+  virtual int64_t workspace_bytes(const AttentionProblem& problem) const { (void)problem; return 0; }
   // `batch` holds the segment layout on the problem's device (segments, row_segments, segment_ids).
   virtual void forward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                        TensorView v, TensorView out, TensorView saved) = 0;

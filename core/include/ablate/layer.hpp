@@ -85,6 +85,10 @@ class LayerBase : public Component {
   // Values (of the call's dtype) the layer keeps from forward to backward, and scratch it needs.
   virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
   virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+  // Device memory the layer's plugin holds for a call of `rows` beyond its arguments (buffers of
+  // its own, grown to the largest call and kept), in bytes. The memory plan counts the largest of
+  // any layer's (a plugin's buffers serve all its layers in turn).
+  virtual int64_t workspace_bytes(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.
