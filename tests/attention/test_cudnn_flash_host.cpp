@@ -135,14 +135,8 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
 
 TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's are not, and no T x T block") {
   Flash f;
-  AttentionProblem p;
-  p.batch = 8;
-  p.seq_len = 1024;
-  p.heads = 12;
-  p.kv_heads = 4;
-  p.head_dim = 64;
-  p.device = DeviceType::cuda;
-  p.dtype = DType::f32;
+  AttentionProblem p{.batch = 8, .seq_len = 1024, .heads = 12, .kv_heads = 4, .head_dim = 64, .dtype = DType::f32,
+                     .device = DeviceType::cuda};
   const int64_t q = int64_t(8) * 1024 * 12 * 64, kv = int64_t(8) * 1024 * 4 * 64;
   CHECK(f.attention->workspace_bytes(p) >= 2 * (4 * q + 4 * kv));  // q, o, dO, dQ and k, v, dK, dV in bf16
   CHECK(f.attention->workspace_bytes(p) < 2 * (4 * q + 4 * kv) + (1 << 20));
