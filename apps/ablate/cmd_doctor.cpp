@@ -15,6 +15,7 @@
 
 #include "ablate/error.hpp"
 #include "commands.hpp"
+#include "report.hpp"
 
 namespace ablate::cli {
 
@@ -92,8 +93,19 @@ Run load_run(const fs::path& dir) {
       throw_input_error(p.string(), std::string("not valid JSON: ") + e.what());
     }
   };
+  // Only the fields the doctor reads, each of its type: a damaged file is an input error naming it.
+  // Nulls are dropped, so that a field's default applies.
+  const auto plain = [](json j) {
+    for (auto it = j.begin(); it != j.end();) it = it->is_null() ? j.erase(it) : std::next(it);
+    return j;
+  };
   read(dir / "run.json", r.info);
+  r.info = plain(typed_fields(dir / "run.json", r.info,
+                        {{"world", 'n'}, {"memory_bytes", 'n'}, {"activation_bytes", 'n'}, {"memory_source", 's'},
+                         {"communicator", 's'}, {"device", 's'}}));
   read(dir / "summary.json", r.summary);
+  r.summary = plain(typed_fields(dir / "summary.json", r.summary,
+                                 {{"mfu", 'n'}, {"effective_mfu", 'n'}, {"data_bottleneck", 's'}, {"optimizer_state_bytes", 'n'}}));
   const fs::path m = dir / "metrics.jsonl";
   if (!fs::exists(m)) {
     throw_input_error(m.string(), "missing: the doctor reads the per-step metrics the `jsonl` logger writes (add \"jsonl\" "
@@ -106,7 +118,11 @@ Run load_run(const fs::path& dir) {
     ++n;
     if (line.empty()) continue;
     try {
-      r.steps.push_back(json::parse(line));
+      r.steps.push_back(plain(typed_fields(m.string() + ":" + std::to_string(n), json::parse(line),
+                                     {{"step", 'n'}, {"loss", 'n'}, {"val_loss", 'n'}, {"step_ms", 'n'},
+                                      {"padding_fraction", 'n'}, {"data_wait_pct", 'n'}, {"mem_peak_bytes", 'n'},
+                                      {"optimizer_state_bytes", 'n'}, {"comm_pct", 'n'}, {"mfu", 'n'},
+                                      {"tokens_per_s", 'n'}, {"real_tokens_per_s", 'n'}})));
     } catch (const json::exception&) {
       throw_input_error(m.string() + ":" + std::to_string(n), "not a JSON object (a line cut short by a crash?)");
     }

@@ -60,6 +60,8 @@ json read_json_or(const fs::path& p, json fallback) {
   return out;
 }
 
+}  // namespace
+
 // Only the fields the report reads, each of the type it expects: a number ('n', or null), a string
 // ('s'), or an object of numbers, strings and booleans ('o'); anything else is an input error
 // naming the file and field. Unknown fields are dropped, so nothing unchecked reaches results.json.
@@ -88,6 +90,8 @@ json typed_fields(const fs::path& file, const json& in, std::initializer_list<st
   }
   return out;
 }
+
+namespace {
 
 json read_summary(const fs::path& p) {
   return typed_fields(p, read_json_or(p, json::object()),

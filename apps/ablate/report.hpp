@@ -1,6 +1,11 @@
 // Results tables and reports for runs and sweeps (used by `ablate sweep` and `ablate report`).
 #pragma once
 
+#include <initializer_list>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,6 +16,12 @@ namespace ablate::cli {
 
 // A file's bytes ("" when it cannot be read).
 std::string read_text(const std::filesystem::path& path);
+
+// Only `fields` of the JSON object `in` (read from `file`), each of its kind: 'n' a number (or
+// null), 's' a string, 'o' an object of plain values; anything else is an input error naming the
+// file and field. Fields not listed are dropped.
+nlohmann::json typed_fields(const std::filesystem::path& file, const nlohmann::json& in,
+                            std::initializer_list<std::pair<const char*, char>> fields);
 
 // A sweep directory (it holds arms.json): gathers every arm's arm.json and summary.json into
 // results.json and results.csv, one row per arm, in the sweep's order.

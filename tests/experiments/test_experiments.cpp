@@ -245,6 +245,52 @@ TEST_CASE("doctor finds padding on a padded run of synthetic_probes and not on a
   CHECK(missing.exit_code == 2);
 }
 
+TEST_CASE("doctor refuses a run.json, summary.json or metrics.jsonl field of the wrong type with exit 2 naming file and field") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + quickstart() + kTinyFlags + " --set run.steps=4 --run-dir " + run.string()).exit_code == 0);
+  REQUIRE(run_ablate("doctor " + run.string()).exit_code == 0);
+  // One field of a .json file, or of the first line of a .jsonl file, given another value.
+  const auto rewrite = [](const fs::path& file, const std::string& key, const json& value) {
+    std::vector<std::string> lines;
+    std::istringstream in(slurp(file));
+    if (file.extension() == ".jsonl") {
+      for (std::string l; std::getline(in, l);) lines.push_back(l);
+    } else {
+      lines.push_back(slurp(file));
+    }
+    json j = json::parse(lines[0]);
+    j[key] = value;
+    lines[0] = j.dump();
+    std::ofstream out(file);
+    for (const auto& l : lines) out << l << "\n";
+  };
+  const std::string info = slurp(run / "run.json"), summary = slurp(run / "summary.json"), steps = slurp(run / "metrics.jsonl");
+  const auto restore = [&] {
+    std::ofstream(run / "run.json") << info;
+    std::ofstream(run / "summary.json") << summary;
+    std::ofstream(run / "metrics.jsonl") << steps;
+  };
+  const struct {
+    const char* file;
+    const char* key;
+    json value;
+    const char* named;
+  } cases[] = {{"run.json", "activation_bytes", "lots", "run.json"},
+               {"summary.json", "mfu", json::array({1, 2}), "summary.json"},
+               {"metrics.jsonl", "step_ms", json::object({{"a", 1}}), "metrics.jsonl:1"}};
+  for (const auto& c : cases) {
+    CAPTURE(c.file);
+    restore();
+    rewrite(run / c.file, c.key, c.value);
+    const auto d = run_ablate("doctor " + run.string());
+    INFO(d.output);
+    CHECK(d.exit_code == 2);
+    CHECK(contains(d.output, c.named));
+    CHECK(contains(d.output, std::string("'") + c.key + "'"));
+  }
+}
+
 TEST_CASE("report on a run directory writes report.md and the plots") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
