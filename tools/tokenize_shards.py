@@ -538,6 +538,10 @@ def main():
     except UnicodeDecodeError as e:
         fail(f"an input is not UTF-8 text: {e}")
     print(f"{count} documents -> {len(train_files)} train and {len(val_files)} validation shards")
+    if every and not val_files:
+        print(f"warning: --val-fraction {args.val_fraction} sends every {every}th document to validation, and the "
+              f"{count} documents hold none: there is no validation shard (lower the fraction, or give more text)",
+              file=sys.stderr)
     if isinstance(tokenizer, Gpt2Tokenizer):
         saved = tokenizer.save(Path(args.out).parent / "tokenizer")
         print(f"tokenizer: GPT-2 BPE from {tokenizer.found.describe()} ({tokenizer.found.found_by}), "

@@ -58,6 +58,24 @@ TEST_CASE("shards written by tokenize_shards.py in bytes mode read back as the o
   }
 }
 
+TEST_CASE("tokenize_shards.py warns when --val-fraction leaves no validation document") {
+  if (kPython.empty()) {
+    MESSAGE("python3 not found: skipped");
+    return;
+  }
+  TempDir dir;
+  dir.write("three.txt", "one\n\ntwo\n\nthree\n\n");
+  const std::string common = kPython + " " + kWriter + " --tokenizer bytes --separator '\n\n' " +
+                             (dir.path() / "three.txt").string() + " --out ";
+  const auto none = run_command(common + (dir.path() / "a" / "s").string() + " --val-fraction 0.1");
+  REQUIRE_MESSAGE(none.exit_code == 0, none.output);
+  CHECK(none.output.find("no validation shard") != std::string::npos);
+  const auto some = run_command(common + (dir.path() / "b" / "s").string() + " --val-fraction 0.5");
+  REQUIRE_MESSAGE(some.exit_code == 0, some.output);
+  CHECK(some.output.find("no validation shard") == std::string::npos);
+  CHECK(some.output.find("val_paths") != std::string::npos);
+}
+
 TEST_CASE("shards written by tokenize_shards.py with GPT-2 BPE hold one document per input") {
   if (kPython.empty() || run_command(kPython + " -c 'import tiktoken'").exit_code != 0) {
     MESSAGE("tiktoken not installed: skipped");
