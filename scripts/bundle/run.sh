@@ -158,7 +158,16 @@ else
   echo "  python3 has no torch with CUDA: skipped"
 fi
 
-# comm: one rank, the nccl communicator against single on the same run (the machinery's overhead).
+# comm: the nccl communicator's collectives on a 124M-element buffer (bench_nccl), then one rank
+# of nccl against single on the same GPT-2 run (the machinery's overhead).
+if want comm && [ -x "$here/bin/bench_nccl" ] && ! skip_stage bench_nccl 60; then
+  echo "== bench_nccl: all-reduce / reduce-scatter / all-gather of a GPT-2 124M-sized buffer"
+  t0=$(date +%s)
+  timeout "$(limit 120)" "$here/bin/bench_nccl" --json "$out/bench_nccl.json" > "$out/logs/bench_nccl.log" 2>&1
+  case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf 'bench_nccl\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -6 "$out/logs/bench_nccl.log"
+fi
 flash=naive_cuda
 [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash=cudnn_flash
 ablate_gpt2 comm ablate_gpt2_single "$flash" --set run.communicator=single

@@ -45,6 +45,7 @@ def headline(name, data):
         "bench_attention": ["device", "flash_over_naive_t2048", "padded_over_packed_time", "packed_real_fraction",
                             "padded_real_fraction"],
         "pytorch_sdpa": ["device", "torch"],
+        "bench_nccl": ["device", "world", "elements"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     if isinstance(data, dict) and keys:
