@@ -1,6 +1,10 @@
 #include "gpt2_vocab.hpp"
 
+#include <climits>
+#include <clocale>
+#include <cwctype>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -155,7 +159,144 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
   } else {
     throw_input_error(dir.string(), "holds neither encoder.json nor gpt2.tiktoken");
   }
+  for (std::size_t id = 0; id < v.bytes_.size(); ++id) {
+    const std::string& b = v.bytes_[id];
+    if (!v.known_[id] || b.empty()) continue;
+    if (b.size() > 4 && b.compare(0, 2, "<|") == 0 && b.compare(b.size() - 2, 2, "|>") == 0) continue;  // special
+    v.rank_.emplace(b, int32_t(id));
+    if (b.size() == 1) ++v.byte_tokens_;
+  }
   return v;
+}
+
+namespace {
+
+// Character classes of GPT-2's pre-tokenizer, from the C library's tables under a UTF-8 locale.
+enum class Class { letter, number, space, other };
+
+Class class_of(uint32_t cp) {
+  if (cp < 0x80) {
+    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return Class::letter;
+    if (cp >= '0' && cp <= '9') return Class::number;
+    if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return Class::space;
+    return Class::other;
+  }
+  static std::once_flag once;
+  static locale_t utf8 = nullptr;
+  std::call_once(once, [] { utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", nullptr); });
+  if (utf8 == nullptr) return Class::letter;  // no tables: treat as a letter (keeps words whole)
+  const auto w = wint_t(cp);
+  if (iswspace_l(w, utf8)) return Class::space;
+  if (iswdigit_l(w, utf8)) return Class::number;
+  if (iswalpha_l(w, utf8)) return Class::letter;
+  return Class::other;
+}
+
+struct CodePoint {
+  uint32_t cp;
+  std::size_t at, size;  // its bytes in the text
+};
+
+std::vector<CodePoint> decode_utf8(const std::string& s) {
+  std::vector<CodePoint> out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = uint8_t(s[i]);
+    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1Fu) : n == 3 ? (c & 0x0Fu) : (c & 0x07u);
+    int k = 1;
+    for (; k < n && i + std::size_t(k) < s.size() && (uint8_t(s[i + std::size_t(k)]) >> 6) == 2; ++k) {
+      cp = (cp << 6) | (uint8_t(s[i + std::size_t(k)]) & 0x3Fu);
+    }
+    if (k != n) cp = c, k = 1;  // a malformed sequence: its first byte alone, as "other"
+    out.push_back({cp, i, std::size_t(k)});
+    i += std::size_t(k);
+  }
+  return out;
+}
+
+// The pieces GPT-2's pattern cuts `text` into:
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+std::vector<std::string> pretokenize(const std::string& text) {
+  const std::vector<CodePoint> cps = decode_utf8(text);
+  std::vector<Class> cls(cps.size());
+  for (std::size_t i = 0; i < cps.size(); ++i) cls[i] = class_of(cps[i].cp);
+  std::vector<std::string> out;
+  const auto piece = [&](std::size_t from, std::size_t to) {
+    const std::size_t a = cps[from].at, b = cps[to - 1].at + cps[to - 1].size;
+    out.push_back(text.substr(a, b - a));
+  };
+  const auto run_of = [&](std::size_t from, auto&& in_class) {
+    std::size_t j = from;
+    while (j < cps.size() && in_class(cls[j])) ++j;
+    return j;
+  };
+  const auto is = [](Class c) { return [c](Class x) { return x == c; }; };
+  const auto is_other = [](Class x) { return x == Class::other; };
+  std::size_t i = 0;
+  while (i < cps.size()) {
+    // Contractions.
+    if (cps[i].cp == '\'') {
+      std::size_t matched = 0;
+      for (const char* suffix : {"s", "t", "re", "ve", "m", "ll", "d"}) {
+        std::size_t k = 0;
+        while (suffix[k] != 0 && i + 1 + k < cps.size() && cps[i + 1 + k].cp == uint32_t(suffix[k])) ++k;
+        if (suffix[k] == 0) {
+          matched = k;
+          break;
+        }
+      }
+      if (matched > 0) {
+        piece(i, i + 1 + matched);
+        i += 1 + matched;
+        continue;
+      }
+    }
+    // An optional space, then a run of letters, of numbers or of other characters.
+    const std::size_t start = i, body = (cps[i].cp == ' ' && i + 1 < cps.size()) ? i + 1 : i;
+    if (cls[body] != Class::space) {
+      const std::size_t end = cls[body] == Class::other ? run_of(body, is_other) : run_of(body, is(cls[body]));
+      piece(start, end);
+      i = end;
+      continue;
+    }
+    // White space: the run, less its last character when a non-space follows (\s+(?!\S)); a lone
+    // space before a non-space is a piece of its own (\s+).
+    const std::size_t end = run_of(i, is(Class::space));
+    if (end == cps.size() || end - i == 1) {
+      piece(i, end);
+      i = end;
+    } else {
+      piece(i, end - 1);
+      i = end - 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> Gpt2Vocab::encode(const std::string& text) const {
+  std::vector<int32_t> ids;
+  for (const std::string& piece : pretokenize(text)) {
+    std::vector<std::string> parts;
+    for (char c : piece) parts.emplace_back(1, c);
+    for (;;) {  // merge the adjacent pair of lowest rank, leftmost first, until none is a token
+      int32_t best = INT32_MAX;
+      std::size_t at = 0;
+      for (std::size_t j = 0; j + 1 < parts.size(); ++j) {
+        const auto it = rank_.find(parts[j] + parts[j + 1]);
+        if (it != rank_.end() && it->second < best) {
+          best = it->second;
+          at = j;
+        }
+      }
+      if (best == INT32_MAX) break;
+      parts[at] += parts[at + 1];
+      parts.erase(parts.begin() + std::ptrdiff_t(at) + 1);
+    }
+    for (const std::string& p : parts) ids.push_back(rank_.at(p));
+  }
+  return ids;
 }
 
 std::string Gpt2Vocab::decode(const std::vector<int32_t>& tokens) const {

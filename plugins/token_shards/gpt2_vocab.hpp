@@ -2,12 +2,18 @@
 // tokenizer files kept beside a corpus's shards (tools/tokenize_shards.py writes them to
 // `tokenizer/`). Either `encoder.json` (token string -> id, each byte of the token written as one
 // printable code point in GPT-2's byte-to-unicode table) or `gpt2.tiktoken` (one "base64-bytes id"
-// line per token). Encoding (the merges and the pre-tokenizer) is not needed to read samples.
+// line per token). Encoding (prompts) splits text as GPT-2's pre-tokenizer does, then merges each
+// piece's bytes pair by pair, always the adjacent pair whose joined bytes have the lowest id (GPT-2's
+// ids are its merge ranks, the rule tiktoken applies). Letters, numbers and white space are told
+// apart by the C library's Unicode tables (iswalpha, iswspace): exact for ASCII and the common
+// scripts; a rare code point the tables class differently from Unicode's \p{L} / \p{N} can split
+// differently from tiktoken.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ablate::token_shards {
@@ -24,6 +30,10 @@ class Gpt2Vocab {
   // The text of `tokens` (their bytes concatenated; ids without an entry, like an end-of-text id the
   // files do not list, written as "<|id|>").
   std::string decode(const std::vector<int32_t>& tokens) const;
+  // Whether every byte has a token of its own (GPT-2's vocabulary does), so any text encodes.
+  bool can_encode() const noexcept { return byte_tokens_ == 256; }
+  // The ids of `text` (UTF-8); requires can_encode().
+  std::vector<int32_t> encode(const std::string& text) const;
   std::size_t entries() const noexcept { return count_; }
   const std::filesystem::path& file() const noexcept { return file_; }
 
@@ -31,6 +41,8 @@ class Gpt2Vocab {
   std::vector<std::string> bytes_;  // by id
   std::vector<bool> known_;
   std::size_t count_ = 0;
+  std::unordered_map<std::string, int32_t> rank_;  // bytes -> id (= merge rank), special tokens left out
+  int byte_tokens_ = 0;                            // single-byte tokens present
   std::filesystem::path file_;
 };
 

