@@ -191,6 +191,15 @@ class CpuDevice final : public Device {
     return sum;
   }
 
+  void to_bf16(TensorView dst, TensorView src) override {
+    check_to_bf16(dst, src, DeviceType::cpu);
+    const float* x = src.as<float>();
+    auto* y = static_cast<uint16_t*>(dst.data);
+    const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = device_math::bf16_bits(x[i]);
+  }
+
   void synchronize() override {}
   double peak_tflops(DType) const override { return 0.0; }
 
@@ -205,6 +214,16 @@ class CpuDevice final : public Device {
 };
 
 }  // namespace
+
+void check_to_bf16(const TensorView& dst, const TensorView& src, DeviceType device) {
+  if (dst.dtype != DType::bf16 || src.dtype != DType::f32 || dst.numel() != src.numel() || dst.device != device ||
+      src.device != device) {
+    throw_runtime_error(std::string(to_string(device)) + " device",
+                        "to_bf16 needs a bf16 destination and an f32 source of as many elements on the device; got " +
+                            std::string(to_string(dst.dtype)) + " (" + std::to_string(dst.numel()) + ") and " +
+                            to_string(src.dtype) + " (" + std::to_string(src.numel()) + ")");
+  }
+}
 
 ComponentInfo cpu_device_info() {
   ComponentInfo info;

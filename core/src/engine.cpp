@@ -174,6 +174,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
       comm_.join();
     });
   }
+  model_.params_changed();  // the bf16 weight copy, where the run has one
   return out;
 }
 

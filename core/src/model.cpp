@@ -142,6 +142,7 @@ struct Model::Impl {
   std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
 
   Buffer params, grads, act;  // (P) f32, (P) f32, the arena
+  Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
 
@@ -438,6 +439,7 @@ struct Model::Impl {
     c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
     c.stream = device->stream();
     if (s.param >= 0) c.params = param_tail(params, s.param);
+    if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
     if (backward) {
       if (s.param >= 0) c.grads = param_tail(grads, s.param);
       c.d_y = arena(s.d_y, rows, s.y_cols);
@@ -513,6 +515,7 @@ struct Model::Impl {
     c.rows = N;
     c.x = arena(shared(Slot::lnf), N, o.d_model);
     c.params = param_tail(params, head);
+    if (params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, head);
     c.losses = arena(shared(Slot::losses), N, 1);
     c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
     c.stream = device->stream();
@@ -629,6 +632,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   }
   m.params = m.device->alloc(DType::f32, m.table.total);
   m.grads = m.device->alloc(DType::f32, m.table.total);
+  if (run.dtype == "bf16") m.params_bf16 = m.device->alloc(DType::bf16, m.table.total);
 }
 
 Model::~Model() = default;
@@ -639,7 +643,14 @@ int64_t Model::num_params() const noexcept { return impl_->table.total; }
 Device& Model::device() noexcept { return *impl_->device; }
 TensorView Model::params() { return impl_->params.view(); }
 TensorView Model::grads() { return impl_->grads.view(); }
-int64_t Model::state_bytes() const noexcept { return impl_->params.bytes() + impl_->grads.bytes(); }
+int64_t Model::state_bytes() const noexcept {
+  return impl_->params.bytes() + impl_->grads.bytes() + impl_->params_bf16.bytes();
+}
+
+void Model::params_changed() {
+  Impl& m = *impl_;
+  if (m.params_bf16.count() > 0) m.device->to_bf16(m.params_bf16.view(), m.params.view());
+}
 
 void Model::copy_params_to_host(std::vector<float>& out) {
   out.resize(std::size_t(num_params()));
@@ -657,6 +668,7 @@ void Model::load_params_from_host(const std::vector<float>& values) {
                                      std::to_string(num_params()) + " parameters");
   }
   impl_->device->upload(params(), values.data());
+  params_changed();
 }
 
 void Model::init_params(uint64_t seed) {

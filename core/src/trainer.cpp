@@ -284,7 +284,7 @@ std::unique_ptr<Model> make_model(const Config& config, const Registry& registry
 // arena of the largest micro-batch and the plugins' workspaces for it (attention scores, bf16 copies). A run that cannot fit is refused with both numbers
 // before anything is trained (the arena is only planned, never allocated, to know it).
 void require_memory(const Config& config, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
-  const int64_t params = model.num_params() * 4, grads = model.num_params() * 4, state = optimizer.state_bytes();
+  const int64_t grads = model.num_params() * 4, params = model.state_bytes() - grads, state = optimizer.state_bytes();
   const int64_t acts = model.activation_bytes(s.batch_size, s.seq_len);
   const int64_t needed = params + grads + state + acts;
   const int64_t capacity = model.device().memory_capacity();

@@ -124,6 +124,12 @@ class CudaDevice final : public Device {
     return sum_partials();
   }
 
+  void to_bf16(TensorView dst, TensorView src) override {
+    check_to_bf16(dst, src, DeviceType::cuda);
+    launch_to_bf16(src.as<const float>(), static_cast<uint16_t*>(dst.data), src.numel(), stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
   void scale(TensorView x, float factor) override {
     require_f32(x, "scale");
     launch_scale(x.as<float>(), x.numel(), factor, stream_);

@@ -46,7 +46,7 @@ class CrossEntropy final : public LossLayer {
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
     const cudaStream_t st = stream_of(call);
     const float* x = call.x.as<const float>();
-    const float* W = call.params.as<const float>();
+    const Weight W{call.params.as<const float>(), call.params_bf16.data};
     float* z = call.scratch.as<float>();
     for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
       const int64_t n = std::min(kChunk, rows - r0);

@@ -17,9 +17,15 @@ namespace lp = layer_params;
 
 const float* at(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<const float>() + offset; }
 float* at_mut(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<float>() + offset; }
+// A weight at `offset`: its f32 values and, when the model keeps one, its bf16 copy.
+Weight weight_at(const LayerCall& call, int64_t offset) {
+  Weight w{at(call.params, offset), nullptr};
+  if (call.params_bf16.data != nullptr) w.bf16 = static_cast<const uint16_t*>(call.params_bf16.data) + offset;
+  return w;
+}
 
 // y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
-void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* b, float* y,
+void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y,
                    const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   const int64_t n = rows * out;
@@ -40,7 +46,7 @@ void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, const 
 // Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
 // skipped when null), dW += dy'^T x, db += colsum(dy'), dy' = dy masked by the forward's dropout
 // (into `tmp`, (rows, out), when dropout is on).
-void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, const float* W, float* dW, float* db,
+void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, Weight W, float* dW, float* db,
                     float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   if (drop.p > 0.0) {
@@ -98,7 +104,7 @@ class Linear final : public Layer {
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out);
-    dense_forward(call.x.as<const float>(), call.rows, s.in, s.out, at(call.params, p.weight), at(call.params, p.bias),
+    dense_forward(call.x.as<const float>(), call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias),
                   call.y.as<float>(), call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0),
                   stream_of(call), mode_);
     check_launch(kName);
@@ -110,7 +116,7 @@ class Linear final : public Layer {
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DropoutArgs drop = dropout_of(kName, call);
     check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0);
-    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, call.x.as<const float>(), at(call.params, p.weight),
+    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, call.x.as<const float>(), weight_at(call, p.weight),
                    at_mut(call.grads, p.weight), at_mut(call.grads, p.bias), call.d_x.as<float>(),
                    call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call), mode_);
     check_launch(kName);
@@ -147,10 +153,10 @@ class GeluMLP final : public Layer {
     const cudaStream_t st = stream_of(call);
     float* pre = call.saved.as<float>();
     float* post = pre + rows * H;
-    dense_forward(call.x.as<const float>(), rows, C, H, at(call.params, fc.weight), at(call.params, fc.bias), pre, nullptr,
+    dense_forward(call.x.as<const float>(), rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, nullptr,
                   DropoutArgs{}, nullptr, st, mode_);
     launch_gelu_forward(pre, post, rows * H, st);
-    dense_forward(post, rows, H, C, at(call.params, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
+    dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     check_launch(kName);
   }
@@ -165,10 +171,10 @@ class GeluMLP final : public Layer {
     const float* pre = call.saved.as<const float>();
     const float* post = pre + rows * H;
     float* d_h = call.scratch.as<float>();
-    dense_backward(call.d_y.as<const float>(), rows, H, C, post, at(call.params, proj.weight), at_mut(call.grads, proj.weight),
+    dense_backward(call.d_y.as<const float>(), rows, H, C, post, weight_at(call, proj.weight), at_mut(call.grads, proj.weight),
                    at_mut(call.grads, proj.bias), d_h, false, dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     launch_gelu_backward(pre, d_h, rows * H, st);
-    dense_backward(d_h, rows, C, H, call.x.as<const float>(), at(call.params, fc.weight), at_mut(call.grads, fc.weight),
+    dense_backward(d_h, rows, C, H, call.x.as<const float>(), weight_at(call, fc.weight), at_mut(call.grads, fc.weight),
                    at_mut(call.grads, fc.bias), call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{},
                    nullptr, st, mode_);
     check_launch(kName);
@@ -207,10 +213,10 @@ class SwiGLUMLP final : public Layer {
     float* u = g + rows * H;
     float* h = u + rows * H;
     const float* x = call.x.as<const float>();
-    dense_forward(x, rows, C, H, at(call.params, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, mode_);
-    dense_forward(x, rows, C, H, at(call.params, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
+    dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, mode_);
+    dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
     launch_swiglu_forward(g, u, h, rows * H, st);
-    dense_forward(h, rows, H, C, at(call.params, down.weight), at(call.params, down.bias), call.y.as<float>(),
+    dense_forward(h, rows, H, C, weight_at(call, down.weight), at(call.params, down.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     check_launch(kName);
   }
@@ -228,13 +234,13 @@ class SwiGLUMLP final : public Layer {
     float* d_u = call.scratch.as<float>();  // holds dh first
     float* d_g = d_u + rows * H;
     const float* x = call.x.as<const float>();
-    dense_backward(call.d_y.as<const float>(), rows, H, C, h, at(call.params, down.weight), at_mut(call.grads, down.weight),
+    dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
                    at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
     float* d_x = call.d_x.as<float>();
-    dense_backward(d_g, rows, C, H, x, at(call.params, gate.weight), at_mut(call.grads, gate.weight),
+    dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight),
                    at_mut(call.grads, gate.bias), d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
-    dense_backward(d_u, rows, C, H, x, at(call.params, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias),
+    dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias),
                    d_x, true, DropoutArgs{}, nullptr, st, mode_);
     check_launch(kName);
   }

@@ -13,26 +13,15 @@
 #include <cmath>
 #include <cstdint>
 
-#include "ablate/mix.hpp"  // ABLATE_HOST_DEVICE, mix64
+#include "ablate/device_math.hpp"  // bf16_bits
+#include "ablate/mix.hpp"          // ABLATE_HOST_DEVICE, mix64
 
 namespace ablate::cuda_layers {
 
 // --- bf16 -------------------------------------------------------------------------------------------
 
-// The bf16 nearest to x (its 16 bits: the high half of an f32), ties to even; a NaN stays a quiet
-// NaN of the same sign, infinities stay infinite, and a finite value past bf16's largest rounds to
-// infinity, as IEEE rounding does.
-ABLATE_HOST_DEVICE inline uint16_t bf16_bits(float x) {
-  uint32_t u = 0;
-#ifdef __CUDA_ARCH__
-  u = __float_as_uint(x);
-#else
-  __builtin_memcpy(&u, &x, 4);
-#endif
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return uint16_t((u >> 16) | 0x0040u);  // NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+// bf16_bits (ablate/device_math.hpp): the rounding of both operands of a bf16 product.
+using device_math::bf16_bits;
 
 // --- dropout ---------------------------------------------------------------------------------------
 

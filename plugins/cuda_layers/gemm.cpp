@@ -106,8 +106,12 @@ class Context {
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
     const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
     auto* a = static_cast<uint16_t*>(bf16_a_.get(std::size_t(a_rows * a_cols) * 2, stream));
-    auto* b = static_cast<uint16_t*>(bf16_b_.get(std::size_t(b_rows * b_cols) * 2, stream));
     launch_to_bf16(g.A, a_rows, a_cols, g.lda, a, stream);
+    if (g.B_bf16 != nullptr) {  // the model's bf16 weights: read as they are
+      ABLATE_CUDA_CHECK(cudaGetLastError());
+      return {a, a_cols, g.B_bf16, g.ldb};
+    }
+    auto* b = static_cast<uint16_t*>(bf16_b_.get(std::size_t(b_rows * b_cols) * 2, stream));
     launch_to_bf16(g.B, b_rows, b_cols, g.ldb, b, stream);
     ABLATE_CUDA_CHECK(cudaGetLastError());
     return {a, a_cols, b, b_cols};
@@ -203,13 +207,14 @@ std::string gemm_key(const GemmCall& g) {
   // The C operand's layout equals D's; whether C is D changes nothing in the plan. The heuristic is
   // told each operand's alignment, so the key holds them (bf16 operands are packed copies, always
   // 256-byte aligned, with their own leading dimensions).
-  const bool copies = g.mode == MatmulMode::bf16;
+  const bool copies = g.mode == MatmulMode::bf16, b_copied = copies && g.B_bf16 == nullptr;
   const auto al = [](const void* p) { return std::to_string(alignment_of(p)); };
   const std::string lda = std::to_string(copies ? (g.ta ? g.M : g.K) : g.lda);
-  const std::string ldb = std::to_string(copies ? (g.tb ? g.K : g.N) : g.ldb);
+  const std::string ldb = std::to_string(b_copied ? (g.tb ? g.K : g.N) : g.ldb);
   return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
          std::to_string(g.K) + " ld " + lda + "," + ldb + "," + std::to_string(g.ldc) + (g.bias != nullptr ? " bias " : " ") +
-         to_string(g.mode) + " align " + (copies ? "256" : al(g.A)) + "," + (copies ? "256" : al(g.B)) + "," + al(g.D) + "," +
+         to_string(g.mode) + " align " + (copies ? "256" : al(g.A)) + "," +
+         (b_copied ? "256" : al(copies ? g.B_bf16 : g.B)) + "," + al(g.D) + "," +
          al(g.C != nullptr ? g.C : g.D);
 }
 
@@ -232,7 +237,7 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
   return bytes;
 }
 
-void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
+void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
@@ -242,7 +247,8 @@ void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const floa
   g.K = in;
   g.A = x;
   g.lda = in;
-  g.B = W;
+  g.B = W.f32;
+  g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
   g.ldb = in;
   g.beta = beta;
   g.C = c;
@@ -252,7 +258,7 @@ void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const floa
   gemm(g, stream);
 }
 
-void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
+void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
@@ -261,7 +267,8 @@ void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const flo
   g.K = out;
   g.A = dy;
   g.lda = out;
-  g.B = W;
+  g.B = W.f32;
+  g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
   g.ldb = in;
   g.beta = accumulate ? 1.0f : 0.0f;
   g.D = dx;

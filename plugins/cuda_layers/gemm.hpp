@@ -10,9 +10,9 @@
 // relative errors near 1e-3 per product. With bf16 (run.dtype = "bf16") A and B are rounded to bf16
 // (8-bit mantissa) into packed workspaces on the stream, multiplied on bf16 tensor cores and
 // accumulated in fp32 into the f32 C/D: twice TF32's rate, relative errors near 1e-2 per product;
-// weights, gradients, activations and optimizer state stay f32 (master weights in f32, the bf16
-// copies made per product: about 6 bytes of traffic per weight per product, under 1% of a GPT-2
-// step). One descriptor set and one algorithm from the heuristic are kept per
+// weights, gradients, activations and optimizer state stay f32. A weight operand is read from the
+// model's bf16 copy of the parameters (made once per optimizer step, Model::params_changed) when the
+// call gives one (Weight::bf16), else copied like the activations. One descriptor set and one algorithm from the heuristic are kept per
 // distinct problem (transposes, sizes, strides, epilogue, dtype), so a training step after the
 // first builds nothing. A 32 MiB workspace (the size NVIDIA recommends for Hopper) is allocated
 // once per process, on first use.
@@ -31,6 +31,13 @@ enum class MatmulMode : uint8_t { f32, tf32, bf16 };
 MatmulMode matmul_mode(const std::string& dtype);
 const char* to_string(MatmulMode mode);
 
+// A weight matrix as the products read it: its f32 values and, under bf16, the model's bf16 copy of
+// them (Model::params_changed keeps it current), which bf16 products read in place of a copy.
+struct Weight {
+  const float* f32 = nullptr;
+  const void* bf16 = nullptr;  // null: none (f32 and tf32 runs, or a model without a copy)
+};
+
 struct GemmCall {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0;
@@ -44,6 +51,7 @@ struct GemmCall {
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
+  const void* B_bf16 = nullptr;  // bf16 mode: B already in bf16 (same layout and ldb), read in place of a copy
 };
 
 // Enqueues the product on `stream`; errors name the call, the shape and cuBLASLt's message.
@@ -51,10 +59,10 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
-void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, const float* W, const float* bias, const float* c,
+void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
-void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, const float* W, bool accumulate, float* dx,
+void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);
 //   dW(out, in)  += dy^T x
 void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, MatmulMode mode);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
 
 namespace ablate::test {
 
@@ -57,6 +58,14 @@ inline void check_device_buffers(Device& dev) {
       // fill
       dev.fill(b.view(), -2.5f);
       for (float v : download_f32(dev, b.view())) REQUIRE(v == -2.5f);
+      // to_bf16: device_math::bf16_bits per element, bit for bit.
+      dev.upload(b.view(), host.data());
+      Buffer half = dev.alloc(DType::bf16, n);
+      dev.to_bf16(half.view(), b.view());
+      std::vector<uint16_t> bits(static_cast<std::size_t>(n));
+      dev.download(bits.data(), half.view());
+      for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(bits[i] == device_math::bf16_bits(host[i]));
+      CHECK_THROWS(dev.to_bf16(b.view(), half.view()));  // the arguments' dtypes swapped
     }
     CHECK(dev.memory_in_use() == before);
   }

@@ -114,6 +114,9 @@ class Device : public Component {
   virtual double squared_norm(TensorView x) = 0;
   virtual void scale(TensorView x, float factor) = 0;
   virtual double masked_loss_sum(TensorView losses, TensorView targets) = 0;
+  // dst (bf16) = the nearest bf16 of each element of src (f32), ties to even (device_math::bf16_bits):
+  // the bf16 copy of the weights that bf16 products read.
+  virtual void to_bf16(TensorView dst, TensorView src) = 0;
 
   virtual void synchronize() = 0;
   // The queue the device executes its calls in, for plugins of the same device to launch their
@@ -123,6 +126,10 @@ class Device : public Component {
   // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it).
   virtual double peak_tflops(DType dtype) const = 0;
 };
+
+// Throws unless dst is a bf16 view and src an f32 view of as many elements, both on `device`: the
+// arguments of Device::to_bf16.
+void check_to_bf16(const TensorView& dst, const TensorView& src, DeviceType device);
 
 // The `cpu` device of core: host memory (64-byte aligned), OpenMP loops.
 ComponentInfo cpu_device_info();

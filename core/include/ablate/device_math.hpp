@@ -18,4 +18,19 @@ ABLATE_HOST_DEVICE inline double masked_loss_term(float loss, int32_t target) { 
 // Clipping: an element scaled in fp32.
 ABLATE_HOST_DEVICE inline float scaled(float g, float factor) { return g * factor; }
 
+// The bf16 nearest to x (its 16 bits: the high half of an f32), ties to even; a NaN stays a quiet
+// NaN of the same sign, infinities stay infinite, and a finite value past bf16's largest rounds to
+// infinity, as IEEE rounding does. The copies of bf16 products (weights and operands) use it.
+ABLATE_HOST_DEVICE inline uint16_t bf16_bits(float x) {
+  uint32_t u = 0;
+#ifdef __CUDA_ARCH__
+  u = __float_as_uint(x);
+#else
+  __builtin_memcpy(&u, &x, 4);
+#endif
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return uint16_t((u >> 16) | 0x0040u);  // NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 }  // namespace ablate::device_math

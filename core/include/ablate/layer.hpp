@@ -62,6 +62,7 @@ struct LayerCall {
   TensorView d_y, d_x;           // backward: gradient of the output (in), of the input (out)
   GradMode input_grad = GradMode::overwrite;
   TensorView params, grads;      // at the layer's first parameter in the flat buffers
+  TensorView params_bf16;        // run.dtype = "bf16": the bf16 copy of params (same offsets), else empty
   TensorView saved;              // activation_elements(spec, rows) values, kept forward -> backward
   TensorView scratch;            // scratch_elements(spec, rows) values, free between calls
   void* stream = nullptr;        // the model's device queue (Device::stream(): cuda's cudaStream_t)

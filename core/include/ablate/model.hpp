@@ -118,8 +118,12 @@ class Model {
   // The activation arena a micro-batch of `rows` x `seq_len` needs (allocates nothing).
   ActivationPlan activation_plan(int64_t rows, int64_t seq_len) const;
   int64_t activation_bytes(int64_t rows, int64_t seq_len) const { return activation_plan(rows, seq_len).bytes(); }
-  // Bytes of parameters and gradients on the device.
+  // Bytes of parameters and gradients on the device (and the bf16 weight copy, when there is one).
   int64_t state_bytes() const noexcept;
+  // run.dtype = "bf16": the bf16 copy of the parameters that the layers' products read is made
+  // again from the fp32 master weights; every change of params() must be followed by this (the
+  // model's own init and load do it; the engine calls it after each optimizer step).
+  void params_changed();
   // fp32 matrix-product rate of the linear layer on the model's device (TFLOP/s): the peak for MFU
   // where the device has no table entry (a CPU).
   double measure_matmul_tflops();
