@@ -86,9 +86,10 @@ int tune_batch_size(const Args& args) {
   eo.accum = 1;
   eo.shard_state = false;
   Engine engine(model, *optimizer, *single, eo);
-  // What does not grow with the micro-batch: the process as it stands (parameters, gradients,
-  // optimizer state, libraries) measured now.
-  const int64_t fixed = current_rss();
+  // What does not grow with the micro-batch, measured now: the process as it stands (parameters,
+  // gradients, optimizer state, libraries: a host device's memory) or what the model's device holds
+  // (its buffers) with the optimizer's state, whichever is more: the second is what a GPU fills.
+  const int64_t fixed = std::max<int64_t>(current_rss(), model.device().memory_in_use() + optimizer->state_bytes());
 
   std::vector<Trial> trials;
   int64_t opt_step = 0;
