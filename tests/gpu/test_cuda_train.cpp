@@ -110,6 +110,23 @@ TEST_CASE("run.dtype = bf16 follows the cpu f32 run within bf16's rounding, and 
   for (std::size_t i = 0; i < b.size(); ++i) CHECK(c[i]["loss"].get<double>() == b[i]["loss"].get<double>());
 }
 
+TEST_CASE("a one-rank nccl run equals the single communicator's run on cuda, step by step and bit for bit") {
+  TempDir tmp;
+  const std::string common = kCuda + " --set run.steps=10 --set run.eval_every=5 --set run.grad_accum_steps=2";
+  const fs::path single = tmp.path() / "single", nccl = tmp.path() / "nccl";
+  REQUIRE(train(common + " --set run.communicator=single --run-dir " + single.string()).exit_code == 0);
+  REQUIRE(train(common + " --set run.communicator=nccl --run-dir " + nccl.string()).exit_code == 0);
+  const auto a = metrics(single), b = metrics(nccl);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+  }
+  CHECK(slurp(single / "checkpoints/step_00000010/model.safetensors") == slurp(nccl / "checkpoints/step_00000010/model.safetensors"));
+  CHECK(read_json(nccl / "run.json")["communicator"] == "nccl");
+}
+
 TEST_CASE("a cuda run stopped and resumed gives the uninterrupted run's losses bit for bit (accumulation, dropout)") {
   TempDir tmp;
   const std::string common = kCuda + " --set run.steps=16 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=8";
