@@ -102,7 +102,8 @@ Run load_run(const fs::path& dir) {
   read(dir / "run.json", r.info);
   r.info = plain(typed_fields(dir / "run.json", r.info,
                         {{"world", 'n'}, {"memory_bytes", 'n'}, {"activation_bytes", 'n'}, {"memory_source", 's'},
-                         {"communicator", 's'}, {"device", 's'}}));
+                         {"communicator", 's'}, {"device", 's'}, {"recompute", 's'},
+                         {"activation_bytes_by_recompute", 'o'}}));
   read(dir / "summary.json", r.summary);
   r.summary = plain(typed_fields(dir / "summary.json", r.summary,
                                  {{"mfu", 'n'}, {"effective_mfu", 'n'}, {"data_bottleneck", 's'}, {"optimizer_state_bytes", 'n'}}));
@@ -225,6 +226,35 @@ std::vector<Finding> diagnose(const Run& run) {
       }
       out.push_back(f);
     }
+  }
+
+  // Memory tight: the peak near the budget, and recomputation would free activations.
+  const std::string recompute = run.info.value("recompute", std::string("none"));
+  if (mem > 0 && peak > 0.85 * mem && run.info.contains("activation_bytes_by_recompute")) {
+    const json& by = run.info["activation_bytes_by_recompute"];
+    const std::string next = recompute == "none" ? "mlp" : recompute == "mlp" ? "block" : "";
+    const double now = by.value(recompute, 0.0), then = next.empty() ? 0.0 : by.value(next, 0.0);
+    Finding f;
+    f.id = "memory_tight";
+    f.severity = peak > 0.95 * mem ? "high" : "medium";
+    f.evidence = {{"mem_peak_bytes", peak}, {"memory_bytes", mem}, {"peak_fraction", peak / mem},
+                  {"recompute", recompute}, {"activation_bytes", now}};
+    f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+                run.info.value("memory_source", std::string("memory")) + ")";
+    if (!next.empty() && then > 0 && then < now) {
+      f.evidence["recompute_suggested"] = next;
+      f.evidence["activation_bytes_suggested"] = then;
+      f.message += ": recomputing " + std::string(next == "mlp" ? "the MLPs' hidden activations" : "each block") +
+                   " in backward frees " + fmt("%.1f MiB", (now - then) / (1 << 20)) + fmt(" of %.1f MiB", now / (1 << 20)) +
+                   " of activations for about " + (next == "mlp" ? "a sixth" : "a fifth") +
+                   " more time per token (docs/training.md)";
+      f.change = "--set run.recompute=" + next;
+    } else {
+      f.message += ": lower batching.batch_size, with run.grad_accum_steps keeping the global batch";
+      f.change = "--set batching.batch_size=" + std::to_string(std::max<int64_t>(1, B / 2)) +
+                 " --set run.grad_accum_steps=" + std::to_string(accum * 2);
+    }
+    out.push_back(f);
   }
 
   // Attention: the naive backend on a GPU.

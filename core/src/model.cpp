@@ -322,13 +322,15 @@ struct Model::Impl {
   // ---- the activation plan ----
 
   // Whether backward recomputes `slot` of a block (o.recompute) rather than read it from forward.
-  bool recomputed(Slot slot) const {
-    if (o.recompute == "block") return slot != Slot::res;
-    if (o.recompute == "mlp") return slot == Slot::mlp_s;
+  static bool recomputed(Slot slot, const std::string& mode) {
+    if (mode == "block") return slot != Slot::res;
+    if (mode == "mlp") return slot == Slot::mlp_s;
     return false;
   }
 
-  ArenaPlan make_plan(int64_t rows, int64_t T) const {
+  // The arena for a shape under the run's recompute mode, or another (to say what it would save).
+  ArenaPlan make_plan(int64_t rows, int64_t T) const { return make_plan(rows, T, o.recompute); }
+  ArenaPlan make_plan(int64_t rows, int64_t T, const std::string& recompute) const {
     const int64_t N = rows * T, C = o.d_model, Hd = o.n_heads * o.head_dim, Kd = o.n_kv_heads * o.head_dim;
     ArenaPlan p;
     p.rows = rows;
@@ -344,7 +346,7 @@ struct Model::Impl {
     // A slot backward recomputes is held once, in block 0's place, for whichever block is being
     // recomputed (forward overwrites it block after block; only `res` carries between blocks).
     const auto take_in_block = [&](Ref r, int64_t n) {
-      if (r.block > 0 && recomputed(r.slot)) alias(r, in_block(0, r.slot));
+      if (r.block > 0 && recomputed(r.slot, recompute)) alias(r, in_block(0, r.slot));
       else keep(r, n);
     };
     for (int64_t l = 0; l < o.n_layers; ++l) {
@@ -736,8 +738,12 @@ double Model::flops_per_token(int64_t seq_len) const noexcept {
 }
 
 ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {
+  return activation_plan(rows, seq_len, impl_->o.recompute);
+}
+
+ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len, const std::string& recompute) const {
   const Impl& m = *impl_;
-  const ArenaPlan p = m.make_plan(rows, seq_len);
+  const ArenaPlan p = m.make_plan(rows, seq_len, recompute);
   const int64_t N = rows * seq_len;
   int64_t layers = m.cls->workspace_bytes(m.cls_spec, N);
   for (const Site& s : m.sites) {

@@ -298,6 +298,40 @@ TEST_CASE("doctor refuses a run.json, summary.json or metrics.jsonl field of the
   }
 }
 
+TEST_CASE("doctor suggests activation recomputation when the peak is near the memory budget, with the bytes it frees") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + quickstart() + kTinyFlags + " --set run.steps=4 --run-dir " + run.string()).exit_code == 0);
+  json info = read_json(run / "run.json");
+  const json by = info["activation_bytes_by_recompute"];
+  REQUIRE(by["block"].get<double>() < by["mlp"].get<double>());
+  REQUIRE(by["mlp"].get<double>() < by["none"].get<double>());
+  CHECK(by["none"] == info["activation_bytes"]);
+  // The budget as if the run's peak were 90% of it.
+  double peak = 0;
+  for (const json& m : metrics(run)) peak = std::max(peak, m["mem_peak_bytes"].get<double>());
+  info["memory_bytes"] = peak / 0.9;
+  std::ofstream(run / "run.json") << info.dump();
+  const auto d = run_ablate("doctor " + run.string() + " --json");
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  const json* tight = nullptr;
+  const json findings = json::parse(d.output);
+  for (const json& f : findings) {
+    if (f["id"] == "memory_tight") tight = &f;
+  }
+  REQUIRE(tight != nullptr);
+  CHECK(contains((*tight)["change"].get<std::string>(), "run.recompute=mlp"));
+  CHECK((*tight)["evidence"]["activation_bytes_suggested"] == by["mlp"]);
+  // Already recomputing blocks: nothing more to free that way; a smaller micro-batch instead.
+  info["recompute"] = "block";
+  std::ofstream(run / "run.json") << info.dump();
+  const auto e = run_ablate("doctor " + run.string());
+  INFO(e.output);
+  CHECK(contains(e.output, "memory_tight"));
+  CHECK(contains(e.output, "batching.batch_size="));
+}
+
 TEST_CASE("report on a run directory writes report.md and the plots") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";

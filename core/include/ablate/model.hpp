@@ -117,6 +117,8 @@ class Model {
   double flops_per_token(int64_t seq_len) const noexcept;
   // The activation arena a micro-batch of `rows` x `seq_len` needs (allocates nothing).
   ActivationPlan activation_plan(int64_t rows, int64_t seq_len) const;
+  // The same under another `recompute` mode ("none", "mlp", "block"): what switching would save.
+  ActivationPlan activation_plan(int64_t rows, int64_t seq_len, const std::string& recompute) const;
   int64_t activation_bytes(int64_t rows, int64_t seq_len) const { return activation_plan(rows, seq_len).bytes(); }
   // Bytes of parameters and gradients on the device (and the bf16 weight copy, when there is one).
   int64_t state_bytes() const noexcept;
