@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -149,6 +150,18 @@ int tune_batch_size(const Args& args) {
                           std::to_string(trials.front().estimated_bytes >> 20) + " MiB, over 90% of the " +
                           std::to_string(budget >> 20) + " MiB budget (" + budget_source + ")");
   }
+  // What activation recomputation would allow, by the plan alone (not measured): the largest doubling
+  // up to --max-batch whose estimate fits under each mode.
+  std::map<std::string, int64_t> by_recompute;
+  for (const char* mode : {"none", "mlp", "block"}) {
+    int64_t fits = 0;
+    for (int64_t b = 1; b <= max_batch; b *= 2) {
+      const int64_t bytes = fixed + model.activation_plan(b, T, mode).bytes();
+      if (double(bytes) > 0.9 * double(budget)) break;
+      fits = b;
+    }
+    by_recompute[mode] = fits;
+  }
   const int64_t global = B0 * accum0;
   const int64_t accum = std::max<int64_t>(1, (global + rec / 2) / rec);
   const double lr = rec * accum > global ? lr0 * std::sqrt(double(rec * accum) / double(global)) : lr0;
@@ -160,6 +173,7 @@ int tune_batch_size(const Args& args) {
                              {"step_ms", t.step_ms}, {"tokens_per_s", t.tokens_per_s}, {"real_tokens_per_s", t.real_tokens_per_s}});
     }
     j["largest_fitting"] = largest;
+    j["largest_fitting_by_recompute"] = by_recompute;
     j["recommended"] = {{"batch_size", rec}, {"grad_accum_steps", accum}, {"lr", lr}};
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -177,6 +191,9 @@ int tune_batch_size(const Args& args) {
     }
   }
   std::printf("\nlargest micro-batch that fits (of those tried): %lld\n", static_cast<long long>(largest));
+  std::printf("by the plan, with run.recompute = none / mlp / block: %lld / %lld / %lld (up to --max-batch)\n",
+              static_cast<long long>(by_recompute["none"]), static_cast<long long>(by_recompute["mlp"]),
+              static_cast<long long>(by_recompute["block"]));
   std::printf("recommended: --set batching.batch_size=%lld --set run.grad_accum_steps=%lld --set optimizer.lr=%.3g\n",
               static_cast<long long>(rec), static_cast<long long>(accum), lr);
   std::printf("  (the smallest micro-batch within 3%% of the best real tokens/s; the accumulation keeps the global batch of "

@@ -368,6 +368,11 @@ TEST_CASE("tune batch-size measures each micro-batch that fits and recommends on
   CHECK((rec == 1 || rec == 2 || rec == 4));
   // The global batch of the config (4 rows) is kept through accumulation.
   CHECK(rec * j["recommended"]["grad_accum_steps"].get<int64_t>() == 4);
+  // Recomputation, by the plan: never fewer rows than without it, and the same where nothing binds.
+  const json& by = j["largest_fitting_by_recompute"];
+  CHECK(by["none"] == j["largest_fitting"]);
+  CHECK(by["mlp"].get<int64_t>() >= by["none"].get<int64_t>());
+  CHECK(by["block"].get<int64_t>() >= by["mlp"].get<int64_t>());
   // A budget too small for even one row is refused with the numbers, not crashed into.
   const auto small = run_ablate("tune batch-size " + quickstart() + kTinyFlags + " --set run.memory_budget_gib=0.001");
   INFO(small.output);
