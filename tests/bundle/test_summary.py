@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""The GPU bundle's summary.py on results of the kind a GPU run writes (made up here, shaped as the
+benchmarks write them): every test and benchmark gets its line, the benchmarks' table figures come
+through (a failed row is left out), a failure is counted, and summary.txt / summary.json are
+written. Usage: test_summary.py SOURCE_DIR"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+source = sys.argv[1]
+with tempfile.TemporaryDirectory() as out:
+    os.makedirs(os.path.join(out, "logs"))
+    rows = [("test_naive_cuda", "plain", "passed", 0, 3.2), ("test_cudnn_flash", "memcheck", "failed", 3, 80.0),
+            ("bench_attention", "benchmark", "passed", 0, 40), ("pytorch_sdpa", "peer", "passed", 0, 20),
+            ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
+            ("pytorch_gpt", "peer", "skipped", 0, 0)]
+    with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
+        for r in rows:
+            f.write("\t".join(str(x) for x in r) + "\n")
+    files = {
+        "bench_attention.json": {"device": "NVIDIA H100 80GB HBM3", "flash_over_naive_t2048": 7.5, "rows": [
+            {"shape": "B8 H16 T2048 D128", "backend": "cudnn_flash", "dtype": "bf16", "fwd_bwd_tflops": 350.2, "status": "ok"},
+            {"shape": "B8 H16 T2048 D128", "backend": "naive_cuda", "dtype": "f32", "status": "failed: out of memory"}]},
+        "pytorch_sdpa.json": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "rows": [
+            {"shape": "B8 H16 T2048 D128", "backend": "torch_sdpa", "dtype": "bfloat16", "fwd_bwd_tflops": 400.0, "status": "ok"}]},
+        "bench_nccl.json": {"device": "NVIDIA H100 80GB HBM3", "world": 1, "elements": 124475904,
+                            "rows": [{"op": "all_reduce", "dtype": "bf16", "algbw_gbs": 812.5}]},
+        "ablate_gpt2_flash.json": {"status": "completed", "steps": 16, "tokens_per_s": 301234.0, "mfu": 0.251},
+    }
+    for name, data in files.items():
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(data, f)
+    r = subprocess.run([sys.executable, os.path.join(source, "scripts", "bundle", "summary.py"), out],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    text = r.stdout
+    checks = {
+        "exit 0": r.returncode == 0,
+        "a line per run": all(name in text for name, *_ in rows),
+        "attention figure": "B8 H16 T2048 D128/cudnn_flash/bf16 f+b TF/s=350.2" in text,
+        "failed row left out": "naive_cuda/f32" not in text,
+        "headline ratio": "flash_over_naive_t2048=7.5" in text,
+        "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
+        "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
+        "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
+        "counts": "7 runs: 5 passed, 1 failed, 1 skipped" in text,
+        "files": os.path.exists(os.path.join(out, "summary.txt")) and
+                 json.load(open(os.path.join(out, "summary.json")))["failed"] == 1,
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        print("summary.py output:\n" + text + r.stderr)
+        print("failed checks:", ", ".join(bad))
+        sys.exit(1)
+    print("summary.py: all", len(checks), "checks hold")
