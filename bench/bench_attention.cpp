@@ -30,6 +30,7 @@
 #include "ablate/config.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
@@ -186,11 +187,7 @@ class Bench {
     Buffer b = device_->alloc(dtype, n);
     if (dtype == DType::bf16) {
       std::vector<uint16_t> bits(h.size());
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        uint32_t u;
-        std::memcpy(&u, &h[i], 4);
-        bits[i] = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-      }
+      for (std::size_t i = 0; i < h.size(); ++i) bits[i] = device_math::bf16_bits(h[i]);
       device_->upload(b.view(), bits.data());
     } else {
       device_->upload(b.view(), h.data());

@@ -3,6 +3,7 @@
 // partial per block). The per-element terms are core's device_math, the cpu device's own.
 #include "cuda_device_kernels.hpp"
 
+#include "ablate/cuda_launch.cuh"
 #include "ablate/device_math.hpp"
 
 namespace ablate::cuda_device {
@@ -58,17 +59,7 @@ void launch_fill(float* x, int64_t n, float value, cudaStream_t stream) {
   if (n > 0) fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
 }
 
-namespace {
-__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    y[i] = device_math::bf16_bits(x[i]);
-  }
-}
-}  // namespace
-
-void launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  if (n > 0) to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-}
+void launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) { cuda::launch_f32_to_bf16(x, y, n, stream); }
 
 void launch_scale(float* x, int64_t n, float factor, cudaStream_t stream) {
   if (n > 0) scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);

@@ -262,7 +262,7 @@ void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, ui
   const int64_t n = rows * cols;
   if (n == 0) return;
   if (ld == cols) {
-    to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, n, n, dst, n);  // one contiguous run
+    cuda::launch_f32_to_bf16(src, dst, n, stream);  // one contiguous run
   } else {
     to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, cols, ld, dst, n);
   }

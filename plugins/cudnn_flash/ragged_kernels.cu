@@ -29,10 +29,6 @@ __global__ void build_padded_kernel(const int32_t* segments, const int32_t* row_
   ABLATE_GRID_STRIDE(r, rows) lengths[r] = padded_length(int32_t(r), segments, row_segments);
 }
 
-__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
 __global__ void store_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t n, int64_t per_position,
                                  const int32_t* segment_ids) {
   ABLATE_GRID_STRIDE(i, n) dst[i] = segment_ids[i / per_position] == 0 ? 0.0f : __bfloat162float(src[i]);
@@ -81,7 +77,7 @@ void launch_build_padded(const int32_t* segments, const int32_t* row_segments, i
 
 void launch_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+  cuda::launch_f32_to_bf16(src, static_cast<uint16_t*>(dst), n, stream);
   check_launch();
 }
 

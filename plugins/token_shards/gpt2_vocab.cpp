@@ -32,23 +32,33 @@ std::string read_bounded(const fs::path& p) {
   return s.str();
 }
 
-// The code points of UTF-8 text; false on a malformed sequence.
-bool code_points(const std::string& s, std::vector<uint32_t>& out) {
-  out.clear();
+struct CodePoint {
+  uint32_t cp;
+  std::size_t at, size;  // its bytes in the text
+};
+
+// The code points of UTF-8 text with their byte ranges. A malformed sequence gives its first byte
+// alone as a code point and sets *malformed (when given).
+std::vector<CodePoint> decode_utf8(const std::string& s, bool* malformed = nullptr) {
+  std::vector<CodePoint> out;
+  if (malformed != nullptr) *malformed = false;
   for (std::size_t i = 0; i < s.size();) {
     const auto c = uint8_t(s[i]);
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + std::size_t(n) > s.size()) return false;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1Fu) : n == 3 ? (c & 0x0Fu) : (c & 0x07u);
-    for (int k = 1; k < n; ++k) {
-      const auto d = uint8_t(s[i + std::size_t(k)]);
-      if ((d >> 6) != 2) return false;
-      cp = (cp << 6) | (d & 0x3Fu);
+    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    uint32_t cp = n <= 1 ? c : n == 2 ? (c & 0x1Fu) : n == 3 ? (c & 0x0Fu) : (c & 0x07u);
+    int k = 1;
+    for (; k < n && i + std::size_t(k) < s.size() && (uint8_t(s[i + std::size_t(k)]) >> 6) == 2; ++k) {
+      cp = (cp << 6) | (uint8_t(s[i + std::size_t(k)]) & 0x3Fu);
     }
-    out.push_back(cp);
-    i += std::size_t(n);
+    if (n == 0 || k != n) {
+      cp = c;
+      k = 1;
+      if (malformed != nullptr) *malformed = true;
+    }
+    out.push_back({cp, i, std::size_t(k)});
+    i += std::size_t(k);
   }
-  return true;
+  return out;
 }
 
 int32_t base64_value(char c) {
@@ -124,14 +134,15 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
       throw_input_error(v.file_.string(), std::string("not valid JSON: ") + e.what());
     }
     if (!j.is_object()) throw_input_error(v.file_.string(), "must be a JSON object of token string -> id");
-    std::vector<uint32_t> cps;
     for (const auto& [token, id] : j.items()) {
       const std::string where = v.file_.string() + ": entry \"" + token + "\"";
       if (!id.is_number_integer()) throw_input_error(where, "the id must be an integer");
-      if (!code_points(token, cps)) throw_input_error(where, "is not UTF-8");
+      bool malformed = false;
+      const std::vector<CodePoint> cps = decode_utf8(token, &malformed);
+      if (malformed) throw_input_error(where, "is not UTF-8");
       std::string bytes;
-      for (uint32_t cp : cps) {
-        const int32_t b = gpt2_byte_of(cp);
+      for (const CodePoint& c : cps) {
+        const int32_t b = gpt2_byte_of(c.cp);
         if (b < 0) throw_input_error(where, "holds a code point outside GPT-2's byte table: not a byte-level BPE token");
         bytes.push_back(char(b));
       }
@@ -190,28 +201,6 @@ Class class_of(uint32_t cp) {
   if (iswdigit_l(w, utf8)) return Class::number;
   if (iswalpha_l(w, utf8)) return Class::letter;
   return Class::other;
-}
-
-struct CodePoint {
-  uint32_t cp;
-  std::size_t at, size;  // its bytes in the text
-};
-
-std::vector<CodePoint> decode_utf8(const std::string& s) {
-  std::vector<CodePoint> out;
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = uint8_t(s[i]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1Fu) : n == 3 ? (c & 0x0Fu) : (c & 0x07u);
-    int k = 1;
-    for (; k < n && i + std::size_t(k) < s.size() && (uint8_t(s[i + std::size_t(k)]) >> 6) == 2; ++k) {
-      cp = (cp << 6) | (uint8_t(s[i + std::size_t(k)]) & 0x3Fu);
-    }
-    if (k != n) cp = c, k = 1;  // a malformed sequence: its first byte alone, as "other"
-    out.push_back({cp, i, std::size_t(k)});
-    i += std::size_t(k);
-  }
-  return out;
 }
 
 // The pieces GPT-2's pattern cuts `text` into:

@@ -1,9 +1,17 @@
 // The Device seam on the CPU: the cpu device's conformance (tests/support/device_suite.hpp, the
 // checks every device runs), that a batch is viewed in place without a copy, the packing a
-// device copies in one transfer, and the registry picking a registration by (name, run.device).
+// device copies in one transfer, the registry picking a registration by (name, run.device), and
+// device_math::bf16_bits against the definition of rounding to the nearest bf16 (the conformance
+// suite then holds every device's to_bf16 to it).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
 #include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
 #include "ablate/registry.hpp"
@@ -103,4 +111,62 @@ TEST_CASE("core registers the cpu device") {
   const ComponentInfo* cpu = registry.find(Kind::device, "cpu", "cpu");
   REQUIRE(cpu != nullptr);
   CHECK(cpu->library == "core");
+}
+
+// --- bf16_bits: the rounding of the bf16 weight copy (Device::to_bf16) and of bf16 products' operands
+
+namespace {
+
+// The bf16 nearest to x by the definition, in double: the two bf16 values around |x| (7 mantissa
+// bits below the leading one; spacing 2^-133 below 2^-126), the nearer one, on a tie the one with
+// an even last mantissa bit; 2^128 and beyond is infinity.
+float bf16_reference(float x) {
+  if (x == 0.0f || std::isinf(x)) return x;
+  const double a = std::fabs(double(x));
+  int e = 0;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): the leading one is 2^(e-1)
+  const double ulp = std::ldexp(1.0, std::max(e - 1, -126) - 7);
+  const double steps = std::floor(a / ulp);
+  const double lo = steps * ulp, hi = lo + ulp;
+  double r = (a - lo < hi - a) ? lo : (hi - a < a - lo) ? hi : (std::fmod(steps, 2.0) == 0.0 ? lo : hi);
+  if (r >= std::ldexp(1.0, 128)) r = HUGE_VAL;
+  return float(std::copysign(r, double(x)));
+}
+
+uint16_t bits_of(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  return uint16_t(u >> 16);
+}
+
+}  // namespace
+
+TEST_CASE("bf16_bits rounds f32 to the nearest bf16, ties to even, over every exponent, and NaN stays a quiet NaN") {
+  std::mt19937_64 rng(7);
+  std::vector<float> xs = {1.0f, -1.0f, 1.00390625f /* 1 + 2^-8: a tie, to even (1) */, 1.01171875f /* 1 + 3*2^-8: to 1 + 2^-6 */,
+                           3.3895313892515355e38f /* bf16's largest */, 3.4028234663852886e38f /* f32's largest: to inf */,
+                           1e-45f /* the smallest subnormal */, 1.1754942e-38f, -0.0f, INFINITY, -INFINITY, 65504.0f, 0.1f};
+  for (int i = 0; i < 200000; ++i) {
+    const auto u = uint32_t(rng());
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (!std::isnan(f)) xs.push_back(f);
+  }
+  int64_t wrong = 0;
+  for (float x : xs) {
+    const uint16_t got = device_math::bf16_bits(x);
+    const uint16_t want = bits_of(bf16_reference(x));
+    if (got != want && ++wrong <= 5) FAIL_CHECK("x = " << x << ": bits " << got << ", the nearest bf16 has " << want);
+  }
+  CHECK(wrong == 0);
+  CHECK(device_math::bf16_bits(1.00390625f) == 0x3F80);
+  CHECK(device_math::bf16_bits(1.01171875f) == 0x3F82);
+  for (uint32_t nan : {0x7FC00000u, 0x7F800001u, 0xFF800001u, 0x7F80FFFFu}) {
+    float f;
+    std::memcpy(&f, &nan, 4);
+    const uint16_t b = device_math::bf16_bits(f);
+    CHECK((b & 0x7F80) == 0x7F80);  // exponent all ones
+    CHECK((b & 0x007F) != 0);       // a NaN, not an infinity (0x7F800001 would round to one)
+    CHECK((b >> 15) == (nan >> 31));
+  }
 }

@@ -24,6 +24,7 @@
 #include "ablate/attention.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
 #include "ablate/registry.hpp"
 #include "attention_device_run.hpp"
 #include "attention_support.hpp"
@@ -60,11 +61,9 @@ struct Fixture {
   }
 };
 
-// The nearest bf16 value (round to nearest even), as an f32.
+// The nearest bf16 value (device_math::bf16_bits, checked against its definition on the CPU), as an f32.
 float to_bf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t bits = uint32_t(device_math::bf16_bits(x)) << 16;
   float y;
   std::memcpy(&y, &bits, 4);
   return y;
