@@ -56,7 +56,7 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Eng
   opt_table_ = o_.shard_state ? shard_table(model.table(), shard_) : model.table();
   optimizer_.init(opt_table_, model.device().type());
   comm_.set_stream(model.device().stream());
-  if (comm.world() > 1 && o_.bucket_mb > 0) {
+  if (comm.moves_data() && o_.bucket_mb > 0) {
     const int64_t elements = std::max<int64_t>(1, int64_t(o_.bucket_mb * 1e6 / double(sizeof(float))));
     buckets_ = plan_buckets(n, model.gradient_writes(), elements);
   }
@@ -148,9 +148,9 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
     timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
     out.grad_norm = std::sqrt(sums[1]);
   } else {
-    if (comm_.world() > 1) {
+    if (comm_.world() > 1 || reduced) {
       timed([&] {
-        comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
+        if (comm_.world() > 1) comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
         if (!reduced) comm_.all_reduce(model_.grads(), ReduceOp::sum);
         comm_.join();
       });
@@ -166,6 +166,11 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   StepArgs args{lr, step, 1.0f, device.stream()};
   if (o_.grad_clip > 0 && out.grad_norm > o_.grad_clip) args.grad_scale = float(o_.grad_clip / (out.grad_norm + 1e-6));
 
+  // Where the products read a bf16 copy of the weights, an optimizer that can writes it in its own
+  // pass; under ZeRO-1 the copy is made after the all-gather (the step sees only this rank's shard).
+  const TensorView copy = model_.params_bf16();
+  if (copy.data != nullptr && !o_.shard_state && optimizer_.writes_bf16()) args.params_bf16 = copy.data;
+
   // 5. The optimizer on this rank's part, then everyone's parts to everyone.
   profiled("optimizer", [&] { optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), args); });
   if (o_.shard_state) {
@@ -174,7 +179,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
       comm_.join();
     });
   }
-  model_.params_changed();  // the bf16 weight copy, where the run has one
+  if (args.params_bf16 == nullptr) model_.params_changed();  // the bf16 weight copy, where the run has one
   return out;
 }
 

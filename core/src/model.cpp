@@ -645,6 +645,7 @@ int64_t Model::num_params() const noexcept { return impl_->table.total; }
 Device& Model::device() noexcept { return *impl_->device; }
 TensorView Model::params() { return impl_->params.view(); }
 TensorView Model::grads() { return impl_->grads.view(); }
+TensorView Model::params_bf16() { return impl_->params_bf16.count() > 0 ? impl_->params_bf16.view() : TensorView{}; }
 int64_t Model::state_bytes() const noexcept {
   return impl_->params.bytes() + impl_->grads.bytes() + impl_->params_bf16.bytes();
 }
@@ -771,6 +772,7 @@ double Model::measure_matmul_tflops() {
   c.x = x.view();
   c.y = y.view();
   c.params = w.view();
+  c.stream = dev.stream();  // the queue synchronize() waits for
   double best = 1e30, spent = 0;
   for (int i = 0; i < 6 || (spent < 0.2 && i < 50); ++i) {
     dev.synchronize();

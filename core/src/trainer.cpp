@@ -418,10 +418,10 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   if (run.world > 1) {
     spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
                  comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
-    if (!engine.buckets().empty()) {
-      spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
-                   engine.buckets().size(), eo.bucket_mb, eo.shard_state ? " (each shard's part to its owner)" : "");
-    }
+  }
+  if (!engine.buckets().empty()) {
+    spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
+                 engine.buckets().size(), eo.bucket_mb, eo.shard_state ? " (each shard's part to its owner)" : "");
   }
   spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", s.steps,
                s.accum, s.batch_size, s.seq_len, run.world > 1 ? " per rank" : "", run.threads, peak.rank_tflops, peak.source,

@@ -143,7 +143,7 @@ class AdamW8bit final : public ablate::Optimizer {
                          float(1.0 - lr * h_.weight_decay),
                          args.grad_scale};
     if (device_ == ablate::DeviceType::cuda) {
-      step_device(params, grads, c, step, static_cast<void*>(args.stream));
+      step_device(params, grads, c, step, args.stream, args.params_bf16);
       return;
     }
     if (params.device != ablate::DeviceType::cpu || grads.device != ablate::DeviceType::cpu) {
@@ -186,6 +186,9 @@ class AdamW8bit final : public ablate::Optimizer {
     return int64_t(m_codes_.size() + v_codes_.size()) + int64_t(m_absmax_.size() + v_absmax_.size()) * 4 +
            int64_t(m_fp32_.size() + v_fp32_.size()) * 4 + 2 * DynamicCode::kCodes * 4;
   }
+
+  // The CUDA kernel writes the bf16 copy as it stores each parameter; the CPU path has no copy to write.
+  bool writes_bf16() const override { return device_ == ablate::DeviceType::cuda; }
 
   int64_t skipped_nonfinite() const override {
     collect_skipped();
@@ -442,7 +445,8 @@ class AdamW8bit final : public ablate::Optimizer {
   // memory: it is read when asked (skipped_nonfinite) or at the start of the next step, when the
   // host has already waited for the gradient norm, so reading it costs no extra wait.
   template <class Coeff>
-  void step_device(ablate::TensorView params, ablate::TensorView grads, const Coeff& c, int64_t step, void* stream) {
+  void step_device(ablate::TensorView params, ablate::TensorView grads, const Coeff& c, int64_t step, void* stream,
+                   void* params_bf16) {
 #ifdef ABLATE_ADAMW8BIT_CUDA
     namespace k = ablate::adamw8bit::cuda;
     if (params.device != ablate::DeviceType::cuda || grads.device != ablate::DeviceType::cuda) {
@@ -453,6 +457,7 @@ class AdamW8bit final : public ablate::Optimizer {
     k::StepArgs a;
     a.params = params.as<float>();
     a.grads = grads.as<float>();
+    a.params_bf16 = static_cast<uint16_t*>(params_bf16);
     a.blocks = d_blocks_.data();
     a.num_blocks = int64_t(d_blocks_.size());
     a.m_codes = d_m_codes_.data();
@@ -469,7 +474,7 @@ class AdamW8bit final : public ablate::Optimizer {
     ABLATE_CUDA_CHECK(k::launch_step(a, stream_));
     pending_step_ = step;
 #else
-    (void)params, (void)grads, (void)c, (void)step, (void)stream;
+    (void)params, (void)grads, (void)c, (void)step, (void)stream, (void)params_bf16;
 #endif
   }
 

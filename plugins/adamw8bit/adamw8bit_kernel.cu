@@ -4,8 +4,11 @@
 // absmax, encode), spelled with round-to-nearest intrinsics so no multiply-add is contracted into
 // an FMA: the codes and parameters are the CPU's bit for bit. Encoding is DynamicCode::encode's
 // branch-free binary search (8 halvings over the thresholds in shared memory), which gives the
-// same code as the CPU's bucketed search by construction.
+// same code as the CPU's bucketed search by construction. Under bf16 products the parameters' bf16
+// copy is written as each parameter is stored (no pass of its own).
 #include "adamw8bit_kernel.hpp"
+
+#include "ablate/device_math.hpp"
 
 namespace ablate::adamw8bit::cuda {
 namespace {
@@ -74,6 +77,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(StepArgs a) {
         float pj = p[j], mj = m[j], vj = v[j];
         skipped += update(a.c, decay, pj, g[j], mj, vj) ? 0u : 1u;
         p[j] = pj;
+        if (a.params_bf16 != nullptr) a.params_bf16[b.param_offset + j] = device_math::bf16_bits(pj);
         m[j] = mj;
         v[j] = vj;
       }
@@ -94,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(StepArgs a) {
           float pj = p[j];
           skipped += update(a.c, decay, pj, g[j], m[k], v[k]) ? 0u : 1u;
           p[j] = pj;
+          if (a.params_bf16 != nullptr) a.params_bf16[b.param_offset + j] = device_math::bf16_bits(pj);
           m_max = fmaxf(m_max, fabsf(m[k]));
           v_max = fmaxf(v_max, v[k]);
         }

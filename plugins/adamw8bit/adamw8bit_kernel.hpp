@@ -34,6 +34,7 @@ struct CodeMap {
 struct StepArgs {
   float* params = nullptr;
   const float* grads = nullptr;
+  uint16_t* params_bf16 = nullptr;  // not null: each new parameter is also written here rounded to bf16
   const BlockInfo* blocks = nullptr;
   int64_t num_blocks = 0;
   uint8_t* m_codes = nullptr;

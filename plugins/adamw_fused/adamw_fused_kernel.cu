@@ -1,9 +1,12 @@
 // The `adamw_fused` step: one pass over the flat fp32 buffers (parameters, gradients, both
-// moments: 28 bytes of memory traffic per parameter). Each element computes exactly what the CPU
+// moments: 28 bytes of memory traffic per parameter; 30 when it also writes the bf16 copy of the
+// parameters that bf16 products read, which then needs no pass of its own). Each element computes exactly what the CPU
 // `adamw` does, in the same order with the same rounding: the arithmetic is spelled with the
 // round-to-nearest intrinsics, so nvcc cannot contract a multiply and an add into one FMA (which
 // rounds once instead of twice) and the results are bit for bit the CPU's.
 #include "adamw_fused_kernel.hpp"
+
+#include "ablate/device_math.hpp"
 
 namespace ablate::adamw_fused {
 namespace {
@@ -22,8 +25,8 @@ __device__ int find_run(const DecayRun* runs, int32_t num_runs, int64_t i) {
 }
 
 __global__ void step_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                            float* __restrict__ v, int64_t n, const DecayRun* __restrict__ runs, int32_t num_runs,
-                            Coefficients c) {
+                            float* __restrict__ v, uint16_t* __restrict__ p_bf16, int64_t n,
+                            const DecayRun* __restrict__ runs, int32_t num_runs, Coefficients c) {
   const int64_t stride = int64_t(gridDim.x) * kThreads * kPerThread;
   for (int64_t i0 = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * kPerThread; i0 < n; i0 += stride) {
     int r = find_run(runs, num_runs, i0);
@@ -38,20 +41,22 @@ __global__ void step_kernel(float* __restrict__ p, const float* __restrict__ g, 
       m[i] = mi;
       v[i] = vi;
       const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.sqrt_bias2), c.eps);
-      p[i] = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+      const float pi = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+      p[i] = pi;
+      if (p_bf16 != nullptr) p_bf16[i] = device_math::bf16_bits(pi);  // the products' copy, in the same pass
     }
   }
 }
 
 }  // namespace
 
-cudaError_t launch_step(float* p, const float* g, float* m, float* v, int64_t n, const DecayRun* runs, int32_t num_runs,
-                        const Coefficients& c, cudaStream_t stream) {
+cudaError_t launch_step(float* p, const float* g, float* m, float* v, uint16_t* p_bf16, int64_t n, const DecayRun* runs,
+                        int32_t num_runs, const Coefficients& c, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   const int64_t per_block = int64_t(kThreads) * kPerThread;
   const int64_t blocks = (n + per_block - 1) / per_block;
   const int grid = int(blocks < 65535 * 8 ? blocks : 65535 * 8);  // grid-stride beyond that
-  step_kernel<<<grid, kThreads, 0, stream>>>(p, g, m, v, n, runs, num_runs, c);
+  step_kernel<<<grid, kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, runs, num_runs, c);
   return cudaGetLastError();
 }
 

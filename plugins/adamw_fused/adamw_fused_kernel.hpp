@@ -22,8 +22,10 @@ struct Coefficients {
   float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay, grad_scale;
 };
 
-// One AdamW step over n elements of p, from g, updating m and v, on `stream`. Returns the launch's error.
-cudaError_t launch_step(float* p, const float* g, float* m, float* v, int64_t n, const DecayRun* runs, int32_t num_runs,
-                        const Coefficients& c, cudaStream_t stream);
+// One AdamW step over n elements of p, from g, updating m and v, on `stream`; where p_bf16 is not
+// null, each new p is also written there rounded to bf16 (device_math::bf16_bits). Returns the
+// launch's error.
+cudaError_t launch_step(float* p, const float* g, float* m, float* v, uint16_t* p_bf16, int64_t n, const DecayRun* runs,
+                        int32_t num_runs, const Coefficients& c, cudaStream_t stream);
 
 }  // namespace ablate::adamw_fused

@@ -184,14 +184,9 @@ std::unique_ptr<Component> make_cuda_device(const ComponentArgs&) {
   }
   int ordinal = 0;
   try {
-    const launch::LaunchEnv env = launch::read_launch_env();
-    if (env.local_rank > 0) ordinal = env.local_rank;
+    ordinal = launch::gpu_ordinal(launch::read_launch_env(), count);
   } catch (const std::invalid_argument& e) {
     throw_input_error("launcher environment", e.what());
-  }
-  if (ordinal >= count) {
-    throw_input_error("run.device", "local rank " + std::to_string(ordinal) + " needs GPU " + std::to_string(ordinal) + " but " +
-                                        std::to_string(count) + " are visible: start one process per GPU on each machine");
   }
   return std::make_unique<CudaDevice>(ordinal);
 }

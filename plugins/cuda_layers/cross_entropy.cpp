@@ -60,7 +60,7 @@ class CrossEntropy final : public LossLayer {
       if (with_grad) {
         // d_x = dz W (written or added), dW += dz^T x
         gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
-        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), st, mode_);
+        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), nullptr, st, mode_);
       }
     }
     check_launch(kName);

@@ -1,7 +1,10 @@
 // Dense layers on a CUDA device: `linear`, `gelu_mlp`, `swiglu_mlp`, f32, with the CPU layers'
 // parameters (weights (out, in) as PyTorch stores them), saved values, scratch and gradient
-// contract. Matrix products through cuBLASLt (gemm.hpp), the bias in its epilogue where the output
-// is written whole; activations, dropout and residual adds in layer_kernels.cu.
+// contract. Matrix products through cuBLASLt (gemm.hpp) with their epilogues where they save a pass:
+// the bias where the output is written whole, the bias gradient of every weight-gradient product,
+// gelu_mlp's GELU (forward: the pre-activation and the activation from one product) and its
+// gradient with fc's bias gradient (backward); swiglu and dropout and residual adds in
+// layer_kernels.cu.
 //
 // Dropout with a residual needs the product apart from the stream it is added to, so these
 // layers ask for (rows, out) more scratch than the CPU ones (which use a small chunk); the model's
@@ -54,8 +57,7 @@ void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, cons
     dy = tmp;
   }
   if (dx != nullptr) gemm_dy_w(dy, rows, in, out, W, accumulate, dx, s, mode);
-  gemm_add_dyt_x(dy, rows, in, out, x, dW, s, mode);
-  if (db != nullptr) add_column_sums(dy, db, rows, out, s);
+  gemm_add_dyt_x(dy, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
 
 void check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch) {
@@ -153,9 +155,10 @@ class GeluMLP final : public Layer {
     const cudaStream_t st = stream_of(call);
     float* pre = call.saved.as<float>();
     float* post = pre + rows * H;
-    dense_forward(call.x.as<const float>(), rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, nullptr,
-                  DropoutArgs{}, nullptr, st, mode_);
-    launch_gelu_forward(pre, post, rows * H, st);
+    if (rows > 0) {  // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue
+      gemm_x_wt_gelu(call.x.as<const float>(), rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, post,
+                     st, mode_);
+    }
     dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     check_launch(kName);
@@ -170,13 +173,22 @@ class GeluMLP final : public Layer {
     const cudaStream_t st = stream_of(call);
     const float* pre = call.saved.as<const float>();
     const float* post = pre + rows * H;
-    float* d_h = call.scratch.as<float>();
-    dense_backward(call.d_y.as<const float>(), rows, H, C, post, weight_at(call, proj.weight), at_mut(call.grads, proj.weight),
-                   at_mut(call.grads, proj.bias), d_h, false, dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
-    launch_gelu_backward(pre, d_h, rows * H, st);
-    dense_backward(d_h, rows, C, H, call.x.as<const float>(), weight_at(call, fc.weight), at_mut(call.grads, fc.weight),
-                   at_mut(call.grads, fc.bias), call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{},
-                   nullptr, st, mode_);
+    float* d_pre = call.scratch.as<float>();
+    if (rows > 0) {
+      // The projection's gradients; then d_pre = (dy' W_proj) * gelu'(pre) and fc's bias gradient
+      // from one product's epilogue.
+      const float* dy = call.d_y.as<const float>();
+      const DropoutArgs drop = dropout_of(kName, call);
+      if (drop.p > 0.0) {
+        float* masked = scratch_at(call, rows * H);
+        launch_dropout_grad(dy, masked, rows * C, drop, st);
+        dy = masked;
+      }
+      gemm_add_dyt_x(dy, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
+      gemm_dy_w_dgelu(dy, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
+    }
+    dense_backward(d_pre, rows, C, H, call.x.as<const float>(), weight_at(call, fc.weight), at_mut(call.grads, fc.weight),
+                   nullptr, call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
     check_launch(kName);
   }
 

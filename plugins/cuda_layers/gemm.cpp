@@ -7,31 +7,32 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
+#include "epilogue_kernels.hpp"
+#include "gemm_plan.hpp"
 #include "layer_kernels.hpp"
 
 namespace ablate::cuda_layers {
 namespace {
+
+using gemm_plan::alignment_of;
+using gemm_plan::bias_grad_elements;
+using gemm_plan::epilogue_of;
 
 constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 
 std::string shape_of(const GemmCall& g) {
   return std::string("D(") + std::to_string(g.M) + "x" + std::to_string(g.N) + ") = " + (g.ta ? "A^T" : "A") + " " +
          (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) +
-         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") + ", " + to_string(g.mode);
+         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") +
+         (g.act == Activation::gelu_aux ? ", gelu" : g.act == Activation::dgelu ? ", dgelu" : "") +
+         (g.d_column_sums != nullptr || g.a_sums != nullptr ? ", bias gradient" : "") + ", " + to_string(g.mode);
 }
 
-// The largest power of two (up to 256) that divides the address: cuBLASLt's heuristic is told each
-// operand's alignment, so a pointer inside a buffer (a classifier chunk, an odd width) never gets a
-// kernel that assumes more.
-uint32_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  uint32_t al = 256;
-  while (al > 1 && a % al != 0) al /= 2;
-  return al;
-}
+
 
 // A and B as cuBLASLt reads them: the f32 operands, or (bf16) their packed bf16 copies.
 struct Operands {
@@ -78,20 +79,38 @@ class Context {
     if (handle_ != nullptr) cublasLtDestroy(handle_);
   }
 
-  void run(const GemmCall& g, cudaStream_t stream) {
+  // Runs the call with its epilogue fused; false (nothing enqueued) when cuBLASLt has no
+  // algorithm for that epilogue, and the caller does its work in passes of its own.
+  bool run(const GemmCall& g, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::string key = gemm_key(g);
+    if (unfusable_.count(key) != 0) return false;
     const Operands ops = operands(g, stream);
-    Plan& p = plan(g, ops);
-    if (g.bias != nullptr) {
-      const void* bias = g.bias;
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    Plan* p = plan(key, g, ops);
+    if (p == nullptr) {
+      unfusable_.insert(key);
+      return false;
+    }
+    // A bias gradient is written, not added: into scratch, then added to the caller's vector.
+    const int64_t grad_n = bias_grad_elements(g);
+    float* bias_grad = grad_n > 0 ? static_cast<float*>(bias_grad_.get(std::size_t(grad_n) * sizeof(float), stream)) : nullptr;
+    const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad) : static_cast<const void*>(g.bias);
+    if (bias != nullptr) {
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
+    }
+    if (g.act != Activation::none) {
+      const void* aux = g.aux;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", g);
     }
     // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
     const float* c = g.C != nullptr ? g.C : g.D;
-    check_lt(cublasLtMatmul(handle_, p.desc, &g.alpha, ops.B, p.a, ops.A, p.b, &g.beta, c, p.c, g.D, p.d, &p.algo, workspace_,
-                            kWorkspaceBytes, stream),
+    check_lt(cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D, p->d, &p->algo,
+                            workspace_, kWorkspaceBytes, stream),
              "cublasLtMatmul", g);
+    if (grad_n > 0) launch_copy_or_add(bias_grad, g.act == Activation::dgelu ? g.d_column_sums : g.a_sums, grad_n, true, stream);
+    return true;
   }
 
   int64_t built() {
@@ -117,10 +136,11 @@ class Context {
     return {a, a_cols, b, b_cols};
   }
 
-  Plan& plan(const GemmCall& g, const Operands& ops) {
-    const std::string key = gemm_key(g);
+  // The plan of a problem, built on first use; null when cuBLASLt has no algorithm for its fused
+  // epilogue (a plain product or bias with no algorithm is an error).
+  Plan* plan(const std::string& key, const GemmCall& g, const Operands& ops) {
     auto it = plans_.find(key);
-    if (it != plans_.end()) return *it->second;
+    if (it != plans_.end()) return it->second.get();
     auto p = std::make_unique<Plan>();
     check_lt(cublasLtMatmulDescCreate(&p->desc, g.mode == MatmulMode::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                                       CUDA_R_32F),
@@ -131,13 +151,28 @@ class Context {
              "cublasLtMatmulDescSetAttribute(TRANSA)", g);
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
              "cublasLtMatmulDescSetAttribute(TRANSB)", g);
-    if (g.bias != nullptr) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      const cudaDataType_t bias_type = CUDA_R_32F;
+    const cublasLtEpilogue_t epi = epilogue_of(g);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
                "cublasLtMatmulDescSetAttribute(EPILOGUE)", g);
+    }
+    if (g.bias != nullptr || bias_grad_elements(g) > 0) {
+      const cudaDataType_t bias_type = CUDA_R_32F;  // the output's type, as a bias gradient must be
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
+      // The heuristic reads the pointers' alignment: the real ones are set before each run, these
+      // (the bias, or the 256-byte aligned scratch a gradient goes to) align alike.
+      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : workspace_;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
+    }
+    if (g.act != Activation::none) {
+      const int64_t aux_ld = g.ldc;
+      const void* aux = g.aux;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)", g);
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", g);
     }
     const auto u = [](int64_t v) { return uint64_t(v); };
     // B's memory, column-major: (N, K) when not transposed (row-major (K, N)), else (K, N).
@@ -168,17 +203,21 @@ class Context {
       rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
+    const bool plain = epi == CUBLASLT_EPILOGUE_DEFAULT || epi == CUBLASLT_EPILOGUE_BIAS;
+    if (!plain && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) return nullptr;
     check_lt(rc, "cublasLtMatmulAlgoGetHeuristic", g);
     if (found == 0) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no algorithm for " + shape_of(g));
     p->algo = result.algo;
-    return *plans_.emplace(key, std::move(p)).first->second;
+    return plans_.emplace(key, std::move(p)).first->second.get();
   }
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   cuda::StreamScratch bf16_a_, bf16_b_;  // the bf16 copies of A and B (bf16 mode)
+  cuda::StreamScratch bias_grad_;         // a fused epilogue's bias gradient, before it is added
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
+  std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
 };
 
 Context& context() {
@@ -188,42 +227,42 @@ Context& context() {
 
 }  // namespace
 
-MatmulMode matmul_mode(const std::string& dtype) {
-  if (dtype == "tf32") return MatmulMode::tf32;
-  if (dtype == "bf16") return MatmulMode::bf16;
-  return MatmulMode::f32;
-}
 
-const char* to_string(MatmulMode mode) {
-  switch (mode) {
-    case MatmulMode::tf32: return "tf32";
-    case MatmulMode::bf16: return "bf16";
-    case MatmulMode::f32: break;
+
+namespace {
+
+// The epilogue's work in passes of its own, after a product with at most a bias: the GELU (its
+// pre-activation product first into aux), the GELU gradient, the bias gradients (as cuBLASLt
+// products with a ones vector, add_column_sums).
+void gemm_unfused(const GemmCall& g, cudaStream_t stream) {
+  if ((g.act != Activation::none && g.ldc != g.N) || (g.a_sums != nullptr && g.lda != g.M)) {
+    throw_runtime_error("cuda_layers gemm", "an unfused epilogue needs packed operands; got " + shape_of(g));
   }
-  return "f32";
+  GemmCall plain = g;
+  plain.act = Activation::none;
+  plain.aux = plain.d_column_sums = plain.a_sums = nullptr;
+  if (g.act == Activation::gelu_aux) plain.D = g.aux;
+  if (fused_epilogue(plain).empty()) {  // a bias that cannot be fused either: the product, then the bias
+    plain.bias = nullptr;
+    context().run(plain, stream);
+    if (g.bias != nullptr) launch_add_bias(plain.D, g.bias, g.M, g.N, stream);
+  } else {
+    context().run(plain, stream);
+  }
+  const int64_t n = g.M * g.N;
+  if (g.act == Activation::gelu_aux) launch_gelu_forward(g.aux, g.D, n, stream);
+  if (g.act == Activation::dgelu) launch_gelu_backward(g.aux, g.D, n, stream);
+  if (g.d_column_sums != nullptr) add_column_sums(g.D, g.d_column_sums, g.M, g.N, stream);
+  if (g.a_sums != nullptr) add_column_sums(g.A, g.a_sums, g.K, g.M, stream);
 }
 
-std::string gemm_key(const GemmCall& g) {
-  // The C operand's layout equals D's; whether C is D changes nothing in the plan. The heuristic is
-  // told each operand's alignment, so the key holds them (bf16 operands are packed copies, always
-  // 256-byte aligned, with their own leading dimensions).
-  const bool copies = g.mode == MatmulMode::bf16, b_copied = copies && g.B_bf16 == nullptr;
-  const auto al = [](const void* p) { return std::to_string(alignment_of(p)); };
-  const std::string lda = std::to_string(copies ? (g.ta ? g.M : g.K) : g.lda);
-  const std::string ldb = std::to_string(b_copied ? (g.tb ? g.K : g.N) : g.ldb);
-  return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
-         std::to_string(g.K) + " ld " + lda + "," + ldb + "," + std::to_string(g.ldc) + (g.bias != nullptr ? " bias " : " ") +
-         to_string(g.mode) + " align " + (copies ? "256" : al(g.A)) + "," +
-         (b_copied ? "256" : al(copies ? g.B_bf16 : g.B)) + "," + al(g.D) + "," +
-         al(g.C != nullptr ? g.C : g.D);
-}
+}  // namespace
 
 void gemm(const GemmCall& g, cudaStream_t stream) {
   if (g.M == 0 || g.N == 0) return;
-  if (g.M < 0 || g.N < 0 || g.K < 0 || g.D == nullptr || (g.K > 0 && (g.A == nullptr || g.B == nullptr))) {
-    throw_runtime_error("cuda_layers gemm", "invalid problem " + shape_of(g));
-  }
-  context().run(g, stream);
+  if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
+  if (!fused_epilogue(g).empty() && context().run(g, stream)) return;
+  gemm_unfused(g, stream);
 }
 
 int64_t gemm_plans_built() { return context().built(); }
@@ -237,8 +276,10 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
   return bytes;
 }
 
-void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream, MatmulMode mode) {
+namespace {
+
+// y(rows, out) = x(rows, in) W^T, W (out, in): the forward product of a dense layer.
+GemmCall x_wt_call(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, float* y, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.tb = true;
@@ -250,16 +291,13 @@ void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, 
   g.B = W.f32;
   g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
   g.ldb = in;
-  g.beta = beta;
-  g.C = c;
   g.D = y;
   g.ldc = out;
-  g.bias = bias;
-  gemm(g, stream);
+  return g;
 }
 
-void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
-               cudaStream_t stream, MatmulMode mode) {
+// dx(rows, in) = dy(rows, out) W: the input-gradient product of a dense layer.
+GemmCall dy_w_call(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, float* dx, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.M = rows;
@@ -270,14 +308,49 @@ void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W,
   g.B = W.f32;
   g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
   g.ldb = in;
-  g.beta = accumulate ? 1.0f : 0.0f;
   g.D = dx;
   g.ldc = in;
+  return g;
+}
+
+}  // namespace
+
+void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
+               float beta, float* y, cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
+  g.beta = beta;
+  g.C = c;
+  g.bias = bias;
   gemm(g, stream);
 }
 
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream,
-                    MatmulMode mode) {
+void gemm_x_wt_gelu(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
+                    float* y, cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
+  g.bias = bias;
+  g.act = Activation::gelu_aux;
+  g.aux = pre;
+  gemm(g, stream);
+}
+
+void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
+               cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
+  g.beta = accumulate ? 1.0f : 0.0f;
+  gemm(g, stream);
+}
+
+void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
+                     float* db, cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, dpre, mode);
+  g.act = Activation::dgelu;
+  g.aux = const_cast<float*>(pre);  // read only under dgelu
+  g.d_column_sums = db;
+  gemm(g, stream);
+}
+
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, float* db,
+                    cudaStream_t stream, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.ta = true;
@@ -291,6 +364,7 @@ void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, cons
   g.beta = 1.0f;
   g.D = dW;
   g.ldc = in;
+  g.a_sums = db;
   gemm(g, stream);
 }
 

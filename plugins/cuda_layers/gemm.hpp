@@ -38,6 +38,12 @@ struct Weight {
   const void* bf16 = nullptr;  // null: none (f32 and tf32 runs, or a model without a copy)
 };
 
+// What the product's epilogue does besides the optional bias (cuBLASLt's GELU epilogues use the
+// tanh approximation, as dense_math.hpp's gelu_out does):
+//   gelu_aux  D = gelu(product + bias), the pre-activation (product + bias) written to `aux`
+//   dgelu     D = product * gelu'(aux), aux being the forward's pre-activation
+enum class Activation : uint8_t { none, gelu_aux, dgelu };
+
 struct GemmCall {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0;
@@ -52,7 +58,23 @@ struct GemmCall {
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
   const void* B_bf16 = nullptr;  // bf16 mode: B already in bf16 (same layout and ldb), read in place of a copy
+  Activation act = Activation::none;
+  float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it
+  float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
+  float* a_sums = nullptr;         // ta only: (M) += sums of A's rows over K (a weight-gradient product's
+                                   // bias gradient, dy summed over the batch's rows)
 };
+
+// How cuBLASLt's epilogue serves a call: the fused epilogue's name ("DEFAULT", "BIAS",
+// "GELU_AUX_BIAS", "DGELU_BGRAD", "BGRADB", ...), or "" when the call's layout rules it out (a
+// GELU matrix's leading dimension must be a multiple of 8; the bias and the GELU matrix 16-byte
+// aligned) and gemm() does the epilogue's work in passes of its own after a plain product. A fused epilogue for which cuBLASLt finds no algorithm falls
+// back in the same way (once per problem).
+std::string fused_epilogue(const GemmCall& g);
+
+// Why gemm() refuses a call ("" = served): a negative size, a missing operand, K = 0 (an empty
+// sum), an epilogue without the matrix or layout it needs.
+std::string gemm_refusal(const GemmCall& g);
 
 // Enqueues the product on `stream`; errors name the call, the shape and cuBLASLt's message.
 void gemm(const GemmCall& g, cudaStream_t stream);
@@ -61,11 +83,19 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
 void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode);
+//   y(rows, out)  = gelu(pre), pre = x W^T + bias written too (the first product of a GELU MLP)
+void gemm_x_wt_gelu(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
+                    float* y, cudaStream_t stream, MatmulMode mode);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);
-//   dW(out, in)  += dy^T x
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, cudaStream_t stream, MatmulMode mode);
+//   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
+//   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
+void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
+                     float* db, cudaStream_t stream, MatmulMode mode);
+//   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, float* db,
+                    cudaStream_t stream, MatmulMode mode);
 
 // Device memory the products of a dense layer of `rows` x `in` -> `out` hold beyond their
 // operands: cuBLASLt's workspace and, in bf16 mode, the packed copies of the largest A and B among

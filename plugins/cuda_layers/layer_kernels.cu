@@ -21,8 +21,10 @@ namespace {
 using cuda::blocks_for;
 using cuda::kThreads;
 
-// Device memory the kernels need beyond their arguments (sort buffers, a ones vector), each slot
-// grown on the stream and kept (cuda::StreamScratch).
+enum WorkSlot { kKeysIn, kKeysOut, kValsIn, kValsOut, kSortTemp, kOnes, kScatterPartials, kWorkSlots };
+
+// Device memory the kernels need beyond their arguments (sort buffers, a ones vector, the
+// scatter's partial sums), each slot grown on the stream and kept (cuda::StreamScratch).
 class Workspace {
  public:
   void* bytes(int slot, std::size_t n, cudaStream_t stream) { return slots_[slot].get(n, stream); }
@@ -30,10 +32,8 @@ class Workspace {
   std::mutex mu;
 
  private:
-  cuda::StreamScratch slots_[6];
+  cuda::StreamScratch slots_[kWorkSlots];
 };
-
-enum WorkSlot { kKeysIn, kKeysOut, kValsIn, kValsOut, kSortTemp, kOnes };
 
 Workspace& workspace() {
   static Workspace ws;  // freed by the driver at exit
@@ -105,22 +105,71 @@ __global__ void add_rows_kernel(const int32_t* index, const float* table, const 
   }
 }
 
-// Block b handles the run of equal indices that starts at sorted position b (other blocks exit):
-// its threads own columns and add the run's rows in row order (the sort is stable).
-__global__ void scatter_runs_kernel(const int32_t* sorted_index, const int32_t* sorted_row, const float* d, float* grads,
-                                    int64_t rows, int64_t cols, int64_t limit, DropoutArgs drop) {
-  const int64_t start = blockIdx.x;
-  if (start >= rows) return;
-  const int32_t t = sorted_index[start];
-  if ((start > 0 && sorted_index[start - 1] == t) || t < 0 || t >= limit) return;
-  int64_t end = start + 1;
-  while (end < rows && sorted_index[end] == t) ++end;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+// The scatter-add over the rows sorted by index (stable, so each index's rows are in row order),
+// in two stages. The sorted positions are cut into chunks of kScatterChunk; a chunk holds segments
+// of equal index (its runs, cut at the chunk's edges).
+//
+// Stage 1: block (chunk, column tile), one thread a column (a warp reads 32 consecutive columns of
+// a row), sums each segment's rows in order. A run wholly inside the chunk is added into its table
+// row here. A piece of a run that crosses a chunk edge goes to the chunk's partials instead
+// (partials[(2 chunk + slot) * cols + c]): slot 0 the chunk's first segment when its run began in
+// an earlier chunk, slot 1 the last segment when its run goes on into the next chunk (a segment
+// that is both, a run spanning the chunk, is slot 0). Indices outside [0, limit) are skipped.
+constexpr int kScatterChunk = 256;
+
+__global__ void scatter_chunks_kernel(const int32_t* sorted_index, const int32_t* sorted_row, const float* d, float* grads,
+                                      float* partials, int64_t rows, int64_t cols, int64_t limit, DropoutArgs drop) {
+  __shared__ int32_t s_index[kScatterChunk], s_row[kScatterChunk];
+  const int64_t chunk = blockIdx.x, lo = chunk * kScatterChunk;
+  const int n = rows - lo < kScatterChunk ? int(rows - lo) : kScatterChunk;
+  for (int k = int(threadIdx.x); k < n; k += int(blockDim.x)) {
+    s_index[k] = sorted_index[lo + k];
+    s_row[k] = sorted_row[lo + k];
+  }
+  __syncthreads();
+  const bool from_before = lo > 0 && sorted_index[lo - 1] == s_index[0];
+  const bool into_next = lo + n < rows && sorted_index[lo + n] == s_index[n - 1];
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < cols; c += int64_t(gridDim.y) * blockDim.x) {
     float acc = 0.0f;
-    for (int64_t k = start; k < end; ++k) {
-      const int64_t i = int64_t(sorted_row[k]) * cols + c;
-      acc += d[i] * dropout_factor(drop.key, uint64_t(i), drop.p, drop.scale);
+    int start = 0;  // the current segment's first position in the chunk
+    for (int k = 0; k < n; ++k) {
+      const int32_t t = s_index[k];
+      const bool valid = t >= 0 && t < limit;
+      if (valid) {
+        const int64_t i = int64_t(s_row[k]) * cols + c;
+        acc += d[i] * dropout_factor(drop.key, uint64_t(i), drop.p, drop.scale);
+      }
+      if (k + 1 < n && s_index[k + 1] == t) continue;  // the segment goes on
+      if (valid) {
+        if (start == 0 && from_before) {
+          partials[2 * chunk * cols + c] = acc;
+        } else if (k + 1 == n && into_next) {
+          partials[(2 * chunk + 1) * cols + c] = acc;
+        } else {
+          grads[int64_t(t) * cols + c] += acc;
+        }
+      }
+      acc = 0.0f;
+      start = k + 1;
     }
+  }
+}
+
+// Stage 2: block (chunk, column tile). The block of the chunk where a run crossing chunk edges
+// begins (the others exit) adds that chunk's slot-1 partial and then the slot-0 partial of each
+// following chunk up to the one where the run ends, in chunk order, into the run's table row.
+__global__ void scatter_crossing_runs_kernel(const int32_t* sorted_index, const float* partials, float* grads, int64_t rows,
+                                             int64_t cols, int64_t limit) {
+  const int64_t chunk = blockIdx.x, lo = chunk * kScatterChunk, hi = lo + kScatterChunk;
+  if (hi >= rows) return;  // the last chunk: no run goes on past it
+  const int32_t t = sorted_index[hi - 1];
+  if (sorted_index[hi] != t || t < 0 || t >= limit) return;  // the chunk's last run ends in it, or is skipped
+  if (lo > 0 && sorted_index[lo] == t && sorted_index[lo - 1] == t) return;  // the run began in an earlier chunk
+  int64_t last = chunk + 1;  // the chunk where the run ends
+  while ((last + 1) * kScatterChunk < rows && sorted_index[(last + 1) * kScatterChunk] == t) ++last;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < cols; c += int64_t(gridDim.y) * blockDim.x) {
+    float acc = partials[(2 * chunk + 1) * cols + c];
+    for (int64_t j = chunk + 1; j <= last; ++j) acc += partials[2 * j * cols + c];
     grads[int64_t(t) * cols + c] += acc;
   }
 }
@@ -248,8 +297,18 @@ void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_
   void* temp = ws.bytes(kSortTemp, temp_bytes, stream);
   ABLATE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, index, keys_out, vals_in, vals_out, int(rows), 0,
                                                     int(sizeof(int32_t) * 8), stream));
+  // (chunks, column tiles) blocks of up to 256 threads, one a column, for both stages; a single
+  // chunk has no run crossing an edge, so no partials and no stage 2.
+  const int64_t chunks = (rows + kScatterChunk - 1) / kScatterChunk;
   const unsigned threads = cols >= 256 ? 256u : unsigned((cols + 31) / 32 * 32);
-  scatter_runs_kernel<<<unsigned(rows), threads, 0, stream>>>(keys_out, vals_out, d, grads, rows, cols, limit, drop);
+  const int64_t tiles = (cols + threads - 1) / threads;
+  const dim3 grid(unsigned(chunks), unsigned(tiles < 65535 ? tiles : 65535));
+  float* partials = nullptr;
+  if (chunks > 1) {
+    partials = static_cast<float*>(ws.bytes(kScatterPartials, std::size_t(2 * chunks * cols) * sizeof(float), stream));
+  }
+  scatter_chunks_kernel<<<grid, threads, 0, stream>>>(keys_out, vals_out, d, grads, partials, rows, cols, limit, drop);
+  if (chunks > 1) scatter_crossing_runs_kernel<<<grid, threads, 0, stream>>>(keys_out, partials, grads, rows, cols, limit);
 }
 
 namespace {

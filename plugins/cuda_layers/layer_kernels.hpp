@@ -34,9 +34,11 @@ void launch_gather_rows(const int32_t* index, const float* table, float* y, int6
 // y = x + table[index[r], :] (y may alias x); out-of-range index as above.
 void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
                      int64_t limit, cudaStream_t stream);
-// grads[index[r], :] += d[r, :] * mask for every row, deterministically: rows are sorted by index
-// (stable), and each index's rows are summed in row order by one thread per column. Rows whose
-// index is outside [0, limit) are skipped.
+// grads[index[r], :] += d[r, :] * mask for every row, deterministically (no atomics, the same every
+// run): rows are sorted by index (stable); the sorted rows are cut into fixed chunks of 256, each
+// chunk's runs of equal index summed in row order by one thread per column, a run that crosses
+// chunk edges through per-chunk partials summed in chunk order. Table rows no index names are not
+// touched; rows whose index is outside [0, limit) are skipped.
 void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
                       DropoutArgs drop, cudaStream_t stream);
 // dst (rows, cols), packed, = the bf16 rounding (bf16_bits) of src (rows, cols) with leading

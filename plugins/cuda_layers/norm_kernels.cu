@@ -1,6 +1,11 @@
 // The norms on a CUDA device, f32 (see norm_math.hpp for the arithmetic). Forward and the input
-// gradient: one warp per row, statistics by warp shuffles. Parameter gradients: one thread per
-// column summing over the rows in order, so they are the same every run (no atomics).
+// gradient: one warp per row, statistics by warp shuffles. Parameter gradients: a two-stage column
+// sum in a fixed order (no atomics), so they are the same every run: chunks of rows summed in row
+// order into partials, then the partials of each column summed in chunk order.
+#include <cstddef>
+#include <mutex>
+
+#include "ablate/cuda_check.hpp"
 #include "norm_kernels.hpp"
 #include "norm_math.hpp"
 
@@ -73,21 +78,77 @@ __global__ void norm_input_grad_kernel(bool rms, const float* x, const float* w,
   }
 }
 
-// dw[c] += sum_r dy[r, c] xhat[r, c]; db[c] += sum_r dy[r, c] (rows in order).
-__global__ void norm_param_grad_kernel(bool rms, const float* x, const float* dy, const float* saved, float* dw, float* db,
-                                       int64_t rows, int64_t in) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= in) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float mean = rms ? 0.0f : saved[r];
-    const float rstd = rms ? saved[r] : saved[rows + r];
-    const float g = dy[r * in + c];
-    sw += g * (x[r * in + c] - mean) * rstd;
-    sb += g;
+// dw[c] += sum_r dy[r, c] xhat[r, c]; db[c] += sum_r dy[r, c], in two stages.
+//
+// Stage 1: block (chunk, column tile) sums the rows [chunk * kChunkRows, + kChunkRows) in row
+// order, one thread per column (a warp reads 32 consecutive columns of a row), into
+// partials[chunk * width + c] (dw's terms) and partials[chunk * width + in + c] (db's; width is in
+// or 2 in). With a single chunk (partials null) it adds straight into dw and db instead: the sum
+// over the rows in order, as one pass.
+constexpr int64_t kChunkRows = 256;
+
+__global__ void norm_param_chunk_kernel(bool rms, const float* x, const float* dy, const float* saved, int64_t rows, int64_t in,
+                                        float* partials, int64_t width, float* dw, float* db) {
+  const int64_t chunk = blockIdx.x, lo = chunk * kChunkRows;
+  const int64_t hi = rows - lo < kChunkRows ? rows : lo + kChunkRows;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < in; c += int64_t(gridDim.y) * blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll 4
+    for (int64_t r = lo; r < hi; ++r) {
+      const float mean = rms ? 0.0f : saved[r];
+      const float rstd = rms ? saved[r] : saved[rows + r];
+      const float g = dy[r * in + c];
+      sw += g * (x[r * in + c] - mean) * rstd;
+      sb += g;
+    }
+    if (partials != nullptr) {
+      float* p = partials + chunk * width;
+      p[c] = sw;
+      if (db != nullptr) p[in + c] = sb;
+    } else {
+      dw[c] += sw;
+      if (db != nullptr) db[c] += sb;
+    }
   }
-  dw[c] += sw;
-  if (db != nullptr) db[c] += sb;
+}
+
+// Stage 2: block (kSumCols columns, kSumLanes lanes) over `width` partial columns; lane l sums the
+// chunks [l * per, (l + 1) * per) in chunk order, then lane 0 adds the lanes' sums in lane order
+// (so the chunks in order, grouped) and adds the total into dw (column j < in) or db (j - in).
+constexpr int kSumCols = 32, kSumLanes = 32;
+
+__global__ void sum_chunk_partials_kernel(const float* partials, int64_t chunks, int64_t width, int64_t in, float* dw, float* db) {
+  __shared__ float lane_sums[kSumLanes][kSumCols];
+  const int64_t j = int64_t(blockIdx.x) * kSumCols + threadIdx.x;
+  const int64_t per = (chunks + kSumLanes - 1) / kSumLanes;
+  const int64_t k0 = int64_t(threadIdx.y) * per;
+  const int64_t k1 = chunks - k0 < per ? chunks : k0 + per;
+  float s = 0.0f;
+  if (j < width) {
+    for (int64_t k = k0; k < k1; ++k) s += partials[k * width + j];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < width) {
+    float total = lane_sums[0][threadIdx.x];
+    for (int l = 1; l < kSumLanes; ++l) total += lane_sums[l][threadIdx.x];
+    if (j < in) {
+      dw[j] += total;
+    } else {
+      db[j - in] += total;
+    }
+  }
+}
+
+// The partials of the parameter gradients, grown on the stream and kept (cuda::StreamScratch).
+struct PartialsScratch {
+  std::mutex mu;
+  cuda::StreamScratch partials;
+};
+
+PartialsScratch& partials_scratch() {
+  static PartialsScratch s;  // freed by the driver at exit
+  return s;
 }
 
 unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
@@ -102,12 +163,29 @@ void launch_norm_forward(bool rms, const float* x, const float* w, const float* 
 
 void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx,
                           bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
-  if (rows == 0) return;
+  if (rows == 0 || in == 0) return;
   if (dx != nullptr) {
     norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,
                                                                                   rows, in);
   }
-  norm_param_grad_kernel<<<unsigned((in + 255) / 256), 256, 0, stream>>>(rms, x, dy, saved, dw, db, rows, in);
+  // Stage 1: (chunks, column tiles) blocks of up to 256 threads, one a column.
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  if (chunks > INT32_MAX) throw_runtime_error("cuda_layers", "too many rows for the norm's parameter gradients");
+  const unsigned threads = in >= 256 ? 256u : unsigned((in + 31) / 32 * 32);
+  const int64_t tiles = (in + threads - 1) / threads;
+  const dim3 grid(unsigned(chunks), unsigned(tiles < 65535 ? tiles : 65535));
+  if (chunks == 1) {
+    norm_param_chunk_kernel<<<grid, threads, 0, stream>>>(rms, x, dy, saved, rows, in, nullptr, 0, dw, db);
+    return;
+  }
+  const int64_t width = db != nullptr ? 2 * in : in;
+  PartialsScratch& scratch = partials_scratch();
+  std::lock_guard<std::mutex> lock(scratch.mu);  // the buffer is not regrown under the two launches
+  auto* partials = static_cast<float*>(scratch.partials.get(std::size_t(chunks * width) * sizeof(float), stream));
+  norm_param_chunk_kernel<<<grid, threads, 0, stream>>>(rms, x, dy, saved, rows, in, partials, width, dw, db);
+  // Stage 2: a block of kSumCols x kSumLanes threads per kSumCols partial columns.
+  sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
+      partials, chunks, width, in, dw, db);
 }
 
 }  // namespace ablate::cuda_layers

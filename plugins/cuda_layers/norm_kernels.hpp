@@ -1,6 +1,8 @@
 // Launchers of the norm kernels (norm_kernels.cu), f32, on the given stream, never synchronising.
 // Shapes: x, y, dy, dx (rows, in); w, b, dw, db (in); saved: layernorm mean then rstd (2 * rows),
 // rmsnorm rstd (rows). bias may be null; dx may be null (no input gradient); accumulate adds into dx.
+// dw, db (db may be null) are always added into: column sums over the rows, deterministic (chunks
+// of 256 rows summed in row order into partials, then the partials summed in chunk order).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -67,6 +67,10 @@ std::string problem_refusal(const AttentionProblem& p) {
   if (p.batch < 0 || p.seq_len < 0 || p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) {
     return "cudnn_flash needs batch and seq_len >= 0 and heads, kv_heads, head_dim > 0; got " + describe(p);
   }
+  if (p.seq_len == 1) {
+    return "cudnn_flash needs seq_len >= 2 (cuDNN's flash backward refuses one query against one key); got " +
+           describe(p);
+  }
   if (p.heads % p.kv_heads != 0) {
     return "cudnn_flash needs heads to be a multiple of kv_heads; got heads " + std::to_string(p.heads) +
            ", kv_heads " + std::to_string(p.kv_heads);

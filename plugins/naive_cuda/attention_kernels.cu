@@ -22,7 +22,9 @@ __global__ void segment_starts_kernel(const int32_t* segments, const int32_t* ro
   const int32_t b = blockIdx.x;
   for (int32_t s = row_segments[b]; s < row_segments[b + 1]; ++s) {
     const int32_t start = segments[2 * s], length = segments[2 * s + 1];
-    for (int32_t t = threadIdx.x; t < length; t += blockDim.x) seg_start[int64_t(b) * T + start + t] = start;
+    if (start < 0 || start >= T) continue;  // never in a batch the batchers make; no write outside the row
+    const int32_t end = length < T - start ? length : T - start;
+    for (int32_t t = threadIdx.x; t < end; t += blockDim.x) seg_start[int64_t(b) * T + start + t] = start;
   }
 }
 

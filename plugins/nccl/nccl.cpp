@@ -1,6 +1,6 @@
 // The `nccl` communicator: data parallelism over GPUs, one process per GPU, on device buffers.
 // Rank and world come from MPI (mpirun or srun starts the processes), the GPU from the local rank
-// (cudaSetDevice(local_rank)), and rank 0's NCCL unique id reaches the others by MPI broadcast.
+// (launch::gpu_ordinal, as the cuda device chooses), and rank 0's NCCL unique id reaches the others by MPI broadcast.
 // all_reduce and reduce_scatter reduce f32, f64, bf16, f16 and i32 (sum, max); broadcast and
 // all_gather move any dtype. Collectives run on the communicator's own stream. Given the model's
 // stream (Communicator::set_stream, as the engine does), a collective waits on the GPU for the work
@@ -68,15 +68,10 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
 
     int devices = 0;
     ABLATE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (where_.local_rank >= devices) {
-      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-      ablate::throw_runtime_error(prefix(), "local rank " + std::to_string(where_.local_rank) + " needs GPU " +
-                                                std::to_string(where_.local_rank) + " but " + std::to_string(devices) +
-                                                " are visible (CUDA_VISIBLE_DEVICES=" +
-                                                (visible != nullptr ? visible : "unset") +
-                                                "): start one process per GPU on each machine");
-    }
-    device_ = where_.local_rank;
+    if (devices == 0) ablate::throw_runtime_error(prefix(), "no CUDA device is visible to this process");
+    // The cuda device's choice (launch::gpu_ordinal from the launcher's local rank), so the model's
+    // buffers and the collectives are on one GPU. Two ranks on one GPU are NCCL's to refuse.
+    device_ = ablate::launch::gpu_ordinal(ablate::launch::read_launch_env(), devices);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
 
     // Rank 0 makes the unique id; MPI carries it to the others, against the same deadline as a collective.

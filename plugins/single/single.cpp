@@ -13,6 +13,7 @@ class SingleCommunicator final : public ablate::Communicator {
  public:
   int rank() const override { return 0; }
   int world() const override { return 1; }
+  bool moves_data() const override { return false; }
   int local_rank() const override { return 0; }
   int local_world() const override { return 1; }
   void abort_job_at_exit(int, const std::string&) override {}

@@ -27,6 +27,11 @@ for base in (list(spec.submodule_search_locations) if spec else []):
 PY
 }
 ablate_cuda_dirs=$(nvidia_lib_dirs | paste -sd: -)
+# Then the toolkit's own libraries, for a machine whose loader cache does not list them (the wheels
+# come first: they are what the machine's PyTorch, the bench's peer, loads too).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && ablate_cuda_dirs="${ablate_cuda_dirs:+$ablate_cuda_dirs:}$d"
+done
 if [ -n "$ablate_cuda_dirs" ]; then export LD_LIBRARY_PATH="$ablate_cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 
 # Where each CUDA library the plugins need was found, or that it was not.

@@ -243,6 +243,7 @@ TEST_CASE("supports: refusals with their reasons, answered without a GPU") {
   refuses(problem(2, 64, 5, 2, 64, true), "multiple of kv_heads");
   refuses(problem(2, 64, 4, 0, 64, true), "kv_heads");
   refuses(problem(64, 8192, 64, 8, 128, true), "2^31");
+  refuses(problem(4, 1, 4, 4, 64, true), "seq_len >= 2");
   CHECK(a.saved_elements(problem(3, 77, 6, 2, 64, true)) == 3 * 77 * 6);
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (bool packed : {false, true}) {

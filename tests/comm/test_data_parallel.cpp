@@ -177,6 +177,20 @@ TEST_CASE("gradient buckets reduced during the backward pass give the flat reduc
   }
 }
 
+TEST_CASE("one mpi rank runs the gradient buckets and gives single's losses bit for bit") {
+  // A world of one: every collective is the identity on the values, but the buckets, the hook in
+  // the backward pass and join() run, as they do for a one-rank nccl job measured against single.
+  TempDir tmp;
+  const std::string args = " --set run.bucket_mb=0.004 --set run.threads=1";
+  const fs::path a = tmp.path() / "single", b = tmp.path() / "mpi1";
+  REQUIRE(one_process(args + " --run-dir " + a.string()).exit_code == 0);
+  const auto rb = n_ranks(1, args + " --set run.communicator=mpi --run-dir " + b.string());
+  INFO(rb.output);
+  REQUIRE(rb.exit_code == 0);
+  CHECK(rb.output.find("gradients reduced in 31 buckets") != std::string::npos);
+  require_same_losses(a, b, 0.0);
+}
+
 TEST_CASE("ZeRO-1 with adamw8bit follows plain data parallel within the quantisation error") {
   // A slice cut by a shard boundary is quantized in blocks that start at the boundary, so the codes
   // differ from plain data parallel's and the runs agree only approximately (measured: at most

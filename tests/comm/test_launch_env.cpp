@@ -70,6 +70,17 @@ TEST_CASE("a missing local rank is reported as unknown") {
   CHECK(e.local_rank == -1);
 }
 
+TEST_CASE("the GPU of a process is its local rank modulo the visible GPUs, else GPU 0") {
+  const LaunchEnv third = read({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
+  CHECK(ablate::launch::gpu_ordinal(third, 8) == 2);  // a machine showing all its GPUs
+  CHECK(ablate::launch::gpu_ordinal(third, 1) == 0);  // srun --gpus-per-task=1: each task sees its own
+  CHECK(ablate::launch::gpu_ordinal(third, 2) == 0);  // more local ranks than GPUs: shared
+  CHECK(ablate::launch::gpu_ordinal(read({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), 8) == 0);
+  CHECK(ablate::launch::gpu_ordinal(read({}), 4) == 0);  // no launcher
+  CHECK(ablate::launch::gpu_ordinal(third, 0) == 0);
+}
+
 TEST_CASE("a rank without a world size is an error naming the missing variable") {
   CHECK(error_of({{"SLURM_PROCID", "0"}}).find("SLURM_NTASKS") != std::string::npos);
 }

@@ -4,8 +4,9 @@
 //   adamw_fused (cuda) == adamw (cpu), parameters and both moments bit for bit, every step;
 //   adamw8bit (cuda) == adamw8bit (cpu), parameters, codes and absmax bit for bit, every step (the
 //   fraction of identical codes is printed: the kernel's arithmetic is the reference's, so 1.0);
-//   non-finite gradients are skipped and counted alike; a state saved on the device continues on
-//   the CPU as if it had never moved. Exits 77 (CTest: skipped) without a CUDA device.
+//   non-finite gradients are skipped and counted alike; the bf16 copy a device step writes when
+//   given one is the bf16 rounding of every new parameter (and untouched when not given); a state
+//   saved on the device continues on the CPU as if it had never moved. Exits 77 (CTest: skipped) without a CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ablate/cuda_check.hpp"
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/registry.hpp"
@@ -102,6 +104,12 @@ double compare(Setup& s, const std::string& cpu_name, const std::string& gpu_nam
   std::vector<float> p_cpu = p;
   cuda::DeviceBuffer<float> p_dev, g_dev;
   p_dev.upload(p.data(), n);
+  // The bf16 copy a device optimizer writes in its pass (writes_bf16), given on odd steps only: an
+  // even step must leave it as it was.
+  REQUIRE(gpu->writes_bf16());
+  cuda::DeviceBuffer<uint16_t> copy_dev;
+  std::vector<uint16_t> copy_before(n, 0xFFFFu);  // a NaN pattern no rounding produces from these values
+  copy_dev.upload(copy_before.data(), n);
   double same_codes = 0, codes = 0;
   for (int step = 1; step <= steps; ++step) {
     CAPTURE(step);
@@ -115,11 +123,21 @@ double compare(Setup& s, const std::string& cpu_name, const std::string& gpu_nam
     ABLATE_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy-stream upload, before the step's own stream
     // As the engine calls it: on the model's non-blocking stream, with a clipping factor every other step.
     const StepArgs args{1e-3 * (1.0 + 0.1 * step), step, step % 2 == 0 ? 0.37f : 1.0f, s.stream};
+    StepArgs device_args = args;
+    if (step % 2 == 1) device_args.params_bf16 = copy_dev.data();
     cpu->step(table, host_view(p_cpu), host_view(g), args);
-    gpu->step(table, device_view(p_dev), device_view(g_dev), args);
+    gpu->step(table, device_view(p_dev), device_view(g_dev), device_args);
     ABLATE_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     const std::vector<float> p_gpu = download(p_dev);
     REQUIRE(same_bits(p_cpu.data(), p_gpu.data(), n * sizeof(float)));
+    std::vector<uint16_t> copy(n);
+    copy_dev.download(copy.data());
+    int64_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += copy[i] != (step % 2 == 1 ? device_math::bf16_bits(p_cpu[i]) : copy_before[i]) ? 1 : 0;
+    }
+    CHECK(wrong == 0);
+    copy_before = copy;
     CHECK(cpu->skipped_nonfinite() == gpu->skipped_nonfinite());
     const std::vector<NamedTensor> sc = cpu->save_state(), sg = gpu->save_state();
     REQUIRE(sc.size() == sg.size());

@@ -81,6 +81,10 @@ class Communicator : public Component {
   // communicators ignore it.
   void set_stream(void* stream) noexcept { stream_ = stream; }
   void* stream() const noexcept { return stream_; }
+  // Whether collectives do work even in a world of one rank (false only for `single`, whose
+  // collectives are the identity): the engine then runs its gradient buckets at any world size,
+  // so a one-rank nccl run measures the machinery's cost against single.
+  virtual bool moves_data() const { return true; }
   // Every collective issued so far is complete and the model's stream is ordered after them; a
   // collective that fails or times out throws here. No-op where collectives complete on return.
   virtual void join() {}

@@ -96,8 +96,11 @@ class StreamScratch {
   // At least `bytes` bytes (contents unspecified after growth).
   void* get(std::size_t bytes, cudaStream_t stream) {
     if (size_ < bytes) {
+      // Emptied first: if the allocation throws, a later smaller request grows again rather than
+      // getting a null pointer.
       if (ptr_ != nullptr) ABLATE_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
       ptr_ = nullptr;
+      size_ = 0;
       ABLATE_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
       size_ = bytes;
       grown_ = true;

@@ -7,7 +7,8 @@
 //   2. forward and backward of each micro-batch, accumulating into the gradient buffer;
 //   3. the gradient all-reduced (plain data parallel) or reduce-scattered (ZeRO-1: each rank keeps
 //      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars.
-//      With [run] bucket_mb > 0 and several ranks, the last micro-batch's backward pass reduces
+//      With [run] bucket_mb > 0 and a communicator that moves data (any but `single`, even with
+//      one rank), the last micro-batch's backward pass reduces
 //      each gradient bucket (buckets.hpp) as soon as its last write is done: all_reduce, or under
 //      ZeRO-1 a reduce of each of its shard pieces to the piece's owner;
 //   4. the global gradient norm, and clipping to optimizer.grad_clip;

@@ -89,4 +89,13 @@ inline LaunchEnv read_launch_env(const EnvLookup& env = process_env) {
   return {};
 }
 
+// The GPU a process uses among the `visible` ones: its local rank modulo their number (one GPU per
+// process on a machine showing them all; GPU 0 when the launcher shows each task only its own, as
+// Slurm's --gpus-per-task=1 does; several processes per GPU when there are more local ranks than
+// GPUs), GPU 0 when the launcher says no local rank. The cuda device and the nccl communicator
+// both choose by it, so their buffers and collectives are on the same GPU.
+inline int gpu_ordinal(const LaunchEnv& env, int visible) {
+  return env.local_rank > 0 && visible > 0 ? env.local_rank % visible : 0;
+}
+
 }  // namespace ablate::launch

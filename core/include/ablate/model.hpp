@@ -96,6 +96,8 @@ class Model {
   // The flat fp32 buffers on the model's device (num_params() elements each).
   TensorView params();
   TensorView grads();
+  // The bf16 copy of params() that bf16 products read (run.dtype = "bf16"); an empty view otherwise.
+  TensorView params_bf16();
   // Checkpoints, export and tests: the parameters (or gradients) through host memory.
   void copy_params_to_host(std::vector<float>& out);
   void copy_grads_to_host(std::vector<float>& out);
@@ -124,7 +126,8 @@ class Model {
   int64_t state_bytes() const noexcept;
   // run.dtype = "bf16": the bf16 copy of the parameters that the layers' products read is made
   // again from the fp32 master weights; every change of params() must be followed by this (the
-  // model's own init and load do it; the engine calls it after each optimizer step).
+  // model's own init and load do it; the engine calls it after each optimizer step whose optimizer
+  // did not write the copy itself, Optimizer::writes_bf16).
   void params_changed();
   // fp32 matrix-product rate of the linear layer on the model's device (TFLOP/s): the peak for MFU
   // where the device has no table entry (a CPU).

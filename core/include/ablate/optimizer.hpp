@@ -17,6 +17,9 @@ struct StepArgs {
   float grad_scale = 1.0f;  // the gradient used is grads * grad_scale, one fp32 multiply per element
                             // (norm clipping, applied in the update's pass rather than a pass of its own)
   void* stream = nullptr;   // the model's device queue (Device::stream(); cuda: a cudaStream_t), null on the CPU
+  void* params_bf16 = nullptr;  // given only to an optimizer that writes_bf16(): the bf16 copy of the
+                                // parameters (same offsets as params, on the same device), which the
+                                // step writes from each new value (device_math::bf16_bits) in its pass
 };
 
 class Optimizer : public Component {
@@ -27,6 +30,9 @@ class Optimizer : public Component {
   // One step: params -= update(grads * grad_scale). On a device it is enqueued on args.stream and
   // returns without waiting for it.
   virtual void step(const ParamTable& table, TensorView params, TensorView grads, const StepArgs& args) = 0;
+  // Whether step() writes StepArgs::params_bf16 (a model whose bf16 products read a copy of the
+  // parameters then skips its own conversion pass after the step).
+  virtual bool writes_bf16() const { return false; }
   // The same with grad_scale 1 on the default queue.
   void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step_number) {
     step(table, params, grads, StepArgs{lr, step_number, 1.0f, nullptr});

@@ -1,0 +1,162 @@
+// The host side of the CUDA layers' cuBLASLt products, without a GPU (plugins/cuda_layers/
+// gemm_plan.cpp): which epilogue each dense-layer product gets at GPT-2's sizes and at sizes that
+// rule fusing out, that the plan-cache key tells apart every call whose plan differs (epilogue,
+// bias and GELU-matrix alignment, mode), and the calls gemm() refuses.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gemm.hpp"
+
+using namespace ablate;
+using namespace ablate::cuda_layers;
+
+namespace {
+
+// Fake device addresses: only their alignment is read.
+const float* at(uintptr_t address) { return reinterpret_cast<const float*>(address); }
+float* at_mut(uintptr_t address) { return reinterpret_cast<float*>(address); }
+
+// GPT-2's first MLP product, rows 8192: x (rows, 768) W^T (768 -> 3072) + b.
+GemmCall fc_forward(int64_t hidden = 3072) {
+  GemmCall g;
+  g.tb = true;
+  g.M = 8192;
+  g.N = hidden;
+  g.K = 768;
+  g.A = at(0x10000);
+  g.lda = 768;
+  g.B = at(0x20000);
+  g.ldb = 768;
+  g.D = at_mut(0x30000);
+  g.ldc = hidden;
+  g.bias = at(0x40000);
+  g.act = Activation::gelu_aux;
+  g.aux = at_mut(0x50000);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("gemm plan: each dense-layer product gets the epilogue that saves its pass") {
+  GemmCall fwd = fc_forward();
+  CHECK(fused_epilogue(fwd) == "GELU_AUX_BIAS");
+  fwd.bias = nullptr;
+  CHECK(fused_epilogue(fwd) == "GELU_AUX");
+
+  GemmCall back;  // d_pre (rows, 3072) = dy (rows, 768) W_proj, times gelu'(pre); fc's bias gradient
+  back.M = 8192;
+  back.N = 3072;
+  back.K = 768;
+  back.A = at(0x10000);
+  back.lda = 768;
+  back.B = at(0x20000);
+  back.ldb = 3072;
+  back.D = at_mut(0x30000);
+  back.ldc = 3072;
+  back.act = Activation::dgelu;
+  back.aux = at_mut(0x50000);
+  CHECK(fused_epilogue(back) == "DGELU");
+  back.d_column_sums = at_mut(0x60004);  // the gradient goes to aligned scratch first: any address serves
+  CHECK(fused_epilogue(back) == "DGELU_BGRAD");
+
+  GemmCall wgrad;  // dW (768, 3072) += dy^T x with the bias gradient of dy
+  wgrad.ta = true;
+  wgrad.M = 768;
+  wgrad.N = 3072;
+  wgrad.K = 8192;
+  wgrad.A = at(0x10000);
+  wgrad.lda = 768;
+  wgrad.B = at(0x20000);
+  wgrad.ldb = 3072;
+  wgrad.beta = 1.0f;
+  wgrad.D = at_mut(0x30000);
+  wgrad.ldc = 3072;
+  CHECK(fused_epilogue(wgrad) == "DEFAULT");
+  wgrad.a_sums = at_mut(0x60004);
+  CHECK(fused_epilogue(wgrad) == "BGRADB");
+
+  GemmCall plain = fc_forward();
+  plain.act = Activation::none;
+  plain.aux = nullptr;
+  CHECK(fused_epilogue(plain) == "BIAS");
+}
+
+TEST_CASE("gemm plan: layouts cuBLASLt cannot fuse are done in passes of their own") {
+  // A hidden width that is no multiple of 8: the GELU matrix's leading dimension rules it out.
+  CHECK(fused_epilogue(fc_forward(3070)).empty());
+  // A bias only 4-byte aligned (a layer whose weight has an odd element count before it).
+  GemmCall g = fc_forward();
+  g.bias = at(0x40004);
+  CHECK(fused_epilogue(g).empty());
+  g.act = Activation::none;
+  g.aux = nullptr;
+  CHECK(fused_epilogue(g).empty());  // even the plain bias epilogue
+  g.bias = at(0x40010);
+  CHECK(fused_epilogue(g) == "BIAS");
+  // A GELU matrix only 8-byte aligned.
+  GemmCall h = fc_forward();
+  h.aux = at_mut(0x50008);
+  CHECK(fused_epilogue(h).empty());
+}
+
+TEST_CASE("gemm plan: the cache key separates every call whose plan differs") {
+  std::vector<GemmCall> calls;
+  const GemmCall base = fc_forward();
+  calls.push_back(base);
+  GemmCall no_bias = base;
+  no_bias.bias = nullptr;
+  calls.push_back(no_bias);
+  GemmCall plain = base;
+  plain.act = Activation::none;
+  plain.aux = nullptr;
+  calls.push_back(plain);
+  GemmCall odd_bias = plain;
+  odd_bias.bias = at(0x40004);  // unfused: the product's plan has no bias epilogue
+  calls.push_back(odd_bias);
+  GemmCall aux16 = base;
+  aux16.aux = at_mut(0x50010);  // fused still, but the heuristic was told a smaller alignment
+  calls.push_back(aux16);
+  GemmCall bf16 = base;
+  bf16.mode = MatmulMode::bf16;
+  calls.push_back(bf16);
+  GemmCall tf32 = base;
+  tf32.mode = MatmulMode::tf32;
+  calls.push_back(tf32);
+  std::set<std::string> keys;
+  for (const GemmCall& g : calls) keys.insert(gemm_key(g));
+  CHECK(keys.size() == calls.size());
+  // Pointers with the same alignment share a plan: the next layer's product builds nothing.
+  GemmCall next_layer = base;
+  next_layer.A = at(0x910000);
+  next_layer.bias = at(0x940000);
+  next_layer.aux = at_mut(0x950000);
+  CHECK(gemm_key(next_layer) == gemm_key(base));
+}
+
+TEST_CASE("gemm plan: the calls gemm() refuses, with the reason") {
+  CHECK(gemm_refusal(fc_forward()).empty());
+  GemmCall no_aux = fc_forward();
+  no_aux.aux = nullptr;
+  CHECK(gemm_refusal(no_aux).find("pre-activation") != std::string::npos);
+  GemmCall sums_without_dgelu = fc_forward();
+  sums_without_dgelu.d_column_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(sums_without_dgelu).find("dgelu") != std::string::npos);
+  GemmCall a_sums_untransposed = fc_forward();
+  a_sums_untransposed.act = Activation::none;
+  a_sums_untransposed.aux = nullptr;
+  a_sums_untransposed.a_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(a_sums_untransposed).find("transposed") != std::string::npos);
+  GemmCall empty_sum = fc_forward();
+  empty_sum.K = 0;
+  CHECK(gemm_refusal(empty_sum).find("K = 0") != std::string::npos);
+  GemmCall negative = fc_forward();
+  negative.M = -1;
+  CHECK(gemm_refusal(negative).find("invalid") != std::string::npos);
+  GemmCall no_b = fc_forward();
+  no_b.B = nullptr;
+  CHECK(!gemm_refusal(no_b).empty());
+}
