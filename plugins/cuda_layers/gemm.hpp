@@ -68,7 +68,8 @@ struct GemmCall {
 // How cuBLASLt's epilogue serves a call: the fused epilogue's name ("DEFAULT", "BIAS",
 // "GELU_AUX_BIAS", "DGELU_BGRAD", "BGRADB", ...), or "" when the call's layout rules it out (a
 // GELU matrix's leading dimension must be a multiple of 8; the bias and the GELU matrix 16-byte
-// aligned) and gemm() does the epilogue's work in passes of its own after a plain product. A fused epilogue for which cuBLASLt finds no algorithm falls
+// aligned; GELU epilogues under tf32 and bf16 only, so true fp32 products keep dense_math.hpp's
+// GELU) and gemm() does the epilogue's work in passes of its own after a plain product. A fused epilogue for which cuBLASLt finds no algorithm falls
 // back in the same way (once per problem).
 std::string fused_epilogue(const GemmCall& g);
 

@@ -93,6 +93,9 @@ std::string fused_epilogue(const GemmCall& g) {
   // A GELU matrix's leading dimension (cuBLASLt: a multiple of 8 elements) and 16-byte aligned
   // bias and GELU matrix (a fused bias gradient goes to 256-byte aligned scratch first).
   if (g.act != Activation::none && (g.ldc % 8 != 0 || !aligned16(g.aux))) return "";
+  // True fp32 products keep the GELU and its gradient in dense_math.hpp's arithmetic (the f32
+  // path is the one held within fp32 rounding of the CPU; cuBLASLt's GELU is its own).
+  if (g.act != Activation::none && g.mode == MatmulMode::f32) return "";
   if (!aligned16(g.bias)) return "";
   switch (epilogue_of(g)) {
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";

@@ -68,7 +68,9 @@ gpu_programs=$(awk -F'\t' '$2 ~ /(^|,)gpu(,|$)/ {print $1}' "$here/manifest/test
 # plainly too (cuDNN's own kernels under memcheck take minutes and are not ours). CUDA API calls
 # that return an error are not counted (--report-api-errors no): ours are checked where they are
 # made, and libraries' probes (NCCL's, cuBLAS's) fail on purpose.
-memcheck_programs=$(for p in $gpu_programs; do case $p in test_cuda_train | test_cudnn_flash) ;; *) echo "$p" ;; esac; done)
+# The layers go under memcheck through test_cpu_layers' device cases (every layer once, fp32): the
+# full dtype suite, test_cuda_layers, runs plainly.
+memcheck_programs=$(for p in $gpu_programs; do case $p in test_cuda_train | test_cudnn_flash | test_cuda_layers) ;; *) echo "$p" ;; esac; done)
 want tests && echo "== gpu tests"
 for p in $gpu_programs; do
   want tests && [ -x "$here/bin/$p" ] && { skip_stage "$p" 60 || run_program plain "$p"; }
@@ -85,6 +87,7 @@ elif command -v compute-sanitizer >/dev/null; then
   for p in $memcheck_programs; do
     [ -x "$here/bin/$p" ] && { skip_stage "$p memcheck" 120 || run_program memcheck "$p"; }
   done
+  [ -x "$here/bin/test_cpu_layers" ] && { skip_stage "test_cpu_layers memcheck" 120 || run_program memcheck test_cpu_layers "--test-case=every layer on every device*"; }
   if ! skip_stage "two training steps under memcheck" 120; then
     t0=$(date +%s%N)
     rm -rf "$out/memcheck_run"

@@ -1151,6 +1151,18 @@ bool check_classifier_on_device(int64_t rows, DeviceUnderTest& dut) {
   return true;
 }
 
+// A dense case at widths a GPU's fused epilogues accept (in 16, hidden/out 64: every bias and
+// weight 16-byte aligned in the parameter buffer, GELU matrices with leading dimension 64), so
+// the device runs its cuBLASLt bias and bias-gradient epilogues rather than their fallbacks.
+Case epilogue_widths(Case c) {
+  c.name += " at epilogue widths";
+  c.spec.in = 16;
+  c.spec.out = 64;
+  c.nx = c.rows * 16;
+  c.ny = c.rows * (c.layer == "linear" ? 64 : 16);
+  return c;
+}
+
 std::vector<Case> device_cases() {
   std::vector<Case> base = {embedding_case(0.0), learned_case(false), learned_case(true), rope_case(false),
                             rope_case(true), norm_case("layernorm", true), norm_case("layernorm", false),
@@ -1159,7 +1171,11 @@ std::vector<Case> device_cases() {
                             dense_case("gelu_mlp", true, true, false, 0.0), dense_case("swiglu_mlp", false, true, true, 0.0),
                             // Dropout: the device must draw the CPU's mask (a pure function of key and index).
                             embedding_case(0.1), dense_case("linear", true, true, true, 0.1),
-                            dense_case("gelu_mlp", true, true, false, 0.1), dense_case("swiglu_mlp", true, false, false, 0.1)};
+                            dense_case("gelu_mlp", true, true, false, 0.1), dense_case("swiglu_mlp", true, false, false, 0.1),
+                            epilogue_widths(dense_case("linear", true, true, false, 0.0)),
+                            epilogue_widths(dense_case("gelu_mlp", true, true, false, 0.0)),
+                            epilogue_widths(dense_case("gelu_mlp", false, false, false, 0.1)),
+                            epilogue_widths(dense_case("swiglu_mlp", true, false, false, 0.0))};
   std::mt19937_64 rng(29);
   std::vector<Case> out;
   for (const Case& c : base) {

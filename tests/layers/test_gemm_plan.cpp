@@ -36,6 +36,7 @@ GemmCall fc_forward(int64_t hidden = 3072) {
   g.bias = at(0x40000);
   g.act = Activation::gelu_aux;
   g.aux = at_mut(0x50000);
+  g.mode = MatmulMode::bf16;
   return g;
 }
 
@@ -59,6 +60,7 @@ TEST_CASE("gemm plan: each dense-layer product gets the epilogue that saves its 
   back.ldc = 3072;
   back.act = Activation::dgelu;
   back.aux = at_mut(0x50000);
+  back.mode = MatmulMode::tf32;
   CHECK(fused_epilogue(back) == "DGELU");
   back.d_column_sums = at_mut(0x60004);  // the gradient goes to aligned scratch first: any address serves
   CHECK(fused_epilogue(back) == "DGELU_BGRAD");
@@ -83,6 +85,10 @@ TEST_CASE("gemm plan: each dense-layer product gets the epilogue that saves its 
   plain.act = Activation::none;
   plain.aux = nullptr;
   CHECK(fused_epilogue(plain) == "BIAS");
+  plain.mode = MatmulMode::f32;
+  CHECK(fused_epilogue(plain) == "BIAS");
+  wgrad.mode = MatmulMode::f32;
+  CHECK(fused_epilogue(wgrad) == "BGRADB");
 }
 
 TEST_CASE("gemm plan: layouts cuBLASLt cannot fuse are done in passes of their own") {
@@ -97,6 +103,10 @@ TEST_CASE("gemm plan: layouts cuBLASLt cannot fuse are done in passes of their o
   CHECK(fused_epilogue(g).empty());  // even the plain bias epilogue
   g.bias = at(0x40010);
   CHECK(fused_epilogue(g) == "BIAS");
+  // True fp32 products: the GELU in dense_math.hpp's arithmetic, a pass of its own.
+  GemmCall f32 = fc_forward();
+  f32.mode = MatmulMode::f32;
+  CHECK(fused_epilogue(f32).empty());
   // A GELU matrix only 8-byte aligned.
   GemmCall h = fc_forward();
   h.aux = at_mut(0x50008);
@@ -120,9 +130,9 @@ TEST_CASE("gemm plan: the cache key separates every call whose plan differs") {
   GemmCall aux16 = base;
   aux16.aux = at_mut(0x50010);  // fused still, but the heuristic was told a smaller alignment
   calls.push_back(aux16);
-  GemmCall bf16 = base;
-  bf16.mode = MatmulMode::bf16;
-  calls.push_back(bf16);
+  GemmCall f32 = base;
+  f32.mode = MatmulMode::f32;
+  calls.push_back(f32);
   GemmCall tf32 = base;
   tf32.mode = MatmulMode::tf32;
   calls.push_back(tf32);

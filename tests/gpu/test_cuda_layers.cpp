@@ -1,0 +1,899 @@
+// The layer suite parameterised by device: every layer the cuda_layers plugin registers against
+// its CPU twin from cpu_layers, both made through the Registry under the same name. Each case
+// draws fresh random float32 inputs (fixed seeds) at rows 1, 7 and 257 (also 1100 where the GPU
+// works in chunks of rows: the classifier's 1024, the 256 of the norms' and lookups' gradient
+// sums) and widths that are not multiples of 8 (and one mlp hidden width that is, for cuBLASLt's
+// fused GELU epilogues), and runs forward and backward on both devices: the CPU twin in float64 on
+// the same float32 values (so the reference carries no rounding of its own), the CUDA layer on a
+// non-blocking stream of its own in each run.dtype the plugin serves: fp32 (true fp32 products),
+// tf32, and bf16 with and without the model's bf16 copy of the weights (LayerCall::params_bf16).
+//
+// Every output and scratch buffer on the GPU is poisoned with NaN before each call, so a value
+// the contract says is written but is not comes back NaN and fails. Parameter gradients, which
+// the contract says accumulate, start from the same random values on both devices; so does d_x
+// under GradMode::accumulate. Compared: forward outputs, the saved values (defined identically by
+// both twins for every layer that keeps any), d_x and every parameter gradient; for the classifier
+// the losses (exactly 0 where the target is -1), the optional logits, d_x and the weight gradient,
+// whose padded-vocabulary rows must come back exactly as they went in on both devices.
+//
+// Cases: bias on and off where a layer has one; dropout 0 and 0.1 with the same key on both
+// devices (the mask is a pure function of key and index, shared by both plugins, so the outputs
+// must agree like any other); residual none, separate and in y's own buffer; learned positions and
+// rope also in place (y is x, d_x is d_y); rmsnorm also as the qk-norm (rows * heads rows of
+// head_dim); input gradient written and accumulated. The attention backends are tested elsewhere
+// (test_naive_cuda.cpp, test_cudnn_flash.cpp).
+//
+// One line per layer and dtype is printed with the worst error relative to the tensor's scale and
+// the worst fraction of the tolerance used, so a GPU run's log shows the margins. Exits 77
+// (CTest: skipped) without a CUDA device.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ablate/batch.hpp"
+#include "ablate/cuda_check.hpp"
+#include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
+#include "ablate/layer.hpp"
+#include "ablate/registry.hpp"
+
+using namespace ablate;
+
+namespace {
+
+// --- tolerances -----------------------------------------------------------------------------------
+//
+// An element passes when |gpu - cpu| <= atol * scale + rtol * |cpu|, where cpu is the float64
+// reference and scale the largest |cpu| of the tensor (for a tensor that accumulates onto given
+// values, the largest |cpu - given|: the part the call computed). Two things set the error:
+//
+// fp32 products, and every layer without products in any run.dtype (lookups, rope, norms: their
+// arithmetic does not change with run.dtype). The unit roundoff is u = 2^-24 ~ 6e-8. A sum of K
+// terms formed in any order (cuBLAS's blocking and split-K, warp shuffles, FMA contraction) has
+// rounding errors of rms about u sqrt(K) / 2.5 times the result's size when the terms have random
+// signs, against a float64 reference that has none; the GPU's expf/sqrtf (2 ulp), the GELU of
+// cuBLASLt's fused epilogue and float row statistics add a few u. K here is the sum of the lengths of the reductions a value passes
+// through (rows, in, out for a dense layer's gradients: independent errors add in quadrature, so
+// their lengths add). The worst of up to 1e5 elements is ~4.5 rms. atol = 4e-6 sqrt(K) (~67 u
+// sqrt(K)) leaves a margin of ten or more over that; rtol = 1e-5 (~170 u) covers elements whose
+// own rounding is the largest part (a dropout scale rounded to float, the final add onto an
+// accumulated gradient).
+//
+// tf32 and bf16 products: each operand is rounded to the format first, relative error up to
+// u_op = 2^-8 for bf16 (8 significant bits, round to nearest) and 2^-10 for TF32 (11 significant
+// bits; 2^-10 also covers truncation), then products are accumulated in fp32. A product's error
+// is then up to 2 u_op, of rms about 0.8 u_op; over a K-term sum with random-signed terms these add
+// to about 0.8 u_op times the result's rms, independent of K. A layer chains `stages` such steps
+// (a product, or an elementwise function of a product's output: linear 1; gelu_mlp 3 for d_x and
+// the fc gradients; swiglu_mlp 4; the classifier 2, logits then dz W), adding in quadrature. The
+// worst of 1e5 elements at ~4.5 rms and rms <= scale put the worst error near 0.8 * 4.5 u_op
+// sqrt(stages) = 3.7 u_op sqrt(stages) of the scale; atol = 8 u_op sqrt(stages) is twice that
+// (bf16: 3.1e-2 of the scale for one stage, 6.3e-2 for four). rtol = 4 u_op (bf16: 1.6e-2) bounds
+// an element that is a single product of two rounded operands (a rows = 1 weight gradient) with
+// a factor of two to spare.
+enum class Precision { f32, tf32, bf16 };
+
+struct Tolerance {
+  double rtol = 0, atol = 0;  // atol is relative to the tensor's scale
+};
+
+Tolerance tolerance(Precision p, int64_t K, int stages) {
+  const double f32_atol = 4e-6 * std::sqrt(double(std::max<int64_t>(K, 1)));
+  if (stages == 0 || p == Precision::f32) return {1e-5, f32_atol};
+  const double u_op = p == Precision::bf16 ? 0x1p-8 : 0x1p-10;
+  return {4 * u_op, 8 * u_op * std::sqrt(double(stages)) + f32_atol};
+}
+
+// How the CUDA layers compute their products (run.dtype, read by cuda_layers.cpp's factory).
+struct Mode {
+  const char* name;   // in messages and margin lines
+  const char* dtype;  // run.dtype
+  Precision precision;
+  bool bf16_copy;  // bf16: the call gives the model's bf16 copy of the parameters (params_bf16)
+};
+
+constexpr Mode kModes[] = {
+    {"fp32", "fp32", Precision::f32, false},
+    {"tf32", "tf32", Precision::tf32, false},
+    {"bf16", "bf16", Precision::bf16, true},
+    {"bf16 no copy", "bf16", Precision::bf16, false},
+};
+
+// --- the worst margins, one line per layer and dtype ------------------------------------------------
+
+class Margins {
+ public:
+  explicit Margins(std::string family) : family_(std::move(family)) {}
+  Margins(const Margins&) = delete;
+  Margins& operator=(const Margins&) = delete;
+  ~Margins() {
+    for (const auto& [mode, m] : by_mode_) {
+      std::printf("cuda vs cpu  %-18s %-12s  %4d cases  worst |err|/scale %.2e  worst err/tol %.3f  (%s)\n", family_.c_str(),
+                  mode.c_str(), m.cases, m.scaled, m.used, m.where.c_str());
+    }
+    std::fflush(stdout);
+  }
+  void add(const std::string& mode, const std::string& where, double scaled, double used) {
+    Entry& e = entry(mode);
+    e.scaled = std::max(e.scaled, scaled);
+    if (used >= e.used) {
+      e.used = used;
+      e.where = where;
+    }
+  }
+  void count(const std::string& mode) { ++entry(mode).cases; }
+
+ private:
+  struct Entry {
+    double scaled = 0, used = 0;
+    std::string where = "-";
+    int cases = 0;
+  };
+  Entry& entry(const std::string& mode) {
+    for (auto& [m, e] : by_mode_) {
+      if (m == mode) return e;
+    }
+    by_mode_.emplace_back(mode, Entry{});
+    return by_mode_.back().second;
+  }
+  std::string family_;
+  std::vector<std::pair<std::string, Entry>> by_mode_;  // in the order the modes first report
+};
+
+// GPU results against the float64 reference; `base` (may be empty) holds the values the call
+// accumulated onto. Fails with the worst element when any is over its tolerance or not finite.
+void compare(const char* tensor, const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& base,
+             Tolerance tol, Margins& margins, const std::string& mode, const std::string& label) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::abs(want[i] - (base.empty() ? 0.0 : base[i])));
+  double worst = 0, used = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(got[i] - want[i]);
+    const double bound = tol.atol * scale + tol.rtol * std::abs(want[i]);
+    double u = d == 0 ? 0.0 : bound > 0 ? d / bound : std::numeric_limits<double>::infinity();
+    if (!std::isfinite(got[i])) {
+      u = std::numeric_limits<double>::infinity();
+    } else {
+      worst = std::max(worst, d);
+    }
+    if (u > used) {
+      used = u;
+      at = i;
+    }
+  }
+  const double scaled = scale > 0 ? worst / scale : worst;
+  margins.add(mode, std::string(tensor) + ", " + label, scaled, used);
+  if (!got.empty()) {
+    CHECK_MESSAGE(used <= 1.0, std::string(tensor) << ": element " << at << " of " << got.size() << " is " << got[at] << ", the CPU's "
+                                      << want[at] << " (scale " << scale << ", atol " << tol.atol << " * scale + rtol " << tol.rtol
+                                      << " * |cpu|; worst |err|/scale " << scaled << ")");
+  }
+}
+
+bool all_finite(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+}
+
+// --- the plugins, the stream and device memory ------------------------------------------------------
+
+struct Suite {
+  Registry registry;
+  cudaStream_t stream = nullptr;  // non-blocking, as the cuda device's
+  std::map<std::string, std::unique_ptr<LayerBase>> made;
+  Suite() {
+    registry.load_directories({ABLATE_PLUGIN_DIR});
+    ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~Suite() {
+    made.clear();
+    cudaStreamDestroy(stream);
+  }
+  Suite(const Suite&) = delete;
+  Suite& operator=(const Suite&) = delete;
+
+  // The registration of `name` for `device`, made once per (name, device, dtype).
+  template <class L>
+  L& layer(const std::string& name, const std::string& device, const std::string& dtype = "fp32") {
+    const std::string key = name + "/" + device + "/" + dtype;
+    auto it = made.find(key);
+    if (it == made.end()) {
+      const Params common{"model", {}}, own{"model." + name, {}};
+      RunContext run;
+      run.device = device;
+      run.dtype = dtype;
+      run.threads = 2;
+      it = made.emplace(key, registry.create<L>(Kind::layer, name, {common, own, run})).first;
+    }
+    return dynamic_cast<L&>(*it->second);
+  }
+};
+
+Suite* g_suite = nullptr;  // made by main once a device is known to be there
+Suite& suite() { return *g_suite; }
+
+using DeviceFloats = cuda::DeviceBuffer<float>;
+
+template <class T>
+cuda::DeviceBuffer<T> to_device(const std::vector<T>& host) {
+  cuda::DeviceBuffer<T> b(host.size());
+  if (!host.empty()) {
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, suite().stream));
+  }
+  return b;
+}
+
+// All bits set: a NaN in every float.
+void poison(DeviceFloats& b) {
+  if (b.size() > 0) ABLATE_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.bytes(), suite().stream));
+}
+
+DeviceFloats poisoned(int64_t n) {
+  DeviceFloats b(static_cast<std::size_t>(n));
+  poison(b);
+  return b;
+}
+
+std::vector<double> from_device(const DeviceFloats& b) {
+  std::vector<float> h(b.size());
+  if (!h.empty()) ABLATE_CUDA_CHECK(cudaMemcpyAsync(h.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, suite().stream));
+  ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  return {h.begin(), h.end()};
+}
+
+TensorView device_view(DeviceFloats& b) {
+  return b.size() == 0 ? TensorView{} : flat_view(b.data(), DType::f32, int64_t(b.size()), DeviceType::cuda);
+}
+
+TensorView host_view(std::vector<double>& v) { return v.empty() ? TensorView{} : flat_view(v.data(), DType::f64, int64_t(v.size())); }
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// The model's bf16 copy of the parameters (the host rounding the optimizers' copy matches).
+cuda::DeviceBuffer<uint16_t> bf16_copy(const std::vector<float>& params) {
+  std::vector<uint16_t> bits(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) bits[i] = device_math::bf16_bits(params[i]);
+  return to_device(bits);
+}
+
+// The batch's ids on the device, viewed as the cuda device's upload_batch views them.
+struct DeviceIds {
+  cuda::DeviceBuffer<int32_t> tokens, targets, positions;
+  BatchViews views;
+  explicit DeviceIds(const Batch& b) : tokens(to_device(b.tokens)), targets(to_device(b.targets)), positions(to_device(b.positions)) {
+    const int64_t n = b.positions_total();
+    views.rows = b.rows;
+    views.seq_len = b.seq_len;
+    views.host = &b;
+    views.device = DeviceType::cuda;
+    views.tokens = flat_view(tokens.data(), DType::i32, n, DeviceType::cuda);
+    views.targets = flat_view(targets.data(), DType::i32, n, DeviceType::cuda);
+    views.positions = flat_view(positions.data(), DType::i32, n, DeviceType::cuda);
+  }
+};
+
+// One row of `rows` positions: tokens and targets in [0, vocab), positions in [0, max_pos).
+Batch make_batch(int64_t rows, int32_t vocab, int32_t max_pos, std::mt19937_64& rng) {
+  Batch b;
+  b.reset(1, int32_t(rows));
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1), pos(0, max_pos - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    b.tokens[std::size_t(r)] = tok(rng);
+    b.targets[std::size_t(r)] = tok(rng);
+    b.positions[std::size_t(r)] = pos(rng);
+    b.segment_ids[std::size_t(r)] = 1;
+  }
+  return b;
+}
+
+std::vector<float> randn(std::size_t n, std::mt19937_64& rng, double mean = 0.0, double stddev = 1.0) {
+  std::normal_distribution<double> normal(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = float(normal(rng));
+  return v;
+}
+
+// Both twins declare the same table (the contract's parameter layout); random values for it:
+// matrices N(0, gain^2 / fan_in) (fan_in = the row length), so every product stays of order one;
+// vectors their initial value (norm weights 1, biases 0) plus N(0, 0.3^2).
+std::vector<float> random_params(const LayerBase& cpu, const LayerBase& gpu, const LayerSpec& spec, std::mt19937_64& rng,
+                                 double gain = 1.0) {
+  ParamTable want, got;
+  cpu.declare_params(spec, "l", want);
+  gpu.declare_params(spec, "l", got);
+  REQUIRE(got.total == want.total);
+  REQUIRE(got.slices.size() == want.slices.size());
+  std::vector<float> p(std::size_t(want.total));
+  for (std::size_t s = 0; s < want.slices.size(); ++s) {
+    const ParamSlice& w = want.slices[s];
+    CHECK(got.slices[s].name == w.name);
+    CHECK(got.slices[s].offset == w.offset);
+    CHECK(got.slices[s].shape == w.shape);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    const double stddev = w.shape.size() == 2 ? gain / std::sqrt(double(w.shape[1])) : 0.3;
+    const double mean = w.shape.size() == 2 ? 0.0 : w.init_value;
+    for (int64_t i = 0; i < w.numel(); ++i) p[std::size_t(w.offset + i)] = float(mean + stddev * normal(rng));
+  }
+  return p;
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// --- the Layer cases ----------------------------------------------------------------------------------
+
+struct Problem {
+  std::string layer;  // the registered name
+  std::string label;  // in messages
+  LayerSpec spec;
+  int64_t rows = 1, heads = 1;
+  int64_t x_width = 0, y_width = 0;  // values per row of x and y (x_width 0: no input, the embedding)
+  Batch batch;
+  bool residual = false, residual_in_y = false;
+  bool in_place = false;  // y is x's buffer and d_x is d_y's (learned positions, rope)
+  double dropout = 0.0;
+  uint64_t key = 0;
+  GradMode input_grad = GradMode::overwrite;
+  int64_t K = 1;   // tolerance: the reductions' lengths, added
+  int stages = 0;  // tolerance: chained reduced-precision products (0: the layer has none)
+  int64_t nx() const { return rows * x_width; }
+  int64_t ny() const { return rows * y_width; }
+};
+
+// The float32 values both devices start from.
+struct Values {
+  std::vector<float> x, residual, params, d_y;
+  std::vector<float> d_x;    // d_x before backward: NaN (overwrite) or random (accumulate)
+  std::vector<float> grads;  // parameter gradients before backward: random
+};
+
+struct Results {
+  std::vector<double> y, saved, d_x, grads;
+};
+
+Values random_values(const Problem& p, const Layer& cpu, const Layer& gpu, std::mt19937_64& rng, double x_mean) {
+  Values v;
+  v.params = random_params(cpu, gpu, p.spec, rng);
+  v.x = randn(std::size_t(p.nx()), rng, x_mean);
+  if (p.residual) v.residual = randn(std::size_t(p.ny()), rng);
+  v.d_y = randn(std::size_t(p.ny()), rng);
+  v.d_x = p.input_grad == GradMode::accumulate ? randn(std::size_t(p.nx()), rng)
+                                               : std::vector<float>(std::size_t(p.nx()), std::numeric_limits<float>::quiet_NaN());
+  v.grads = randn(v.params.size(), rng);
+  return v;
+}
+
+LayerCall base_call(const Problem& p, const BatchViews& views) {
+  LayerCall call;
+  call.spec = &p.spec;
+  call.batch = &views;
+  call.rows = p.rows;
+  call.heads = p.heads;
+  call.dropout = p.dropout;
+  call.dropout_key = p.key;
+  return call;
+}
+
+// The CPU twin in float64 on the float32 values; its scratch and outputs start as NaN too.
+Results run_cpu(Layer& layer, const Problem& p, const Values& v) {
+  const BatchViews views = host_batch_views(p.batch);
+  std::vector<double> x = widen(v.x), res = widen(v.residual), params = widen(v.params), dy = widen(v.d_y);
+  std::vector<double> y(std::size_t(p.ny()), kNaN);
+  if (p.in_place) y = x;
+  if (p.residual_in_y) y = res;
+  std::vector<double> saved(std::size_t(layer.activation_elements(p.spec, p.rows)), kNaN);
+  std::vector<double> scratch(std::size_t(layer.scratch_elements(p.spec, p.rows)), kNaN);
+  LayerCall call = base_call(p, views);
+  call.x = p.in_place ? host_view(y) : host_view(x);
+  call.y = host_view(y);
+  if (p.residual) call.residual = p.residual_in_y ? host_view(y) : host_view(res);
+  call.params = host_view(params);
+  call.saved = host_view(saved);
+  call.scratch = host_view(scratch);
+  layer.forward(call);
+  Results r;
+  r.y = y;
+  r.saved = saved;
+
+  std::fill(scratch.begin(), scratch.end(), kNaN);
+  std::vector<double> dx = widen(v.d_x), grads = widen(v.grads);
+  LayerCall back = base_call(p, views);
+  back.x = host_view(x);
+  back.params = host_view(params);
+  back.saved = host_view(saved);
+  back.scratch = host_view(scratch);
+  back.grads = host_view(grads);
+  back.d_y = host_view(dy);
+  back.d_x = p.in_place ? host_view(dy) : host_view(dx);
+  back.input_grad = p.input_grad;
+  layer.backward(back);
+  r.d_x = p.in_place ? dy : dx;
+  r.grads = grads;
+  return r;
+}
+
+// The CUDA layer on the suite's stream: every output and the scratch poisoned before each call.
+Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mode) {
+  const DeviceIds ids(p.batch);
+  DeviceFloats x = to_device(v.x), res = to_device(v.residual), params = to_device(v.params), dy = to_device(v.d_y);
+  DeviceFloats y = p.in_place ? to_device(v.x) : p.residual_in_y ? to_device(v.residual) : poisoned(p.ny());
+  DeviceFloats saved = poisoned(layer.activation_elements(p.spec, p.rows));
+  DeviceFloats scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
+  cuda::DeviceBuffer<uint16_t> copy = mode.bf16_copy ? bf16_copy(v.params) : cuda::DeviceBuffer<uint16_t>{};
+  LayerCall call = base_call(p, ids.views);
+  call.stream = suite().stream;
+  call.x = p.in_place ? device_view(y) : device_view(x);
+  call.y = device_view(y);
+  if (p.residual) call.residual = p.residual_in_y ? device_view(y) : device_view(res);
+  call.params = device_view(params);
+  if (copy.size() > 0) call.params_bf16 = flat_view(copy.data(), DType::bf16, int64_t(copy.size()), DeviceType::cuda);
+  call.saved = device_view(saved);
+  call.scratch = device_view(scratch);
+  layer.forward(call);
+  Results r;
+  r.y = from_device(y);
+  r.saved = from_device(saved);
+
+  poison(scratch);
+  DeviceFloats dx = to_device(v.d_x), grads = to_device(v.grads);  // d_x: NaN unless accumulating
+  LayerCall back = call;
+  back.residual = {};
+  back.x = device_view(x);
+  back.y = {};
+  back.grads = device_view(grads);
+  back.d_y = device_view(dy);
+  back.d_x = p.in_place ? device_view(dy) : device_view(dx);
+  back.input_grad = p.input_grad;
+  layer.backward(back);
+  r.d_x = from_device(p.in_place ? dy : dx);
+  r.grads = from_device(grads);
+  return r;
+}
+
+// One problem: the CPU reference once, then the CUDA layer in every mode against it.
+void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, double x_mean = 0.0) {
+  INFO(p.label);
+  Layer& cpu = suite().layer<Layer>(p.layer, "cpu");
+  Layer& first = suite().layer<Layer>(p.layer, "cuda", kModes[0].dtype);
+  const Values v = random_values(p, cpu, first, rng, x_mean);
+  const Results want = run_cpu(cpu, p, v);
+  REQUIRE(all_finite(want.y));
+  REQUIRE(all_finite(want.saved));
+  REQUIRE(all_finite(want.d_x));
+  REQUIRE(all_finite(want.grads));
+  const std::vector<double> grads0 = widen(v.grads);
+  const std::vector<double> dx0 = p.input_grad == GradMode::accumulate && !p.in_place ? widen(v.d_x) : std::vector<double>{};
+  for (const Mode& mode : kModes) {
+    INFO("run.dtype " << std::string(mode.name));
+    Layer& gpu = suite().layer<Layer>(p.layer, "cuda", mode.dtype);
+    // The same saved values on both devices (the contract: a checkpointed or recomputed forward
+    // means the same on either).
+    REQUIRE(gpu.activation_elements(p.spec, p.rows) == cpu.activation_elements(p.spec, p.rows));
+    const Results got = run_gpu(gpu, p, v, mode);
+    const Tolerance tol = tolerance(mode.precision, p.K, p.stages);
+    margins.count(mode.name);
+    compare("y", got.y, want.y, {}, tol, margins, mode.name, p.label);
+    compare("saved", got.saved, want.saved, {}, tol, margins, mode.name, p.label);
+    if (p.x_width > 0) compare("d_x", got.d_x, want.d_x, dx0, tol, margins, mode.name, p.label);
+    compare("grads", got.grads, want.grads, grads0, tol, margins, mode.name, p.label);
+  }
+}
+
+const char* grad_name(GradMode m) { return m == GradMode::accumulate ? "accumulate" : "write"; }
+
+constexpr int64_t kRows[] = {1, 7, 257};
+// The layers that sum over rows in chunks of 256 on the GPU (the norms' parameter gradients, the
+// lookups' scatter-add) also run at 1100 rows: five chunks, and with few distinct ids, runs of one
+// id that cross several chunk edges.
+constexpr int64_t kLongRows = 1100;
+
+// --- the classifier ---------------------------------------------------------------------------------
+
+struct ClassifierProblem {
+  std::string label;
+  LayerSpec spec;
+  int64_t rows = 1;
+  Batch batch;
+  GradMode input_grad = GradMode::overwrite;
+  bool with_grad = true;  // d_x set: the gradients in the same pass
+  bool logits = false;    // the optional (rows, out) logits output
+  double scale = 1.0;     // grad_scale
+};
+
+struct ClassifierResults {
+  std::vector<double> losses, logits, d_x, grads;
+};
+
+struct ClassifierValues {
+  std::vector<float> x, W, d_x, grads;
+};
+
+ClassifierResults run_classifier_cpu(LossLayer& layer, const ClassifierProblem& p, const ClassifierValues& v) {
+  const BatchViews views = host_batch_views(p.batch);
+  std::vector<double> x = widen(v.x), W = widen(v.W), d_x = widen(v.d_x), grads = widen(v.grads);
+  std::vector<double> losses(std::size_t(p.rows), kNaN), scratch(std::size_t(layer.scratch_elements(p.spec, p.rows)), kNaN);
+  std::vector<double> logits(p.logits ? std::size_t(p.rows * p.spec.out) : 0, kNaN);
+  LayerCall call;
+  call.spec = &p.spec;
+  call.batch = &views;
+  call.rows = p.rows;
+  call.x = host_view(x);
+  call.params = host_view(W);
+  call.scratch = host_view(scratch);
+  call.losses = host_view(losses);
+  call.logits = host_view(logits);
+  call.grad_scale = p.scale;
+  if (p.with_grad) {
+    call.d_x = host_view(d_x);
+    call.grads = host_view(grads);
+    call.input_grad = p.input_grad;
+  }
+  layer.loss(call);
+  return {losses, logits, d_x, grads};
+}
+
+ClassifierResults run_classifier_gpu(LossLayer& layer, const ClassifierProblem& p, const ClassifierValues& v, const Mode& mode) {
+  const DeviceIds ids(p.batch);
+  DeviceFloats x = to_device(v.x), W = to_device(v.W), d_x = to_device(v.d_x), grads = to_device(v.grads);
+  DeviceFloats losses = poisoned(p.rows), scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
+  DeviceFloats logits = poisoned(p.logits ? p.rows * p.spec.out : 0);
+  cuda::DeviceBuffer<uint16_t> copy = mode.bf16_copy ? bf16_copy(v.W) : cuda::DeviceBuffer<uint16_t>{};
+  LayerCall call;
+  call.spec = &p.spec;
+  call.batch = &ids.views;
+  call.rows = p.rows;
+  call.stream = suite().stream;
+  call.x = device_view(x);
+  call.params = device_view(W);
+  if (copy.size() > 0) call.params_bf16 = flat_view(copy.data(), DType::bf16, int64_t(copy.size()), DeviceType::cuda);
+  call.scratch = device_view(scratch);
+  call.losses = device_view(losses);
+  call.logits = device_view(logits);
+  call.grad_scale = p.scale;
+  if (p.with_grad) {
+    call.d_x = device_view(d_x);
+    call.grads = device_view(grads);
+    call.input_grad = p.input_grad;
+  }
+  layer.loss(call);
+  return {from_device(losses), from_device(logits), from_device(d_x), from_device(grads)};
+}
+
+// Rows [real_out, out) of the weight gradient: the padded vocabulary, which never enters the
+// softmax, so its gradient is exactly the values it started from.
+void check_padded_rows_untouched(const char* device, const ClassifierProblem& p, const std::vector<double>& grads,
+                                 const std::vector<float>& before) {
+  const int64_t in = p.spec.in;
+  int64_t changed = 0;
+  for (int64_t i = p.spec.real_out * in; i < p.spec.out * in; ++i) changed += grads[std::size_t(i)] != double(before[std::size_t(i)]) ? 1 : 0;
+  CHECK_MESSAGE(changed == 0, std::string(device) << ": " << changed << " gradient values of padded vocabulary rows changed");
+}
+
+void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& margins) {
+  INFO(p.label);
+  LossLayer& cpu = suite().layer<LossLayer>("cross_entropy", "cpu");
+  LossLayer& first = suite().layer<LossLayer>("cross_entropy", "cuda", kModes[0].dtype);
+  ClassifierValues v;
+  // Weights N(0, 4 / in): logits of rms 2, a softmax with a few dominant columns; the padded rows
+  // are random too, so a padded column that entered the softmax would show.
+  v.W = random_params(cpu, first, p.spec, rng, 2.0);
+  v.x = randn(std::size_t(p.rows * p.spec.in), rng);
+  // The gradients accumulate onto values of the size of what the call adds (d_x: grad_scale times
+  // order one; the weight gradient: grad_scale times up to sqrt(rows) such terms), so its error is
+  // not lost under the rounding of the final add.
+  v.d_x = p.with_grad && p.input_grad == GradMode::accumulate
+              ? randn(v.x.size(), rng, 0.0, p.scale)
+              : std::vector<float>(v.x.size(), std::numeric_limits<float>::quiet_NaN());
+  v.grads = randn(v.W.size(), rng, 0.0, p.scale * std::sqrt(double(p.rows)));
+  const ClassifierResults want = run_classifier_cpu(cpu, p, v);
+  REQUIRE(all_finite(want.losses));
+  REQUIRE(all_finite(want.logits));
+  if (p.with_grad) {
+    REQUIRE(all_finite(want.d_x));
+    REQUIRE(all_finite(want.grads));
+    check_padded_rows_untouched("cpu", p, want.grads, v.grads);
+  }
+  const std::vector<double> grads0 = widen(v.grads);
+  const std::vector<double> dx0 = p.input_grad == GradMode::accumulate ? widen(v.d_x) : std::vector<double>{};
+  const int64_t K = p.rows + p.spec.in + p.spec.out;
+  for (const Mode& mode : kModes) {
+    INFO("run.dtype " << std::string(mode.name));
+    LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", mode.dtype);
+    const ClassifierResults got = run_classifier_gpu(gpu, p, v, mode);
+    margins.count(mode.name);
+    // Losses and logits come from one product (1 stage); d_x and the weight gradient from the
+    // softmax of it times W or x (2).
+    const Tolerance one = tolerance(mode.precision, K, 1), two = tolerance(mode.precision, K, 2);
+    compare("losses", got.losses, want.losses, {}, one, margins, mode.name, p.label);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      if (p.batch.targets[std::size_t(r)] == -1) CHECK_MESSAGE(got.losses[std::size_t(r)] == 0.0, "row " << r << " has target -1");
+    }
+    if (p.logits) compare("logits", got.logits, want.logits, {}, one, margins, mode.name, p.label);
+    if (p.with_grad) {
+      compare("d_x", got.d_x, want.d_x, dx0, two, margins, mode.name, p.label);
+      compare("grads", got.grads, want.grads, grads0, two, margins, mode.name, p.label);
+      check_padded_rows_untouched("cuda", p, got.grads, v.grads);
+    }
+  }
+}
+
+}  // namespace
+
+// --- the cases -----------------------------------------------------------------------------------------
+
+TEST_CASE("the suite covers every layer cuda_layers registers, each with a CPU twin") {
+  const std::set<std::string> covered = {"embedding", "learned",  "rope",       "layernorm",    "rmsnorm",
+                                         "linear",    "gelu_mlp", "swiglu_mlp", "cross_entropy"};
+  std::set<std::string> registered;
+  for (const ComponentInfo* info : suite().registry.list(Kind::layer)) {
+    if (std::filesystem::path(info->library).filename().string().find("cuda_layers") == std::string::npos) continue;
+    registered.insert(info->name);
+    CHECK_MESSAGE(suite().registry.find(Kind::layer, info->name, "cpu") != nullptr, info->name << " has no CPU twin");
+  }
+  CHECK(registered == covered);
+}
+
+TEST_CASE("embedding: lookup and scatter-add, dropout off and on, padded vocabulary") {
+  Margins margins("embedding");
+  std::mt19937_64 rng(101);
+  // (rows, distinct tokens): tokens below 127 of a vocabulary padded to 131, so the padded rows'
+  // gradients must stay as they were; at 1100 rows also 3 tokens and a single one.
+  const std::pair<int64_t, int32_t> shapes[] = {{1, 127}, {7, 127}, {257, 127}, {kLongRows, 127}, {kLongRows, 3}, {kLongRows, 1}};
+  for (const auto& [rows, tokens] : shapes) {
+    for (int64_t in : {37, 100}) {
+      for (double dropout : {0.0, 0.1}) {
+        Problem p;
+        p.layer = "embedding";
+        p.spec.in = in;
+        p.spec.out = 131;
+        p.rows = rows;
+        p.y_width = in;
+        p.batch = make_batch(rows, tokens, 1, rng);
+        p.dropout = dropout;
+        p.key = 0xD7090u + uint64_t(rows);
+        p.K = rows;  // a table row's gradient sums at most `rows` rows
+        p.label = "rows " + std::to_string(rows) + " tokens " + std::to_string(tokens) + " in " + std::to_string(in) +
+                  (dropout > 0 ? " dropout" : "");
+        run_problem(p, rng, margins);
+      }
+    }
+  }
+}
+
+TEST_CASE("learned positions: added to the stream, d_x passed through, in place or not") {
+  Margins margins("learned");
+  std::mt19937_64 rng(102);
+  // (rows, distinct positions) of a 50-row table: positions repeat and their gradients add.
+  const std::pair<int64_t, int32_t> shapes[] = {{1, 50}, {7, 50}, {257, 50}, {kLongRows, 50}, {kLongRows, 3}, {kLongRows, 1}};
+  for (const auto& [rows, positions] : shapes) {
+    for (int64_t in : {37, 61, 100}) {
+      for (int variant = 0; variant < 3; ++variant) {  // write, accumulate, in place
+        Problem p;
+        p.layer = "learned";
+        p.spec.in = in;
+        p.spec.max_positions = 50;
+        p.rows = rows;
+        p.x_width = p.y_width = in;
+        p.batch = make_batch(rows, 1, positions, rng);
+        p.in_place = variant == 2;
+        p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
+        p.K = rows;
+        p.label = "rows " + std::to_string(rows) + " positions " + std::to_string(positions) + " in " + std::to_string(in) +
+                  (p.in_place ? " in place" : std::string(" ") + grad_name(p.input_grad));
+        run_problem(p, rng, margins);
+      }
+    }
+  }
+}
+
+TEST_CASE("rope: rotate-half on (rows, heads, head_dim), inverse in backward, in place or not") {
+  Margins margins("rope");
+  std::mt19937_64 rng(103);
+  for (int64_t rows : kRows) {
+    for (int64_t head_dim : {22, 38, 62}) {
+      for (int64_t heads : {1, 3}) {
+        for (int variant = 0; variant < 3; ++variant) {  // write, accumulate, in place
+          Problem p;
+          p.layer = "rope";
+          p.spec.in = head_dim;
+          p.spec.rope_theta = head_dim == 38 ? 500000.0 : 10000.0;
+          p.rows = rows;
+          p.heads = heads;
+          p.x_width = p.y_width = heads * head_dim;
+          p.batch = make_batch(rows, 1, 4096, rng);
+          p.in_place = variant == 2;
+          p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
+          p.K = 2;  // a rotated pair: two products and a sum
+          p.label = "rows " + std::to_string(rows) + " heads " + std::to_string(heads) + " head_dim " + std::to_string(head_dim) +
+                    (p.in_place ? " in place" : std::string(" ") + grad_name(p.input_grad));
+          run_problem(p, rng, margins);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("layernorm: with and without bias, d_x written and accumulated") {
+  Margins margins("layernorm");
+  std::mt19937_64 rng(104);
+  for (int64_t rows : {kRows[0], kRows[1], kRows[2], kLongRows}) {
+    for (int64_t in : {37, 61, 100}) {
+      for (bool bias : {true, false}) {
+        for (GradMode mode : {GradMode::overwrite, GradMode::accumulate}) {
+          Problem p;
+          p.layer = "layernorm";
+          p.spec.in = in;
+          p.spec.bias = bias;
+          p.rows = rows;
+          p.x_width = p.y_width = in;
+          p.batch = make_batch(rows, 1, 1, rng);
+          p.input_grad = mode;
+          p.K = rows + in;  // row statistics over `in`, parameter gradients over the rows
+          p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + (bias ? " bias " : " no bias ") + grad_name(mode);
+          run_problem(p, rng, margins, 0.5);  // a mean away from zero, as a residual stream has
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("rmsnorm, and rmsnorm as the qk-norm (rows * heads rows of head_dim)") {
+  Margins margins("rmsnorm"), qk("rmsnorm as qk-norm");
+  std::mt19937_64 rng(105);
+  for (int64_t rows : {kRows[0], kRows[1], kRows[2], kLongRows}) {
+    for (GradMode mode : {GradMode::overwrite, GradMode::accumulate}) {
+      for (int64_t in : {37, 61, 100}) {
+        Problem p;
+        p.layer = "rmsnorm";
+        p.spec.in = in;
+        p.spec.bias = false;
+        p.rows = rows;
+        p.x_width = p.y_width = in;
+        p.batch = make_batch(rows, 1, 1, rng);
+        p.input_grad = mode;
+        p.K = rows + in;
+        p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " " + grad_name(mode);
+        run_problem(p, rng, margins, 0.5);
+      }
+      // The qk-norm: one rmsnorm of head_dim over every head of every position (B*T*heads rows),
+      // head_dim under a warp's 32 lanes and over it.
+      for (int64_t head_dim : {22, 38}) {
+        const int64_t heads = 3;
+        Problem p;
+        p.layer = "rmsnorm";
+        p.spec.in = head_dim;
+        p.spec.bias = false;
+        p.rows = rows * heads;
+        p.x_width = p.y_width = head_dim;
+        p.batch = make_batch(p.rows, 1, 1, rng);
+        p.input_grad = mode;
+        p.K = p.rows + head_dim;
+        p.label = "positions " + std::to_string(rows) + " heads 3 head_dim " + std::to_string(head_dim) + " " + grad_name(mode);
+        run_problem(p, rng, qk);
+      }
+    }
+  }
+}
+
+namespace {
+
+// linear, gelu_mlp and swiglu_mlp over the same grid: rows, width pairs, bias, residual (none,
+// separate, in y's buffer), dropout 0 and 0.1, d_x written and accumulated.
+void run_dense_grid(const std::string& layer, const std::vector<std::pair<int64_t, int64_t>>& widths, int stages, uint64_t seed) {
+  Margins margins(layer);
+  std::mt19937_64 rng(seed);
+  for (int64_t rows : kRows) {
+    for (const auto& [in, out] : widths) {
+      for (bool bias : {true, false}) {
+        for (int residual : {0, 1, 2}) {  // none, separate, in y
+          for (double dropout : {0.0, 0.1}) {
+            for (GradMode mode : {GradMode::overwrite, GradMode::accumulate}) {
+              Problem p;
+              p.layer = layer;
+              p.spec.in = in;
+              p.spec.out = out;
+              p.spec.bias = bias;
+              p.rows = rows;
+              p.x_width = in;
+              p.y_width = layer == "linear" ? out : in;  // an mlp's `out` is its hidden width
+              p.batch = make_batch(rows, 1, 1, rng);
+              p.residual = residual > 0;
+              p.residual_in_y = residual == 2;
+              p.dropout = dropout;
+              p.key = 0xDE05E000u + uint64_t(rows * 1000 + in);
+              p.input_grad = mode;
+              p.K = rows + in + out;
+              p.stages = stages;
+              p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                        (bias ? " bias" : " no bias") + (residual == 0 ? "" : residual == 1 ? " residual" : " residual in y") +
+                        (dropout > 0 ? " dropout" : "") + " " + grad_name(mode);
+              run_problem(p, rng, margins);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("linear: bias, residual, dropout, d_x written and accumulated") {
+  // (in, out): 37 * 61 puts the bias off 16-byte alignment (its add a pass of its own), 100 * 37 on it
+  // (cuBLASLt's bias epilogue).
+  run_dense_grid("linear", {{37, 61}, {100, 37}}, 1, 106);
+}
+
+TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {
+  // pre-activation, gelu, projection; backward through both products and gelu' of the first.
+  // (in, hidden): hidden 100 and 37 take the unfused GELU passes; 96, a multiple of 8, cuBLASLt's
+  // GELU_AUX_BIAS and DGELU_BGRAD epilogues (gemm_plan.cpp's fused_epilogue).
+  run_dense_grid("gelu_mlp", {{37, 100}, {61, 37}, {45, 96}}, 3, 107);
+}
+
+TEST_CASE("swiglu_mlp: bias, residual, dropout, d_x written and accumulated") {
+  // gate and up, silu(g) u, down; backward: dg and du from dh, u and g, then two more products.
+  run_dense_grid("swiglu_mlp", {{37, 100}, {61, 37}, {45, 96}}, 4, 108);
+}
+
+TEST_CASE("cross_entropy: losses and gradients, targets -1 ignored, padded vocabulary, chunked rows") {
+  Margins margins("cross_entropy");
+  std::mt19937_64 rng(109);
+  for (int64_t rows : {1, 7, 257, 1100}) {
+    for (int64_t in : {37, 100}) {
+      for (const auto& [out, real_out] : {std::pair<int64_t, int64_t>{131, 127}, std::pair<int64_t, int64_t>{61, 61}}) {
+        // write, accumulate (with the logits output), loss only (no gradients), every target -1
+        for (int variant = 0; variant < 4; ++variant) {
+          if (variant == 3 && rows > 7) continue;
+          ClassifierProblem p;
+          p.spec.in = in;
+          p.spec.out = out;
+          p.spec.real_out = real_out;
+          p.rows = rows;
+          p.batch = make_batch(rows, int32_t(real_out), 1, rng);
+          std::bernoulli_distribution ignored(0.2);
+          for (int64_t r = 0; r < rows; ++r) {
+            if (variant == 3 || ignored(rng) || (rows > 1 && r == 1)) p.batch.targets[std::size_t(r)] = -1;
+          }
+          p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
+          p.with_grad = variant != 2;
+          p.logits = variant == 1;
+          const int64_t real = p.batch.real_targets();
+          p.scale = real > 0 ? 1.0 / double(real) : 1.0;  // the mean over real targets, as the model scales
+          static const char* const kVariant[] = {"write", "accumulate, logits", "loss only", "every target -1"};
+          p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " vocab " + std::to_string(real_out) + "/" +
+                    std::to_string(out) + " " + kVariant[variant];
+          run_classifier(p, rng, margins);
+        }
+      }
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  if (!cuda::device_available()) {
+    std::puts("no CUDA device: skipped");
+    return 77;
+  }
+  int rc = 0;
+  {
+    Suite s;
+    g_suite = &s;
+    doctest::Context ctx(argc, argv);
+    rc = ctx.run();
+    g_suite = nullptr;
+  }
+  return rc;
+}
