@@ -63,6 +63,8 @@ struct GemmCall {
   float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
   float* a_sums = nullptr;         // ta only: (M) += sums of A's rows over K (a weight-gradient product's
                                    // bias gradient, dy summed over the batch's rows)
+  // Under bf16 a fused bias gradient sums the operand as the product reads it (rounded to bf16);
+  // the fallback sums the f32 values.
 };
 
 // How cuBLASLt's epilogue serves a call: the fused epilogue's name ("DEFAULT", "BIAS",

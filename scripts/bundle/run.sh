@@ -150,13 +150,13 @@ ablate_gpt2() {  # stage name attention [--set key=value ...]
 }
 ablate_gpt2 gpt2 ablate_gpt2 naive_cuda
 [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
-want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, largest micro-batch that fits)"
+want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, ablate's micro-batch: the ratio is at one batch)"
 if ! want gpt2 || skip_stage pytorch_gpt 150; then
   :
 elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   t0=$(date +%s)
   if PYTHONUNBUFFERED=1 timeout "$(( $(left) - 20 ))" python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/gpt2-124m.toml" \
-       --batch auto --json "$out/pytorch_gpt.json" > "$out/logs/pytorch_gpt.log" 2>&1; then status=passed; else status=failed; fi
+       --batch "${ABLATE_GPT2_BATCH:-8}" --json "$out/pytorch_gpt.json" > "$out/logs/pytorch_gpt.log" 2>&1; then status=passed; else status=failed; fi
   printf 'pytorch_gpt\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -15 "$out/logs/pytorch_gpt.log"
 else
