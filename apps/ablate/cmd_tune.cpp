@@ -55,11 +55,16 @@ int tune_batch_size(const Args& args) {
   add_experiment_options(desc, pos);
   desc.add_options()("max-batch", po::value<int64_t>()->default_value(64), "largest micro-batch tried")(
       "steps", po::value<int64_t>()->default_value(3), "steps timed at each size (after one warm-up step)")(
+      "plan-only", "no training steps: the sizes that fit by the memory plan alone, the largest recommended")(
       "json", "print the trials and the recommendation as JSON");
   po::variables_map vm;
-  if (parse_or_help(args, desc, pos, vm, "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--json]")) return 0;
+  if (parse_or_help(args, desc, pos, vm,
+                    "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--plan-only] [--json]")) {
+    return 0;
+  }
   const int64_t max_batch = vm["max-batch"].as<int64_t>();
   const int64_t timed = vm["steps"].as<int64_t>();
+  const bool plan_only = vm.count("plan-only") > 0;
   if (max_batch < 1) throw_input_error("--max-batch", "must be >= 1");
   if (timed < 1) throw_input_error("--steps", "must be >= 1");
   Registry registry;
@@ -99,9 +104,10 @@ int tune_batch_size(const Args& args) {
     t.batch = b;
     t.estimated_bytes = fixed + model.activation_bytes(b, T);
     t.fits = double(t.estimated_bytes) <= 0.9 * double(budget);
-    if (!t.fits) {
+    if (!t.fits || plan_only) {
       trials.push_back(t);
-      break;
+      if (!t.fits) break;
+      continue;
     }
     const std::vector<std::string> sets = {"batching.batch_size=" + std::to_string(b)};
     std::vector<std::string> all = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
@@ -144,6 +150,7 @@ int tune_batch_size(const Args& args) {
   }
   int64_t largest = 0;
   for (const Trial& t : trials) if (t.fits) largest = t.batch;
+  if (plan_only && largest > 0) rec = largest;  // nothing measured: the largest that fits
   if (largest == 0) {
     throw_input_error(budget_gib > 0 ? "run.memory_budget_gib" : "tune",
                       "even a micro-batch of 1 row needs an estimated " +
@@ -173,6 +180,7 @@ int tune_batch_size(const Args& args) {
                              {"step_ms", t.step_ms}, {"tokens_per_s", t.tokens_per_s}, {"real_tokens_per_s", t.real_tokens_per_s}});
     }
     j["largest_fitting"] = largest;
+    j["plan_only"] = plan_only;
     j["largest_fitting_by_recompute"] = by_recompute;
     j["recommended"] = {{"batch_size", rec}, {"grad_accum_steps", accum}, {"lr", lr}};
     std::cout << j.dump(2) << "\n";
@@ -182,9 +190,9 @@ int tune_batch_size(const Args& args) {
               budget_source.c_str(), static_cast<long long>(T), "micro-batch", "step ms", "tokens/s", "real tokens/s",
               "est. MiB");
   for (const Trial& t : trials) {
-    if (!t.fits) {
-      std::printf("%10lld %10s %12s %14s %14.1f  (over 90%% of the budget)\n", static_cast<long long>(t.batch), "-", "-", "-",
-                  double(t.estimated_bytes) / (1 << 20));
+    if (!t.fits || plan_only) {
+      std::printf("%10lld %10s %12s %14s %14.1f%s\n", static_cast<long long>(t.batch), "-", "-", "-",
+                  double(t.estimated_bytes) / (1 << 20), t.fits ? "" : "  (over 90% of the budget)");
     } else {
       std::printf("%10lld %10.1f %12.0f %14.0f %14.1f\n", static_cast<long long>(t.batch), t.step_ms, t.tokens_per_s,
                   t.real_tokens_per_s, double(t.estimated_bytes) / (1 << 20));
@@ -196,8 +204,9 @@ int tune_batch_size(const Args& args) {
               static_cast<long long>(by_recompute["block"]));
   std::printf("recommended: --set batching.batch_size=%lld --set run.grad_accum_steps=%lld --set optimizer.lr=%.3g\n",
               static_cast<long long>(rec), static_cast<long long>(accum), lr);
-  std::printf("  (the smallest micro-batch within 3%% of the best real tokens/s; the accumulation keeps the global batch of "
-              "%lld rows%s)\n",
+  std::printf("  (%s; the accumulation keeps the global batch of %lld rows%s)\n",
+              plan_only ? "the largest micro-batch that fits by the plan: nothing was timed"
+                        : "the smallest micro-batch within 3% of the best real tokens/s",
               static_cast<long long>(global),
               rec * accum > global ? "; it exceeds it, so the lr follows the square-root rule" : " and the lr");
   return 0;

@@ -141,6 +141,9 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
 
   // 3-4. Gradient reduction and the global norm. join() is where a device communicator's
   // collectives, issued without waiting, are waited for: the time there is what was not hidden.
+  // The device finishes the backward pass first, outside the timing (the norm below waits for it
+  // anyway), so the collectives' time is communication alone, not the compute queued before it.
+  if (comm_.moves_data()) device.synchronize();
   if (o_.shard_state) {
     if (!reduced) timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
     timed([&] { comm_.join(); });

@@ -231,8 +231,15 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     const std::size_t bytes = std::size_t(host.numel()) * ablate::dtype_size(host.dtype);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
     if (staging_.size() < bytes) staging_.resize(bytes);
-    // On our stream: ordered with the collective whether or not it returns before completing.
+    // On our stream: ordered with the collective whether or not it returns before completing. Host
+    // values depend on nothing the model's stream holds, so the collective does not wait for it
+    // (a scalar all-reduce is not held up behind the backward pass, nor timed with it).
     ABLATE_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), host.data, bytes, cudaMemcpyHostToDevice, stream_));
+    host_inputs_ = true;
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{host_inputs_};
     collective(ablate::flat_view(staging_.data(), host.dtype, host.numel(), ablate::DeviceType::cuda));
     join();
     ABLATE_CUDA_CHECK(cudaMemcpyAsync(host.data, staging_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
@@ -265,9 +272,12 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
     const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
     if (stream() != nullptr) {
-      // Stream order: the collective waits on the GPU for what the model's stream holds now.
-      ABLATE_CUDA_CHECK(cudaEventRecord(inputs_ready_, static_cast<cudaStream_t>(stream())));
-      ABLATE_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+      // Stream order: the collective waits on the GPU for what the model's stream holds now
+      // (unless its inputs are host values staged on our own stream).
+      if (!host_inputs_) {
+        ABLATE_CUDA_CHECK(cudaEventRecord(inputs_ready_, static_cast<cudaStream_t>(stream())));
+        ABLATE_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+      }
       enqueue(type, ablate::dtype_size(buffer.dtype));
       wait_ready(what, buffer.numel(), buffer.dtype, deadline);
       if (pending_.empty()) pending_deadline_ = deadline;  // the oldest unjoined collective's
@@ -362,6 +372,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   ncclComm_t comm_ = nullptr;
   int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
   ablate::cuda::DeviceBuffer<unsigned char> staging_;  // host values on their way through NCCL
+  bool host_inputs_ = false;  // the collective under way reduces host values staged on stream_
   std::string failed_;
   std::mutex mu_;
 };

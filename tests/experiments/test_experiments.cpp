@@ -381,6 +381,30 @@ TEST_CASE("tune batch-size measures each micro-batch that fits and recommends on
   CHECK(contains(small.output, "even a micro-batch of 1 row"));
 }
 
+TEST_CASE("tune batch-size --plan-only trains nothing and recommends the largest micro-batch the plan fits") {
+  // The tiny model fits 64 rows in any machine's memory: the plan's answer, with no timing.
+  const auto r = run_ablate("tune batch-size " + quickstart() + kTinyFlags + " --max-batch 64 --plan-only --json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const json j = json::parse(r.output.substr(r.output.find("{\n")));
+  CHECK(j["plan_only"] == true);
+  int64_t largest = 0;
+  for (const json& t : j["trials"]) {
+    CHECK(t["step_ms"].get<double>() == 0.0);  // nothing was timed
+    if (t["fits"].get<bool>()) largest = t["batch_size"].get<int64_t>();
+  }
+  CHECK(j["largest_fitting"] == largest);
+  CHECK(j["recommended"]["batch_size"] == largest);
+  CHECK(largest == 64);
+  CHECK(largest == j["largest_fitting_by_recompute"]["none"].get<int64_t>());
+  // Each size fits exactly when its estimate stays under 90% of the budget.
+  const json& trials = j["trials"];
+  const int64_t budget = j["budget_bytes"].get<int64_t>();
+  for (const json& t : trials) {
+    CHECK(t["fits"].get<bool>() == (double(t["estimated_bytes"].get<int64_t>()) <= 0.9 * double(budget)));
+  }
+}
+
 TEST_CASE("report reads a sweep's files typed: nesting, wrong types and escaping arm names exit 2 naming the file, extras are dropped") {
   TempDir tmp;
   const auto write = [](const fs::path& p, const std::string& text) {
