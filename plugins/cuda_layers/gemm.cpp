@@ -9,6 +9,8 @@
 #include <mutex>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
 #include "epilogue_kernels.hpp"
@@ -79,8 +81,9 @@ class Context {
     if (handle_ != nullptr) cublasLtDestroy(handle_);
   }
 
-  // Runs the call with its epilogue fused; false (nothing enqueued) when cuBLASLt has no
-  // algorithm for that epilogue, and the caller does its work in passes of its own.
+  // Runs the call with its epilogue fused; false when cuBLASLt has no algorithm for that epilogue
+  // (nothing but, under bf16, the operands' copies enqueued), and the caller does its work in
+  // passes of its own.
   bool run(const GemmCall& g, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string key = gemm_key(g);
@@ -116,6 +119,11 @@ class Context {
   int64_t built() {
     std::lock_guard<std::mutex> lock(mu_);
     return int64_t(plans_.size());
+  }
+
+  int64_t unfused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return int64_t(unfusable_.size());
   }
 
  private:
@@ -204,7 +212,12 @@ class Context {
     }
     cublasLtMatmulPreferenceDestroy(pref);
     const bool plain = epi == CUBLASLT_EPILOGUE_DEFAULT || epi == CUBLASLT_EPILOGUE_BIAS;
-    if (!plain && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) return nullptr;
+    if (!plain && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
+      // Said once per problem (the caller remembers it): a run that falls back is slower, not wrong.
+      spdlog::info("cuda_layers: cuBLASLt has no algorithm for the {} epilogue of {} ({}); its work runs in passes of its own",
+                   fused_epilogue(g), shape_of(g), rc == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusName(rc));
+      return nullptr;
+    }
     check_lt(rc, "cublasLtMatmulAlgoGetHeuristic", g);
     if (found == 0) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no algorithm for " + shape_of(g));
     p->algo = result.algo;
@@ -266,6 +279,8 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
 }
 
 int64_t gemm_plans_built() { return context().built(); }
+
+int64_t gemm_unfused_problems() { return context().unfused(); }
 
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);

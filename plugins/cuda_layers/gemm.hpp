@@ -107,6 +107,8 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
 
 // Descriptor sets built so far in this process (each distinct problem once).
 int64_t gemm_plans_built();
+// Problems whose fused epilogue cuBLASLt had no algorithm for (each logged once), done in passes.
+int64_t gemm_unfused_problems();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -83,6 +83,10 @@ std::string gemm_refusal(const GemmCall& g) {
   if (g.K == 0 && g.M > 0 && g.N > 0) return "a product over K = 0 (an empty sum) is not served";
   if (g.act != Activation::none && g.aux == nullptr) return "a GELU epilogue needs its pre-activation matrix (aux)";
   if (g.d_column_sums != nullptr && g.act != Activation::dgelu) return "column sums of D are served under dgelu only";
+  if (g.bias != nullptr && (g.act == Activation::dgelu || g.a_sums != nullptr)) {
+    return "a bias is added to forward products only (not with dgelu or a bias gradient)";
+  }
+  if (g.bias != nullptr && g.ldc != g.N) return "a bias needs D packed (ldc == N)";
   if (g.a_sums != nullptr && (!g.ta || g.act != Activation::none)) {
     return "sums of A are served for a transposed A without an activation only (a weight-gradient product)";
   }

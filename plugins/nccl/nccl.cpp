@@ -372,7 +372,8 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   ncclComm_t comm_ = nullptr;
   int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
   ablate::cuda::DeviceBuffer<unsigned char> staging_;  // host values on their way through NCCL
-  bool host_inputs_ = false;  // the collective under way reduces host values staged on stream_
+  bool host_inputs_ = false;  // the collective under way reduces host values staged on stream_ (set
+                              // by through_device; a communicator is called from one thread, the trainer's)
   std::string failed_;
   std::mutex mu_;
 };

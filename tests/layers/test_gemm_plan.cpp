@@ -158,8 +158,15 @@ TEST_CASE("gemm plan: the calls gemm() refuses, with the reason") {
   GemmCall a_sums_untransposed = fc_forward();
   a_sums_untransposed.act = Activation::none;
   a_sums_untransposed.aux = nullptr;
+  a_sums_untransposed.bias = nullptr;
   a_sums_untransposed.a_sums = at_mut(0x60000);
   CHECK(gemm_refusal(a_sums_untransposed).find("transposed") != std::string::npos);
+  GemmCall bias_with_dgelu = fc_forward();
+  bias_with_dgelu.act = Activation::dgelu;
+  CHECK(gemm_refusal(bias_with_dgelu).find("forward products only") != std::string::npos);
+  GemmCall strided_bias = fc_forward();
+  strided_bias.ldc = strided_bias.N + 8;
+  CHECK(gemm_refusal(strided_bias).find("packed") != std::string::npos);
   GemmCall empty_sum = fc_forward();
   empty_sum.K = 0;
   CHECK(gemm_refusal(empty_sum).find("K = 0") != std::string::npos);
