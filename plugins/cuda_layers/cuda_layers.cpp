@@ -1,9 +1,10 @@
 // `cuda_layers`: the layers on a CUDA device, registered for device "cuda" under the names of their
 // CPU twins, so an experiment's [model] means the same on both devices. f32 values (products in f32,
 // TF32 or bf16 by run.dtype), with the CPU
-// layers' parameters, saved values and gradient contract; tests/layers runs each against the CPU
-// layers in float64 on a GPU, and tests/layers/test_cuda_layers_math.cpp checks the arithmetic of
-// their kernels (the __host__ __device__ headers) here on the CPU.
+// layers' parameters, saved values and gradient contract; on a GPU, tests/layers (fp32) and
+// tests/gpu/test_cuda_layers.cpp (fp32, tf32, bf16) run each against the CPU layers in float64,
+// and tests/layers/test_cuda_layers_math.cpp checks the arithmetic of their kernels (the
+// __host__ __device__ headers) here on the CPU.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 

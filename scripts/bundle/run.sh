@@ -104,7 +104,7 @@ else
   echo "  compute-sanitizer not found: skipped"
 fi
 want bench && echo "== benchmarks"
-for b in bench_optim bench_attention; do
+for b in bench_optim bench_attention bench_epilogues; do
   want bench || continue
   [ -x "$here/bin/$b" ] || continue
   skip_stage "$b" 60 && continue
