@@ -35,6 +35,7 @@
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
 #include "attention_support.hpp"
+#include "cuda_timing.hpp"
 
 using namespace ablate;
 using json = nlohmann::json;
@@ -102,12 +103,6 @@ class Bench {
       a->set_stream(device_->stream());
       backends_[name] = std::move(a);
     }
-    ABLATE_CUDA_CHECK(cudaEventCreate(&start_));
-    ABLATE_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~Bench() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
   }
 
   Result run(const std::string& label, const Arm& arm, const Batch& batch, int32_t H, int32_t D, bool packed) {
@@ -197,28 +192,13 @@ class Bench {
 
   template <class F>
   double time_ms(F&& call) {
-    auto stream = static_cast<cudaStream_t>(device_->stream());
-    call();
-    call();
-    std::vector<double> ms;
-    for (int i = 0; i < iters_; ++i) {
-      ABLATE_CUDA_CHECK(cudaEventRecord(start_, stream));
-      call();
-      ABLATE_CUDA_CHECK(cudaEventRecord(stop_, stream));
-      ABLATE_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float t = 0;
-      ABLATE_CUDA_CHECK(cudaEventElapsedTime(&t, start_, stop_));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return bench::median_event_ms(static_cast<cudaStream_t>(device_->stream()), iters_, call);
   }
 
   int iters_;
   Registry registry_;
   std::unique_ptr<Device> device_;
   std::map<std::string, std::unique_ptr<Attention>> backends_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
 // Documents from synthetic_probes (their lengths, capped at T), first-fit packed into `rows` rows of

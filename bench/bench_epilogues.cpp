@@ -27,6 +27,7 @@
 
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
+#include "cuda_timing.hpp"
 #include "gemm.hpp"
 #include "layer_kernels.hpp"
 
@@ -55,41 +56,8 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Median milliseconds of `f` on `stream` over `iters` calls, after two untimed ones.
 double time_ms(const std::function<void()>& f, cudaStream_t stream, int iters) {
-  f();
-  f();
-  cudaEvent_t a, b;
-  ABLATE_CUDA_CHECK(cudaEventCreate(&a));
-  ABLATE_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    ABLATE_CUDA_CHECK(cudaEventRecord(a, stream));
-    f();
-    ABLATE_CUDA_CHECK(cudaEventRecord(b, stream));
-    ABLATE_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    ABLATE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-// Device-to-device copy bandwidth (bytes read + written per second), the rate the removed passes
-// are predicted to run at.
-double copy_bandwidth(cudaStream_t stream) {
-  const std::size_t bytes = std::size_t(1) << 30;
-  void *src = nullptr, *dst = nullptr;
-  ABLATE_CUDA_CHECK(cudaMalloc(&src, bytes));
-  ABLATE_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  const double ms = time_ms([&] { ABLATE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); },
-                            stream, 5);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * double(bytes) / (ms * 1e-3);
+  return bench::median_event_ms(stream, iters, f);
 }
 
 cuda::DeviceBuffer<float> random_buffer(std::size_t n, float scale, std::mt19937& rng) {
@@ -113,7 +81,7 @@ int main(int argc, char** argv) try {
   ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream = nullptr;
   ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double bw = copy_bandwidth(stream);
+  const double bw = bench::copy_bandwidth(stream);
   std::mt19937 rng(20261123);
   const auto W_fc = random_buffer(std::size_t(kH * kD), 0.02f, rng), b_fc = random_buffer(kH, 0.02f, rng);
   const auto W_proj = random_buffer(std::size_t(kD * kH), 0.02f, rng);
