@@ -76,6 +76,12 @@ if [ -n "$ompi_components" ]; then
   mkdir -p "$out/openmpi/components" "$out/openmpi/share"
   cp -a "$ompi_components"/*.so "$out/openmpi/components/"
   [ -d /usr/share/openmpi ] && cp -a /usr/share/openmpi/*.txt "$out/openmpi/share/" 2>/dev/null || true
+  # mpirun (Open MPI's orterun), for jobs of several processes on the one machine: it forks the
+  # ranks itself, so no orted is needed.
+  if [ -x /usr/bin/orterun ]; then
+    mkdir -p "$out/openmpi/bin"
+    cp -L /usr/bin/orterun "$out/openmpi/bin/mpirun"
+  fi
   pmix_components=$(folder_of /usr/lib/x86_64-linux-gnu/pmix2 'pmix_mca_*.so')
   if [ -n "$pmix_components" ]; then
     mkdir -p "$out/openmpi/pmix"

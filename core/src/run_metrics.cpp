@@ -37,8 +37,8 @@ PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm) {
   return p;
 }
 
-RunMetrics::RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, int world)
-    : start_step_(start_step), steps_(steps), peak_(peak), world_(world) {}
+RunMetrics::RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, bool communicates)
+    : start_step_(start_step), steps_(steps), peak_(peak), communicates_(communicates) {}
 
 StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, double step_s, double wait_ms,
                                double flops_per_token, int64_t mem_peak_bytes, int64_t optimizer_state_bytes) {
@@ -61,7 +61,7 @@ StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, do
   sm.optimizer_state_bytes = optimizer_state_bytes;
   // The first step of a process carries warm-up costs: left out of the medians unless it is the only one.
   const bool counted = step > start_step_ + 1 || steps_ - start_step_ == 1;
-  if (world_ > 1) {
+  if (communicates_) {
     sm.extra.push_back({"comm_pct", 100.0 * o.comm_s / step_s});
     if (counted) comm_pcts_.push_back(100.0 * o.comm_s / step_s);
   }
@@ -101,7 +101,7 @@ nlohmann::json RunMetrics::summary() const {
                       {"peak_source", peak_.source},
                       {"mfu_above_peak", above_peak_},
                       {"data_wait_pct", median(waits_)}};
-  if (world_ > 1) j["comm_pct"] = median(comm_pcts_);
+  if (communicates_) j["comm_pct"] = median(comm_pcts_);
   return j;
 }
 

@@ -29,7 +29,8 @@ PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm);
 
 class RunMetrics {
  public:
-  RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, int world);
+  // communicates: the run's communicator moves data (several ranks, or buckets at one): comm_pct is kept.
+  RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, bool communicates);
 
   // The metrics of one step (tokens, throughput and MFU over the whole job).
   StepMetrics record(int64_t step, double lr, const StepOutcome& outcome, double step_s, double wait_ms,
@@ -44,7 +45,7 @@ class RunMetrics {
  private:
   int64_t start_step_, steps_;
   PeakFlops peak_;
-  int world_;
+  bool communicates_;
   double first_loss_ = -1;
   bool above_peak_ = false;  // a counted step's MFU exceeded 1
   std::vector<double> tps_, rtps_, mfus_, emfus_, tflops_, waits_, comm_pcts_;

@@ -429,7 +429,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 
   TrainResult result;
   result.run_dir = dir;
-  RunMetrics metrics(start_step, s.steps, peak, run.world);
+  RunMetrics metrics(start_step, s.steps, peak, run.world > 1 || comm.moves_data());
   std::vector<Batch> micro(static_cast<std::size_t>(s.accum));
   const auto t_run = Clock::now();
   double last_val = -1;

@@ -39,6 +39,16 @@ echo "== the mpi communicator, a singleton start from the bundle's Open MPI (ncc
   --run-dir "$out/mpi" > "$out/mpi.log" 2>&1 || { fail "a singleton mpi run exited $?"; tail -5 "$out/mpi.log"; }
 grep -q '"communicator": "mpi"' "$out/mpi/run.json" 2>/dev/null && echo "  passed  mpi singleton" || fail "the mpi run left no run.json naming mpi"
 
+echo "== two ranks on this machine through the bundle's mpirun (how the GPU run starts two nccl ranks)"
+if [ -x "$here/openmpi/bin/mpirun" ]; then
+  "$here/openmpi/bin/mpirun" --oversubscribe -np 2 "$here/bin/ablate" train "$here/src/configs/quickstart.toml" \
+    --set run.steps=2 --set run.communicator=mpi --set run.threads=1 --run-dir "$out/mpi2" > "$out/mpi2.log" 2>&1 ||
+    { fail "a 2-rank mpirun exited $?"; tail -5 "$out/mpi2.log"; }
+  grep -q '"world": 2' "$out/mpi2/run.json" 2>/dev/null && echo "  passed  mpirun -np 2" || fail "the 2-rank run left no run.json of world 2"
+else
+  fail "the bundle has no openmpi/bin/mpirun"
+fi
+
 echo "== CPU test programs"
 for p in ${ABLATE_BUNDLE_CPU_TESTS:-test_registry test_config test_schedule test_safetensors test_metrics test_device test_samplers test_batchers test_cpu_layers test_naive_cpu test_model test_adamw test_adamw8bit test_train}; do
   [ -x "$here/bin/$p" ] || { fail "$p is not in the bundle"; continue; }

@@ -8,6 +8,9 @@ export ABLATE_PLUGIN_DIR="$bundle/bin/plugins" ABLATE_TEST_PLUGIN_DIR="$bundle/t
 export OMPI_MCA_mca_component_path="$bundle/openmpi/components" PMIX_MCA_mca_component_path="$bundle/openmpi/pmix"
 export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPAL_PKGDATADIR="$bundle/openmpi/share" OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The bundle's mpirun starts ranks on this machine only: the isolated launcher forks them itself
+# (the default one looks for ssh or rsh even for local ranks).
+export OMPI_MCA_plm=isolated
 # The CUDA toolkit's tools (compute-sanitizer, nvcc) where they are installed but not on PATH.
 for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do [ -d "$d" ] && PATH="$PATH:$d"; done
 export PATH

@@ -143,6 +143,7 @@ if want gpt2 || want comm; then
   GPT2_BATCH=$(gpt2_batch)
   echo "== GPT-2 micro-batch: $GPT2_BATCH (ABLATE_GPT2_BATCH=${ABLATE_GPT2_BATCH:-auto})"
 fi
+LAUNCH=""  # a launcher before ablate in ablate_gpt2 (mpirun for the two-rank runs)
 ablate_gpt2() {  # stage name attention [--set key=value ...]
   want "$1" || return 0
   shift
@@ -152,7 +153,8 @@ ablate_gpt2() {  # stage name attention [--set key=value ...]
   local t0 status
   t0=$(date +%s)
   rm -rf "${out:?}/$1"
-  if timeout "$(limit 240)" "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
+  # shellcheck disable=SC2086  # $LAUNCH: empty, or mpirun and its arguments
+  if timeout "$(limit 240)" $LAUNCH "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
        --set batching.batch_size="$GPT2_BATCH" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
        --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 "${@:3}" --run-dir "$out/$1" \
@@ -199,6 +201,16 @@ flash=naive_cuda
 [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash=cudnn_flash
 ablate_gpt2 comm ablate_gpt2_single "$flash" --set run.communicator=single
 ablate_gpt2 comm ablate_gpt2_nccl "$flash" --set run.communicator=nccl
+# Two ranks on the one GPU (mpirun from the bundle), 8 rows each: with gradient buckets and with
+# one reduction after the backward pass. comm_pct of the two says how much of the communication
+# the buckets hide; if NCCL refuses two ranks on one GPU, the log says so.
+LAUNCH=""
+if want comm && [ -x "$here/openmpi/bin/mpirun" ]; then
+  LAUNCH="$here/openmpi/bin/mpirun --oversubscribe -np 2"
+  ablate_gpt2 comm ablate_gpt2_nccl_2ranks "$flash" --set run.communicator=nccl --set batching.batch_size=8
+  ablate_gpt2 comm ablate_gpt2_nccl_2ranks_flat "$flash" --set run.communicator=nccl --set batching.batch_size=8 --set run.bucket_mb=0
+  LAUNCH=""
+fi
 
 echo "== done in $(( $(date +%s) - t_start )) s"
 python3 "$here/summary.py" "$out" || echo "summary.py failed"

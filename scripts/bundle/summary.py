@@ -46,7 +46,7 @@ def headline(name, data):
                             "padded_real_fraction"],
         "pytorch_sdpa": ["device", "torch"],
         "bench_nccl": ["device", "world", "elements"],
-        "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss"],
+        "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     rows = data.get("rows") if isinstance(data, dict) else None
     if isinstance(rows, list) and name in ("bench_attention", "pytorch_sdpa", "bench_nccl"):
