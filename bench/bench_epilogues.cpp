@@ -56,10 +56,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double time_ms(const std::function<void()>& f, cudaStream_t stream, int iters) {
-  return bench::median_event_ms(stream, iters, f);
-}
-
 cuda::DeviceBuffer<float> random_buffer(std::size_t n, float scale, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> h(n);
@@ -136,7 +132,8 @@ int main(int argc, char** argv) try {
            4.0 * double(rows * kD)},  // column sums: read dy
       };
       for (const Case& c : cases) {
-        const double tu = time_ms(c.unfused, stream, o.iters), tf = time_ms(c.fused, stream, o.iters);
+        const double tu = bench::median_event_ms(stream, o.iters, c.unfused);
+        const double tf = bench::median_event_ms(stream, o.iters, c.fused);
         const double predicted = c.saved_bytes / bw * 1e3;
         std::printf("%-12s %-5s %6lld %10.3f %10.3f %8.3f %14.3f %14.3f\n", c.op, to_string(mode),
                     static_cast<long long>(rows), tu, tf, tf / tu, predicted, tu - tf);

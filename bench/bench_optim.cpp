@@ -34,6 +34,7 @@
 
 #ifdef ABLATE_BENCH_CUDA
 #include "ablate/cuda_check.hpp"
+#include "cuda_timing.hpp"
 #endif
 
 namespace {
@@ -94,28 +95,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 #ifdef ABLATE_BENCH_CUDA
-// Milliseconds of `f` on the device, between two events on the default stream.
-template <class F>
-double device_ms(F&& f) {
-  cudaEvent_t a, b;
-  ABLATE_CUDA_CHECK(cudaEventCreate(&a));
-  ABLATE_CUDA_CHECK(cudaEventCreate(&b));
-  ABLATE_CUDA_CHECK(cudaEventRecord(a));
-  f();
-  ABLATE_CUDA_CHECK(cudaEventRecord(b));
-  ABLATE_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  ABLATE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  ABLATE_CUDA_CHECK(cudaEventDestroy(a));
-  ABLATE_CUDA_CHECK(cudaEventDestroy(b));
-  return double(ms);
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The device part: null when there is no device.
 nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const ablate::ParamTable& table,
                         const std::vector<float>& params, const std::vector<float>& grads) {
@@ -126,16 +105,8 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
   cudaDeviceProp prop{};
   ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int64_t n = table.total;
-  // Copy bandwidth: 1 GiB device to device, read + write.
-  const std::size_t copy_bytes = std::size_t(1) << 30;
-  ablate::cuda::DeviceBuffer<unsigned char> src(copy_bytes), dst(copy_bytes);
-  src.fill_zero();
-  std::vector<double> copy_ms;
-  for (int k = 0; k < 6; ++k) {
-    const double ms = device_ms([&] { ABLATE_CUDA_CHECK(cudaMemcpy(dst.data(), src.data(), copy_bytes, cudaMemcpyDeviceToDevice)); });
-    if (k > 0) copy_ms.push_back(ms);
-  }
-  const double copy_gbs = 2.0 * double(copy_bytes) / (median_of(copy_ms) * 1e-3) / 1e9;
+  // Copy bandwidth: 1 GiB device to device, read + write, on the default stream the steps use.
+  const double copy_gbs = ablate::bench::copy_bandwidth(nullptr) / 1e9;
 
   struct GpuRow {
     std::string label;
@@ -151,14 +122,11 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
     g.upload(grads.data(), grads.size());
     const ablate::TensorView pv = ablate::flat_view(p.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
     const ablate::TensorView gv = ablate::flat_view(g.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
-    std::vector<double> ms;
-    for (int k = 0; k <= o.steps; ++k) {
-      const double t = device_ms([&] { opt->step(table, pv, gv, 6e-4, k + 1); });
-      if (k > 0) ms.push_back(t);
-    }
+    int64_t step = 0;  // one untimed step, then o.steps timed, each the next step number
+    const double ms = ablate::bench::median_event_ms(nullptr, o.steps, [&] { opt->step(table, pv, gv, 6e-4, ++step); }, 1);
     // Traffic: parameters read and written, gradients read, the state read and written.
     const double state = double(opt->state_bytes());
-    rows.push_back({arm.label, median_of(ms), 12.0 * double(n) + 2.0 * state});
+    rows.push_back({arm.label, ms, 12.0 * double(n) + 2.0 * state});
   }
   std::printf("\ndevice: %s; copy bandwidth %.0f GB/s (1 GiB cudaMemcpy, read + write)\n", prop.name, copy_gbs);
   std::printf("%-18s %12s %14s %12s %12s\n", "optimizer", "step ms", "bytes moved", "GB/s", "of copy bw");

@@ -120,6 +120,25 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
   }
   if (t.data == nullptr && t.numel() > 0) throw_runtime_error(where, std::string(name) + " has no data");
 }
+void check_attention_forward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
+                                     const TensorView& k, const TensorView& v, const TensorView& out) {
+  check_attention_tensor(where, "q", q, p, p.heads, device);
+  check_attention_tensor(where, "k", k, p, p.kv_heads, device);
+  check_attention_tensor(where, "v", v, p, p.kv_heads, device);
+  check_attention_tensor(where, "out", out, p, p.heads, device);
+}
+
+void check_attention_backward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
+                                      const TensorView& k, const TensorView& v, const TensorView& out,
+                                      const TensorView& d_out, const TensorView& d_q, const TensorView& d_k,
+                                      const TensorView& d_v) {
+  check_attention_forward_tensors(where, p, device, q, k, v, out);
+  check_attention_tensor(where, "d_out", d_out, p, p.heads, device);
+  check_attention_tensor(where, "d_q", d_q, p, p.heads, device);
+  check_attention_tensor(where, "d_k", d_k, p, p.kv_heads, device);
+  check_attention_tensor(where, "d_v", d_v, p, p.kv_heads, device);
+}
+
 Optimizer::~Optimizer() = default;
 Logger::~Logger() = default;
 Communicator::~Communicator() = default;

@@ -26,8 +26,10 @@
 // machine; the checks that need the device (SM version, cuDNN's version) run only where one is.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -176,10 +178,7 @@ class CudnnFlash final : public Attention {
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {
     check_call(p, batch, saved);
-    check_tensor("q", q, p, p.heads);
-    check_tensor("k", k, p, p.kv_heads);
-    check_tensor("v", v, p, p.kv_heads);
-    check_tensor("out", out, p, p.heads);
+    check_attention_forward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out);
     if (int64_t(p.batch) * p.seq_len == 0) return;
     const Context ctx = context();
     const cudaStream_t stream = ctx.stream;
@@ -194,23 +193,7 @@ class CudnnFlash final : public Attention {
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
-    if (p.dtype == DType::f32) {
-      Carver c;
-      const int64_t at_q = c.take(n.q * 2), at_k = c.take(n.kv * 2), at_v = c.take(n.kv * 2), at_o = c.take(n.q * 2);
-      char* base = static_cast<char*>(data_.get(std::size_t(c.size()), stream));
-      ptr[kQ] = base + at_q;
-      ptr[kK] = base + at_k;
-      ptr[kV] = base + at_v;
-      ptr[kO] = base + at_o;
-      launch_to_bf16(q.as<const float>(), ptr[kQ], n.q, stream);
-      launch_to_bf16(k.as<const float>(), ptr[kK], n.kv, stream);
-      launch_to_bf16(v.as<const float>(), ptr[kV], n.kv, stream);
-    } else {
-      ptr[kQ] = q.data;
-      ptr[kK] = k.data;
-      ptr[kV] = v.data;
-      ptr[kO] = out.data;
-    }
+    bind(p, {{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, false}}, ptr, stream);
     ptr[kStats] = saved.data;
     run(graph, ctx, ptr);
 
@@ -228,14 +211,7 @@ class CudnnFlash final : public Attention {
                 TensorView out, TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k,
                 TensorView d_v) override {
     check_call(p, batch, saved);
-    check_tensor("q", q, p, p.heads);
-    check_tensor("k", k, p, p.kv_heads);
-    check_tensor("v", v, p, p.kv_heads);
-    check_tensor("out", out, p, p.heads);
-    check_tensor("d_out", d_out, p, p.heads);
-    check_tensor("d_q", d_q, p, p.heads);
-    check_tensor("d_k", d_k, p, p.kv_heads);
-    check_tensor("d_v", d_v, p, p.kv_heads);
+    check_attention_backward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out, d_out, d_q, d_k, d_v);
     if (int64_t(p.batch) * p.seq_len == 0) return;
     const Context ctx = context();
     const cudaStream_t stream = ctx.stream;
@@ -252,35 +228,10 @@ class CudnnFlash final : public Attention {
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
-    if (p.dtype == DType::f32) {
-      Carver c;
-      const int64_t at_q = c.take(n.q * 2), at_k = c.take(n.kv * 2), at_v = c.take(n.kv * 2), at_o = c.take(n.q * 2),
-                    at_do = c.take(n.q * 2), at_dq = c.take(n.q * 2), at_dk = c.take(n.kv * 2),
-                    at_dv = c.take(n.kv * 2);
-      char* base = static_cast<char*>(data_.get(std::size_t(c.size()), stream));
-      ptr[kQ] = base + at_q;
-      ptr[kK] = base + at_k;
-      ptr[kV] = base + at_v;
-      ptr[kO] = base + at_o;
-      ptr[kDO] = base + at_do;
-      ptr[kDQ] = base + at_dq;
-      ptr[kDK] = base + at_dk;
-      ptr[kDV] = base + at_dv;
-      launch_to_bf16(q.as<const float>(), ptr[kQ], n.q, stream);
-      launch_to_bf16(k.as<const float>(), ptr[kK], n.kv, stream);
-      launch_to_bf16(v.as<const float>(), ptr[kV], n.kv, stream);
-      launch_to_bf16(out.as<const float>(), ptr[kO], n.q, stream);
-      launch_to_bf16(d_out.as<const float>(), ptr[kDO], n.q, stream);
-    } else {
-      ptr[kQ] = q.data;
-      ptr[kK] = k.data;
-      ptr[kV] = v.data;
-      ptr[kO] = out.data;
-      ptr[kDO] = d_out.data;
-      ptr[kDQ] = d_q.data;
-      ptr[kDK] = d_k.data;
-      ptr[kDV] = d_v.data;
-    }
+    bind(p,
+         {{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, true}, {kDO, d_out, n.q, true},
+          {kDQ, d_q, n.q, false}, {kDK, d_k, n.kv, false}, {kDV, d_v, n.kv, false}},
+         ptr, stream);
     ptr[kStats] = saved.data;
     run(graph, ctx, ptr);
 
@@ -415,8 +366,29 @@ class CudnnFlash final : public Attention {
     }
   }
 
-  static void check_tensor(const char* name, const TensorView& t, const AttentionProblem& p, int64_t heads) {
-    check_attention_tensor(kWhere, name, t, p, heads, DeviceType::cuda);
+  // One tensor of the graph: its slot, the call's view, its elements, and whether cuDNN reads it.
+  struct Bound {
+    int slot;
+    TensorView t;
+    int64_t n;
+    bool input;
+  };
+  // The graph's tensor pointers: a bf16 problem's views as they are; for an f32 problem, bf16
+  // copies carved from one scratch region, the inputs converted into them (the outputs cuDNN
+  // writes there are converted back by the caller).
+  void bind(const AttentionProblem& p, std::initializer_list<Bound> tensors, Pointers& ptr, cudaStream_t stream) {
+    if (p.dtype != DType::f32) {
+      for (const Bound& b : tensors) ptr[b.slot] = b.t.data;
+      return;
+    }
+    Carver c;
+    std::array<int64_t, kSlotCount> at{};
+    for (const Bound& b : tensors) at[b.slot] = c.take(b.n * 2);
+    char* base = static_cast<char*>(data_.get(std::size_t(c.size()), stream));
+    for (const Bound& b : tensors) {
+      ptr[b.slot] = base + at[b.slot];
+      if (b.input) launch_to_bf16(b.t.as<const float>(), ptr[b.slot], b.n, stream);
+    }
   }
 
   mutable std::once_flag facts_once_;

@@ -63,10 +63,6 @@ SegmentLayout layout_of(const ablate::BatchViews& v) {
   return l;
 }
 
-void check_tensor(const char* name, const TensorView& t, const AttentionProblem& p, int64_t heads) {
-  ablate::check_attention_tensor(kWhere, name, t, p, heads, DeviceType::cpu);
-}
-
 void check_saved(const TensorView& saved, const AttentionProblem& p) {
   const int64_t need = int64_t(p.batch) * p.heads * p.seq_len;
   if (saved.numel() != need) {
@@ -358,10 +354,7 @@ class NaiveCpu final : public ablate::Attention {
                TensorView out, TensorView saved) override {
     const SegmentLayout batch = layout_of(views);
     check_problem(p, batch);
-    check_tensor("q", q, p, p.heads);
-    check_tensor("k", k, p, p.kv_heads);
-    check_tensor("v", v, p, p.kv_heads);
-    check_tensor("out", out, p, p.heads);
+    ablate::check_attention_forward_tensors(kWhere, p, DeviceType::cpu, q, k, v, out);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
       forward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<float>(),
@@ -380,14 +373,7 @@ class NaiveCpu final : public ablate::Attention {
                 TensorView d_v) override {
     const SegmentLayout batch = layout_of(views);
     check_problem(p, batch);
-    check_tensor("q", q, p, p.heads);
-    check_tensor("k", k, p, p.kv_heads);
-    check_tensor("v", v, p, p.kv_heads);
-    check_tensor("out", out, p, p.heads);
-    check_tensor("d_out", d_out, p, p.heads);
-    check_tensor("d_q", d_q, p, p.heads);
-    check_tensor("d_k", d_k, p, p.kv_heads);
-    check_tensor("d_v", d_v, p, p.kv_heads);
+    ablate::check_attention_backward_tensors(kWhere, p, DeviceType::cpu, q, k, v, out, d_out, d_q, d_k, d_v);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
       backward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<const float>(),

@@ -93,7 +93,8 @@ class NaiveCuda final : public Attention {
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
                TensorView saved) override {
     std::lock_guard<std::mutex> lock(mu_);
-    check(p, batch, {&q, &out}, {&k, &v}, saved);
+    check(p, batch, saved);
+    check_attention_forward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out);
     const Dims d = dims(p);
     if (d.z == 0 || d.T == 0) return;
     const cudaStream_t st = prepare(p, batch);
@@ -114,7 +115,8 @@ class NaiveCuda final : public Attention {
   void backward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
                 TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k, TensorView d_v) override {
     std::lock_guard<std::mutex> lock(mu_);
-    check(p, batch, {&q, &out, &d_out, &d_q}, {&k, &v, &d_k, &d_v}, saved);
+    check(p, batch, saved);
+    check_attention_backward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out, d_out, d_q, d_k, d_v);
     const Dims d = dims(p);
     if (d.z == 0 || d.T == 0) return;
     const cudaStream_t st = prepare(p, batch);
@@ -187,20 +189,12 @@ class NaiveCuda final : public Attention {
     return d;
   }
 
-  void check(const AttentionProblem& p, const BatchViews& batch, std::initializer_list<const TensorView*> q_like,
-             std::initializer_list<const TensorView*> kv_like, const TensorView& saved) const {
+  // The problem, the batch's layout and saved; the tensors are check_attention_*_tensors'.
+  void check(const AttentionProblem& p, const BatchViews& batch, const TensorView& saved) const {
     if (const std::string why = supports(p); !why.empty()) throw_runtime_error(kWhere, why);
     if (batch.device != DeviceType::cuda || batch.rows != p.batch || batch.seq_len != p.seq_len) {
       throw_runtime_error(kWhere, "the batch's segment layout is not on the cuda device or does not match the problem");
     }
-    const auto need = [&](const TensorView* t, int64_t heads) {
-      const int64_t n = int64_t(p.batch) * p.seq_len * heads * p.head_dim;
-      if (t->device != DeviceType::cuda || t->dtype != DType::f32 || t->numel() != n || (n > 0 && t->data == nullptr)) {
-        throw_runtime_error(kWhere, std::string("a tensor is not ") + std::to_string(n) + " f32 values on the cuda device");
-      }
-    };
-    for (const TensorView* t : q_like) need(t, p.heads);
-    for (const TensorView* t : kv_like) need(t, p.kv_heads);
     if (saved.device != DeviceType::cuda || saved.dtype != DType::f32 || saved.numel() != saved_elements(p)) {
       throw_runtime_error(kWhere, "saved must hold batch * heads * seq_len f32 values on the cuda device");
     }

@@ -13,6 +13,7 @@
 
 #include "ablate/attention.hpp"
 #include "ablate/registry.hpp"
+#include "attention_device_run.hpp"
 #include "attention_support.hpp"
 #include "naive_math.hpp"
 #include "test_support.hpp"
@@ -131,15 +132,7 @@ Result emulate(const Problem& p, const Batch& batch) {
 std::vector<double> to_f64(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
 TensorView view4(std::vector<double>& v, int64_t a, int64_t b, int64_t c, int64_t d) {
-  TensorView t;
-  t.data = v.data();
-  t.dtype = DType::f64;
-  t.ndim = 4;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.shape[3] = d;
-  return t;
+  return test::shaped(flat_view(v.data(), DType::f64, int64_t(v.size())), a, b, c, d);
 }
 
 // naive_cpu in float64 on the same (float-rounded) inputs.

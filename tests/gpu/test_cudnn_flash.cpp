@@ -124,15 +124,8 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
               packed ? test::make_batch(T, {test::random_packed_row(T, rng), test::random_packed_row(T, rng),
                                             {{0, 1}, {1, T - 1}}, {}})
                      : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}, {{0, 1}}});
-          AttentionProblem p;
-          p.batch = batch.rows;
-          p.seq_len = T;
-          p.kv_heads = 2;
-          p.heads = 2 * ratio;
-          p.head_dim = D;
-          p.dtype = DType::f32;
-          p.device = DeviceType::cuda;
-          p.packed = packed;
+          const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
+                                   .dtype = DType::f32, .device = DeviceType::cuda, .packed = packed};
           const std::string why = f.flash->supports(p);
           if (!why.empty()) {
             MESSAGE("cudnn_flash refuses: " << why);  // e.g. packed rows on an SM80 device
@@ -175,15 +168,8 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
 TEST_CASE("cudnn_flash: packed batches with different segment counts share a graph within a bound") {
   Fixture f;
   const int32_t T = 96;
-  AttentionProblem p;
-  p.batch = 2;
-  p.seq_len = T;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 64;
-  p.dtype = DType::f32;
-  p.device = DeviceType::cuda;
-  p.packed = true;
+  const AttentionProblem p{.batch = 2, .seq_len = T, .heads = 4, .kv_heads = 2, .head_dim = 64, .dtype = DType::f32,
+                           .device = DeviceType::cuda, .packed = true};
   if (const std::string why = f.flash->supports(p); !why.empty()) {
     MESSAGE("cudnn_flash refuses: " << why);
     return;

@@ -83,15 +83,8 @@ TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 
         INFO("T " << T << " D " << D << " heads/kv " << ratio);
         const Batch batch = T == 1 ? test::make_batch(T, {{{0, 1}}, {}})
                                    : test::make_batch(T, {{{0, T / 2 + 1}}, test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}});
-        AttentionProblem p;
-        p.batch = batch.rows;
-        p.seq_len = T;
-        p.kv_heads = 2;
-        p.heads = 2 * ratio;
-        p.head_dim = D;
-        p.dtype = DType::f32;
-        p.device = DeviceType::cuda;
-        p.packed = true;
+        const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
+                                 .dtype = DType::f32, .device = DeviceType::cuda, .packed = true};
         REQUIRE(f.gpu->supports(p).empty());
         const auto make = [&](int64_t heads) {
           std::vector<double> x(std::size_t(p.batch) * T * heads * D);

@@ -54,5 +54,13 @@ class Attention : public Component {
 // makes on q, k, v, out and their gradients.
 void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
                             int64_t heads, DeviceType device);
+// That check on every tensor of a forward call (q, k, v, out), or of a backward call (and d_out,
+// d_q, d_k, d_v): q-like tensors have p.heads heads, k- and v-like ones p.kv_heads.
+void check_attention_forward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
+                                     const TensorView& k, const TensorView& v, const TensorView& out);
+void check_attention_backward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
+                                      const TensorView& k, const TensorView& v, const TensorView& out,
+                                      const TensorView& d_out, const TensorView& d_q, const TensorView& d_k,
+                                      const TensorView& d_v);
 
 }  // namespace ablate
