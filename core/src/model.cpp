@@ -142,6 +142,9 @@ struct Model::Impl {
   std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
 
   Buffer params, grads, act;  // (P) f32, (P) f32, the arena
+  // run.dtype = "bf16" with a norm and readers of its output that take bf16 views
+  // (LayerBase::bf16_product_inputs): the norms' outputs (ln1, ln2, lnf) are held in bf16.
+  bool bf16_norm_outputs = false;
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
@@ -336,11 +339,19 @@ struct Model::Impl {
     p.rows = rows;
     p.seq_len = T;
     p.offsets.assign(std::size_t((o.n_layers + 2) * schedule::kSlots), 0);
+    p.dtypes.assign(p.offsets.size(), DType::f32);
+    // n values of the slot's dtype: a norm's output is bf16 when product inputs are held so.
     auto take = [&](Ref r, int64_t n) {
-      p.offsets[std::size_t((r.block + 1) * schedule::kSlots + int(r.slot))] = p.elements;
-      p.elements += round_up(std::max<int64_t>(n, 0), 16);
+      const bool bf16 = bf16_norm_outputs && (r.slot == Slot::ln1 || r.slot == Slot::ln2 || r.slot == Slot::lnf);
+      p.offsets[ArenaPlan::index(r)] = p.elements;
+      p.dtypes[ArenaPlan::index(r)] = bf16 ? DType::bf16 : DType::f32;
+      const int64_t values = std::max<int64_t>(n, 0);
+      p.elements += round_up(bf16 ? (values + 1) / 2 : values, 16);
     };
-    auto alias = [&](Ref r, Ref to) { p.offsets[std::size_t((r.block + 1) * schedule::kSlots + int(r.slot))] = p.at(to); };
+    auto alias = [&](Ref r, Ref to) {
+      p.offsets[ArenaPlan::index(r)] = p.at(to);
+      p.dtypes[ArenaPlan::index(r)] = p.dtype(to);
+    };
     const AttentionProblem prob = problem(rows, T);
     const auto keep = take;
     // A slot backward recomputes is held once, in block 0's place, for whichever block is being
@@ -412,6 +423,7 @@ struct Model::Impl {
   TensorView arena(Ref r, int64_t rows, int64_t cols) const {
     if (!r.set()) return {};
     TensorView t = act.view(plan.at(r), rows * cols);
+    t.dtype = plan.dtype(r);  // the same first byte; a bf16 slot's values are two bytes each
     t.ndim = 2;
     t.shape[0] = rows;
     t.shape[1] = cols;
@@ -622,6 +634,8 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.cls_spec.out = o.vocab_padded;
   m.cls_spec.real_out = o.vocab_size;
   m.cls_spec.declare = !o.tie_embeddings;
+  m.bf16_norm_outputs = run.dtype == "bf16" && m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
+                        m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
   m.build_schedule();
   // Refused by size before anything is allocated (the run's full plan is checked later, with the
   // optimizer and the activations): values and gradients alone must fit the device.

@@ -22,7 +22,7 @@ enum class Slot : uint8_t {
   none,
   // Per block l (block n_layers has only `res`, the stream after the last block).
   res,     // (N, C)    the residual stream entering block l (block 0: the embeddings)
-  ln1,     // (N, C)    norm1(res)
+  ln1,     // (N, C)    norm1(res); ln1, ln2 and lnf are bf16 when the model holds product inputs so
   ln1_s,   //           norm1's saved values
   q_lin,   // (N, H*D)  q projection
   k_lin,   // (N, Hk*D) k projection
@@ -64,13 +64,17 @@ struct Ref {
 inline Ref shared(Slot s) { return {-1, s}; }
 inline Ref in_block(int64_t l, Slot s) { return {int32_t(l), s}; }
 
-// The arena's offsets (f32 elements) for one micro-batch shape.
+// The arena's offsets (f32 elements) for one micro-batch shape, and what each slot holds: f32, or
+// bf16 (two values to an f32 element) for an activation only bf16 products read.
 struct ArenaPlan {
   int64_t rows = 0, seq_len = 0;
   int64_t elements = 0;
   int64_t scratch_elements = 0;
   std::vector<int64_t> offsets;  // (n_layers + 2) * kSlots; index (block + 1) * kSlots + slot
-  int64_t at(Ref r) const { return offsets[std::size_t((r.block + 1) * kSlots + int(r.slot))]; }
+  std::vector<DType> dtypes;     // likewise
+  static std::size_t index(Ref r) { return std::size_t((r.block + 1) * kSlots + int(r.slot)); }
+  int64_t at(Ref r) const { return offsets[index(r)]; }
+  DType dtype(Ref r) const { return dtypes[index(r)]; }
 };
 
 enum class Op : uint8_t { layer, attention };

@@ -1,5 +1,6 @@
 // Shared host pieces of the CUDA layers: the checks every call makes (f32 views on the cuda device
-// holding enough values, the batch's ids on the device), the stream, and the dropout arguments.
+// holding enough values, bf16 ones where the model holds a product's input in bf16, the batch's ids
+// on the device), the stream, and the dropout arguments.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +40,26 @@ inline void require_f32(const char* layer, const TensorView& t, const char* what
     throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(t.numel()) + " values, the call needs " +
                                    std::to_string(elements));
   }
+}
+
+// An activation a matrix product reads (a dense layer's or the classifier's input x): f32 or, when
+// the model holds it in bf16 (LayerBase::bf16_product_inputs) and the products are bf16, bf16.
+inline Operand require_product_input(const char* layer, const TensorView& t, const char* what, int64_t elements,
+                                     MatmulMode mode) {
+  if (t.dtype == DType::bf16 && t.data != nullptr) {
+    if (mode != MatmulMode::bf16) {
+      throw_runtime_error(layer, std::string("'") + what + "' is bf16 but the products are " + to_string(mode) +
+                                     ": an input held in bf16 is read by bf16 products only");
+    }
+    if (t.device != DeviceType::cuda) throw_runtime_error(layer, std::string("'") + what + "' must be on the cuda device");
+    if (t.numel() < elements) {
+      throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(t.numel()) + " values, the call needs " +
+                                     std::to_string(elements));
+    }
+    return {nullptr, t.data};
+  }
+  require_f32(layer, t, what, elements);
+  return {t.as<const float>(), nullptr};
 }
 
 inline cudaStream_t stream_of(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }

@@ -1,4 +1,5 @@
-// `cross_entropy` on a CUDA device: the fused classifier, f32, with the CPU layer's contract. Rows
+// `cross_entropy` on a CUDA device: the fused classifier, f32 (its input x held in bf16 where the
+// model holds it so, under bf16 products), with the CPU layer's contract. Rows
 // are processed in chunks of kChunk: z = x W^T (cuBLASLt) into the scratch, one block per row
 // computes the loss and overwrites z with the logit gradient (layer_kernels.cu), then
 // d_x = dz W and dW += dz^T x. Only (kChunk, out) logits live at once, never (B*T, vocab): at GPT-2's
@@ -26,6 +27,7 @@ class CrossEntropy final : public LossLayer {
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, std::min(rows, kChunk), s.in, s.out);
   }
+  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void loss(const LayerCall& call) override {
     check_spec(kName, call);
@@ -33,7 +35,7 @@ class CrossEntropy final : public LossLayer {
     layer_params::check_classifier(s);
     const int64_t rows = call.rows, in = s.in, out = s.out;
     const bool with_grad = call.d_x.data != nullptr;
-    require_f32(kName, call.x, "x", rows * in);
+    const Operand x = require_product_input(kName, call.x, "x", rows * in, mode_);
     require_f32(kName, call.params, "params", out * in);
     require_f32(kName, call.losses, "losses", rows);
     require_f32(kName, call.scratch, "scratch", std::min(rows, kChunk) * out);
@@ -45,12 +47,11 @@ class CrossEntropy final : public LossLayer {
     }
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
     const cudaStream_t st = stream_of(call);
-    const float* x = call.x.as<const float>();
     const Weight W{call.params.as<const float>(), call.params_bf16.data};
     float* z = call.scratch.as<float>();
     for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
       const int64_t n = std::min(kChunk, rows - r0);
-      gemm_x_wt(x + r0 * in, n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_);
+      gemm_x_wt(x.at(r0 * in), n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_);
       if (call.logits.data != nullptr) {
         ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, st));
@@ -60,7 +61,7 @@ class CrossEntropy final : public LossLayer {
       if (with_grad) {
         // d_x = dz W (written or added), dW += dz^T x
         gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
-        gemm_add_dyt_x(z, n, in, out, x + r0 * in, call.grads.as<float>(), nullptr, st, mode_);
+        gemm_add_dyt_x(z, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
       }
     }
     check_launch(kName);

@@ -1,6 +1,7 @@
-// Dense layers on a CUDA device: `linear`, `gelu_mlp`, `swiglu_mlp`, f32, with the CPU layers'
-// parameters (weights (out, in) as PyTorch stores them), saved values, scratch and gradient
-// contract. Matrix products through cuBLASLt (gemm.hpp) with their epilogues where they save a pass:
+// Dense layers on a CUDA device: `linear`, `gelu_mlp`, `swiglu_mlp`, f32 (under bf16 products the
+// model may hold the input x in bf16, and the MLPs keep their hidden activation in bf16), with the
+// CPU layers' parameters (weights (out, in) as PyTorch stores them), saved values, scratch and
+// gradient contract. Matrix products through cuBLASLt (gemm.hpp) with their epilogues where they save a pass:
 // the bias where the output is written whole, the bias gradient of every weight-gradient product,
 // gelu_mlp's GELU (forward: the pre-activation and the activation from one product) and its
 // gradient with fc's bias gradient (backward); swiglu and dropout and residual adds in
@@ -28,7 +29,7 @@ Weight weight_at(const LayerCall& call, int64_t offset) {
 }
 
 // y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
-void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y,
+void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y,
                    const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   const int64_t n = rows * out;
@@ -49,7 +50,7 @@ void dense_forward(const float* x, int64_t rows, int64_t in, int64_t out, Weight
 // Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
 // skipped when null), dW += dy'^T x, db += colsum(dy'), dy' = dy masked by the forward's dropout
 // (into `tmp`, (rows, out), when dropout is on).
-void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, Weight W, float* dW, float* db,
+void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db,
                     float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   if (drop.p > 0.0) {
@@ -60,19 +61,23 @@ void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, cons
   gemm_add_dyt_x(dy, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
 
-void check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch) {
-  require_f32(name, call.x, "x", call.rows * in);
+// The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
+// holds it so).
+Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
+                      int64_t scratch, MatmulMode mode) {
+  const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
   require_f32(name, call.y, "y", call.rows * out);
   require_f32(name, call.params, "params", params);
   require_f32(name, call.saved, "saved", saved);
   if (call.residual.data != nullptr) require_f32(name, call.residual, "residual", call.rows * out);
   if (scratch > 0 && call.dropout > 0.0) require_f32(name, call.scratch, "scratch", scratch);
   if (same(call.x, call.y)) throw_runtime_error(name, "y must not alias x");
+  return x;
 }
 
-void check_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
-                    int64_t scratch) {
-  require_f32(name, call.x, "x", call.rows * in);
+Operand check_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
+                       int64_t scratch, MatmulMode mode) {
+  const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
   require_f32(name, call.d_y, "d_y", call.rows * out);
   require_f32(name, call.params, "params", params);
   require_f32(name, call.grads, "grads", params);
@@ -82,7 +87,14 @@ void check_backward(const char* name, const LayerCall& call, int64_t in, int64_t
     require_f32(name, call.d_x, "d_x", call.rows * in);
     if (same(call.d_x, call.d_y) || same(call.d_x, call.x)) throw_runtime_error(name, "d_x must not alias d_y or x");
   }
+  return x;
 }
+
+// The MLP's hidden activation (rows, H) held in bf16 under bf16 products (only the projection's
+// products read it): it starts at this f32 element of the layer's saved values, after the f32 ones
+// before it, 256-byte aligned.
+int64_t bf16_after(int64_t f32_elements) { return (f32_elements + 63) / 64 * 64; }
+int64_t bf16_elements(int64_t values) { return (values + 1) / 2; }  // in f32 elements
 
 float* scratch_at(const LayerCall& call, int64_t offset) { return call.scratch.data != nullptr ? call.scratch.as<float>() + offset : nullptr; }
 
@@ -100,13 +112,14 @@ class Linear final : public Layer {
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
   }
+  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
-    check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out);
-    dense_forward(call.x.as<const float>(), call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias),
+    const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_);
+    dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias),
                   call.y.as<float>(), call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0),
                   stream_of(call), mode_);
     check_launch(kName);
@@ -117,8 +130,8 @@ class Linear final : public Layer {
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DropoutArgs drop = dropout_of(kName, call);
-    check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0);
-    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, call.x.as<const float>(), weight_at(call, p.weight),
+    const Operand x = check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0, mode_);
+    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, x, weight_at(call, p.weight),
                    at_mut(call.grads, p.weight), at_mut(call.grads, p.bias), call.d_x.as<float>(),
                    call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call), mode_);
     check_launch(kName);
@@ -131,8 +144,10 @@ class Linear final : public Layer {
 
 // --- gelu_mlp -------------------------------------------------------------------------------------
 
-// saved: pre-activation and activation (rows, H) each; scratch: (rows, H) for their gradient, then
-// (rows, C) for the output's dropout (forward and backward).
+// saved: pre-activation and activation (rows, H) each, the activation in bf16 under bf16 products
+// (the projection's products are all that read it); scratch: (rows, H) for their gradient (forward:
+// the f32 activation before it is rounded), then (rows, C) for the output's dropout (forward and
+// backward).
 class GeluMLP final : public Layer {
  public:
   explicit GeluMLP(MatmulMode mode) : mode_(mode) {}
@@ -140,25 +155,30 @@ class GeluMLP final : public Layer {
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::gelu_mlp(s, prefix, table);
   }
-  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out; }
+  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override {
+    const int64_t n = rows * s.out;
+    return bf16_post() ? bf16_after(n) + bf16_elements(n) : 2 * n;
+  }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
   }
+  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
-    check_forward(kName, call, C, C, proj.end, 2 * rows * H, scratch_elements(s, rows));
+    const Operand x = check_forward(kName, call, C, C, proj.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
     float* pre = call.saved.as<float>();
-    float* post = pre + rows * H;
-    if (rows > 0) {  // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue
-      gemm_x_wt_gelu(call.x.as<const float>(), rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, post,
-                     st, mode_);
-    }
+    const Operand post = post_of(call, rows * H);
+    // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue; under bf16 the f32
+    // activation goes to scratch and is kept rounded to bf16.
+    float* post_f32 = bf16_post() ? call.scratch.as<float>() : const_cast<float*>(post.f32);
+    if (rows > 0) gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, post_f32, st, mode_);
+    if (bf16_post()) launch_to_bf16(post_f32, rows, H, H, static_cast<uint16_t*>(const_cast<void*>(post.bf16)), st);
     dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
     check_launch(kName);
@@ -169,10 +189,10 @@ class GeluMLP final : public Layer {
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
-    check_backward(kName, call, C, C, proj.end, 2 * rows * H, scratch_elements(s, rows));
+    const Operand x = check_backward(kName, call, C, C, proj.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
     const float* pre = call.saved.as<const float>();
-    const float* post = pre + rows * H;
+    const Operand post = post_of(call, rows * H);
     float* d_pre = call.scratch.as<float>();
     if (rows > 0) {
       // The projection's gradients; then d_pre = (dy' W_proj) * gelu'(pre) and fc's bias gradient
@@ -187,20 +207,27 @@ class GeluMLP final : public Layer {
       gemm_add_dyt_x(dy, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
       gemm_dy_w_dgelu(dy, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
     }
-    dense_backward(d_pre, rows, C, H, call.x.as<const float>(), weight_at(call, fc.weight), at_mut(call.grads, fc.weight),
-                   nullptr, call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
+    dense_backward(d_pre, rows, C, H, x, weight_at(call, fc.weight), at_mut(call.grads, fc.weight), nullptr,
+                   call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
     check_launch(kName);
   }
 
  private:
+  bool bf16_post() const { return mode_ == MatmulMode::bf16; }
+  // The activation (n values) in the saved values, after the pre-activation: f32 or bf16.
+  Operand post_of(const LayerCall& call, int64_t n) const {
+    if (!bf16_post()) return {call.saved.as<const float>() + n, nullptr};
+    return {nullptr, reinterpret_cast<const uint16_t*>(call.saved.as<const float>() + bf16_after(n))};
+  }
   static constexpr const char* kName = "gelu_mlp";
   MatmulMode mode_;
 };
 
 // --- swiglu_mlp -----------------------------------------------------------------------------------
 
-// saved: gate g, up u and h = silu(g) u, (rows, H) each; scratch: two (rows, H) gradients, then
-// (rows, C) for the output's dropout.
+// saved: gate g, up u and h = silu(g) u, (rows, H) each, h in bf16 under bf16 products (the down
+// projection's products are all that read it); scratch: two (rows, H) gradients, then (rows, C) for
+// the output's dropout.
 class SwiGLUMLP final : public Layer {
  public:
   explicit SwiGLUMLP(MatmulMode mode) : mode_(mode) {}
@@ -208,26 +235,33 @@ class SwiGLUMLP final : public Layer {
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::swiglu_mlp(s, prefix, table);
   }
-  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override { return 3 * rows * s.out; }
+  int64_t activation_elements(const LayerSpec& s, int64_t rows) const override {
+    const int64_t n = rows * s.out;
+    return bf16_h() ? bf16_after(2 * n) + bf16_elements(n) : 3 * n;
+  }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
   }
+  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
-    check_forward(kName, call, C, C, down.end, 3 * rows * H, scratch_elements(s, rows));
+    const Operand x = check_forward(kName, call, C, C, down.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
     float* g = call.saved.as<float>();
     float* u = g + rows * H;
-    float* h = u + rows * H;
-    const float* x = call.x.as<const float>();
+    const Operand h = h_of(call, rows * H);
     dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, mode_);
     dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
-    launch_swiglu_forward(g, u, h, rows * H, st);
+    if (bf16_h()) {
+      launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
+    } else {
+      launch_swiglu_forward(g, u, const_cast<float*>(h.f32), rows * H, st);
+    }
     dense_forward(h, rows, H, C, weight_at(call, down.weight), at(call.params, down.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     check_launch(kName);
@@ -238,14 +272,13 @@ class SwiGLUMLP final : public Layer {
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
-    check_backward(kName, call, C, C, down.end, 3 * rows * H, scratch_elements(s, rows));
+    const Operand x = check_backward(kName, call, C, C, down.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
     const float* g = call.saved.as<const float>();
     const float* u = g + rows * H;
-    const float* h = u + rows * H;
+    const Operand h = h_of(call, rows * H);
     float* d_u = call.scratch.as<float>();  // holds dh first
     float* d_g = d_u + rows * H;
-    const float* x = call.x.as<const float>();
     dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
                    at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
@@ -258,6 +291,13 @@ class SwiGLUMLP final : public Layer {
   }
 
  private:
+  bool bf16_h() const { return mode_ == MatmulMode::bf16; }
+  // h (n values) in the saved values, after g and u: f32 or bf16.
+  Operand h_of(const LayerCall& call, int64_t n) const {
+    const float* saved = call.saved.as<const float>();
+    if (!bf16_h()) return {saved + 2 * n, nullptr};
+    return {nullptr, reinterpret_cast<const uint16_t*>(saved + bf16_after(2 * n))};
+  }
   static constexpr const char* kName = "swiglu_mlp";
   MatmulMode mode_;
 };

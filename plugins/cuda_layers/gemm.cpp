@@ -127,21 +127,27 @@ class Context {
   }
 
  private:
-  // bf16: A and B rounded into packed copies (leading dimension = their row length in memory).
+  // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
+// length in memory).
   Operands operands(const GemmCall& g, cudaStream_t stream) {
     if (g.mode != MatmulMode::bf16) return {g.A, g.lda, g.B, g.ldb};
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
     const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
-    auto* a = static_cast<uint16_t*>(bf16_a_.get(std::size_t(a_rows * a_cols) * 2, stream));
-    launch_to_bf16(g.A, a_rows, a_cols, g.lda, a, stream);
-    if (g.B_bf16 != nullptr) {  // the model's bf16 weights: read as they are
-      ABLATE_CUDA_CHECK(cudaGetLastError());
-      return {a, a_cols, g.B_bf16, g.ldb};
+    Operands ops{g.A_bf16, g.lda, g.B_bf16, g.ldb};  // operands held in bf16: read as they are
+    if (ops.A == nullptr) {
+      auto* a = static_cast<uint16_t*>(bf16_a_.get(std::size_t(a_rows * a_cols) * 2, stream));
+      launch_to_bf16(g.A, a_rows, a_cols, g.lda, a, stream);
+      ops.A = a;
+      ops.lda = a_cols;
     }
-    auto* b = static_cast<uint16_t*>(bf16_b_.get(std::size_t(b_rows * b_cols) * 2, stream));
-    launch_to_bf16(g.B, b_rows, b_cols, g.ldb, b, stream);
+    if (ops.B == nullptr) {
+      auto* b = static_cast<uint16_t*>(bf16_b_.get(std::size_t(b_rows * b_cols) * 2, stream));
+      launch_to_bf16(g.B, b_rows, b_cols, g.ldb, b, stream);
+      ops.B = b;
+      ops.ldb = b_cols;
+    }
     ABLATE_CUDA_CHECK(cudaGetLastError());
-    return {a, a_cols, b, b_cols};
+    return ops;
   }
 
   // The plan of a problem, built on first use; null when cuBLASLt has no algorithm for its fused
@@ -294,14 +300,15 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
 namespace {
 
 // y(rows, out) = x(rows, in) W^T, W (out, in): the forward product of a dense layer.
-GemmCall x_wt_call(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, float* y, MatmulMode mode) {
+GemmCall x_wt_call(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, float* y, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.tb = true;
   g.M = rows;
   g.N = out;
   g.K = in;
-  g.A = x;
+  g.A = x.f32;
+  g.A_bf16 = mode == MatmulMode::bf16 ? x.bf16 : nullptr;
   g.lda = in;
   g.B = W.f32;
   g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
@@ -330,7 +337,7 @@ GemmCall dy_w_call(const float* dy, int64_t rows, int64_t in, int64_t out, Weigh
 
 }  // namespace
 
-void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
+void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
   g.beta = beta;
@@ -339,7 +346,7 @@ void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, 
   gemm(g, stream);
 }
 
-void gemm_x_wt_gelu(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
+void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
                     float* y, cudaStream_t stream, MatmulMode mode) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
   g.bias = bias;
@@ -364,7 +371,7 @@ void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Wei
   gemm(g, stream);
 }
 
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, float* db,
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
                     cudaStream_t stream, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
@@ -374,7 +381,8 @@ void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, cons
   g.K = rows;
   g.A = dy;
   g.lda = out;
-  g.B = x;
+  g.B = x.f32;
+  g.B_bf16 = mode == MatmulMode::bf16 ? x.bf16 : nullptr;
   g.ldb = in;
   g.beta = 1.0f;
   g.D = dW;

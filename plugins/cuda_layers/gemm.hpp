@@ -10,9 +10,11 @@
 // relative errors near 1e-3 per product. With bf16 (run.dtype = "bf16") A and B are rounded to bf16
 // (8-bit mantissa) into packed workspaces on the stream, multiplied on bf16 tensor cores and
 // accumulated in fp32 into the f32 C/D: twice TF32's rate, relative errors near 1e-2 per product;
-// weights, gradients, activations and optimizer state stay f32. A weight operand is read from the
-// model's bf16 copy of the parameters (made once per optimizer step, Model::params_changed) when the
-// call gives one (Weight::bf16), else copied like the activations. One descriptor set and one algorithm from the heuristic are kept per
+// weights, gradients and optimizer state stay f32. An operand given in bf16 is read as it is: a
+// weight from the model's bf16 copy of the parameters (made once per optimizer step), an activation
+// the model holds in bf16 (a norm's output, the MLP's hidden activation: Operand::bf16); any other
+// is rounded into a packed copy first. Rounding is the same (bf16_bits) either way, so holding an
+// operand in bf16 changes no bit of the product. One descriptor set and one algorithm from the heuristic are kept per
 // distinct problem (transposes, sizes, strides, epilogue, dtype), so a training step after the
 // first builds nothing. A 32 MiB workspace (the size NVIDIA recommends for Hopper) is allocated
 // once per process, on first use.
@@ -31,12 +33,22 @@ enum class MatmulMode : uint8_t { f32, tf32, bf16 };
 MatmulMode matmul_mode(const std::string& dtype);
 const char* to_string(MatmulMode mode);
 
-// A weight matrix as the products read it: its f32 values and, under bf16, the model's bf16 copy of
-// them (Model::params_changed keeps it current), which bf16 products read in place of a copy.
-struct Weight {
+// A matrix operand as the products read it: f32 values, or bf16 ones (bf16 products only), or both
+// (a weight: its f32 values and the model's bf16 copy of them, which bf16 products read in place of
+// a copy). A layer input held in bf16 has no f32 values.
+struct Operand {
   const float* f32 = nullptr;
   const void* bf16 = nullptr;  // null: none (f32 and tf32 runs, or a model without a copy)
+  Operand() = default;
+  Operand(const float* values) : f32(values) {}  // NOLINT: f32 values alone convert implicitly
+  Operand(const float* values, const void* bf16_values) : f32(values), bf16(bf16_values) {}
+  // The operand `elements` values further on.
+  Operand at(int64_t elements) const {
+    return {f32 != nullptr ? f32 + elements : nullptr,
+            bf16 != nullptr ? static_cast<const uint16_t*>(bf16) + elements : nullptr};
+  }
 };
+using Weight = Operand;
 
 // What the product's epilogue does besides the optional bias (cuBLASLt's GELU epilogues use the
 // tanh approximation, as dense_math.hpp's gelu_out does):
@@ -57,7 +69,8 @@ struct GemmCall {
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
-  const void* B_bf16 = nullptr;  // bf16 mode: B already in bf16 (same layout and ldb), read in place of a copy
+  const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
+  const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
   float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it
   float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
@@ -84,10 +97,10 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
-void gemm_x_wt(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
+void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
                float beta, float* y, cudaStream_t stream, MatmulMode mode);
 //   y(rows, out)  = gelu(pre), pre = x W^T + bias written too (the first product of a GELU MLP)
-void gemm_x_wt_gelu(const float* x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
+void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
                     float* y, cudaStream_t stream, MatmulMode mode);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
@@ -97,7 +110,7 @@ void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W,
 void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
                      float* db, cudaStream_t stream, MatmulMode mode);
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, const float* x, float* dW, float* db,
+void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
                     cudaStream_t stream, MatmulMode mode);
 
 // Device memory the products of a dense layer of `rows` x `in` -> `out` hold beyond their

@@ -62,24 +62,32 @@ const char* to_string(MatmulMode mode) {
 
 std::string gemm_key(const GemmCall& g) {
   // The C operand's layout equals D's; whether C is D changes nothing in the plan. The heuristic is
-  // told each operand's alignment, so the key holds them (bf16 operands are packed copies, always
-  // 256-byte aligned, with their own leading dimensions).
-  const bool copies = g.mode == MatmulMode::bf16, b_copied = copies && g.B_bf16 == nullptr;
+  // told each operand's alignment, so the key holds them (bf16 operands not given in bf16 are packed
+  // copies, always 256-byte aligned, with their own leading dimensions).
+  const bool bf16 = g.mode == MatmulMode::bf16;
+  const bool a_copied = bf16 && g.A_bf16 == nullptr, b_copied = bf16 && g.B_bf16 == nullptr;
   const auto al = [](const void* p) { return std::to_string(alignment_of(p)); };
-  const std::string lda = std::to_string(copies ? (g.ta ? g.M : g.K) : g.lda);
+  const std::string lda = std::to_string(a_copied ? (g.ta ? g.M : g.K) : g.lda);
   const std::string ldb = std::to_string(b_copied ? (g.tb ? g.K : g.N) : g.ldb);
   const std::string epi = fused_epilogue(g);
   return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
          std::to_string(g.K) + " ld " + lda + "," + ldb + "," + std::to_string(g.ldc) + " " +
-         (epi.empty() ? std::string("unfused") : epi) + " " + to_string(g.mode) + " align " + (copies ? "256" : al(g.A)) + "," +
-         (b_copied ? "256" : al(copies ? g.B_bf16 : g.B)) + "," + al(g.D) + "," + al(g.C != nullptr ? g.C : g.D) +
+         (epi.empty() ? std::string("unfused") : epi) + " " + to_string(g.mode) + " align " +
+         (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) +
+         "," + al(g.C != nullptr ? g.C : g.D) +
          (g.bias != nullptr ? "," + al(g.bias) : "") + (g.act != Activation::none ? "," + al(g.aux) : "");
 }
 
 std::string gemm_refusal(const GemmCall& g) {
-  if (g.M < 0 || g.N < 0 || g.K < 0 || g.D == nullptr || (g.K > 0 && (g.A == nullptr || g.B == nullptr))) {
+  const bool bf16 = g.mode == MatmulMode::bf16;
+  const bool has_a = g.A != nullptr || (bf16 && g.A_bf16 != nullptr), has_b = g.B != nullptr || (bf16 && g.B_bf16 != nullptr);
+  if (!bf16 && ((g.A == nullptr && g.A_bf16 != nullptr) || (g.B == nullptr && g.B_bf16 != nullptr))) {
+    return "an operand held in bf16 only is read by bf16 products only";
+  }
+  if (g.M < 0 || g.N < 0 || g.K < 0 || g.D == nullptr || (g.K > 0 && (!has_a || !has_b))) {
     return "invalid problem (negative size or missing operand)";
   }
+  if (g.a_sums != nullptr && g.A == nullptr) return "sums of A need A's f32 values";
   if (g.K == 0 && g.M > 0 && g.N > 0) return "a product over K = 0 (an empty sum) is not served";
   if (g.act != Activation::none && g.aux == nullptr) return "a GELU epilogue needs its pre-activation matrix (aux)";
   if (g.d_column_sums != nullptr && g.act != Activation::dgelu) return "column sums of D are served under dgelu only";

@@ -11,6 +11,7 @@
 
 #include "ablate/cuda_launch.cuh"
 #include "ablate/cuda_check.hpp"
+#include "ablate/device_math.hpp"
 #include "dense_math.hpp"
 #include "gemm.hpp"
 #include "layer_kernels.hpp"
@@ -61,8 +62,9 @@ __global__ void gelu_backward_kernel(const float* pre, float* dh, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) dh[i] *= gelu_grad(pre[i]);
 }
 
-__global__ void swiglu_forward_kernel(const float* g, const float* u, float* h, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) h[i] = swiglu_out(g[i], u[i]);
+template <class Out>  // f32, or bf16 where the layer keeps h in bf16
+__global__ void swiglu_forward_kernel(const float* g, const float* u, Out* h, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) device_math::store_value(h + i, swiglu_out(g[i], u[i]));
 }
 
 __global__ void swiglu_backward_kernel(const float* g, const float* u, float* du, float* dg, int64_t n) {
@@ -263,6 +265,10 @@ void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t s
 }
 
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream) {
+  if (n > 0) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
+}
+
+void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream) {
   if (n > 0) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
 }
 

@@ -24,6 +24,8 @@ void launch_gelu_forward(const float* pre, float* post, int64_t n, cudaStream_t 
 // dh *= gelu'(pre)
 void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t stream);
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream);
+// The same with h kept in bf16 (device_math::bf16_bits of each value).
+void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream);
 // From dh (held in du on entry): dg and du.
 void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg, int64_t n, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "ablate/cuda_check.hpp"
+#include "ablate/device_math.hpp"
 #include "norm_kernels.hpp"
 #include "norm_math.hpp"
 
@@ -21,7 +22,9 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-__global__ void norm_forward_kernel(bool rms, const float* x, const float* w, const float* b, float* y, float* saved,
+// y is f32 or, where the model holds the norm's output in bf16, bf16 (device_math::store_value).
+template <class Out>
+__global__ void norm_forward_kernel(bool rms, const float* x, const float* w, const float* b, Out* y, float* saved,
                                     int64_t rows, int64_t in, float eps) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -39,9 +42,10 @@ __global__ void norm_forward_kernel(bool rms, const float* x, const float* w, co
     s2 += d * d;
   }
   const float rstd = norm_rstd(warp_sum(s2) / float(in), eps);
-  float* yr = y + row * in;
+  Out* yr = y + row * in;
   for (int64_t c = lane; c < in; c += kWarp) {
-    yr[c] = rms ? rmsnorm_out(xr[c], rstd, w[c]) : layernorm_out(xr[c], mean, rstd, w[c], b != nullptr ? b[c] : 0.0f);
+    device_math::store_value(yr + c, rms ? rmsnorm_out(xr[c], rstd, w[c])
+                                         : layernorm_out(xr[c], mean, rstd, w[c], b != nullptr ? b[c] : 0.0f));
   }
   if (lane == 0) {
     if (rms) {
@@ -156,6 +160,12 @@ unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) /
 }  // namespace
 
 void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows,
+                         int64_t in, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  norm_forward_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
+}
+
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows,
                          int64_t in, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   norm_forward_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);

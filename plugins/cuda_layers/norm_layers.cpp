@@ -1,7 +1,7 @@
-// The norms on a CUDA device: `layernorm` and `rmsnorm` (also the qk-norm of attention heads), f32,
-// with the CPU layers' parameters, saved values (mean and rstd per row; rmsnorm rstd) and gradient
-// contract (parameter gradients accumulate, the input gradient is written or accumulated as the
-// call asks). Kernels in norm_kernels.cu.
+// The norms on a CUDA device: `layernorm` and `rmsnorm` (also the qk-norm of attention heads), f32
+// (the output y in bf16 where the model holds it so), with the CPU layers' parameters, saved values
+// (mean and rstd per row; rmsnorm rstd) and gradient contract (parameter gradients accumulate, the
+// input gradient is written or accumulated as the call asks). Kernels in norm_kernels.cu.
 #include "ablate/layer_params.hpp"
 #include "common.hpp"
 #include "norm_kernels.hpp"
@@ -19,14 +19,24 @@ class Norm final : public Layer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rms_ ? rows : 2 * rows; }
 
+  // y may be bf16: the model holds a norm's output that only products read in bf16.
+  bool bf16_product_inputs() const override { return true; }
+
   void forward(const LayerCall& call) override {
     const int64_t in = check(call), n = call.rows * in;
     require_f32(name_, call.x, "x", n);
-    require_f32(name_, call.y, "y", n);
     if (call.x.data == call.y.data) throw_runtime_error(name_, "y must not alias x (backward reads x again)");
     const float* w = call.params.as<const float>();
-    launch_norm_forward(rms_, call.x.as<const float>(), w, bias(call, w), call.y.as<float>(), call.saved.as<float>(), call.rows,
-                        in, float(call.spec->eps), stream_of(call));
+    const float* x = call.x.as<const float>();
+    float* saved = call.saved.as<float>();
+    const float eps = float(call.spec->eps);
+    if (call.y.dtype == DType::bf16) {
+      require_bf16(call.y, n);
+      launch_norm_forward(rms_, x, w, bias(call, w), call.y.as<uint16_t>(), saved, call.rows, in, eps, stream_of(call));
+    } else {
+      require_f32(name_, call.y, "y", n);
+      launch_norm_forward(rms_, x, w, bias(call, w), call.y.as<float>(), saved, call.rows, in, eps, stream_of(call));
+    }
     check_launch(name_);
   }
 
@@ -48,6 +58,12 @@ class Norm final : public Layer {
   }
 
  private:
+  void require_bf16(const TensorView& y, int64_t n) const {
+    if (y.device != DeviceType::cuda || y.data == nullptr) throw_runtime_error(name_, "'y' must be on the cuda device");
+    if (y.numel() < n) {
+      throw_runtime_error(name_, "'y' holds " + std::to_string(y.numel()) + " values, the call needs " + std::to_string(n));
+    }
+  }
   int64_t params_of(const LayerSpec& s) const { return !rms_ && s.bias ? 2 * s.in : s.in; }
   const float* bias(const LayerCall& call, const float* w) const { return !rms_ && call.spec->bias ? w + call.spec->in : nullptr; }
   static cudaStream_t stream(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }

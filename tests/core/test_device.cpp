@@ -170,3 +170,25 @@ TEST_CASE("bf16_bits rounds f32 to the nearest bf16, ties to even, over every ex
     CHECK((b >> 15) == (nan >> 31));
   }
 }
+
+TEST_CASE("bf16_value gives back every bf16 exactly, and store_value writes f32 as it is and bf16 as bf16_bits rounds") {
+  // Every one of the 65536 bit patterns: the f32 whose high half it is (NaNs stay NaN, same sign).
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const float v = device_math::bf16_value(uint16_t(b));
+    uint32_t u = 0;
+    std::memcpy(&u, &v, 4);
+    REQUIRE(u == b << 16);
+    if (!std::isnan(v)) REQUIRE(device_math::bf16_bits(v) == b);  // exact values round to themselves
+  }
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int i = 0; i < 1000; ++i) {
+    const float x = normal(rng);
+    float f = 0.0f;
+    uint16_t h = 0;
+    device_math::store_value(&f, x);
+    device_math::store_value(&h, x);
+    CHECK(f == x);
+    CHECK(device_math::bf16_value(h) == bf16_reference(x));
+  }
+}

@@ -7,6 +7,11 @@
 // the same float32 values (so the reference carries no rounding of its own), the CUDA layer on a
 // non-blocking stream of its own in each run.dtype the plugin serves: fp32 (true fp32 products),
 // tf32, and bf16 with and without the model's bf16 copy of the weights (LayerCall::params_bf16).
+// Under bf16 the activations only products read are also held in bf16 where the model holds them
+// so (LayerBase::bf16_product_inputs): the norms write y in bf16, the dense layers and the
+// classifier read x in bf16, and the MLPs keep their hidden activation in bf16. Rounding such an
+// input before the call is what the product's own copy does, so a layer handed bf16 x must give
+// the bits it gives for f32 x, and a norm's bf16 y must be the rounding of its f32 y, bit for bit.
 //
 // Every output and scratch buffer on the GPU is poisoned with NaN before each call, so a value
 // the contract says is written but is not comes back NaN and fails. Parameter gradients, which
@@ -33,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -102,12 +108,16 @@ struct Mode {
   const char* dtype;  // run.dtype
   Precision precision;
   bool bf16_copy;  // bf16: the call gives the model's bf16 copy of the parameters (params_bf16)
+  // bf16: the layer's product input held in bf16 (a norm's y, a dense layer's or the classifier's
+  // x), for layers that take it so; checked bit for bit against the mode before it.
+  bool held = false;
 };
 
 constexpr Mode kModes[] = {
     {"fp32", "fp32", Precision::f32, false},
     {"tf32", "tf32", Precision::tf32, false},
     {"bf16", "bf16", Precision::bf16, true},
+    {"bf16 held", "bf16", Precision::bf16, true, true},
     {"bf16 no copy", "bf16", Precision::bf16, false},
 };
 
@@ -184,6 +194,15 @@ void compare(const char* tensor, const std::vector<double>& got, const std::vect
   }
 }
 
+// Element for element the same values (NaN equal to NaN: a poisoned element must stay poisoned in both).
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  }
+  return true;
+}
+
 bool all_finite(const std::vector<double>& v) {
   return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
 }
@@ -247,6 +266,14 @@ DeviceFloats poisoned(int64_t n) {
   return b;
 }
 
+// The bits of every element (a buffer that holds bf16 values in pairs, too).
+std::vector<uint32_t> bits_from_device(const DeviceFloats& b) {
+  std::vector<uint32_t> h(b.size());
+  if (!h.empty()) ABLATE_CUDA_CHECK(cudaMemcpyAsync(h.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, suite().stream));
+  ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  return h;
+}
+
 std::vector<double> from_device(const DeviceFloats& b) {
   std::vector<float> h(b.size());
   if (!h.empty()) ABLATE_CUDA_CHECK(cudaMemcpyAsync(h.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, suite().stream));
@@ -262,11 +289,59 @@ TensorView host_view(std::vector<double>& v) { return v.empty() ? TensorView{} :
 
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-// The model's bf16 copy of the parameters (the host rounding the optimizers' copy matches).
+// The model's bf16 copy of the parameters (the host rounding the optimizers' copy matches); also
+// an activation the model holds in bf16.
 cuda::DeviceBuffer<uint16_t> bf16_copy(const std::vector<float>& params) {
   std::vector<uint16_t> bits(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) bits[i] = device_math::bf16_bits(params[i]);
   return to_device(bits);
+}
+
+TensorView bf16_view(cuda::DeviceBuffer<uint16_t>& b) {
+  return b.size() == 0 ? TensorView{} : flat_view(b.data(), DType::bf16, int64_t(b.size()), DeviceType::cuda);
+}
+
+std::vector<double> from_device_bf16(const cuda::DeviceBuffer<uint16_t>& b) {
+  std::vector<uint16_t> h(b.size());
+  if (!h.empty()) ABLATE_CUDA_CHECK(cudaMemcpyAsync(h.data(), b.data(), b.size() * 2, cudaMemcpyDeviceToHost, suite().stream));
+  ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  std::vector<double> v(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) v[i] = device_math::bf16_value(h[i]);
+  return v;
+}
+
+// Under bf16 products the MLPs keep their hidden activation (rows * hidden values) in bf16, after
+// their f32 saved values (gelu_mlp: the pre-activation; swiglu_mlp: gate and up) from the next
+// multiple of 64 f32 elements (256 bytes), two values to an element. The number of f32 saved
+// values before it, or -1 where the layer keeps all its saved values in f32.
+int64_t f32_saved_before_bf16(const std::string& layer, const Mode& mode, int64_t hidden_values) {
+  if (std::string(mode.dtype) != "bf16") return -1;
+  if (layer == "gelu_mlp") return hidden_values;
+  if (layer == "swiglu_mlp") return 2 * hidden_values;
+  return -1;
+}
+
+int64_t saved_elements(const std::string& layer, const Mode& mode, int64_t cpu_elements, int64_t hidden_values) {
+  const int64_t f32 = f32_saved_before_bf16(layer, mode, hidden_values);
+  return f32 < 0 ? cpu_elements : (f32 + 63) / 64 * 64 + (hidden_values + 1) / 2;
+}
+
+// The saved values as the CPU twin lays them out (all f32), from the GPU's bits.
+std::vector<double> saved_as_cpu(const std::vector<uint32_t>& bits, int64_t f32_before, int64_t hidden_values) {
+  const auto f32_of = [](uint32_t u) {
+    float x = 0;
+    std::memcpy(&x, &u, 4);
+    return double(x);
+  };
+  std::vector<double> v;
+  if (f32_before < 0) {
+    for (uint32_t u : bits) v.push_back(f32_of(u));
+    return v;
+  }
+  for (int64_t i = 0; i < f32_before; ++i) v.push_back(f32_of(bits[std::size_t(i)]));
+  const auto* halves = reinterpret_cast<const uint16_t*>(bits.data() + (f32_before + 63) / 64 * 64);
+  for (int64_t i = 0; i < hidden_values; ++i) v.push_back(device_math::bf16_value(halves[i]));
+  return v;
 }
 
 // The batch's ids on the device, viewed as the cuda device's upload_batch views them.
@@ -425,32 +500,39 @@ Results run_cpu(Layer& layer, const Problem& p, const Values& v) {
 }
 
 // The CUDA layer on the suite's stream: every output and the scratch poisoned before each call.
+// mode.held: a norm's y in bf16 (poisoned: all bits set is a bf16 NaN too), any other layer's x the
+// bf16 rounding of the values.
 Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mode) {
   const DeviceIds ids(p.batch);
+  const bool held_y = mode.held && layer.role() == LayerRole::norm, held_x = mode.held && !held_y;
   DeviceFloats x = to_device(v.x), res = to_device(v.residual), params = to_device(v.params), dy = to_device(v.d_y);
-  DeviceFloats y = p.in_place ? to_device(v.x) : p.residual_in_y ? to_device(v.residual) : poisoned(p.ny());
+  DeviceFloats y = p.in_place ? to_device(v.x) : p.residual_in_y ? to_device(v.residual) : poisoned(held_y ? 0 : p.ny());
+  cuda::DeviceBuffer<uint16_t> x16 = held_x ? bf16_copy(v.x) : cuda::DeviceBuffer<uint16_t>{};
+  cuda::DeviceBuffer<uint16_t> y16(held_y ? std::size_t(p.ny()) : 0);
+  if (held_y) ABLATE_CUDA_CHECK(cudaMemsetAsync(y16.data(), 0xFF, y16.size() * 2, suite().stream));
+  const int64_t hidden = p.rows * p.spec.out;
   DeviceFloats saved = poisoned(layer.activation_elements(p.spec, p.rows));
   DeviceFloats scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
   cuda::DeviceBuffer<uint16_t> copy = mode.bf16_copy ? bf16_copy(v.params) : cuda::DeviceBuffer<uint16_t>{};
   LayerCall call = base_call(p, ids.views);
   call.stream = suite().stream;
-  call.x = p.in_place ? device_view(y) : device_view(x);
-  call.y = device_view(y);
+  call.x = held_x ? bf16_view(x16) : p.in_place ? device_view(y) : device_view(x);
+  call.y = held_y ? bf16_view(y16) : device_view(y);
   if (p.residual) call.residual = p.residual_in_y ? device_view(y) : device_view(res);
   call.params = device_view(params);
-  if (copy.size() > 0) call.params_bf16 = flat_view(copy.data(), DType::bf16, int64_t(copy.size()), DeviceType::cuda);
+  if (copy.size() > 0) call.params_bf16 = bf16_view(copy);
   call.saved = device_view(saved);
   call.scratch = device_view(scratch);
   layer.forward(call);
   Results r;
-  r.y = from_device(y);
-  r.saved = from_device(saved);
+  r.y = held_y ? from_device_bf16(y16) : from_device(y);
+  r.saved = saved_as_cpu(bits_from_device(saved), f32_saved_before_bf16(p.layer, mode, hidden), hidden);
 
   poison(scratch);
   DeviceFloats dx = to_device(v.d_x), grads = to_device(v.grads);  // d_x: NaN unless accumulating
   LayerCall back = call;
   back.residual = {};
-  back.x = device_view(x);
+  back.x = held_x ? bf16_view(x16) : device_view(x);
   back.y = {};
   back.grads = device_view(grads);
   back.d_y = device_view(dy);
@@ -475,16 +557,34 @@ void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, doubl
   REQUIRE(all_finite(want.grads));
   const std::vector<double> grads0 = widen(v.grads);
   const std::vector<double> dx0 = p.input_grad == GradMode::accumulate && !p.in_place ? widen(v.d_x) : std::vector<double>{};
+  Results before;  // the results of the mode before, which a `held` mode must equal bit for bit
   for (const Mode& mode : kModes) {
     INFO("run.dtype " << std::string(mode.name));
     Layer& gpu = suite().layer<Layer>(p.layer, "cuda", mode.dtype);
-    // The same saved values on both devices (the contract: a checkpointed or recomputed forward
-    // means the same on either).
-    REQUIRE(gpu.activation_elements(p.spec, p.rows) == cpu.activation_elements(p.spec, p.rows));
+    if (mode.held && !gpu.bf16_product_inputs()) continue;
+    // The same saved values on both devices (the contract: a recomputed forward means the same on
+    // either), but for the MLPs' hidden activation, which bf16 products keep in bf16.
+    REQUIRE(gpu.activation_elements(p.spec, p.rows) ==
+            saved_elements(p.layer, mode, cpu.activation_elements(p.spec, p.rows), p.rows * p.spec.out));
     const Results got = run_gpu(gpu, p, v, mode);
+    if (mode.held) {
+      // x held in bf16 is what the products' own copy of it was: the same bits out. A norm's bf16
+      // y is the rounding of its f32 y; everything else it computes is unchanged.
+      std::vector<double> rounded_y = before.y;
+      if (gpu.role() == LayerRole::norm) {
+        for (double& e : rounded_y) e = device_math::bf16_value(device_math::bf16_bits(float(e)));
+      }
+      CHECK_MESSAGE(same_bits(got.y, rounded_y), "y differs from the run with f32 activations");
+      CHECK_MESSAGE(same_bits(got.saved, before.saved), "saved values differ from the run with f32 activations");
+      CHECK_MESSAGE(same_bits(got.d_x, before.d_x), "d_x differs from the run with f32 activations");
+      CHECK_MESSAGE(same_bits(got.grads, before.grads), "parameter gradients differ from the run with f32 activations");
+    }
+    before = got;
     const Tolerance tol = tolerance(mode.precision, p.K, p.stages);
     margins.count(mode.name);
-    compare("y", got.y, want.y, {}, tol, margins, mode.name, p.label);
+    // A norm's y held in bf16 carries bf16's rounding (half a unit in the 8th bit) on top.
+    const bool rounded_y = mode.held && gpu.role() == LayerRole::norm;
+    compare("y", got.y, want.y, {}, rounded_y ? tolerance(Precision::bf16, p.K, 1) : tol, margins, mode.name, p.label);
     compare("saved", got.saved, want.saved, {}, tol, margins, mode.name, p.label);
     if (p.x_width > 0) compare("d_x", got.d_x, want.d_x, dx0, tol, margins, mode.name, p.label);
     compare("grads", got.grads, want.grads, grads0, tol, margins, mode.name, p.label);
@@ -550,12 +650,13 @@ ClassifierResults run_classifier_gpu(LossLayer& layer, const ClassifierProblem& 
   DeviceFloats losses = poisoned(p.rows), scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
   DeviceFloats logits = poisoned(p.logits ? p.rows * p.spec.out : 0);
   cuda::DeviceBuffer<uint16_t> copy = mode.bf16_copy ? bf16_copy(v.W) : cuda::DeviceBuffer<uint16_t>{};
+  cuda::DeviceBuffer<uint16_t> x16 = mode.held ? bf16_copy(v.x) : cuda::DeviceBuffer<uint16_t>{};
   LayerCall call;
   call.spec = &p.spec;
   call.batch = &ids.views;
   call.rows = p.rows;
   call.stream = suite().stream;
-  call.x = device_view(x);
+  call.x = mode.held ? bf16_view(x16) : device_view(x);
   call.params = device_view(W);
   if (copy.size() > 0) call.params_bf16 = flat_view(copy.data(), DType::bf16, int64_t(copy.size()), DeviceType::cuda);
   call.scratch = device_view(scratch);
@@ -608,10 +709,19 @@ void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& m
   const std::vector<double> grads0 = widen(v.grads);
   const std::vector<double> dx0 = p.input_grad == GradMode::accumulate ? widen(v.d_x) : std::vector<double>{};
   const int64_t K = p.rows + p.spec.in + p.spec.out;
+  ClassifierResults before;  // of the mode before, which a `held` mode must equal bit for bit
   for (const Mode& mode : kModes) {
     INFO("run.dtype " << std::string(mode.name));
     LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", mode.dtype);
+    if (mode.held && !gpu.bf16_product_inputs()) continue;
     const ClassifierResults got = run_classifier_gpu(gpu, p, v, mode);
+    if (mode.held) {  // x held in bf16 is what the products' own copy of it was: the same bits out
+      CHECK_MESSAGE(same_bits(got.losses, before.losses), "losses differ from the run with f32 x");
+      CHECK_MESSAGE(same_bits(got.logits, before.logits), "logits differ from the run with f32 x");
+      CHECK_MESSAGE(same_bits(got.d_x, before.d_x), "d_x differs from the run with f32 x");
+      CHECK_MESSAGE(same_bits(got.grads, before.grads), "the weight gradient differs from the run with f32 x");
+    }
+    before = got;
     margins.count(mode.name);
     // Losses and logits come from one product (1 stage); d_x and the weight gradient from the
     // softmax of it times W or x (2).

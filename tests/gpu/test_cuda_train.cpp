@@ -2,8 +2,8 @@
 // on cuda in f32 follows the CPU's f32 run step by step; a cuda run stopped and resumed gives the
 // uninterrupted run's losses bit for bit; a cuda checkpoint resumes on the cpu and back; a run whose
 // memory plan cannot fit the device is refused before training; bf16 products follow the CPU within
-// bf16's rounding. Exits 77 (CTest: skipped) without
-// a CUDA device.
+// bf16's rounding, with the activations only products read held in bf16 (the plan's saving checked
+// exactly). Exits 77 (CTest: skipped) without a CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -12,6 +12,8 @@
 #include <string>
 
 #include "ablate/cuda_check.hpp"
+#include "ablate/model.hpp"
+#include "ablate/registry.hpp"
 #include "run_files.hpp"
 #include "test_support.hpp"
 
@@ -64,6 +66,36 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
   // MFU is measured against the device's peak (the table's, for a known GPU).
   CHECK(b.back()["mfu"].get<double>() > 0.0);
   CHECK(read_json(gpu / "run.json")["device"].get<std::string>().find("cuda") != std::string::npos);
+}
+
+TEST_CASE("run.dtype = bf16 holds the norms' outputs and the MLP's hidden activation in bf16: the plan's saving, exactly") {
+  // d_model 32, mlp hidden 128, 2 blocks; 64 rows of one position: every slot a multiple of the
+  // plan's 16-element rounding, so the saving is exact. Per block ln1 and ln2 (N*C values each)
+  // take N*C/2 f32 elements instead of N*C, the MLP keeps pre (N*H f32) and post in bf16 (N*H/2)
+  // instead of 2*N*H; lnf likewise once.
+  ablate::Registry registry;
+  registry.load_directories({plugin_dir()});
+  ablate::ModelOptions o;
+  o.d_model = 32;
+  o.n_layers = 2;
+  o.n_heads = o.n_kv_heads = 2;
+  o.head_dim = 16;
+  o.vocab_size = o.vocab_padded = 64;
+  o.max_seq_len = 64;
+  o.mlp_hidden = 128;
+  o.attention = "naive_cuda";
+  const auto plan_elements = [&](const char* dtype) {
+    ablate::RunContext run;
+    run.device = "cuda";
+    run.dtype = dtype;
+    run.threads = 2;
+    ablate::Model m(o, registry, run);
+    return m.activation_plan(1, 64).elements;
+  };
+  const int64_t N = 64, C = 32, H = 128;
+  const int64_t saving = o.n_layers * (2 * (N * C / 2) + (2 * N * H - (N * H + N * H / 2))) + N * C / 2;
+  CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
+  CHECK(plan_elements("fp32") == plan_elements("tf32"));
 }
 
 TEST_CASE("run.dtype = tf32 trains on cuda within TF32's rounding of the f32 run") {

@@ -40,6 +40,24 @@ GemmCall fc_forward(int64_t hidden = 3072) {
   return g;
 }
 
+// GPT-2's MLP weight gradient, rows 8192: dW (768, 3072) += dy^T x, without the bias gradient.
+GemmCall proj_wgrad(MatmulMode mode) {
+  GemmCall g;
+  g.ta = true;
+  g.M = 768;
+  g.N = 3072;
+  g.K = 8192;
+  g.A = at(0x10000);
+  g.lda = 768;
+  g.B = at(0x20000);
+  g.ldb = 3072;
+  g.beta = 1.0f;
+  g.D = at_mut(0x30000);
+  g.ldc = 3072;
+  g.mode = mode;
+  return g;
+}
+
 }  // namespace
 
 TEST_CASE("gemm plan: each dense-layer product gets the epilogue that saves its pass") {
@@ -65,18 +83,7 @@ TEST_CASE("gemm plan: each dense-layer product gets the epilogue that saves its 
   back.d_column_sums = at_mut(0x60004);  // the gradient goes to aligned scratch first: any address serves
   CHECK(fused_epilogue(back) == "DGELU_BGRAD");
 
-  GemmCall wgrad;  // dW (768, 3072) += dy^T x with the bias gradient of dy
-  wgrad.ta = true;
-  wgrad.M = 768;
-  wgrad.N = 3072;
-  wgrad.K = 8192;
-  wgrad.A = at(0x10000);
-  wgrad.lda = 768;
-  wgrad.B = at(0x20000);
-  wgrad.ldb = 3072;
-  wgrad.beta = 1.0f;
-  wgrad.D = at_mut(0x30000);
-  wgrad.ldc = 3072;
+  GemmCall wgrad = proj_wgrad(MatmulMode::f32);  // then with the bias gradient of dy
   CHECK(fused_epilogue(wgrad) == "DEFAULT");
   wgrad.a_sums = at_mut(0x60004);
   CHECK(fused_epilogue(wgrad) == "BGRADB");
@@ -176,4 +183,44 @@ TEST_CASE("gemm plan: the calls gemm() refuses, with the reason") {
   GemmCall no_b = fc_forward();
   no_b.B = nullptr;
   CHECK(!gemm_refusal(no_b).empty());
+}
+
+TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products only") {
+  // The fc product with x held in bf16 (a norm's output): no f32 values of A at all.
+  GemmCall held = fc_forward();
+  held.A_bf16 = held.A;
+  held.A = nullptr;
+  CHECK(gemm_refusal(held).empty());
+  CHECK(fused_epilogue(held) == "GELU_AUX_BIAS");
+  // Read in place: its own leading dimension and alignment are in the key, where a packed copy
+  // has the row length and 256 bytes. A held A at a 256-byte aligned address with the packed
+  // row length plans like the copy; one less aligned does not.
+  CHECK(gemm_key(held) == gemm_key(fc_forward()));
+  GemmCall strided = held;
+  strided.lda = 800;
+  CHECK(gemm_key(strided) != gemm_key(held));
+  GemmCall less_aligned = held;
+  less_aligned.A_bf16 = at(0x10010);
+  CHECK(gemm_key(less_aligned) != gemm_key(held));
+  // A weight-gradient product's x (its B) held in bf16.
+  GemmCall wgrad = proj_wgrad(MatmulMode::bf16);
+  wgrad.B = nullptr;
+  wgrad.B_bf16 = at(0x20010);
+  wgrad.a_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(wgrad).empty());
+  CHECK(gemm_key(wgrad).find("align 256,16,") != std::string::npos);
+  // Refused: a bf16-only operand under f32 or tf32 products, a missing one, and the sums of an A
+  // that has no f32 values (the unfused bias gradient reads them).
+  for (MatmulMode mode : {MatmulMode::f32, MatmulMode::tf32}) {
+    GemmCall g = held;
+    g.mode = mode;
+    CHECK(gemm_refusal(g).find("bf16 products only") != std::string::npos);
+  }
+  GemmCall none = held;
+  none.A_bf16 = nullptr;
+  CHECK(gemm_refusal(none).find("missing operand") != std::string::npos);
+  GemmCall sums = wgrad;
+  sums.A_bf16 = sums.A;
+  sums.A = nullptr;
+  CHECK(gemm_refusal(sums).find("f32 values") != std::string::npos);
 }

@@ -33,4 +33,21 @@ ABLATE_HOST_DEVICE inline uint16_t bf16_bits(float x) {
   return uint16_t(u >> 16);
 }
 
+// The f32 a bf16 (its 16 bits) stands for: exact.
+ABLATE_HOST_DEVICE inline float bf16_value(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float x = 0.0f;
+  __builtin_memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+
+// An activation written as the type its tensor holds: f32 as it is, bf16 (its bits) rounded by
+// bf16_bits. Kernels whose output the model may hold in bf16 store through these.
+ABLATE_HOST_DEVICE inline void store_value(float* p, float v) { *p = v; }
+ABLATE_HOST_DEVICE inline void store_value(uint16_t* p, float v) { *p = bf16_bits(v); }
+
 }  // namespace ablate::device_math

@@ -90,6 +90,11 @@ class LayerBase : public Component {
   // its own, grown to the largest call and kept), in bytes. The memory plan counts the largest of
   // any layer's (a plugin's buffers serve all its layers in turn).
   virtual int64_t workspace_bytes(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+  // Whether the layer takes, as bf16 views, the activations that only matrix products read: a norm
+  // writes its output y in bf16, a linear, MLP or classifier reads its input x in bf16. Under
+  // run.dtype = "bf16" the model holds those activations (the norms' outputs) in bf16 when the norm
+  // and every layer reading them say yes: half their bytes, and no per-product copy of them.
+  virtual bool bf16_product_inputs() const { return false; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.

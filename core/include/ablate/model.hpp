@@ -60,7 +60,7 @@ struct ModelOptions {
 // arena), so that whether a shape fits is known without allocating it.
 struct ActivationPlan {
   int64_t rows = 0, seq_len = 0;
-  int64_t elements = 0;         // f32 values of the arena
+  int64_t elements = 0;         // f32 elements of the arena (a slot held in bf16 takes one per two values)
   int64_t workspace_bytes = 0;  // the plugins' own buffers: the attention backend's and the largest layer's
   int64_t bytes() const noexcept { return elements * int64_t(sizeof(float)) + workspace_bytes; }
 };
