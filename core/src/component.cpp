@@ -110,9 +110,11 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
                                    ", " + std::to_string(p.seq_len) + ", " + std::to_string(heads) + ", " +
                                    std::to_string(p.head_dim) + ")");
   }
-  if (t.dtype != p.dtype) {
-    throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem is " +
-                                   to_string(p.dtype));
+  const bool is_out = std::string_view(name) == "out";
+  const DType want_dtype = is_out ? p.out_dtype() : p.dtype;
+  if (t.dtype != want_dtype) {
+    throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem's " +
+                                   (is_out ? "out is " : "tensors are ") + to_string(want_dtype));
   }
   if (t.device != device) {
     throw_runtime_error(where, std::string(name) + " lives on " + to_string(t.device) + "; " + where + " reads " +

@@ -145,6 +145,9 @@ struct Model::Impl {
   // run.dtype = "bf16" with a norm and readers of its output that take bf16 views
   // (LayerBase::bf16_product_inputs): the norms' outputs (ln1, ln2, lnf) are held in bf16.
   bool bf16_norm_outputs = false;
+  // And the attention output (read by the output projection only) when the backend writes it so
+  // (Attention::bf16_output).
+  bool bf16_attention_out = false;
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
@@ -171,6 +174,7 @@ struct Model::Impl {
     p.dtype = DType::f32;
     p.device = device->type();
     p.packed = true;
+    p.bf16_out = bf16_attention_out;
     return p;
   }
 
@@ -342,7 +346,8 @@ struct Model::Impl {
     p.dtypes.assign(p.offsets.size(), DType::f32);
     // n values of the slot's dtype: a norm's output is bf16 when product inputs are held so.
     auto take = [&](Ref r, int64_t n) {
-      const bool bf16 = bf16_norm_outputs && (r.slot == Slot::ln1 || r.slot == Slot::ln2 || r.slot == Slot::lnf);
+      const bool bf16 = (bf16_norm_outputs && (r.slot == Slot::ln1 || r.slot == Slot::ln2 || r.slot == Slot::lnf)) ||
+                        (bf16_attention_out && r.slot == Slot::att);
       p.offsets[ArenaPlan::index(r)] = p.elements;
       p.dtypes[ArenaPlan::index(r)] = bf16 ? DType::bf16 : DType::f32;
       const int64_t values = std::max<int64_t>(n, 0);
@@ -433,6 +438,7 @@ struct Model::Impl {
   TensorView arena_tail(Ref r) const { return r.set() ? act.view(plan.at(r), plan.elements - plan.at(r)) : TensorView{}; }
   TensorView heads4(Ref r, int64_t heads) const {
     TensorView t = act.view(plan.at(r), plan.rows * plan.seq_len * heads * o.head_dim);
+    t.dtype = plan.dtype(r);
     t.ndim = 4;
     t.shape = {plan.rows, plan.seq_len, heads, o.head_dim};
     return t;
@@ -636,6 +642,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.cls_spec.declare = !o.tie_embeddings;
   m.bf16_norm_outputs = run.dtype == "bf16" && m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
                         m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
+  m.bf16_attention_out = m.bf16_norm_outputs && m.attn->bf16_output();
   m.build_schedule();
   // Refused by size before anything is allocated (the run's full plan is checked later, with the
   // optimizer and the activations): values and gradients alone must fit the device.

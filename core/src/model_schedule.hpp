@@ -31,7 +31,7 @@ enum class Slot : uint8_t {
   k,       // (N, Hk*D) k likewise
   qn_s,    //           q-norm's saved values
   kn_s,    //           k-norm's saved values
-  att,     // (N, H*D)  attention output
+  att,     // (N, H*D)  attention output (bf16 when the backend writes it so, under bf16 held inputs)
   att_s,   //           the attention backend's saved values (e.g. softmax statistics)
   mid,     // (N, C)    res + o(att)
   ln2,     // (N, C)    norm2(mid)

@@ -6,8 +6,10 @@
 // plugin converts around every call: forward converts q, k, v to bf16 workspaces, runs the SDPA
 // forward in training mode (the f32 softmax statistics, the log-sum-exp of each query row, go to
 // `saved`), and widens O back into `out`; backward converts q, k, v, out and d_out, runs the SDPA
-// backward from `saved`, and widens dQ, dK, dV. A bf16 problem is handed to cuDNN as it is. When
-// the model's activations are bf16 the conversions (and their workspaces) go away.
+// backward from `saved`, and widens dQ, dK, dV. A bf16 problem is handed to cuDNN as it is; so is
+// a bf16 `out` beside f32 q, k, v (AttentionProblem::bf16_out: the model holds the attention output
+// in bf16 under run.dtype = "bf16"), which saves O's widening, its conversion in backward and their
+// workspace.
 //
 // Layouts. Padded rows (one document per row, from position 0) use cuDNN's padding mask with each
 // row's length. Packed rows use the ragged (THD) layout: every segment is its own sequence, placed
@@ -171,9 +173,11 @@ class CudnnFlash final : public Attention {
   // none) and is not counted.
   int64_t workspace_bytes(const AttentionProblem& p) const override {
     const Sizes n = sizes(p);
-    const int64_t copies = p.dtype == DType::f32 ? (4 * n.q + 4 * n.kv) * 2 : 0;
+    const int64_t copies = p.dtype == DType::f32 ? ((p.bf16_out ? 3 : 4) * n.q + 4 * n.kv) * 2 : 0;
     return copies + 4 * (2 * int64_t(p.batch) * p.seq_len + 4) * 4;
   }
+
+  bool bf16_output() const override { return true; }
 
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {
@@ -184,7 +188,7 @@ class CudnnFlash final : public Attention {
     const cudaStream_t stream = ctx.stream;
     const Sizes n = sizes(p);
     if (p.packed && batch.num_segments == 0) {  // nothing but padding
-      ABLATE_CUDA_CHECK(cudaMemsetAsync(out.data, 0, std::size_t(n.q * dtype_size(p.dtype)), stream));
+      ABLATE_CUDA_CHECK(cudaMemsetAsync(out.data, 0, std::size_t(n.q * dtype_size(out.dtype)), stream));
       ABLATE_CUDA_CHECK(cudaMemsetAsync(saved.data, 0, std::size_t(saved.numel()) * sizeof(float), stream));
       return;
     }
@@ -193,12 +197,12 @@ class CudnnFlash final : public Attention {
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
-    bind(p, {{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, false}}, ptr, stream);
+    bind({{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, false}}, ptr, stream);
     ptr[kStats] = saved.data;
     run(graph, ctx, ptr);
 
     const int64_t positions = int64_t(p.batch) * p.seq_len, per_q = int64_t(p.heads) * p.head_dim;
-    if (p.dtype == DType::f32) {
+    if (out.dtype == DType::f32) {
       launch_store_f32(ptr[kO], out.as<float>(), positions, per_q, batch.segment_ids.as<const int32_t>(), stream);
     } else {
       launch_zero_padding_bf16(out.data, positions, per_q, batch.segment_ids.as<const int32_t>(), stream);
@@ -228,8 +232,7 @@ class CudnnFlash final : public Attention {
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
-    bind(p,
-         {{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, true}, {kDO, d_out, n.q, true},
+    bind({{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, true}, {kDO, d_out, n.q, true},
           {kDQ, d_q, n.q, false}, {kDK, d_k, n.kv, false}, {kDV, d_v, n.kv, false}},
          ptr, stream);
     ptr[kStats] = saved.data;
@@ -373,19 +376,21 @@ class CudnnFlash final : public Attention {
     int64_t n;
     bool input;
   };
-  // The graph's tensor pointers: a bf16 problem's views as they are; for an f32 problem, bf16
-  // copies carved from one scratch region, the inputs converted into them (the outputs cuDNN
-  // writes there are converted back by the caller).
-  void bind(const AttentionProblem& p, std::initializer_list<Bound> tensors, Pointers& ptr, cudaStream_t stream) {
-    if (p.dtype != DType::f32) {
-      for (const Bound& b : tensors) ptr[b.slot] = b.t.data;
-      return;
-    }
+  // The graph's tensor pointers: bf16 views as they are; for f32 ones, bf16 copies carved from one
+  // scratch region, the inputs converted into them (the outputs cuDNN writes there are converted
+  // back by the caller).
+  void bind(std::initializer_list<Bound> tensors, Pointers& ptr, cudaStream_t stream) {
     Carver c;
     std::array<int64_t, kSlotCount> at{};
-    for (const Bound& b : tensors) at[b.slot] = c.take(b.n * 2);
-    char* base = static_cast<char*>(data_.get(std::size_t(c.size()), stream));
     for (const Bound& b : tensors) {
+      if (b.t.dtype == DType::f32) at[b.slot] = c.take(b.n * 2);
+    }
+    char* base = c.size() > 0 ? static_cast<char*>(data_.get(std::size_t(c.size()), stream)) : nullptr;
+    for (const Bound& b : tensors) {
+      if (b.t.dtype != DType::f32) {
+        ptr[b.slot] = b.t.data;
+        continue;
+      }
       ptr[b.slot] = base + at[b.slot];
       if (b.input) launch_to_bf16(b.t.as<const float>(), ptr[b.slot], b.n, stream);
     }

@@ -140,6 +140,11 @@ TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's
   const int64_t q = int64_t(8) * 1024 * 12 * 64, kv = int64_t(8) * 1024 * 4 * 64;
   CHECK(f.attention->workspace_bytes(p) >= 2 * (4 * q + 4 * kv));  // q, o, dO, dQ and k, v, dK, dV in bf16
   CHECK(f.attention->workspace_bytes(p) < 2 * (4 * q + 4 * kv) + (1 << 20));
+  // out held in bf16 by the model: O is neither widened nor copied back in backward.
+  AttentionProblem held = p;
+  held.bf16_out = true;
+  CHECK(f.attention->bf16_output());
+  CHECK(f.attention->workspace_bytes(p) - f.attention->workspace_bytes(held) == 2 * q);
   p.dtype = DType::bf16;
   CHECK(f.attention->workspace_bytes(p) < (1 << 20));
 }
@@ -278,9 +283,17 @@ TEST_CASE("forward without a device fails with an ablate error, not a crash") {
   };
   TensorView saved = flat_view(fake, DType::f32, f.attention->saved_elements(p), DeviceType::cuda);
   CHECK_THROWS_AS(f.attention->forward(p, views, tensor(2), tensor(1), tensor(1), tensor(2), saved), Error);
-  // Wrong shapes are named before anything else.
+  // Wrong shapes are named before anything else; so is an out of another dtype than the problem's.
   CHECK_THROWS_WITH_AS(f.attention->forward(p, views, tensor(2), tensor(2), tensor(1), tensor(2), saved),
                        doctest::Contains("k has shape"), Error);
+  CHECK_THROWS_WITH_AS(f.attention->forward(p, views, tensor(2), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+                       doctest::Contains("out is bf16 but the problem's out is f32"), Error);
+  AttentionProblem held = p;
+  held.bf16_out = true;  // out must then be bf16, the rest f32
+  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2), tensor(1), tensor(1), tensor(2), saved),
+                       doctest::Contains("out is f32 but the problem's out is bf16"), Error);
+  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+                       doctest::Contains("q is bf16 but the problem's tensors are f32"), Error);
 }
 
 TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, forward and backward, lowered for SM90 without a GPU") {

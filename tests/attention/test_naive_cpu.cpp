@@ -391,6 +391,10 @@ TEST_CASE("naive_cpu refuses other devices and dtypes with a reason, counts FLOP
   AttentionProblem bad_gqa = p;
   bad_gqa.kv_heads = 3;
   CHECK_FALSE(attn->supports(bad_gqa).empty());
+  AttentionProblem held = p;  // out in bf16 is a CUDA backend's offer; naive_cpu writes the problem's dtype
+  held.bf16_out = true;
+  CHECK_FALSE(attn->bf16_output());
+  CHECK(attn->supports(held).find("out in bf16") != std::string::npos);
   CHECK(attn->saved_elements(p) == int64_t(2) * 4 * 10);
 
   p.dtype = DType::f64;

@@ -165,6 +165,43 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
   MESSAGE("cudnn_flash built " << f.builds(f.flash.get()) << " graphs");
 }
 
+TEST_CASE("cudnn_flash with out held in bf16: the f32 run's out exactly, and its gradients") {
+  // cuDNN writes O in bf16 either way: the f32 out is its exact widening, so the bf16 out must be
+  // the same values; backward reads O in bf16 either way, so the gradients are the same up to the
+  // order of backward's sums (a bf16 unit or two, since cuDNN writes dQ, dK, dV in bf16).
+  Fixture f;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (bool packed : {false, true}) {
+    INFO((packed ? "packed" : "padded"));
+    const int32_t T = 77, D = 64;
+    const Batch batch = packed ? test::make_batch(T, {test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}})
+                               : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}});
+    AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 6, .kv_heads = 2, .head_dim = D, .dtype = DType::f32,
+                       .device = DeviceType::cuda, .packed = packed};
+    if (const std::string why = f.flash->supports(p); !why.empty()) {
+      MESSAGE("cudnn_flash refuses: " << why);
+      continue;
+    }
+    const auto make = [&](int64_t heads) {
+      std::vector<float> x(std::size_t(p.batch) * T * heads * D);
+      for (float& e : x) e = to_bf16(n(rng));
+      return x;
+    };
+    const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
+    const Outputs f32_out = run(f, *f.flash, p, batch, q, k, v, d_out);
+    AttentionProblem held = p;
+    held.bf16_out = true;
+    REQUIRE(f.flash->supports(held).empty());
+    const Outputs bf16_out = run(f, *f.flash, held, batch, q, k, v, d_out);
+    CHECK(bf16_out.out == f32_out.out);
+    CHECK(zero_at_padding(bf16_out.out, batch, int64_t(p.heads) * D));
+    CHECK(worst(bf16_out.d_q, f32_out.d_q, 1.0 / 64) <= 1.0);
+    CHECK(worst(bf16_out.d_k, f32_out.d_k, 1.0 / 64) <= 1.0);
+    CHECK(worst(bf16_out.d_v, f32_out.d_v, 1.0 / 64) <= 1.0);
+  }
+}
+
 TEST_CASE("cudnn_flash: packed batches with different segment counts share a graph within a bound") {
   Fixture f;
   const int32_t T = 96;

@@ -1,6 +1,7 @@
 // One forward and backward of an attention backend on a Device (the GPU tests): f32 inputs
 // uploaded, every output poisoned with NaN first (a position the backend never writes shows), the
-// batch uploaded as the trainer uploads it, results downloaded after a synchronize.
+// batch uploaded as the trainer uploads it, results downloaded after a synchronize. A problem with
+// bf16_out gets out as a bf16 buffer, returned widened to f32 (exactly).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "ablate/attention.hpp"
 #include "ablate/batch.hpp"
 #include "ablate/device.hpp"
+#include "ablate/device_math.hpp"
 
 namespace ablate::test {
 
@@ -48,14 +50,27 @@ inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, cons
   DeviceBatch db;
   dev.upload_batch(batch, db);
   Buffer bq = up(q), bk = up(k), bv = up(v), bdo = up(d_out);
-  Buffer out = poisoned(int64_t(q.size())), dq = poisoned(int64_t(q.size())), dk = poisoned(int64_t(k.size())),
-         dv = poisoned(int64_t(k.size())), saved = poisoned(attention.saved_elements(p));
+  Buffer out = p.bf16_out ? dev.alloc(DType::bf16, int64_t(q.size())) : poisoned(int64_t(q.size()));
+  if (p.bf16_out) {
+    const std::vector<uint16_t> nan(q.size(), uint16_t(0xFFFF));  // all bits set: a bf16 NaN
+    dev.upload(out.view(), nan.data());
+  }
+  Buffer dq = poisoned(int64_t(q.size())), dk = poisoned(int64_t(k.size())), dv = poisoned(int64_t(k.size())),
+         saved = poisoned(attention.saved_elements(p));
   const auto hv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
   const auto kv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
   attention.forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view());
   attention.backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
   dev.synchronize();
-  return {down(out), down(dq), down(dk), down(dv)};
+  std::vector<float> out_values;
+  if (p.bf16_out) {
+    std::vector<uint16_t> bits(q.size());
+    dev.download(bits.data(), out.view());
+    for (uint16_t b : bits) out_values.push_back(device_math::bf16_value(b));
+  } else {
+    out_values = down(out);
+  }
+  return {out_values, down(dq), down(dk), down(dv)};
 }
 
 }  // namespace ablate::test
