@@ -171,6 +171,7 @@ class GeluMLP final : public Layer {
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
     const Operand x = check_forward(kName, call, C, C, proj.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
+    if (bf16_post()) require_f32(kName, call.scratch, "scratch", rows * H);  // the f32 activation before rounding
     const cudaStream_t st = stream_of(call);
     float* pre = call.saved.as<float>();
     const Operand post = post_of(call, rows * H);
