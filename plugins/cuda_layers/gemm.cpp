@@ -44,6 +44,13 @@ struct Operands {
   int64_t ldb;
 };
 
+// The first 256-byte aligned address in a scratch region asked 256 bytes larger: the plan key
+// records packed copies (and a fused bias gradient's scratch) as 256-byte aligned, which the
+// stream-ordered allocator does not promise.
+uint16_t* aligned256(void* p) {
+  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(p) + 255) / 256 * 256);
+}
+
 void check_lt(cublasStatus_t rc, const char* call, const GemmCall& g) {
   if (rc == CUBLAS_STATUS_SUCCESS) return;
   throw_runtime_error("cuda_layers gemm", std::string(call) + " failed for " + shape_of(g) + ": " + cublasLtGetStatusName(rc) +
@@ -96,7 +103,9 @@ class Context {
     }
     // A bias gradient is written, not added: into scratch, then added to the caller's vector.
     const int64_t grad_n = bias_grad_elements(g);
-    float* bias_grad = grad_n > 0 ? static_cast<float*>(bias_grad_.get(std::size_t(grad_n) * sizeof(float), stream)) : nullptr;
+    float* bias_grad =
+        grad_n > 0 ? reinterpret_cast<float*>(aligned256(bias_grad_.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
+                   : nullptr;
     const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad) : static_cast<const void*>(g.bias);
     if (bias != nullptr) {
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
@@ -134,14 +143,14 @@ class Context {
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
     const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
     Operands ops{g.A_bf16, g.lda, g.B_bf16, g.ldb};  // operands held in bf16: read as they are
-    if (ops.A == nullptr) {
-      auto* a = static_cast<uint16_t*>(bf16_a_.get(std::size_t(a_rows * a_cols) * 2, stream));
+    if (!gemm_plan::bf16_in_place(g.A_bf16, g.A, g.lda)) {
+      auto* a = aligned256(bf16_a_.get(std::size_t(a_rows * a_cols) * 2 + 256, stream));
       launch_to_bf16(g.A, a_rows, a_cols, g.lda, a, stream);
       ops.A = a;
       ops.lda = a_cols;
     }
-    if (ops.B == nullptr) {
-      auto* b = static_cast<uint16_t*>(bf16_b_.get(std::size_t(b_rows * b_cols) * 2, stream));
+    if (!gemm_plan::bf16_in_place(g.B_bf16, g.B, g.ldb)) {
+      auto* b = aligned256(bf16_b_.get(std::size_t(b_rows * b_cols) * 2 + 256, stream));
       launch_to_bf16(g.B, b_rows, b_cols, g.ldb, b, stream);
       ops.B = b;
       ops.ldb = b_cols;
@@ -292,7 +301,8 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
   int64_t bytes = int64_t(kWorkspaceBytes);
   if (mode == MatmulMode::bf16) {
     const int64_t wide = std::max(in, out);
-    bytes += 2 * (rows * wide + std::max(in * out, rows * wide));  // A: an activation; B: the weight or one
+    // A: an activation; B: the weight or one; each 256 bytes over, to align it.
+    bytes += 2 * (rows * wide + std::max(in * out, rows * wide)) + 2 * 256;
   }
   return bytes;
 }

@@ -19,6 +19,11 @@ uint32_t alignment_of(const void* p) {
 
 inline bool aligned16(const void* p) { return p == nullptr || alignment_of(p) >= 16; }
 
+bool bf16_in_place(const void* bf16, const float* f32, int64_t ld) {
+  if (bf16 == nullptr) return false;
+  return f32 == nullptr || (alignment_of(bf16) >= 16 && (ld * 2) % 16 == 0);
+}
+
 // cuBLASLt's epilogue for a call whose layout allows fusing it (fused_epilogue() says when).
 cublasLtEpilogue_t epilogue_of(const GemmCall& g) {
   const bool bias = g.bias != nullptr;
@@ -65,7 +70,8 @@ std::string gemm_key(const GemmCall& g) {
   // told each operand's alignment, so the key holds them (bf16 operands not given in bf16 are packed
   // copies, always 256-byte aligned, with their own leading dimensions).
   const bool bf16 = g.mode == MatmulMode::bf16;
-  const bool a_copied = bf16 && g.A_bf16 == nullptr, b_copied = bf16 && g.B_bf16 == nullptr;
+  const bool a_copied = bf16 && !gemm_plan::bf16_in_place(g.A_bf16, g.A, g.lda);
+  const bool b_copied = bf16 && !gemm_plan::bf16_in_place(g.B_bf16, g.B, g.ldb);
   const auto al = [](const void* p) { return std::to_string(alignment_of(p)); };
   const std::string lda = std::to_string(a_copied ? (g.ta ? g.M : g.K) : g.lda);
   const std::string ldb = std::to_string(b_copied ? (g.tb ? g.K : g.N) : g.ldb);

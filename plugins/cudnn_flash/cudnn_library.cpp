@@ -1,7 +1,11 @@
 // Run-time loading of cuDNN for cudnn-frontend (see cudnn_library.hpp).
 #include "cudnn_library.hpp"
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
+
+#include <cstdlib>
+#include <string>
 
 #include <mutex>
 
@@ -22,7 +26,16 @@ namespace {
 
 constexpr const char* kWhere = "cudnn_flash";
 
+// The CUDA runtime the frontend opens for its own calls (memsets, stream queries on our stream):
+// the one the plugin was built against, not the first of libcudart.so.12 / .13 it finds on the
+// loader's path (a machine with PyTorch for CUDA 12 has both), unless the user named one.
+void pin_frontend_cudart() {
+  const std::string name = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+  setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", name.c_str(), /*overwrite=*/0);
+}
+
 CudnnLibrary open_library() {
+  pin_frontend_cudart();
   CudnnLibrary lib;
   std::string tried;
   const auto try_open = [&](const char* name) {

@@ -6,8 +6,11 @@
 // graphs for SM90 with no device. Execution plans need a device and are left to tests/gpu.
 #include <doctest/doctest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -147,6 +150,17 @@ TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's
   CHECK(f.attention->workspace_bytes(p) - f.attention->workspace_bytes(held) == 2 * q);
   p.dtype = DType::bf16;
   CHECK(f.attention->workspace_bytes(p) < (1 << 20));
+}
+
+TEST_CASE("the frontend's own CUDA runtime is pinned to the one the plugin was built against") {
+  // cudnn-frontend opens libcudart itself, the first of .so.12 and .so.13 it finds unless told;
+  // loading cuDNN names ours (a value the user set is kept).
+  const char* before = std::getenv("CUDNN_FRONTEND_CUDART_LIB_NAME");
+  const std::string preset = before != nullptr ? before : "";
+  (void)cudnn_library();
+  const char* after = std::getenv("CUDNN_FRONTEND_CUDART_LIB_NAME");
+  REQUIRE(after != nullptr);
+  CHECK(std::string(after) == (preset.empty() ? "libcudart.so." + std::to_string(CUDART_VERSION / 1000) : preset));
 }
 
 TEST_CASE("segment_bound: the rows doubled until every segment fits") {

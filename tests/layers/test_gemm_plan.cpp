@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gemm.hpp"
+#include "gemm_plan.hpp"
 
 using namespace ablate;
 using namespace ablate::cuda_layers;
@@ -223,4 +224,23 @@ TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products 
   sums.A_bf16 = sums.A;
   sums.A = nullptr;
   CHECK(gemm_refusal(sums).find("f32 values") != std::string::npos);
+}
+
+TEST_CASE("gemm plan: a bf16 weight copy is read in place only where it and its rows are 16-byte aligned") {
+  using gemm_plan::bf16_in_place;
+  const float* f32 = at(0x70000);
+  CHECK(bf16_in_place(at(0x20000), f32, 768));    // GPT-2's weights: aligned, rows of 1536 bytes
+  CHECK_FALSE(bf16_in_place(at(0x20002), f32, 768));  // a weight after an odd-sized one: packed
+  CHECK_FALSE(bf16_in_place(at(0x20000), f32, 37));   // rows of 74 bytes: packed
+  CHECK_FALSE(bf16_in_place(nullptr, f32, 768));      // no copy: packed
+  // An activation held in bf16 has no f32 values to pack from: read where it is, whatever its layout.
+  CHECK(bf16_in_place(at(0x20002), nullptr, 37));
+  // The key follows: a weight packed for its alignment plans like a weight with no copy.
+  GemmCall odd = fc_forward();
+  odd.B_bf16 = at(0x20002);
+  GemmCall none = fc_forward();
+  CHECK(gemm_key(odd) == gemm_key(none));
+  GemmCall aligned = fc_forward();
+  aligned.B_bf16 = at(0x20010);
+  CHECK(gemm_key(aligned) != gemm_key(none));
 }
