@@ -44,6 +44,12 @@ struct Operands {
   int64_t ldb;
 };
 
+// A product with at most a bias: cuBLASLt must serve it (there is no pass to fall back to).
+bool plain_epilogue(const GemmCall& g) {
+  const cublasLtEpilogue_t epi = epilogue_of(g);
+  return epi == CUBLASLT_EPILOGUE_DEFAULT || epi == CUBLASLT_EPILOGUE_BIAS;
+}
+
 // The first 256-byte aligned address in a scratch region asked 256 bytes larger: the plan key
 // records packed copies (and a fused bias gradient's scratch) as 256-byte aligned, which the
 // stream-ordered allocator does not promise.
@@ -118,9 +124,17 @@ class Context {
     }
     // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
     const float* c = g.C != nullptr ? g.C : g.D;
-    check_lt(cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D, p->d, &p->algo,
-                            workspace_, kWorkspaceBytes, stream),
-             "cublasLtMatmul", g);
+    const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D,
+                                             p->d, &p->algo, workspace_, kWorkspaceBytes, stream);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED && !plain_epilogue(g)) {
+      // The heuristic offered an algorithm the call then turns down: the epilogue's work in passes,
+      // from now on for this problem (nothing was written: the call checks before it launches).
+      spdlog::info("cuda_layers: cuBLASLt turned down the {} epilogue of {} at run time; its work runs in passes of its own",
+                   fused_epilogue(g), shape_of(g));
+      unfusable_.insert(key);
+      return false;
+    }
+    check_lt(rc, "cublasLtMatmul", g);
     if (grad_n > 0) launch_copy_or_add(bias_grad, g.act == Activation::dgelu ? g.d_column_sums : g.a_sums, grad_n, true, stream);
     return true;
   }
@@ -226,7 +240,7 @@ class Context {
       rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    const bool plain = epi == CUBLASLT_EPILOGUE_DEFAULT || epi == CUBLASLT_EPILOGUE_BIAS;
+    const bool plain = plain_epilogue(g);
     if (!plain && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
       // Said once per problem (the caller remembers it): a run that falls back is slower, not wrong.
       spdlog::info("cuda_layers: cuBLASLt has no algorithm for the {} epilogue of {} ({}); its work runs in passes of its own",
