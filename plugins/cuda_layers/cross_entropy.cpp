@@ -59,9 +59,10 @@ class CrossEntropy final : public LossLayer {
       launch_cross_entropy_rows(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
                                 float(call.grad_scale), st);
       if (with_grad) {
-        // d_x = dz W (written or added), dW += dz^T x
-        gemm_dy_w(z, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
-        gemm_add_dyt_x(z, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
+        // d_x = dz W (written or added), dW += dz^T x; dz rounded to bf16 once for both under bf16
+        const Operand dz = gemm_bf16_once(z, n, out, st, mode_);
+        gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
+        gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
       }
     }
     check_launch(kName);

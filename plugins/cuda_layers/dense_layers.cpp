@@ -57,8 +57,10 @@ void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Oper
     launch_dropout_grad(dy, tmp, rows * out, drop, s);
     dy = tmp;
   }
-  if (dx != nullptr) gemm_dy_w(dy, rows, in, out, W, accumulate, dx, s, mode);
-  gemm_add_dyt_x(dy, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
+  // Both products read dy: rounded to bf16 once for both under bf16 products.
+  const Operand d = dx != nullptr ? gemm_bf16_once(dy, rows, out, s, mode) : Operand{dy};
+  if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
+  gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
 
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
@@ -205,8 +207,9 @@ class GeluMLP final : public Layer {
         launch_dropout_grad(dy, masked, rows * C, drop, st);
         dy = masked;
       }
-      gemm_add_dyt_x(dy, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
-      gemm_dy_w_dgelu(dy, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
+      const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
+      gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
+      gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
     }
     dense_backward(d_pre, rows, C, H, x, weight_at(call, fc.weight), at_mut(call.grads, fc.weight), nullptr,
                    call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);

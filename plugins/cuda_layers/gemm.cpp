@@ -144,6 +144,15 @@ class Context {
     return int64_t(plans_.size());
   }
 
+  // gemm_bf16_once's copy: packed, 256-byte aligned, in a region of its own.
+  const void* bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint16_t* copy = aligned256(bf16_once_.get(std::size_t(rows * cols) * 2 + 256, stream));
+    launch_to_bf16(x, rows, cols, cols, copy, stream);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+    return copy;
+  }
+
   int64_t unfused() {
     std::lock_guard<std::mutex> lock(mu_);
     return int64_t(unfusable_.size());
@@ -256,6 +265,7 @@ class Context {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   cuda::StreamScratch bf16_a_, bf16_b_;  // the bf16 copies of A and B (bf16 mode)
+  cuda::StreamScratch bf16_once_;        // an operand several products share (gemm_bf16_once)
   cuda::StreamScratch bias_grad_;         // a fused epilogue's bias gradient, before it is added
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
@@ -307,6 +317,11 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
   gemm_unfused(g, stream);
 }
 
+Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream, MatmulMode mode) {
+  if (mode != MatmulMode::bf16 || rows * cols == 0) return {x};
+  return {x, context().bf16_once(x, rows, cols, stream)};
+}
+
 int64_t gemm_plans_built() { return context().built(); }
 
 int64_t gemm_unfused_problems() { return context().unfused(); }
@@ -315,8 +330,9 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
   int64_t bytes = int64_t(kWorkspaceBytes);
   if (mode == MatmulMode::bf16) {
     const int64_t wide = std::max(in, out);
-    // A: an activation; B: the weight or one; each 256 bytes over, to align it.
-    bytes += 2 * (rows * wide + std::max(in * out, rows * wide)) + 2 * 256;
+    // A: an activation; B: the weight or one; a shared output gradient; each 256 bytes over, to
+    // align it.
+    bytes += 2 * (2 * rows * wide + std::max(in * out, rows * wide)) + 3 * 256;
   }
   return bytes;
 }
@@ -343,13 +359,14 @@ GemmCall x_wt_call(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, f
 }
 
 // dx(rows, in) = dy(rows, out) W: the input-gradient product of a dense layer.
-GemmCall dy_w_call(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, float* dx, MatmulMode mode) {
+GemmCall dy_w_call(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, float* dx, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.M = rows;
   g.N = in;
   g.K = out;
-  g.A = dy;
+  g.A = dy.f32;
+  g.A_bf16 = mode == MatmulMode::bf16 ? dy.bf16 : nullptr;
   g.lda = out;
   g.B = W.f32;
   g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
@@ -379,14 +396,14 @@ void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, 
   gemm(g, stream);
 }
 
-void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
+void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
   g.beta = accumulate ? 1.0f : 0.0f;
   gemm(g, stream);
 }
 
-void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
+void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
                      float* db, cudaStream_t stream, MatmulMode mode) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dpre, mode);
   g.act = Activation::dgelu;
@@ -395,7 +412,7 @@ void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Wei
   gemm(g, stream);
 }
 
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
+void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
                     cudaStream_t stream, MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
@@ -403,7 +420,8 @@ void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, Oper
   g.M = out;
   g.N = in;
   g.K = rows;
-  g.A = dy;
+  g.A = dy.f32;
+  g.A_bf16 = mode == MatmulMode::bf16 ? dy.bf16 : nullptr;
   g.lda = out;
   g.B = x.f32;
   g.B_bf16 = mode == MatmulMode::bf16 ? x.bf16 : nullptr;

@@ -103,19 +103,26 @@ void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const
 void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
                     float* y, cudaStream_t stream, MatmulMode mode);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
-void gemm_dy_w(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
+void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
-void gemm_dy_w_dgelu(const float* dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
+void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
                      float* db, cudaStream_t stream, MatmulMode mode);
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
-void gemm_add_dyt_x(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
+void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
                     cudaStream_t stream, MatmulMode mode);
+
+// An f32 operand that several products of one layer call read (an output gradient dy: the input
+// gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead
+// of by each product: {x, its packed bf16 copy}; {x} in other modes. The copy is valid until the
+// next call of this on the stream (products enqueued before then have read it by stream order).
+Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream, MatmulMode mode);
 
 // Device memory the products of a dense layer of `rows` x `in` -> `out` hold beyond their
 // operands: cuBLASLt's workspace and, in bf16 mode, the packed copies of the largest A and B among
-// the layer's three products (forward, input gradient, weight gradient).
+// the layer's three products (forward, input gradient, weight gradient) and the copy of an output
+// gradient they share (gemm_bf16_once).
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out);
 
 // Descriptor sets built so far in this process (each distinct problem once).

@@ -235,6 +235,13 @@ TEST_CASE("gemm plan: a bf16 weight copy is read in place only where it and its 
   CHECK_FALSE(bf16_in_place(nullptr, f32, 768));      // no copy: packed
   // An activation held in bf16 has no f32 values to pack from: read where it is, whatever its layout.
   CHECK(bf16_in_place(at(0x20002), nullptr, 37));
+  // An output gradient rounded once for two products (gemm_bf16_once: f32 values and a packed,
+  // 256-byte aligned copy) plans like the copy each product made of it before: the same plans.
+  GemmCall own_copy = proj_wgrad(MatmulMode::bf16);
+  GemmCall shared = own_copy;
+  shared.A_bf16 = at(0x80000);
+  CHECK(gemm_plan::bf16_in_place(shared.A_bf16, shared.A, shared.lda));
+  CHECK(gemm_key(shared) == gemm_key(own_copy));
   // The key follows: a weight packed for its alignment plans like a weight with no copy.
   GemmCall odd = fc_forward();
   odd.B_bf16 = at(0x20002);
