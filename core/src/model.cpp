@@ -488,6 +488,13 @@ struct Model::Impl {
         throw_runtime_error("model", "token " + std::to_string(t) + " outside the vocabulary of " + std::to_string(o.vocab_size));
       }
     }
+    // Checked here, before any device sees them: a GPU kernel can only turn a bad id into NaN.
+    for (int32_t t : b.targets) {
+      if (t != -1 && (t < 0 || t >= o.vocab_size)) {
+        throw_runtime_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
+                                         std::to_string(o.vocab_size) + " (and not -1, no loss)");
+      }
+    }
   }
 
   void set_dropout(LayerCall& c, const Site& s, bool train, uint64_t key) const {

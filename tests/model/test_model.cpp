@@ -182,6 +182,36 @@ void check_case(const std::string& name) {
   }
 }
 
+// A GPT-2-style model's shape: heads of head_dim = d_model / heads, kv heads = heads.
+ModelOptions gpt_options(int64_t d_model, int64_t layers, int64_t heads, int64_t vocab, int64_t vocab_padded, int64_t max_seq_len,
+                         int64_t mlp_hidden) {
+  ModelOptions o;
+  o.d_model = d_model;
+  o.n_layers = layers;
+  o.n_heads = o.n_kv_heads = heads;
+  o.head_dim = d_model / heads;
+  o.vocab_size = vocab;
+  o.vocab_padded = vocab_padded;
+  o.max_seq_len = max_seq_len;
+  o.mlp_hidden = mlp_hidden;
+  return o;
+}
+
+// One row of T positions, one document: tokens 0..T-1, each target the next token.
+Batch one_row(int32_t T) {
+  Batch b;
+  b.reset(1, T);
+  for (int32_t t = 0; t < T; ++t) {
+    b.tokens[std::size_t(t)] = t;
+    b.targets[std::size_t(t)] = t + 1;
+    b.positions[std::size_t(t)] = t;
+    b.segment_ids[std::size_t(t)] = 1;
+  }
+  b.segments = {{0, T}};
+  b.row_segments = {0, 1};
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("golden: a tiny GPT-2-style model matches PyTorch (logits, loss, gradients, AdamW steps)") { check_case("tiny_gpt2"); }
@@ -224,16 +254,7 @@ TEST_CASE("accumulating micro-batches equals one batch, backward twice equals tw
 
 TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 50304") {
   Fixture f;
-  ModelOptions o;
-  o.d_model = 768;
-  o.n_layers = 12;
-  o.n_heads = o.n_kv_heads = 12;
-  o.head_dim = 64;
-  o.vocab_size = 50257;
-  o.vocab_padded = 50304;
-  o.max_seq_len = 1024;
-  o.mlp_hidden = 3072;
-  Model m(o, f.registry, f.run);
+  Model m(gpt_options(768, 12, 12, 50257, 50304, 1024, 3072), f.registry, f.run);
   CHECK(m.num_params() == 124475904);
   // Initialisation: residual projections are scaled by 1/sqrt(2L), norms are one, biases zero.
   m.init_params(1);
@@ -258,16 +279,7 @@ TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 
 
 TEST_CASE("the activation plan of a micro-batch that does not fit is known without allocating it") {
   Fixture f;
-  ModelOptions o;
-  o.d_model = 256;
-  o.n_layers = 4;
-  o.n_heads = o.n_kv_heads = 4;
-  o.head_dim = 64;
-  o.vocab_size = 50257;
-  o.vocab_padded = 50304;
-  o.max_seq_len = 1024;
-  o.mlp_hidden = 1024;
-  Model m(o, f.registry, f.run);
+  Model m(gpt_options(256, 4, 4, 50257, 50304, 1024, 1024), f.registry, f.run);
   const int64_t state = m.device().memory_in_use();
   CHECK(state >= m.state_bytes());
   const auto rss_kib = [] {
@@ -286,21 +298,29 @@ TEST_CASE("the activation plan of a micro-batch that does not fit is known witho
   CHECK(rss_kib() - rss_before < 64 * 1024);           // nor anywhere else in the process
   // What a shape's plan says is what training that shape allocates.
   const ActivationPlan small = m.activation_plan(1, 16);
-  Batch b;
-  b.reset(1, 16);
-  for (int32_t t = 0; t < 16; ++t) {
-    b.tokens[std::size_t(t)] = t;
-    b.targets[std::size_t(t)] = t + 1;
-    b.positions[std::size_t(t)] = t;
-    b.segment_ids[std::size_t(t)] = 1;
-  }
-  b.segments = {{0, 16}};
-  b.row_segments = {0, 1};
+  const Batch b = one_row(16);
   m.init_params(3);
   m.forward_backward(b, 1.0 / 16, 0);
   const int64_t grown = m.device().memory_in_use() - state;
   CHECK(grown >= small.bytes());
   CHECK(grown < small.bytes() + 128);  // the cpu device rounds each buffer up to 64 bytes plus a header
+}
+
+TEST_CASE("a batch with a token or target outside the vocabulary is refused before any device sees it") {
+  Fixture f;
+  Model m(gpt_options(16, 1, 2, 50, 64, 8, 32), f.registry, f.run);
+  m.init_params(1);
+  const auto batch = [](int32_t token, int32_t target) {
+    Batch b = one_row(4);
+    b.tokens[2] = token;
+    b.targets[3] = target;
+    return b;
+  };
+  CHECK(std::isfinite(m.forward(batch(7, -1))));  // -1: no loss at that position
+  CHECK_THROWS_WITH_AS(m.forward(batch(50, 1)), doctest::Contains("token 50 outside the vocabulary of 50"), Error);
+  CHECK_THROWS_WITH_AS(m.forward_backward(batch(7, 50), 1.0, 0), doctest::Contains("target 50 outside the vocabulary of 50"),
+                       Error);
+  CHECK_THROWS_WITH_AS(m.forward(batch(7, -2)), doctest::Contains("target -2"), Error);
 }
 
 TEST_CASE("gradient_writes: every parameter written, and each range final when the hook reports it (tied and untied)") {
