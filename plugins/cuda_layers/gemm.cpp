@@ -160,7 +160,7 @@ class Context {
 
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
-// length in memory).
+  // length in memory).
   Operands operands(const GemmCall& g, cudaStream_t stream) {
     if (g.mode != MatmulMode::bf16) return {g.A, g.lda, g.B, g.ldb};
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
