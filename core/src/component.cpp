@@ -110,11 +110,12 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
                                    ", " + std::to_string(p.seq_len) + ", " + std::to_string(heads) + ", " +
                                    std::to_string(p.head_dim) + ")");
   }
-  const bool is_out = std::string_view(name) == "out";
-  const DType want_dtype = is_out ? p.out_dtype() : p.dtype;
+  const std::string_view n(name);
+  const bool is_out = n == "out", is_qkv = n == "q" || n == "k" || n == "v";
+  const DType want_dtype = is_out ? p.out_dtype() : is_qkv ? p.qkv_dtype() : p.dtype;
   if (t.dtype != want_dtype) {
     throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem's " +
-                                   (is_out ? "out is " : "tensors are ") + to_string(want_dtype));
+                                   (is_out ? "out is " : is_qkv ? "q, k, v are " : "gradients are ") + to_string(want_dtype));
   }
   if (t.device != device) {
     throw_runtime_error(where, std::string(name) + " lives on " + to_string(t.device) + "; " + where + " reads " +

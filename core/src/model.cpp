@@ -146,8 +146,11 @@ struct Model::Impl {
   // (LayerBase::bf16_product_inputs): the norms' outputs (ln1, ln2, lnf) are held in bf16.
   bool bf16_norm_outputs = false;
   // And the attention output (read by the output projection only) when the backend writes it so
-  // (Attention::bf16_output).
+  // (Attention::bf16_activations).
   bool bf16_attention_out = false;
+  // And q, k, v (q_lin, k_lin, v, q, k) when the backend reads them so and the linear, rope and
+  // qk-norm layers that write or rotate them take bf16 (LayerBase::bf16_attention_inputs).
+  bool bf16_qkv = false;
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
@@ -175,6 +178,7 @@ struct Model::Impl {
     p.device = device->type();
     p.packed = true;
     p.bf16_out = bf16_attention_out;
+    p.bf16_qkv = bf16_qkv;
     return p;
   }
 
@@ -346,8 +350,9 @@ struct Model::Impl {
     p.dtypes.assign(p.offsets.size(), DType::f32);
     // n values of the slot's dtype: a norm's output is bf16 when product inputs are held so.
     auto take = [&](Ref r, int64_t n) {
+      const bool qkv = r.slot == Slot::q_lin || r.slot == Slot::k_lin || r.slot == Slot::v || r.slot == Slot::q || r.slot == Slot::k;
       const bool bf16 = (bf16_norm_outputs && (r.slot == Slot::ln1 || r.slot == Slot::ln2 || r.slot == Slot::lnf)) ||
-                        (bf16_attention_out && r.slot == Slot::att);
+                        (bf16_attention_out && r.slot == Slot::att) || (bf16_qkv && qkv);
       p.offsets[ArenaPlan::index(r)] = p.elements;
       p.dtypes[ArenaPlan::index(r)] = bf16 ? DType::bf16 : DType::f32;
       const int64_t values = std::max<int64_t>(n, 0);
@@ -649,7 +654,9 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.cls_spec.declare = !o.tie_embeddings;
   m.bf16_norm_outputs = run.dtype == "bf16" && m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
                         m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
-  m.bf16_attention_out = m.bf16_norm_outputs && m.attn->bf16_output();
+  m.bf16_attention_out = m.bf16_norm_outputs && m.attn->bf16_activations();
+  m.bf16_qkv = m.bf16_attention_out && m.lin->bf16_attention_inputs() &&
+               (o.position != "rope" || m.pos->bf16_attention_inputs()) && (!o.qk_norm || m.qkn->bf16_attention_inputs());
   m.build_schedule();
   // Refused by size before anything is allocated (the run's full plan is checked later, with the
   // optimizer and the activations): values and gradients alone must fit the device.

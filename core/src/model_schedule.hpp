@@ -24,7 +24,7 @@ enum class Slot : uint8_t {
   res,     // (N, C)    the residual stream entering block l (block 0: the embeddings)
   ln1,     // (N, C)    norm1(res); ln1, ln2 and lnf are bf16 when the model holds product inputs so
   ln1_s,   //           norm1's saved values
-  q_lin,   // (N, H*D)  q projection
+  q_lin,   // (N, H*D)  q projection (q_lin..k bf16 when the model holds q, k, v so)
   k_lin,   // (N, Hk*D) k projection
   v,       // (N, Hk*D) v projection
   q,       // (N, H*D)  q after qk-norm (= q_lin without it), rotated in place by rope

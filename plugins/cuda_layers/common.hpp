@@ -29,17 +29,27 @@ std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode);
 std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode);
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode);
 
-inline void require_f32(const char* layer, const TensorView& t, const char* what, int64_t elements) {
+// A view of `dtype` on the cuda device holding at least `elements` values (none needed: any view).
+inline void require_view(const char* layer, const TensorView& t, const char* what, int64_t elements, DType dtype) {
   if (elements == 0) return;
   if (t.data == nullptr) throw_runtime_error(layer, std::string("the call has no '") + what + "' tensor");
-  if (t.dtype != DType::f32 || t.device != DeviceType::cuda) {
-    throw_runtime_error(layer, std::string("'") + what + "' must be f32 on the cuda device, it is " + to_string(t.dtype) +
-                                   " on " + to_string(t.device));
+  if (t.dtype != dtype || t.device != DeviceType::cuda) {
+    throw_runtime_error(layer, std::string("'") + what + "' must be " + to_string(dtype) + " on the cuda device, it is " +
+                                   to_string(t.dtype) + " on " + to_string(t.device));
   }
   if (t.numel() < elements) {
     throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(t.numel()) + " values, the call needs " +
                                    std::to_string(elements));
   }
+}
+
+inline void require_f32(const char* layer, const TensorView& t, const char* what, int64_t elements) {
+  require_view(layer, t, what, elements, DType::f32);
+}
+
+// An activation the model holds in bf16.
+inline void require_bf16(const char* layer, const TensorView& t, const char* what, int64_t elements) {
+  require_view(layer, t, what, elements, DType::bf16);
 }
 
 // An activation a matrix product reads (a dense layer's or the classifier's input x): f32 or, when
@@ -51,11 +61,7 @@ inline Operand require_product_input(const char* layer, const TensorView& t, con
       throw_runtime_error(layer, std::string("'") + what + "' is bf16 but the products are " + to_string(mode) +
                                      ": an input held in bf16 is read by bf16 products only");
     }
-    if (t.device != DeviceType::cuda) throw_runtime_error(layer, std::string("'") + what + "' must be on the cuda device");
-    if (t.numel() < elements) {
-      throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(t.numel()) + " values, the call needs " +
-                                     std::to_string(elements));
-    }
+    require_bf16(layer, t, what, elements);
     return {nullptr, t.data};
   }
   require_f32(layer, t, what, elements);

@@ -64,11 +64,20 @@ void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Oper
 }
 
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
-// holds it so).
+// holds it so). `bf16_y`: the layer may write y in bf16 (a linear under bf16 products).
 Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
-                      int64_t scratch, MatmulMode mode) {
+                      int64_t scratch, MatmulMode mode, bool bf16_y = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
-  require_f32(name, call.y, "y", call.rows * out);
+  if (bf16_y && mode == MatmulMode::bf16 && call.y.dtype == DType::bf16) {
+    // q, k or v held in bf16: rounded from the f32 product in scratch.
+    require_bf16(name, call.y, "y", call.rows * out);
+    require_f32(name, call.scratch, "scratch", call.rows * out);
+    if (call.residual.data != nullptr || call.dropout > 0.0) {
+      throw_runtime_error(name, "a bf16 output takes no residual and no dropout (q, k and v have neither)");
+    }
+  } else {
+    require_f32(name, call.y, "y", call.rows * out);
+  }
   require_f32(name, call.params, "params", params);
   require_f32(name, call.saved, "saved", saved);
   if (call.residual.data != nullptr) require_f32(name, call.residual, "residual", call.rows * out);
@@ -115,15 +124,20 @@ class Linear final : public Layer {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
   }
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
+  // Under bf16 products: y in bf16 (q, k, v held so), the product rounded from scratch.
+  bool bf16_attention_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
-    const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_);
-    dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias),
-                  call.y.as<float>(), call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0),
-                  stream_of(call), mode_);
+    const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_, /*bf16_y=*/true);
+    const cudaStream_t st = stream_of(call);
+    const bool y_bf16 = call.y.dtype == DType::bf16;
+    float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
+    dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y,
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0), st, mode_);
+    if (y_bf16) launch_to_bf16(y, call.rows, s.out, s.out, call.y.as<uint16_t>(), st);
     check_launch(kName);
   }
 

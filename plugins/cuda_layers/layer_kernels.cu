@@ -178,19 +178,22 @@ __global__ void scatter_crossing_runs_kernel(const int32_t* sorted_index, const 
 
 // --- rope ------------------------------------------------------------------------------------------
 
-__global__ void rope_kernel(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D,
+// T: f32, or bf16 for q and k held in bf16 (forward only; never accumulating).
+template <class T>
+__global__ void rope_kernel(const int32_t* positions, const T* src, T* dst, int64_t rows, int64_t heads, int64_t D,
                             double theta, double sign, bool accumulate) {
   const int64_t half = D / 2;
   ABLATE_GRID_STRIDE(k, rows * heads * half) {
     const int64_t i = k % half, rh = k / half, r = rh / heads;
     const int64_t base = rh * D;
-    const RopePair p = rope_rotate(src[base + i], src[base + i + half], rope_angle(positions[r], i, D, theta), sign);
+    const RopePair p = rope_rotate(device_math::load_value(src[base + i]), device_math::load_value(src[base + i + half]),
+                                   rope_angle(positions[r], i, D, theta), sign);
     if (accumulate) {
-      dst[base + i] += p.a;
-      dst[base + i + half] += p.b;
+      device_math::store_value(dst + base + i, device_math::load_value(dst[base + i]) + p.a);
+      device_math::store_value(dst + base + i + half, device_math::load_value(dst[base + i + half]) + p.b);
     } else {
-      dst[base + i] = p.a;
-      dst[base + i + half] = p.b;
+      device_math::store_value(dst + base + i, p.a);
+      device_math::store_value(dst + base + i + half, p.b);
     }
   }
 }
@@ -344,6 +347,12 @@ void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t
     rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, inverse ? -1.0 : 1.0,
                                                          accumulate);
   }
+}
+
+void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D,
+                 double theta, cudaStream_t stream) {
+  const int64_t n = rows * heads * (D / 2);
+  if (n > 0) rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, 1.0, false);
 }
 
 void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {

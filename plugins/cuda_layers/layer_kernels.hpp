@@ -53,6 +53,9 @@ void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate
 // backward; accumulate adds into dst.
 void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,
                  bool inverse, bool accumulate, cudaStream_t stream);
+// The forward rotation of q or k held in bf16 (computed in f32, rounded by bf16_bits), in place or not.
+void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D,
+                 double theta, cudaStream_t stream);
 
 // db(cols) += column sums of m(rows, cols), as a cuBLASLt product with a ones vector (a fixed
 // order, so the same every run).

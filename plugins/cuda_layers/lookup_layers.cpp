@@ -100,6 +100,8 @@ class Rope final : public Layer {
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   void forward(const LayerCall& call) override { run(call, false); }
   void backward(const LayerCall& call) override { run(call, true); }
+  // q and k held in bf16: the forward rotates bf16 values (the backward's gradients stay f32).
+  bool bf16_attention_inputs() const override { return true; }
 
  private:
   static constexpr const char* kName = "rope";
@@ -114,11 +116,19 @@ class Rope final : public Layer {
     const TensorView& src = inverse ? call.d_y : call.x;
     const TensorView& dst = inverse ? call.d_x : call.y;
     const int64_t n = call.rows * call.heads * s.in;
+    const int32_t* positions = require_ids(kName, call, &BatchViews::positions, "positions");
+    if (!inverse && src.dtype == DType::bf16) {  // then y too
+      require_bf16(kName, src, "x", n);
+      require_bf16(kName, dst, "y", n);
+      launch_rope(positions, src.as<const uint16_t>(), dst.as<uint16_t>(), call.rows, call.heads, s.in, s.rope_theta,
+                  stream_of(call));
+      check_launch(kName);
+      return;
+    }
     require_f32(kName, src, inverse ? "d_y" : "x", n);
     require_f32(kName, dst, inverse ? "d_x" : "y", n);
     const bool accumulate = inverse && call.input_grad == GradMode::accumulate;
     if (accumulate && same(src, dst)) throw_runtime_error(kName, "d_x cannot both alias d_y and accumulate");
-    const int32_t* positions = require_ids(kName, call, &BatchViews::positions, "positions");
     launch_rope(positions, src.as<const float>(), dst.as<float>(), call.rows, call.heads, s.in, s.rope_theta, inverse, accumulate,
                 stream_of(call));
     check_launch(kName);

@@ -22,30 +22,33 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// y is f32 or, where the model holds the norm's output in bf16, bf16 (device_math::store_value).
-template <class Out>
-__global__ void norm_forward_kernel(bool rms, const float* x, const float* w, const float* b, Out* y, float* saved,
+using device_math::load_value;
+
+// x and y are f32 or, where the model holds them in bf16, bf16 (device_math::load_value and
+// store_value): y a norm's output only products read, x and y the qk-norm's q and k.
+template <class In, class Out>
+__global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved,
                                     int64_t rows, int64_t in, float eps) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
-  const float* xr = x + row * in;
+  const In* xr = x + row * in;
   float mean = 0.0f;
   if (!rms) {
     float s = 0.0f;
-    for (int64_t c = lane; c < in; c += kWarp) s += xr[c];
+    for (int64_t c = lane; c < in; c += kWarp) s += load_value(xr[c]);
     mean = warp_sum(s) / float(in);
   }
   float s2 = 0.0f;
   for (int64_t c = lane; c < in; c += kWarp) {
-    const float d = xr[c] - mean;
+    const float d = load_value(xr[c]) - mean;
     s2 += d * d;
   }
   const float rstd = norm_rstd(warp_sum(s2) / float(in), eps);
   Out* yr = y + row * in;
   for (int64_t c = lane; c < in; c += kWarp) {
-    device_math::store_value(yr + c, rms ? rmsnorm_out(xr[c], rstd, w[c])
-                                         : layernorm_out(xr[c], mean, rstd, w[c], b != nullptr ? b[c] : 0.0f));
+    const float xc = load_value(xr[c]);
+    device_math::store_value(yr + c, rms ? rmsnorm_out(xc, rstd, w[c]) : layernorm_out(xc, mean, rstd, w[c], b != nullptr ? b[c] : 0.0f));
   }
   if (lane == 0) {
     if (rms) {
@@ -57,18 +60,19 @@ __global__ void norm_forward_kernel(bool rms, const float* x, const float* w, co
   }
 }
 
-__global__ void norm_input_grad_kernel(bool rms, const float* x, const float* w, const float* dy, const float* saved,
+template <class In>
+__global__ void norm_input_grad_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved,
                                        float* dx, bool accumulate, int64_t rows, int64_t in) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   const float mean = rms ? 0.0f : saved[row];
   const float rstd = rms ? saved[row] : saved[rows + row];
-  const float* xr = x + row * in;
+  const In* xr = x + row * in;
   const float* dyr = dy + row * in;
   float s_dxhat = 0.0f, s_dxhat_xhat = 0.0f;
   for (int64_t c = lane; c < in; c += kWarp) {
-    const float xhat = (xr[c] - mean) * rstd, dxhat = dyr[c] * w[c];
+    const float xhat = (load_value(xr[c]) - mean) * rstd, dxhat = dyr[c] * w[c];
     s_dxhat += dxhat;
     s_dxhat_xhat += dxhat * xhat;
   }
@@ -76,7 +80,7 @@ __global__ void norm_input_grad_kernel(bool rms, const float* x, const float* w,
   const float m_dxhat_xhat = warp_sum(s_dxhat_xhat) / float(in);
   float* dxr = dx + row * in;
   for (int64_t c = lane; c < in; c += kWarp) {
-    const float xhat = (xr[c] - mean) * rstd;
+    const float xhat = (load_value(xr[c]) - mean) * rstd;
     const float g = norm_dx(dyr[c] * w[c], xhat, m_dxhat, m_dxhat_xhat, rstd);
     dxr[c] = accumulate ? dxr[c] + g : g;
   }
@@ -91,7 +95,8 @@ __global__ void norm_input_grad_kernel(bool rms, const float* x, const float* w,
 // over the rows in order, as one pass.
 constexpr int64_t kChunkRows = 256;
 
-__global__ void norm_param_chunk_kernel(bool rms, const float* x, const float* dy, const float* saved, int64_t rows, int64_t in,
+template <class In>
+__global__ void norm_param_chunk_kernel(bool rms, const In* x, const float* dy, const float* saved, int64_t rows, int64_t in,
                                         float* partials, int64_t width, float* dw, float* db) {
   const int64_t chunk = blockIdx.x, lo = chunk * kChunkRows;
   const int64_t hi = rows - lo < kChunkRows ? rows : lo + kChunkRows;
@@ -102,7 +107,7 @@ __global__ void norm_param_chunk_kernel(bool rms, const float* x, const float* d
       const float mean = rms ? 0.0f : saved[r];
       const float rstd = rms ? saved[r] : saved[rows + r];
       const float g = dy[r * in + c];
-      sw += g * (x[r * in + c] - mean) * rstd;
+      sw += g * (load_value(x[r * in + c]) - mean) * rstd;
       sb += g;
     }
     if (partials != nullptr) {
@@ -159,20 +164,18 @@ unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) /
 
 }  // namespace
 
-void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows,
-                         int64_t in, float eps, cudaStream_t stream) {
+namespace {
+
+template <class In, class Out>
+void norm_forward(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows, int64_t in,
+                  float eps, cudaStream_t stream) {
   if (rows == 0) return;
   norm_forward_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
 }
 
-void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows,
-                         int64_t in, float eps, cudaStream_t stream) {
-  if (rows == 0) return;
-  norm_forward_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
-}
-
-void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx,
-                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+template <class In>
+void norm_backward(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate,
+                   float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
   if (rows == 0 || in == 0) return;
   if (dx != nullptr) {
     norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,
@@ -196,6 +199,33 @@ void launch_norm_backward(bool rms, const float* x, const float* w, const float*
   // Stage 2: a block of kSumCols x kSumLanes threads per kSumCols partial columns.
   sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
       partials, chunks, width, in, dw, db);
+}
+
+}  // namespace
+
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows,
+                         int64_t in, float eps, cudaStream_t stream) {
+  norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
+}
+
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows,
+                         int64_t in, float eps, cudaStream_t stream) {
+  norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
+}
+
+void launch_norm_forward(bool rms, const uint16_t* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows,
+                         int64_t in, float eps, cudaStream_t stream) {
+  norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
+}
+
+void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx,
+                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+  norm_backward(rms, x, w, dy, saved, dx, accumulate, dw, db, rows, in, stream);
+}
+
+void launch_norm_backward(bool rms, const uint16_t* x, const float* w, const float* dy, const float* saved, float* dx,
+                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+  norm_backward(rms, x, w, dy, saved, dx, accumulate, dw, db, rows, in, stream);
 }
 
 }  // namespace ablate::cuda_layers

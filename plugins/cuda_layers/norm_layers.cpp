@@ -1,5 +1,5 @@
 // The norms on a CUDA device: `layernorm` and `rmsnorm` (also the qk-norm of attention heads), f32
-// (the output y in bf16 where the model holds it so), with the CPU layers' parameters, saved values
+// (the output y, and the qk-norm's x, in bf16 where the model holds them so), with the CPU layers' parameters, saved values
 // (mean and rstd per row; rmsnorm rstd) and gradient contract (parameter gradients accumulate, the
 // input gradient is written or accumulated as the call asks). Kernels in norm_kernels.cu.
 #include "ablate/layer_params.hpp"
@@ -19,30 +19,41 @@ class Norm final : public Layer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rms_ ? rows : 2 * rows; }
 
-  // y may be bf16: the model holds a norm's output that only products read in bf16.
+  // y may be bf16: the model holds a norm's output that only products read in bf16. x and y may
+  // both be bf16: the qk-norm of q and k held in bf16.
   bool bf16_product_inputs() const override { return true; }
+  bool bf16_attention_inputs() const override { return true; }
 
   void forward(const LayerCall& call) override {
     const int64_t in = check(call), n = call.rows * in;
-    require_f32(name_, call.x, "x", n);
     if (call.x.data == call.y.data) throw_runtime_error(name_, "y must not alias x (backward reads x again)");
     const float* w = call.params.as<const float>();
-    const float* x = call.x.as<const float>();
     float* saved = call.saved.as<float>();
     const float eps = float(call.spec->eps);
-    if (call.y.dtype == DType::bf16) {
-      require_bf16(call.y, n);
-      launch_norm_forward(rms_, x, w, bias(call, w), call.y.as<uint16_t>(), saved, call.rows, in, eps, stream_of(call));
+    const cudaStream_t st = stream_of(call);
+    if (call.x.dtype == DType::bf16) {  // then y too
+      require_bf16(name_, call.x, "x", n);
+      require_bf16(name_, call.y, "y", n);
+      launch_norm_forward(rms_, call.x.as<const uint16_t>(), w, bias(call, w), call.y.as<uint16_t>(), saved, call.rows, in, eps, st);
+    } else if (call.y.dtype == DType::bf16) {
+      require_f32(name_, call.x, "x", n);
+      require_bf16(name_, call.y, "y", n);
+      launch_norm_forward(rms_, call.x.as<const float>(), w, bias(call, w), call.y.as<uint16_t>(), saved, call.rows, in, eps, st);
     } else {
+      require_f32(name_, call.x, "x", n);
       require_f32(name_, call.y, "y", n);
-      launch_norm_forward(rms_, x, w, bias(call, w), call.y.as<float>(), saved, call.rows, in, eps, stream_of(call));
+      launch_norm_forward(rms_, call.x.as<const float>(), w, bias(call, w), call.y.as<float>(), saved, call.rows, in, eps, st);
     }
     check_launch(name_);
   }
 
   void backward(const LayerCall& call) override {
     const int64_t in = check(call), n = call.rows * in;
-    require_f32(name_, call.x, "x", n);
+    if (call.x.dtype == DType::bf16) {
+      require_bf16(name_, call.x, "x", n);
+    } else {
+      require_f32(name_, call.x, "x", n);
+    }
     require_f32(name_, call.d_y, "d_y", n);
     require_f32(name_, call.grads, "grads", params_of(*call.spec));
     if (call.d_x.data != nullptr) {
@@ -51,19 +62,20 @@ class Norm final : public Layer {
     }
     float* dw = call.grads.as<float>();
     float* db = !rms_ && call.spec->bias ? dw + in : nullptr;
-    launch_norm_backward(rms_, call.x.as<const float>(), call.params.as<const float>(), call.d_y.as<const float>(),
-                         call.saved.as<const float>(), call.d_x.data != nullptr ? call.d_x.as<float>() : nullptr,
-                         call.input_grad == GradMode::accumulate, dw, db, call.rows, in, stream_of(call));
+    const float* w = call.params.as<const float>();
+    const float* dy = call.d_y.as<const float>();
+    const float* saved = call.saved.as<const float>();
+    float* dx = call.d_x.data != nullptr ? call.d_x.as<float>() : nullptr;
+    const bool accumulate = call.input_grad == GradMode::accumulate;
+    if (call.x.dtype == DType::bf16) {
+      launch_norm_backward(rms_, call.x.as<const uint16_t>(), w, dy, saved, dx, accumulate, dw, db, call.rows, in, stream_of(call));
+    } else {
+      launch_norm_backward(rms_, call.x.as<const float>(), w, dy, saved, dx, accumulate, dw, db, call.rows, in, stream_of(call));
+    }
     check_launch(name_);
   }
 
  private:
-  void require_bf16(const TensorView& y, int64_t n) const {
-    if (y.device != DeviceType::cuda || y.data == nullptr) throw_runtime_error(name_, "'y' must be on the cuda device");
-    if (y.numel() < n) {
-      throw_runtime_error(name_, "'y' holds " + std::to_string(y.numel()) + " values, the call needs " + std::to_string(n));
-    }
-  }
   int64_t params_of(const LayerSpec& s) const { return !rms_ && s.bias ? 2 * s.in : s.in; }
   const float* bias(const LayerCall& call, const float* w) const { return !rms_ && call.spec->bias ? w + call.spec->in : nullptr; }
   static cudaStream_t stream(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }

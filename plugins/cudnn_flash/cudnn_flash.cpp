@@ -6,10 +6,9 @@
 // plugin converts around every call: forward converts q, k, v to bf16 workspaces, runs the SDPA
 // forward in training mode (the f32 softmax statistics, the log-sum-exp of each query row, go to
 // `saved`), and widens O back into `out`; backward converts q, k, v, out and d_out, runs the SDPA
-// backward from `saved`, and widens dQ, dK, dV. A bf16 problem is handed to cuDNN as it is; so is
-// a bf16 `out` beside f32 q, k, v (AttentionProblem::bf16_out: the model holds the attention output
-// in bf16 under run.dtype = "bf16"), which saves O's widening, its conversion in backward and their
-// workspace.
+// backward from `saved`, and widens dQ, dK, dV. A bf16 problem is handed to cuDNN as it is; so are
+// bf16 q, k, v and out beside f32 gradients (AttentionProblem::bf16_qkv, bf16_out: the model holds
+// them in bf16 under run.dtype = "bf16"), which saves their conversions and workspace.
 //
 // Layouts. Padded rows (one document per row, from position 0) use cuDNN's padding mask with each
 // row's length. Packed rows use the ragged (THD) layout: every segment is its own sequence, placed
@@ -173,11 +172,13 @@ class CudnnFlash final : public Attention {
   // none) and is not counted.
   int64_t workspace_bytes(const AttentionProblem& p) const override {
     const Sizes n = sizes(p);
-    const int64_t copies = p.dtype == DType::f32 ? ((p.bf16_out ? 3 : 4) * n.q + 4 * n.kv) * 2 : 0;
+    // Backward's: dO, dQ (and o, q unless held in bf16); dK, dV (and k, v likewise).
+    const int64_t q_copies = 2 + (p.bf16_out ? 0 : 1) + (p.bf16_qkv ? 0 : 1), kv_copies = 2 + (p.bf16_qkv ? 0 : 2);
+    const int64_t copies = p.dtype == DType::f32 ? (q_copies * n.q + kv_copies * n.kv) * 2 : 0;
     return copies + 4 * (2 * int64_t(p.batch) * p.seq_len + 4) * 4;
   }
 
-  bool bf16_output() const override { return true; }
+  bool bf16_activations() const override { return true; }
 
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {

@@ -334,9 +334,10 @@ class NaiveCpu final : public ablate::Attention {
   explicit NaiveCpu(int threads) : threads_(threads) {}
 
   std::string supports(const AttentionProblem& p) const override {
-    if (p.device != DeviceType::cpu || (p.dtype != DType::f32 && p.dtype != DType::f64) || p.bf16_out) {
-      return std::string("naive_cpu runs on the CPU in f32/f64, out in the problem's dtype; got ") +
-             ablate::to_string(p.device) + "/" + ablate::to_string(p.dtype) + (p.bf16_out ? " with out in bf16" : "");
+    if (p.device != DeviceType::cpu || (p.dtype != DType::f32 && p.dtype != DType::f64) || p.bf16_out || p.bf16_qkv) {
+      return std::string("naive_cpu runs on the CPU in f32/f64, every tensor in the problem's dtype; got ") +
+             ablate::to_string(p.device) + "/" + ablate::to_string(p.dtype) + (p.bf16_out ? " with out in bf16" : "") +
+             (p.bf16_qkv ? " with q, k, v in bf16" : "");
     }
     if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0 || p.heads % p.kv_heads != 0) {
       return "naive_cpu needs heads, kv_heads and head_dim > 0 with heads a multiple of kv_heads; got heads " +

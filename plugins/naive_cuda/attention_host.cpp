@@ -64,9 +64,9 @@ class NaiveCuda final : public Attention {
 
   std::string supports(const AttentionProblem& p) const override {
     if (p.device != DeviceType::cuda) return "naive_cuda runs on a CUDA device (run.device = \"cuda\")";
-    if (p.dtype != DType::f32 || p.bf16_out) {
-      return std::string("naive_cuda computes in f32 and writes out in f32 (cudnn_flash is the bf16 backend); the problem is ") +
-             to_string(p.dtype) + (p.bf16_out ? " with out in bf16" : "");
+    if (p.dtype != DType::f32 || p.bf16_out || p.bf16_qkv) {
+      return std::string("naive_cuda computes in f32 on f32 tensors (cudnn_flash is the bf16 backend); the problem is ") +
+             to_string(p.dtype) + (p.bf16_out ? " with out in bf16" : "") + (p.bf16_qkv ? " with q, k, v in bf16" : "");
     }
     if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) return "heads, kv_heads and head_dim must be positive";
     if (p.heads % p.kv_heads != 0) {

@@ -146,8 +146,10 @@ TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's
   // out held in bf16 by the model: O is neither widened nor copied back in backward.
   AttentionProblem held = p;
   held.bf16_out = true;
-  CHECK(f.attention->bf16_output());
+  CHECK(f.attention->bf16_activations());
   CHECK(f.attention->workspace_bytes(p) - f.attention->workspace_bytes(held) == 2 * q);
+  held.bf16_qkv = true;  // and q, k, v: their copies go too, dO, dQ, dK, dV stay
+  CHECK(f.attention->workspace_bytes(p) - f.attention->workspace_bytes(held) == 2 * (2 * q + 2 * kv));
   p.dtype = DType::bf16;
   CHECK(f.attention->workspace_bytes(p) < (1 << 20));
 }
@@ -307,7 +309,13 @@ TEST_CASE("forward without a device fails with an ablate error, not a crash") {
   CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2), tensor(1), tensor(1), tensor(2), saved),
                        doctest::Contains("out is f32 but the problem's out is bf16"), Error);
   CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
-                       doctest::Contains("q is bf16 but the problem's tensors are f32"), Error);
+                       doctest::Contains("q is bf16 but the problem's q, k, v are f32"), Error);
+  held.bf16_qkv = true;  // q, k, v bf16 too; the gradients stay f32
+  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+                       doctest::Contains("k is f32 but the problem's q, k, v are bf16"), Error);
+  const TensorView q16 = tensor(2, DType::bf16), kv16 = tensor(1, DType::bf16);
+  CHECK_THROWS_WITH_AS(f.attention->backward(held, views, q16, kv16, kv16, q16, saved, q16, tensor(2), tensor(1), tensor(1)),
+                       doctest::Contains("d_out is bf16 but the problem's gradients are f32"), Error);
 }
 
 TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, forward and backward, lowered for SM90 without a GPU") {

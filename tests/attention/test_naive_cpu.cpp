@@ -393,8 +393,11 @@ TEST_CASE("naive_cpu refuses other devices and dtypes with a reason, counts FLOP
   CHECK_FALSE(attn->supports(bad_gqa).empty());
   AttentionProblem held = p;  // out in bf16 is a CUDA backend's offer; naive_cpu writes the problem's dtype
   held.bf16_out = true;
-  CHECK_FALSE(attn->bf16_output());
+  CHECK_FALSE(attn->bf16_activations());
   CHECK(attn->supports(held).find("out in bf16") != std::string::npos);
+  held.bf16_out = false;
+  held.bf16_qkv = true;
+  CHECK(attn->supports(held).find("q, k, v in bf16") != std::string::npos);
   CHECK(attn->saved_elements(p) == int64_t(2) * 4 * 10);
 
   p.dtype = DType::f64;

@@ -12,6 +12,10 @@
 // classifier read x in bf16, and the MLPs keep their hidden activation in bf16. Rounding such an
 // input before the call is what the product's own copy does, so a layer handed bf16 x must give
 // the bits it gives for f32 x, and a norm's bf16 y must be the rounding of its f32 y, bit for bit.
+// So are q, k and v where the attention backend takes them in bf16 (bf16_attention_inputs): a
+// linear writes y in bf16 (the rounding of its f32 y, bit for bit), rope rotates bf16 values and
+// the qk-norm reads and writes bf16 (their inputs rounded first: within one more bf16 stage of the
+// CPU; rope's backward, on f32 gradients, bit for bit).
 //
 // Every output and scratch buffer on the GPU is poisoned with NaN before each call, so a value
 // the contract says is written but is not comes back NaN and fails. Parameter gradients, which
@@ -421,6 +425,7 @@ struct Problem {
   double dropout = 0.0;
   uint64_t key = 0;
   GradMode input_grad = GradMode::overwrite;
+  bool qk = false;  // a norm as the qk-norm: its x (q or k) is held in bf16 too
   int64_t K = 1;   // tolerance: the reductions' lengths, added
   int stages = 0;  // tolerance: chained reduced-precision products (0: the layer has none)
   int64_t nx() const { return rows * x_width; }
@@ -499,12 +504,30 @@ Results run_cpu(Layer& layer, const Problem& p, const Values& v) {
   return r;
 }
 
-// The CUDA layer on the suite's stream: every output and the scratch poisoned before each call.
-// mode.held: a norm's y in bf16 (poisoned: all bits set is a bf16 NaN too), any other layer's x the
-// bf16 rounding of the values.
+// Which of a call's activations a `held` mode gives in bf16, as the model holds them: a norm's y
+// (and the qk-norm's x: q and k), rope's x and y (q and k), a linear's x (and its y where it has no
+// residual or dropout: q, k, v), an MLP's x.
+struct Held {
+  bool x = false, y = false;
+};
+
+Held held_of(const Layer& layer, const Problem& p, const Mode& mode) {
+  if (!mode.held) return {};
+  switch (layer.role()) {
+    case LayerRole::norm: return {p.qk, true};
+    case LayerRole::position: return {true, true};
+    case LayerRole::linear: return {true, !p.residual && p.dropout == 0.0};
+    default: return {true, false};
+  }
+}
+
+// The CUDA layer on the suite's stream: every output and the scratch poisoned before each call
+// (a bf16 one too: all bits set is a bf16 NaN). Activations held in bf16 (held_of) are the bf16
+// rounding of the values; in place, y is x's bf16 buffer.
 Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mode) {
   const DeviceIds ids(p.batch);
-  const bool held_y = mode.held && layer.role() == LayerRole::norm, held_x = mode.held && !held_y;
+  const Held held = held_of(layer, p, mode);
+  const bool held_x = held.x, held_y = held.y && !p.in_place;
   DeviceFloats x = to_device(v.x), res = to_device(v.residual), params = to_device(v.params), dy = to_device(v.d_y);
   DeviceFloats y = p.in_place ? to_device(v.x) : p.residual_in_y ? to_device(v.residual) : poisoned(held_y ? 0 : p.ny());
   cuda::DeviceBuffer<uint16_t> x16 = held_x ? bf16_copy(v.x) : cuda::DeviceBuffer<uint16_t>{};
@@ -517,7 +540,7 @@ Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mod
   LayerCall call = base_call(p, ids.views);
   call.stream = suite().stream;
   call.x = held_x ? bf16_view(x16) : p.in_place ? device_view(y) : device_view(x);
-  call.y = held_y ? bf16_view(y16) : device_view(y);
+  call.y = held_y ? bf16_view(y16) : held.y ? bf16_view(x16) : device_view(y);
   if (p.residual) call.residual = p.residual_in_y ? device_view(y) : device_view(res);
   call.params = device_view(params);
   if (copy.size() > 0) call.params_bf16 = bf16_view(copy);
@@ -525,7 +548,7 @@ Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mod
   call.scratch = device_view(scratch);
   layer.forward(call);
   Results r;
-  r.y = held_y ? from_device_bf16(y16) : from_device(y);
+  r.y = held_y ? from_device_bf16(y16) : held.y ? from_device_bf16(x16) : from_device(y);
   r.saved = saved_as_cpu(bits_from_device(saved), f32_saved_before_bf16(p.layer, mode, hidden), hidden);
 
   poison(scratch);
@@ -561,33 +584,45 @@ void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, doubl
   for (const Mode& mode : kModes) {
     INFO("run.dtype " << std::string(mode.name));
     Layer& gpu = suite().layer<Layer>(p.layer, "cuda", mode.dtype);
-    if (mode.held && !gpu.bf16_product_inputs()) continue;
+    if (mode.held && !gpu.bf16_product_inputs() && !gpu.bf16_attention_inputs()) continue;
     // The same saved values on both devices (the contract: a recomputed forward means the same on
     // either), but for the MLPs' hidden activation, which bf16 products keep in bf16.
     REQUIRE(gpu.activation_elements(p.spec, p.rows) ==
             saved_elements(p.layer, mode, cpu.activation_elements(p.spec, p.rows), p.rows * p.spec.out));
     const Results got = run_gpu(gpu, p, v, mode);
+    const Held held = held_of(gpu, p, mode);
+    // An input held in bf16 that a product reads is what the product's own copy of it was: the
+    // same bits out. One that elementwise arithmetic reads (rope's and the qk-norm's x: q and k)
+    // is rounded where it was not: bf16's rounding on top, and for the qk-norm on its backward too.
+    const bool rounded_input = held.x && (gpu.role() == LayerRole::norm || gpu.role() == LayerRole::position);
     if (mode.held) {
-      // x held in bf16 is what the products' own copy of it was: the same bits out. A norm's bf16
-      // y is the rounding of its f32 y; everything else it computes is unchanged.
+      // A y held in bf16 is the rounding of the f32 y; the rest is unchanged.
       std::vector<double> rounded_y = before.y;
-      if (gpu.role() == LayerRole::norm) {
+      if (held.y) {
         for (double& e : rounded_y) e = device_math::bf16_value(device_math::bf16_bits(float(e)));
       }
-      CHECK_MESSAGE(same_bits(got.y, rounded_y), "y differs from the run with f32 activations");
-      CHECK_MESSAGE(same_bits(got.saved, before.saved), "saved values differ from the run with f32 activations");
-      CHECK_MESSAGE(same_bits(got.d_x, before.d_x), "d_x differs from the run with f32 activations");
-      CHECK_MESSAGE(same_bits(got.grads, before.grads), "parameter gradients differ from the run with f32 activations");
+      if (!rounded_input) {
+        CHECK_MESSAGE(same_bits(got.y, rounded_y), "y differs from the run with f32 activations");
+        CHECK_MESSAGE(same_bits(got.saved, before.saved), "saved values differ from the run with f32 activations");
+      }
+      if (!rounded_input || gpu.role() == LayerRole::position) {  // rope's backward reads gradients only
+        CHECK_MESSAGE(same_bits(got.d_x, before.d_x), "d_x differs from the run with f32 activations");
+        CHECK_MESSAGE(same_bits(got.grads, before.grads), "parameter gradients differ from the run with f32 activations");
+      }
     }
     before = got;
     const Tolerance tol = tolerance(mode.precision, p.K, p.stages);
+    // A y held in bf16 carries bf16's rounding (half a unit in the 8th bit) on top; a rounded input
+    // another, through the arithmetic after it (one stage more).
+    const Tolerance held_tol = tolerance(Precision::bf16, p.K, std::max(p.stages, 1) + (rounded_input ? 1 : 0));
+    const bool norm_backward_rounded = rounded_input && gpu.role() == LayerRole::norm;
     margins.count(mode.name);
-    // A norm's y held in bf16 carries bf16's rounding (half a unit in the 8th bit) on top.
-    const bool rounded_y = mode.held && gpu.role() == LayerRole::norm;
-    compare("y", got.y, want.y, {}, rounded_y ? tolerance(Precision::bf16, p.K, 1) : tol, margins, mode.name, p.label);
-    compare("saved", got.saved, want.saved, {}, tol, margins, mode.name, p.label);
-    if (p.x_width > 0) compare("d_x", got.d_x, want.d_x, dx0, tol, margins, mode.name, p.label);
-    compare("grads", got.grads, want.grads, grads0, tol, margins, mode.name, p.label);
+    compare("y", got.y, want.y, {}, held.y || rounded_input ? held_tol : tol, margins, mode.name, p.label);
+    compare("saved", got.saved, want.saved, {}, norm_backward_rounded ? held_tol : tol, margins, mode.name, p.label);
+    if (p.x_width > 0) {
+      compare("d_x", got.d_x, want.d_x, dx0, norm_backward_rounded ? held_tol : tol, margins, mode.name, p.label);
+    }
+    compare("grads", got.grads, want.grads, grads0, norm_backward_rounded ? held_tol : tol, margins, mode.name, p.label);
   }
 }
 
@@ -890,6 +925,7 @@ TEST_CASE("rmsnorm, and rmsnorm as the qk-norm (rows * heads rows of head_dim)")
         p.batch = make_batch(p.rows, 1, 1, rng);
         p.input_grad = mode;
         p.K = p.rows + head_dim;
+        p.qk = true;
         p.label = "positions " + std::to_string(rows) + " heads 3 head_dim " + std::to_string(head_dim) + " " + grad_name(mode);
         run_problem(p, rng, qk);
       }

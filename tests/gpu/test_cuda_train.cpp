@@ -96,11 +96,12 @@ TEST_CASE("run.dtype = bf16 holds the norms' outputs and the MLP's hidden activa
   const int64_t saving = o.n_layers * (2 * (N * C / 2) + (2 * N * H - (N * H + N * H / 2))) + N * C / 2;
   CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
   CHECK(plan_elements("fp32") == plan_elements("tf32"));
-  // cudnn_flash writes the attention output in bf16 too (Attention::bf16_output): N * C more per
-  // block held at half the bytes.
+  // cudnn_flash takes q, k, v and writes the attention output in bf16 too
+  // (Attention::bf16_activations): q_lin, k_lin, v and att, N * C each, per block at half the bytes
+  // (q and k are q_lin and k_lin without the qk-norm).
   if (registry.find(ablate::Kind::attention, "cudnn_flash", "cuda") != nullptr) {
     o.attention = "cudnn_flash";
-    CHECK(plan_elements("fp32") - plan_elements("bf16") == saving + o.n_layers * (N * C / 2));
+    CHECK(plan_elements("fp32") - plan_elements("bf16") == saving + o.n_layers * 4 * (N * C / 2));
   }
 }
 

@@ -165,10 +165,11 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
   MESSAGE("cudnn_flash built " << f.builds(f.flash.get()) << " graphs");
 }
 
-TEST_CASE("cudnn_flash with out held in bf16: the f32 run's out exactly, and its gradients") {
+TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out exactly, and its gradients") {
   // cuDNN writes O in bf16 either way: the f32 out is its exact widening, so the bf16 out must be
   // the same values; backward reads O in bf16 either way, so the gradients are the same up to the
-  // order of backward's sums (a bf16 unit or two, since cuDNN writes dQ, dK, dV in bf16).
+  // order of backward's sums (a bf16 unit or two, since cuDNN writes dQ, dK, dV in bf16). q, k, v
+  // here are exact in bf16, so holding them in bf16 changes nothing cuDNN reads.
   Fixture f;
   std::mt19937 rng(17);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -190,15 +191,19 @@ TEST_CASE("cudnn_flash with out held in bf16: the f32 run's out exactly, and its
     };
     const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
     const Outputs f32_out = run(f, *f.flash, p, batch, q, k, v, d_out);
-    AttentionProblem held = p;
-    held.bf16_out = true;
-    REQUIRE(f.flash->supports(held).empty());
-    const Outputs bf16_out = run(f, *f.flash, held, batch, q, k, v, d_out);
-    CHECK(bf16_out.out == f32_out.out);
-    CHECK(zero_at_padding(bf16_out.out, batch, int64_t(p.heads) * D));
-    CHECK(worst(bf16_out.d_q, f32_out.d_q, 1.0 / 64) <= 1.0);
-    CHECK(worst(bf16_out.d_k, f32_out.d_k, 1.0 / 64) <= 1.0);
-    CHECK(worst(bf16_out.d_v, f32_out.d_v, 1.0 / 64) <= 1.0);
+    for (bool qkv : {false, true}) {
+      INFO((qkv ? "q, k, v and out in bf16" : "out in bf16"));
+      AttentionProblem held = p;
+      held.bf16_out = true;
+      held.bf16_qkv = qkv;
+      REQUIRE(f.flash->supports(held).empty());
+      const Outputs bf16_out = run(f, *f.flash, held, batch, q, k, v, d_out);
+      CHECK(bf16_out.out == f32_out.out);
+      CHECK(zero_at_padding(bf16_out.out, batch, int64_t(p.heads) * D));
+      CHECK(worst(bf16_out.d_q, f32_out.d_q, 1.0 / 64) <= 1.0);
+      CHECK(worst(bf16_out.d_k, f32_out.d_k, 1.0 / 64) <= 1.0);
+      CHECK(worst(bf16_out.d_v, f32_out.d_v, 1.0 / 64) <= 1.0);
+    }
   }
 }
 

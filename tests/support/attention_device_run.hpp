@@ -1,7 +1,8 @@
 // One forward and backward of an attention backend on a Device (the GPU tests): f32 inputs
 // uploaded, every output poisoned with NaN first (a position the backend never writes shows), the
 // batch uploaded as the trainer uploads it, results downloaded after a synchronize. A problem with
-// bf16_out gets out as a bf16 buffer, returned widened to f32 (exactly).
+// bf16_out gets out as a bf16 buffer, returned widened to f32 (exactly); one with bf16_qkv gets q,
+// k and v rounded to bf16 (device_math::bf16_bits).
 #pragma once
 
 #include <cstdint>
@@ -47,9 +48,17 @@ inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, cons
     dev.download(h.data(), b.view());
     return h;
   };
+  const auto up_bf16 = [&](const std::vector<float>& x) {
+    std::vector<uint16_t> bits(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) bits[i] = device_math::bf16_bits(x[i]);
+    Buffer b = dev.alloc(DType::bf16, int64_t(x.size()));
+    dev.upload(b.view(), bits.data());
+    return b;
+  };
+  const auto up_qkv = [&](const std::vector<float>& x) { return p.bf16_qkv ? up_bf16(x) : up(x); };
   DeviceBatch db;
   dev.upload_batch(batch, db);
-  Buffer bq = up(q), bk = up(k), bv = up(v), bdo = up(d_out);
+  Buffer bq = up_qkv(q), bk = up_qkv(k), bv = up_qkv(v), bdo = up(d_out);
   Buffer out = p.bf16_out ? dev.alloc(DType::bf16, int64_t(q.size())) : poisoned(int64_t(q.size()));
   if (p.bf16_out) {
     const std::vector<uint16_t> nan(q.size(), uint16_t(0xFFFF));  // all bits set: a bf16 NaN

@@ -19,11 +19,15 @@ struct AttentionProblem {
   DType dtype = DType::f32;
   DeviceType device = DeviceType::cpu;
   bool packed = false;  // rows hold several segments
-  // out (forward's output, backward's input) is bf16 while the other tensors are `dtype`: the
-  // model holds the attention output, which only the output projection's bf16 products read, in
-  // bf16 (run.dtype = "bf16", a backend whose bf16_output() says yes).
+  // out (forward's output, backward's input) is bf16 while the gradients are `dtype`: the model
+  // holds the attention output, which only the output projection's bf16 products read, in bf16
+  // (run.dtype = "bf16", a backend whose bf16_activations() says yes).
   bool bf16_out = false;
+  // q, k and v (the inputs of both passes) are bf16 while the gradients are `dtype` (likewise,
+  // when the layers that write them can, LayerBase::bf16_attention_inputs).
+  bool bf16_qkv = false;
   DType out_dtype() const noexcept { return bf16_out ? DType::bf16 : dtype; }
+  DType qkv_dtype() const noexcept { return bf16_qkv ? DType::bf16 : dtype; }
 };
 
 // Gradients of q, k, v are written (=), never accumulated.
@@ -37,8 +41,9 @@ class Attention : public Component {
   // Device memory the backend holds for `problem` beyond its arguments and `saved` (score
   // matrices, converted copies), in bytes: the memory plan counts it.
   virtual int64_t workspace_bytes(const AttentionProblem& problem) const { (void)problem; return 0; }
-  // Whether the backend serves problems with bf16_out set (out in bf16 beside f32 q, k, v).
-  virtual bool bf16_output() const { return false; }
+  // Whether the backend serves problems with bf16_out or bf16_qkv set (those tensors in bf16
+  // beside f32 gradients).
+  virtual bool bf16_activations() const { return false; }
   // `batch` holds the segment layout on the problem's device (segments, row_segments, segment_ids).
   virtual void forward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                        TensorView v, TensorView out, TensorView saved) = 0;
@@ -57,8 +62,8 @@ class Attention : public Component {
 };
 
 // Throws (naming `where`, the tensor and what was expected) unless `t` is a (batch, seq_len, heads,
-// head_dim) view of the problem's dtype (`out`: its out_dtype()) on `device` with data: the argument
-// check every backend makes on q, k, v, out and their gradients.
+// head_dim) view of the problem's dtype (`out`: its out_dtype(); q, k, v: its qkv_dtype()) on
+// `device` with data: the argument check every backend makes on q, k, v, out and their gradients.
 void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
                             int64_t heads, DeviceType device);
 // That check on every tensor of a forward call (q, k, v, out), or of a backward call (and d_out,

@@ -49,5 +49,8 @@ ABLATE_HOST_DEVICE inline float bf16_value(uint16_t bits) {
 // bf16_bits. Kernels whose output the model may hold in bf16 store through these.
 ABLATE_HOST_DEVICE inline void store_value(float* p, float v) { *p = v; }
 ABLATE_HOST_DEVICE inline void store_value(uint16_t* p, float v) { *p = bf16_bits(v); }
+// And read back as f32 (exactly).
+ABLATE_HOST_DEVICE inline float load_value(float v) { return v; }
+ABLATE_HOST_DEVICE inline float load_value(uint16_t bits) { return bf16_value(bits); }
 
 }  // namespace ablate::device_math

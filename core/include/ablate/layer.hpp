@@ -95,6 +95,12 @@ class LayerBase : public Component {
   // run.dtype = "bf16" the model holds those activations (the norms' outputs) in bf16 when the norm
   // and every layer reading them say yes: half their bytes, and no per-product copy of them.
   virtual bool bf16_product_inputs() const { return false; }
+  // Whether the layer reads and writes the attention's inputs q, k and v as bf16 views: a linear
+  // writes its output y in bf16 (without a residual or dropout), rope rotates bf16 values, a norm
+  // (the qk-norm) reads x and writes y in bf16. Under run.dtype = "bf16" with an attention backend
+  // that takes bf16 q, k, v (Attention::bf16_activations), the model holds them in bf16 when every
+  // layer that touches them says yes.
+  virtual bool bf16_attention_inputs() const { return false; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.
