@@ -356,7 +356,9 @@ struct Model::Impl {
       p.offsets[ArenaPlan::index(r)] = p.elements;
       p.dtypes[ArenaPlan::index(r)] = bf16 ? DType::bf16 : DType::f32;
       const int64_t values = std::max<int64_t>(n, 0);
-      p.elements += round_up(bf16 ? (values + 1) / 2 : values, 16);
+      // 256 bytes apart: every slot as aligned as the packed copies bf16 products would otherwise
+      // make of it, so reading a held slot in place plans (and rounds) exactly like the copy.
+      p.elements += round_up(bf16 ? (values + 1) / 2 : values, 64);
     };
     auto alias = [&](Ref r, Ref to) {
       p.offsets[ArenaPlan::index(r)] = p.at(to);
@@ -496,8 +498,8 @@ struct Model::Impl {
     // Checked here, before any device sees them: a GPU kernel can only turn a bad id into NaN.
     for (int32_t t : b.targets) {
       if (t != -1 && (t < 0 || t >= o.vocab_size)) {
-        throw_runtime_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
-                                         std::to_string(o.vocab_size) + " (and not -1, no loss)");
+        throw_input_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
+                                       std::to_string(o.vocab_size) + " (and not -1, no loss)");
       }
     }
   }

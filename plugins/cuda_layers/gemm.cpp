@@ -318,7 +318,8 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
 }
 
 Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream, MatmulMode mode) {
-  if (mode != MatmulMode::bf16 || rows * cols == 0) return {x};
+  // Rows that are not 16-byte multiples are packed by each product anyway (bf16_in_place).
+  if (mode != MatmulMode::bf16 || rows * cols == 0 || (cols * 2) % 16 != 0) return {x};
   return {x, context().bf16_once(x, rows, cols, stream)};
 }
 
@@ -334,7 +335,7 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
     // align it.
     bytes += 2 * (2 * rows * wide + std::max(in * out, rows * wide)) + 3 * 256;
   }
-  return bytes;
+  return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
 }
 
 namespace {

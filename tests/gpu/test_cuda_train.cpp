@@ -69,10 +69,10 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
 }
 
 TEST_CASE("run.dtype = bf16 holds the norms' outputs and the MLP's hidden activation in bf16: the plan's saving, exactly") {
-  // d_model 32, mlp hidden 128, 2 blocks; 64 rows of one position: every slot a multiple of the
-  // plan's 16-element rounding, so the saving is exact. Per block ln1 and ln2 (N*C values each)
-  // take N*C/2 f32 elements instead of N*C, the MLP keeps pre (N*H f32) and post in bf16 (N*H/2)
-  // instead of 2*N*H; lnf likewise once.
+  // d_model 32, mlp hidden 128, 2 blocks; one row of 64 positions: every slot a multiple of the
+  // plan's 64-element (256-byte) rounding, so the saving is exact. Per block ln1 and ln2 (N*C
+  // values each) take N*C/2 f32 elements instead of N*C, the MLP keeps pre (N*H f32) and post in
+  // bf16 (N*H/2) instead of 2*N*H; lnf likewise once.
   ablate::Registry registry;
   registry.load_directories({plugin_dir()});
   ablate::ModelOptions o;
