@@ -339,6 +339,15 @@ struct Model::Impl {
     return false;
   }
 
+  // The type a slot's values are held in: bf16 for the activations the model holds so (the flags
+  // above), else f32.
+  DType slot_dtype(Slot s) const {
+    const bool norm_output = s == Slot::ln1 || s == Slot::ln2 || s == Slot::lnf;
+    const bool qkv = s == Slot::q_lin || s == Slot::k_lin || s == Slot::v || s == Slot::q || s == Slot::k;
+    const bool bf16 = (bf16_norm_outputs && norm_output) || (bf16_attention_out && s == Slot::att) || (bf16_qkv && qkv);
+    return bf16 ? DType::bf16 : DType::f32;
+  }
+
   // The arena for a shape under the run's recompute mode, or another (to say what it would save).
   ArenaPlan make_plan(int64_t rows, int64_t T) const { return make_plan(rows, T, o.recompute); }
   ArenaPlan make_plan(int64_t rows, int64_t T, const std::string& recompute) const {
@@ -348,13 +357,11 @@ struct Model::Impl {
     p.seq_len = T;
     p.offsets.assign(std::size_t((o.n_layers + 2) * schedule::kSlots), 0);
     p.dtypes.assign(p.offsets.size(), DType::f32);
-    // n values of the slot's dtype: a norm's output is bf16 when product inputs are held so.
+    // n values of the slot's type.
     auto take = [&](Ref r, int64_t n) {
-      const bool qkv = r.slot == Slot::q_lin || r.slot == Slot::k_lin || r.slot == Slot::v || r.slot == Slot::q || r.slot == Slot::k;
-      const bool bf16 = (bf16_norm_outputs && (r.slot == Slot::ln1 || r.slot == Slot::ln2 || r.slot == Slot::lnf)) ||
-                        (bf16_attention_out && r.slot == Slot::att) || (bf16_qkv && qkv);
+      const bool bf16 = slot_dtype(r.slot) == DType::bf16;
       p.offsets[ArenaPlan::index(r)] = p.elements;
-      p.dtypes[ArenaPlan::index(r)] = bf16 ? DType::bf16 : DType::f32;
+      p.dtypes[ArenaPlan::index(r)] = slot_dtype(r.slot);
       const int64_t values = std::max<int64_t>(n, 0);
       // 256 bytes apart: every slot as aligned as the packed copies bf16 products would otherwise
       // make of it, so reading a held slot in place plans (and rounds) exactly like the copy.
