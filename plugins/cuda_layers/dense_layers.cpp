@@ -1,11 +1,11 @@
 // Dense layers on a CUDA device: `linear`, `gelu_mlp`, `swiglu_mlp`, f32 (under bf16 products the
-// model may hold the input x in bf16, and the MLPs keep their hidden activation in bf16), with the
-// CPU layers' parameters (weights (out, in) as PyTorch stores them), saved values, scratch and
-// gradient contract. Matrix products through cuBLASLt (gemm.hpp) with their epilogues where they save a pass:
-// the bias where the output is written whole, the bias gradient of every weight-gradient product,
-// gelu_mlp's GELU (forward: the pre-activation and the activation from one product) and its
-// gradient with fc's bias gradient (backward); swiglu and dropout and residual adds in
-// layer_kernels.cu.
+// model may hold the input x in bf16, a linear may write q, k, v in bf16, and the MLPs keep their
+// hidden activation in bf16), with the CPU layers' parameters (weights (out, in) as PyTorch stores
+// them), saved values, scratch and gradient contract. Matrix products through cuBLASLt (gemm.hpp)
+// with their epilogues where they save a pass: the bias where the output is written whole, the
+// bias gradient of every weight-gradient product, gelu_mlp's GELU (forward: the pre-activation and
+// the activation from one product) and its gradient with fc's bias gradient (backward); swiglu and
+// dropout and residual adds in layer_kernels.cu.
 //
 // Dropout with a residual needs the product apart from the stream it is added to, so these
 // layers ask for (rows, out) more scratch than the CPU ones (which use a small chunk); the model's
