@@ -14,6 +14,7 @@
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
+#include "ablate/metrics.hpp"
 #include "commands.hpp"
 #include "report.hpp"
 
@@ -102,7 +103,7 @@ Run load_run(const fs::path& dir) {
   read(dir / "run.json", r.info);
   r.info = plain(typed_fields(dir / "run.json", r.info,
                         {{"world", 'n'}, {"memory_bytes", 'n'}, {"activation_bytes", 'n'}, {"memory_source", 's'},
-                         {"communicator", 's'}, {"device", 's'}, {"recompute", 's'},
+                         {"communicator", 's'}, {"device", 's'}, {"device_name", 's'}, {"recompute", 's'},
                          {"activation_bytes_by_recompute", 'o'}}));
   read(dir / "summary.json", r.summary);
   r.summary = plain(typed_fields(dir / "summary.json", r.summary,
@@ -265,6 +266,29 @@ std::vector<Finding> diagnose(const Run& run) {
     f.evidence = {{"device", device}, {"attention", attention}};
     f.message = "`" + attention + "` materialises every score matrix on the GPU; cuDNN's flash attention never does";
     f.change = "--set attention.name=cudnn_flash";
+    out.push_back(f);
+  }
+
+  // Precision: a GPU run in fp32 or tf32, where bf16 products run at the tensor cores' bf16 rate
+  // and hold the activations only products read at half the bytes.
+  const std::string dtype = run.cfg("run", "dtype", std::string("fp32"));
+  if (device == "cuda" && dtype != "bf16") {
+    const std::string gpu = run.info.value("device_name", std::string());
+    const double tf32 = peak_tflops_for_device(gpu, "tf32"), bf16 = peak_tflops_for_device(gpu, "bf16");
+    Finding f;
+    f.id = "precision";
+    f.severity = dtype == "fp32" ? "high" : "medium";
+    f.evidence = {{"device", device}, {"device_name", gpu}, {"dtype", dtype}};
+    f.message = "run.dtype = \"" + dtype + "\" on a GPU: " +
+                (dtype == "fp32" ? "true fp32 products, without tensor cores" : "TF32 products, at half the bf16 tensor-core rate") +
+                "; bf16 products (fp32 master weights, gradients and optimizer state) also hold the activations only "
+                "products read at half the bytes";
+    if (tf32 > 0 && bf16 > 0) {  // the device table knows this GPU
+      f.evidence["peak_tflops_tf32"] = tf32;
+      f.evidence["peak_tflops_bf16"] = bf16;
+      f.message += fmt(" (this GPU's dense peaks: TF32 %.0f", tf32) + fmt(", bf16 %.0f TFLOP/s)", bf16);
+    }
+    f.change = "--set run.dtype=bf16";
     out.push_back(f);
   }
 

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -330,6 +331,44 @@ TEST_CASE("doctor suggests activation recomputation when the peak is near the me
   INFO(e.output);
   CHECK(contains(e.output, "memory_tight"));
   CHECK(contains(e.output, "batching.batch_size="));
+}
+
+TEST_CASE("doctor names bf16 for a GPU run in fp32 or tf32, with the GPU's peaks from the table, and not for a CPU run") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  REQUIRE(run_ablate("train " + quickstart() + kTinyFlags + " --set run.steps=4 --run-dir " + run.string()).exit_code == 0);
+  const auto precision = [&]() -> std::optional<json> {
+    const auto d = run_ablate("doctor " + run.string() + " --json");
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    for (const json& f : json::parse(d.output)) {
+      if (f["id"] == "precision") return f;
+    }
+    return std::nullopt;
+  };
+  CHECK_FALSE(precision().has_value());  // a CPU run computes in fp32: nothing to change
+  // The same run as if it had trained on an H100 in fp32, then in tf32, then in bf16.
+  const std::string config = slurp(run / "config.toml");
+  json info = read_json(run / "run.json");
+  info["device_name"] = "cuda:0 NVIDIA H100 80GB HBM3";
+  std::ofstream(run / "run.json") << info.dump();
+  for (const char* dtype : {"fp32", "tf32", "bf16"}) {
+    INFO("run.dtype " << dtype);
+    std::string c = config;
+    c.replace(c.find("device = \"cpu\""), 14, "device = \"cuda\"");
+    c.replace(c.find("dtype = \"fp32\""), 14, std::string("dtype = \"") + dtype + "\"");
+    std::ofstream(run / "config.toml") << c;
+    const std::optional<json> f = precision();
+    if (std::string(dtype) == "bf16") {
+      CHECK_FALSE(f.has_value());
+      continue;
+    }
+    REQUIRE(f.has_value());
+    CHECK((*f)["change"] == "--set run.dtype=bf16");
+    CHECK((*f)["severity"] == (std::string(dtype) == "fp32" ? "high" : "medium"));
+    CHECK((*f)["evidence"]["peak_tflops_bf16"].get<double>() == doctest::Approx(989.4));
+    CHECK((*f)["evidence"]["peak_tflops_tf32"].get<double>() == doctest::Approx(494.7));
+  }
 }
 
 TEST_CASE("report on a run directory writes report.md and the plots") {
