@@ -306,6 +306,27 @@ TEST_CASE("the activation plan of a micro-batch that does not fit is known witho
   CHECK(grown < small.bytes() + 128);  // the cpu device rounds each buffer up to 64 bytes plus a header
 }
 
+TEST_CASE("activations are held in bf16 only where every layer touching them takes bf16: none with the CPU layers") {
+  // run.dtype = "bf16" reaches the model (the config refuses it on the cpu before; the Model itself
+  // only asks its layers): the CPU layers take no bf16 views, so every slot stays f32, the plan is
+  // fp32's and the losses and gradients are the same bits.
+  Fixture f;
+  const ModelOptions o = gpt_options(16, 2, 2, 50, 64, 8, 32);
+  RunContext bf16_run = f.run;
+  bf16_run.dtype = "bf16";
+  Model a(o, f.registry, f.run), b(o, f.registry, bf16_run);
+  CHECK(a.activation_plan(2, 8).elements == b.activation_plan(2, 8).elements);
+  CHECK(b.params_bf16().numel() == b.num_params());  // the weight copy is made all the same
+  a.init_params(5);
+  b.init_params(5);
+  const Batch batch = one_row(8);
+  CHECK(a.forward_backward(batch, 0.125, 0) == b.forward_backward(batch, 0.125, 0));
+  std::vector<float> ga, gb;
+  a.copy_grads_to_host(ga);
+  b.copy_grads_to_host(gb);
+  CHECK(ga == gb);
+}
+
 TEST_CASE("a batch with a token or target outside the vocabulary is refused before any device sees it") {
   Fixture f;
   Model m(gpt_options(16, 1, 2, 50, 64, 8, 32), f.registry, f.run);
