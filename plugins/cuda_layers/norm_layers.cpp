@@ -78,7 +78,6 @@ class Norm final : public Layer {
  private:
   int64_t params_of(const LayerSpec& s) const { return !rms_ && s.bias ? 2 * s.in : s.in; }
   const float* bias(const LayerCall& call, const float* w) const { return !rms_ && call.spec->bias ? w + call.spec->in : nullptr; }
-  static cudaStream_t stream(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }
   int64_t check(const LayerCall& call) const {
     if (call.spec == nullptr || call.spec->in <= 0 || call.rows < 0) throw_runtime_error(name_, "the call has no valid spec or rows");
     require_f32(name_, call.params, "params", params_of(*call.spec));

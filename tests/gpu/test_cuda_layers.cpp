@@ -628,6 +628,14 @@ void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, doubl
 
 const char* grad_name(GradMode m) { return m == GradMode::accumulate ? "accumulate" : "write"; }
 
+// The three ways a position layer is called (0 d_x written, 1 accumulated, 2 in place: y is x and
+// d_x is d_y); returns the label's words for it.
+std::string set_variant(Problem& p, int variant) {
+  p.in_place = variant == 2;
+  p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
+  return p.in_place ? " in place" : std::string(" ") + grad_name(p.input_grad);
+}
+
 constexpr int64_t kRows[] = {1, 7, 257};
 // The layers that sum over rows in chunks of 256 on the GPU (the norms' parameter gradients, the
 // lookups' scatter-add) also run at 1100 rows: five chunks, and with few distinct ids, runs of one
@@ -832,11 +840,9 @@ TEST_CASE("learned positions: added to the stream, d_x passed through, in place 
         p.rows = rows;
         p.x_width = p.y_width = in;
         p.batch = make_batch(rows, 1, positions, rng);
-        p.in_place = variant == 2;
-        p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
         p.K = rows;
         p.label = "rows " + std::to_string(rows) + " positions " + std::to_string(positions) + " in " + std::to_string(in) +
-                  (p.in_place ? " in place" : std::string(" ") + grad_name(p.input_grad));
+                  set_variant(p, variant);
         run_problem(p, rng, margins);
       }
     }
@@ -858,11 +864,9 @@ TEST_CASE("rope: rotate-half on (rows, heads, head_dim), inverse in backward, in
           p.heads = heads;
           p.x_width = p.y_width = heads * head_dim;
           p.batch = make_batch(rows, 1, 4096, rng);
-          p.in_place = variant == 2;
-          p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
           p.K = 2;  // a rotated pair: two products and a sum
           p.label = "rows " + std::to_string(rows) + " heads " + std::to_string(heads) + " head_dim " + std::to_string(head_dim) +
-                    (p.in_place ? " in place" : std::string(" ") + grad_name(p.input_grad));
+                    set_variant(p, variant);
           run_problem(p, rng, margins);
         }
       }
