@@ -48,24 +48,26 @@ cp -a "$root/tests/golden" "$out/src/tests/"
 cp -a "$root"/bench/*.py "$root/bench/peers" "$out/src/bench/"
 find "$out/src" -name __pycache__ -prune -exec rm -rf {} +
 
-# The test programs and their labels, from CTest (the programs run directly there: CTest's files
-# carry this machine's paths).
+# The test programs, their labels and their CTest time limit (the largest of the program's tests),
+# from CTest (the programs run directly there: CTest's files carry this machine's paths).
 ( cd "$build" && ctest --show-only=json-v1 ) | python3 -c '
 import json, os, sys
-seen = {}
+seen, limits = {}, {}
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
     if not cmd:
         continue
     prog = os.path.basename(cmd[0])
-    labels = []
+    labels, timeout = [], 0
     for p in t.get("properties", []):
         if p["name"] == "LABELS":
             labels = p["value"]
-    entry = seen.setdefault(prog, set())
-    entry.update(labels)
+        if p["name"] == "TIMEOUT":
+            timeout = int(float(p["value"]))
+    seen.setdefault(prog, set()).update(labels)
+    limits[prog] = max(limits.get(prog, 0), timeout)
 for prog, labels in sorted(seen.items()):
-    print(prog + "\t" + ",".join(sorted(labels)))
+    print(prog + "\t" + ",".join(sorted(labels)) + "\t" + str(limits[prog] or 300))
 ' > "$out/manifest/tests.tsv"
 
 # ---- Open MPI's run-time components (the nccl plugin bootstraps through MPI) -------------------

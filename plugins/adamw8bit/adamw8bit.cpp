@@ -419,6 +419,9 @@ class AdamW8bit final : public ablate::Optimizer {
   }
 
   void upload_state() {
+    // The copies run on the legacy default stream, which the model's non-blocking stream does not
+    // order: a step still queued there reads and writes this state, so it finishes first.
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
     d_m_codes_.upload(m_codes_.data(), m_codes_.size());
     d_v_codes_.upload(v_codes_.data(), v_codes_.size());
     d_m_absmax_.upload(m_absmax_.data(), m_absmax_.size());

@@ -109,6 +109,9 @@ class AdamWFused final : public ablate::Optimizer {
     if (seen[0] == 0 || seen[1] == 0) {
       ablate::throw_input_error("adamw_fused state", std::string("tensor '") + (seen[0] == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
     }
+    // The copies run on the legacy default stream, which the model's non-blocking stream does not
+    // order: a step still queued there reads m and v, so it finishes first.
+    ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
     for (const ablate::NamedTensor& t : state) {
       ablate::cuda::DeviceBuffer<float>& dst = t.name == "exp_avg" ? m_ : v_;
       ABLATE_CUDA_CHECK(cudaMemcpy(dst.data(), t.bytes.data(), bytes, cudaMemcpyHostToDevice));

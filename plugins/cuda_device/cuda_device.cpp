@@ -76,13 +76,17 @@ class CudaDevice final : public Device {
 
   void release(void* data) noexcept override {
     cudaStreamSynchronize(stream_);  // no kernel still reads it
-    cudaFree(data);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(data);
-    if (it != sizes_.end()) {
-      in_use_ -= it->second;
-      sizes_.erase(it);
+    {
+      // Out of the accounting before the memory goes back: once freed, another thread's alloc may
+      // be given the same address, and its entry must not be the one erased here.
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sizes_.find(data);
+      if (it != sizes_.end()) {
+        in_use_ -= it->second;
+        sizes_.erase(it);
+      }
     }
+    cudaFree(data);
   }
 
   int64_t memory_in_use() const override {

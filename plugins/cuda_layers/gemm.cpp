@@ -45,10 +45,9 @@ struct Operands {
 };
 
 // A product with at most a bias: cuBLASLt must serve it (there is no pass to fall back to).
-bool plain_epilogue(const GemmCall& g) {
-  const cublasLtEpilogue_t epi = epilogue_of(g);
-  return epi == CUBLASLT_EPILOGUE_DEFAULT || epi == CUBLASLT_EPILOGUE_BIAS;
-}
+// A product with no epilogue at all: the one call with no passes to fall back on (a bias alone
+// falls back on the product and add_bias).
+bool no_epilogue(const GemmCall& g) { return epilogue_of(g) == CUBLASLT_EPILOGUE_DEFAULT; }
 
 // The first 256-byte aligned address in a scratch region asked 256 bytes larger: the plan key
 // records packed copies (and a fused bias gradient's scratch) as 256-byte aligned, which the
@@ -80,17 +79,30 @@ struct Plan {
   }
 };
 
-// The process's handle, workspace and plan cache. Created on first use, so loading the plugin on
-// a machine without a GPU touches no CUDA state.
+// The memory a product enqueued on one stream works in: cuBLASLt's workspace and the scratch of
+// bf16 copies and fused bias gradients. One set per stream, so that products on two streams (two
+// models in one process, a test's devices) never write the same bytes concurrently.
+struct StreamSet {
+  void* workspace = nullptr;
+  cuda::StreamScratch bf16_a, bf16_b;  // the bf16 copies of A and B (bf16 mode)
+  cuda::StreamScratch bf16_once;       // an operand several products share (gemm_bf16_once)
+  cuda::StreamScratch bias_grad;       // a fused epilogue's bias gradient, before it is added
+  StreamSet() { ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes)); }
+  StreamSet(const StreamSet&) = delete;
+  StreamSet& operator=(const StreamSet&) = delete;
+  ~StreamSet() {
+    if (workspace != nullptr) cudaFree(workspace);
+  }
+};
+
+// The process's handle and plan cache (shared by every stream) and each stream's working memory.
+// Created on first use, so loading the plugin on a machine without a GPU touches no CUDA state.
 class Context {
  public:
-  Context() {
-    check_lt(cublasLtCreate(&handle_), "cublasLtCreate", GemmCall{});
-    ABLATE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-  }
+  Context() { check_lt(cublasLtCreate(&handle_), "cublasLtCreate", GemmCall{}); }
   ~Context() {
     plans_.clear();
-    if (workspace_ != nullptr) cudaFree(workspace_);
+    streams_.clear();
     if (handle_ != nullptr) cublasLtDestroy(handle_);
   }
 
@@ -101,8 +113,9 @@ class Context {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string key = gemm_key(g);
     if (unfusable_.count(key) != 0) return false;
-    const Operands ops = operands(g, stream);
-    Plan* p = plan(key, g, ops);
+    StreamSet& set = on(stream);
+    const Operands ops = operands(g, set, stream);
+    Plan* p = plan(key, g, ops, set);
     if (p == nullptr) {
       unfusable_.insert(key);
       return false;
@@ -110,7 +123,7 @@ class Context {
     // A bias gradient is written, not added: into scratch, then added to the caller's vector.
     const int64_t grad_n = bias_grad_elements(g);
     float* bias_grad =
-        grad_n > 0 ? reinterpret_cast<float*>(aligned256(bias_grad_.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
+        grad_n > 0 ? reinterpret_cast<float*>(aligned256(set.bias_grad.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
                    : nullptr;
     const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad) : static_cast<const void*>(g.bias);
     if (bias != nullptr) {
@@ -125,8 +138,8 @@ class Context {
     // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
     const float* c = g.C != nullptr ? g.C : g.D;
     const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D,
-                                             p->d, &p->algo, workspace_, kWorkspaceBytes, stream);
-    if (rc == CUBLAS_STATUS_NOT_SUPPORTED && !plain_epilogue(g)) {
+                                             p->d, &p->algo, set.workspace, kWorkspaceBytes, stream);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED && !no_epilogue(g)) {
       // The heuristic offered an algorithm the call then turns down: the epilogue's work in passes,
       // from now on for this problem (nothing was written: the call checks before it launches).
       spdlog::info("cuda_layers: cuBLASLt turned down the {} epilogue of {} at run time; its work runs in passes of its own",
@@ -147,7 +160,7 @@ class Context {
   // gemm_bf16_once's copy: packed, 256-byte aligned, in a region of its own.
   const void* bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    uint16_t* copy = aligned256(bf16_once_.get(std::size_t(rows * cols) * 2 + 256, stream));
+    uint16_t* copy = aligned256(on(stream).bf16_once.get(std::size_t(rows * cols) * 2 + 256, stream));
     launch_to_bf16(x, rows, cols, cols, copy, stream);
     ABLATE_CUDA_CHECK(cudaGetLastError());
     return copy;
@@ -161,19 +174,25 @@ class Context {
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
   // length in memory).
-  Operands operands(const GemmCall& g, cudaStream_t stream) {
+  StreamSet& on(cudaStream_t stream) {
+    std::unique_ptr<StreamSet>& set = streams_[stream];
+    if (!set) set = std::make_unique<StreamSet>();
+    return *set;
+  }
+
+  Operands operands(const GemmCall& g, StreamSet& set, cudaStream_t stream) {
     if (g.mode != MatmulMode::bf16) return {g.A, g.lda, g.B, g.ldb};
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
     const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
     Operands ops{g.A_bf16, g.lda, g.B_bf16, g.ldb};  // operands held in bf16: read as they are
     if (!gemm_plan::bf16_in_place(g.A_bf16, g.A, g.lda)) {
-      auto* a = aligned256(bf16_a_.get(std::size_t(a_rows * a_cols) * 2 + 256, stream));
+      auto* a = aligned256(set.bf16_a.get(std::size_t(a_rows * a_cols) * 2 + 256, stream));
       launch_to_bf16(g.A, a_rows, a_cols, g.lda, a, stream);
       ops.A = a;
       ops.lda = a_cols;
     }
     if (!gemm_plan::bf16_in_place(g.B_bf16, g.B, g.ldb)) {
-      auto* b = aligned256(bf16_b_.get(std::size_t(b_rows * b_cols) * 2 + 256, stream));
+      auto* b = aligned256(set.bf16_b.get(std::size_t(b_rows * b_cols) * 2 + 256, stream));
       launch_to_bf16(g.B, b_rows, b_cols, g.ldb, b, stream);
       ops.B = b;
       ops.ldb = b_cols;
@@ -182,9 +201,10 @@ class Context {
     return ops;
   }
 
-  // The plan of a problem, built on first use; null when cuBLASLt has no algorithm for its fused
-  // epilogue (a plain product or bias with no algorithm is an error).
-  Plan* plan(const std::string& key, const GemmCall& g, const Operands& ops) {
+  // The plan of a problem, built on first use; null when cuBLASLt has no algorithm for its
+  // epilogue (a bias or fused epilogue: the caller falls back on passes); a product with no
+  // epilogue and no algorithm is an error.
+  Plan* plan(const std::string& key, const GemmCall& g, const Operands& ops, StreamSet& set) {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
     auto p = std::make_unique<Plan>();
@@ -208,7 +228,7 @@ class Context {
                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
       // The heuristic reads the pointers' alignment: the real ones are set before each run, these
       // (the bias, or the 256-byte aligned scratch a gradient goes to) align alike.
-      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : workspace_;
+      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : set.workspace;
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
     }
@@ -249,8 +269,7 @@ class Context {
       rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    const bool plain = plain_epilogue(g);
-    if (!plain && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
+    if (!no_epilogue(g) && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
       // Said once per problem (the caller remembers it): a run that falls back is slower, not wrong.
       spdlog::info("cuda_layers: cuBLASLt has no algorithm for the {} epilogue of {} ({}); its work runs in passes of its own",
                    fused_epilogue(g), shape_of(g), rc == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusName(rc));
@@ -263,11 +282,8 @@ class Context {
   }
 
   cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
-  cuda::StreamScratch bf16_a_, bf16_b_;  // the bf16 copies of A and B (bf16 mode)
-  cuda::StreamScratch bf16_once_;        // an operand several products share (gemm_bf16_once)
-  cuda::StreamScratch bias_grad_;         // a fused epilogue's bias gradient, before it is added
   std::mutex mu_;
+  std::map<cudaStream_t, std::unique_ptr<StreamSet>> streams_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
 };
@@ -294,12 +310,12 @@ void gemm_unfused(const GemmCall& g, cudaStream_t stream) {
   plain.act = Activation::none;
   plain.aux = plain.d_column_sums = plain.a_sums = nullptr;
   if (g.act == Activation::gelu_aux) plain.D = g.aux;
-  if (fused_epilogue(plain).empty()) {  // a bias that cannot be fused either: the product, then the bias
+  // The product with its bias fused where cuBLASLt can; else (a bias it cannot fuse, or has no
+  // algorithm for: said once per problem) the product, then the bias.
+  if (fused_epilogue(plain).empty() || !context().run(plain, stream)) {
     plain.bias = nullptr;
-    context().run(plain, stream);
+    context().run(plain, stream);  // no epilogue: runs, or throws naming the problem
     if (g.bias != nullptr) launch_add_bias(plain.D, g.bias, g.M, g.N, stream);
-  } else {
-    context().run(plain, stream);
   }
   const int64_t n = g.M * g.N;
   if (g.act == Activation::gelu_aux) launch_gelu_forward(g.aux, g.D, n, stream);

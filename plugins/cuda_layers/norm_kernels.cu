@@ -177,6 +177,13 @@ template <class In>
 void norm_backward(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate,
                    float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
   if (rows == 0 || in == 0) return;
+  // The parameter gradients read dy after the input gradient is written: dx may not overlap it.
+  const std::size_t bytes = std::size_t(rows * in) * sizeof(float);
+  const auto* dx_lo = reinterpret_cast<const char*>(dx);
+  const auto* dy_lo = reinterpret_cast<const char*>(dy);
+  if (dx != nullptr && dx_lo < dy_lo + bytes && dy_lo < dx_lo + bytes) {
+    throw_runtime_error("cuda_layers norm backward", "d_x overlaps d_y: the parameter gradients read d_y after d_x is written");
+  }
   if (dx != nullptr) {
     norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,
                                                                                   rows, in);

@@ -43,6 +43,13 @@ cuda_libraries_report() {
   need=$(for f in "$bundle"/bin/plugins/*.so "$bundle"/bin/test_* "$bundle"/bin/bench_*; do
     [ -f "$f" ] && readelf -d "$f" 2>/dev/null | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'
   done | grep -E '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|nvrtc|nvJitLink)' | sort -u)
+  # And what cudnn_flash opens at run time rather than links: cuDNN 9's front library and the
+  # sub-libraries it loads itself, and NVRTC, with which cuDNN compiles its runtime kernels.
+  if [ -f "$bundle/bin/plugins/libablate_cudnn_flash.so" ]; then
+    need=$(printf '%s\n' $need libcudnn.so.9 libcudnn_graph.so.9 libcudnn_engines_precompiled.so.9 \
+      libcudnn_engines_runtime_compiled.so.9 libcudnn_heuristic.so.9 libcudnn_ops.so.9 libcudnn_adv.so.9 \
+      libnvrtc.so.13 libnvrtc-builtins.so.13.0 | sort -u)
+  fi
   for lib in $need; do
     where=""
     IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"

@@ -98,6 +98,11 @@ for r in rows:
     lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} " +
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
     summary["benchmarks"].append({**r, "headline": h})
+for r in rows:  # runs skipped for what the machine lacks (e.g. needs-2-gpus), named with their reason
+    if r["mode"] in ("memcheck", "plain", "skipped-for-time", "benchmark", "peer"):
+        continue
+    lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} ({r['mode'].replace('-', ' ')})")
+    summary.setdefault("not_run", []).append(r)
 failed = [r for r in rows if r["status"] == "failed"]
 lines.append(f"{len(rows)} runs: {sum(r['status'] == 'passed' for r in rows)} passed, {len(failed)} failed, "
              f"{sum(r['status'] == 'skipped' for r in rows)} skipped")

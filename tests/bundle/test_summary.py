@@ -15,7 +15,7 @@ with tempfile.TemporaryDirectory() as out:
     rows = [("test_naive_cuda", "plain", "passed", 0, 3.2), ("test_cudnn_flash", "memcheck", "failed", 3, 80.0),
             ("bench_attention", "benchmark", "passed", 0, 40), ("pytorch_sdpa", "peer", "passed", 0, 20),
             ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
-            ("pytorch_gpt", "peer", "skipped", 0, 0)]
+            ("pytorch_gpt", "peer", "skipped", 0, 0), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -44,7 +44,8 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "7 runs: 5 passed, 1 failed, 1 skipped" in text,
+        "counts": "8 runs: 5 passed, 1 failed, 2 skipped" in text,
+        "skip named with its reason": "ablate_gpt2_nccl_2ranks" in text and "(needs 2 gpus)" in text,
         "files": os.path.exists(os.path.join(out, "summary.txt")) and
                  json.load(open(os.path.join(out, "summary.json")))["failed"] == 1,
     }

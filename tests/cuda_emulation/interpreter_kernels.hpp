@@ -1,0 +1,33 @@
+// Kernels that exercise the interpreter itself (interpreter_kernels.cu): correct uses of each
+// construct, and one kernel per fault the interpreter must name.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ablate::emu_test {
+
+// out[t] for every thread t of a block of `threads`: its linear index, read back through a shared
+// array after a barrier from the thread mirrored across the block.
+void mirror_through_shared(int* out, int threads);
+// out[lane] = the warp-level results of shfl_xor / shfl / up / down / ballot / count for one warp.
+void warp_collectives(int* out);
+// out[0] = __syncthreads_count(t odd), out[1] = _and(t < threads), out[2] = _or(t == 5) for `threads`.
+void barrier_votes(int* out, int threads);
+// out[i] = i, through a block-sized dynamic shared array.
+void dynamic_shared(int* out, int threads);
+// A grid of (gx, gy) blocks of (bx, by) threads: out[linear global index] = 1 + blockIdx.y.
+void grid_indices(int* out, unsigned gx, unsigned gy, unsigned bx, unsigned by);
+
+// Faults: each must raise ablate::emu::Error.
+void barrier_after_early_return(int threads);           // some threads return before __syncthreads
+void full_mask_shuffle(float* out, int threads);         // 0xffffffff in a block not a multiple of 32
+void shared_one_short(int* out);                          // writes s[32] of a 32-element __shared__ array
+void write_past_allocation(int* p, int n);               // writes p[n]
+void empty_grid_launch(int* p);                          // <<<0, 32>>>
+void oversized_block_launch(int* p);                     // <<<1, 1025>>>
+void divergent_barriers(int* out);                        // odd and even threads at different __syncthreads
+void missing_barrier_sum(int* out, int threads);         // a shared sum with no barrier between write and read
+
+}  // namespace ablate::emu_test

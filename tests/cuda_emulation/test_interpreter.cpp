@@ -1,0 +1,181 @@
+// The kernel interpreter's own semantics (interpreter_kernels.cu), under every test schedule, and
+// each fault it must report as an ablate::emu::Error naming the .cu line instead of a hang or a
+// wrong result.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ablate/cuda_check.hpp"
+#include "emu_support.hpp"
+#include "interpreter_kernels.hpp"
+
+using namespace ablate;
+
+
+namespace {
+
+std::vector<int> run_ints(std::size_t n, void (*f)(int*, int), int arg) {
+  cuda::DeviceBuffer<int> d(n);
+  f(d.data(), arg);
+  std::vector<int> h(n);
+  d.download(h.data());
+  return h;
+}
+
+// The message of the Error `f` raises (empty when it raises none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const emu::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("threads of a block meet at a barrier, in every schedule and block size") {
+  emu_test::for_each_schedule([&] {
+    for (int threads : {1, 7, 32, 33, 100, 256, 1024}) {
+      const std::vector<int> h = run_ints(std::size_t(threads), emu_test::mirror_through_shared, threads);
+      for (int t = 0; t < threads; ++t) REQUIRE(h[std::size_t(t)] == threads - 1 - t);
+    }
+  });
+}
+
+TEST_CASE("warp shuffles and votes give each lane the documented lane's value") {
+  emu_test::for_each_schedule([&] {
+    const std::vector<int> h = [] {
+      cuda::DeviceBuffer<int> d(160);
+      emu_test::warp_collectives(d.data());
+      std::vector<int> v(160);
+      d.download(v.data());
+      return v;
+    }();
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; l += 3) ballot |= 1u << l;
+    for (int l = 0; l < 32; ++l) {
+      CHECK(h[std::size_t(l)] == (l ^ 1) * 10);
+      CHECK(h[std::size_t(32 + l)] == (31 - l) * 10);
+      CHECK(h[std::size_t(64 + l)] == (l >= 3 ? l - 3 : l));                   // up: the first three keep their own
+      CHECK(h[std::size_t(96 + l)] == ((l % 16) + 3 < 16 ? l + 3 : l));        // down within 16-lane segments
+      CHECK(unsigned(h[std::size_t(128 + l)]) == ballot);
+    }
+  });
+}
+
+TEST_CASE("__syncthreads_count, _and and _or count the block's predicates") {
+  for (int threads : {1, 6, 33, 512}) {
+    const std::vector<int> h = run_ints(3, emu_test::barrier_votes, threads);
+    CHECK(h[0] == threads / 2);
+    CHECK(h[1] == 1);
+    CHECK(h[2] == (threads > 5 ? 1 : 0));
+  }
+}
+
+TEST_CASE("dynamic shared memory and 2-D grids") {
+  const std::vector<int> h = run_ints(300, emu_test::dynamic_shared, 300);
+  for (int i = 0; i < 300; ++i) REQUIRE(h[std::size_t(i)] == i);
+  emu_test::for_each_schedule([&] {
+    cuda::DeviceBuffer<int> d(std::size_t(3 * 5) * std::size_t(2 * 7));
+    emu_test::grid_indices(d.data(), 3, 2, 5, 7);
+    std::vector<int> v(d.size());
+    d.download(v.data());
+    for (std::size_t i = 0; i < v.size(); ++i) REQUIRE(v[i] == 1 + int(i / (3 * 5 * 7)));
+  });
+}
+
+#ifndef __SANITIZE_THREAD__  // where ThreadSanitizer reports the race itself
+TEST_CASE("a missing barrier gives a wrong result under some schedule") {
+  // Not an error the interpreter can name: the test of the kernel sees the wrong sum, and the
+  // schedules differ in which thread reads too early.
+  int wrong_schedules = 0;
+  for (const emu::Schedule& s : emu::test_schedules()) {
+    emu::ScopedSchedule scoped(s);
+    const std::vector<int> h = run_ints(64, emu_test::missing_barrier_sum, 64);
+    bool all_right = true;
+    for (int v : h) all_right = all_right && v == 64 * 65 / 2;
+    wrong_schedules += all_right ? 0 : 1;
+  }
+  CHECK(wrong_schedules > 0);
+}
+#endif
+
+// The faults: each abandons a block mid-run, which a thread sanitizer cannot follow (the threads
+// left waiting never release what they hold), so they run in the plain and ASan builds.
+#ifndef __SANITIZE_THREAD__
+TEST_CASE("a barrier some threads return before is an error naming the counts and the line") {
+  const std::string e = error_of([] { emu_test::barrier_after_early_return(1024); });
+  INFO(e);
+  CHECK(e.find("1017 threads wait at __syncthreads") != std::string::npos);
+  CHECK(e.find("while 7 have returned") != std::string::npos);
+  CHECK(e.find("interpreter_kernels.cu:") != std::string::npos);
+  CHECK(e.find("early_return_kernel") != std::string::npos);
+}
+
+TEST_CASE("a full-mask shuffle in a block that is not a multiple of 32 names the missing lanes") {
+  cuda::DeviceBuffer<float> d(52);
+  const std::string e = error_of([&] { emu_test::full_mask_shuffle(d.data(), 52); });
+  INFO(e);
+  CHECK(e.find("__shfl_xor_sync") != std::string::npos);
+  CHECK(e.find("names lanes 20-31 that do not exist") != std::string::npos);
+  CHECK(e.find("52 threads") != std::string::npos);
+  CHECK(error_of([&] { emu_test::full_mask_shuffle(d.data(), 32); }).empty());
+}
+
+TEST_CASE("threads at different barriers are an error") {
+  cuda::DeviceBuffer<int> d(64);
+  const std::string e = error_of([&] { emu_test::divergent_barriers(d.data()); });
+  INFO(e);
+  CHECK(e.find("different barriers") != std::string::npos);
+}
+
+TEST_CASE("invalid launch configurations are errors naming the configuration") {
+  cuda::DeviceBuffer<int> d(32);
+  const std::string empty = error_of([&] { emu_test::empty_grid_launch(d.data()); });
+  CHECK(empty.find("an empty grid") != std::string::npos);
+  CHECK(empty.find("cudaErrorInvalidConfiguration") != std::string::npos);
+  const std::string big = error_of([&] { emu_test::oversized_block_launch(d.data()); });
+  CHECK(big.find("block (1025,1,1)") != std::string::npos);
+}
+
+#ifndef ABLATE_EMU_SANITIZED  // under AddressSanitizer these overruns are its reports (and end the process)
+TEST_CASE("a write past the end of a __shared__ array names the array") {
+  cuda::DeviceBuffer<int> d(33);
+  const std::string e = error_of([&] { emu_test::shared_one_short(d.data()); });
+  INFO(e);
+  CHECK(e.find("a write past the end of __shared__ 's'") != std::string::npos);
+  CHECK(e.find("128 bytes") != std::string::npos);
+}
+
+TEST_CASE("a write past the end of a device allocation names the kernel") {
+  cuda::DeviceBuffer<int> d(100);
+  const std::string e = error_of([&] { emu_test::write_past_allocation(d.data(), 100); });
+  INFO(e);
+  CHECK(e.find("past_end_kernel") != std::string::npos);
+  CHECK(e.find("a write past the end of a device allocation of 400 bytes") != std::string::npos);
+}
+#endif  // ABLATE_EMU_SANITIZED
+#endif  // __SANITIZE_THREAD__
+
+TEST_CASE("schedules parse from their names, and junk is refused") {
+  CHECK(emu::parse_schedule("random:42").name() == "random:42");
+  CHECK(emu::parse_schedule("reverse").order == emu::Order::reverse);
+  CHECK_THROWS_AS(emu::parse_schedule("sideways"), std::invalid_argument);
+  CHECK_THROWS_AS(emu::parse_schedule("random:"), std::invalid_argument);
+  CHECK_THROWS_AS(emu::parse_schedule("random:-1"), std::invalid_argument);
+}
+
+TEST_CASE("device memory: copies must stay inside an allocation") {
+  cuda::DeviceBuffer<int> d(4);
+  std::vector<int> h(8, 1);
+  CHECK(cudaMemcpy(d.data(), h.data(), 8 * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaMemcpy(d.data(), h.data(), 4 * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+  int x = 0;
+  CHECK(cudaFree(&x) == cudaErrorInvalidDevicePointer);
+}
