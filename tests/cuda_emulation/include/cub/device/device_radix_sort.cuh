@@ -29,11 +29,11 @@ struct DeviceRadixSort {
     const int width = end_bit - begin_bit;
     const U mask = width >= int(sizeof(K) * 8) ? U(~U(0)) : U((U(1) << width) - 1);
     auto digit = [&](K k) { return U(U(U(k) ^ flip) >> begin_bit) & mask; };
-    std::vector<int> order(std::size_t(n));
+    std::vector<int> order(static_cast<std::size_t>(n));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return digit(keys_in[a]) < digit(keys_in[b]); });
-    std::vector<K> k(std::size_t(n));
-    std::vector<V> v(std::size_t(n));
+    std::vector<K> k(static_cast<std::size_t>(n));
+    std::vector<V> v(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) {
       k[std::size_t(i)] = keys_in[order[std::size_t(i)]];
       v[std::size_t(i)] = values_in[order[std::size_t(i)]];
