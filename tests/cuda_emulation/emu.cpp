@@ -36,6 +36,16 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+// The sanitizers' options for every emu test program: the interpreter's statics (and the plugins'
+// scratch, freed by the driver at exit on a GPU) are not leaks; a report ends the program.
+#ifdef ABLATE_EMU_ASAN
+extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }
+extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1:halt_on_error=1"; }
+#endif
+#ifdef ABLATE_EMU_TSAN
+extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
+#endif
+
 extern "C" void ablate_emu_switch(void** save_sp, void* load_sp);
 extern "C" void ablate_emu_trampoline();
 
@@ -634,16 +644,16 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
   const int warp = f.linear / 32, lane = f.linear % 32;
   const int lanes = std::min(32, L.threads - warp * 32);
   const unsigned exist = lanes == 32 ? ~0u : ((1u << lanes) - 1u);
-  const std::string here = std::string(collective_name(kind)) + " (" + at(w) + ", mask " + hex(mask) + ")";
-  if (((mask >> lane) & 1u) == 0) fail("lane " + std::to_string(lane) + " of warp " + std::to_string(warp) + " calls " + here + ", which does not name it");
+  const auto here = [&] { return std::string(collective_name(kind)) + " (" + at(w) + ", mask " + hex(mask) + ")"; };
+  if (((mask >> lane) & 1u) == 0) fail("lane " + std::to_string(lane) + " of warp " + std::to_string(warp) + " calls " + here() + ", which does not name it");
   if ((mask & ~exist) != 0) {
-    fail(here + " names lanes " + lanes_of(mask & ~exist) + " that do not exist: the block has " + std::to_string(L.threads) +
+    fail(here() + " names lanes " + lanes_of(mask & ~exist) + " that do not exist: the block has " + std::to_string(L.threads) +
          " threads, so warp " + std::to_string(warp) + " has " + std::to_string(lanes) + " lanes");
   }
-  if (width < 1 || width > 32 || (width & (width - 1)) != 0) fail(here + ": width " + std::to_string(width) + " is not a power of two up to 32");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) fail(here() + ": width " + std::to_string(width) + " is not a power of two up to 32");
   for (int l = 0; l < lanes; ++l) {
     if (((mask >> l) & 1u) && e.fibers[std::size_t(warp * 32 + l)].state == State::exited) {
-      fail(here + " names lane " + std::to_string(l) + ", which has returned");
+      fail(here() + " names lane " + std::to_string(l) + ", which has returned");
     }
   }
   f.state = State::collective;
@@ -669,7 +679,7 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
     if (((mask >> l) & 1u) == 0) continue;
     Fiber& o = e.fibers[std::size_t(warp * 32 + l)];
     if (o.kind != kind || o.mask != mask || o.width != width) {
-      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " + std::to_string(lane) + " at " + here +
+      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " + std::to_string(lane) + " at " + here() +
            ", lane " + std::to_string(l) + " at " + collective_name(o.kind) + " (" + at(o.where) + ", mask " + hex(o.mask) + ")");
     }
     group[l] = &o;
@@ -697,7 +707,7 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
       case Collective::syncwarp: o->result = 0; break;
       default:
         if (group[src] == nullptr) {
-          fail("lane " + std::to_string(l) + " of warp " + std::to_string(warp) + " reads lane " + std::to_string(src) + " at " + here +
+          fail("lane " + std::to_string(l) + " of warp " + std::to_string(warp) + " reads lane " + std::to_string(src) + " at " + here() +
                ", which the mask does not name: its value is undefined");
         }
         o->result = group[src]->value;

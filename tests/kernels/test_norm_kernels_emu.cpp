@@ -103,8 +103,9 @@ struct Failures {
     CHECK((f).count == 0);   \
   } while (0)
 
-// The worst error of a kernel over its cases: absolute, and relative to the largest magnitude of
-// the reference the element belongs to (its row or its column sums).
+// The worst error of a kernel over its cases: absolute, and relative to the magnitude the error
+// scales with (the largest |y| of the row; the largest magnitude of dx's terms in the row; the
+// magnitudes of a column's terms summed, for dw and db).
 struct Worst {
   double abs = 0.0, rel = 0.0;
   void add(double err, double scale) {
@@ -533,8 +534,8 @@ void input_grad_case(Norm norm, const Problem& p, bool bf16_x, bool accumulate, 
   check_params(norm, p, got, reference_params(is_rms(norm), p, x, saved, dw0, db0), db0, params);
 }
 
-// A case of many rows: a launch of rows / 8 blocks of 256 threads, each ~4 us in the interpreter,
-// so these few stand for the rest (every width and norm runs at 1 and 7 rows).
+// A case of many rows: rows / 8 blocks of 256 threads, some 4 us a thread in the interpreter, so
+// these few stand for the rest (every width, norm and variant runs at 1 and 7 rows).
 struct LargeCase {
   int64_t rows, in;
   Norm norm;
@@ -658,4 +659,29 @@ TEST_CASE("parameter gradients of more rows are summed by chunks of 256, then th
     }
   });
   emu_test::report_worst("sum_chunk_partials_kernel", worst.abs, worst.rel);
+}
+
+TEST_CASE("norm backward refuses a d_x that overlaps d_y, and launches nothing") {
+  // The parameter gradients read d_y after the input gradient is written, so d_x over d_y (whole
+  // or in part) would feed them the input gradient: refused before any kernel runs.
+  const int64_t rows = 7, in = 45;
+  std::vector<float> h(std::size_t(rows * in) * 2, 0.5f), w(std::size_t(in), 1.0f), saved(std::size_t(2 * rows), 1.0f);
+  cuda::DeviceBuffer<float> x = device_copy(h), dy = device_copy(h), d_w = device_copy(w), d_saved = device_copy(saved);
+  cuda::DeviceBuffer<float> dw(static_cast<std::size_t>(in));
+  dw.fill_zero();
+  const uint64_t launches = emu::stats().launches;
+  for (const int64_t shift : {int64_t(0), int64_t(1), rows * in - 1, -(rows * in - 1)}) {
+    INFO("d_x = d_y + " << shift);
+    float* dx = dy.data() + (shift > 0 ? shift : 0);
+    const float* d_y = dy.data() + (shift < 0 ? -shift : 0);
+    CHECK_THROWS_WITH(cuda_layers::launch_norm_backward(false, x.data(), d_w.data(), d_y, d_saved.data(), dx, false, dw.data(),
+                                                        nullptr, rows, in, nullptr),
+                      doctest::Contains("d_x overlaps d_y"));
+  }
+  CHECK(emu::stats().launches == launches);
+  // Adjacent (touching, not overlapping) is allowed.
+  cuda::DeviceBuffer<float> both(static_cast<std::size_t>(2 * rows * in));
+  both.fill_zero();
+  CHECK_NOTHROW(cuda_layers::launch_norm_backward(false, x.data(), d_w.data(), both.data(), d_saved.data(),
+                                                  both.data() + rows * in, false, dw.data(), nullptr, rows, in, nullptr));
 }

@@ -6,8 +6,9 @@
 //   decay and no-decay runs, with the bf16 copy on odd steps and without it on even ones;
 //   adamw8bit (plugins/adamw8bit): parameters, codes, absmax and fp32 moments == the CPU
 //   `adamw8bit`'s, over 8-bit and fp32 blocks (small slices and a pattern's), short last blocks,
-//   the largest block the kernel serves, more quantization blocks than the grid has thread blocks,
-//   an all-zero block, and non-finite gradients (counted in `skipped`, their values kept).
+//   the largest block the kernel serves, more work blocks than the grid has thread blocks (some
+//   thread blocks taking two 8-bit blocks), an all-zero block, and non-finite gradients (counted
+//   in `skipped`, their values kept).
 // The bf16 copy is checked against a round-to-nearest-even written here; elements past the end,
 // and a copy not given, keep their sentinel.
 #include <doctest/doctest.h>
@@ -63,9 +64,8 @@ StepArgs step_args(int64_t step) { return StepArgs{1e-3 * (1.0 + 0.1 * double(st
 template <class C>
 C coefficients(const StepArgs& a) {
   const double bias1 = 1.0 - std::pow(kBeta1, double(a.step)), bias2 = 1.0 - std::pow(kBeta2, double(a.step));
-  return C{float(a.lr / bias1),     float(std::sqrt(bias2)), float(kBeta1),
-           float(kBeta2),           float(kEps),             float(1.0 - kBeta1),
-           float(1.0 - kBeta2),     float(1.0 - a.lr * kWeightDecay), a.grad_scale};
+  return C{float(a.lr / bias1), float(std::sqrt(bias2)), float(kBeta1), float(kBeta2), float(kEps), float(1.0 - kBeta1),
+           float(1.0 - kBeta2), float(1.0 - a.lr * kWeightDecay), a.grad_scale};
 }
 
 struct Setup {
