@@ -4,9 +4,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <vector>
 
+#include "ablate/cuda_check.hpp"
 #include "ablate_emu/emu.hpp"
 
 namespace ablate::emu_test {
@@ -29,6 +35,54 @@ namespace ablate::emu_test {
 // cases (ctest -V shows it; docs/kernel-interpreter.md collects them).
 inline void report_worst(const char* kernel, double worst_abs, double worst_rel) {
   std::printf("emu-worst-error %s abs %.3g rel %.3g\n", kernel, worst_abs, worst_rel);
+}
+
+}  // namespace ablate::emu_test
+
+namespace ablate::emu_test {
+
+// Host vectors to and from (interpreted) device memory.
+template <class T>
+cuda::DeviceBuffer<T> to_device(const std::vector<T>& h) {
+  cuda::DeviceBuffer<T> d;
+  d.upload(h.data(), h.size());
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const cuda::DeviceBuffer<T>& d) {
+  std::vector<T> h(d.size());
+  d.download(h.data());
+  return h;
+}
+
+inline uint32_t bits_of(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float x = 0.0f;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline float bf16_to_float(uint16_t b) { return float_of(uint32_t(b) << 16); }
+
+// The reference bf16 rounding of the kernel tests, worked out in double without reading a float's
+// bit layout: the value scaled by the ulp of its binade (8 significant bits, or the subnormal ulp
+// 2^-133), rounded to an integer by nearbyint (to nearest, ties to even), scaled back; 2^128 and
+// above is infinity, a NaN stays a quiet NaN of its sign.
+inline uint16_t bf16_nearest(double x) {
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  if (std::isnan(x)) return uint16_t(sign | 0x7fc0);
+  const double a = std::fabs(x);
+  if (std::isinf(a)) return uint16_t(sign | 0x7f80);
+  if (a == 0.0) return sign;
+  int e = 0;
+  (void)std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  const double ulp = std::ldexp(1.0, std::max(e, -125) - 8);
+  const double r = std::nearbyint(a / ulp) * ulp;
+  if (r >= 0x1p128) return uint16_t(sign | 0x7f80);
+  return uint16_t(sign | (bits_of(float(r)) >> 16));  // float(r) is exact: r has 8 significant bits
 }
 
 }  // namespace ablate::emu_test

@@ -27,26 +27,14 @@
 using namespace ablate;
 namespace nc = ablate::naive_cuda;
 using test::RowLayout;
+using ablate::emu_test::to_device;
+using ablate::emu_test::to_host;
 
 namespace {
 
 constexpr double kU = 0x1p-24;  // a float's unit roundoff
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kHidden = 1e30f;  // the score of a key the query must not see
-
-template <class T>
-cuda::DeviceBuffer<T> to_device(const std::vector<T>& h) {
-  cuda::DeviceBuffer<T> d;
-  d.upload(h.data(), h.size());
-  return d;
-}
-
-template <class T>
-std::vector<T> to_host(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> h(d.size());
-  d.download(h.data());
-  return h;
-}
 
 // The worst error of a kernel over its cases and schedules: absolute, and relative to the
 // magnitude its tolerance is stated against.

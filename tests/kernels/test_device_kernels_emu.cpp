@@ -2,7 +2,8 @@
 // interpreter through their launch helpers under every test schedule, at n = 0, 1, 7, 257, 1100 and
 // 300000 (past the 256 x 256 threads of the reductions, so their grid-stride loops turn):
 //   fill and scale: bit for bit the value written / the host's fp32 product x * factor;
-//   to_bf16: bit for bit a round-to-nearest-even written here from the two neighbouring bf16s;
+//   to_bf16: bit for bit emu_support.hpp's round-to-nearest-even (worked out in double), a NaN
+//   any quiet NaN of its sign;
 //   squared_norm and masked_loss_sum: each of the kReduceBlocks double partials against a long
 //   double sum of the elements that block's grid-stride walk visits, and their host sum in block
 //   order against the long double total.
@@ -25,6 +26,7 @@
 using namespace ablate;
 using ablate::cuda_device::kReduceBlocks;
 using ablate::cuda_device::kThreads;
+using ablate::emu_test::bf16_nearest;
 
 namespace {
 
@@ -70,22 +72,8 @@ std::vector<float> with_guard(const std::vector<float>& x) {
 
 bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
-// The bf16 nearest to x: the two bf16s around it are the truncation and the next one away from zero
-// (past the largest finite bf16, the next "value" is 2^128, which rounds to infinity); the nearer
-// wins, a tie goes to the even one. NaNs are checked apart (any quiet NaN of the same sign).
-uint16_t bf16_nearest(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint16_t low = uint16_t(u >> 16);
-  if (std::isinf(x) || (u & 0xFFFFu) == 0) return low;
-  const uint16_t high = uint16_t(low + 1);
-  const double a = std::fabs(double(std::bit_cast<float>(uint32_t(low) << 16)));
-  const double b = (high & 0x7FFFu) == 0x7F80u ? std::ldexp(1.0, 128) : std::fabs(double(std::bit_cast<float>(uint32_t(high) << 16)));
-  const double ax = std::fabs(double(x));
-  if (ax - a < b - ax) return low;
-  if (ax - a > b - ax) return high;
-  return (low & 1u) == 0 ? low : high;
-}
-
+// x rounded to bf16 by the kernel: the nearest bf16 (ties to even); a NaN any quiet NaN of the
+// same sign (its payload is not specified).
 bool bf16_matches(float x, uint16_t got) {
   if (std::isnan(x)) {
     return (got & 0x7F80u) == 0x7F80u && (got & 0x0040u) != 0 && (got >> 15) == (std::bit_cast<uint32_t>(x) >> 31);

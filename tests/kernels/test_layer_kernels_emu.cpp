@@ -4,15 +4,14 @@
 // its gradient, gelu, swiglu (f32 and bf16 h), copies, the table lookups and the deterministic
 // scatter-add, the bf16 conversions, rope (f32 and bf16) and the classifier's softmax rows. The
 // references are float64 loops written here: the dropout mask drawn from mix64 per flat element,
-// bf16 rounding to nearest even in float64, the formulas of dense_math.hpp's header in double with
-// tolerances from the float arithmetic. Buffers carry a sentinel tail (and padding) that the
-// kernels must not write.
+// the formulas of dense_math.hpp's header in double with tolerances from the float arithmetic;
+// and emu_support.hpp's bf16 rounding to nearest even in float64. Buffers carry a sentinel tail
+// (and padding) that the kernels must not write.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <numbers>
@@ -29,6 +28,12 @@
 
 using namespace ablate;
 using namespace ablate::cuda_layers;
+using ablate::emu_test::bf16_nearest;
+using ablate::emu_test::bf16_to_float;
+using ablate::emu_test::bits_of;
+using ablate::emu_test::float_of;
+using ablate::emu_test::to_device;
+using ablate::emu_test::to_host;
 
 namespace {
 
@@ -40,55 +45,13 @@ const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 constexpr std::size_t sz(int64_t v) { return static_cast<std::size_t>(v); }
 
-uint32_t bits_of(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float x = 0;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-float bf16_to_float(uint16_t b) { return float_of(uint32_t(b) << 16); }
 bool same_bits(float a, float b) { return bits_of(a) == bits_of(b); }
-
-// The bf16 nearest to x, ties to even, worked out in double: the value scaled by the ulp of its
-// binade (8 significant bits, or the subnormal ulp 2^-133), rounded to an integer by nearbyint
-// (round to nearest even), scaled back; 2^128 and above is infinity. NaN stays NaN (sign kept).
-uint16_t bf16_nearest(double x, bool* is_nan = nullptr) {
-  if (is_nan != nullptr) *is_nan = std::isnan(x);
-  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-  if (std::isnan(x)) return uint16_t(sign | 0x7fc0);
-  const double a = std::fabs(x);
-  if (std::isinf(a)) return uint16_t(sign | 0x7f80);
-  if (a == 0.0) return sign;
-  int e = 0;
-  (void)std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
-  const double ulp = std::ldexp(1.0, std::max(e, -125) - 8);
-  const double r = std::nearbyint(a / ulp) * ulp;
-  if (r >= 0x1p128) return uint16_t(sign | 0x7f80);
-  return uint16_t(sign | (bits_of(float(r)) >> 16));  // float(r) is exact: r has 8 significant bits
-}
 
 // A bf16 result of float arithmetic that is within `tol` of `want`: the nearest bf16 to want,
 // or its other neighbour where want lies within tol of the midpoint between them.
 bool bf16_close(uint16_t got, double want, double tol) {
   const double g = bf16_to_float(got), n = bf16_to_float(bf16_nearest(want));
   return std::fabs(g - want) <= std::fabs(n - want) + 2 * tol;
-}
-
-template <class T>
-cuda::DeviceBuffer<T> to_device(const std::vector<T>& h) {
-  cuda::DeviceBuffer<T> d;
-  d.upload(h.data(), h.size());
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> h(d.size());
-  d.download(h.data());
-  return h;
 }
 
 std::vector<float> normals(std::size_t n, double sigma, uint64_t seed) {
@@ -778,9 +741,8 @@ TEST_CASE("to_bf16 rounds to the nearest bf16, ties to even, strided and contigu
     std::vector<uint16_t> want(sz(n));
     std::vector<bool> want_nan(sz(n));
     for (int64_t i = 0; i < n; ++i) {
-      bool nan = false;
-      want[sz(i)] = bf16_nearest(packed[sz(i)], &nan);
-      want_nan[sz(i)] = nan;
+      want[sz(i)] = bf16_nearest(packed[sz(i)]);
+      want_nan[sz(i)] = std::isnan(packed[sz(i)]);
     }
     const std::string shape = "rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols) + " ld " + std::to_string(s.ld);
     emu_test::for_each_schedule([&] {

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -23,6 +22,11 @@
 #include "norm_kernels.hpp"
 
 using namespace ablate;
+using ablate::emu_test::bf16_nearest;
+using ablate::emu_test::bf16_to_float;
+using ablate::emu_test::bits_of;
+using ablate::emu_test::float_of;
+using ablate::emu_test::to_device;
 
 namespace {
 
@@ -42,34 +46,11 @@ const char* name_of(Norm n) {
   return n == Norm::layernorm_bias ? "layernorm with bias" : n == Norm::layernorm ? "layernorm without bias" : "rmsnorm";
 }
 
-uint32_t bits_of(float v) {
-  uint32_t u = 0;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-
-float float_of_bits(uint32_t u) {
-  float v = 0.0f;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
-float bf16_to_float(uint16_t b) { return float_of_bits(uint32_t(b) << 16); }
-
-// The bf16 nearest to a finite normal (or zero) v, ties to even: v scaled to 8 significant bits
-// before the point, exact in double, rounded by nearbyint in the default (to nearest even) mode.
-uint16_t bf16_nearest(float v) {
-  if (v == 0.0f) return uint16_t(bits_of(v) >> 16);
-  const int e = std::ilogb(v);
-  const double rounded = std::ldexp(std::nearbyint(std::ldexp(double(v), 7 - e)), e - 7);
-  return uint16_t(bits_of(float(rounded)) >> 16);
-}
-
 template <class T>
 T sentinel();
 template <>
 float sentinel<float>() {
-  return float_of_bits(kSentinelBits);
+  return float_of(kSentinelBits);
 }
 template <>
 uint16_t sentinel<uint16_t>() {
@@ -184,13 +165,6 @@ std::vector<float> saved_from_stats(bool rms, const Problem& p, const std::vecto
   return saved;
 }
 
-template <class T>
-cuda::DeviceBuffer<T> device_copy(const std::vector<T>& h) {
-  cuda::DeviceBuffer<T> d;
-  d.upload(h.data(), h.size());
-  return d;
-}
-
 // --- forward ------------------------------------------------------------------------------------
 
 template <class Out>
@@ -202,10 +176,10 @@ struct ForwardResult {
 // The launcher on x (f32 or bf16 bits), y and saved pre-filled with sentinels (and kPad more).
 template <class In, class Out>
 ForwardResult<Out> run_forward(Norm norm, const Problem& p, const std::vector<In>& x) {
-  cuda::DeviceBuffer<In> d_x = device_copy(x);
-  cuda::DeviceBuffer<float> d_w = device_copy(p.w), d_b = device_copy(p.b);
-  cuda::DeviceBuffer<Out> d_y = device_copy(std::vector<Out>(p.size() + kPad, sentinel<Out>()));
-  cuda::DeviceBuffer<float> d_saved = device_copy(std::vector<float>(std::size_t(2 * p.rows) + kPad, sentinel<float>()));
+  cuda::DeviceBuffer<In> d_x = to_device(x);
+  cuda::DeviceBuffer<float> d_w = to_device(p.w), d_b = to_device(p.b);
+  cuda::DeviceBuffer<Out> d_y = to_device(std::vector<Out>(p.size() + kPad, sentinel<Out>()));
+  cuda::DeviceBuffer<float> d_saved = to_device(std::vector<float>(std::size_t(2 * p.rows) + kPad, sentinel<float>()));
   cuda_layers::launch_norm_forward(is_rms(norm), d_x.data(), d_w.data(), has_bias(norm) ? d_b.data() : nullptr, d_y.data(),
                                    d_saved.data(), p.rows, p.in, kEps, nullptr);
   ForwardResult<Out> r;
@@ -401,10 +375,10 @@ template <class In>
 BackwardResult run_backward(Norm norm, const Problem& p, const std::vector<In>& x, const std::vector<float>& saved, bool with_dx,
                             bool accumulate, const std::vector<float>& dx0, const std::vector<float>& dw0,
                             const std::vector<float>& db0) {
-  cuda::DeviceBuffer<In> d_x = device_copy(x);
-  cuda::DeviceBuffer<float> d_w = device_copy(p.w), d_dy = device_copy(p.dy), d_saved = device_copy(saved);
-  cuda::DeviceBuffer<float> d_dx = device_copy(accumulate ? dx0 : std::vector<float>(p.size() + kPad, sentinel<float>()));
-  cuda::DeviceBuffer<float> d_dw = device_copy(dw0), d_db = device_copy(db0);
+  cuda::DeviceBuffer<In> d_x = to_device(x);
+  cuda::DeviceBuffer<float> d_w = to_device(p.w), d_dy = to_device(p.dy), d_saved = to_device(saved);
+  cuda::DeviceBuffer<float> d_dx = to_device(accumulate ? dx0 : std::vector<float>(p.size() + kPad, sentinel<float>()));
+  cuda::DeviceBuffer<float> d_dw = to_device(dw0), d_db = to_device(db0);
   cuda_layers::launch_norm_backward(is_rms(norm), d_x.data(), d_w.data(), d_dy.data(), d_saved.data(), with_dx ? d_dx.data() : nullptr,
                                     accumulate, d_dw.data(), has_bias(norm) ? d_db.data() : nullptr, p.rows, p.in, nullptr);
   BackwardResult r;
@@ -559,13 +533,13 @@ TEST_CASE("the norms' forward matches float64, and a bf16 y is the f32 y rounded
       for (int64_t in : kWidths) {
         const Problem p = make_problem(rows, in, seed++);
         for (Norm norm : kNorms) {
-          INFO(name_of(norm), ", rows ", rows, ", in ", in);
+          INFO(str(name_of(norm), ", rows ", rows, ", in ", in));
           forward_case(norm, p, all_io, worst);
         }
       }
     }
     for (const LargeCase& c : large) {
-      INFO(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, ", ", io_name(c.io));
+      INFO(str(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, ", ", io_name(c.io)));
       forward_case(c.norm, make_problem(c.rows, c.in, seed++), c.io, worst);
     }
   });
@@ -587,7 +561,7 @@ TEST_CASE("the norms' input gradient matches float64, written or added into dx, 
         for (Norm norm : kNorms) {
           for (bool bf16_x : {false, true}) {
             for (bool accumulate : {false, true}) {
-              INFO(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32", accumulate ? ", accumulating" : "");
+              INFO(str(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32", accumulate ? ", accumulating" : ""));
               input_grad_case(norm, p, bf16_x, accumulate, worst, params);
             }
           }
@@ -595,7 +569,7 @@ TEST_CASE("the norms' input gradient matches float64, written or added into dx, 
       }
     }
     for (const LargeCase& c : large) {
-      INFO(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, c.bf16_x ? ", x bf16" : ", x f32", c.accumulate ? ", accumulating" : "");
+      INFO(str(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, c.bf16_x ? ", x bf16" : ", x f32", c.accumulate ? ", accumulating" : ""));
       input_grad_case(c.norm, make_problem(c.rows, c.in, seed++), c.bf16_x, c.accumulate, worst, params);
     }
   });
@@ -613,7 +587,7 @@ TEST_CASE("parameter gradients of up to 256 rows are added straight into dw and 
         const Problem p = make_problem(rows, in, seed++);
         for (Norm norm : kNorms) {
           for (bool bf16_x : {false, true}) {
-            INFO(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32");
+            INFO(str(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32"));
             const std::vector<float>& x = bf16_x ? p.x_bf16_values : p.x;
             const std::vector<float> saved = saved_from_stats(is_rms(norm), p, x);
             const std::vector<float> dw0 = prefill(std::size_t(in), 2.5f, -0.75f, 7), db0 = prefill(std::size_t(in), -3.0f, 1.25f, 5);
@@ -644,7 +618,7 @@ TEST_CASE("parameter gradients of more rows are summed by chunks of 256, then th
         const Problem p = make_problem(rows, in, seed++);
         for (Norm norm : kNorms) {
           for (bool bf16_x : {false, true}) {
-            INFO(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32");
+            INFO(str(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32"));
             const std::vector<float>& x = bf16_x ? p.x_bf16_values : p.x;
             const std::vector<float> saved = saved_from_stats(is_rms(norm), p, x);
             const std::vector<float> dw0 = prefill(std::size_t(in), 2.5f, -0.75f, 7), db0 = prefill(std::size_t(in), -3.0f, 1.25f, 5);
@@ -666,7 +640,7 @@ TEST_CASE("norm backward refuses a d_x that overlaps d_y, and launches nothing")
   // or in part) would feed them the input gradient: refused before any kernel runs.
   const int64_t rows = 7, in = 45;
   std::vector<float> h(std::size_t(rows * in) * 2, 0.5f), w(std::size_t(in), 1.0f), saved(std::size_t(2 * rows), 1.0f);
-  cuda::DeviceBuffer<float> x = device_copy(h), dy = device_copy(h), d_w = device_copy(w), d_saved = device_copy(saved);
+  cuda::DeviceBuffer<float> x = to_device(h), dy = to_device(h), d_w = to_device(w), d_saved = to_device(saved);
   cuda::DeviceBuffer<float> dw(static_cast<std::size_t>(in));
   dw.fill_zero();
   const uint64_t launches = emu::stats().launches;

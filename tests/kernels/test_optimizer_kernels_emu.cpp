@@ -9,8 +9,8 @@
 //   the largest block the kernel serves, more work blocks than the grid has thread blocks (some
 //   thread blocks taking two 8-bit blocks), an all-zero block, and non-finite gradients (counted
 //   in `skipped`, their values kept).
-// The bf16 copy is checked against a round-to-nearest-even written here; elements past the end,
-// and a copy not given, keep their sentinel.
+// The bf16 copy is checked against emu_support.hpp's round-to-nearest-even; elements past the
+// end, and a copy not given, keep their sentinel.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -37,6 +37,8 @@
 using namespace ablate;
 namespace k8 = ablate::adamw8bit::cuda;
 using ablate::adamw8bit::DynamicCode;
+using ablate::emu_test::bf16_nearest;
+using ablate::emu_test::to_host;
 
 namespace {
 
@@ -102,18 +104,6 @@ std::vector<T> values_of(const std::vector<NamedTensor>& state, const std::strin
   return {};
 }
 
-// The bf16 nearest to a finite or infinite x: the truncation or the next bf16 away from zero
-// (past the largest finite one, 2^128, i.e. infinity), the nearer, a tie to the even one.
-uint16_t bf16_nearest(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint16_t low = uint16_t(u >> 16), high = uint16_t(low + 1);
-  if (std::isinf(x) || (u & 0xFFFFu) == 0) return low;
-  const double a = std::fabs(double(std::bit_cast<float>(uint32_t(low) << 16)));
-  const double b = (high & 0x7FFFu) == 0x7F80u ? std::ldexp(1.0, 128) : std::fabs(double(std::bit_cast<float>(uint32_t(high) << 16)));
-  const double ax = std::fabs(double(x));
-  return ax - a < b - ax ? low : ax - a > b - ax ? high : (low & 1u) == 0 ? low : high;
-}
-
 // Elements of `got` (n + kGuard) that differ in bits from `want` (n) or from the sentinel past n.
 template <class T>
 int64_t wrong_bits(const std::vector<T>& got, const std::vector<T>& want, T sentinel, int64_t* first = nullptr) {
@@ -131,13 +121,6 @@ template <class T>
 std::vector<T> guarded(std::vector<T> v, T sentinel) {
   v.resize(v.size() + kGuard, sentinel);
   return v;
-}
-
-template <class T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> h(d.size());
-  d.download(h.data());
-  return h;
 }
 
 struct Worst {
@@ -218,7 +201,7 @@ void check_adamw_fused(const std::vector<SliceSpec>& specs, int steps, uint64_t 
                                                       int32_t(runs.size()), coefficients<adamw_fused::Coefficients>(a), nullptr);
       REQUIRE(rc == cudaSuccess);
       const FusedStep& w = want[std::size_t(step - 1)];
-      const std::vector<float> got_p = download(d_p), got_m = download(d_m), got_v = download(d_v);
+      const std::vector<float> got_p = to_host(d_p), got_m = to_host(d_m), got_v = to_host(d_v);
       int64_t first_p = -1, first_m = -1, first_v = -1;
       const int64_t wrong_p = wrong_bits(got_p, w.p, kSentinel, &first_p);
       const int64_t wrong_m = wrong_bits(got_m, w.m, kSentinel, &first_m);
@@ -233,7 +216,7 @@ void check_adamw_fused(const std::vector<SliceSpec>& specs, int steps, uint64_t 
       // The copy: every new parameter rounded when given, untouched when not.
       std::vector<uint16_t> want_copy(static_cast<std::size_t>(n));
       for (std::size_t i = 0; i < want_copy.size(); ++i) want_copy[i] = with_copy ? bf16_nearest(w.p[i]) : copy_before[i];
-      const std::vector<uint16_t> got_copy = download(d_copy);
+      const std::vector<uint16_t> got_copy = to_host(d_copy);
       CHECK(wrong_bits(got_copy, want_copy, kBf16Sentinel) == 0);
       copy_before = got_copy;
     }
@@ -425,19 +408,19 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
       if (c.expect_grid > 0) CHECK(emu::stats().blocks - blocks_before == uint64_t(c.expect_grid));
 
       const Step8& w = want[std::size_t(step - 1)];
-      const std::vector<float> got_p = download(d_p), got_mf = download(d_mf), got_vf = download(d_vf);
-      const std::vector<float> got_ma = download(d_ma), got_va = download(d_va);
+      const std::vector<float> got_p = to_host(d_p), got_mf = to_host(d_mf), got_vf = to_host(d_vf);
+      const std::vector<float> got_ma = to_host(d_ma), got_va = to_host(d_va);
       int64_t first[7] = {-1, -1, -1, -1, -1, -1, -1};
       const int64_t wrong[7] = {wrong_bits(got_p, w.p, kSentinel, &first[0]),
-                                wrong_bits(download(d_mc), w.s.mc, uint8_t(0xA5), &first[1]),
-                                wrong_bits(download(d_vc), w.s.vc, uint8_t(0xA5), &first[2]),
+                                wrong_bits(to_host(d_mc), w.s.mc, uint8_t(0xA5), &first[1]),
+                                wrong_bits(to_host(d_vc), w.s.vc, uint8_t(0xA5), &first[2]),
                                 wrong_bits(got_ma, w.s.ma, kSentinel, &first[3]),
                                 wrong_bits(got_va, w.s.va, kSentinel, &first[4]),
                                 wrong_bits(got_mf, w.s.mf, kSentinel, &first[5]),
                                 wrong_bits(got_vf, w.s.vf, kSentinel, &first[6])};
       const char* const what[7] = {"parameters", "m codes", "v codes", "m absmax", "v absmax", "m fp32", "v fp32"};
       for (int i = 0; i < 7; ++i) {
-        INFO(what[i], ": ", wrong[i], " wrong, the first at ", first[i]);
+        INFO(std::string(what[i]), ": ", wrong[i], " wrong, the first at ", first[i]);
         CHECK(wrong[i] == 0);
       }
       worst.add(got_p, w.p);
@@ -448,7 +431,7 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
       if (c.zero_block >= 0 && step == 1) {  // nothing to scale: every code is the code of 0
         const k8::BlockInfo& b = l.blocks[std::size_t(c.zero_block)];
         CHECK(got_ma[std::size_t(b.absmax_index)] == 0.0f);
-        const std::vector<uint8_t> mc = download(d_mc), vc = download(d_vc);
+        const std::vector<uint8_t> mc = to_host(d_mc), vc = to_host(d_vc);
         for (int32_t j = 0; j < b.n; ++j) {
           CHECK(mc[std::size_t(b.state_offset + j)] == signed_map.zero_code());
           CHECK(vc[std::size_t(b.state_offset + j)] == unsigned_map.zero_code());
@@ -477,7 +460,7 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
 
       std::vector<uint16_t> want_copy(static_cast<std::size_t>(n));
       for (std::size_t i = 0; i < want_copy.size(); ++i) want_copy[i] = with_copy ? bf16_nearest(w.p[i]) : copy_before[i];
-      const std::vector<uint16_t> got_copy = download(d_copy);
+      const std::vector<uint16_t> got_copy = to_host(d_copy);
       CHECK(wrong_bits(got_copy, want_copy, kBf16Sentinel) == 0);
       copy_before = got_copy;
       p_before = got_p;

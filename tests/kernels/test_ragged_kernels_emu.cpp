@@ -3,16 +3,15 @@
 // packed rows (lengths and q, kv and stat offsets, with the empty entries up to the graph's bound)
 // against both ragged.hpp's host twin and a walk of the rows written here (token r * T + start, and
 // for rows the segments tile, the prefix sums of the lengths); the padded lengths; f32 -> bf16
-// against a float64 round to nearest even written here (ties, subnormals, overflow, NaN); bf16 ->
-// f32 with padding zeroed against a float64 decoding of the bits; the zeroing of padding in bf16
-// tensors and in the softmax statistics, token-major and head-major. Every result is exact, so
-// compared bit for bit; elements a kernel must not touch keep a sentinel.
+// against emu_support.hpp's float64 round to nearest even (ties, subnormals, overflow; a NaN input
+// only to a NaN); bf16 -> f32 with padding zeroed against a float64 decoding of the bits; the
+// zeroing of padding in bf16 tensors and in the softmax statistics, token-major and head-major.
+// Every result is exact, so compared bit for bit; elements a kernel must not touch keep a sentinel.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -28,36 +27,15 @@
 using namespace ablate;
 using namespace ablate::cudnn_flash;
 using test::RowLayout;
+using ablate::emu_test::bf16_nearest;
+using ablate::emu_test::bits_of;
+using ablate::emu_test::float_of;
+using ablate::emu_test::to_device;
+using ablate::emu_test::to_host;
 
 namespace {
 
 constexpr int32_t kSentinel = 12345;
-
-template <class T>
-cuda::DeviceBuffer<T> to_device(const std::vector<T>& h) {
-  cuda::DeviceBuffer<T> d;
-  d.upload(h.data(), h.size());
-  return d;
-}
-
-template <class T>
-std::vector<T> to_host(const cuda::DeviceBuffer<T>& d) {
-  std::vector<T> h(d.size());
-  d.download(h.data());
-  return h;
-}
-
-uint32_t bits_of(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
-float float_of(uint32_t u) {
-  float x = 0.0f;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // The elements of one launch that differ from what they must be: how many, and the first.
 class Tally {
@@ -188,27 +166,6 @@ double bf16_decode(uint16_t b) {
   if (exponent == 0xFF) return fraction != 0 ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
   if (exponent == 0) return sign * std::ldexp(double(fraction), -133);  // subnormal: fraction 2^-126 2^-7
   return sign * std::ldexp(128.0 + fraction, exponent - 127 - 7);
-}
-
-// The bits of the bf16 nearest x, ties to even, in float64 arithmetic: x in units of the bf16
-// spacing of its binade (subnormals share the smallest normal binade's), rounded by nearbyint (ties
-// to even in the default rounding mode), then encoded; past the largest finite bf16, infinity.
-// NaN has no single answer (the interpreter keeps the payload, a GPU may make it canonical): the
-// caller checks only that the result is a NaN.
-uint16_t bf16_nearest(float x) {
-  const double v = x;
-  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
-  if (std::isinf(v)) return uint16_t(sign | 0x7F80);
-  int e = 0;
-  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
-  const double spacing = std::ldexp(1.0, std::max(e - 1, -126) - 7);
-  const double r = std::abs(std::nearbyint(v / spacing) * spacing);
-  if (r >= std::ldexp(1.0, 128)) return uint16_t(sign | 0x7F80);
-  if (r == 0.0) return sign;
-  std::frexp(r, &e);
-  if (e - 1 < -126) return uint16_t(sign | uint16_t(r / std::ldexp(1.0, -133)));
-  const auto fraction = uint16_t(r / std::ldexp(1.0, e - 1 - 7) - 128.0);
-  return uint16_t(sign | uint16_t((e - 1 + 127) << 7) | fraction);
 }
 
 // Values per position (heads * D): odd widths, the widest only where the rows are few.
@@ -381,6 +338,8 @@ TEST_CASE("to_bf16: round to nearest even, ties, subnormals, overflow to infinit
       const std::vector<uint16_t> got = to_host(d_y);
       Tally t;
       for (std::size_t i = 0; i < x.size(); ++i) {
+        // NaN has no single answer (the interpreter keeps the payload, a GPU may make it
+        // canonical): only that the result is a NaN.
         if (std::isnan(x[i])) {
           t.exact(int64_t(i), bf16_is_nan(got[i]), true);
         } else {
