@@ -6,4 +6,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
 source "$root/scripts/cmake-bin.sh"
+# The kernel interpreter's tests (label emu) are outside the main build: built here.
+"$CMAKE" --build "${ABLATE_BUILD_DIR:-$root/build}" --target ablate_emu_tests -j "$(nproc)"
 "$CTEST" --test-dir "${ABLATE_BUILD_DIR:-$root/build}" -j "$(nproc)" --output-on-failure "$@"

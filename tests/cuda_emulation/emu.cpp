@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,7 +42,8 @@ extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }
 extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1:halt_on_error=1"; }
 #endif
 #ifdef ABLATE_EMU_TSAN
-extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
+// The CPU references' OpenMP (libgomp, not instrumented) synchronises where TSan cannot see it.
+extern "C" const char* __tsan_default_options() { return "halt_on_error=1:ignore_noninstrumented_modules=1"; }
 #endif
 
 extern "C" void ablate_emu_switch(void** save_sp, void* load_sp);
@@ -57,6 +57,7 @@ constexpr std::size_t kStackBytes = std::size_t(512) << 10;  // sanitizers' fram
 #else
 constexpr std::size_t kStackBytes = std::size_t(128) << 10;
 #endif
+constexpr std::size_t kStackGuard = std::size_t(64) << 10;  // below each stack: a frame jumping one page still faults
 constexpr int kMaxThreads = 1024;
 constexpr std::size_t kSharedLimit = 48 * 1024;  // per block, without cudaFuncSetAttribute
 constexpr std::size_t kGuard = 64;               // bytes after each __shared__ array and device allocation
@@ -113,7 +114,7 @@ enum class State { ready, barrier, collective, exited };
 struct Fiber {
   detail::ThreadState ts;
   void* sp = nullptr;
-  char* stack = nullptr;  // the usable stack (a guard page below it)
+  char* stack = nullptr;  // the usable stack (a guard region below it)
   bool dirty = false;     // abandoned mid-run: its stack's shadow is unpoisoned before reuse
   int linear = 0;
   State state = State::ready;
@@ -159,11 +160,10 @@ struct Engine {
   void* sched_tsan = nullptr;
   std::mt19937_64 rng;
   uint64_t epoch = ~uint64_t(0);
-  std::size_t page = std::size_t(sysconf(_SC_PAGESIZE));
 
   ~Engine() {
     for (Fiber& f : fibers) {
-      if (f.stack != nullptr) munmap(f.stack - page, kStackBytes + page);
+      if (f.stack != nullptr) munmap(f.stack - kStackGuard, kStackBytes + kStackGuard);
 #ifdef ABLATE_EMU_TSAN
       if (f.tsan != nullptr) __tsan_destroy_fiber(f.tsan);
 #endif
@@ -230,7 +230,29 @@ class AsScheduler {
 #endif
 };
 
-// Every thread's last act: the warp's waiting collectives must not name it.
+bool is_vote(detail::Collective k) {
+  return k == detail::Collective::ballot || k == detail::Collective::any || k == detail::Collective::all ||
+         k == detail::Collective::syncwarp;
+}
+
+// The lanes of a warp that exist (a block's last warp may be partial) and that have returned.
+unsigned existing_lanes(const Launch& L, int warp) {
+  const int lanes = std::min(32, L.threads - warp * 32);
+  return lanes == 32 ? ~0u : ((1u << lanes) - 1u);
+}
+unsigned returned_lanes(const Engine& e, const Launch& L, int warp) {
+  unsigned m = 0;
+  const unsigned exist = existing_lanes(L, warp);
+  for (int l = 0; l < 32; ++l) {
+    if (((exist >> l) & 1u) && e.fibers[std::size_t(warp * 32 + l)].state == State::exited) m |= 1u << l;
+  }
+  return m;
+}
+
+bool complete_collective(Engine& e, Launch& L, int warp, const Fiber& arrived);
+
+// Every thread's last act: a shuffle waiting for it can never complete (an error); a vote or
+// __syncwarp waiting for it goes on without it, as CUDA counts only the lanes that have not exited.
 void check_exit(Engine& e, Fiber& f) {
   Launch& L = *e.launch;
   const int warp = f.linear / 32, lane = f.linear % 32;
@@ -238,11 +260,13 @@ void check_exit(Engine& e, Fiber& f) {
     const int i = warp * 32 + l;
     if (i >= L.threads) break;
     const Fiber& o = e.fibers[std::size_t(i)];
-    if (o.state == State::collective && ((o.mask >> lane) & 1u)) {
+    if (o.state != State::collective || ((o.mask >> lane) & 1u) == 0) continue;
+    if (!is_vote(o.kind)) {
       fail("thread " + std::to_string(f.linear) + " (warp " + std::to_string(warp) + " lane " + std::to_string(lane) +
            ") returned while lane " + std::to_string(l) + " waits for it at " + collective_name(o.kind) + " (" + at(o.where) +
            ", mask " + hex(o.mask) + ")");
     }
+    complete_collective(e, L, warp, o);
   }
 }
 
@@ -274,12 +298,12 @@ void fiber_main(Fiber* f) {
   __builtin_unreachable();
 }
 
-void prepare(Engine& e, Fiber& f) {
+void prepare(Fiber& f) {
   if (f.stack == nullptr) {
-    void* m = mmap(nullptr, kStackBytes + e.page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* m = mmap(nullptr, kStackBytes + kStackGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) throw std::bad_alloc();
-    mprotect(m, e.page, PROT_NONE);  // a stack overflow faults here instead of writing elsewhere
-    f.stack = static_cast<char*>(m) + e.page;
+    mprotect(m, kStackGuard, PROT_NONE);  // a stack overflow faults here instead of writing elsewhere
+    f.stack = static_cast<char*>(m) + kStackGuard;
 #ifdef ABLATE_EMU_TSAN
     f.tsan = __tsan_create_fiber(0);
 #endif
@@ -469,14 +493,17 @@ void run_block(Engine& e, Launch& L, Order order_kind) {
   const dim3 bd = L.cfg.block;
   for (int i = 0; i < L.threads; ++i) {
     Fiber& f = e.fibers[std::size_t(i)];
-    prepare(e, f);
+    prepare(f);
     f.linear = i;
     f.ts.thread_idx = uint3{unsigned(i) % bd.x, (unsigned(i) / bd.x) % bd.y, unsigned(i) / (bd.x * bd.y)};
     f.ts.block_idx = L.block;
     f.ts.block_dim = bd;
     f.ts.grid_dim = L.cfg.grid;
   }
-  if (L.cfg.shared > 0) L.shared.push_back({nullptr, allocate_guarded(L.cfg.shared, 16), L.cfg.shared});
+  if (L.cfg.shared > 0) {
+    L.shared.push_back({nullptr, allocate_guarded(L.cfg.shared, 16), L.cfg.shared});
+    tsan_release(&L.tsan_start);  // the block's threads see the dynamic array as allocated
+  }
   std::vector<int> order(std::size_t(L.threads));
   try {
     for (;;) {
@@ -643,19 +670,20 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
   Launch& L = *e.launch;
   const int warp = f.linear / 32, lane = f.linear % 32;
   const int lanes = std::min(32, L.threads - warp * 32);
-  const unsigned exist = lanes == 32 ? ~0u : ((1u << lanes) - 1u);
+  const unsigned exist = existing_lanes(L, warp);
   const auto here = [&] { return std::string(collective_name(kind)) + " (" + at(w) + ", mask " + hex(mask) + ")"; };
   if (((mask >> lane) & 1u) == 0) fail("lane " + std::to_string(lane) + " of warp " + std::to_string(warp) + " calls " + here() + ", which does not name it");
-  if ((mask & ~exist) != 0) {
-    fail(here() + " names lanes " + lanes_of(mask & ~exist) + " that do not exist: the block has " + std::to_string(L.threads) +
-         " threads, so warp " + std::to_string(warp) + " has " + std::to_string(lanes) + " lanes");
+  // A shuffle's mask must name only lanes that exist and have not returned (their values are what
+  // it exchanges); a vote or __syncwarp counts the named lanes that have not exited, as CUDA says.
+  if (!is_vote(kind)) {
+    if ((mask & ~exist) != 0) {
+      fail(here() + " names lanes " + lanes_of(mask & ~exist) + " that do not exist: the block has " + std::to_string(L.threads) +
+           " threads, so warp " + std::to_string(warp) + " has " + std::to_string(lanes) + " lanes");
+    }
+    const unsigned gone = mask & returned_lanes(e, L, warp);
+    if (gone != 0) fail(here() + " names lanes " + lanes_of(gone) + ", which have returned");
   }
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) fail(here() + ": width " + std::to_string(width) + " is not a power of two up to 32");
-  for (int l = 0; l < lanes; ++l) {
-    if (((mask >> l) & 1u) && e.fibers[std::size_t(warp * 32 + l)].state == State::exited) {
-      fail(here() + " names lane " + std::to_string(l) + ", which has returned");
-    }
-  }
   f.state = State::collective;
   f.where = w;
   f.kind = kind;
@@ -664,25 +692,43 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
   f.arg = arg;
   f.width = width;
   tsan_release(&L.tsan_warp[warp]);
-  bool all = true;
-  for (int l = 0; l < lanes && all; ++l) {
-    if (((mask >> l) & 1u) && e.fibers[std::size_t(warp * 32 + l)].state != State::collective) all = false;
-  }
-  if (!all) {
-    yield_to_scheduler(e, f);
-    tsan_acquire(&L.tsan_warp[warp]);
-    return f.result;
-  }
-  // Every lane named has arrived: they must meet at the same collective.
+  if (!complete_collective(e, L, warp, f)) yield_to_scheduler(e, f);
+  tsan_acquire(&L.tsan_warp[warp]);
+  return f.result;
+}
+
+unsigned active_mask() {
+  Fiber& f = running("__activemask");
+  return 1u << (f.linear % 32);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Completes the collective `arrived` waits at when every lane it needs has arrived: the results
+// set and those lanes ready. False while some have not.
+bool complete_collective(Engine& e, Launch& L, int warp, const Fiber& arrived) {
+  using detail::Collective;
+  const Collective kind = arrived.kind;
+  const unsigned mask = arrived.mask;
+  const int width = arrived.width;
+  const unsigned need = is_vote(kind) ? (mask & existing_lanes(L, warp) & ~returned_lanes(e, L, warp)) : mask;
   Fiber* group[32] = {};
-  for (int l = 0; l < lanes; ++l) {
-    if (((mask >> l) & 1u) == 0) continue;
+  for (int l = 0; l < 32; ++l) {
+    if (((need >> l) & 1u) == 0) continue;
     Fiber& o = e.fibers[std::size_t(warp * 32 + l)];
-    if (o.kind != kind || o.mask != mask || o.width != width) {
-      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " + std::to_string(lane) + " at " + here() +
-           ", lane " + std::to_string(l) + " at " + collective_name(o.kind) + " (" + at(o.where) + ", mask " + hex(o.mask) + ")");
-    }
+    if (o.state != State::collective) return false;
     group[l] = &o;
+  }
+  const auto here = [&] { return std::string(collective_name(kind)) + " (" + at(arrived.where) + ", mask " + hex(mask) + ")"; };
+  for (int l = 0; l < 32; ++l) {
+    const Fiber* o = group[l];
+    if (o != nullptr && (o->kind != kind || o->mask != mask || o->width != width)) {
+      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " + std::to_string(arrived.linear % 32) +
+           " at " + here() + ", lane " + std::to_string(l) + " at " + collective_name(o->kind) + " (" + at(o->where) + ", mask " +
+           hex(o->mask) + ")");
+    }
   }
   unsigned votes = 0;
   for (int l = 0; l < 32; ++l) {
@@ -691,44 +737,41 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
   for (int l = 0; l < 32; ++l) {
     Fiber* o = group[l];
     if (o == nullptr) continue;
-    const int base = l & ~(width - 1);
-    int src = l;
+    const int64_t base = l & ~(width - 1);
+    const int64_t delta = int64_t(uint32_t(o->arg));  // shfl_up/down take an unsigned delta
+    int64_t src = l;
     switch (kind) {
       case Collective::shfl: src = base + (o->arg & (width - 1)); break;
-      case Collective::shfl_up: src = l - o->arg < base ? l : l - o->arg; break;
-      case Collective::shfl_down: src = l + o->arg >= base + width ? l : l + o->arg; break;
-      case Collective::shfl_xor: src = (l ^ (o->arg & 31)) >= base + width ? l : (l ^ (o->arg & 31)); break;
+      case Collective::shfl_up: src = l - delta < base ? l : l - delta; break;
+      case Collective::shfl_down: src = l + delta >= base + width ? l : l + delta; break;
+      case Collective::shfl_xor: {
+        const int64_t x = int64_t(uint32_t(l) ^ uint32_t(o->arg));
+        src = x >= base + width ? l : x;
+        break;
+      }
       default: break;
     }
     switch (kind) {
       case Collective::ballot: o->result = votes; break;
       case Collective::any: o->result = votes != 0; break;
-      case Collective::all: o->result = votes == mask; break;
+      case Collective::all: o->result = votes == need; break;
       case Collective::syncwarp: o->result = 0; break;
       default:
-        if (group[src] == nullptr) {
-          fail("lane " + std::to_string(l) + " of warp " + std::to_string(warp) + " reads lane " + std::to_string(src) + " at " + here() +
-               ", which the mask does not name: its value is undefined");
+        if (src < 0 || src >= 32 || group[src] == nullptr) {
+          fail("lane " + std::to_string(l) + " of warp " + std::to_string(warp) + " reads lane " + std::to_string(src) + " at " +
+               here() + ", which the mask does not name: its value is undefined");
         }
         o->result = group[src]->value;
     }
     o->state = State::ready;
   }
   ++g_collectives;
-  return f.result;
+  return true;
 }
 
-unsigned active_mask() {
-  Engine& e = engine();
-  Fiber& f = running("__activemask");
-  const int warp = f.linear / 32;
-  unsigned m = 0;
-  for (int l = 0; l < 32; ++l) {
-    const int i = warp * 32 + l;
-    if (i < e.launch->threads && e.fibers[std::size_t(i)].state != State::exited) m |= 1u << l;
-  }
-  return m;
-}
+}  // namespace
+
+namespace detail {
 
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx) {
   Engine& e = engine();

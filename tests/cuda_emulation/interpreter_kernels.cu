@@ -95,7 +95,58 @@ __global__ void missing_barrier_kernel(int* out) {
   out[threadIdx.x] = total;
 }
 
+__global__ void arrival_kernel(int* out, int* counter) { out[atomicAdd(counter, 1)] = int(threadIdx.x); }
+
+__global__ void votes_widths_kernel(int* out, float* sum) {
+  const int lane = threadIdx.x;
+  out[lane] = __any_sync(0xffffffffu, lane == 7);
+  out[32 + lane] = __all_sync(0xffffffffu, lane < 40);
+  out[64 + lane] = __shfl_xor_sync(0xffffffffu, lane, 1, 8);
+  out[96 + lane] = __shfl_sync(0xffffffffu, lane * 3, 5, 16);
+  out[128 + lane] = int(__activemask());
+  atomicAdd(sum, 0.5f);
+}
+
+__global__ void ballot_after_returns_kernel(unsigned* out, int live) {
+  const int lane = threadIdx.x;
+  if (lane >= live) return;
+  out[lane] = __ballot_sync(0xffffffffu, lane % 2 == 1);
+}
+
+__global__ void outside_mask_kernel(int* out) {
+  const int lane = threadIdx.x;
+  if (lane < 16) out[lane] = __shfl_sync(0x0000ffffu, lane, lane == 3 ? 19 : 0);
+}
+
+__global__ void mismatched_kernel(int* out) {
+  const int lane = threadIdx.x;
+  out[lane] = lane % 2 == 0 ? int(__ballot_sync(0xffffffffu, 1)) : __shfl_xor_sync(0xffffffffu, lane, 1);
+}
+
+__global__ void return_during_shuffle_kernel(int* out) {
+  const int lane = threadIdx.x;
+  if (lane == 31) return;
+  out[lane] = __shfl_xor_sync(0xffffffffu, lane, 1);
+}
+
+__global__ void big_shared_kernel(int* out) {
+  __shared__ int a[10240], b[4096];  // 40 KiB + 16 KiB
+  a[threadIdx.x] = 1;
+  b[threadIdx.x] = 2;
+  __syncthreads();
+  out[threadIdx.x] = a[0] + b[0];
+}
+
 }  // namespace
+
+void arrival_order(int* out, int* counter, int threads) { arrival_kernel<<<1, threads>>>(out, counter); }
+void warp_votes_and_widths(int* out, float* sum) { votes_widths_kernel<<<1, 32>>>(out, sum); }
+void ballot_after_returns(unsigned* out, int live) { ballot_after_returns_kernel<<<1, 32>>>(out, live); }
+void shuffle_outside_mask(int* out) { outside_mask_kernel<<<1, 32>>>(out); }
+void mismatched_collectives(int* out) { mismatched_kernel<<<1, 32>>>(out); }
+void return_during_shuffle(int* out) { return_during_shuffle_kernel<<<1, 32>>>(out); }
+void grid_y_too_large(int* p) { touch_kernel<<<dim3(1, 65536), 32>>>(p); }
+void too_much_shared(int* out) { big_shared_kernel<<<1, 32>>>(out); }
 
 void mirror_through_shared(int* out, int threads) { mirror_kernel<<<1, threads>>>(out); }
 void warp_collectives(int* out) { warp_kernel<<<1, 32>>>(out); }

@@ -7,6 +7,8 @@ Two mechanical changes, nothing else:
                              [](const auto&... a) { kernel(a...); }, args...);
   __shared__ T a[N], b[M];           -> ABLATE_EMU_SHARED(T, a, [N]); ABLATE_EMU_SHARED(T, b, [M]);
   extern __shared__ T s[];           -> ABLATE_EMU_EXTERN_SHARED(T, s);
+  (static and volatile before __shared__ are taken, __align__(n) becomes the array's alignment;
+  a __shared__ declaration outside a function is refused: the interpreter's arrays are per block)
 The output starts with #line 1 "<the source>" and keeps every line where it was (a rewritten span
 is followed by as many newlines as it held), so compiler errors and the interpreter's messages
 name the .cu's own lines.
@@ -27,9 +29,10 @@ def line_of(text, pos):
     return text.count("\n", 0, pos) + 1
 
 
-def skip_comments_and_strings(text):
-    """A copy of text with comments and string/char literals blanked (same length, newlines kept),
-    so the scanners below never match inside them."""
+def skip_comments_and_strings(text, strings=True):
+    """A copy of text with comments and (unless strings is False) string/char literals blanked
+    (same length, newlines kept), so the scanners below never match inside them. A quote after a
+    digit or letter is a digit separator (1'000) or part of a prefix, not a char literal."""
     out = list(text)
     i, n = 0, len(text)
     while i < n:
@@ -47,13 +50,14 @@ def skip_comments_and_strings(text):
                 if text[k] != "\n":
                     out[k] = " "
             i = j
-        elif c in "\"'":
+        elif c in "\"'" and not (c == "'" and i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
             j = i + 1
             while j < n and text[j] != c:
                 j += 2 if text[j] == "\\" else 1
-            for k in range(i + 1, min(j, n)):
-                if text[k] != "\n":
-                    out[k] = " "
+            if strings:
+                for k in range(i + 1, min(j, n)):
+                    if text[k] != "\n":
+                        out[k] = " "
             i = j + 1
         else:
             i += 1
@@ -123,6 +127,7 @@ def callee_start(code, end):
 
 
 def rewrite_launches(text, code):
+    plain = skip_comments_and_strings(text, strings=False)  # comments blanked, strings kept
     out, last = [], 0
     for m in re.finditer(r"<<<", code):
         lt = m.start()
@@ -142,26 +147,49 @@ def rewrite_launches(text, code):
             raise RewriteError(f"line {line_of(code, lt)}: no argument list after >>>")
         args_hi = match_close(code, p, "(", ")")
         args = split_top(code, p + 1, args_hi - 1)
-        kernel = text[name_lo:lt].strip()
+        kernel = " ".join(plain[name_lo:lt].split())
         name = re.sub(r"\s+", "", kernel)
-        cfg_text = ", ".join(text[a:b].strip() for a, b in cfg)
-        arg_text = "".join(", " + text[a:b].strip() for a, b in args)
+        piece = lambda a, b: " ".join(plain[a:b].replace("\\\n", " ").split())
+        cfg_text = ", ".join(piece(a, b) for a, b in cfg)
+        arg_text = "".join(", " + piece(a, b) for a, b in args)
         call = (f'::ablate::emu::launch(ABLATE_EMU_WHERE, "{name}", ::ablate::emu::launch_config({cfg_text}), '
                 f"[](const auto&... ablate_emu_a) {{ {kernel}(ablate_emu_a...); }}{arg_text})")
         span = text[name_lo:args_hi]
         out.append(text[last:name_lo])
-        out.append(call.replace("\n", " ") + "\n" * span.count("\n"))
+        # Inside a #define continued by backslashes, the lines the launch spanned stay continued.
+        newline = " \\\n" if "\\\n" in span else "\n"
+        out.append(call + newline * span.count("\n"))
         last = args_hi
     out.append(text[last:])
     return "".join(out)
 
 
-SHARED = re.compile(r"\b(extern\s+)?__shared__\b")
+SHARED = re.compile(r"((?:\b(?:static|volatile)\s+|\b__align__\s*\(\s*\d+\s*\)\s*)*)\b(extern\s+)?__shared__\b")
+NAMESPACE_BRACE = re.compile(r"(\bnamespace\b[\w:\s]*|\bextern\s*\"\s*\"\s*)$")
+
+
+def in_function(code, pos):
+    """True when code[pos] is inside a function body: its innermost enclosing brace is not a
+    namespace's or an extern "C" block's (none at all is namespace scope)."""
+    stack = []
+    for m in re.finditer(r"[{}]", code[:pos]):
+        if m.group() == "{":
+            stack.append(bool(NAMESPACE_BRACE.search(code[max(0, m.start() - 200):m.start()])))
+        elif stack:
+            stack.pop()
+    return bool(stack) and not stack[-1]
 
 
 def rewrite_shared(text, code):
     out, last = [], 0
     for m in SHARED.finditer(code):
+        if not in_function(code, m.start()):
+            raise RewriteError(f"line {line_of(code, m.start())}: a __shared__ declaration at namespace scope; "
+                               "the interpreter takes them inside kernels and device functions")
+        quals = m.group(1).split() if m.group(1) else []
+        align = re.search(r"__align__\s*\(\s*(\d+)\s*\)", m.group(1) or "")
+        prefix = "volatile " if "volatile" in quals else ""
+        align_to = align.group(1) if align else None
         semi = code.find(";", m.end())
         if semi < 0:
             raise RewriteError(f"line {line_of(code, m.start())}: __shared__ declaration without ';'")
@@ -170,19 +198,24 @@ def rewrite_shared(text, code):
         first = re.match(r"^(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", pieces[0].strip(), re.S)
         if not first or not first.group(1).strip():
             raise RewriteError(f"line {line_of(code, m.start())}: cannot read the __shared__ declaration '{decl.strip()}'")
-        type_text = " ".join(first.group(1).split())
+        type_text = prefix + " ".join(first.group(1).split())
+        inner = re.search(r"__align__\s*\(\s*(\d+)\s*\)\s*", type_text)  # __shared__ __align__(n) T
+        if inner:
+            align_to = inner.group(1)
+            type_text = (type_text[:inner.start()] + type_text[inner.end():]).strip()
         decls = [(first.group(2), first.group(3))]
         for p in pieces[1:]:
             d = re.match(r"^\s*([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", p, re.S)
             if not d:
                 raise RewriteError(f"line {line_of(code, m.start())}: cannot read the __shared__ declarator '{p.strip()}'")
             decls.append((d.group(1), d.group(2)))
-        if m.group(1):
+        if m.group(2):
             if len(decls) != 1 or decls[0][1].strip() != "[]":
                 raise RewriteError(f"line {line_of(code, m.start())}: extern __shared__ takes one array of unknown size")
             new = f"ABLATE_EMU_EXTERN_SHARED({type_text}, {decls[0][0]})"
         else:
-            new = "; ".join(f"ABLATE_EMU_SHARED({type_text}, {n}, {' '.join(dims.split())})" for n, dims in decls)
+            macro = f"ABLATE_EMU_SHARED_ALIGNED({{}}, {{}}, {{}}, {align_to})" if align_to else "ABLATE_EMU_SHARED({}, {}, {})"
+            new = "; ".join(macro.format(type_text, n, " ".join(dims.split())) for n, dims in decls)
         span = text[m.start():semi]
         out.append(text[last:m.start()])
         out.append(new + "\n" * span.count("\n"))

@@ -68,12 +68,71 @@ TEST_CASE("warp shuffles and votes give each lane the documented lane's value") 
 }
 
 TEST_CASE("__syncthreads_count, _and and _or count the block's predicates") {
-  for (int threads : {1, 6, 33, 512}) {
-    const std::vector<int> h = run_ints(3, emu_test::barrier_votes, threads);
-    CHECK(h[0] == threads / 2);
-    CHECK(h[1] == 1);
-    CHECK(h[2] == (threads > 5 ? 1 : 0));
+  emu_test::for_each_schedule([&] {
+    for (int threads : {1, 6, 33, 512}) {
+      const std::vector<int> h = run_ints(3, emu_test::barrier_votes, threads);
+      CHECK(h[0] == threads / 2);
+      CHECK(h[1] == 1);
+      CHECK(h[2] == (threads > 5 ? 1 : 0));
+    }
+  });
+}
+
+TEST_CASE("the schedules change the order in which the threads of a block take their turns") {
+  const int threads = 64;
+  std::vector<std::vector<int>> orders;
+  for (const emu::Schedule& s : {emu::parse_schedule("forward"), emu::parse_schedule("reverse"), emu::parse_schedule("random:1"),
+                                 emu::parse_schedule("random:2")}) {
+    emu::ScopedSchedule scoped(s);
+    cuda::DeviceBuffer<int> out(threads), counter(1);
+    counter.fill_zero();
+    emu_test::arrival_order(out.data(), counter.data(), threads);
+    orders.push_back(emu_test::to_host(out));
   }
+  for (int k = 0; k < threads; ++k) {
+    CHECK(orders[0][std::size_t(k)] == k);
+    CHECK(orders[1][std::size_t(k)] == threads - 1 - k);
+  }
+  CHECK(orders[2] != orders[0]);
+  CHECK(orders[2] != orders[1]);
+  CHECK(orders[2] != orders[3]);  // another seed, another order
+  // The same seed again gives the same order: a failure replays.
+  emu::ScopedSchedule again(emu::parse_schedule("random:1"));
+  cuda::DeviceBuffer<int> out(threads), counter(1);
+  counter.fill_zero();
+  emu_test::arrival_order(out.data(), counter.data(), threads);
+  CHECK(emu_test::to_host(out) == orders[2]);
+}
+
+TEST_CASE("votes, shuffles narrower than a warp, __activemask and float atomics") {
+  emu_test::for_each_schedule([&] {
+    cuda::DeviceBuffer<int> d(160);
+    cuda::DeviceBuffer<float> sum(1);
+    sum.fill_zero();
+    emu_test::warp_votes_and_widths(d.data(), sum.data());
+    const std::vector<int> h = emu_test::to_host(d);
+    for (int l = 0; l < 32; ++l) {
+      CHECK(h[std::size_t(l)] == 1);                              // some lane is 7
+      CHECK(h[std::size_t(32 + l)] == 1);                         // every lane is below 40
+      CHECK(h[std::size_t(64 + l)] == (l ^ 1));                   // within 8-lane segments
+      CHECK(h[std::size_t(96 + l)] == ((l & ~15) + 5) * 3);       // lane 5 of its 16-lane segment
+      CHECK(unsigned(h[std::size_t(128 + l)]) == (1u << l));      // the calling lane only
+    }
+    CHECK(emu_test::to_host(sum)[0] == 16.0f);
+  });
+}
+
+TEST_CASE("a ballot counts the lanes that have not returned, as CUDA's votes do") {
+  emu_test::for_each_schedule([&] {
+    for (int live : {1, 20, 31}) {
+      cuda::DeviceBuffer<unsigned> d(32);
+      emu_test::ballot_after_returns(d.data(), live);
+      const std::vector<unsigned> h = emu_test::to_host(d);
+      unsigned want = 0;
+      for (int l = 1; l < live; l += 2) want |= 1u << l;
+      for (int l = 0; l < live; ++l) CHECK(h[std::size_t(l)] == want);
+    }
+  });
 }
 
 TEST_CASE("dynamic shared memory and 2-D grids") {
@@ -133,6 +192,29 @@ TEST_CASE("threads at different barriers are an error") {
   CHECK(e.find("different barriers") != std::string::npos);
 }
 
+TEST_CASE("a shuffle reading a lane outside its mask, lanes at different collectives, and a lane returning "
+          "while others shuffle with it are errors") {
+  cuda::DeviceBuffer<int> d(32);
+  const std::string outside = error_of([&] { emu_test::shuffle_outside_mask(d.data()); });
+  INFO(outside);
+  CHECK(outside.find("lane 3 of warp 0 reads lane 19") != std::string::npos);
+  CHECK(outside.find("which the mask does not name") != std::string::npos);
+  const std::string mixed = error_of([&] { emu_test::mismatched_collectives(d.data()); });
+  INFO(mixed);
+  CHECK(mixed.find("meet at different collectives") != std::string::npos);
+  const std::string gone = error_of([&] { emu_test::return_during_shuffle(d.data()); });
+  INFO(gone);
+  CHECK((gone.find("returned while lane") != std::string::npos || gone.find("which have returned") != std::string::npos));
+}
+
+TEST_CASE("a block's __shared__ arrays past 48 KiB are an error naming the array") {
+  cuda::DeviceBuffer<int> d(32);
+  const std::string e = error_of([&] { emu_test::too_much_shared(d.data()); });
+  INFO(e);
+  CHECK(e.find("__shared__ 'b'") != std::string::npos);
+  CHECK(e.find("57344 bytes, past the 49152") != std::string::npos);
+}
+
 TEST_CASE("invalid launch configurations are errors naming the configuration") {
   cuda::DeviceBuffer<int> d(32);
   const std::string empty = error_of([&] { emu_test::empty_grid_launch(d.data()); });
@@ -140,6 +222,9 @@ TEST_CASE("invalid launch configurations are errors naming the configuration") {
   CHECK(empty.find("cudaErrorInvalidConfiguration") != std::string::npos);
   const std::string big = error_of([&] { emu_test::oversized_block_launch(d.data()); });
   CHECK(big.find("block (1025,1,1)") != std::string::npos);
+  const std::string tall = error_of([&] { emu_test::grid_y_too_large(d.data()); });
+  CHECK(tall.find("grid (1,65536,1)") != std::string::npos);
+  CHECK(tall.find("a grid past the limits") != std::string::npos);
 }
 
 #ifndef ABLATE_EMU_SANITIZED  // under AddressSanitizer these overruns are its reports (and end the process)

@@ -114,6 +114,7 @@ enum class Collective : int { shfl, shfl_up, shfl_down, shfl_xor, ballot, any, a
 uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value, int arg, int width);
 // Barrier forms: plain (op 0), count (1), and (2), or (3).
 int block_barrier(Where w, int op, int predicate);
+inline int predicate(int p) { return p != 0 ? 1 : 0; }
 
 struct LaunchConfig {
   dim3 grid, block;
@@ -122,7 +123,8 @@ struct LaunchConfig {
 };
 // Runs `body` as every thread of every block of the grid (blocking until done).
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx);
-// The lanes of the calling thread's warp that have not returned.
+// The calling lane alone: the narrowest answer CUDA allows (it promises no convergence), so code
+// that takes __activemask() for "the whole warp" fails here as it may on a GPU.
 unsigned active_mask();
 
 }  // namespace detail
@@ -181,10 +183,14 @@ T shfl_xor_sync(Where w, unsigned mask, T v, int lane_mask, int width = 32) {
   return from_bits<T>(detail::warp_collective(w, detail::Collective::shfl_xor, mask, to_bits(v), lane_mask, width));
 }
 inline unsigned ballot_sync(Where w, unsigned mask, int p) {
-  return unsigned(detail::warp_collective(w, detail::Collective::ballot, mask, p != 0, 0, 32));
+  return unsigned(detail::warp_collective(w, detail::Collective::ballot, mask, detail::predicate(p), 0, 32));
 }
-inline int any_sync(Where w, unsigned mask, int p) { return int(detail::warp_collective(w, detail::Collective::any, mask, p != 0, 0, 32)); }
-inline int all_sync(Where w, unsigned mask, int p) { return int(detail::warp_collective(w, detail::Collective::all, mask, p != 0, 0, 32)); }
+inline int any_sync(Where w, unsigned mask, int p) {
+  return int(detail::warp_collective(w, detail::Collective::any, mask, detail::predicate(p), 0, 32));
+}
+inline int all_sync(Where w, unsigned mask, int p) {
+  return int(detail::warp_collective(w, detail::Collective::all, mask, detail::predicate(p), 0, 32));
+}
 inline void syncwarp(Where w, unsigned mask = 0xffffffffu) { (void)detail::warp_collective(w, detail::Collective::syncwarp, mask, 0, 0, 32); }
 
 }  // namespace ablate::emu
@@ -207,9 +213,10 @@ constexpr int warpSize = 32;
 
 #define ABLATE_EMU_WHERE (::ablate::emu::Where{__FILE__, __LINE__})
 #define __syncthreads() ((void)::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 0, 1))
-#define __syncthreads_count(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 1, (p) ? 1 : 0))
-#define __syncthreads_and(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 2, (p) ? 1 : 0))
-#define __syncthreads_or(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 3, (p) ? 1 : 0))
+// The predicate is CUDA's int parameter: converted to int first (0.5f is 0), then tested.
+#define __syncthreads_count(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 1, ::ablate::emu::detail::predicate(p)))
+#define __syncthreads_and(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 2, ::ablate::emu::detail::predicate(p)))
+#define __syncthreads_or(p) (::ablate::emu::detail::block_barrier(ABLATE_EMU_WHERE, 3, ::ablate::emu::detail::predicate(p)))
 #define __shfl_sync(...) (::ablate::emu::shfl_sync(ABLATE_EMU_WHERE, __VA_ARGS__))
 #define __shfl_up_sync(...) (::ablate::emu::shfl_up_sync(ABLATE_EMU_WHERE, __VA_ARGS__))
 #define __shfl_down_sync(...) (::ablate::emu::shfl_down_sync(ABLATE_EMU_WHERE, __VA_ARGS__))
@@ -226,6 +233,12 @@ constexpr int warpSize = 32;
   using name##_ablate_emu_t = T dims;                                                                  \
   static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{                           \
       #name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t), alignof(name##_ablate_emu_t)};          \
+  name##_ablate_emu_t& name = *static_cast<name##_ablate_emu_t*>(::ablate::emu::detail::shared_memory(name##_ablate_emu_site))
+#define ABLATE_EMU_SHARED_ALIGNED(T, name, dims, alignment)                                           \
+  using name##_ablate_emu_t = T dims;                                                                  \
+  static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{                           \
+      #name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t),                                          \
+      alignof(name##_ablate_emu_t) > (alignment) ? alignof(name##_ablate_emu_t) : (alignment)};        \
   name##_ablate_emu_t& name = *static_cast<name##_ablate_emu_t*>(::ablate::emu::detail::shared_memory(name##_ablate_emu_site))
 #define ABLATE_EMU_EXTERN_SHARED(T, name) \
   T* name = static_cast<T*>(::ablate::emu::detail::dynamic_shared_memory(alignof(T)))
@@ -246,7 +259,7 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __expf(float a) { return std::exp(a); }
 inline float __logf(float a) { return std::log(a); }
 inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }
-inline float __saturatef(float a) { return a < 0.0f ? 0.0f : (a > 1.0f ? 1.0f : a); }
+inline float __saturatef(float a) { return !(a > 0.0f) ? 0.0f : (a > 1.0f ? 1.0f : a); }  // NaN -> 0, as .sat
 inline unsigned __float_as_uint(float x) { return ::ablate::emu::from_bits<unsigned>(::ablate::emu::to_bits(x)); }
 inline int __float_as_int(float x) { return ::ablate::emu::from_bits<int>(::ablate::emu::to_bits(x)); }
 inline float __uint_as_float(unsigned x) { return ::ablate::emu::from_bits<float>(::ablate::emu::to_bits(x)); }
@@ -257,27 +270,52 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
 
-// Atomics: the compiler's atomic builtins, so a thread sanitizer sees them as atomic.
+// Atomics: the compiler's atomic builtins, so a thread sanitizer sees them as atomic; float and
+// double through a compare-and-swap on their bits.
+namespace ablate::emu::detail {
+template <class T>
+using bits_t = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+template <class T, class F>
+T atomic_update(T* p, F f) {  // *p = f(*p) atomically; returns the old value
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics on 4- or 8-byte values");
+  auto* q = reinterpret_cast<bits_t<T>*>(p);
+  bits_t<T> old = __atomic_load_n(q, __ATOMIC_RELAXED);
+  for (;;) {
+    T value;
+    std::memcpy(&value, &old, sizeof(T));
+    const T next = f(value);
+    bits_t<T> next_bits;
+    std::memcpy(&next_bits, &next, sizeof(T));
+    if (__atomic_compare_exchange_n(q, &old, next_bits, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return value;
+  }
+}
+}  // namespace ablate::emu::detail
+
 template <class T>
 inline T atomicAdd(T* p, T v) {
   if constexpr (std::is_integral_v<T>) {
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
   } else {
-    T old = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(p, &old, T(old + v), false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
-    return old;
+    return ::ablate::emu::detail::atomic_update(p, [v](T x) { return T(x + v); });
   }
 }
 template <class T>
-inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+inline T atomicExch(T* p, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+  } else {
+    return ::ablate::emu::detail::atomic_update(p, [v](T) { return v; });
+  }
+}
 template <class T>
 inline T atomicCAS(T* p, T expected, T desired) {
+  static_assert(std::is_integral_v<T>, "atomicCAS takes integers, as in CUDA");
   __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
   return expected;
 }
 template <class T>
 inline T atomicMax(T* p, T v) {
+  static_assert(std::is_integral_v<T>, "atomicMax takes integers, as in CUDA");
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
@@ -285,6 +323,7 @@ inline T atomicMax(T* p, T v) {
 }
 template <class T>
 inline T atomicMin(T* p, T v) {
+  static_assert(std::is_integral_v<T>, "atomicMin takes integers, as in CUDA");
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
