@@ -14,6 +14,7 @@
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/metrics.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -80,16 +81,17 @@ Run load_run(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw_input_error(dir.string(), "not a directory (expected a run directory made by `ablate train`)");
   const fs::path cfg = dir / "config.toml";
   if (!fs::exists(cfg)) throw_input_error(dir.string(), "no config.toml: not a run directory made by `ablate train`");
+  const std::string cfg_text = read_regular_file(cfg, "run config", kMaxRunTomlBytes);
   try {
-    r.config = toml::parse_file(cfg.string());
+    r.config = toml::parse(cfg_text, cfg.string());
   } catch (const toml::parse_error& e) {
     throw_input_error(cfg.string() + ":" + std::to_string(e.source().begin.line), std::string(e.description()));
   }
   auto read = [&](const fs::path& p, json& into) {
     if (!fs::exists(p)) return;
-    std::ifstream in(p);
+    const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
     try {
-      into = json::parse(in);
+      into = json::parse(text);
     } catch (const json::exception& e) {
       throw_input_error(p.string(), std::string("not valid JSON: ") + e.what());
     }
@@ -113,7 +115,7 @@ Run load_run(const fs::path& dir) {
     throw_input_error(m.string(), "missing: the doctor reads the per-step metrics the `jsonl` logger writes (add \"jsonl\" "
                                   "to [logging] sinks)");
   }
-  std::ifstream in(m);
+  std::istringstream in(read_regular_file(m, "metrics log", kMaxLogBytes));
   std::string line;
   int64_t n = 0;
   while (std::getline(in, line)) {

@@ -26,6 +26,7 @@
 
 #include "ablate/atomic_file.hpp"
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/model.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/trainer.hpp"
@@ -42,10 +43,13 @@ using json = nlohmann::json;
 
 namespace {
 
+// A JSON file of a sweep or an arm: nullopt when it is missing or does not parse; a FIFO, device,
+// directory or a file past kMaxJsonBytes there is an input error.
 std::optional<json> read_json_file(const fs::path& p) {
   if (!fs::exists(p)) return std::nullopt;
+  const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
   try {
-    return json::parse(read_text(p));
+    return json::parse(text);
   } catch (const json::exception&) {
     return std::nullopt;
   }
@@ -107,13 +111,13 @@ struct Sweep {
 };
 
 Sweep read_sweep(const fs::path& file) {
+  // Only a regular file (a FIFO would wait forever, /dev/zero never end), a few KB of TOML.
+  const std::string text = read_regular_file(file, "sweep file", kMaxExperimentBytes);
   toml::table root;
   try {
-    root = toml::parse_file(file.string());
+    root = toml::parse(text, file.string());
   } catch (const toml::parse_error& e) {
     throw_input_error(where(file.string(), e.source()), std::string(e.description()));
-  } catch (const std::exception&) {
-    throw_input_error(file.string(), "cannot read the sweep file (does it exist?)");
   }
   const std::string f = file.string();
   Sweep s;
@@ -276,7 +280,15 @@ json arm_overrides_json(const Arm& a) {
 }
 
 std::string last_error_line(const fs::path& log) {
-  std::istringstream in(read_text(log));
+  std::string text;
+  std::error_code ec;
+  if (!fs::exists(log, ec)) return text;
+  try {
+    text = read_regular_file(log, "training log", kMaxLogBytes);
+  } catch (const Error& e) {  // the arm's failure is recorded all the same
+    return std::string("no error line: ") + e.what();
+  }
+  std::istringstream in(text);
   std::string line, last, any;
   while (std::getline(in, line)) {
     if (line.rfind("error: ", 0) == 0) last = line.substr(7);
@@ -401,7 +413,7 @@ int cmd_sweep(const Args& args) {
 
   fs::create_directories(out);
   const DirectoryLock lock(out, "the sweep directory");  // one sweep per directory, for its whole life
-  write_file_atomic(out / "sweep.toml", read_text(s.file));
+  write_file_atomic(out / "sweep.toml", read_regular_file(s.file, "sweep file", kMaxExperimentBytes));
   {
     json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};
     if (!peak_text.empty()) order["peak_tflops_set"] = peak_text;

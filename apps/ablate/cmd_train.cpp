@@ -1,5 +1,8 @@
 // `ablate train | eval | export | sample`: training runs and what is done with their checkpoints.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -10,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
@@ -59,14 +63,28 @@ namespace {
 
 // An llm.c token shard: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens.
 std::vector<int32_t> read_shard(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw_input_error(path.string(), "is not a regular file: expected an llm.c token shard");
-  const uintmax_t size = fs::file_size(path, ec);
-  std::ifstream in(path, std::ios::binary);
-  if (ec || !in) throw_input_error(path.string(), "cannot open the token shard");
+  // Checked before and after the open, which does not block on a FIFO; its size is checked
+  // against its header below.
+  const int fd = open_regular_file(path, "token shard");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uintmax_t size = check_regular_fd(fd, path, "token shard");
+  const auto read_at = [fd](uintmax_t offset, void* into, std::size_t n) {
+    auto* p = static_cast<char*>(into);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, p, n, off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      p += got;
+      offset += uintmax_t(got);
+      n -= std::size_t(got);
+    }
+    return true;
+  };
   int32_t header[256];
-  in.read(reinterpret_cast<char*>(header), sizeof header);
-  if (!in || header[0] != 20240520) {
+  if (!read_at(0, header, sizeof header) || header[0] != 20240520) {
     throw_input_error(path.string(), "not an llm.c token shard (expected a 1024-byte header with magic 20240520)");
   }
   if (header[1] != 1) throw_input_error(path.string(), "shard version " + std::to_string(header[1]) + ", expected 1 (uint16 tokens)");
@@ -80,8 +98,7 @@ std::vector<int32_t> read_shard(const fs::path& path) {
                                          std::to_string(size) + " bytes");
   }
   std::vector<uint16_t> raw(static_cast<std::size_t>(count));
-  in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size() * 2));
-  if (in.gcount() != std::streamsize(raw.size() * 2)) throw_input_error(path.string(), "could not read its tokens");
+  if (!read_at(sizeof header, raw.data(), raw.size() * 2)) throw_input_error(path.string(), "could not read its tokens");
   return {raw.begin(), raw.end()};
 }
 
@@ -237,8 +254,8 @@ static fs::path describe_tokens(const Config& config, Registry& registry, json& 
 // GPT-2's tokenizer as transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the
 // encoder.json and vocab.bpe the shards were made with; <|endoftext|> begins and ends documents.
 static void write_gpt2_tokenizer(const fs::path& from, int64_t max_len, const fs::path& out) {
-  write_file_atomic(out / "vocab.json", read_text(from / "encoder.json"));
-  write_file_atomic(out / "merges.txt", read_text(from / "vocab.bpe"));
+  write_file_atomic(out / "vocab.json", read_regular_file(from / "encoder.json", "GPT-2 tokenizer file", kMaxTokenizerBytes));
+  write_file_atomic(out / "merges.txt", read_regular_file(from / "vocab.bpe", "GPT-2 tokenizer file", kMaxTokenizerBytes));
   const json special = {{"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
   json config = special;
   config["tokenizer_class"] = "GPT2Tokenizer";

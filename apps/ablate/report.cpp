@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/safetensors.hpp"
 
 namespace ablate::cli {
@@ -23,27 +24,17 @@ namespace fs = std::filesystem;
 namespace po = boost::program_options;
 using json = nlohmann::json;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 namespace {
 
-// The run and sweep files ablate writes are a few KB; these bounds stop a damaged or hostile one
-// from costing more than that (a multi-GB read, or nesting deep enough to exhaust the stack of
-// whatever walks it later).
-constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t(16) << 20;
+// The run and sweep files ablate writes are a few KB; these bounds (with kMaxJsonBytes) stop a
+// damaged or hostile one from costing more than that (a multi-GB read, or nesting deep enough to
+// exhaust the stack of whatever walks it later).
 constexpr int kMaxJsonDepth = 32;
 
 json read_json_or(const fs::path& p, json fallback) {
   std::error_code ec;
   if (!fs::exists(p, ec)) return fallback;
-  if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > kMaxJsonBytes) {
-    throw_input_error(p.string(), "is not a regular file of at most 16 MiB: not one ablate wrote");
-  }
+  const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
   bool too_deep = false;
   const auto guard = [&](int depth, json::parse_event_t, json&) {
     if (depth > kMaxJsonDepth) too_deep = true;
@@ -51,7 +42,7 @@ json read_json_or(const fs::path& p, json fallback) {
   };
   json out;
   try {
-    out = json::parse(read_text(p), guard);
+    out = json::parse(text, guard);
   } catch (const json::exception& e) {
     spdlog::warn("{}: not valid JSON ({}); ignored", p.string(), e.what());
     return fallback;
@@ -226,12 +217,14 @@ json toml_value_text(const toml::node& v) {
 }
 
 // The value `key` ("optimizer.name") has in a run's resolved config.toml: what an arm that does
-// not override a factor ran with. null when the file or the key is missing or unreadable.
+// not override a factor ran with. null when the file or the key is missing or the file does not
+// parse; a config.toml that is no regular file, or past kMaxRunTomlBytes, is an input error.
 json resolved_value(const fs::path& config_toml, const std::string& key) {
   std::error_code ec;
-  if (!fs::is_regular_file(config_toml, ec) || fs::file_size(config_toml, ec) > kMaxJsonBytes) return nullptr;
+  if (!fs::exists(config_toml, ec)) return nullptr;
+  const std::string text = read_regular_file(config_toml, "run config", kMaxRunTomlBytes);
   try {
-    const toml::table t = toml::parse(read_text(config_toml), config_toml.string());
+    const toml::table t = toml::parse(text, config_toml.string());
     const toml::node* v = t.at_path(key).node();
     return v ? toml_value_text(*v) : json(nullptr);
   } catch (const toml::parse_error&) {
@@ -350,6 +343,15 @@ void write_sweep_results(const fs::path& sweep_dir) {
   write_file_atomic(sweep_dir / "results.csv", csv.str());
 }
 
+// A run's metrics.jsonl as the plots (Python) read it: a FIFO or device there would hang them, so
+// it is checked here first (a missing one is the plots' business: an arm that never started).
+static std::string metrics_for_plots(const fs::path& run_dir) {
+  const fs::path m = run_dir / "metrics.jsonl";
+  std::error_code ec;
+  if (fs::exists(m, ec)) check_regular_file(m, "metrics log", kMaxLogBytes);
+  return fs::absolute(m).string();
+}
+
 fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   const bool sweep = fs::exists(dir / "arms.json");
   if (!sweep && !fs::exists(dir / "metrics.jsonl")) {
@@ -422,7 +424,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
       }
       spec["runs"].push_back({{"label", r.value("arm", "")},
                               {"group", g},
-                              {"metrics", fs::absolute(run_dir / "metrics.jsonl").string()},
+                              {"metrics", metrics_for_plots(run_dir)},
                               {"factors", factors}});
       if (r["val_loss"].is_number() && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
       if (r["real_tokens_per_s"].is_number() &&
@@ -461,7 +463,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
     spec["runs"].push_back({{"label", name},
                             {"group", name},
-                            {"metrics", fs::absolute(dir / "metrics.jsonl").string()},
+                            {"metrics", metrics_for_plots(dir)},
                             {"factors", json::object()}});
   }
   const std::string whiskers = most_repeats > 1 ? " (bars: median of the repeats; whiskers: their range)" : "";

@@ -14,9 +14,6 @@
 
 namespace ablate::cli {
 
-// A file's bytes ("" when it cannot be read).
-std::string read_text(const std::filesystem::path& path);
-
 // Only `fields` of the JSON object `in` (read from `file`), each of its kind: 'n' a number (or
 // null), 's' a string, 'o' an object of plain values; anything else is an input error naming the
 // file and field. Fields not listed are dropped.

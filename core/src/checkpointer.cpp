@@ -12,6 +12,7 @@
 
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
@@ -29,12 +30,6 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 json cursor_json(const DataCursor& c) {
   json pending = json::array();
@@ -98,7 +93,7 @@ fs::path resolve_checkpoint(const fs::path& path) {
   if (fs::exists(path / "state.json")) return path;
   const fs::path latest = path / "checkpoints" / "latest";
   if (fs::exists(latest)) {
-    std::string name = read_text(latest);
+    std::string name = read_regular_file(latest, "checkpoint pointer", kMaxPointerBytes);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     const fs::path dir = path / "checkpoints" / name;
     if (!fs::exists(dir / "state.json")) throw_input_error(latest.string(), "names '" + name + "', which is not a complete checkpoint");
@@ -111,7 +106,7 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   const fs::path file = dir / "state.json";
   CheckpointState s;
   try {
-    const json j = json::parse(read_text(file));
+    const json j = json::parse(read_regular_file(file, "checkpoint state", kMaxJsonBytes));
     s.step = j.at("step").get<int64_t>();
     s.cursor = cursor_from(j.at("data_cursor"));
     s.seed = j.at("seed").get<uint64_t>();
@@ -159,7 +154,8 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
   lm.state = read_checkpoint_state(lm.dir);
   const fs::path cfg = lm.dir / "config.toml";
   if (!fs::exists(cfg)) throw_input_error(lm.dir.string(), "checkpoint has no config.toml");
-  lm.config = std::make_unique<Config>(Config::parse(read_text(cfg), cfg.string(), {}, registry, lm.dir));
+  const std::string cfg_text = read_regular_file(cfg, "checkpoint config", kMaxRunTomlBytes);
+  lm.config = std::make_unique<Config>(Config::parse(cfg_text, cfg.string(), {}, registry, lm.dir));
   RunContext run;
   run.seed = lm.state.seed;
   run.device = "cpu";
@@ -238,7 +234,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     json cursors = json::array();
     for (int r = 0; r < comm_.world(); ++r) {
       std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
-      cursors.push_back(json::parse(read_text(tmp / cname)));
+      cursors.push_back(json::parse(read_regular_file(tmp / cname, "data cursor", kMaxJsonBytes)));
       fs::remove(tmp / cname);
     }
     json ofiles = json::array();

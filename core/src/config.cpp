@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/version.hpp"
 #include "ablate/registry.hpp"
 
@@ -545,27 +546,12 @@ Config::Config(Config&&) noexcept = default;
 Config& Config::operator=(Config&&) noexcept = default;
 Config::~Config() = default;
 
-// Experiment files are a few KB of TOML; anything past this is not one.
-constexpr std::uintmax_t kMaxExperimentBytes = std::uintmax_t(4) << 20;
-
 Config Config::load(const fs::path& file, const std::vector<std::string>& overrides, Registry& registry) {
   // Only a regular file is read: a directory would read as empty (the all-defaults experiment), a
-  // FIFO would wait forever and a device like /dev/zero would never end.
-  std::error_code ec;
-  const fs::file_status st = fs::status(file, ec);
-  if (ec || !fs::exists(st)) throw_input_error(file.string(), "cannot read the experiment file (does it exist?)");
-  if (!fs::is_regular_file(st)) {
-    throw_input_error(file.string(), std::string("is ") + (fs::is_directory(st) ? "a directory" : "not a regular file") +
-                                         ": an experiment is a TOML file");
-  }
-  if (fs::file_size(file, ec) > kMaxExperimentBytes) {
-    throw_input_error(file.string(), "is larger than 4 MiB: an experiment is a TOML file of a few KB");
-  }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw_input_error(file.string(), "cannot read the experiment file (permissions?)");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse(buf.str(), file.string(), overrides, registry, file.parent_path());
+  // FIFO would wait forever and a device like /dev/zero would never end. Experiment files are a
+  // few KB of TOML.
+  const std::string text = read_regular_file(file, "experiment file", kMaxExperimentBytes);
+  return parse(text, file.string(), overrides, registry, file.parent_path());
 }
 
 Config Config::parse(std::string_view text, const std::string& source_name, const std::vector<std::string>& overrides,

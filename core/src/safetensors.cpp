@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 
 namespace ablate {
 
@@ -84,19 +85,30 @@ void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
 
 SafetensorsFile read_safetensors(const fs::path& path) {
   const std::string where = path.string();
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    throw_input_error(where, fs::exists(path, ec) ? "is not a regular file (a directory?): expected a safetensors file" : "does not exist");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_input_error(where, "cannot open");
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = uint64_t(in.tellg());
-  in.seekg(0);
+  // A regular file of any size (the header is checked against it); the descriptor is checked
+  // again once open, and a FIFO swapped in between does not block the open.
+  const int fd = open_regular_file(path, "safetensors file");
+  const uint64_t file_size = check_regular_fd(fd, path, "safetensors file");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  // n bytes at `offset`: false when the file ends (or fails) first.
+  const auto read_at = [fd](uint64_t offset, void* into, uint64_t n) {
+    auto* p = static_cast<char*>(into);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, p, std::size_t(n), off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      p += got;
+      offset += uint64_t(got);
+      n -= uint64_t(got);
+    }
+    return true;
+  };
   if (file_size < 8) throw_input_error(where, "truncated: " + std::to_string(file_size) + " bytes, no header length");
   unsigned char len_bytes[8];
-  in.read(reinterpret_cast<char*>(len_bytes), 8);
-  if (!in) throw_input_error(where, "could not read the header length");
+  if (!read_at(0, len_bytes, 8)) throw_input_error(where, "could not read the header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
   if (header_len > file_size - 8) {
@@ -104,8 +116,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
                                  std::to_string(file_size) + " bytes");
   }
   std::string json(header_len, '\0');
-  in.read(json.data(), std::streamsize(header_len));
-  if (!in) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
+  if (!read_at(8, json.data(), header_len)) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
   nlohmann::json header;
   // JSON lets a key repeat (the parser keeps the last); two tensors of one name are refused.
   std::set<std::string> names;
@@ -176,9 +187,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   for (Entry& e : entries) {
     e.tensor.bytes.resize(e.end - e.begin);
-    in.seekg(std::streamoff(data_start + e.begin));
-    in.read(reinterpret_cast<char*>(e.tensor.bytes.data()), std::streamsize(e.tensor.bytes.size()));
-    if (!in) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
+    if (!read_at(data_start + e.begin, e.tensor.bytes.data(), e.tensor.bytes.size())) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
     out.tensors.push_back(std::move(e.tensor));
   }
   return out;

@@ -23,6 +23,7 @@
 #include "ablate/config.hpp"
 #include "ablate/engine.hpp"
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/launch_env.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
@@ -109,11 +110,12 @@ void prepare_run_dir(const TrainOptions& options, Communicator& comm, int64_t st
   const bool has_checkpoint = fs::exists(dir / "checkpoints" / "latest");
   // A finished run stays as it is: resuming it would rewrite its summary with an empty one.
   if (options.resume && fs::exists(dir / "summary.json")) {
+    // A FIFO, device or directory there is refused (exit 2); a damaged regular file is not.
+    const std::string text = read_regular_file(dir / "summary.json", "run summary", kMaxJsonBytes);
     json summary;
     try {
-      std::ifstream in(dir / "summary.json");
-      summary = json::parse(in);
-    } catch (const std::exception&) {
+      summary = json::parse(text);
+    } catch (const json::exception&) {
       summary = json();  // unreadable: the checkpoint decides, as for a killed run
     }
     if (summary.is_object() && summary.value("status", "") == "completed" && summary.value("steps", int64_t(0)) >= steps) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 
 namespace ablate::loggers {
 
@@ -24,11 +25,11 @@ void ensure_directory(const fs::path& dir) {
 
 std::vector<std::string> read_complete_lines(const fs::path& file) {
   std::vector<std::string> lines;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return lines;
-  std::ostringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(file, ec))) return lines;
+  // Not a regular file, too large or unreadable: an input error, before the caller rewrites the
+  // file with what it kept (which would lose the saved lines).
+  const std::string s = read_regular_file(file, "metrics log", kMaxLogBytes);
   std::size_t begin = 0;
   for (std::size_t end = s.find('\n'); end != std::string::npos; end = s.find('\n', begin)) {
     lines.push_back(s.substr(begin, end - begin));

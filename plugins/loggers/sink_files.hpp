@@ -28,7 +28,8 @@ std::string key_path(const Params& own, std::string_view key);
 void ensure_directory(const fs::path& dir);
 
 // The lines of `file` that end in '\n' (without it); a last line without one was cut short by a
-// crash and is left out. A missing file has no lines.
+// crash and is left out. A missing file has no lines; one that is not a regular file of at most
+// kMaxLogBytes (ablate/file_check.hpp) is an input error.
 std::vector<std::string> read_complete_lines(const fs::path& file);
 
 // Rewriting a file: core's write_file_atomic (ablate/atomic_file.hpp).

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 
 namespace ablate::token_shards {
 
@@ -17,20 +18,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t(64) << 20;  // GPT-2's files are 1-2 MB
 
 bool prints(int32_t b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); }
 
-std::string read_bounded(const fs::path& p) {
-  std::error_code ec;
-  if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > kMaxFileBytes) {
-    throw_input_error(p.string(), "is not a regular file of at most 64 MiB: not a GPT-2 tokenizer file");
-  }
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// GPT-2's files are 1-2 MB; a FIFO, a device or a file past kMaxTokenizerBytes is refused.
+std::string read_bounded(const fs::path& p) { return read_regular_file(p, "GPT-2 tokenizer file", kMaxTokenizerBytes); }
 
 struct CodePoint {
   uint32_t cp;
@@ -107,7 +99,10 @@ int32_t gpt2_byte_of(uint32_t code_point) {
 
 bool Gpt2Vocab::present(const fs::path& dir) {
   std::error_code ec;
-  return fs::is_regular_file(dir / "encoder.json", ec) || fs::is_regular_file(dir / "gpt2.tiktoken", ec);
+  // Anything by these names counts (a symlink to nothing too): load() then refuses what is not a
+  // regular file, rather than the tokenizer silently going missing.
+  const auto there = [&](const char* name) { return fs::exists(fs::symlink_status(dir / name, ec)); };
+  return there("encoder.json") || there("gpt2.tiktoken");
 }
 
 Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
@@ -125,7 +120,7 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
     ++v.count_;
   };
   std::error_code ec;
-  if (fs::is_regular_file(dir / "encoder.json", ec)) {
+  if (fs::exists(fs::symlink_status(dir / "encoder.json", ec))) {
     v.file_ = dir / "encoder.json";
     nlohmann::json j;
     try {
@@ -148,7 +143,7 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
       }
       put(where, id.get<int64_t>(), std::move(bytes));
     }
-  } else if (fs::is_regular_file(dir / "gpt2.tiktoken", ec)) {
+  } else if (fs::exists(fs::symlink_status(dir / "gpt2.tiktoken", ec))) {
     v.file_ = dir / "gpt2.tiktoken";
     std::istringstream in(read_bounded(v.file_));
     std::string line;

@@ -22,9 +22,9 @@ class Gpt2Vocab {
  public:
   // Reads `dir`/encoder.json or else `dir`/gpt2.tiktoken; throws an input error naming the file
   // and line/entry on anything malformed (a token string that is not byte-level, an id repeated or
-  // outside 0..vocab_size-1).
+  // outside 0..vocab_size-1), and on a file that is not a regular one of at most 64 MiB.
   static Gpt2Vocab load(const std::filesystem::path& dir, int32_t vocab_size);
-  // Whether `dir` holds one of the two files.
+  // Whether `dir` holds something by one of the two names (load() checks that it is a file).
   static bool present(const std::filesystem::path& dir);
 
   // The text of `tokens` (their bytes concatenated; ids without an entry, like an end-of-text id the

@@ -224,3 +224,78 @@ TEST_CASE("a resolved config writes the chosen implementations' sections and tho
   CHECK(contains(given.output, "[run.mpi]"));
   CHECK(contains(given.output, "timeout_s = 60"));
 }
+
+TEST_CASE("a FIFO, a directory or a symlink to /dev/zero in place of any file ablate reads: exit 2 naming it, at once") {
+  // One real run gives the files (config.toml, run.json, summary.json, metrics.jsonl, a
+  // checkpoint); each case puts something that is not a regular file in place of one of them in a
+  // copy, and runs the command that reads it. `timeout` turns a hang into exit 124.
+  ablate::test::TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const auto trained = ablate::test::run_command(std::string(ABLATE_BINARY) + " train " + kQuickstart +
+                                                 " --set run.steps=2 --run-dir " + run.string());
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  // A token shard with GPT-2 tokenizer files beside it, and an experiment that reads them.
+  fs::create_directories(tmp.path() / "data" / "tokenizer");
+  {
+    int32_t header[256] = {20240520, 1, 8};
+    const uint16_t tokens[8] = {1, 2, 3, 50256, 4, 5, 6, 50256};
+    std::ofstream shard(tmp.path() / "data" / "shard.bin", std::ios::binary);
+    shard.write(reinterpret_cast<const char*>(header), sizeof header);
+    shard.write(reinterpret_cast<const char*>(tokens), sizeof tokens);
+  }
+  tmp.write("data/tokenizer/encoder.json", "{\"!\": 0}");
+  tmp.write("sweep.toml", "base = \"" + kQuickstart + "\"\n[sweep]\nname = \"s\"\n[sweep.grid]\n\"run.seed\" = [1, 2]\n");
+
+  struct Case {
+    std::string file;     // relative to the case's copy
+    std::string command;  // DIR stands for the copy
+  };
+  const std::string ckpt = "run/checkpoints/step_00000002/";
+  const std::string eval = "eval --checkpoint DIR/run --tokens DIR/data/shard.bin";
+  const std::string resume = "train DIR/run/config.toml --run-dir DIR/run --resume --set run.steps=4";
+  const std::vector<Case> cases = {
+      {"sweep.toml", "config show DIR/sweep.toml"},  // as an experiment file
+      {"sweep.toml", "sweep DIR/sweep.toml --out DIR/sweep --dry-run"},
+      {ckpt + "state.json", eval},
+      {ckpt + "config.toml", eval},
+      {ckpt + "model.safetensors", eval},
+      {"run/checkpoints/latest", eval},
+      {"data/shard.bin", eval},
+      {"data/tokenizer/encoder.json", "data analyze DIR/tokens.toml"},
+      {"run/config.toml", "doctor DIR/run"},
+      {"run/run.json", "doctor DIR/run"},
+      {"run/summary.json", "doctor DIR/run"},
+      {"run/metrics.jsonl", "doctor DIR/run"},
+      {"run/summary.json", "report DIR/run"},
+      {"run/metrics.jsonl", "report DIR/run"},
+      {"run/summary.json", resume},
+      {"run/metrics.jsonl", resume},  // read back to drop what came after the checkpoint
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    for (const std::string bad : {"fifo", "directory", "/dev/zero"}) {
+      const fs::path dir = tmp.path() / ("case" + std::to_string(n++));
+      fs::create_directories(dir);
+      for (const char* part : {"run", "data", "sweep.toml"}) fs::copy(tmp.path() / part, dir / part, fs::copy_options::recursive);
+      std::ofstream(dir / "tokens.toml") << "[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\""
+                                         << (dir / "data" / "shard.bin").string() << "\"]\n";
+      const fs::path file = dir / c.file;
+      if (c.file == "run/metrics.jsonl" && c.command == resume) fs::remove(dir / "run" / "summary.json");  // not finished
+      fs::remove(file);
+      if (bad == "fifo") REQUIRE(ablate::test::run_command("mkfifo " + file.string()).exit_code == 0);
+      if (bad == "directory") fs::create_directory(file);
+      if (bad == "/dev/zero") fs::create_symlink("/dev/zero", file);
+      std::string command = c.command;
+      for (std::size_t at; (at = command.find("DIR")) != std::string::npos;) command.replace(at, 3, dir.string());
+      INFO(bad << " as " << c.file << ": ablate " << command);
+      const auto r = ablate::test::run_command("timeout 20 " + std::string(ABLATE_BINARY) + " " + command);
+      INFO(r.output);
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, file.string()));
+      CHECK(contains(r.output, "not a regular file"));
+    }
+  }
+  // What the run saved is untouched by the refused resumes.
+  CHECK(fs::is_regular_file(run / "checkpoints" / "step_00000002" / "model.safetensors"));
+}

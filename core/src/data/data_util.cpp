@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 
 namespace ablate {
 
@@ -39,8 +40,11 @@ std::vector<fs::path> expand_paths(const std::vector<std::string>& patterns, con
     std::vector<std::string> matched;
     if (!has_glob_characters(pattern)) {
       std::error_code ec;
-      if (!fs::is_regular_file(pattern, ec)) {
-        throw_input_error(pattern, prefixed(where, fs::exists(pattern, ec) ? "not a regular file" : "no such file"));
+      if (!fs::exists(pattern, ec)) throw_input_error(pattern, prefixed(where, "no such file"));
+      try {
+        check_regular_file(pattern, "data file");
+      } catch (const Error& e) {  // reworded as "PATH: WHERE: is a FIFO, not a regular file: ..."
+        throw_input_error(pattern, prefixed(where, std::string(e.what()).substr(e.where().size() + 2)));
       }
       matched.push_back(pattern);
     } else {
@@ -65,15 +69,15 @@ std::vector<fs::path> expand_paths(const std::vector<std::string>& patterns, con
 }
 
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_input_error(path.string(), std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  // Checked before and after the open (which does not block on a FIFO): only a regular file is
+  // mapped; a data file's size is its own business (it is paged in on demand).
+  const int fd = open_regular_file(path, "data file");
+  try {
+    size_ = std::size_t(check_regular_fd(fd, path, "data file"));
+  } catch (...) {
     ::close(fd);
-    throw_input_error(path.string(), std::string("cannot stat: ") + std::strerror(err));
+    throw;
   }
-  size_ = std::size_t(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -1,0 +1,137 @@
+// Regular-file checks and bounded reads (see file_check.hpp).
+#include "ablate/file_check.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ablate/error.hpp"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string with_article(std::string_view kind) {
+  const bool vowel = !kind.empty() && std::string_view("aeiouAEIOU").find(kind.front()) != std::string_view::npos;
+  return (vowel ? "an " : "a ") + std::string(kind);
+}
+
+const char* type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string bytes_text(std::uintmax_t n) {
+  if (n >= (std::uintmax_t(1) << 30) && n % (std::uintmax_t(1) << 30) == 0) return std::to_string(n >> 30) + " GiB";
+  if (n >= (std::uintmax_t(1) << 20) && n % (std::uintmax_t(1) << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= (std::uintmax_t(1) << 10) && n % (std::uintmax_t(1) << 10) == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " bytes";
+}
+
+// What a symlink named by `path` points to, for the message ("" when `path` is no symlink).
+std::string link_note(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return "";
+  const fs::path target = fs::read_symlink(path, ec);
+  return ec ? std::string("a symlink to ") : "a symlink to " + target.string() + ", ";
+}
+
+std::uintmax_t check_stat(const struct stat& st, const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  if (!S_ISREG(st.st_mode)) {
+    const std::string what = type_name(st.st_mode);
+    const std::string text = what == "not a regular file" ? what : what + ", not a regular file";
+    throw_input_error(path.string(), "is " + link_note(path) + text + ": expected " + with_article(kind));
+  }
+  const auto size = std::uintmax_t(st.st_size);
+  if (size > max_bytes) {
+    throw_input_error(path.string(), "is " + std::to_string(size) + " bytes, more than the " + bytes_text(max_bytes) + " " +
+                                         with_article(kind) + " may be");
+  }
+  return size;
+}
+
+}  // namespace
+
+std::uintmax_t check_regular_file(const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      std::error_code ec;
+      const bool dangling = fs::is_symlink(fs::symlink_status(path, ec));
+      throw_input_error(path.string(), std::string(dangling ? "is a symlink to nothing (" + fs::read_symlink(path, ec).string() + ")"
+                                                            : "does not exist") +
+                                           ": expected " + with_article(kind));
+    }
+    throw_input_error(path.string(), "cannot read " + with_article(kind) + ": " + std::strerror(err));
+  }
+  return check_stat(st, path, kind, max_bytes);
+}
+
+std::uintmax_t check_regular_fd(int fd, const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_input_error(path.string(), std::string("cannot stat: ") + std::strerror(errno));
+  return check_stat(st, path, kind, max_bytes);
+}
+
+int open_regular_file(const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  check_regular_file(path, kind, max_bytes);
+  // O_NONBLOCK: should the path have become a FIFO since the check, open() returns at once and the
+  // descriptor check refuses it. A regular file ignores the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw_input_error(path.string(), "cannot open " + with_article(kind) + ": " + std::strerror(errno));
+  try {
+    check_regular_fd(fd, path, kind, max_bytes);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
+std::string read_regular_file(const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  const int fd = open_regular_file(path, kind, max_bytes);
+  std::string out;
+  try {
+    out.resize(std::size_t(check_regular_fd(fd, path, kind, max_bytes)));
+    std::size_t done = 0;
+    for (;;) {
+      if (done == out.size()) {
+        // Read past the size fstat gave: a file that grew is read to its end, up to the cap.
+        if (out.size() > max_bytes) {
+          throw_input_error(path.string(), "grew past " + bytes_text(max_bytes) + " while it was read: " +
+                                               with_article(kind) + " is at most that");
+        }
+        out.resize(out.size() + 4096);
+      }
+      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw_input_error(path.string(), "cannot read " + with_article(kind) + ": " + std::strerror(errno));
+      }
+      if (n == 0) break;
+      done += std::size_t(n);
+    }
+    out.resize(done);
+    if (done > max_bytes) {
+      throw_input_error(path.string(), "grew past " + bytes_text(max_bytes) + " while it was read: " + with_article(kind) +
+                                           " is at most that");
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace ablate
