@@ -14,6 +14,7 @@
 #include "ablate/error.hpp"
 #include "ablate/pipeline.hpp"
 #include "ablate/registry.hpp"
+#include "ablate/trainer.hpp"
 #include "commands.hpp"
 
 namespace ablate::cli {
@@ -99,7 +100,7 @@ int data_analyze(const Args& args) {
   po::positional_options_description pos;
   add_experiment_options(desc, pos);
   desc.add_options()(
-      "documents", po::value<uint64_t>()->default_value(20000), "analyze at most this many documents (in the sampler's order)")(
+      "documents", int_option("documents", 1, 1000000000000)->default_value(20000), "analyze at most this many documents (in the sampler's order)")(
       "json", po::bool_switch(), "print one JSON object instead of tables");
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]")) {
@@ -107,12 +108,13 @@ int data_analyze(const Args& args) {
   }
   Registry registry;
   const Config cfg = load_experiment(vm, registry);
+  require_batch_memory(cfg, 1, "the batcher being simulated");
   RunContext run;
   run.seed = uint64_t(cfg.section("run").get_int("seed"));
   const auto source = make_data_source(cfg, registry, run);
   const uint64_t available = source->size(Split::train);
   if (available == 0) throw_input_error(source->describe(), "the train split has no documents");
-  const uint64_t wanted = std::min<uint64_t>(available, std::max<uint64_t>(1, vm["documents"].as<uint64_t>()));
+  const uint64_t wanted = std::min<uint64_t>(available, uint64_t(vm["documents"].as<int64_t>()));
 
   auto sampler = make_sampler(cfg, registry, run);
   sampler->reset(available, run.seed, 0, 1);

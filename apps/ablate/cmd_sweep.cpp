@@ -332,7 +332,7 @@ int cmd_sweep(const Args& args) {
   po::positional_options_description pos;
   desc.add_options()("sweep", po::value<std::string>()->required(), "sweep file (TOML)")(
       "out", po::value<std::string>(), "sweep directory (default: sweeps/<sweep.name>)")(
-      "parallel", po::value<int>()->default_value(1), "arms trained at once")(
+      "parallel", int_option("parallel", 1, 64)->default_value(1), "arms trained at once")(
       "dry-run", "list the arms and their overrides, validate them, and stop");
   add_report_options(desc);
   pos.add("sweep", 1);
@@ -342,8 +342,7 @@ int cmd_sweep(const Args& args) {
                     "[--style-by FACTOR]")) {
     return 0;
   }
-  const int parallel = vm["parallel"].as<int>();
-  if (parallel < 1 || parallel > 64) throw_input_error("--parallel", "expected an integer in [1, 64]");
+  const int parallel = int(vm["parallel"].as<int64_t>());
   const Sweep s = read_sweep(vm["sweep"].as<std::string>());
   // The report's options are checked against the sweep's axes now, not after the arms have run.
   const ReportOptions report = report_options(vm);

@@ -32,7 +32,7 @@ int cmd_train(const Args& args) {
   desc.add_options()("run-dir", po::value<std::string>(), "run directory (default: runs/<config name>)")(
       "resume", po::value<std::string>()->implicit_value(""),
       "continue from the latest checkpoint of the run directory (or of DIR)")(
-      "stop-at", po::value<int64_t>(), "checkpoint and stop after this step (a planned interruption; --resume continues)");
+      "stop-at", int_option("stop-at", 1, 1000000000000), "checkpoint and stop after this step (a planned interruption; --resume continues)");
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]")) return 0;
   Registry registry;
@@ -53,7 +53,6 @@ int cmd_train(const Args& args) {
   }
   if (vm.count("stop-at")) {
     options.stop_at = vm["stop-at"].as<int64_t>();
-    if (options.stop_at < 1) throw_input_error("--stop-at", "must be a step >= 1");
   }
   train(config, registry, options);
   return 0;
@@ -126,13 +125,14 @@ int cmd_eval(const Args& args) {
   po::options_description desc("ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]");
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
       "tokens", po::value<std::string>()->required(), "llm.c-format token shard")(
-      "seq-len", po::value<int64_t>(), "window length T (default: the run's batching.seq_len)")(
-      "batch", po::value<int64_t>()->default_value(8), "windows per forward pass")("json", "print JSON");
+      "seq-len", int_option("seq-len", 1, 16777216), "window length T (default: the run's batching.seq_len)")(
+      "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")("json", "print JSON")(
+      "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]")) return 0;
   Registry registry;
   registry.load_directories(Registry::default_search_path());
-  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
   const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.config->section("batching").get_int("seq_len");
   if (T < 1 || T > lm.model->options().max_seq_len) {
     throw_input_error("--seq-len", std::to_string(T) + " is outside 1.." + std::to_string(lm.model->options().max_seq_len));
@@ -149,7 +149,7 @@ int cmd_eval(const Args& args) {
     throw_input_error(vm["tokens"].as<std::string>(), "holds " + std::to_string(tokens.size()) + " tokens, fewer than one window of " +
                                                           std::to_string(T + 1));
   }
-  const int64_t per = std::max<int64_t>(1, vm["batch"].as<int64_t>());
+  const int64_t per = vm["batch"].as<int64_t>();
   double sum = 0;
   int64_t count = 0;
   for (int64_t w = 0; w < windows; w += per) {
@@ -382,20 +382,19 @@ int cmd_sample(const Args& args) {
   po::options_description desc("ablate sample --checkpoint DIR --prompt TEXT [--tokens N] [--top-k K] [--temperature X]");
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
       "prompt", po::value<std::string>()->default_value(""), "text in the data source's text form (empty: start a document)")(
-      "tokens", po::value<int64_t>()->default_value(64), "tokens to generate")(
-      "top-k", po::value<int64_t>()->default_value(0), "sample among the K most likely tokens (0 = all)")(
-      "temperature", po::value<double>()->default_value(1.0), "softmax temperature (0 = greedy)")(
-      "seed", po::value<uint64_t>()->default_value(0), "sampling seed")("stop-at-eot", po::value<bool>()->default_value(true),
-                                                                         "stop at the end-of-document token");
+      "tokens", int_option("tokens", 0, 16777216)->default_value(64), "tokens to generate")(
+      "top-k", int_option("top-k", 0, 2147483647)->default_value(0), "sample among the K most likely tokens (0 = all)")(
+      "temperature", float_option("temperature", 0.0, 1e6)->default_value(1.0), "softmax temperature (0 = greedy)")(
+      "seed", int_option("seed", 0, INT64_MAX)->default_value(0), "sampling seed")("stop-at-eot", po::value<bool>()->default_value(true),
+                                                                         "stop at the end-of-document token")(
+      "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, "ablate sample --checkpoint DIR --prompt TEXT [--tokens N] [--top-k K] [--temperature X]"))
     return 0;
   const double temperature = vm["temperature"].as<double>();
-  if (temperature < 0) throw_input_error("--temperature", "must be >= 0");
-  if (vm["tokens"].as<int64_t>() < 0) throw_input_error("--tokens", "must be >= 0");
   Registry registry;
   registry.load_directories(Registry::default_search_path());
-  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
   RunContext run;
   auto source = make_data_source(*lm.config, registry, run);
   std::vector<int32_t> ctx = source->encode(vm["prompt"].as<std::string>());
@@ -404,7 +403,7 @@ int cmd_sample(const Args& args) {
   if (ctx.empty()) throw_input_error("--prompt", "is empty and the data source has no end-of-document token to start from");
   const std::size_t prompt_len = ctx.size();
   const ModelOptions& o = lm.model->options();
-  std::mt19937_64 rng(vm["seed"].as<uint64_t>());
+  std::mt19937_64 rng(uint64_t(vm["seed"].as<int64_t>()));
   std::vector<float> logits;
   const int64_t k = vm["top-k"].as<int64_t>();
   for (int64_t n = 0; n < vm["tokens"].as<int64_t>(); ++n) {

@@ -53,8 +53,8 @@ int tune_batch_size(const Args& args) {
   po::options_description desc("ablate tune batch-size CONFIG [--set k=v ...]");
   po::positional_options_description pos;
   add_experiment_options(desc, pos);
-  desc.add_options()("max-batch", po::value<int64_t>()->default_value(64), "largest micro-batch tried")(
-      "steps", po::value<int64_t>()->default_value(3), "steps timed at each size (after one warm-up step)")(
+  desc.add_options()("max-batch", int_option("max-batch", 1, 1048576)->default_value(64), "largest micro-batch tried")(
+      "steps", int_option("steps", 1, 1000000)->default_value(3), "steps timed at each size (after one warm-up step)")(
       "plan-only", "no training steps: the sizes that fit by the memory plan alone, the largest recommended")(
       "json", "print the trials and the recommendation as JSON");
   po::variables_map vm;
@@ -65,8 +65,6 @@ int tune_batch_size(const Args& args) {
   const int64_t max_batch = vm["max-batch"].as<int64_t>();
   const int64_t timed = vm["steps"].as<int64_t>();
   const bool plan_only = vm.count("plan-only") > 0;
-  if (max_batch < 1) throw_input_error("--max-batch", "must be >= 1");
-  if (timed < 1) throw_input_error("--steps", "must be >= 1");
   Registry registry;
   const Config config = load_experiment(vm, registry);
   const Params run_p = config.section("run");

@@ -32,6 +32,14 @@ namespace po = boost::program_options;
 bool parse_or_help(const Args& args, const po::options_description& desc, const po::positional_options_description& pos,
                    po::variables_map& vm, const std::string& usage);
 
+// Every number a command takes is declared through these: the option's range is shown in --help
+// and checked when the command line is parsed (po::notify, before the command reads or allocates
+// anything): a value outside [lo, hi] (or [lo, hi) with below_hi), or not finite, is an input
+// error (exit 2) naming --NAME and the range. Negative text for an integer is refused, never
+// wrapped. Declare with e.g. ("batch", int_option("batch", 1, 65536)->default_value(8), "...").
+po::typed_value<int64_t>* int_option(const std::string& name, int64_t lo, int64_t hi);
+po::typed_value<double>* float_option(const std::string& name, double lo, double hi, bool below_hi = false);
+
 // The options every command that reads an experiment takes: CONFIG (positional) and --set.
 void add_experiment_options(po::options_description& desc, po::positional_options_description& pos);
 // Loads the default plugin search path into `registry`, then the experiment those options name.

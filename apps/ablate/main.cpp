@@ -1,5 +1,6 @@
 // `ablate`: the command-line program. Dispatches subcommands and is the only place errors become
 // exit codes: 0 success, 2 bad input / usage / config, 1 runtime failure.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,38 @@ bool parse_or_help(const Args& args, const po::options_description& desc, const 
   }
   po::notify(vm);
   return false;
+}
+
+namespace {
+
+std::string number_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string range_text(double lo, double hi, bool below_hi) {
+  return "[" + number_text(lo) + ", " + number_text(hi) + (below_hi ? ")" : "]");
+}
+
+}  // namespace
+
+po::typed_value<int64_t>* int_option(const std::string& name, int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return po::value<int64_t>()->value_name("N in " + range)->notifier([name, lo, hi, range](int64_t v) {
+    if (v < lo || v > hi) {
+      throw_input_error("--" + name, std::to_string(v) + " is out of range: expected an integer in " + range);
+    }
+  });
+}
+
+po::typed_value<double>* float_option(const std::string& name, double lo, double hi, bool below_hi) {
+  const std::string range = range_text(lo, hi, below_hi);
+  return po::value<double>()->value_name("X in " + range)->notifier([name, lo, hi, below_hi, range](double v) {
+    if (!std::isfinite(v) || v < lo || v > hi || (below_hi && v >= hi)) {
+      throw_input_error("--" + name, number_text(v) + " is out of range: expected a finite number in " + range);
+    }
+  });
 }
 
 void add_experiment_options(po::options_description& desc, po::positional_options_description& pos) {

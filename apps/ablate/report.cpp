@@ -1,6 +1,7 @@
 // Results tables and reports (see report.hpp). The tables are written here; the plots are drawn
 // by matplotlib in ablate_plots.py from a small JSON description of what to draw.
 #include "report.hpp"
+#include "commands.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -256,7 +257,7 @@ std::string resolve_factor(const char* option, const std::string& name, const st
 }  // namespace
 
 void add_report_options(po::options_description& desc) {
-  desc.add_options()("smooth", po::value<double>()->default_value(0.0, "0"),
+  desc.add_options()("smooth", float_option("smooth", 0.0, 1.0, true)->default_value(0.0, "0"),
                      "smooth the training-loss curves with an exponential moving average of this weight, in [0, 1) "
                      "(0.9: strong; the raw curve stays faint behind)")(
       "log-y", po::bool_switch(), "loss on a log scale")(

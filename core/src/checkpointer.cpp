@@ -3,6 +3,8 @@
 #include "checkpointer.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -37,11 +39,115 @@ json cursor_json(const DataCursor& c) {
   return {{"draw", c.draw}, {"pending", pending}};
 }
 
-DataCursor cursor_from(const json& j) {
+// A state.json field that must be a whole number in [lo, hi]: an input error naming the file, the
+// field and what it holds otherwise (a string, a float, a negative seed read as a huge one).
+template <class T>
+T whole_field(const json& j, const std::string& field, const fs::path& file, T lo, T hi) {
+  const auto refuse = [&](const std::string& held) -> T {
+    throw_input_error(file.string(), "not a valid checkpoint state: '" + field + "' is " + held +
+                                         ", expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
+  };
+  if (!j.is_number_integer()) return refuse(j.dump());
+  if (j.is_number_unsigned()) {
+    const uint64_t v = j.get<uint64_t>();
+    if (v > uint64_t(hi) || (lo > T(0) && v < uint64_t(lo))) return refuse(j.dump());
+    return T(v);
+  }
+  const int64_t v = j.get<int64_t>();
+  if (v < 0 && std::is_unsigned_v<T>) return refuse(j.dump());
+  if ((!std::is_unsigned_v<T> && (v < int64_t(lo) || v > int64_t(hi))) || (std::is_unsigned_v<T> && uint64_t(v) > uint64_t(hi))) {
+    return refuse(j.dump());
+  }
+  return T(v);
+}
+
+template <class T>
+T whole_field(const json& j, const char* key, const std::string& prefix, const fs::path& file, T lo, T hi) {
+  if (!j.is_object() || !j.contains(key)) {
+    throw_input_error(file.string(), "not a valid checkpoint state: no '" + prefix + key + "'");
+  }
+  return whole_field<T>(j.at(key), prefix + key, file, lo, hi);
+}
+
+DataCursor cursor_from(const json& j, const std::string& name, const fs::path& file) {
   DataCursor c;
-  c.draw = j.at("draw").get<uint64_t>();
-  for (const json& p : j.at("pending")) c.pending.push_back({p.at(0).get<uint64_t>(), p.at(1).get<int32_t>(), p.at(2).get<int32_t>()});
+  c.draw = whole_field<uint64_t>(j, "draw", name + ".", file, 0, UINT64_MAX);
+  if (!j.contains("pending") || !j.at("pending").is_array()) {
+    throw_input_error(file.string(), "not a valid checkpoint state: '" + name + ".pending' is not an array");
+  }
+  const json& pending = j.at("pending");
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    const std::string at = name + ".pending[" + std::to_string(i) + "]";
+    const json& p = pending[i];
+    if (!p.is_array() || p.size() != 3) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + p.dump() +
+                                           ", expected [document, begin, end]");
+    }
+    PendingPiece piece;
+    piece.document = whole_field<uint64_t>(p[0], at + "[0] (document)", file, 0, UINT64_MAX);
+    piece.begin = whole_field<int32_t>(p[1], at + "[1] (begin)", file, 0, INT32_MAX);
+    piece.end = whole_field<int32_t>(p[2], at + "[2] (end)", file, 1, INT32_MAX);
+    if (piece.end <= piece.begin) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + p.dump() + ", an empty piece");
+    }
+    c.pending.push_back(piece);
+  }
   return c;
+}
+
+// The first value of a floating-point tensor that is a NaN or an infinity: its flat index, -1 when
+// every value is finite (and for integer tensors).
+int64_t first_nonfinite(const NamedTensor& t, double& value) {
+  const std::size_t n = t.bytes.size();
+  const unsigned char* b = t.bytes.data();
+  switch (t.dtype) {
+    case DType::f32:
+      for (std::size_t i = 0; i + 4 <= n; i += 4) {
+        float v;
+        std::memcpy(&v, b + i, 4);
+        if (!std::isfinite(v)) return value = v, int64_t(i / 4);
+      }
+      return -1;
+    case DType::f64:
+      for (std::size_t i = 0; i + 8 <= n; i += 8) {
+        double v;
+        std::memcpy(&v, b + i, 8);
+        if (!std::isfinite(v)) return value = v, int64_t(i / 8);
+      }
+      return -1;
+    case DType::bf16:
+    case DType::f16: {
+      const uint16_t exponent = t.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
+      const uint16_t mantissa = t.dtype == DType::bf16 ? 0x007f : 0x03ff;
+      for (std::size_t i = 0; i + 2 <= n; i += 2) {
+        uint16_t v;
+        std::memcpy(&v, b + i, 2);
+        if ((v & exponent) == exponent) {
+          value = (v & mantissa) != 0 ? std::nan("") : ((v & 0x8000) != 0 ? -INFINITY : INFINITY);
+          return int64_t(i / 2);
+        }
+      }
+      return -1;
+    }
+    default: return -1;
+  }
+}
+
+// Refuses (or, with `allow`, warns about) the first tensor of `file` holding a NaN or an infinity.
+void require_finite(const fs::path& file, const std::vector<NamedTensor>& tensors, bool allow) {
+  for (const NamedTensor& t : tensors) {
+    double value = 0;
+    const int64_t at = first_nonfinite(t, value);
+    if (at < 0) continue;
+    const std::string what = "tensor '" + t.name + "' holds " + (std::isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf") +
+                             " at index " + std::to_string(at) + ", expected finite values";
+    if (allow) {
+      spdlog::warn("{}: {} (read anyway: --allow-nonfinite)", file.string(), what);
+      return;
+    }
+    throw_input_error(file.string(), what + ": the run diverged or the file is damaged (eval and sample read it anyway with "
+                                            "--allow-nonfinite)");
+  }
 }
 
 std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vector<float>& data) {
@@ -58,15 +164,17 @@ std::vector<NamedTensor> param_tensors(const ParamTable& table, const std::vecto
   return out;
 }
 
-void load_params(const fs::path& file, const ParamTable& table, std::vector<float>& data) {
+void load_params(const fs::path& file, const ParamTable& table, std::vector<float>& data, bool allow_nonfinite) {
   SafetensorsFile f;
   try {
     f = read_safetensors(file);
   } catch (const Error& e) {
     throw_input_error(file.string(), std::string("cannot read the checkpoint's parameters: ") + e.what());
   }
+  const auto by_name = tensors_by_name(f);
   for (const ParamSlice& s : table.slices) {
-    const NamedTensor* t = f.find(s.name);
+    const auto found = by_name.find(s.name);
+    const NamedTensor* t = found == by_name.end() ? nullptr : found->second;
     if (t == nullptr) throw_input_error(file.string(), "the checkpoint has no tensor '" + s.name + "': it was written for another model");
     if (t->shape != s.shape || t->dtype != DType::f32) {
       std::string want, got;
@@ -81,6 +189,7 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
     throw_input_error(file.string(), "the checkpoint has " + std::to_string(f.tensors.size()) + " tensors, the model " +
                                          std::to_string(table.slices.size()) + ": it was written for another model");
   }
+  require_finite(file, f.tensors, allow_nonfinite);
 }
 
 
@@ -94,9 +203,23 @@ fs::path resolve_checkpoint(const fs::path& path) {
   const fs::path latest = path / "checkpoints" / "latest";
   if (fs::exists(latest)) {
     std::string name = read_regular_file(latest, "checkpoint pointer", kMaxPointerBytes);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
+    // A checkpoint of this run: a plain directory name under checkpoints/, never a path that
+    // leaves it ("../elsewhere", "/abs/path", a symlink pointing out).
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos) {
+      throw_input_error(latest.string(), "names '" + name + "', expected the name of a checkpoint directory inside " +
+                                             (path / "checkpoints").string() + " (like step_00000100)");
+    }
     const fs::path dir = path / "checkpoints" / name;
     if (!fs::exists(dir / "state.json")) throw_input_error(latest.string(), "names '" + name + "', which is not a complete checkpoint");
+    std::error_code ec;
+    const fs::path real_root = fs::canonical(path / "checkpoints", ec);
+    const fs::path real_dir = ec ? fs::path() : fs::canonical(dir, ec);
+    if (ec || real_dir.parent_path() != real_root) {
+      throw_input_error(latest.string(), "names '" + name + "', which leads to " + (ec ? dir.string() : real_dir.string()) +
+                                             ", outside " + (path / "checkpoints").string() + ": expected a checkpoint of this run");
+    }
     return dir;
   }
   throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with checkpoints/latest");
@@ -107,9 +230,11 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   CheckpointState s;
   try {
     const json j = json::parse(read_regular_file(file, "checkpoint state", kMaxJsonBytes));
-    s.step = j.at("step").get<int64_t>();
-    s.cursor = cursor_from(j.at("data_cursor"));
-    s.seed = j.at("seed").get<uint64_t>();
+    if (!j.is_object()) throw_input_error(file.string(), "not a valid checkpoint state: not a JSON object");
+    s.step = whole_field<int64_t>(j, "step", "", file, 0, INT64_MAX);
+    if (!j.contains("data_cursor")) throw_input_error(file.string(), "not a valid checkpoint state: no 'data_cursor'");
+    s.cursor = cursor_from(j.at("data_cursor"), "data_cursor", file);
+    s.seed = whole_field<uint64_t>(j, "seed", "", file, 0, UINT64_MAX);
     s.config_hash = j.at("config_hash").get<std::string>();
     s.model = j.at("model").get<std::string>();
     s.parameters = j.at("parameters").get<int64_t>();
@@ -118,7 +243,11 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
     s.world = j.value("world", 1);
     s.shard_state = j.value("shard_state", false);
     if (j.contains("data_cursors")) {
-      for (const json& c : j.at("data_cursors")) s.cursors.push_back(cursor_from(c));
+      const json& cursors = j.at("data_cursors");
+      if (!cursors.is_array()) throw_input_error(file.string(), "not a valid checkpoint state: 'data_cursors' is not an array");
+      for (std::size_t r = 0; r < cursors.size(); ++r) {
+        s.cursors.push_back(cursor_from(cursors[r], "data_cursors[" + std::to_string(r) + "]", file));
+      }
     } else {
       s.cursors.push_back(s.cursor);
     }
@@ -148,7 +277,7 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   return s;
 }
 
-LoadedModel load_model(const fs::path& path, Registry& registry) {
+LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonfinite) {
   LoadedModel lm;
   lm.dir = resolve_checkpoint(path);
   lm.state = read_checkpoint_state(lm.dir);
@@ -168,7 +297,7 @@ LoadedModel load_model(const fs::path& path, Registry& registry) {
   }
   lm.model = std::make_unique<Model>(mo, registry, run);
   std::vector<float> values(std::size_t(lm.model->num_params()));
-  load_params(lm.dir / "model.safetensors", lm.model->table(), values);
+  load_params(lm.dir / "model.safetensors", lm.model->table(), values, allow_nonfinite);
   lm.model->load_params_from_host(values);
   return lm;
 }
@@ -286,12 +415,33 @@ int64_t Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& d
                                                                : "whole (optimizer.shard_state = false)") +
                                                ": resume with the same optimizer.shard_state");
   }
+  if (s_.steps > 0 && st.step > s_.steps) {
+    throw_input_error(state_file.string(), "the checkpoint is at step " + std::to_string(st.step) + " but run.steps is " +
+                                               std::to_string(s_.steps) + ": nothing to resume (set run.steps to " +
+                                               std::to_string(st.step) + " or more)");
+  }
+  const Split split = data.options().split;
+  const uint64_t documents = data.source().size(split);
+  for (std::size_t r = 0; r < st.cursors.size(); ++r) {
+    for (const PendingPiece& p : st.cursors[r].pending) {
+      if (p.document >= documents) {
+        throw_input_error(state_file.string(), "data_cursors[" + std::to_string(r) + "] holds a piece of document " +
+                                                   std::to_string(p.document) + ", but the data has " + std::to_string(documents) +
+                                                   " training documents (0 to " + std::to_string(documents == 0 ? 0 : documents - 1) +
+                                                   "): the checkpoint was written with other data");
+      }
+    }
+  }
+  if (st.seed != s_.seed) {
+    spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
+                 "checkpoint are not the original run's", state_file.string(), st.seed, s_.seed);
+  }
   if (st.config_hash != config_.hash()) {
     spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
                  "not the uninterrupted one", config_.hash(), st.config_hash);
   }
   std::vector<float> values(std::size_t(model.num_params()));
-  load_params(cdir / "model.safetensors", model.table(), values);
+  load_params(cdir / "model.safetensors", model.table(), values, false);
   model.load_params_from_host(values);
   const fs::path ofile = cdir / st.optimizer_files[std::size_t(s_.shard_state ? comm_.rank() : 0)];
   SafetensorsFile of;
@@ -300,6 +450,7 @@ int64_t Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& d
   } catch (const Error& e) {
     throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
   }
+  require_finite(ofile, of.tensors, false);
   optimizer.load_state(of.tensors);
   data.restore(st.cursors[std::size_t(comm_.rank())]);
   spdlog::info("resuming {} from step {}", cdir.string(), st.step);

@@ -31,6 +31,7 @@ class Checkpointer {
     bool shard_state = false;   // ZeRO-1: one optimizer file per rank
     std::string optimizer;      // the optimizer's name
     uint64_t seed = 0;
+    int64_t steps = 0;          // run.steps: a checkpoint past it is refused by resume
   };
   Checkpointer(const Setup& setup, const Config& config, Communicator& comm);
 

@@ -28,7 +28,7 @@ const std::vector<SectionSpec>& section_specs() {
     using namespace param;
     std::vector<SectionSpec> s;
     s.push_back({"run", "what to run and where", {
-        integer("steps", 100, "optimizer steps to train").within(0, 1e12),
+        integer("steps", 100, "optimizer steps to train").within(1, 1e12),
         integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
         string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
         string("dtype", "fp32", "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
@@ -41,14 +41,14 @@ const std::vector<SectionSpec>& section_specs() {
                "one extra forward pass of the blocks); the same losses and gradients bit for bit")
             .one_of({"none", "mlp", "block"}),
         floating("memory_budget_gib", 0.0, "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
-                 "doctor and tune measure headroom against it").at_least(0.0),
+                 "doctor and tune measure headroom against it").within(0.0, 1048576.0),
         integer("grad_accum_steps", 1, "micro-batches per optimizer step").within(1, 65536),
         integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").within(0, 1e12),
-        integer("eval_batches", 8, "validation batches per evaluation").within(0, 1e9),
+        integer("eval_batches", 8, "validation batches per evaluation (0 = no validation)").within(0, 1000000),
         integer("profile_steps", 0, "time every op of the last N steps, the device synchronised around each (slows "
-                "those steps); writes profile.json and a table to the log").at_least(0),
+                "those steps); writes profile.json and a table to the log").within(0, 1e12),
         floating("bucket_mb", 25.0, "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
-                 "finishes them (0 = one reduction after the backward pass)").at_least(0.0),
+                 "finishes them (0 = one reduction after the backward pass)").within(0.0, 1048576.0),
         string("communicator", "auto", "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
                "when a launcher started several ranks, else single)"),
       }, Kind::communicator, "communicator", false, "auto"});
@@ -72,10 +72,10 @@ const std::vector<SectionSpec>& section_specs() {
       }, std::nullopt, "", false, ""});
     s.push_back({"data", "where documents come from and how they are prefetched", {
         string("name", "synthetic_probes", "the data source (a data_source plugin)"),
-        integer("workers", 1, "prefetch worker threads (0 = read in the training thread)").at_least(0),
-        integer("prefetch", 4, "batches queued ahead of the trainer").at_least(1),
+        integer("workers", 1, "prefetch worker threads (0 = read in the training thread)").within(0, 256),
+        integer("prefetch", 4, "batches queued ahead of the trainer").within(1, 1024),
         boolean("debug_stats", false, "print a per-stage pipeline table periodically and name the bottleneck"),
-        integer("debug_every", 100, "batches between two debug_stats tables").at_least(1),
+        integer("debug_every", 100, "batches between two debug_stats tables").within(1, 1e12),
       }, Kind::data_source, "name", false, "synthetic_probes"});
     s.push_back({"sampler", "the order documents are drawn in, and which rank draws which", {
         string("name", "shuffled", "the sampler (a sampler plugin)"),
@@ -103,16 +103,16 @@ const std::vector<SectionSpec>& section_specs() {
       }, Kind::optimizer, "name", false, "adamw"});
     s.push_back({"schedule", "the learning-rate schedule", {
         string("name", "cosine", "schedule shape after warmup").one_of({"constant", "cosine", "linear"}),
-        integer("warmup_steps", 0, "linear warmup from 0 to lr over this many steps").at_least(0),
+        integer("warmup_steps", 0, "linear warmup from 0 to lr over this many steps").within(0, 1e12),
         floating("min_lr_ratio", 0.1, "floor of the decay as a fraction of lr").within(0.0, 1.0),
       }, std::nullopt, "", false, ""});
     s.push_back({"logging", "where metrics go", {
         string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard)"),
-        integer("every", 1, "log every N steps").at_least(1),
+        integer("every", 1, "log every N steps").within(1, 1e12),
       }, Kind::logger, "sinks", true, ""});
     s.push_back({"checkpoint", "saving and resuming", {
-        integer("every", 0, "save every N steps (0 = only at the end)").at_least(0),
-        integer("keep", 2, "checkpoints kept (older ones are deleted)").at_least(1),
+        integer("every", 0, "save every N steps (0 = only at the end)").within(0, 1e12),
+        integer("keep", 2, "checkpoints kept (older ones are deleted)").within(1, 1000000),
       }, std::nullopt, "", false, ""});
     s.push_back({"metrics", "how throughput and utilisation are computed", {
         floating("peak_tflops", 0.0, "peak TFLOP/s for MFU (0 = from the device table or a CPU measurement)").at_least(0.0),
@@ -135,6 +135,9 @@ const SectionSpec* find_section_spec(std::string_view name) {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
+
+// The most positions (batch_size x seq_len) one micro-batch may have: batches index them with 32 bits.
+constexpr int64_t kMaxBatchPositions = 2147483647;
 
 struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
@@ -612,6 +615,19 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
       continue;  // a component section with no default implementation is absent until asked for
     }
     cfg.impl_->sections[spec.name] = validator.check_section(spec, table);
+  }
+  // Products of keys: a micro-batch's positions are indexed with 32 bits and every batch buffer
+  // holds batch_size x seq_len of them, so a product past that is refused before anything is sized.
+  if (auto it = cfg.impl_->sections.find("batching"); it != cfg.impl_->sections.end()) {
+    const int64_t b = std::get<int64_t>(it->second.keys.at("batch_size"));
+    const int64_t t = std::get<int64_t>(it->second.keys.at("seq_len"));
+    if (b * t > kMaxBatchPositions) {
+      const toml::node* at = root.at_path("batching.batch_size").node();
+      validator.fail(at ? at->source() : toml::source_region{}, "batching.batch_size",
+                     "batch_size x seq_len = " + std::to_string(b) + " x " + std::to_string(t) + " = " +
+                         std::to_string(b * t) + " positions per micro-batch; expected at most " +
+                         std::to_string(kMaxBatchPositions) + " (lower batching.batch_size or batching.seq_len)");
+    }
   }
   return cfg;
 }

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <set>
+#include <unordered_set>
 #include <string>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +50,37 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The first top-level key of a JSON object text that appears twice, "" when none does: one SAX
+// pass, a hash set of the keys seen (linear in the text).
+std::string first_duplicate_key(const std::string& text) {
+  struct Keys : nlohmann::json_sax<nlohmann::json> {
+    int depth = 0;
+    std::unordered_set<std::string> seen;
+    std::string duplicate;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return ++depth, true; }
+    bool end_object() override { return --depth, true; }
+    bool start_array(std::size_t) override { return ++depth, true; }
+    bool end_array() override { return --depth, true; }
+    bool key(string_t& k) override {
+      if (depth == 1 && !seen.insert(k).second) {
+        duplicate = k;
+        return false;  // stop: one is enough
+      }
+      return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  } keys;
+  nlohmann::json::sax_parse(text, &keys);
+  return keys.duplicate;
+}
+
 }  // namespace
 
 const NamedTensor* SafetensorsFile::find(const std::string& name) const {
@@ -59,9 +90,25 @@ const NamedTensor* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
+std::unordered_map<std::string, const NamedTensor*> tensors_by_name(const SafetensorsFile& file) {
+  std::unordered_map<std::string, const NamedTensor*> out;
+  out.reserve(file.tensors.size());
+  for (const NamedTensor& t : file.tensors) out.emplace(t.name, &t);
+  return out;
+}
+
 void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  // The header is written entry by entry (an ordered_json object would look each new key up with a
+  // scan of the others: quadratic in the number of tensors).
+  std::string json = "{";
+  const auto add = [&json](const std::string& key, const nlohmann::ordered_json& value) {
+    if (json.size() > 1) json += ',';
+    json += nlohmann::ordered_json(key).dump();
+    json += ':';
+    json += value.dump();
+  };
+  if (!file.metadata.empty()) add("__metadata__", nlohmann::ordered_json(file.metadata));
+  std::unordered_set<std::string> names;
   uint64_t offset = 0;
   for (const NamedTensor& t : file.tensors) {
     const uint64_t size = uint64_t(numel(t.shape)) * dtype_size(t.dtype);
@@ -69,10 +116,13 @@ void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
       throw_runtime_error(path.string(), "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
                                              " bytes for its shape's " + std::to_string(size));
     }
-    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + size}}};
+    if (t.name == "__metadata__" || !names.insert(t.name).second) {
+      throw_runtime_error(path.string(), "tensor name '" + t.name + "' is repeated or reserved");
+    }
+    add(t.name, {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + size}}});
     offset += size;
   }
-  std::string json = header.dump();
+  json += '}';
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference writer does
   std::string bytes(8, '\0');
   const uint64_t n = json.size();
@@ -118,22 +168,17 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   std::string json(header_len, '\0');
   if (!read_at(8, json.data(), header_len)) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
   nlohmann::json header;
-  // JSON lets a key repeat (the parser keeps the last); two tensors of one name are refused.
-  std::set<std::string> names;
-  std::string duplicate;
-  const auto watch_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key && duplicate.empty() && parsed.is_string() &&
-        !names.insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
   try {
-    header = nlohmann::json::parse(json, watch_keys);
+    header = nlohmann::json::parse(json);
   } catch (const std::exception& e) {
     throw_input_error(where + ":offset 8", std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw_input_error(where, "header is not a JSON object");
+  // JSON lets a key repeat (the parser keeps the last); two tensors of one name are refused. A
+  // second, SAX pass sees every top-level key in linear time (a parse callback would not: the DOM
+  // parser rescans the top-level object for discarded values at the end of every entry, which is
+  // quadratic in the number of tensors).
+  const std::string duplicate = first_duplicate_key(json);
   if (!duplicate.empty()) throw_input_error(where, "the header names tensor '" + duplicate + "' twice");
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;

@@ -309,6 +309,34 @@ void require_memory(const Config& config, Model& model, const Optimizer& optimiz
                                 configured ? "run.memory_budget_gib" : "the device's memory"));
 }
 
+// Before anything is allocated: the host memory the config's sizes certainly need (a lower bound
+// from the keys alone) must fit the budget, so that a product like batch_size x seq_len that no
+// machine holds is an input error naming the keys rather than a bad_alloc or the OOM killer.
+// require_memory checks the exact plan once the model exists.
+void require_host_memory(const Config& config, const TrainerSettings& s, const RunContext& run) {
+  if (s.memory_bytes <= 0) return;
+  const Params data = config.section("data");
+  const double gib = double(1ll << 30);
+  // Every batch in flight (queued, being built by each worker, held by the trainer).
+  require_batch_memory(config, data.get_int("prefetch") + data.get_int("workers") + 2,
+                       "data.prefetch + data.workers + 2");
+  if (run.device != "cpu") return;  // the parameters live in the device's memory, checked by require_memory
+  // Parameters and gradients in fp32 (optimizer state comes on top): the embeddings and positions alone.
+  const Params m = config.section("model");
+  const double d = double(m.get_int("d_model"));
+  double params = double(std::max<int64_t>(m.get_int("vocab_size"), 1)) * d;
+  if (m.get_string("position") == "learned") params += double(m.get_int("max_seq_len")) * d;
+  params += double(m.get_int("n_layers")) * 4.0 * d * d;  // at least q, k, v and the output projection
+  if (params * 8.0 > double(s.memory_bytes)) {
+    throw_input_error("model.d_model",
+                      fmt::format("the model needs at least {:.1f} GiB for its parameters and gradients (d_model {}, "
+                                  "n_layers {}, max_seq_len {}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
+                                  "model.n_layers or model.max_seq_len",
+                                  params * 8.0 / gib, m.get_int("d_model"), m.get_int("n_layers"),
+                                  m.get_int("max_seq_len"), double(s.memory_bytes) / gib, s.memory_source));
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -330,6 +358,28 @@ RunContext training_context(const Config& config) {
 int64_t memory_budget_bytes(const Config& config) {
   const double gib = config.section("run").get_float("memory_budget_gib");
   return gib > 0 ? int64_t(gib * double(1ll << 30)) : physical_memory_bytes();
+}
+
+void require_batch_memory(const Config& config, int64_t in_flight, const std::string& why) {
+  const int64_t budget = memory_budget_bytes(config);
+  if (budget <= 0) return;
+  const Params batching = config.section("batching");
+  const int64_t b = batching.get_int("batch_size"), t = batching.get_int("seq_len");
+  // Each batch holds four int32 arrays (tokens, targets, positions, segment ids) of its positions.
+  double positions = double(b) * double(t);
+  if (config.selected("batching") == "bucketed") {  // rows = token_budget / bound: about token_budget positions
+    const Params own = config.implementation("batching", "bucketed");
+    if (own.has("token_budget")) positions = std::max(positions, double(own.get_int("token_budget")));
+  }
+  const double bytes = double(in_flight) * positions * 16.0, gib = double(1ll << 30);
+  if (bytes <= double(budget)) return;
+  const bool configured = config.section("run").get_float("memory_budget_gib") > 0;
+  throw_input_error("batching.batch_size",
+                    fmt::format("batch_size x seq_len = {} x {} needs at least {:.1f} GiB of batch buffers ({} batches "
+                                "in flight: {}) but the budget is {:.1f} GiB ({}); lower batching.batch_size or "
+                                "batching.seq_len",
+                                b, t, bytes / gib, in_flight, why, double(budget) / gib,
+                                configured ? "run.memory_budget_gib" : "physical memory"));
 }
 
 std::string resolve_communicator(const Config& config) {
@@ -366,6 +416,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   if (lead) lock.emplace(dir, "the run directory");
   prepare_run_dir(options, comm, s.steps);
 
+  require_host_memory(config, s, run);
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
   auto source = make_data_source(config, registry, run);
   auto train_data = DataPipeline::from_config(config, registry, run, Split::train, source);
@@ -392,7 +443,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   const EngineOptions eo = EngineOptions::from(config);
   Engine engine(model, *optimizer, comm, eo);
   require_memory(config, model, *optimizer, s);
-  Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed}, config, comm);
+  Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed, s.steps}, config, comm);
   const LrSchedule schedule = LrSchedule::from(config.section("schedule"), config.section("optimizer").get_float("lr"), s.steps);
   int64_t start_step = 0;
   if (options.resume) {

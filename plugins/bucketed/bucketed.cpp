@@ -110,10 +110,10 @@ void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::batcher, "bucketed", "1.0.0",
          "one document per row, grouped by length; each batch padded to its bucket's bound",
          {
-             int_list("boundaries", {}, "bucket bounds in tokens, increasing (seq_len is added as the last); empty = geometric").at_least(1),
-             integer("smallest", 64, "geometric buckets: the smallest bound").at_least(1),
-             floating("growth", 2.0, "geometric buckets: ratio between consecutive bounds").at_least(1.05),
-             integer("token_budget", 0, "rows per batch = token_budget / bound (0 = batch_size rows)").at_least(0),
+             int_list("boundaries", {}, "bucket bounds in tokens, increasing (seq_len is added as the last); empty = geometric").within(1, 16777216),
+             integer("smallest", 64, "geometric buckets: the smallest bound").within(1, 16777216),
+             floating("growth", 2.0, "geometric buckets: ratio between consecutive bounds").within(1.05, 1024.0),
+             integer("token_budget", 0, "rows per batch = token_budget / bound (0 = batch_size rows)").within(0, 2147483647),
          },
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<BucketedBatcher>(ablate::BatchingOptions::from(args.common), args.own);

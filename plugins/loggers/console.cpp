@@ -147,7 +147,7 @@ void register_console(Registrar& r) {
           param::integer("every", 1,
                          "plain lines: print steps that are a multiple of this (and the last step and steps with a "
                          "validation loss); 1 prints every logged step")
-              .at_least(1)},
+              .within(1, 1e12)},
          [](const ComponentArgs& a) {
            const std::string& mode = a.own.get_string("mode");
            if (mode != "auto" && mode != "bar" && mode != "lines") {

@@ -315,7 +315,7 @@ void register_components(ablate::Registrar& r) {
          {ablate::param::floating("timeout_s", 300.0,
                                   "seconds a rank waits for the others in one collective before the job is "
                                   "aborted (0 = wait forever)")
-              .at_least(0),
+              .within(0, 1e9),
           ablate::param::integer("ring_min_bytes", int64_t(1) << 20,
                                  "all_reduce buffers of at least this many bytes go round the ring; smaller "
                                  "ones use MPI_Iallreduce")

@@ -384,7 +384,7 @@ void register_components(ablate::Registrar& r) {
          {ablate::param::floating("timeout_s", 300.0,
                                   "seconds a rank waits for the others in one collective before the job is "
                                   "aborted (0 = wait forever)")
-              .at_least(0)},
+              .within(0, 1e9)},
          [](const ablate::ComponentArgs& a) {
            return std::make_unique<NcclCommunicator>(a.own.get_float("timeout_s"));
          },

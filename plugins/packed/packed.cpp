@@ -131,8 +131,8 @@ void register_components(ablate::Registrar& r) {
          {
              string("strategy", "best_fit", "first_fit: arrival order, first row that fits; best_fit: longest first, tightest row")
                  .one_of({"first_fit", "best_fit"}),
-             integer("window", 256, "pieces considered at once (more: denser rows, more reordering)").at_least(1),
-             integer("max_segments_per_row", 0, "most documents in one row (0 = no limit)").at_least(0),
+             integer("window", 256, "pieces considered at once (more: denser rows, more reordering)").within(1, 1048576),
+             integer("max_segments_per_row", 0, "most documents in one row (0 = no limit)").within(0, 16777216),
          },
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<PackedBatcher>(ablate::BatchingOptions::from(args.common), args.own);

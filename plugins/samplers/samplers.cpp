@@ -223,7 +223,7 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); }, "", {}});
   r.add({ablate::Kind::sampler, "shuffled", "1.0.0",
          "a seeded permutation per epoch (run.seed), whole-epoch or within windows, dealt round-robin to the ranks",
-         {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").at_least(0)},
+         {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").within(0, 1e12)},
          [](const ablate::ComponentArgs& args) { return std::make_unique<ShuffledSampler>(uint64_t(args.own.get_int("buffer"))); },
          "", {}});
   r.add({ablate::Kind::sampler, "mixture", "1.0.0",

@@ -228,13 +228,13 @@ void register_components(ablate::Registrar& r) {
          "seeded network-latency probe logs (hosts, coordinates, RTTs); no files, deterministic by (seed, index)",
          {
              integer("seed", 1234, "seed of the data set (independent of run.seed, which orders it)").at_least(0),
-             integer("documents", 100000, "documents in the train split").at_least(1),
-             integer("validation_documents", 1000, "documents in the validation split").at_least(0),
+             integer("documents", 100000, "documents in the train split").within(1, 1e12),
+             integer("validation_documents", 1000, "documents in the validation split").within(0, 1e12),
              integer("hosts", 64, "measurement hosts (vocabulary = 16 + hosts)").within(2, 65000),
-             integer("length_median", 230, "median document length in tokens (lognormal)").at_least(1),
+             integer("length_median", 230, "median document length in tokens (lognormal)").within(1, 16777216),
              floating("length_sigma", 0.38, "sigma of the log of the document length").within(0.0, 3.0),
-             integer("min_length", 16, "shortest document (lengths are clipped)").at_least(1),
-             integer("max_length", 1024, "longest document (lengths are clipped)").at_least(1),
+             integer("min_length", 16, "shortest document (lengths are clipped)").within(1, 16777216),
+             integer("max_length", 1024, "longest document (lengths are clipped)").within(1, 16777216),
          },
          [](const ablate::ComponentArgs& args) { return std::make_unique<SyntheticProbes>(args.own); }, "", {}});
 }

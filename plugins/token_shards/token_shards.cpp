@@ -295,7 +295,7 @@ void register_components(ablate::Registrar& r) {
              string_list("paths", {}, "training shards: files or globs (relative to the working directory)"),
              string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents"),
              floating("validation_fraction", 0.0, "share of documents held out when val_paths is empty").within(0.0, 0.5),
-             integer("eot", 50256, "end-of-text token id (documents are split on it)").at_least(0),
+             integer("eot", 50256, "end-of-text token id (documents are split on it); shards hold uint16 tokens").within(0, 65535),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
              string("tokenizer", "auto",
                     "GPT-2 tokenizer files (encoder.json or gpt2.tiktoken) that samples are decoded with: a directory, "

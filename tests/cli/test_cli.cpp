@@ -2,6 +2,7 @@
 // every subcommand, plugin listing from the build tree and from ABLATE_PLUGIN_PATH / [plugins] paths.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -298,4 +299,282 @@ TEST_CASE("a FIFO, a directory or a symlink to /dev/zero in place of any file ab
   }
   // What the run saved is untouched by the refused resumes.
   CHECK(fs::is_regular_file(run / "checkpoints" / "step_00000002" / "model.safetensors"));
+}
+
+// ---- numbers: every one has a range, checked before anything is read or allocated ----
+
+TEST_CASE("every number option is range-checked when the command line is parsed: exit 2 naming the option") {
+  struct Case {
+    std::string args, option;
+  };
+  const std::vector<Case> cases = {
+      {"sample --checkpoint /nonexistent --top-k -5", "--top-k"},
+      {"sample --checkpoint /nonexistent --top-k=-5", "--top-k"},
+      {"sample --checkpoint /nonexistent --temperature nan", "--temperature"},
+      {"sample --checkpoint /nonexistent --temperature inf", "--temperature"},
+      {"sample --checkpoint /nonexistent --temperature -1", "--temperature"},
+      {"sample --checkpoint /nonexistent --seed -1", "--seed"},
+      {"sample --checkpoint /nonexistent --tokens -1", "--tokens"},
+      {"eval --checkpoint /nonexistent --tokens /nonexistent.bin --batch 0", "--batch"},
+      {"eval --checkpoint /nonexistent --tokens /nonexistent.bin --batch -5", "--batch"},
+      {"eval --checkpoint /nonexistent --tokens /nonexistent.bin --seq-len 0", "--seq-len"},
+      {"data analyze " + kQuickstart + " --documents -1", "--documents"},
+      {"data analyze " + kQuickstart + " --documents 0", "--documents"},
+      {"tune batch-size " + kQuickstart + " --max-batch 0", "--max-batch"},
+      {"tune batch-size " + kQuickstart + " --steps 0", "--steps"},
+      {"sweep /nonexistent/sweep.toml --parallel 0", "--parallel"},
+      {"train " + kQuickstart + " --stop-at 0", "--stop-at"},
+      {"report /nonexistent --smooth inf", "--smooth"},
+  };
+  for (const Case& c : cases) {
+    INFO("ablate " << c.args);
+    const auto r = ablate::test::run_command("timeout 20 " + std::string(ABLATE_BINARY) + " " + c.args);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.option + ": "));
+    CHECK(contains(r.output, "out of range"));
+  }
+  // The range is in --help.
+  const auto help = run_ablate("sample --help");
+  CHECK(contains(help.output, "--top-k N in [0, 2147483647]"));
+}
+
+TEST_CASE("apps/ablate declares its number options only through int_option / float_option") {
+  // A number parsed with a bare po::value<...> has no range (a negative wraps in an unsigned one,
+  // nan passes a double one): the checked helpers are the one path.
+  for (const auto& entry : fs::directory_iterator(fs::path(ABLATE_SOURCE_DIR) / "apps" / "ablate")) {
+    if (entry.path().filename() == "main.cpp") continue;  // where the helpers are defined
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const char* bare : {"po::value<int", "po::value<uint", "po::value<double", "po::value<float", "po::value<long",
+                             "po::value<unsigned", "po::value<std::size_t", "po::value<size_t"}) {
+      INFO(entry.path().string() << " uses " << bare);
+      CHECK(!contains(text, bare));
+    }
+  }
+}
+
+TEST_CASE("config keys without a usable range before are refused with the key and the range") {
+  struct Case {
+    std::string set, key, range;
+  };
+  const std::vector<Case> cases = {
+      {"data.workers=100000000", "data.workers", "[0, 256]"},
+      {"data.prefetch=100000000", "data.prefetch", "[1, 1024]"},
+      {"batching.packed.window=1000000000000", "batching.packed.window", "[1, 1048576]"},
+      {"batching.packed.max_segments_per_row=4294967296", "batching.packed.max_segments_per_row", "[0, 16777216]"},
+      {"run.steps=0", "run.steps", "[1, 1000000000000]"},
+      {"run.eval_batches=2000000", "run.eval_batches", "[0, 1000000]"},
+      {"run.memory_budget_gib=1e300", "run.memory_budget_gib", "[0, 1048576]"},
+      {"data.token_shards.eot=2147483648", "data.token_shards.eot", "[0, 65535]"},
+      {"data.synthetic_probes.max_length=4294967296", "data.synthetic_probes.max_length", "[1, 16777216]"},
+      {"batching.bucketed.token_budget=4294967296", "batching.bucketed.token_budget", "[0, 2147483647]"},
+      {"batching.bucketed.growth=1e300", "batching.bucketed.growth", "[1.05, 1024]"},
+  };
+  for (const Case& c : cases) {
+    INFO("--set " << c.set);
+    const auto r = run_ablate("config show " + kQuickstart + " --set " + c.set);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, c.key + ": "));
+    CHECK(contains(r.output, c.range));
+  }
+  // In a file, the error names file:line.
+  ablate::test::TempDir dir;
+  const fs::path cfg = dir.write("exp.toml", "[data]\nworkers = 100000000\n");
+  const auto r = run_ablate("config show " + cfg.string());
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, cfg.string() + ":2:"));
+  CHECK(contains(r.output, "data.workers"));
+}
+
+TEST_CASE("a batch_size x seq_len product no memory holds is exit 2 before anything is allocated") {
+  ablate::test::TempDir dir;
+  // Past 32-bit positions: refused by the config itself, at the key's line.
+  const fs::path cfg = dir.write("exp.toml", "[model]\nmax_seq_len = 16777216\n[batching]\nbatch_size = 1048576\nseq_len = 16777216\n");
+  const auto r = run_ablate("config show " + cfg.string());
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, cfg.string() + ":4:"));
+  CHECK(contains(r.output, "batch_size x seq_len"));
+  // Within 32 bits but past the memory budget: train and data analyze refuse it before building a
+  // batch (a virtual-memory cap turns an attempt into a bad_alloc the test would see).
+  const std::string sizes = " --set batching.batch_size=16384 --set batching.seq_len=16384 --set model.max_seq_len=16384"
+                            " --set run.memory_budget_gib=1 --set run.threads=1";
+  for (const std::string& command : {"train " + kQuickstart + sizes + " --run-dir " + (dir.path() / "run").string(),
+                                    "data analyze " + kQuickstart + sizes}) {
+    INFO("ablate " << command);
+    const auto t = ablate::test::run_command("ulimit -v 4000000; timeout 20 " + std::string(ABLATE_BINARY) + " " + command);
+    INFO(t.output);
+    CHECK(t.exit_code == 2);
+    CHECK(contains(t.output, "batching.batch_size"));
+    CHECK(contains(t.output, "batch buffers"));
+    CHECK(!contains(t.output, "bad_alloc"));
+  }
+}
+
+TEST_CASE("checkpoints are validated, not trusted: NaN weights, bad state.json, `latest` outside the run, run.steps below the step") {
+  // One run stopped at step 2 of 4 (a checkpoint, no finished summary); each case damages a copy.
+  ablate::test::TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const auto trained = ablate::test::run_command(std::string(ABLATE_BINARY) + " train " + kQuickstart +
+                                                 " --set run.steps=4 --stop-at 2 --run-dir " + run.string());
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const std::string step = "step_00000002";
+  int n = 0;
+  const auto copy = [&] {
+    const fs::path dir = tmp.path() / ("case" + std::to_string(n++));
+    fs::copy(run, dir, fs::copy_options::recursive);
+    return dir;
+  };
+  const auto shard = tmp.path() / "shard.bin";
+  {
+    int32_t header[256] = {20240520, 1, 8};
+    const uint16_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    std::ofstream out(shard, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    out.write(reinterpret_cast<const char*>(tokens), sizeof tokens);
+  }
+  const auto eval = [&](const fs::path& dir, const std::string& extra = "") {
+    return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " eval --checkpoint " + dir.string() +
+                                     " --tokens " + shard.string() + " --seq-len 4" + extra);
+  };
+  const auto sample = [&](const fs::path& dir, const std::string& extra = "") {
+    return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " sample --checkpoint " + dir.string() +
+                                     " --tokens 4" + extra);
+  };
+  const auto resume = [&](const fs::path& dir, const std::string& steps = "4") {
+    return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " train " + (dir / "config.toml").string() +
+                                     " --run-dir " + dir.string() + " --resume --set run.steps=" + steps);
+  };
+  // Writes `value` as the f32 at `index` of tensor `which` (the first one when empty) of a
+  // safetensors file, by its header's offsets; returns the tensor's name.
+  const auto plant = [](const fs::path& file, float value, std::string which = "") {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t len = 0;
+    f.read(reinterpret_cast<char*>(&len), 8);
+    std::string text(len, '\0');
+    f.read(text.data(), std::streamsize(len));
+    const auto header = nlohmann::json::parse(text);
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__" || !(which.empty() || which == it.key()) || it.value()["dtype"] != "F32") continue;
+      which = it.key();
+      f.seekp(std::streamoff(8 + len + it.value()["data_offsets"][0].get<uint64_t>() + 4));  // index 1
+      f.write(reinterpret_cast<const char*>(&value), 4);
+      return which;
+    }
+    return std::string();
+  };
+
+  {  // a NaN in a weight: eval, sample and --resume refuse naming the tensor and index; --allow-nonfinite reads it
+    const fs::path dir = copy();
+    const fs::path model = dir / "checkpoints" / step / "model.safetensors";
+    const std::string name = plant(model, std::nanf(""));
+    REQUIRE(!name.empty());
+    for (const auto& r : {eval(dir), sample(dir), resume(dir)}) {
+      INFO(r.output);
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, model.string()));
+      CHECK(contains(r.output, "tensor '" + name + "' holds NaN at index 1"));
+    }
+    for (const auto& r : {eval(dir, " --allow-nonfinite"), sample(dir, " --allow-nonfinite")}) {
+      INFO(r.output);
+      CHECK(r.exit_code == 0);
+      CHECK(contains(r.output, "--allow-nonfinite"));
+    }
+    CHECK(fs::exists(dir / "checkpoints" / step / "state.json"));  // nothing saved is lost
+  }
+  {  // an infinity in an optimizer moment: --resume refuses naming the file and tensor
+    const fs::path dir = copy();
+    const fs::path opt = dir / "checkpoints" / step / "optimizer.safetensors";
+    const std::string name = plant(opt, INFINITY);
+    REQUIRE(!name.empty());
+    const auto r = resume(dir);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, opt.string()));
+    CHECK(contains(r.output, "tensor '" + name + "' holds +inf at index 1"));
+  }
+  {  // state.json fields of the wrong type or out of range are refused naming the field
+    struct Bad {
+      std::string field, value, expect;
+    };
+    const std::vector<Bad> bads = {
+        {"step", "\"two\"", "'step' is \"two\""},
+        {"step", "-3", "'step' is -3"},
+        {"step", "2.5", "'step' is 2.5"},
+        {"seed", "-1", "'seed' is -1"},
+        {"seed", "true", "'seed' is true"},
+        {"draw", "-5", "'data_cursor.draw' is -5"},
+        {"draw", "\"x\"", "'data_cursor.draw' is \"x\""},
+        {"pending", "[[0, 5, 2]]", "an empty piece"},
+        {"pending", "[[0, -1, 2]]", "'data_cursor.pending[0][1] (begin)' is -1"},
+        {"pending", "[[\"a\", 0, 2]]", "'data_cursor.pending[0][0] (document)' is \"a\""},
+    };
+    for (const Bad& b : bads) {
+      const fs::path dir = copy();
+      const fs::path state = dir / "checkpoints" / step / "state.json";
+      auto j = nlohmann::json::parse(std::ifstream(state));
+      const auto value = nlohmann::json::parse(b.value);
+      if (b.field == "draw" || b.field == "pending") {
+        j["data_cursor"][b.field] = value;
+        j["data_cursors"][0][b.field] = value;
+      } else {
+        j[b.field] = value;
+      }
+      std::ofstream(state) << j.dump();
+      for (const auto& r : {eval(dir), resume(dir)}) {
+        INFO(b.field << " = " << b.value << ": " << r.output);
+        CHECK(r.exit_code == 2);
+        CHECK(contains(r.output, state.string()));
+        CHECK(contains(r.output, b.expect));
+      }
+    }
+  }
+  {  // pending document indices past the data are refused by --resume with the count
+    const fs::path dir = copy();
+    const fs::path state = dir / "checkpoints" / step / "state.json";
+    auto j = nlohmann::json::parse(std::ifstream(state));
+    j["data_cursor"]["pending"] = nlohmann::json::array({nlohmann::json::array({999999999999ULL, 0, 2})});
+    j["data_cursors"][0]["pending"] = j["data_cursor"]["pending"];
+    std::ofstream(state) << j.dump();
+    const auto r = resume(dir);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, state.string()));
+    CHECK(contains(r.output, "document 999999999999"));
+    CHECK(contains(r.output, "training documents"));
+  }
+  {  // `latest` naming a path outside the run directory is refused
+    for (const std::string& target : {std::string("../elsewhere"), std::string(".."), (tmp.path() / "run" / "checkpoints" / step).string()}) {
+      const fs::path dir = copy();
+      fs::create_directories(dir / "elsewhere");
+      fs::copy(dir / "checkpoints" / step, dir / "elsewhere", fs::copy_options::recursive);
+      std::ofstream(dir / "checkpoints" / "latest") << target << "\n";
+      for (const auto& r : {eval(dir), resume(dir)}) {
+        INFO(target << ": " << r.output);
+        CHECK(r.exit_code == 2);
+        CHECK(contains(r.output, (dir / "checkpoints" / "latest").string()));
+        CHECK(contains(r.output, "expected the name of a checkpoint directory inside"));
+      }
+    }
+    const fs::path dir = copy();  // a symlink under checkpoints/ that leads out
+    fs::create_directory_symlink(tmp.path() / "run" / "checkpoints" / step, dir / "checkpoints" / "step_00000099");
+    std::ofstream(dir / "checkpoints" / "latest") << "step_00000099\n";
+    const auto r = eval(dir);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "outside"));
+  }
+  {  // --resume with run.steps below the checkpoint's step is refused with both numbers
+    const fs::path dir = copy();
+    const auto r = resume(dir, "1");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "the checkpoint is at step 2 but run.steps is 1"));
+    CHECK(fs::exists(dir / "checkpoints" / step / "model.safetensors"));
+    const auto ok = resume(dir, "4");  // and the run still resumes
+    INFO(ok.output);
+    CHECK(ok.exit_code == 0);
+  }
 }

@@ -86,7 +86,7 @@ TEST_CASE_FIXTURE(Fixture, "a wrong type names what was expected and what was gi
   const std::string msg = error("[run]\nsteps = \"ten\"\n");
   CHECK(contains(msg, "exp.toml:2:9"));
   CHECK(contains(msg, "run.steps"));
-  CHECK(contains(msg, "expected an int in [0, 1000000000000]"));
+  CHECK(contains(msg, "expected an int in [1, 1000000000000]"));
   CHECK(contains(msg, "got a string"));
 }
 

@@ -315,7 +315,7 @@ TEST_CASE("a state.json with wrong types, impossible values or an optimizer file
   refused(typed, "not a valid checkpoint state");
   json negative = good;
   negative["step"] = -5;
-  refused(negative, "step -5");
+  refused(negative, "'step' is -5");
   json escape = good;
   escape["optimizer_files"] = json::array({"../../elsewhere.safetensors"});
   refused(escape, "not a plain file name");

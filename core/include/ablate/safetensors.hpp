@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ablate/atomic_file.hpp"
@@ -18,8 +19,12 @@ namespace ablate {
 struct SafetensorsFile {
   std::vector<NamedTensor> tensors;  // in file order
   std::map<std::string, std::string> metadata;
-  const NamedTensor* find(const std::string& name) const;
+  const NamedTensor* find(const std::string& name) const;  // a scan: for one or a few names
 };
+
+// Every tensor of `file` by name (the first of a repeated name), for looking many up in linear
+// time overall; the pointers are into file.tensors and valid while it is unchanged.
+std::unordered_map<std::string, const NamedTensor*> tensors_by_name(const SafetensorsFile& file);
 
 // Throws ablate::Error (runtime) when the file cannot be written.
 void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& file);

@@ -63,6 +63,9 @@ std::string resolve_communicator(const Config& config);
 RunContext training_context(const Config& config);
 // The memory the run may use: [run] memory_budget_gib, else the machine's physical memory.
 int64_t memory_budget_bytes(const Config& config);
+// Refuses (input error naming batching.batch_size) sizes whose `in_flight` host batches alone
+// exceed the memory budget, before any batch is allocated; `why` says what is in flight.
+void require_batch_memory(const Config& config, int64_t in_flight, const std::string& why);
 
 // ---- checkpoints ----
 
@@ -95,6 +98,8 @@ struct LoadedModel {
   CheckpointState state;
   std::filesystem::path dir;
 };
-LoadedModel load_model(const std::filesystem::path& path, Registry& registry);
+// Parameters holding a NaN or an infinity are an input error naming the tensor and index unless
+// `allow_nonfinite` (eval/sample --allow-nonfinite, for looking at a diverged run), which warns.
+LoadedModel load_model(const std::filesystem::path& path, Registry& registry, bool allow_nonfinite = false);
 
 }  // namespace ablate
