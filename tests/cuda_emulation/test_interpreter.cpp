@@ -254,7 +254,13 @@ TEST_CASE("schedules parse from their names, and junk is refused") {
   CHECK_THROWS_AS(emu::parse_schedule("random:-1"), std::invalid_argument);
 }
 
-TEST_CASE("device memory: copies must stay inside an allocation") {
+TEST_CASE("device memory: copies must stay inside an allocation, and freed memory leaves the books") {
+  const std::size_t live = emu::live_device_allocations();
+  {
+    cuda::DeviceBuffer<float> a(3), b(1000);
+    CHECK(emu::live_device_allocations() == live + 2);
+  }
+  CHECK(emu::live_device_allocations() == live);
   cuda::DeviceBuffer<int> d(4);
   std::vector<int> h(8, 1);
   CHECK(cudaMemcpy(d.data(), h.data(), 8 * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);

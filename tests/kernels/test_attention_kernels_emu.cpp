@@ -85,23 +85,6 @@ struct Layout {
   int64_t B() const { return int64_t(rows.size()); }
 };
 
-std::vector<int32_t> flat_segments(const Layout& l) {
-  std::vector<int32_t> s;
-  for (const RowLayout& row : l.rows) {
-    for (auto [start, length] : row) {
-      s.push_back(start);
-      s.push_back(length);
-    }
-  }
-  return s;
-}
-
-std::vector<int32_t> row_offsets(const Layout& l) {
-  std::vector<int32_t> o{0};
-  for (const RowLayout& row : l.rows) o.push_back(o.back() + int32_t(row.size()));
-  return o;
-}
-
 // Each position's segment start, searched for among its row's segments; -1 where none holds it.
 // A segment starting outside the row holds nothing; one running past the end is cut at it.
 std::vector<int32_t> expected_starts(const Layout& l) {
@@ -186,7 +169,7 @@ TEST_CASE("segment starts: each position its segment's start, padding -1, for 1 
   Worst worst;
   for (const Layout& l : layouts) {
     INFO("T " << l.T << " rows " << l.B());
-    const std::vector<int32_t> segments = flat_segments(l), offsets = row_offsets(l), want = expected_starts(l);
+    const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows), want = expected_starts(l);
     emu_test::for_each_schedule([&] {
       const cuda::DeviceBuffer<int32_t> d_segments = to_device(segments.empty() ? std::vector<int32_t>{0} : segments);
       const cuda::DeviceBuffer<int32_t> d_offsets = to_device(offsets);

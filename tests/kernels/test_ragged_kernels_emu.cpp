@@ -70,37 +70,6 @@ struct Layout {
   }
 };
 
-std::vector<int32_t> flat_segments(const Layout& l) {
-  std::vector<int32_t> s;
-  for (const RowLayout& row : l.rows) {
-    for (auto [start, length] : row) {
-      s.push_back(start);
-      s.push_back(length);
-    }
-  }
-  if (s.empty()) s.push_back(0);  // a buffer no kernel reads, so that one exists
-  return s;
-}
-
-std::vector<int32_t> row_offsets(const Layout& l) {
-  std::vector<int32_t> o{0};
-  for (const RowLayout& row : l.rows) o.push_back(o.back() + int32_t(row.size()));
-  return o;
-}
-
-// (B, T): 1.. for the positions of a row's segments, 0 for padding, as the batchers write them.
-std::vector<int32_t> segment_ids(const Layout& l) {
-  std::vector<int32_t> ids(std::size_t(l.B()) * std::size_t(l.T), 0);
-  for (std::size_t r = 0; r < l.rows.size(); ++r) {
-    int32_t id = 0;
-    for (auto [start, length] : l.rows[r]) {
-      ++id;
-      for (int32_t t = start; t < start + length; ++t) ids[r * std::size_t(l.T) + std::size_t(t)] = id;
-    }
-  }
-  return ids;
-}
-
 // A row cut into random segments back to back, no padding.
 RowLayout tiled_row(int32_t T, std::mt19937& rng) {
   RowLayout row;
@@ -153,7 +122,7 @@ Metadata walk(const Layout& l, const RaggedShape& s, int32_t bound) {
 Metadata host_twin(const Layout& l, const RaggedShape& s, int32_t bound) {
   Metadata m{std::vector<int32_t>(std::size_t(bound)), std::vector<int32_t>(std::size_t(bound) + 1),
              std::vector<int32_t>(std::size_t(bound) + 1), std::vector<int32_t>(std::size_t(bound) + 1)};
-  const std::vector<int32_t> segments = flat_segments(l), offsets = row_offsets(l);
+  const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows);
   fill_ragged_host(l.segments(), bound, segments.data(), offsets.data(), s, m.lengths.data(), m.q.data(), m.kv.data(),
                    m.stats.data());
   return m;
@@ -220,7 +189,7 @@ TEST_CASE("build_ragged: lengths and offsets of packed rows, the empty entries u
     const Layout& l = c.layout;
     const RaggedShape shape{l.B(), l.T, c.H, c.Hkv, c.D};
     const int32_t S = l.segments();
-    const std::vector<int32_t> segments = flat_segments(l), offsets = row_offsets(l);
+    const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows);
     for (int32_t bound : c.bounds) {
       INFO("T " << l.T << " rows " << l.B() << " segments " << S << " bound " << bound << " H " << c.H << " Hkv " << c.Hkv
                 << " D " << c.D);
@@ -280,7 +249,7 @@ TEST_CASE("build_padded: each row's one segment length, 0 for a row of padding, 
   }
   for (const Layout& l : layouts) {
     INFO("T " << l.T << " rows " << l.B());
-    const std::vector<int32_t> segments = flat_segments(l), offsets = row_offsets(l);
+    const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows);
     std::vector<int32_t> want;
     for (const RowLayout& row : l.rows) want.push_back(row.empty() ? 0 : row.front().second);
     std::vector<int32_t> twin(want.size());
@@ -358,7 +327,7 @@ TEST_CASE("store_f32: bf16 widened exactly to f32, padding positions 0") {
   std::uniform_int_distribution<uint32_t> any_bits(0, 0xFFFF);
   for (const Layout& l : padding_layouts()) {
     const int64_t positions = int64_t(l.B()) * l.T;
-    const std::vector<int32_t> ids = segment_ids(l);
+    const std::vector<int32_t> ids = test::make_batch(l.T, l.rows).segment_ids;
     for (int64_t per : per_position_widths(l)) {
       INFO("T " << l.T << " rows " << l.B() << " per position " << per);
       std::vector<uint16_t> src(std::size_t(positions * per));
@@ -398,7 +367,7 @@ TEST_CASE("zero_padding_bf16: padding positions become +0, every other value kee
   std::uniform_int_distribution<uint32_t> any_bits(0, 0xFFFF);
   for (const Layout& l : padding_layouts()) {
     const int64_t positions = int64_t(l.B()) * l.T;
-    const std::vector<int32_t> ids = segment_ids(l);
+    const std::vector<int32_t> ids = test::make_batch(l.T, l.rows).segment_ids;
     for (int64_t per : per_position_widths(l)) {
       INFO("T " << l.T << " rows " << l.B() << " per position " << per);
       std::vector<uint16_t> data(std::size_t(positions * per));
@@ -427,7 +396,7 @@ TEST_CASE("zero_padding_stats: the statistics of padding positions 0, (B, T, H) 
   std::normal_distribution<float> nd(0.0f, 5.0f);
   for (const Layout& l : padding_layouts()) {
     const int64_t B = l.B(), T = l.T;
-    const std::vector<int32_t> ids = segment_ids(l);
+    const std::vector<int32_t> ids = test::make_batch(l.T, l.rows).segment_ids;
     for (int64_t H : {int64_t(1), int64_t(3), int64_t(13)}) {
       for (bool token_major : {true, false}) {
         INFO("T " << T << " rows " << B << " heads " << H << (token_major ? " (B, T, H)" : " (B, H, T)"));

@@ -41,6 +41,28 @@ inline Batch make_batch(int32_t seq_len, const std::vector<RowLayout>& rows) {
   return batch;
 }
 
+// Rows' segments as the kernels read them: (start, length) int32 pairs, row after row, taken as
+// given (segments no batcher makes included, which make_batch would not take); never empty, so a
+// device copy of it exists.
+inline std::vector<int32_t> flat_segments(const std::vector<RowLayout>& rows) {
+  std::vector<int32_t> s;
+  for (const RowLayout& row : rows) {
+    for (auto [start, length] : row) {
+      s.push_back(start);
+      s.push_back(length);
+    }
+  }
+  if (s.empty()) s.push_back(0);
+  return s;
+}
+
+// (rows + 1): the segments of row r are [offsets[r], offsets[r + 1]) of flat_segments' pairs.
+inline std::vector<int32_t> row_offsets(const std::vector<RowLayout>& rows) {
+  std::vector<int32_t> o{0};
+  for (const RowLayout& row : rows) o.push_back(o.back() + int32_t(row.size()));
+  return o;
+}
+
 // Packs random segment lengths (some of length 1) back to back, leaving a random tail as padding.
 inline RowLayout random_packed_row(int32_t seq_len, std::mt19937& rng) {
   RowLayout row;
