@@ -4,6 +4,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
+# What only the tests use (third_party/pip-test-packages.txt: the tokenizer references).
+"$root/scripts/setup-tests.sh"
 "$root/scripts/build.sh"
 source "$root/scripts/cmake-bin.sh"
 # The kernel interpreter's tests (label emu) are outside the main build: built here.

@@ -205,9 +205,40 @@ def _read_text(path):
         raise InputError(f"{path}: cannot read: {e}") from e
 
 
+class _Ranks(dict):
+    """Token bytes -> id, refusing the same bytes or the same id twice (a malformed file)."""
+
+    def __init__(self):
+        super().__init__()
+        self.where = {}  # id -> where it was given
+
+    def add(self, where, token, rank):
+        if token in self:
+            raise InputError(f"{where}: the bytes {token!r} already have id {self[token]} ({self.where[self[token]]}): "
+                             "each byte sequence has one id")
+        if rank in self.where:
+            raise InputError(f"{where}: id {rank} is already given to another token ({self.where[rank]})")
+        self[token] = rank
+        self.where[rank] = where
+
+
+def _json_object_once(path):
+    """An object_pairs_hook for json.loads that refuses a key given twice (json keeps the last)."""
+
+    def hook(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InputError(f"{path}: the key {key!r} appears twice")
+            seen.add(key)
+        return dict(pairs)
+
+    return hook
+
+
 def read_ranks(found):
-    """The mergeable ranks (token bytes -> id) of the files, parsed here (no tiktoken)."""
-    ranks = {}
+    """The mergeable ranks (token bytes -> id) of the files, parsed and checked here (no tiktoken)."""
+    ranks = _Ranks()
     if found.kind == "tiktoken":
         path = found.files["gpt2.tiktoken"]
         for number, line in enumerate(_read_text(path).splitlines(), 1):
@@ -217,10 +248,11 @@ def read_ranks(found):
             try:
                 if len(fields) != 2:
                     raise ValueError("expected 'BASE64 RANK'")
-                ranks[base64.b64decode(fields[0], validate=True)] = int(fields[1])
+                token, rank = base64.b64decode(fields[0], validate=True), int(fields[1])
             except ValueError as e:
                 raise InputError(f"{path}:{number}: not a tiktoken rank line: {e}") from e
-        return ranks
+            ranks.add(f"{path}:{number}", token, rank)
+        return dict(ranks)
 
     encoder_path, merges_path = found.files["encoder.json"], found.files["vocab.bpe"]
     _, to_byte = gpt2_byte_alphabet()
@@ -232,28 +264,28 @@ def read_ranks(found):
             raise InputError(f"{path}: {text!r} uses a character outside GPT-2's byte alphabet") from e
 
     try:
-        encoder = json.loads(_read_text(encoder_path))
+        encoder = json.loads(_read_text(encoder_path), object_pairs_hook=_json_object_once(encoder_path))
     except json.JSONDecodeError as e:
-        raise InputError(f"{encoder_path}: not JSON: {e}") from e
+        raise InputError(f"{encoder_path}: not JSON (cut short?): {e}") from e
     if not isinstance(encoder, dict):
         raise InputError(f"{encoder_path}: not a JSON object of token -> id")
     for text, rank in encoder.items():
         if text in ("<|endoftext|>", "<|startoftext|>"):
             continue
-        if not isinstance(rank, int):
+        if not isinstance(rank, int) or isinstance(rank, bool):
             raise InputError(f"{encoder_path}: the id of {text!r} is not an integer")
-        ranks[spelled(encoder_path, text)] = rank
+        ranks.add(f"{encoder_path}: entry {text!r}", spelled(encoder_path, text), rank)
     # vocab.bpe lists the merges by priority; the token made by the k-th is id 256 + k.
     lines = _read_text(merges_path).split("\n")
     merges = [line for line in lines[1:] if line.strip()] if lines and lines[0].startswith("#version") else []
     if len(merges) != len(ranks) - 256:
         raise InputError(f"{merges_path}: {len(merges)} merges, but {encoder_path} has {len(ranks)} tokens "
-                         f"(a BPE vocabulary has 256 + one per merge)")
+                         f"(a BPE vocabulary has 256 + one per merge; is a file cut short?)")
     for k, line in enumerate(merges):
         pair = line.split(" ")
         if len(pair) != 2 or ranks.get(spelled(merges_path, pair[0]) + spelled(merges_path, pair[1])) != 256 + k:
             raise InputError(f"{merges_path}:{k + 2}: merge {line!r} does not make token {256 + k} of {encoder_path}")
-    return ranks
+    return dict(ranks)
 
 
 def ranks_fingerprint(ranks):
@@ -370,6 +402,7 @@ class Gpt2Tokenizer:
                     raise InputError("--bpe-impl tiktoken: tiktoken is not installed (pip install tiktoken), "
                                      "or use --bpe-impl python")
         if tiktoken is not None:
+            check_gpt2(found, read_ranks(found))  # tiktoken's loaders let a repeated key or line through
             ranks = self._tiktoken_ranks(found)
             self.fingerprint = check_gpt2(found, ranks)
             self._encoding = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
@@ -17,7 +16,7 @@
 #include "ablate/file_check.hpp"
 #include "ablate/metrics.hpp"
 #include "commands.hpp"
-#include "report.hpp"
+#include "json_read.hpp"
 
 namespace ablate::cli {
 
@@ -87,50 +86,17 @@ Run load_run(const fs::path& dir) {
   } catch (const toml::parse_error& e) {
     throw_input_error(cfg.string() + ":" + std::to_string(e.source().begin.line), std::string(e.description()));
   }
-  auto read = [&](const fs::path& p, json& into) {
-    if (!fs::exists(p)) return;
-    const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
-    try {
-      into = json::parse(text);
-    } catch (const json::exception& e) {
-      throw_input_error(p.string(), std::string("not valid JSON: ") + e.what());
-    }
-  };
-  // Only the fields the doctor reads, each of its type: a damaged file is an input error naming it.
-  // Nulls are dropped, so that a field's default applies.
-  const auto plain = [](json j) {
-    for (auto it = j.begin(); it != j.end();) it = it->is_null() ? j.erase(it) : std::next(it);
-    return j;
-  };
-  read(dir / "run.json", r.info);
-  r.info = plain(typed_fields(dir / "run.json", r.info,
-                        {{"world", 'n'}, {"memory_bytes", 'n'}, {"activation_bytes", 'n'}, {"memory_source", 's'},
-                         {"communicator", 's'}, {"device", 's'}, {"device_name", 's'}, {"recompute", 's'},
-                         {"activation_bytes_by_recompute", 'o'}}));
-  read(dir / "summary.json", r.summary);
-  r.summary = plain(typed_fields(dir / "summary.json", r.summary,
-                                 {{"mfu", 'n'}, {"effective_mfu", 'n'}, {"data_bottleneck", 's'}, {"optimizer_state_bytes", 'n'}}));
+  // Only the fields the doctor reads, each of its type (json_read.hpp): a damaged file is an input
+  // error naming it. run.json and summary.json may be missing (a run killed early, or still going).
+  r.info = read_json_file_if_present(dir / "run.json", kRunJson).value_or(json::object());
+  r.summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
   const fs::path m = dir / "metrics.jsonl";
-  if (!fs::exists(m)) {
+  auto steps = read_jsonl_file_if_present(m, kMetricsLine);
+  if (!steps) {
     throw_input_error(m.string(), "missing: the doctor reads the per-step metrics the `jsonl` logger writes (add \"jsonl\" "
                                   "to [logging] sinks)");
   }
-  std::istringstream in(read_regular_file(m, "metrics log", kMaxLogBytes));
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty()) continue;
-    try {
-      r.steps.push_back(plain(typed_fields(m.string() + ":" + std::to_string(n), json::parse(line),
-                                     {{"step", 'n'}, {"loss", 'n'}, {"val_loss", 'n'}, {"step_ms", 'n'},
-                                      {"padding_fraction", 'n'}, {"data_wait_pct", 'n'}, {"mem_peak_bytes", 'n'},
-                                      {"optimizer_state_bytes", 'n'}, {"comm_pct", 'n'}, {"mfu", 'n'},
-                                      {"tokens_per_s", 'n'}, {"real_tokens_per_s", 'n'}})));
-    } catch (const json::exception&) {
-      throw_input_error(m.string() + ":" + std::to_string(n), "not a JSON object (a line cut short by a crash?)");
-    }
-  }
+  r.steps = std::move(*steps);
   if (r.steps.empty()) throw_input_error(m.string(), "holds no steps yet: nothing to diagnose");
   return r;
 }
@@ -387,7 +353,7 @@ int cmd_doctor(const Args& args) {
       if (f.expected_speedup) j["expected_speedup"] = *f.expected_speedup;
       arr.push_back(j);
     }
-    std::cout << arr.dump(2) << "\n";
+    std::cout << json_text(arr, 2) << "\n";
     return 0;
   }
   std::cout << "doctor: " << run.dir.string() << " (" << run.cfg("run", "device", std::string("cpu")) << ", "
@@ -405,7 +371,7 @@ int cmd_doctor(const Args& args) {
     std::cout << "   evidence: ";
     bool first = true;
     for (const auto& [k, v] : f.evidence.items()) {
-      std::cout << (first ? "" : ", ") << k << "=" << (v.is_number_float() ? fmt("%.4g", v.get<double>()) : v.dump());
+      std::cout << (first ? "" : ", ") << k << "=" << (v.is_number_float() ? fmt("%.4g", v.get<double>()) : json_text(v));
       first = false;
     }
     std::cout << "\n   change:   " << f.change;

@@ -32,6 +32,7 @@
 #include "ablate/trainer.hpp"
 #include "ablate/safetensors.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 #include "report.hpp"
 
 extern char** environ;
@@ -43,16 +44,16 @@ using json = nlohmann::json;
 
 namespace {
 
-// A JSON file of a sweep or an arm: nullopt when it is missing or does not parse; a FIFO, device,
-// directory or a file past kMaxJsonBytes there is an input error.
-std::optional<json> read_json_file(const fs::path& p) {
-  if (!fs::exists(p)) return std::nullopt;
-  const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
-  try {
-    return json::parse(text);
-  } catch (const json::exception&) {
-    return std::nullopt;
+// arms.json's `peak_tflops_set`: the peak an earlier start of the sweep measured and gave every
+// arm as `--set metrics.peak_tflops=TEXT`; anything but a number > 0 there is an input error.
+std::string peak_tflops_text(const fs::path& arms_json, const std::string& text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v <= 0) {
+    throw_input_error(arms_json.string(), "field 'peak_tflops_set' is string \"" + echo_value(text) +
+                                              "\"; expected the text of a number > 0 (TFLOP/s)");
   }
+  return text;
 }
 
 std::string where(const std::string& file, const toml::source_region& r) {
@@ -109,6 +110,26 @@ struct Sweep {
   std::vector<std::string> axes;
   std::vector<Arm> arms;
 };
+
+// An arm's name is its directory inside the sweep's: never one of the files the sweep and its
+// report write there, never hidden (the lock, temporary files), and short enough for a file name
+// with its repeat suffix.
+void require_arm_name(const std::string& file, const std::string& name) {
+  static const std::set<std::string> reserved = {"arms.json",   "results.json",   "results.csv",       "report.md",
+                                                 "sweep.toml",  "loss_vs_step.png", "loss_vs_time.png", "throughput.png",
+                                                 "padding.png", "loss_vs_real_tokens.png"};
+  constexpr std::size_t kMaxArmName = 128;
+  if (name.front() == '.' || reserved.count(name) > 0) {
+    throw_input_error(file + " arm '" + echo_value(name) + "'",
+                      "the name is taken by a file the sweep writes in its directory (or is hidden, like .lock): choose "
+                      "another with `name = ...` in [[sweep.arms]]");
+  }
+  if (name.size() > kMaxArmName) {
+    throw_input_error(file + " arm '" + echo_value(name) + "'",
+                      "the name is " + std::to_string(name.size()) + " bytes; an arm's directory name may be at most " +
+                          std::to_string(kMaxArmName) + ": give the arms shorter names with [[sweep.arms]] name = ...");
+  }
+}
 
 Sweep read_sweep(const fs::path& file) {
   // Only a regular file (a FIFO would wait forever, /dev/zero never end), a few KB of TOML.
@@ -244,6 +265,7 @@ Sweep read_sweep(const fs::path& file) {
     }
     if (int n = seen[a.name]++; n > 0) a.name += "-" + std::to_string(n + 1);
   }
+  for (const Arm& a : base_arms) require_arm_name(f, a.name);
   for (const Arm& a : base_arms) {
     for (int r = 0; r < s.repeats; ++r) {
       Arm x = a;
@@ -271,6 +293,7 @@ struct ArmPlan {
   fs::path dir;
   bool done = false;
   bool resume = false;
+  bool restart = false;  // an earlier attempt with other overrides is there: started afresh
 };
 
 json arm_overrides_json(const Arm& a) {
@@ -321,7 +344,7 @@ pid_t spawn_train(const fs::path& exe, const Sweep& s, const ArmPlan& p) {
   return pid;
 }
 
-void write_json_file(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
+void write_json_file(const fs::path& p, const json& j) { write_file_atomic(p, json_text(j, 2) + "\n"); }
 
 }  // namespace
 
@@ -348,6 +371,7 @@ int cmd_sweep(const Args& args) {
   const ReportOptions report = report_options(vm);
   resolve_report_factors(report, s.axes, "sweep " + s.file.string());
   const fs::path out = vm.count("out") ? fs::path(vm["out"].as<std::string>()) : fs::path("sweeps") / s.name;
+  check_output_directory(out, "the sweep directory");
 
   // Every arm's experiment is validated before any arm runs: a typo fails now, not an hour in.
   std::vector<ArmPlan> plans;
@@ -379,14 +403,16 @@ int cmd_sweep(const Args& args) {
   }
   // One peak for every arm, so that their MFU columns compare: the base's [metrics] peak_tflops, or
   // on the CPU the matrix-product rate measured once here (kept in arms.json for reruns).
+  // What an earlier start of this sweep recorded; damaged is an input error, before anything is written.
+  const std::optional<json> earlier = read_json_file_if_present(out / "arms.json", kArmsJson);
   std::string peak_text;
   {
     Registry registry;
     registry.load_directories(Registry::default_search_path());
     const Config c = Config::load(s.base, plans.front().sets, registry);
     if (c.section("metrics").get_float("peak_tflops") <= 0 && c.section("run").get_string("device") == "cpu") {
-      if (const auto prev = read_json_file(out / "arms.json"); prev && prev->contains("peak_tflops_set")) {
-        peak_text = (*prev)["peak_tflops_set"].get<std::string>();
+      if (earlier && earlier->contains("peak_tflops_set")) {
+        peak_text = peak_tflops_text(out / "arms.json", (*earlier)["peak_tflops_set"].get<std::string>());
       } else {
         const RunContext run = training_context(c);
         auto source = make_data_source(c, registry, run);
@@ -412,21 +438,17 @@ int cmd_sweep(const Args& args) {
 
   fs::create_directories(out);
   const DirectoryLock lock(out, "the sweep directory");  // one sweep per directory, for its whole life
-  write_file_atomic(out / "sweep.toml", read_regular_file(s.file, "sweep file", kMaxExperimentBytes));
-  {
-    json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};
-    if (!peak_text.empty()) order["peak_tflops_set"] = peak_text;
-    for (const ArmPlan& p : plans) order["arms"].push_back(p.arm.name);
-    write_json_file(out / "arms.json", order);
-  }
 
   // Finished arms (same overrides, summary says completed) are skipped; an interrupted arm with a
-  // checkpoint resumes from it; anything else starts afresh (its old log kept beside).
+  // checkpoint resumes from it; anything else starts afresh (its old log kept beside). Every arm's
+  // files are read (typed: a damaged one is an input error naming it) before anything is written,
+  // so that nothing is retrained over, or removed, on the strength of a file that did not read.
   for (ArmPlan& p : plans) {
-    const auto arm = read_json_file(p.dir / "arm.json");
-    const auto summary = read_json_file(p.dir / "summary.json");
-    const bool same = arm && arm->value("sets", json::array()) == json(p.sets);
+    const auto arm = read_json_file_if_present(p.dir / "arm.json", kArmJson);
+    const auto summary = read_json_file_if_present(p.dir / "summary.json", kSummaryJson);
+    const bool same = arm && arm->value("sets", std::vector<std::string>()) == p.sets;
     if (same && summary && summary->value("status", "") == "completed") {
+      read_jsonl_file_if_present(p.dir / "metrics.jsonl", kMetricsLine);  // the report reads it
       p.done = true;
     } else if (same && fs::exists(p.dir / "checkpoints" / "latest")) {
       p.resume = true;
@@ -435,9 +457,20 @@ int cmd_sweep(const Args& args) {
         throw_input_error(p.dir.string(), "holds a run with other overrides than this sweep's arm '" + p.arm.name +
                                               "'; move it away or use another --out");
       }
-      if (fs::exists(p.dir / "train.log")) fs::rename(p.dir / "train.log", p.dir / "train.previous.log");
-      fs::remove(p.dir / "summary.json");
+      p.restart = true;
     }
+  }
+  write_file_atomic(out / "sweep.toml", read_regular_file(s.file, "sweep file", kMaxExperimentBytes));
+  {
+    json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};
+    if (!peak_text.empty()) order["peak_tflops_set"] = peak_text;
+    for (const ArmPlan& p : plans) order["arms"].push_back(p.arm.name);
+    write_json_file(out / "arms.json", order);
+  }
+  for (const ArmPlan& p : plans) {
+    if (!p.restart) continue;
+    if (fs::exists(p.dir / "train.log")) fs::rename(p.dir / "train.log", p.dir / "train.previous.log");
+    fs::remove(p.dir / "summary.json");
   }
 
   const fs::path exe = self_exe();
@@ -481,16 +514,23 @@ int cmd_sweep(const Args& args) {
     running.erase(it);
     ++finished;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    const auto summary = read_json_file(p.dir / "summary.json");
+    // The summary the arm's training wrote; one that does not read fails the arm, with the reason.
+    std::optional<json> summary;
+    std::string unreadable;
+    try {
+      summary = read_json_file_if_present(p.dir / "summary.json", kSummaryJson);
+    } catch (const Error& e) {
+      unreadable = e.what();
+    }
     if (code == 0 && summary && summary->value("status", "") == "completed") {
       record(p, "completed", 0, wall, "");
       char line[256];
-      std::snprintf(line, sizeof line, "loss %.4f, %.0f tok/s, %.1f s", summary->value("final_loss", 0.0),
-                    summary->value("tokens_per_s", 0.0), wall);
+      std::snprintf(line, sizeof line, "loss %.4f, %.0f tok/s, %.1f s", summary->value("final_loss", std::nan("")),
+                    summary->value("tokens_per_s", std::nan("")), wall);
       std::cout << "[" << finished << "/" << total << "] " << p.arm.name << ": done, " << line << "\n" << std::flush;
     } else {
       ++failed;
-      std::string err = last_error_line(p.dir / "train.log");
+      std::string err = unreadable.empty() ? last_error_line(p.dir / "train.log") : unreadable;
       if (WIFSIGNALED(status)) err = "killed by signal " + std::to_string(WTERMSIG(status)) + (err.empty() ? "" : ": " + err);
       record(p, "failed", code, wall, err);
       std::cout << "[" << finished << "/" << total << "] " << p.arm.name << ": FAILED (exit " << code << "): " << err << "\n"
@@ -502,6 +542,7 @@ int cmd_sweep(const Args& args) {
   try {
     write_report(out, report);
   } catch (const Error& e) {
+    if (e.kind() == ErrorKind::input) throw;  // a damaged file: exit 2 naming it (results.csv is written)
     spdlog::warn("report: {}", e.what());
   }
   std::cout << "results: " << (out / "results.csv").string() << ", report: " << (out / "report.md").string() << "\n";

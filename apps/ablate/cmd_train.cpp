@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -30,7 +31,7 @@ int cmd_train(const Args& args) {
   po::positional_options_description pos;
   add_experiment_options(desc, pos);
   desc.add_options()("run-dir", po::value<std::string>(), "run directory (default: runs/<config name>)")(
-      "resume", po::value<std::string>()->implicit_value(""),
+      "resume", po::value<std::string>()->implicit_value("", "run dir")->value_name("DIR"),
       "continue from the latest checkpoint of the run directory (or of DIR)")(
       "stop-at", int_option("stop-at", 1, 1000000000000), "checkpoint and stop after this step (a planned interruption; --resume continues)");
   po::variables_map vm;
@@ -101,6 +102,37 @@ std::vector<int32_t> read_shard(const fs::path& path) {
   return {raw.begin(), raw.end()};
 }
 
+// Progress of a long loop on stderr: a bar redrawn in place on a terminal, else (a log file) a
+// line at every tenth of the work, so a long evaluation is never silent.
+class Progress {
+ public:
+  Progress(std::string what, int64_t total) : what_(std::move(what)), total_(std::max<int64_t>(1, total)), tty_(::isatty(2) != 0) {}
+  void update(int64_t done) {
+    const int64_t tenth = done * 10 / total_;
+    const auto now = std::chrono::steady_clock::now();
+    if (tty_) {
+      if (now - last_ < std::chrono::milliseconds(100) && done < total_) return;
+      last_ = now;
+      const int filled = int(done * 30 / total_);
+      std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", what_.c_str(), std::string(std::size_t(filled), '#').c_str(),
+                   std::string(std::size_t(30 - filled), ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total_));
+      if (done >= total_) std::fputc('\n', stderr);
+    } else if (tenth > reported_) {
+      reported_ = tenth;
+      std::fprintf(stderr, "%s: %lld/%lld (%lld%%)\n", what_.c_str(), static_cast<long long>(done), static_cast<long long>(total_),
+                   static_cast<long long>(done * 100 / total_));
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string what_;
+  int64_t total_;
+  bool tty_;
+  int64_t reported_ = 0;
+  std::chrono::steady_clock::time_point last_{};
+};
+
 Batch window_batch(const std::vector<int32_t>& tokens, int64_t first, int64_t rows, int64_t T) {
   Batch b;
   b.reset(int32_t(rows), int32_t(T));
@@ -126,13 +158,17 @@ int cmd_eval(const Args& args) {
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
       "tokens", po::value<std::string>()->required(), "llm.c-format token shard")(
       "seq-len", int_option("seq-len", 1, 16777216), "window length T (default: the run's batching.seq_len)")(
-      "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")("json", "print JSON")(
-      "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
+      "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")(
+      "threads", int_option("threads", 0, 4096), "CPU threads (0 = every core; default: the run's run.threads)")(
+      "json", "print JSON")("allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
   po::variables_map vm;
-  if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]")) return 0;
+  if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--threads N] [--json]"))
+    return 0;
   Registry registry;
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
+  const int threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>())
+                                                          : int(lm.config->section("run").get_int("threads")));
   const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.config->section("batching").get_int("seq_len");
   if (T < 1 || T > lm.model->options().max_seq_len) {
     throw_input_error("--seq-len", std::to_string(T) + " is outside 1.." + std::to_string(lm.model->options().max_seq_len));
@@ -149,14 +185,31 @@ int cmd_eval(const Args& args) {
     throw_input_error(vm["tokens"].as<std::string>(), "holds " + std::to_string(tokens.size()) + " tokens, fewer than one window of " +
                                                           std::to_string(T + 1));
   }
-  const int64_t per = vm["batch"].as<int64_t>();
+  // No more rows than windows; and the rows' activations (logits included) within the memory budget.
+  const int64_t per = std::min(vm["batch"].as<int64_t>(), windows);
+  if (per * T > kMaxBatchPositions) {
+    throw_input_error("--batch", std::to_string(per) + " windows of " + std::to_string(T) + " tokens are " + std::to_string(per * T) +
+                                     " positions per forward pass; expected at most " + std::to_string(kMaxBatchPositions));
+  }
+  const int64_t budget = memory_budget_bytes(*lm.config);
+  const auto need = [&](int64_t rows) { return lm.model->activation_bytes(rows, T) + rows * T * 16; };
+  if (budget > 0 && need(per) > budget) {
+    int64_t fits = per;
+    while (fits > 1 && need(fits) > budget) fits /= 2;
+    throw_input_error("--batch", std::to_string(per) + " windows of " + std::to_string(T) + " tokens need " +
+                                     std::to_string(need(per) >> 20) + " MiB of activations, more than the " +
+                                     std::to_string(budget >> 20) + " MiB budget; --batch " + std::to_string(fits) + " fits");
+  }
   double sum = 0;
   int64_t count = 0;
+  spdlog::info("eval: {} windows of {} tokens, {} per forward pass, {} thread(s)", windows, T, per, threads);
+  Progress progress("eval", windows);
   for (int64_t w = 0; w < windows; w += per) {
     const int64_t rows = std::min(per, windows - w);
     const Batch b = window_batch(tokens, w, rows, T);
     sum += lm.model->forward(b);
     count += rows * T;
+    progress.update(w + rows);
   }
   const double loss = sum / double(count);
   if (vm.count("json")) {
@@ -228,34 +281,57 @@ struct Exporter {
 // The run's end-of-document token as config.json's bos and eos ids, and the directory of its GPT-2
 // tokenizer files (empty when it has none): both from the data source, which may be gone (shards on
 // another machine): then the ids stay null and export says so.
-static fs::path describe_tokens(const Config& config, Registry& registry, json& cfg) {
+static fs::path describe_tokens(const Config& config, Registry& registry, json& cfg, bool with_tokenizer) {
   std::shared_ptr<DataSource> source;
   try {
     RunContext run;
     source = make_data_source(config, registry, run);
   } catch (const Error& e) {
-    spdlog::warn("export: the run's data source cannot be opened here ({}); config.json has no bos/eos ids and no "
-                 "tokenizer is written",
+    if (with_tokenizer) {
+      // Moved or damaged data, or tokenizer files that do not belong together (the source checks
+      // vocab.bpe against encoder.json as it opens them).
+      throw_input_error("export", std::string("cannot open the run's data source, which holds its tokenizer and end-of-text id (") +
+                                      e.what() + "); repair or reach its files, or pass --no-tokenizer to export the weights alone");
+    }
+    spdlog::warn("export --no-tokenizer: the run's data source cannot be opened here ({}); config.json has no bos/eos ids",
                  e.what());
     return {};
   }
   if (source->eot_token() >= 0) cfg["bos_token_id"] = cfg["eos_token_id"] = source->eot_token();
   const fs::path dir = source->gpt2_tokenizer_dir();
-  if (dir.empty()) return {};
+  if (dir.empty() || !with_tokenizer) return {};
   if (!fs::is_regular_file(dir / "encoder.json") || !fs::is_regular_file(dir / "vocab.bpe")) {
-    spdlog::warn("export: {} has no encoder.json and vocab.bpe (Hugging Face's GPT-2 tokenizer needs the merges); no "
-                 "tokenizer is written",
-                 dir.string());
-    return {};
+    throw_input_error(dir.string(), "has no encoder.json and vocab.bpe: Hugging Face's GPT-2 tokenizer needs both (the "
+                                    "merges); add them, or pass --no-tokenizer to export the weights alone");
   }
   return dir;
+}
+
+// `out` must not be (or lie inside) the run's checkpoints: a checkpoint's files would be
+// overwritten, or removed with it when the run's retention drops that checkpoint.
+static void require_export_target(const fs::path& out, const fs::path& checkpoint_dir) {
+  check_output_directory(out, "the export directory");
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(fs::absolute(out), ec);
+  const fs::path ckpt = fs::weakly_canonical(checkpoint_dir, ec);
+  const fs::path root = ckpt.parent_path().filename() == "checkpoints" ? ckpt.parent_path() : ckpt;
+  const auto inside = [](const fs::path& p, const fs::path& dir) {
+    const auto [d, q] = std::mismatch(dir.begin(), dir.end(), p.begin(), p.end());
+    return d == dir.end();
+  };
+  if (!ec && inside(target, root)) {
+    throw_input_error("--out", out.string() + " is inside " + root.string() +
+                                   ", where the run keeps its checkpoints: export to a directory outside it");
+  }
 }
 
 // GPT-2's tokenizer as transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the
 // encoder.json and vocab.bpe the shards were made with; <|endoftext|> begins and ends documents.
 static void write_gpt2_tokenizer(const fs::path& from, int64_t max_len, const fs::path& out) {
-  write_file_atomic(out / "vocab.json", read_regular_file(from / "encoder.json", "GPT-2 tokenizer file", kMaxTokenizerBytes));
-  write_file_atomic(out / "merges.txt", read_regular_file(from / "vocab.bpe", "GPT-2 tokenizer file", kMaxTokenizerBytes));
+  const std::string encoder = read_regular_file(from / "encoder.json", "GPT-2 tokenizer file", kMaxTokenizerBytes);
+  const std::string merges = read_regular_file(from / "vocab.bpe", "GPT-2 tokenizer file", kMaxTokenizerBytes);
+  write_file_atomic(out / "vocab.json", encoder);
+  write_file_atomic(out / "merges.txt", merges);
   const json special = {{"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
   json config = special;
   config["tokenizer_class"] = "GPT2Tokenizer";
@@ -270,13 +346,16 @@ int cmd_export(const Args& args) {
   po::options_description desc("ablate export --checkpoint DIR --format hf --out DIR");
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
       "format", po::value<std::string>()->default_value("hf"), "hf (Hugging Face transformers)")(
-      "out", po::value<std::string>()->required(), "output directory");
+      "out", po::value<std::string>()->required(), "output directory")(
+      "no-tokenizer", "export the weights alone, without the run's tokenizer files (also when its data is not reachable)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, "ablate export --checkpoint DIR --format hf --out DIR")) return 0;
   if (vm["format"].as<std::string>() != "hf") throw_input_error("--format", "'" + vm["format"].as<std::string>() + "': expected hf");
   Registry registry;
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
+  const fs::path out = vm["out"].as<std::string>();
+  require_export_target(out, lm.dir);
   const ModelOptions& o = lm.model->options();
   std::vector<float> values;
   lm.model->copy_params_to_host(values);
@@ -364,9 +443,8 @@ int cmd_export(const Args& args) {
                                            "qk_norm) nor Llama/Qwen3-shaped (rmsnorm, swiglu_mlp, rope): no Hugging Face "
                                            "architecture loads it as it is");
   }
-  const fs::path out = vm["out"].as<std::string>();
+  const fs::path tokenizer = describe_tokens(*lm.config, registry, cfg, vm.count("no-tokenizer") == 0);
   fs::create_directories(out);
-  const fs::path tokenizer = describe_tokens(*lm.config, registry, cfg);
   ex.out.metadata["format"] = "pt";
   write_safetensors(out / "model.safetensors", ex.out);
   write_file_atomic(out / "config.json", cfg.dump(2) + "\n");
@@ -385,8 +463,9 @@ int cmd_sample(const Args& args) {
       "tokens", int_option("tokens", 0, 16777216)->default_value(64), "tokens to generate")(
       "top-k", int_option("top-k", 0, 2147483647)->default_value(0), "sample among the K most likely tokens (0 = all)")(
       "temperature", float_option("temperature", 0.0, 1e6)->default_value(1.0), "softmax temperature (0 = greedy)")(
-      "seed", int_option("seed", 0, INT64_MAX)->default_value(0), "sampling seed")("stop-at-eot", po::value<bool>()->default_value(true),
-                                                                         "stop at the end-of-document token")(
+      "seed", int_option("seed", 0, INT64_MAX)->default_value(0), "sampling seed")(
+      "stop-at-eot", po::value<bool>()->default_value(true, "on")->implicit_value(true, "on")->value_name("on|off"),
+      "stop at the end-of-document token (--stop-at-eot=off: generate all --tokens)")(
       "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, "ablate sample --checkpoint DIR --prompt TEXT [--tokens N] [--top-k K] [--temperature X]"))

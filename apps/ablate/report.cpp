@@ -2,6 +2,7 @@
 // by matplotlib in ablate_plots.py from a small JSON description of what to draw.
 #include "report.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -12,7 +13,6 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
 #include "ablate/error.hpp"
@@ -27,80 +27,11 @@ using json = nlohmann::json;
 
 namespace {
 
-// The run and sweep files ablate writes are a few KB; these bounds (with kMaxJsonBytes) stop a
-// damaged or hostile one from costing more than that (a multi-GB read, or nesting deep enough to
-// exhaust the stack of whatever walks it later).
-constexpr int kMaxJsonDepth = 32;
-
-json read_json_or(const fs::path& p, json fallback) {
-  std::error_code ec;
-  if (!fs::exists(p, ec)) return fallback;
-  const std::string text = read_regular_file(p, "JSON file written by ablate", kMaxJsonBytes);
-  bool too_deep = false;
-  const auto guard = [&](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxJsonDepth) too_deep = true;
-    return !too_deep;
-  };
-  json out;
-  try {
-    out = json::parse(text, guard);
-  } catch (const json::exception& e) {
-    spdlog::warn("{}: not valid JSON ({}); ignored", p.string(), e.what());
-    return fallback;
-  }
-  if (too_deep) throw_input_error(p.string(), "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels: not one ablate wrote");
-  return out;
-}
-
-}  // namespace
-
-// Only the fields the report reads, each of the type it expects: a number ('n', or null), a string
-// ('s'), or an object of numbers, strings and booleans ('o'); anything else is an input error
-// naming the file and field. Unknown fields are dropped, so nothing unchecked reaches results.json.
-json typed_fields(const fs::path& file, const json& in, std::initializer_list<std::pair<const char*, char>> fields) {
-  json out = json::object();
-  if (!in.is_object()) {
-    if (!in.is_null()) throw_input_error(file.string(), "is not a JSON object");
-    return out;
-  }
-  for (const auto& [key, kind] : fields) {
-    if (!in.contains(key)) continue;
-    const json& v = in.at(key);
-    bool ok = false;
-    switch (kind) {
-      case 'n': ok = v.is_number() || v.is_null(); break;
-      case 's': ok = v.is_string(); break;
-      default:
-        ok = v.is_object() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); });
-        break;
-    }
-    if (!ok) {
-      throw_input_error(file.string(), std::string("field '") + key + "' is " + v.type_name() + ", expected " +
-                                           (kind == 'n' ? "a number" : kind == 's' ? "a string" : "an object of plain values"));
-    }
-    out[key] = v;
-  }
-  return out;
-}
-
-namespace {
-
-json read_summary(const fs::path& p) {
-  return typed_fields(p, read_json_or(p, json::object()),
-                      {{"status", 's'}, {"steps", 'n'}, {"parameters", 'n'}, {"first_loss", 'n'}, {"final_loss", 'n'},
-                       {"val_loss", 'n'}, {"tokens_per_s", 'n'}, {"real_tokens_per_s", 'n'}, {"tflops", 'n'}, {"mfu", 'n'},
-                       {"effective_mfu", 'n'}, {"peak_tflops", 'n'}, {"data_wait_pct", 'n'}, {"comm_pct", 'n'},
-                       {"mem_peak_bytes", 'n'}, {"optimizer_state_bytes", 'n'}, {"wall_s", 'n'}, {"world", 'n'},
-                       {"resumed_from", 'n'}, {"data_bottleneck", 's'}});
-}
-
 // An arm's directory name as arms.json gives it: one plain path component, never a way out of
 // the sweep directory.
-std::string arm_name(const fs::path& arms_json, const json& v) {
-  if (!v.is_string()) throw_input_error(arms_json.string(), std::string("an arm name is ") + v.type_name() + ", expected a string");
-  const std::string name = v.get<std::string>();
+std::string arm_name(const fs::path& arms_json, const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
-    throw_input_error(arms_json.string(), "arm name '" + name + "' is not a plain directory name");
+    throw_input_error(arms_json.string(), "arm name '" + echo_value(name) + "' is not a plain directory name");
   }
   return name;
 }
@@ -125,7 +56,7 @@ std::string csv_cell(const json& v) {
     std::snprintf(buf, sizeof buf, "%.9g", v.get<double>());
     return buf;
   }
-  return v.dump();
+  return json_text(v);
 }
 
 std::string fmt_num(const json& v, const char* f) {
@@ -166,21 +97,24 @@ std::string shell_quote(const std::string& s) {
 }
 
 fs::path plot_script() {
-  if (const char* env = std::getenv("ABLATE_PLOTS_SCRIPT"); env && *env) return env;
+  if (const char* env = std::getenv("ABLATE_PLOTS_SCRIPT"); env && *env) return fs::absolute(env);
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   return exe.parent_path().parent_path() / "share" / "ablate" / "ablate_plots.py";
 }
 
-// Runs the plotting script on `spec`; returns "" or what went wrong.
+// Runs the plotting script on `spec` in `dir`; returns "" or what went wrong. The description's
+// paths are relative to `dir`: a path there need not be UTF-8, as JSON text must.
 std::string draw(const fs::path& dir, const json& spec) {
   const fs::path spec_path = dir / ".plots.json";
-  write_file_atomic(spec_path, spec.dump(1));
+  write_file_atomic(spec_path, json_text(spec, 1));
   const fs::path script = plot_script();
   if (!fs::exists(script)) return "the plotting script is not installed (" + script.string() + ")";
-  const char* py = std::getenv("ABLATE_PYTHON");
-  const std::string cmd = shell_quote(py && *py ? py : "python3") + " " + shell_quote(script.string()) + " " +
-                          shell_quote(spec_path.string()) + " 2>&1";
+  const char* py_env = std::getenv("ABLATE_PYTHON");
+  std::string py = py_env && *py_env ? py_env : "python3";
+  if (py.find('/') != std::string::npos) py = fs::absolute(py).string();  // the script runs in `dir`
+  const std::string cmd = "cd -- " + shell_quote(dir.string()) + " && " + shell_quote(py) + " " + shell_quote(script.string()) +
+                          " " + shell_quote(spec_path.filename().string()) + " 2>&1";
   std::string output;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return "cannot run " + cmd;
@@ -232,9 +166,6 @@ json resolved_value(const fs::path& config_toml, const std::string& key) {
     return nullptr;
   }
 }
-
-// An override label from arm.json as the text the plots show.
-json factor_text(const json& v) { return v.is_string() ? v : json(v.dump()); }
 
 std::string resolve_factor(const char* option, const std::string& name, const std::vector<std::string>& factors,
                            const std::string& where) {
@@ -294,26 +225,19 @@ ReportOptions resolve_report_factors(const ReportOptions& options, const std::ve
 }
 
 void write_sweep_results(const fs::path& sweep_dir) {
-  const json order = read_json_or(sweep_dir / "arms.json", json());
-  if (!order.is_object()) throw_input_error((sweep_dir / "arms.json").string(), "missing or unreadable: not a sweep directory");
+  // Every file is read (an arm that never ran or never finished has no arm.json or summary.json;
+  // a damaged one is an input error) before results.json and results.csv are replaced.
   const fs::path arms_json = sweep_dir / "arms.json";
-  const json shape = typed_fields(arms_json, order, {{"name", 's'}, {"base", 's'}});
-  std::vector<std::string> axes;
-  for (const json& a : order.value("axes", json::array())) {
-    if (!a.is_string()) throw_input_error(arms_json.string(), "an axis is not a string");
-    axes.push_back(a.get<std::string>());
-  }
-  const json arm_list = order.contains("arms") ? order.at("arms") : json::array();
-  if (!arm_list.is_array()) throw_input_error(arms_json.string(), "field 'arms' is not a list");
+  const json order = read_json_file(arms_json, kArmsJson);
+  const std::vector<std::string> axes = order.value("axes", std::vector<std::string>());
   json rows = json::array();
-  for (const json& name_j : arm_list) {
-    const std::string name = arm_name(arms_json, name_j);
+  for (const std::string& listed : order["arms"].get<std::vector<std::string>>()) {
+    const std::string name = arm_name(arms_json, listed);
     const fs::path d = sweep_dir / name;
-    const json arm = typed_fields(d / "arm.json", read_json_or(d / "arm.json", json::object()),
-                                  {{"group", 's'}, {"repeat", 'n'}, {"overrides", 'o'}, {"status", 's'}, {"wall_s", 'n'}, {"error", 's'}});
-    const json summary = read_summary(d / "summary.json");
-    const json repeat = arm.contains("repeat") && arm["repeat"].is_number_integer() ? arm["repeat"] : json(0);
-    json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", repeat}};
+    const json arm = read_json_file_if_present(d / "arm.json", kArmJson).value_or(json::object());
+    const json summary = read_json_file_if_present(d / "summary.json", kSummaryJson).value_or(json::object());
+    if (arm.value("status", "") == "completed") read_jsonl_file_if_present(d / "metrics.jsonl", kMetricsLine);  // the plots read it
+    json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", arm.value("repeat", int64_t(0))}};
     row["overrides"] = arm.value("overrides", json::object());
     std::string status = arm.value("status", "not run");
     if (status == "running") status = "interrupted";
@@ -325,8 +249,8 @@ void write_sweep_results(const fs::path& sweep_dir) {
     row["run_dir"] = name;
     rows.push_back(row);
   }
-  json results = {{"sweep", shape.value("name", "")}, {"base", shape.value("base", "")}, {"axes", axes}, {"arms", rows}};
-  write_file_atomic(sweep_dir / "results.json", results.dump(2) + "\n");
+  json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
+  write_file_atomic(sweep_dir / "results.json", json_text(results, 2) + "\n");
 
   std::ostringstream csv;
   csv << "arm,repeat";
@@ -335,7 +259,7 @@ void write_sweep_results(const fs::path& sweep_dir) {
   for (const char* c : kSummaryColumns) csv << "," << c;
   csv << ",wall_s,error\n";
   for (const json& r : rows) {
-    csv << csv_cell(r["arm"]) << "," << r["repeat"].get<int>();
+    csv << csv_cell(r["arm"]) << "," << r["repeat"].get<int64_t>();
     for (const std::string& a : axes) csv << "," << csv_cell(r["overrides"].value(a, json("")));
     csv << "," << csv_cell(r["status"]);
     for (const char* c : kSummaryColumns) csv << "," << csv_cell(r[c]);
@@ -344,13 +268,14 @@ void write_sweep_results(const fs::path& sweep_dir) {
   write_file_atomic(sweep_dir / "results.csv", csv.str());
 }
 
-// A run's metrics.jsonl as the plots (Python) read it: a FIFO or device there would hang them, so
-// it is checked here first (a missing one is the plots' business: an arm that never started).
-static std::string metrics_for_plots(const fs::path& run_dir) {
-  const fs::path m = run_dir / "metrics.jsonl";
-  std::error_code ec;
-  if (fs::exists(m, ec)) check_regular_file(m, "metrics log", kMaxLogBytes);
-  return fs::absolute(m).string();
+// A run's metrics.jsonl as the plots (Python) read it, relative to the report's directory `dir`
+// (`run` is the run's directory relative to it, "" for `dir` itself): read typed here first, so
+// that a damaged line is an input error naming it (and a FIFO or device there never hangs the
+// plots). A missing one is the plots' business: an arm that never started.
+static std::string metrics_for_plots(const fs::path& dir, const fs::path& run) {
+  const fs::path m = run / "metrics.jsonl";
+  read_jsonl_file_if_present(dir / m, kMetricsLine);
+  return m.string();
 }
 
 fs::path write_report(const fs::path& dir, const ReportOptions& options) {
@@ -359,12 +284,10 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     throw_input_error(dir.string(), "neither a sweep directory (arms.json) nor a run directory (metrics.jsonl)");
   }
   std::ostringstream md;
-  json spec = {{"out_dir", fs::absolute(dir).string()}, {"runs", json::array()}, {"throughput", json::array()}};
-  const json results = sweep ? read_json_or(dir / "results.json", json::object()) : json::object();
-  std::vector<std::string> axes;
-  for (const json& a : results.value("axes", json::array())) {
-    if (a.is_string()) axes.push_back(a.get<std::string>());
-  }
+  // The plots are drawn in `dir`: the paths in their description are relative to it.
+  json spec = {{"out_dir", "."}, {"runs", json::array()}, {"throughput", json::array()}};
+  const json results = sweep ? read_json_file(dir / "results.json", kResultsJson) : json::object();
+  const std::vector<std::string> axes = results.value("axes", std::vector<std::string>());
   // Colour by one factor, line style by another (the first two unless chosen), markers for the rest.
   ReportOptions plot = resolve_report_factors(options, axes, (sweep ? "sweep directory " : "run directory ") + dir.string());
   for (const std::string& a : axes) {
@@ -400,12 +323,16 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     std::vector<std::string> failures;
     const json arms = results.value("arms", json::array());  // best_val and fastest point into it
     for (const json& r : arms) {
+      // A row's field, null where the row has none (results.json's nulls are read as absent).
+      const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
+      const json overrides = r.value("overrides", json::object());
       md << "| " << r.value("arm", "") << " |";
-      for (const std::string& a : axes) md << " " << r["overrides"].value(a, "") << " |";
-      md << " " << r.value("status", "") << " | " << fmt_num(r["final_loss"], "%.4f") << " | " << fmt_num(r["val_loss"], "%.4f")
-         << " | " << fmt_si(r["tokens_per_s"]) << " | " << fmt_si(r["real_tokens_per_s"]) << " | " << fmt_pct(r["mfu"]) << " | "
-         << fmt_pct(r["effective_mfu"]) << " | " << fmt_mib(r["mem_peak_bytes"]) << " | " << fmt_mib(r["optimizer_state_bytes"])
-         << " | " << fmt_num(r["data_wait_pct"], "%.1f%%") << " | " << fmt_num(r["wall_s"], "%.1f") << " |\n";
+      for (const std::string& a : axes) md << " " << overrides.value(a, "") << " |";
+      md << " " << r.value("status", "") << " | " << fmt_num(cell("final_loss"), "%.4f") << " | " << fmt_num(cell("val_loss"), "%.4f")
+         << " | " << fmt_si(cell("tokens_per_s")) << " | " << fmt_si(cell("real_tokens_per_s")) << " | " << fmt_pct(cell("mfu"))
+         << " | " << fmt_pct(cell("effective_mfu")) << " | " << fmt_mib(cell("mem_peak_bytes")) << " | "
+         << fmt_mib(cell("optimizer_state_bytes")) << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | "
+         << fmt_num(cell("wall_s"), "%.1f") << " |\n";
       if (r.value("status", "") == "failed") failures.push_back(r.value("arm", "") + ": " + r.value("error", ""));
       if (r.value("status", "") != "completed") continue;
       const std::string g = r.value("group", r.value("arm", ""));
@@ -413,22 +340,21 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
         group_order.push_back(g);
         groups[g] = {{"group", g}, {"tokens_per_s", json::array()}, {"real_tokens_per_s", json::array()}};
       }
-      groups[g]["tokens_per_s"].push_back(r["tokens_per_s"]);
-      groups[g]["real_tokens_per_s"].push_back(r["real_tokens_per_s"]);
+      groups[g]["tokens_per_s"].push_back(cell("tokens_per_s"));
+      groups[g]["real_tokens_per_s"].push_back(cell("real_tokens_per_s"));
       most_repeats = std::max(most_repeats, groups[g]["tokens_per_s"].size());
       const fs::path run_dir = dir / r.value("run_dir", "");
-      const json overrides = r.contains("overrides") && r["overrides"].is_object() ? r["overrides"] : json::object();
       json factors = json::object();
       for (const std::string& a : axes) {
         // An arm of an explicit list may leave a factor to the base experiment: its resolved value.
-        factors[a] = overrides.contains(a) ? factor_text(overrides[a]) : resolved_value(run_dir / "config.toml", a);
+        factors[a] = overrides.contains(a) ? overrides[a] : resolved_value(run_dir / "config.toml", a);
       }
       spec["runs"].push_back({{"label", r.value("arm", "")},
                               {"group", g},
-                              {"metrics", metrics_for_plots(run_dir)},
+                              {"metrics", metrics_for_plots(dir, r.value("run_dir", ""))},
                               {"factors", factors}});
-      if (r["val_loss"].is_number() && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
-      if (r["real_tokens_per_s"].is_number() &&
+      if (r.contains("val_loss") && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
+      if (r.contains("real_tokens_per_s") &&
           (!fastest || r["real_tokens_per_s"].get<double>() > (*fastest)["real_tokens_per_s"].get<double>())) {
         fastest = &r;
       }
@@ -444,7 +370,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     }
     for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
   } else {
-    const json summary = read_summary(dir / "summary.json");
+    const json summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
     const std::string name = fs::absolute(dir).lexically_normal().filename().string();
     spec["title"] = "run " + name;
     md << "# Run `" << name << "`\n\n| metric | value |\n|---|---:|\n";
@@ -464,7 +390,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
     spec["runs"].push_back({{"label", name},
                             {"group", name},
-                            {"metrics", metrics_for_plots(dir)},
+                            {"metrics", metrics_for_plots(dir, "")},
                             {"factors", json::object()}});
   }
   const std::string whiskers = most_repeats > 1 ? " (bars: median of the repeats; whiskers: their range)" : "";

@@ -1,11 +1,6 @@
 // Results tables and reports for runs and sweeps (used by `ablate sweep` and `ablate report`).
 #pragma once
 
-#include <initializer_list>
-#include <utility>
-
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,14 +9,9 @@
 
 namespace ablate::cli {
 
-// Only `fields` of the JSON object `in` (read from `file`), each of its kind: 'n' a number (or
-// null), 's' a string, 'o' an object of plain values; anything else is an input error naming the
-// file and field. Fields not listed are dropped.
-nlohmann::json typed_fields(const std::filesystem::path& file, const nlohmann::json& in,
-                            std::initializer_list<std::pair<const char*, char>> fields);
-
 // A sweep directory (it holds arms.json): gathers every arm's arm.json and summary.json into
-// results.json and results.csv, one row per arm, in the sweep's order.
+// results.json and results.csv, one row per arm, in the sweep's order. Every file is read typed
+// (json_read.hpp) before either is written: a damaged one is an input error naming it.
 void write_sweep_results(const std::filesystem::path& sweep_dir);
 
 // How the plots are drawn. The factors are a sweep's axes ("batching.name", ...).

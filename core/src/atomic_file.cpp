@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 
 namespace ablate {
 
@@ -56,11 +57,25 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
 }
 
 DirectoryLock::DirectoryLock(const fs::path& dir, const std::string& what) {
+  check_output_directory(dir, what);
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (ec) throw_input_error(dir.string(), "cannot create " + what + ": " + ec.message());
   const fs::path file = dir / ".lock";
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Never through a symlink (the lock would be another file's, and the pid written over it), never
+  // a FIFO or device (opening one may wait; writing the pid would feed it).
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw_input_error(file.string(), "is a symlink: expected the lock file ablate keeps in " + what + " (a regular file); remove it");
+  }
   if (fd_ < 0) throw_input_error(file.string(), std::string("cannot open the lock file: ") + std::strerror(errno));
+  try {
+    check_regular_fd(fd_, file, "lock file", kMaxPointerBytes);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char holder[32] = {0};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -47,7 +48,7 @@ T whole_field(const json& j, const std::string& field, const fs::path& file, T l
     throw_input_error(file.string(), "not a valid checkpoint state: '" + field + "' is " + held +
                                          ", expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
   };
-  if (!j.is_number_integer()) return refuse(j.dump());
+  if (!j.is_number_integer()) return refuse(echo_value(j.dump()));
   if (j.is_number_unsigned()) {
     const uint64_t v = j.get<uint64_t>();
     if (v > uint64_t(hi) || (lo > T(0) && v < uint64_t(lo))) return refuse(j.dump());
@@ -67,6 +68,16 @@ T whole_field(const json& j, const char* key, const std::string& prefix, const f
     throw_input_error(file.string(), "not a valid checkpoint state: no '" + prefix + key + "'");
   }
   return whole_field<T>(j.at(key), prefix + key, file, lo, hi);
+}
+
+// A state.json field that must be a string.
+std::string string_field(const json& j, const char* key, const fs::path& file) {
+  if (!j.contains(key)) throw_input_error(file.string(), std::string("not a valid checkpoint state: no '") + key + "'");
+  if (!j.at(key).is_string()) {
+    throw_input_error(file.string(), std::string("not a valid checkpoint state: '") + key + "' is " + echo_value(j.at(key).dump()) +
+                                         ", expected a string");
+  }
+  return j.at(key).get<std::string>();
 }
 
 DataCursor cursor_from(const json& j, const std::string& name, const fs::path& file) {
@@ -197,32 +208,70 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
 
 void write_json_file(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
 
+std::optional<fs::path> newest_complete_checkpoint(const fs::path& run_dir) {
+  const fs::path root = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  int64_t best = -1;
+  fs::path found;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) != 0 || n.size() == 5 || n.size() > 5 + 18) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    // state.json is written last, inside the hidden directory that is renamed into place: a
+    // step_ directory holding it is complete.
+    if (!fs::is_regular_file(e.path() / "state.json", ec)) continue;
+    const int64_t step = std::stoll(n.substr(5));
+    if (step > best) {
+      best = step;
+      found = e.path();
+    }
+  }
+  if (best < 0) return std::nullopt;
+  return found;
+}
+
+bool has_checkpoint(const fs::path& run_dir) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(run_dir / "checkpoints" / "latest", ec)) || newest_complete_checkpoint(run_dir).has_value();
+}
+
 fs::path resolve_checkpoint(const fs::path& path) {
   if (!fs::exists(path)) throw_input_error(path.string(), "no such checkpoint or run directory");
   if (fs::exists(path / "state.json")) return path;
   const fs::path latest = path / "checkpoints" / "latest";
-  if (fs::exists(latest)) {
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(latest, ec))) {
     std::string name = read_regular_file(latest, "checkpoint pointer", kMaxPointerBytes);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
     // A checkpoint of this run: a plain directory name under checkpoints/, never a path that
     // leaves it ("../elsewhere", "/abs/path", a symlink pointing out).
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
         name.find('\0') != std::string::npos) {
-      throw_input_error(latest.string(), "names '" + name + "', expected the name of a checkpoint directory inside " +
+      throw_input_error(latest.string(), "names '" + echo_value(name) + "', expected the name of a checkpoint directory inside " +
                                              (path / "checkpoints").string() + " (like step_00000100)");
     }
     const fs::path dir = path / "checkpoints" / name;
-    if (!fs::exists(dir / "state.json")) throw_input_error(latest.string(), "names '" + name + "', which is not a complete checkpoint");
-    std::error_code ec;
+    if (!fs::exists(dir / "state.json")) {
+      throw_input_error(latest.string(), "names '" + echo_value(name) + "', which is not a complete checkpoint (" +
+                                             (dir / "state.json").string() + " is missing)");
+    }
     const fs::path real_root = fs::canonical(path / "checkpoints", ec);
     const fs::path real_dir = ec ? fs::path() : fs::canonical(dir, ec);
     if (ec || real_dir.parent_path() != real_root) {
-      throw_input_error(latest.string(), "names '" + name + "', which leads to " + (ec ? dir.string() : real_dir.string()) +
+      throw_input_error(latest.string(), "names '" + echo_value(name) + "', which leads to " + (ec ? dir.string() : real_dir.string()) +
                                              ", outside " + (path / "checkpoints").string() + ": expected a checkpoint of this run");
     }
     return dir;
   }
-  throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with checkpoints/latest");
+  // A run stopped between moving a checkpoint into place and naming it latest: its newest
+  // complete checkpoint is the one it would have named.
+  if (const auto newest = newest_complete_checkpoint(path)) {
+    spdlog::warn("{}: missing (the run stopped while saving a checkpoint); using {}, the newest complete checkpoint",
+                 latest.string(), newest->string());
+    return *newest;
+  }
+  throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with a complete checkpoint");
 }
 
 CheckpointState read_checkpoint_state(const fs::path& dir) {
@@ -232,15 +281,27 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
     const json j = json::parse(read_regular_file(file, "checkpoint state", kMaxJsonBytes));
     if (!j.is_object()) throw_input_error(file.string(), "not a valid checkpoint state: not a JSON object");
     s.step = whole_field<int64_t>(j, "step", "", file, 0, INT64_MAX);
+    for (auto [key, into] : {std::pair<const char*, double*>{"loss", &s.loss}, {"val_loss", &s.val_loss}}) {
+      if (!j.contains(key) || j.at(key).is_null()) continue;  // not recorded (or not evaluated at that step)
+      if (!j.at(key).is_number() || !std::isfinite(j.at(key).get<double>())) {
+        throw_input_error(file.string(), std::string("not a valid checkpoint state: '") + key + "' is " +
+                                             echo_value(j.at(key).dump()) + ", expected a finite number or null");
+      }
+      *into = j.at(key).get<double>();
+    }
     if (!j.contains("data_cursor")) throw_input_error(file.string(), "not a valid checkpoint state: no 'data_cursor'");
     s.cursor = cursor_from(j.at("data_cursor"), "data_cursor", file);
     s.seed = whole_field<uint64_t>(j, "seed", "", file, 0, UINT64_MAX);
-    s.config_hash = j.at("config_hash").get<std::string>();
-    s.model = j.at("model").get<std::string>();
-    s.parameters = j.at("parameters").get<int64_t>();
-    s.optimizer = j.at("optimizer").get<std::string>();
-    s.vocab_size = j.at("vocab_size").get<int64_t>();
-    s.world = j.value("world", 1);
+    s.config_hash = string_field(j, "config_hash", file);
+    s.model = string_field(j, "model", file);
+    s.parameters = whole_field<int64_t>(j, "parameters", "", file, 0, INT64_MAX);
+    s.optimizer = string_field(j, "optimizer", file);
+    s.vocab_size = whole_field<int64_t>(j, "vocab_size", "", file, 1, INT32_MAX);
+    s.world = j.contains("world") ? whole_field<int>(j, "world", "", file, 1, 1 << 20) : 1;
+    if (j.contains("shard_state") && !j.at("shard_state").is_boolean()) {
+      throw_input_error(file.string(), "not a valid checkpoint state: 'shard_state' is " + echo_value(j.at("shard_state").dump()) +
+                                           ", expected true or false");
+    }
     s.shard_state = j.value("shard_state", false);
     if (j.contains("data_cursors")) {
       const json& cursors = j.at("data_cursors");
@@ -335,7 +396,8 @@ std::string Checkpointer::optimizer_file(int rank) const {
   return buf;
 }
 
-void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data) {
+void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data, double loss,
+                        double val_loss) {
   const fs::path final_dir = root_ / step_name(step);
   const fs::path tmp = root_ / ("." + step_name(step) + ".tmp");
   if (comm_.rank() == 0) {
@@ -368,7 +430,10 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     }
     json ofiles = json::array();
     for (int r = 0; r < (s_.shard_state ? comm_.world() : 1); ++r) ofiles.push_back(optimizer_file(r));
+    const auto number_or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
     write_json_file(tmp / "state.json", {{"step", step},
+                                           {"loss", number_or_null(loss)},
+                                           {"val_loss", number_or_null(val_loss)},
                                            {"data_cursor", cursors[0]},
                                            {"data_cursors", cursors},
                                            {"world", comm_.world()},
@@ -389,7 +454,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   comm_.barrier();  // the checkpoint is complete for every rank
 }
 
-int64_t Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& data) {
+CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& data) {
   const fs::path cdir = resolve_checkpoint(s_.run_dir);
   const fs::path state_file = cdir / "state.json";
   const CheckpointState st = read_checkpoint_state(cdir);
@@ -454,7 +519,7 @@ int64_t Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& d
   optimizer.load_state(of.tensors);
   data.restore(st.cursors[std::size_t(comm_.rank())]);
   spdlog::info("resuming {} from step {}", cdir.string(), st.step);
-  return st.step;
+  return st;
 }
 
 }  // namespace ablate

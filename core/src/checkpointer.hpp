@@ -15,6 +15,7 @@
 #include "ablate/model.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/pipeline.hpp"
+#include "ablate/trainer.hpp"
 
 namespace ablate {
 
@@ -37,11 +38,12 @@ class Checkpointer {
 
   // Every rank takes part: each writes its data cursor (and its optimizer shard), rank 0 the
   // model, config and state, then moves the finished directory into place and updates `latest`.
-  void save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data);
+  // `loss` is the step's training loss, `val_loss` its validation loss (NaN: not evaluated).
+  void save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data, double loss, double val_loss);
   // Restores the model, this rank's optimizer state and data cursor from the run directory's
-  // latest checkpoint; returns its step. A checkpoint of another model, optimizer, world size or
+  // latest checkpoint; returns its state (step, losses). A checkpoint of another model, optimizer, world size or
   // sharding is an input error naming state.json, before anything is changed.
-  int64_t resume(Model& model, Optimizer& optimizer, DataPipeline& data);
+  CheckpointState resume(Model& model, Optimizer& optimizer, DataPipeline& data);
 
  private:
   std::string optimizer_file(int rank) const;

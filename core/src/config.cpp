@@ -136,9 +136,6 @@ const SectionSpec* find_section_spec(std::string_view name) {
 
 namespace {
 
-// The most positions (batch_size x seq_len) one micro-batch may have: batches index them with 32 bits.
-constexpr int64_t kMaxBatchPositions = 2147483647;
-
 struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
   std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
@@ -177,6 +174,15 @@ std::string node_text(const toml::node& n) {
   std::string s = os.str();
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
+}
+
+// A path value made absolute against the working directory (see ParamSpec::is_path).
+std::string absolute_if_path(const std::string& v, const ParamSpec& spec) {
+  if (!spec.is_path || v.empty() || fs::path(v).is_absolute()) return v;
+  if (std::find(spec.path_words.begin(), spec.path_words.end(), v) != spec.path_words.end()) return v;
+  std::error_code ec;
+  const fs::path abs = fs::absolute(v, ec);
+  return ec ? v : abs.lexically_normal().string();
 }
 
 class Validator {
@@ -230,7 +236,7 @@ class Validator {
         if (!node.is_string()) mismatch();
         const std::string v = node.as_string()->get();
         choice(v, node);
-        return v;
+        return absolute_if_path(v, spec);
       }
       case ParamType::int_list:
       case ParamType::float_list:
@@ -252,6 +258,7 @@ class Validator {
             if (!el.is_string()) mismatch();
             strings.push_back(el.as_string()->get());
             choice(strings.back(), el);
+            strings.back() = absolute_if_path(strings.back(), spec);
           }
         }
         if (spec.type == ParamType::int_list) return ints;

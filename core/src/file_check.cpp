@@ -134,4 +134,23 @@ std::string read_regular_file(const fs::path& path, std::string_view kind, std::
   return out;
 }
 
+void check_output_file(const fs::path& path, std::string_view kind) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // nothing there (or a dangling symlink): created
+  if (!S_ISREG(st.st_mode)) {
+    throw_input_error(path.string(), "is " + link_note(path) + type_name(st.st_mode) + ", not a regular file: expected " +
+                                         with_article(kind) + " to write (or nothing there)");
+  }
+}
+
+void check_output_directory(const fs::path& dir, std::string_view kind) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    const std::string what = S_ISREG(st.st_mode) ? std::string("an existing file") : type_name(st.st_mode);
+    throw_input_error(dir.string(), "is " + link_note(dir) + what + ", not a directory: " + std::string(kind) +
+                                        " must be a directory or a path that does not exist yet");
+  }
+}
+
 }  // namespace ablate

@@ -91,17 +91,19 @@ double RunMetrics::median_tokens_per_s() const { return median(tps_); }
 double RunMetrics::median_mfu() const { return median(mfus_); }
 
 nlohmann::json RunMetrics::summary() const {
-  nlohmann::json j = {{"first_loss", first_loss_},
-                      {"tokens_per_s", median(tps_)},
-                      {"real_tokens_per_s", median(rtps_)},
-                      {"tflops", median(tflops_)},
-                      {"mfu", median(mfus_)},
-                      {"effective_mfu", median(emfus_)},
+  // A process that trained no step (resumed at the last one) measured nothing: null, not zero.
+  const auto med = [](const std::vector<double>& v) { return v.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(v)); };
+  nlohmann::json j = {{"first_loss", first_loss_ < 0 ? nlohmann::json(nullptr) : nlohmann::json(first_loss_)},
+                      {"tokens_per_s", med(tps_)},
+                      {"real_tokens_per_s", med(rtps_)},
+                      {"tflops", med(tflops_)},
+                      {"mfu", med(mfus_)},
+                      {"effective_mfu", med(emfus_)},
                       {"peak_tflops", peak_.rank_tflops},
                       {"peak_source", peak_.source},
                       {"mfu_above_peak", above_peak_},
-                      {"data_wait_pct", median(waits_)}};
-  if (communicates_) j["comm_pct"] = median(comm_pcts_);
+                      {"data_wait_pct", med(waits_)}};
+  if (communicates_) j["comm_pct"] = med(comm_pcts_);
   return j;
 }
 

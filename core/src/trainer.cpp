@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -107,7 +109,7 @@ struct TrainerSettings {
 // rank 0 creates the directory once every rank has looked.
 void prepare_run_dir(const TrainOptions& options, Communicator& comm, int64_t steps) {
   const fs::path& dir = options.run_dir;
-  const bool has_checkpoint = fs::exists(dir / "checkpoints" / "latest");
+  const bool has_checkpoint = ablate::has_checkpoint(dir);
   // A finished run stays as it is: resuming it would rewrite its summary with an empty one.
   if (options.resume && fs::exists(dir / "summary.json")) {
     // A FIFO, device or directory there is refused (exit 2); a damaged regular file is not.
@@ -176,15 +178,17 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
     if (x[0] != all[0] || x[1] != all[1]) config_ranks += (config_ranks.empty() ? "" : ", ") + std::to_string(r);
     if (x[2] != all[2] || x[3] != all[3]) data_ranks += (data_ranks.empty() ? "" : ", ") + std::to_string(r);
   }
-  if (!config_ranks.empty()) {
-    throw_input_error(where, "rank(s) " + config_ranks + " resolved another experiment than rank 0 (this is rank " +
-                                 std::to_string(rank) + ", config hash " + config_hash +
-                                 "): start every rank with the same config file and --set overrides");
-  }
+  // Other data first: it says what each rank read (relative data paths resolve against each
+  // rank's working directory, so they also change the resolved config).
   if (!data_ranks.empty()) {
     throw_input_error(where, "rank(s) " + data_ranks + " read other data or built another model than rank 0 (this is rank " +
                                  std::to_string(rank) + ": " + data_and_model +
                                  "): every rank must see the same data files and plugins");
+  }
+  if (!config_ranks.empty()) {
+    throw_input_error(where, "rank(s) " + config_ranks + " resolved another experiment than rank 0 (this is rank " +
+                                 std::to_string(rank) + ", config hash " + config_hash +
+                                 "): start every rank in the same directory with the same config file and --set overrides");
   }
 }
 
@@ -347,12 +351,16 @@ RunContext training_context(const Config& config) {
   run.seed = uint64_t(run_p.get_int("seed"));
   run.device = run_p.get_string("device");
   run.dtype = run_p.get_string("dtype");
-  run.threads = int(run_p.get_int("threads"));
-  if (run.threads == 0) run.threads = int(std::max(1u, std::thread::hardware_concurrency()));
-#ifdef _OPENMP
-  omp_set_num_threads(run.threads);
-#endif
+  run.threads = use_cpu_threads(int(run_p.get_int("threads")));
   return run;
+}
+
+int use_cpu_threads(int threads) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+  return threads;
 }
 
 int64_t memory_budget_bytes(const Config& config) {
@@ -446,8 +454,10 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed, s.steps}, config, comm);
   const LrSchedule schedule = LrSchedule::from(config.section("schedule"), config.section("optimizer").get_float("lr"), s.steps);
   int64_t start_step = 0;
+  CheckpointState resumed;
   if (options.resume) {
-    start_step = checkpoints.resume(model, *optimizer, *train_data);
+    resumed = checkpoints.resume(model, *optimizer, *train_data);
+    start_step = resumed.step;
   } else {
     model.init_params(run.seed);
   }
@@ -482,10 +492,18 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 
   TrainResult result;
   result.run_dir = dir;
+  result.steps = start_step;
   RunMetrics metrics(start_step, s.steps, peak, run.world > 1 || comm.moves_data());
   std::vector<Batch> micro(static_cast<std::size_t>(s.accum));
   const auto t_run = Clock::now();
   double last_val = -1;
+  if (start_step == s.steps && options.resume) {
+    // Stopped after its last checkpoint but before summary.json: the summary is completed from
+    // that checkpoint (its losses; the validation loss evaluated again where it does not hold one).
+    result.final_loss = std::isfinite(resumed.loss) ? resumed.loss : std::numeric_limits<double>::quiet_NaN();
+    last_val = std::isfinite(resumed.val_loss) ? resumed.val_loss : eval.available ? eval.run(model, comm) : -1;
+    spdlog::info("step {} of {} is already trained: completing the run's summary", start_step, s.steps);
+  }
   bool stopped = false;
   OpTimes op_times;
   int64_t profiled_steps = 0;
@@ -527,7 +545,8 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     }
     const bool stopping = options.stop_at > 0 && step == options.stop_at && step < s.steps;
     if ((s.ckpt_every > 0 && step % s.ckpt_every == 0) || step == s.steps || stopping) {
-      checkpoints.save(step, model, *optimizer, *train_data);
+      checkpoints.save(step, model, *optimizer, *train_data, outcome.loss,
+                       do_eval ? last_val : std::numeric_limits<double>::quiet_NaN());
     }
     if (stopping) {
       stopped = true;
@@ -547,7 +566,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
                   {"resumed_from", start_step},
                   {"parameters", model.num_params()},
                   {"world", run.world},
-                  {"final_loss", result.final_loss},
+                  {"final_loss", std::isfinite(result.final_loss) ? json(result.final_loss) : json(nullptr)},
                   {"val_loss", last_val < 0 ? json(nullptr) : json(last_val)},
                   {"data_bottleneck", train_data->stats().bottleneck()},
                   {"mem_peak_bytes", int64_t(mem_peak)},
@@ -556,9 +575,15 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
                   {"config_hash", config.hash()}});
   loggers.close();
   if (lead) write_json_file(dir / "summary.json", summary);
-  spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", metrics.first_loss(),
-               result.final_loss, last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string(),
-               si(metrics.median_tokens_per_s()), 100.0 * metrics.median_mfu(), seconds_since(t_run), dir.string());
+  const std::string val_text = last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string();
+  if (result.steps == start_step) {
+    spdlog::info("done: no step left to train; final loss {:.4f}{}; summary.json completed; run dir {}", result.final_loss,
+                 val_text, dir.string());
+  } else {
+    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", metrics.first_loss(),
+                 result.final_loss, val_text, si(metrics.median_tokens_per_s()), 100.0 * metrics.median_mfu(),
+                 seconds_since(t_run), dir.string());
+  }
   return result;
 }
 

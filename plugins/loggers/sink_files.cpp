@@ -39,6 +39,7 @@ std::vector<std::string> read_complete_lines(const fs::path& file) {
 }
 
 std::ofstream open_for_append(const fs::path& file, bool truncate) {
+  check_output_file(file, "metrics log");  // a FIFO there would block the run on its first line
   std::ofstream out(file, std::ios::binary | (truncate ? std::ios::trunc : std::ios::app));
   if (!out) throw_input_error(file.string(), std::string("cannot open for writing: ") + std::strerror(errno));
   return out;

@@ -115,7 +115,7 @@ void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::data_source, "text_files", "1.0.0",
          "raw text as bytes (vocab 257, end-of-document 256); a document is a file or a separator-delimited piece",
          {
-             string_list("paths", {}, "text files or globs (relative to the working directory)"),
+             string_list("paths", {}, "text files or globs (relative to the working directory; recorded absolute)").path(),
              string("separator", "", "split files into documents on this string (empty = one document per file)"),
              floating("validation_fraction", 0.0, "share of documents (the last ones) held out for validation").within(0.0, 0.5),
          },

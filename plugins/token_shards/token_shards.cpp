@@ -292,14 +292,17 @@ void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::data_source, "token_shards", "1.0.0",
          "llm.c token shards (uint16, memory-mapped); documents split on the end-of-text token",
          {
-             string_list("paths", {}, "training shards: files or globs (relative to the working directory)"),
-             string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents"),
+             string_list("paths", {}, "training shards: files or globs (relative to the working directory; recorded absolute)")
+                 .path(),
+             string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents")
+                 .path(),
              floating("validation_fraction", 0.0, "share of documents held out when val_paths is empty").within(0.0, 0.5),
              integer("eot", 50256, "end-of-text token id (documents are split on it); shards hold uint16 tokens").within(0, 65535),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
              string("tokenizer", "auto",
                     "GPT-2 tokenizer files (encoder.json or gpt2.tiktoken) that samples are decoded with: a directory, "
-                    "\"auto\" (tokenizer/ beside the first shard, when there) or \"none\" (token ids)"),
+                    "\"auto\" (tokenizer/ beside the first shard, when there) or \"none\" (token ids)")
+                 .path({"auto", "none"}),
          },
          [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, "", {}});
 }

@@ -216,6 +216,93 @@ TEST_CASE("token_shards decodes samples with the GPT-2 tokenizer files beside it
                  "data.token_shards.tokenizer"));
 }
 
+// GPT-2's byte-level spelling of `bytes`, UTF-8 encoded, as encoder.json and vocab.bpe write tokens:
+// the bytes that print are their own code points, the 68 others U+0100 onwards in byte order.
+std::string gpt2_spelling(const std::string& bytes) {
+  const auto prints = [](int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); };
+  std::string out;
+  for (const char c : bytes) {
+    const int b = uint8_t(c);
+    int cp = b;
+    if (!prints(b)) {
+      cp = 256;
+      for (int x = 0; x < b; ++x) cp += prints(x) ? 0 : 1;
+    }
+    if (cp < 0x80) {
+      out += char(cp);
+    } else {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    }
+  }
+  return out;
+}
+
+TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or derived from gpt2.tiktoken) and refuses malformed tokenizer files") {
+  TempDir dir;
+  write_shard(dir.path() / "a.bin", {0, 1, 299, 0});  // ids up to the vocabulary's: no warning
+  const std::string glob = "\"" + (dir.path() / "a.bin").string() + "\"";
+  const auto source_with = [&](const std::string& sub) {
+    return source_from(shards_toml(glob, "tokenizer = \"" + (dir.path() / sub).string() + "\"\n"),
+                       {"data.token_shards.vocab_size=300"});
+  };
+  const auto error_with = [&](const std::string& sub) { return input_error_of([&] { source_with(sub); }); };
+  // Every byte its own id, then the merges "a b" -> 256, "b c" -> 257, "ab c" -> 258, "a a" -> 259.
+  const char* base64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string encoder = "{", tiktoken;
+  for (int b = 0; b < 256; ++b) {
+    const std::string spelled = gpt2_spelling(std::string(1, char(b)));
+    encoder += std::string("\"") + (spelled == "\"" || spelled == "\\" ? "\\" : "") + spelled + "\": " + std::to_string(b) + ", ";
+    tiktoken += std::string{base64[b >> 2], base64[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
+  }
+  encoder += "\"ab\": 256, \"bc\": 257, \"abc\": 258, \"aa\": 259}";
+  const std::string merges = "#version: 0.2\na b\nb c\nab c\na a\n";
+  tiktoken += "YWI= 256\nYmM= 257\nYWJj 258\nYWE= 259\n";
+  write_text(dir.path() / "bpe" / "encoder.json", encoder);
+  write_text(dir.path() / "bpe" / "vocab.bpe", merges);
+  write_text(dir.path() / "tik" / "gpt2.tiktoken", tiktoken);
+  for (const char* sub : {"bpe", "tik"}) {
+    CAPTURE(sub);
+    const auto src = source_with(sub);
+    CHECK(src->encode("abc") == std::vector<int32_t>{258});
+    CHECK(src->encode("aaa") == std::vector<int32_t>{259, 'a'});   // the leftmost of equal pairs first
+    CHECK(src->encode("aaaa") == std::vector<int32_t>{259, 259});
+    CHECK(src->encode("bcab") == std::vector<int32_t>{257, 256});  // the lower rank first, though right of the other
+    CHECK(src->encode("xabc abc") == std::vector<int32_t>{'x', 258, ' ', 258});  // "xabc", " abc"
+    CHECK(src->encode("a\xff") == std::vector<int32_t>{'a', 0xff});  // a byte that is not UTF-8 stays a byte
+    CHECK(src->decode(src->encode("aaab cab\n")) == "aaab cab\n");
+  }
+
+  // The same bytes under two ids (here a byte mapped twice).
+  write_text(dir.path() / "twice" / "gpt2.tiktoken", tiktoken + "YQ== 260\n");
+  const std::string twice = error_with("twice");
+  CHECK(contains(twice, "gpt2.tiktoken:261"));
+  CHECK(contains(twice, "the same bytes as token id 97"));
+  // A key repeated in encoder.json (JSON parsers keep one of the values).
+  write_text(dir.path() / "key" / "encoder.json", "{\"a\": 1, \"b\": 2, \"a\": 3}");
+  CHECK(contains(error_with("key"), "encoder.json: entry \"a\": appears twice"));
+  // encoder.json cut short.
+  write_text(dir.path() / "cut_json" / "encoder.json", encoder.substr(0, encoder.size() / 2));
+  CHECK(contains(error_with("cut_json"), "encoder.json: not valid JSON"));
+  // vocab.bpe cut short: a merge missing, a merge cut in two, the header alone.
+  const auto with_merges = [&](const std::string& sub, const std::string& text) {
+    write_text(dir.path() / sub / "encoder.json", encoder);
+    write_text(dir.path() / sub / "vocab.bpe", text);
+    return error_with(sub);
+  };
+  const std::string missing = with_merges("missing", "#version: 0.2\na b\nb c\nab c\n");
+  CHECK(contains(missing, "vocab.bpe: 3 merges, but"));
+  CHECK(contains(missing, "has 4 tokens of two or more bytes"));
+  CHECK(contains(with_merges("half", "#version: 0.2\na b\nb c\nab c\na"), "vocab.bpe:5: expected a merge"));
+  CHECK(contains(with_merges("header", "#version: 0.2\n"), "vocab.bpe: 0 merges"));
+  CHECK(contains(with_merges("no_header", "a b\nb c\nab c\na a\n"), "vocab.bpe:1: expected the \"#version\" line"));
+  // Merges in another order than the ids, or joining a token no earlier line makes.
+  CHECK(contains(with_merges("order", "#version: 0.2\nb c\na b\nab c\na a\n"), "vocab.bpe:2: merge \"b c\" should make token 256"));
+  write_text(dir.path() / "later" / "encoder.json", encoder.substr(0, encoder.find("\"ab\"")) + "\"abc\": 256, \"ab\": 257}");
+  write_text(dir.path() / "later" / "vocab.bpe", "#version: 0.2\nab c\na b\n");
+  CHECK(contains(error_with("later"), "vocab.bpe:2: merge \"ab c\" joins a token that no earlier line makes"));
+}
+
 TEST_CASE("token_shards reports one group per paths pattern, and a mixture over them draws by weight") {
   TempDir dir;
   write_shard(dir.path() / "web_0.bin", {0, 1, 0, 2, 0, 3, 0, 4});  // 4 documents

@@ -185,6 +185,48 @@ class Gpt2Offline(unittest.TestCase):
         self.assertIn("tokenize_shards:", r.stderr)
         self.assertIn(str(folder / "vocab.bpe"), r.stderr)
 
+    def test_malformed_files_exit_2_naming_the_file(self):
+        """A key given twice, a byte under two ids, files cut short: refused by both encoders."""
+        source = self.dir / "in4.txt"
+        source.write_text("Hello world", encoding="utf-8")
+        encoder_text = (BPE_DIR / "encoder.json").read_text(encoding="utf-8")
+        merges = (BPE_DIR / "vocab.bpe").read_bytes()
+        tiktoken_lines = []
+        ranks = self.tool.read_ranks(self.tool.bpe_files_in(BPE_DIR, "test"))
+        import base64
+
+        for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+            tiktoken_lines.append(base64.b64encode(token) + b" " + str(rank).encode())
+        cases = {
+            # "!" (id 0) again, under the id of the last token: json.loads would keep the later one.
+            "key_twice": ({"encoder.json": encoder_text[:-1] + ', "!": 50255}', "vocab.bpe": merges},
+                          "encoder.json", "appears twice"),
+            # The byte "!" given a second id in place of token 50255's.
+            "byte_twice": ({"gpt2.tiktoken": b"\n".join(tiktoken_lines[:-1] + [tiktoken_lines[0].split()[0] + b" 50255"])},
+                           "gpt2.tiktoken:50256", "already have id 0"),
+            "vocab_bpe_cut": ({"encoder.json": encoder_text, "vocab.bpe": merges[: len(merges) // 2]}, "vocab.bpe",
+                              "merges, but"),
+            "vocab_bpe_cut_in_a_line": ({"encoder.json": encoder_text, "vocab.bpe": merges.rstrip(b"\n")[:-2]},
+                                        "vocab.bpe:50001", "does not make token 50255"),
+            "encoder_json_cut": ({"encoder.json": encoder_text[: len(encoder_text) // 2], "vocab.bpe": merges},
+                                 "encoder.json", "not JSON"),
+        }
+        impls = ["python"] + (["tiktoken"] if have_tiktoken() else [])
+        for name, (files, where, what) in cases.items():
+            folder = self.dir / "malformed" / name
+            folder.mkdir(parents=True)
+            for file, data in files.items():
+                (folder / file).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+            for impl in impls:
+                with self.subTest(name=name, impl=impl):
+                    out = self.dir / "malformed_out" / name / impl / "s"
+                    r = run_tool("--bpe-dir", folder, "--bpe-impl", impl, "--out", out, source)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn("tokenize_shards:", r.stderr)
+                    self.assertIn(str(folder / where), r.stderr)
+                    self.assertIn(what, r.stderr)
+                    self.assertFalse(out.parent.exists())
+
     def test_round_trip_through_shards_without_tiktoken(self):
         texts = ["Hello world", "To be, or not to be: that is the question.\nWhether 'tis nobler...",
                  "Ünïcödé café 東京 🎉 and numbers 1,234.5", "a third document " * 20, "short"]

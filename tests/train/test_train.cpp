@@ -388,27 +388,79 @@ TEST_CASE("sample on token shards prints prompt and continuation as separate ids
   std::string expect;
   for (int id : got) expect += "t" + std::to_string(id) + " ";
   CHECK(d.output.find(expect) != std::string::npos);
-  // Export: config.json's bos/eos are the eot, and the tokenizer goes beside the weights once the
-  // merges are there too (Hugging Face's GPT2Tokenizer reads vocab.json and merges.txt).
+}
+
+// A shard of `count` tokens below `vocab`: documents of 39 tokens ending in `eot`.
+static void write_token_shard(const fs::path& path, int count, int vocab, int eot) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  int32_t header[256] = {20240520, 1, count};
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  for (int i = 0; i < count; ++i) {
+    const uint16_t t = uint16_t(i % 40 == 39 ? eot : (i * 7) % vocab == eot ? 1 : (i * 7) % vocab);
+    out.write(reinterpret_cast<const char*>(&t), 2);
+  }
+}
+
+TEST_CASE("export writes the shards' GPT-2 tokenizer beside the weights, and refuses (exit 2) rather than leave it out") {
+  // A byte-level tokenizer: every byte its own id (GPT-2's printable spelling), the merge "a b" ->
+  // 256, <|endoftext|> 257.
+  TempDir tmp;
+  const fs::path shard = tmp.path() / "data" / "train.bin";
+  write_token_shard(shard, 4000, 258, 257);
+  const fs::path tok = shard.parent_path() / "tokenizer";
+  fs::create_directories(tok);
+  json enc = json::object();
+  for (int b = 0, extra = 0; b < 256; ++b) {
+    const bool prints = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    const int cp = prints ? b : 256 + extra++;
+    std::string spelled = cp < 0x80 ? std::string(1, char(cp)) : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+    enc[spelled] = b;
+  }
+  enc["ab"] = 256;
+  enc["<|endoftext|>"] = 257;
+  std::ofstream(tok / "encoder.json") << enc.dump();
+  const fs::path run = tmp.path() / "run";
+  const std::string data = " --set data.name=token_shards --set 'data.token_shards.paths=[\"" + shard.string() +
+                           "\"]' --set data.token_shards.eot=257 --set data.token_shards.vocab_size=258";
+  const auto r = run_ablate("train " + config() + kTiny + data + " --set run.steps=2 --set run.eval_every=0 --run-dir " + run.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // Without the merges the tokenizer cannot be exported: refused, nothing written, unless
+  // --no-tokenizer asks for the weights alone.
   const fs::path hf = tmp.path() / "hf";
   const auto no_merges = run_ablate("export --checkpoint " + run.string() + " --out " + hf.string());
   INFO(no_merges.output);
-  REQUIRE(no_merges.exit_code == 0);
+  REQUIRE(no_merges.exit_code == 2);
   CHECK(no_merges.output.find("no encoder.json and vocab.bpe") != std::string::npos);
+  CHECK(no_merges.output.find("--no-tokenizer") != std::string::npos);
+  CHECK_FALSE(fs::exists(hf));
+  const auto weights = run_ablate("export --checkpoint " + run.string() + " --out " + hf.string() + " --no-tokenizer");
+  INFO(weights.output);
+  REQUIRE(weights.exit_code == 0);
+  CHECK(fs::exists(hf / "model.safetensors"));
   CHECK_FALSE(fs::exists(hf / "vocab.json"));
-  std::ofstream(shard.parent_path() / "tokenizer" / "vocab.bpe") << "#version: 0.2\nt 1\n";
+  // With the merges: config.json's bos/eos are the eot, and the tokenizer goes beside the weights
+  // (Hugging Face's GPT2Tokenizer reads vocab.json and merges.txt).
+  std::ofstream(tok / "vocab.bpe") << "#version: 0.2\na b\n";
   const auto e = run_ablate("export --checkpoint " + run.string() + " --out " + hf.string());
   INFO(e.output);
   REQUIRE(e.exit_code == 0);
   const json cfg = read_json(hf / "config.json");
-  CHECK(cfg["bos_token_id"] == 0);
-  CHECK(cfg["eos_token_id"] == 0);
-  CHECK(slurp(hf / "vocab.json") == slurp(shard.parent_path() / "tokenizer" / "encoder.json"));
-  CHECK(slurp(hf / "merges.txt") == "#version: 0.2\nt 1\n");
+  CHECK(cfg["bos_token_id"] == 257);
+  CHECK(cfg["eos_token_id"] == 257);
+  CHECK(slurp(hf / "vocab.json") == slurp(tok / "encoder.json"));
+  CHECK(slurp(hf / "merges.txt") == "#version: 0.2\na b\n");
   const json tc = read_json(hf / "tokenizer_config.json");
   CHECK(tc["tokenizer_class"] == "GPT2Tokenizer");
   CHECK(tc["eos_token"] == "<|endoftext|>");
   CHECK(tc["model_max_length"] == 64);
+  // A merges file cut short is refused, naming it, before anything is written.
+  std::ofstream(tok / "vocab.bpe") << "#version: 0.2\n";
+  const auto cut = run_ablate("export --checkpoint " + run.string() + " --out " + (tmp.path() / "hf2").string());
+  CHECK(cut.exit_code == 2);
+  CHECK(cut.output.find("vocab.bpe") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path() / "hf2"));
 }
 
 TEST_CASE("an MFU above 100% is warned about once, naming the peak used, and flagged in summary.json") {

@@ -40,6 +40,10 @@ uint64_t fnv1a(std::string_view text) noexcept;
 // else single (see trainer.hpp, resolve_communicator).
 inline constexpr const char* kAutoCommunicator = "auto";
 
+// The positions of one micro-batch (batch_size x seq_len, or eval's rows x window) are indexed with
+// 32 bits: a product past this is refused before anything is sized.
+inline constexpr int64_t kMaxBatchPositions = 2147483647;
+
 // Core's sections, in the order they are documented and printed.
 const std::vector<SectionSpec>& section_specs();
 const SectionSpec* find_section_spec(std::string_view name);

@@ -3,8 +3,10 @@
 // runtime failure (exit 1). Only apps/ turns errors into exit codes.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace ablate {
 
@@ -26,6 +28,15 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
   std::string where_;
 };
+
+// A value echoed in a message: at most `max_bytes` of it (cut at a UTF-8 character boundary), then
+// "... (N bytes)" when it was longer, so a 1 MB value gives a one-line message. Control bytes
+// and bytes that are not UTF-8 are written as \xNN.
+std::string echo_value(std::string_view value, std::size_t max_bytes = 80);
+
+// Every message is bounded too: one longer than kMaxMessageBytes keeps its start and end with the
+// middle left out, saying how much.
+inline constexpr std::size_t kMaxMessageBytes = 4096;
 
 // Shorthands: "where" is prefixed to the message as "where: message" when it is not empty.
 [[noreturn]] void throw_input_error(std::string where, const std::string& message);

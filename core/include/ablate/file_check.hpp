@@ -45,4 +45,15 @@ int open_regular_file(const std::filesystem::path& path, std::string_view kind, 
 // grows past the cap while it is read is refused too).
 std::string read_regular_file(const std::filesystem::path& path, std::string_view kind, std::uintmax_t max_bytes);
 
+// Before ablate writes or appends to `path`: nothing there, or a regular file (a symlink to one
+// included). A FIFO (opening one for writing waits for a reader), a device, a socket or a
+// directory is an input error naming it and `kind`.
+void check_output_file(const std::filesystem::path& path, std::string_view kind);
+
+// Before ablate writes into `dir`: nothing there (the caller creates it) or a directory (a symlink
+// to one included). An existing file or anything else is an input error: "PATH: is an existing
+// file, not a directory: KIND must be a directory or a path that does not exist yet" (`kind`: "the
+// run directory", "the export directory").
+void check_output_directory(const std::filesystem::path& dir, std::string_view kind);
+
 }  // namespace ablate

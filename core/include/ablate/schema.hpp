@@ -31,11 +31,17 @@ struct ParamSpec {
   std::optional<double> min;         // inclusive; for lists it applies to every element
   std::optional<double> max;         // inclusive
   std::vector<std::string> choices;  // for strings and string lists: the allowed values
+  // Strings and string lists naming files or directories (globs included): made absolute against
+  // the working directory when the config is read, so the run's resolved config.toml works from
+  // any directory. `path_words` are values that are not paths ("auto", "none") and stay as they are.
+  bool is_path = false;
+  std::vector<std::string> path_words;
 
   ParamSpec& at_least(double v) { min = v; return *this; }
   ParamSpec& at_most(double v) { max = v; return *this; }
   ParamSpec& within(double lo, double hi) { min = lo; max = hi; return *this; }
   ParamSpec& one_of(std::vector<std::string> values) { choices = std::move(values); return *this; }
+  ParamSpec& path(std::vector<std::string> words = {}) { is_path = true; path_words = std::move(words); return *this; }
 
   // "an int >= 1", "one of "first_fit", "best_fit"", "a list of float in [0, 1]"
   std::string expectation() const;

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,6 +62,8 @@ std::string resolve_communicator(const Config& config);
 // The run facts of [run] (seed, device, threads: 0 = all cores), with the CPU thread count applied
 // to OpenMP. A device this build cannot train on is an input error naming run.device.
 RunContext training_context(const Config& config);
+// The CPU threads the model's work uses from now on (0 = every core); returns the number.
+int use_cpu_threads(int threads);
 // The memory the run may use: [run] memory_budget_gib, else the machine's physical memory.
 int64_t memory_budget_bytes(const Config& config);
 // Refuses (input error naming batching.batch_size) sizes whose `in_flight` host batches alone
@@ -71,6 +74,10 @@ void require_batch_memory(const Config& config, int64_t in_flight, const std::st
 
 struct CheckpointState {
   int64_t step = 0;
+  // The training loss of that step and the validation loss when it was evaluated (NaN when the
+  // checkpoint does not record them): what a resume at the last step reports in summary.json.
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
   DataCursor cursor;
   uint64_t seed = 0;
   std::string config_hash;
@@ -86,9 +93,16 @@ struct CheckpointState {
   std::vector<std::string> optimizer_files;
 };
 
-// `path` is a checkpoint directory or a run directory (its latest checkpoint). Input error (exit 2)
-// when there is none or it is incomplete.
+// `path` is a checkpoint directory or a run directory (its latest checkpoint; without
+// checkpoints/latest, as a run killed between saving a checkpoint and naming it leaves it, the
+// newest complete one). Input error (exit 2) when there is none or `latest` names an incomplete one.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+// The run directory's complete checkpoint (checkpoints/step_N holding state.json) of the highest
+// step, if any.
+std::optional<std::filesystem::path> newest_complete_checkpoint(const std::filesystem::path& run_dir);
+// Whether the run directory has something to resume from: checkpoints/latest or a complete
+// checkpoint. Training over such a directory without --resume is refused.
+bool has_checkpoint(const std::filesystem::path& run_dir);
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint_dir);
 
 // A model restored from a checkpoint for evaluation, sampling or export.

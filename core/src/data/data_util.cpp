@@ -3,7 +3,9 @@
 #include "ablate/data_util.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -68,6 +70,95 @@ std::vector<fs::path> expand_paths(const std::vector<std::string>& patterns, con
   return files;
 }
 
+// ---------------------------------------------------------------------------------------------
+// A mapped file that shrinks under the process (truncated or rewritten in place while a run reads
+// it) turns the next read of a page past its new end into SIGBUS. The maps are recorded here so the
+// handler can name the file and end the process with exit code 1 and a message instead of a
+// signal death; checkpoints are written to a temporary directory and renamed into place, so the
+// last complete one is intact whenever this happens.
+
+namespace {
+
+struct MapSlot {
+  std::atomic<uintptr_t> begin{0};  // 0: free
+  std::atomic<uintptr_t> end{0};
+  char name[480] = {};
+};
+constexpr std::size_t kMapSlots = 4096;
+MapSlot g_maps[kMapSlots];
+std::atomic<bool> g_handler_installed{false};
+struct sigaction g_previous_sigbus {};
+
+void write_all(const char* s, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= std::size_t(w);
+  }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const MapSlot& m : g_maps) {
+    const uintptr_t b = m.begin.load(std::memory_order_acquire);
+    if (b == 0 || addr < b || addr >= m.end.load(std::memory_order_acquire)) continue;
+    static const char head[] = "error: ";
+    static const char tail[] =
+        ": the file shrank while the run read it (truncated or rewritten in place): the run stops here; its last "
+        "complete checkpoint is intact (ablate train ... --resume continues once the file is whole again)\n";
+    write_all(head, sizeof head - 1);
+    write_all(m.name, ::strnlen(m.name, sizeof m.name));
+    write_all(tail, sizeof tail - 1);
+    ::_exit(1);
+  }
+  // Not one of ours: what would have happened without this handler.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO && g_previous_sigbus.sa_sigaction != nullptr) {
+    g_previous_sigbus.sa_sigaction(sig, info, context);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);
+  ::raise(SIGBUS);
+}
+
+void install_sigbus_handler() {
+  if (g_handler_installed.exchange(true)) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+}
+
+void record_map(const std::byte* data, std::size_t size, const fs::path& path) {
+  install_sigbus_handler();
+  const std::string name = path.string();
+  for (MapSlot& m : g_maps) {
+    uintptr_t expected = 0;
+    // Claim the slot with a placeholder begin no address matches, fill it, then publish.
+    if (!m.begin.compare_exchange_strong(expected, UINTPTR_MAX, std::memory_order_acq_rel)) continue;
+    const std::size_t n = std::min(name.size(), sizeof m.name - 1);
+    std::memcpy(m.name, name.data(), n);
+    m.name[n] = 0;
+    m.end.store(reinterpret_cast<uintptr_t>(data) + size, std::memory_order_release);
+    m.begin.store(reinterpret_cast<uintptr_t>(data), std::memory_order_release);
+    return;
+  }
+  // Every slot taken: the map still works; a shrinking file would end the process by the signal.
+}
+
+void forget_map(const std::byte* data) {
+  for (MapSlot& m : g_maps) {
+    if (m.begin.load(std::memory_order_acquire) == reinterpret_cast<uintptr_t>(data)) {
+      m.end.store(0, std::memory_order_release);
+      m.begin.store(0, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
   // Checked before and after the open (which does not block on a FIFO): only a regular file is
   // mapped; a data file's size is its own business (it is paged in on demand).
@@ -86,6 +177,7 @@ MappedFile::MappedFile(const fs::path& path) : path_(path) {
       throw_input_error(path.string(), std::string("cannot map: ") + std::strerror(err));
     }
     data_ = static_cast<const std::byte*>(p);
+    record_map(data_, size_, path);
   }
   ::close(fd);  // the mapping keeps the file alive
 }
@@ -111,7 +203,10 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 }
 
 void MappedFile::release() noexcept {
-  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_ != nullptr) {
+    forget_map(data_);
+    ::munmap(const_cast<std::byte*>(data_), size_);
+  }
   data_ = nullptr;
   size_ = 0;
 }

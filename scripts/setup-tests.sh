@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the PyPI packages the tests use beyond scripts/setup.sh's (third_party/pip-test-packages.txt:
+# the `regex` module at the version plugins/token_shards/unicode_classes.inc was generated with, and
+# tiktoken). Idempotent: it checks first and installs only what is missing or at another version,
+# saying what it does. PYTHON names the interpreter (default python3).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+
+packages() { grep -Ev '^\s*(#|$)' "$1"; }
+
+# Whether the installed package satisfies the line: present, and at the pinned version for "name==version".
+satisfied() {
+  local name=${1%%[<>=!]*} installed
+  installed=$("$python" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
+  [ -n "$installed" ] || return 1
+  case "$1" in
+    *==*) [ "$installed" = "${1#*==}" ] ;;
+    *) return 0 ;;
+  esac
+}
+
+missing=()
+for p in $(packages "$root/third_party/pip-test-packages.txt"); do
+  if ! satisfied "$p"; then missing+=("$p"); fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-tests: PyPI test packages present"
+  exit 0
+fi
+echo "setup-tests: installing PyPI packages: ${missing[*]}"
+"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "${missing[@]}"

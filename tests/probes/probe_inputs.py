@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""Bad and pathological inputs for every command, by class; one verdict a line, then a tally.
+
+    python3 tests/probes/probe_inputs.py build/bin/ablate [--only REGEX] [--jobs N] [--keep]
+
+Each case runs one `ablate` command under a time limit and an address-space limit (a hang or a
+memory blow-up is a failure, never a stuck suite) and checks its exit code, what its message
+names, and that files already saved are byte for byte what they were. The classes:
+
+  c1  only regular files are read as files (FIFOs, directories, devices, dangling symlinks)
+  c2  every number has a range (command-line options and config keys)
+  c3  checkpoints are validated (state.json fields, latest, non-finite weights, run.steps)
+  c4  run directories are never clobbered (no latest, no summary, .lock, export --out, sweep arms)
+  c5  typed reads of run.json, summary.json, metrics.jsonl, arms.json (report, doctor, sweep)
+  c6  a token shard truncated while a run maps it ends the run with exit 1, the checkpoint intact
+  c7  paths that are not UTF-8
+  c8  pathological but valid inputs stay fast; messages echo a bounded prefix of a huge value
+  c9  malformed tokenizer files are refused
+  c10 runs are self-contained: eval, sample and export from another working directory
+  c11 eval shows progress and takes --threads; flags in --help
+
+Exit status: 0 when every case passes, 1 otherwise.
+"""
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.toml"
+TINY = ["--set", "model.d_model=32", "--set", "model.n_layers=1", "--set", "model.n_heads=2", "--set", "batching.seq_len=32",
+        "--set", "model.max_seq_len=32", "--set", "run.eval_batches=1", "--set", "run.threads=1", "--set", "data.workers=0"]
+TIME_LIMIT_S = 60
+ADDRESS_SPACE = 16 << 30  # bytes: far above what a tiny run needs, far below what an unbounded read takes
+MAX_MESSAGE = 6000        # bytes of output a refused input may produce
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: one tiny trained run, a token-shard corpus with a small byte-level BPE tokenizer, a
+# sweep. Cases that change files work on a copy.
+
+def byte_table():
+    """GPT-2's byte -> printable code point table: printable bytes stand for themselves, the other
+    68 take 256, 257, ... in byte order."""
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def write_tokenizer(d: Path):
+    """256 byte tokens, a few merges, <|endoftext|>: vocabulary of 262."""
+    t = byte_table()
+    enc = {t[b]: b for b in range(256)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("a", "n")]
+    for a, b in merges:
+        enc[a + b] = len(enc)
+    enc["<|endoftext|>"] = len(enc)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "encoder.json").write_text(json.dumps(enc, ensure_ascii=False), encoding="utf-8")
+    (d / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+    return len(enc)
+
+
+def write_shard(path: Path, tokens):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+class Fixture:
+    def __init__(self, ablate: Path, work: Path):
+        self.ablate = ablate
+        self.work = work
+        self.vocab = write_tokenizer(work / "data" / "tokenizer")
+        self.eot = self.vocab - 1
+        text = "the cat sat on the mat and then the hen ran in the sun. " * 4
+        doc = [b for b in text.encode()]
+        tokens = []
+        for i in range(300):
+            tokens += doc[: 40 + (i * 7) % 150] + [self.eot]
+        write_shard(work / "data" / "shard_000.bin", tokens)
+        # Tokens of the quickstart's vocabulary (80), for evaluating its run.
+        write_shard(work / "data" / "small.bin", [(i * 37) % 80 for i in range(3000)])
+        self.shard_args = ["--set", "data.name=token_shards", "--set", f'data.token_shards.paths=["{work}/data/shard_*.bin"]',
+                           "--set", f"data.token_shards.vocab_size={self.vocab}", "--set", f"data.token_shards.eot={self.eot}",
+                           "--set", "data.token_shards.validation_fraction=0.1"]
+        # A finished run of the quickstart (synthetic data), and one of the shards (with a tokenizer).
+        self.train(work / "run", ["--set", "run.steps=4", "--set", "checkpoint.every=2"])
+        self.train(work / "shard_run", ["--set", "run.steps=4", "--set", "checkpoint.every=2"] + self.shard_args)
+        sets = "".join(f'"{kv.split("=")[0]}" = {kv.split("=")[1]}\n' for kv in TINY[1::2])
+        (work / "sweep.toml").write_text(f'base = "{QUICKSTART}"\n[sweep]\nname = "s"\n[sweep.set]\n{sets}"run.steps" = 2\n'
+                                         '[sweep.grid]\n"run.seed" = [1, 2]\n', encoding="utf-8")
+
+    def train(self, run_dir: Path, extra):
+        r = subprocess.run([str(self.ablate), "train", str(QUICKSTART), *TINY, *extra, "--run-dir", str(run_dir)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            sys.exit(f"fixture: training {run_dir} failed:\n{r.stdout}{r.stderr}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+
+class Case:
+    """One command. `argv` may hold "DIR" (the case's copy of the fixture); `prepare(dir)` changes
+    the copy first; `expect` is the exit code; `says` regexes the output must match; `keep` files
+    (relative to the copy) that must be unchanged afterwards; `check(dir, result)` returns None or
+    what is wrong."""
+
+    def __init__(self, klass, name, argv, expect, says=(), prepare=None, keep=(), check=None, cwd=None, limit=None,
+                 env=None):
+        self.klass, self.name, self.argv, self.expect = klass, name, argv, expect
+        self.says, self.prepare, self.keep, self.check = list(says), prepare, list(keep), check
+        self.cwd, self.limit, self.env = cwd, limit or TIME_LIMIT_S, env
+
+
+def digest(p: Path):
+    if p.is_symlink() or not p.exists():
+        return None
+    if p.is_dir():
+        return {str(q.relative_to(p)): digest(q) for q in sorted(p.rglob("*")) if q.is_file() and not q.is_symlink()}
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def limit_resources():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    os.setsid()
+
+
+def run_case(case: Case, fixture: Fixture, scratch: Path):
+    d = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
+    for name in ("run", "shard_run", "data", "sweep.toml"):
+        src = fixture.work / name
+        if src.is_dir():
+            shutil.copytree(src, d / name, symlinks=True)
+        else:
+            shutil.copy2(src, d / name)
+    # The copies' resolved configs name the fixture's data; point them at the copy's.
+    for cfg in list(d.glob("*/config.toml")) + list(d.glob("*/checkpoints/*/config.toml")):
+        cfg.write_text(cfg.read_text(encoding="utf-8").replace(str(fixture.work), str(d)), encoding="utf-8")
+    try:
+        if case.prepare:
+            case.prepare(d)
+        before = {k: digest(d / k) for k in case.keep}
+        argv = [str(fixture.ablate)] + [a.replace("DIR", str(d)) if isinstance(a, str) else a for a in case.argv]
+        env = dict(os.environ)
+        env.update(case.env or {})
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(argv, capture_output=True, timeout=case.limit, preexec_fn=limit_resources,
+                               cwd=str(case.cwd(d)) if case.cwd else str(d), env=env)
+            code, out = r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace")
+        except subprocess.TimeoutExpired as e:
+            code, out = "timeout", ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", "replace")
+        took = time.monotonic() - t0
+        problems = []
+        if code != case.expect:
+            problems.append(f"exit {code}, expected {case.expect}")
+        for pattern in case.says:
+            if not re.search(pattern.replace("DIR", re.escape(str(d))), out):
+                problems.append(f"output lacks /{pattern}/")
+        if case.expect != 0 and len(out.encode()) > MAX_MESSAGE:
+            problems.append(f"{len(out.encode())} bytes of output for a refused input")
+        for k, v in before.items():
+            if digest(d / k) != v:
+                problems.append(f"{k} changed")
+        if case.check and not problems:
+            try:
+                why = case.check(d, out)
+            except Exception as e:  # a file the check reads is missing or damaged
+                why = f"{type(e).__name__}: {e}"
+            if why:
+                problems.append(why)
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        return problems, took, last
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# --- helpers for prepare steps ----------------------------------------------------------------
+
+def replace_with(kind):
+    def prep(path: Path):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "directory":
+            path.mkdir()
+        elif kind == "dev-zero":
+            path.symlink_to("/dev/zero")
+        elif kind == "dangling":
+            path.symlink_to(path.parent / "no-such-target")
+    return prep
+
+
+def edit_json(rel, fn):
+    def prep(d: Path):
+        p = d / rel
+        j = json.loads(p.read_text())
+        fn(j)
+        p.write_text(json.dumps(j))
+    return prep
+
+
+def write_text(rel, text):
+    def prep(d: Path):
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            p.write_bytes(text)
+        else:
+            p.write_text(text, encoding="utf-8")
+    return prep
+
+
+def chain(*steps):
+    def prep(d: Path):
+        for s in steps:
+            s(d)
+    return prep
+
+
+CKPT = "run/checkpoints/step_00000004"
+
+
+def nan_weights(d: Path):
+    """The first float of the first tensor of the checkpoint's model.safetensors set to NaN."""
+    p = d / CKPT / "model.safetensors"
+    b = bytearray(p.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    first = min(v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    b[8 + n + first: 8 + n + first + 4] = struct.pack("<f", float("nan"))
+    p.write_bytes(bytes(b))
+
+
+# --- the classes ------------------------------------------------------------------------------
+
+def c1_regular_files():
+    """Every file ablate reads, replaced by a FIFO, a directory, a symlink to /dev/zero, a dangling symlink."""
+    eval_run = ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin"]
+    sites = [
+        ("experiment", "sweep.toml", ["config", "show", "DIR/sweep.toml"]),
+        ("sweep file", "sweep.toml", ["sweep", "DIR/sweep.toml", "--out", "DIR/sw", "--dry-run"]),
+        ("run config", "run/config.toml", ["doctor", "DIR/run"]),
+        ("checkpoint config", CKPT + "/config.toml", eval_run),
+        ("state.json", CKPT + "/state.json", eval_run),
+        ("latest", "run/checkpoints/latest", eval_run),
+        ("model.safetensors", CKPT + "/model.safetensors", eval_run),
+        ("optimizer.safetensors", CKPT + "/optimizer.safetensors",
+         ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume", "--set", "run.steps=6"]),
+        ("token shard", "data/small.bin", eval_run),
+        ("training shard", "data/shard_000.bin", ["train", str(QUICKSTART), *TINY, "--set", "run.steps=2", "--run-dir", "DIR/new",
+                                                  "--set", "data.name=token_shards", "--set",
+                                                  'data.token_shards.paths=["DIR/data/shard_000.bin"]', "--set",
+                                                  "data.token_shards.vocab_size=262", "--set", "data.token_shards.eot=261"]),
+        ("encoder.json", "data/tokenizer/encoder.json", ["sample", "--checkpoint", "DIR/shard_run", "--prompt", "the", "--tokens", "2"]),
+        ("run.json", "run/run.json", ["doctor", "DIR/run"]),
+        ("summary.json", "run/summary.json", ["report", "DIR/run"]),
+        ("metrics.jsonl", "run/metrics.jsonl", ["doctor", "DIR/run"]),
+    ]
+    out = []
+    for label, rel, argv in sites:
+        for kind in ("fifo", "directory", "dev-zero", "dangling"):
+            if kind == "directory" and rel.endswith("latest"):
+                continue  # a directory named latest is a checkpoint name's job, covered in c3
+            out.append(Case("c1", f"{label} is a {kind}", argv, 2, [re.escape(Path(rel).name)],
+                            prepare=lambda d, rel=rel, kind=kind: replace_with(kind)(d / rel)))
+    # Writes too: a metrics log or lock file that is a FIFO is refused, not waited on.
+    resume = ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume", "--set", "run.steps=6"]
+    out.append(Case("c1", "metrics.jsonl to append to is a FIFO", resume, 2, ["metrics.jsonl", "FIFO"],
+                    prepare=lambda d: replace_with("fifo")(d / "run/metrics.jsonl")))
+    out.append(Case("c1", ".lock is a FIFO", resume, 2, [r"\.lock"], prepare=lambda d: replace_with("fifo")(d / "run/.lock")))
+    return out
+
+
+def c2_numbers():
+    """Command-line numbers and config keys out of range or not numbers at all."""
+    sample = ["sample", "--checkpoint", "DIR/run", "--tokens", "2"]
+    evaluate = ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin"]
+    options = [(sample, "--tokens"), (sample, "--top-k"), (sample, "--temperature"), (sample, "--seed"), (evaluate, "--batch"),
+               (evaluate, "--seq-len"), (evaluate, "--threads"), (["train", str(QUICKSTART), *TINY, "--run-dir", "DIR/new"], "--stop-at"),
+               (["data", "analyze", str(QUICKSTART)], "--documents")]
+    bad = ["-5", "nan", "inf", "-inf", "1e400", "abc", "", "99999999999999999999", "0x10", "1.5e"]
+    out = []
+    for argv, opt in options:
+        for v in bad:
+            if opt == "--temperature" and v in ("inf",):
+                pass
+            out.append(Case("c2", f"{argv[0]} {opt}={v!r}", argv + [f"{opt}={v}"], 2, [re.escape(opt)],
+                            keep=SAVED))
+    keys = [("run.steps", ["0", "-1"]), ("data.workers", ["-1", "100000"]), ("batching.batch_size", ["0", "-3", "1000000000"]),
+            ("batching.seq_len", ["0", "100000000"]), ("model.d_model", ["0", "-8"]), ("model.n_layers", ["0", "100000"]),
+            ("run.eval_batches", ["-1"]), ("data.prefetch", ["-1"]), ("optimizer.lr", ["nan", "inf", "-1"]),
+            ("run.seed", ["-1"]), ("checkpoint.every", ["-1"]), ("checkpoint.keep", ["0"]), ("run.threads", ["-1"]),
+            ("data.synthetic_probes.documents", ["-1", "0"])]
+    for key, values in keys:
+        for v in values:
+            out.append(Case("c2", f"--set {key}={v}", ["config", "show", str(QUICKSTART), "--set", f"{key}={v}"], 2,
+                            [re.escape(key)]))
+    for key, v in [("data.token_shards.eot", str(2**31)), ("data.token_shards.eot", "65536"),
+                   ("data.token_shards.vocab_size", "0")]:
+        out.append(Case("c2", f"--set {key}={v}", ["config", "show", str(QUICKSTART), "--set", "data.name=token_shards",
+                                                    "--set", f"{key}={v}"], 2, [re.escape(key)]))
+    out.append(Case("c2", "batch_size x seq_len beyond 2^31", ["config", "show", str(QUICKSTART), "--set",
+                                                                "batching.batch_size=65536", "--set", "batching.seq_len=65536"],
+                    2, ["batch_size"]))
+    return out
+
+
+def c3_checkpoints():
+    evaluate = ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin"]
+    resume = ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume", "--set", "run.steps=6"]
+    st = CKPT + "/state.json"
+    mutations = [
+        ("step negative", lambda j: j.update(step=-1), "step"),
+        ("step a string", lambda j: j.update(step="4"), "step"),
+        ("step past int64", lambda j: j.update(step=1e30), "step"),
+        ("seed negative", lambda j: j.update(seed=-1), "seed"),
+        ("world 0", lambda j: j.update(world=0), "world"),
+        ("optimizer file leaves the checkpoint", lambda j: j.update(optimizer_files=["../../x"]), "optimizer"),
+        ("data cursor not an object", lambda j: j.update(data_cursor=7), "data_cursor"),
+        ("loss a string", lambda j: j.update(loss="low"), "loss"),
+        ("vocab_size 0", lambda j: j.update(vocab_size=0), "vocab_size"),
+        ("parameters a list", lambda j: j.update(parameters=[1]), "parameters"),
+    ]
+    out = []
+    for name, fn, field in mutations:
+        for argv in (evaluate, resume):
+            out.append(Case("c3", f"state.json {name} ({argv[0]})", argv, 2, ["state.json", field], prepare=edit_json(st, fn),
+                            keep=[CKPT]))
+    for name, text in [("leaves the run", "../../etc\n"), ("absolute", "/etc\n"), ("names nothing", "step_00000099\n"),
+                       ("empty", ""), ("1 MB", "x" * (1 << 20))]:
+        out.append(Case("c3", f"latest {name}", evaluate, 2, ["latest"], prepare=write_text("run/checkpoints/latest", text)))
+    out.append(Case("c3", "NaN weight (eval)", evaluate, 2, ["model.safetensors", "NaN|non-finite|nan"], prepare=nan_weights))
+    out.append(Case("c3", "NaN weight (resume)", resume, 2, ["model.safetensors"], prepare=nan_weights, keep=[CKPT]))
+    out.append(Case("c3", "NaN weight allowed for forensics", evaluate + ["--allow-nonfinite"], 0, [], prepare=nan_weights))
+    out.append(Case("c3", "run.steps below the checkpoint", ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume",
+                                                             "--set", "run.steps=3"], 2, ["step 4", "3"], keep=SAVED))
+    return out
+
+
+SAVED = ["run/checkpoints", "run/summary.json", "run/metrics.jsonl", "run/run.json", "run/config.toml"]
+
+
+def no_summary_done(d: Path, _out):
+    s = json.loads((d / "run" / "summary.json").read_text())
+    if s.get("status") != "completed" or s.get("steps") != 4 or not isinstance(s.get("final_loss"), float):
+        return f"summary not completed from the checkpoint: {s}"
+    if s.get("tokens_per_s") not in (None,):
+        return f"tokens_per_s {s.get('tokens_per_s')} recorded for a process that trained no step"
+    return None
+
+
+def resumed_from_newest(d: Path, out):
+    s = json.loads((d / "run" / "summary.json").read_text())
+    if s.get("resumed_from") != 4 or s.get("steps") != 6:
+        return f"expected a resume from step 4 to 6, summary says {s.get('resumed_from')} -> {s.get('steps')}"
+    return None
+
+
+def c4_run_dirs():
+    train_new = ["train", str(QUICKSTART), *TINY, "--set", "run.steps=6", "--set", "checkpoint.every=2", "--run-dir", "DIR/run"]
+    no_latest = lambda d: (d / "run/checkpoints/latest").unlink()
+    out = [
+        Case("c4", "checkpoints without latest, no --resume", train_new, 2, ["--resume"],
+             prepare=chain(no_latest, lambda d: (d / "run/summary.json").unlink()), keep=SAVED),
+        Case("c4", "checkpoints without latest, --resume takes the newest", train_new + ["--resume"], 0, ["step_00000004"],
+             prepare=chain(no_latest, lambda d: (d / "run/summary.json").unlink()), check=resumed_from_newest),
+        Case("c4", "killed before summary.json: --resume completes it", ["train", "DIR/run/config.toml", "--run-dir", "DIR/run",
+                                                                         "--resume"], 0, ["summary"],
+             prepare=lambda d: (d / "run/summary.json").unlink(), keep=["run/checkpoints"], check=no_summary_done),
+        Case("c4", "finished run, no --resume", train_new, 2, ["--resume"], keep=SAVED),
+        Case("c4", ".lock is a symlink", train_new + ["--resume"], 2, [r"\.lock", "symlink"],
+             prepare=chain(lambda d: (d / "run/.lock").unlink(missing_ok=True),
+                           lambda d: (d / "run/.lock").symlink_to(d / "data/shard_000.bin")), keep=["data/shard_000.bin"]),
+        Case("c4", "--run-dir is an existing file", ["train", str(QUICKSTART), *TINY, "--run-dir", "DIR/data/shard_000.bin"], 2,
+             ["shard_000.bin", "not a directory"], keep=["data/shard_000.bin"]),
+        Case("c4", "export --out is the checkpoint", ["export", "--checkpoint", "DIR/run", "--out", "DIR/" + CKPT], 2, ["--out"],
+             keep=SAVED),
+        Case("c4", "export --out inside the checkpoints", ["export", "--checkpoint", "DIR/run", "--out", "DIR/run/checkpoints/hf"],
+             2, ["--out"], keep=SAVED),
+        Case("c4", "export --out is an existing file", ["export", "--checkpoint", "DIR/run", "--out", "DIR/run/summary.json"], 2,
+             ["summary.json"], keep=SAVED),
+        Case("c4", "sweep --out is an existing file", ["sweep", "DIR/sweep.toml", "--out", "DIR/run/summary.json"], 2,
+             ["summary.json"], keep=SAVED),
+    ]
+    for arm in (".lock", "arms.json", "results.json", "report.md", "padding.png", "x" * 300):
+        text = f'base = "{QUICKSTART}"\n[sweep]\nname = "s"\n[[sweep.arms]]\nname = {json.dumps(arm)}\n"run.steps" = 2\n'
+        out.append(Case("c4", f"sweep arm named {arm[:20]!r}", ["sweep", "DIR/arms.toml", "--out", "DIR/sw", "--dry-run"], 2,
+                        ["name"], prepare=write_text("arms.toml", text)))
+    return out
+
+
+def c5_typed_reads():
+    damages = [
+        ("not JSON", "{nope"), ("truncated", None), ("a list", "[1, 2]"), ("nested 10000 deep", "[" * 10000 + "]" * 10000),
+        ("a 1 MB string field", None),
+    ]
+    # The file and the commands that read it (report reads a run's summary and metrics, not run.json).
+    files = {"run.json": ({"world": "two"}, [["doctor", "DIR/run"]]),
+             "summary.json": ({"mfu": "high", "status": 7}, [["report", "DIR/run"], ["doctor", "DIR/run"]])}
+    out = []
+    for f, (wrong, commands) in files.items():
+        for cmd in commands:
+            for name, text in damages:
+                def prep(d, f=f, name=name, text=text):
+                    p = d / "run" / f
+                    if name == "truncated":
+                        p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
+                    elif name == "a 1 MB string field":
+                        j = json.loads(p.read_text())
+                        j["mfu" if f == "summary.json" else "device"] = "y" * (1 << 20)
+                        j["world"] = "z" * (1 << 20)
+                        p.write_text(json.dumps(j))
+                    else:
+                        p.write_text(text)
+                out.append(Case("c5", f"{f} {name} ({cmd[0]})", cmd, 2, [re.escape(f)], prepare=prep, keep=SAVED))
+            out.append(Case("c5", f"{f} wrong field types ({cmd[0]})", cmd, 2, [re.escape(f)],
+                            prepare=edit_json(f"run/{f}", lambda j, wrong=wrong: j.update(wrong)), keep=SAVED))
+    for cmd in (["report", "DIR/run"], ["doctor", "DIR/run"]):
+        for name, line in [("not JSON", "{oops"), ("step a string", '{"step": "3", "loss": 1.0}'),
+                           ("loss an object", '{"step": 3, "loss": {"a": 1}}'), ("deep", "[" * 5000 + "]" * 5000)]:
+            def prep(d, line=line):
+                p = d / "run" / "metrics.jsonl"
+                lines = p.read_text().splitlines()
+                lines.insert(1, line)
+                p.write_text("\n".join(lines) + "\n")
+            out.append(Case("c5", f"metrics.jsonl line 2 {name} ({cmd[0]})", cmd, 2, [r"metrics\.jsonl:2"], prepare=prep,
+                            keep=SAVED))
+    return out
+
+
+def c6_truncated_shard():
+    """Training on the shards; the shard cut short once the first checkpoint is written (run_truncation_case)."""
+    return [Case("c6", "shard truncated during training", [], 1)]
+
+
+def c7_non_utf8():
+    bad = "DIR/r\udcff\udcfeun"  # surrogateescape: the bytes 0xFF 0xFE in the name
+    return [
+        Case("c7", "run directory with bytes 0xFF 0xFE trains", ["train", str(QUICKSTART), *TINY, "--set", "run.steps=2",
+                                                               "--run-dir", bad], 0, ["done"]),
+        Case("c7", "report of such a run", ["report", bad], 0, [],
+             prepare=lambda d: shutil.copytree(d / "run", d / "r\udcff\udcfeun", symlinks=True),
+             check=lambda d, _o: None if (d / "r\udcff\udcfeun" / "report.md").is_file() else "no report.md"),
+        Case("c7", "sweep into a directory named with 0xFF writes valid JSON", ["sweep", "DIR/sweep.toml", "--out", "DIR/sw\udcff"],
+             0, [], check=lambda d, _o: None if isinstance(json.loads((d / "sw\udcff" / "results.json").read_bytes()), (dict, list))
+             else "results.json is not JSON"),
+        Case("c7", "missing experiment file named with 0xFF", ["config", "show", "DIR/x\udcff.toml"], 2, [r"x.*\.toml"]),
+        Case("c7", "eval of a missing checkpoint named with 0xFF", ["eval", "--checkpoint", bad, "--tokens",
+                                                                    "DIR/data/shard_000.bin"], 2, ["r"]),
+        Case("c7", "--set value with 0xFF", ["config", "show", str(QUICKSTART), "--set", "attention.name=na\udcffive"], 2,
+             ["attention.name"]),
+    ]
+
+
+def c8_pathological():
+    long_word = "a" * 100_000
+    out = [
+        Case("c8", "100k-character one-word prompt", ["sample", "--checkpoint", "DIR/shard_run", "--prompt", long_word,
+                                                      "--tokens", "1", "--temperature", "0"], 0, [], limit=60),
+        # One argument may be at most 128 KiB (MAX_ARG_STRLEN): 100 kB ones; 1 MB values come in files.
+        Case("c8", "100 kB --set value is echoed bounded", ["config", "show", str(QUICKSTART), "--set",
+                                                            "attention.name=" + "q" * 100_000], 2, ["attention.name"]),
+        Case("c8", "100 kB key is echoed bounded", ["config", "show", str(QUICKSTART), "--set", "run." + "k" * 100_000 + "=1"], 2,
+             ["run"]),
+        Case("c8", "1 MB string in the experiment file", ["config", "show", "DIR/big.toml"], 2, ["big.toml"],
+             prepare=write_text("big.toml", f'base = "{QUICKSTART}"\n[attention]\nname = "{"w" * (1 << 20)}"\n')),
+    ]
+    return out
+
+
+def c9_tokenizers():
+    def twice(d: Path):
+        p = d / "data/tokenizer/encoder.json"
+        enc = json.loads(p.read_text(encoding="utf-8"))
+        enc["he"] = enc["h"]  # a second token with the id of the byte 'h'
+        p.write_text(json.dumps(enc, ensure_ascii=False), encoding="utf-8")
+
+    def same_bytes(d: Path):
+        p = d / "data/tokenizer/encoder.json"
+        enc = json.loads(p.read_text(encoding="utf-8"))
+        t = byte_table()
+        del enc[t[ord("q")]]
+        enc[t[ord("q")]] = 0  # the byte 'q' given the id of byte 0: a byte mapped twice... and one byte without a token
+        p.write_text(json.dumps(enc, ensure_ascii=False), encoding="utf-8")
+
+    def truncate(rel, keep):
+        def prep(d: Path):
+            p = d / rel
+            p.write_bytes(p.read_bytes()[:keep])
+        return prep
+    export = ["export", "--checkpoint", "DIR/shard_run", "--out", "DIR/hf"]
+    sample = ["sample", "--checkpoint", "DIR/shard_run", "--prompt", "the", "--tokens", "2"]
+    out = []
+    for name, prep in [("an id given twice", twice), ("a byte's id reused", same_bytes),
+                       ("encoder.json truncated", truncate("data/tokenizer/encoder.json", 300))]:
+        for argv in (export, sample):
+            out.append(Case("c9", f"{name} ({argv[0]})", argv, 2, ["encoder.json"], prepare=prep))
+    for name, prep in [("vocab.bpe truncated mid-line", truncate("data/tokenizer/vocab.bpe", 30)),
+                       ("vocab.bpe lacks its last merges", truncate("data/tokenizer/vocab.bpe", 22)),
+                       ("vocab.bpe merges into unknown tokens", write_text("data/tokenizer/vocab.bpe", "#version: 0.2\nq z\n"))]:
+        out.append(Case("c9", name, export, 2, ["vocab.bpe"], prepare=prep, check=lambda d, _o: "export written" if
+                        (d / "hf" / "merges.txt").exists() else None))
+    return out
+
+
+def elsewhere(d: Path):
+    p = d / "elsewhere"
+    p.mkdir(exist_ok=True)
+    return p
+
+
+def c10_self_contained():
+    def exported_tokenizer(d: Path, _o):
+        missing = [f for f in ("vocab.json", "merges.txt", "config.json", "model.safetensors") if not (d / "hf" / f).exists()]
+        return f"export lacks {missing}" if missing else None
+    return [
+        Case("c10", "sample from another directory", ["sample", "--checkpoint", "../shard_run", "--prompt", "the", "--tokens",
+                                                       "3", "--temperature", "0"], 0, ["the"], cwd=elsewhere),
+        Case("c10", "export from another directory writes the tokenizer", ["export", "--checkpoint", "../shard_run", "--out",
+                                                                           "../hf"], 0, [], cwd=elsewhere,
+             check=exported_tokenizer),
+        Case("c10", "eval from another directory", ["eval", "--checkpoint", "../shard_run", "--tokens", "../data/shard_000.bin"],
+             0, ["loss"], cwd=elsewhere),
+        Case("c10", "export with the data gone is refused, not silently without tokenizer",
+             ["export", "--checkpoint", "DIR/shard_run", "--out", "DIR/hf"], 2, ["--no-tokenizer"],
+             prepare=lambda d: (d / "data/shard_000.bin").rename(d / "data/moved.bin"),
+             check=lambda d, _o: "export written" if (d / "hf").exists() else None),
+        Case("c10", "export --no-tokenizer with the data gone", ["export", "--checkpoint", "DIR/shard_run", "--out", "DIR/hf",
+                                                                 "--no-tokenizer"], 0, [],
+             prepare=lambda d: (d / "data/shard_000.bin").rename(d / "data/moved.bin")),
+    ]
+
+
+def c11_small_things():
+    return [
+        Case("c11", "eval shows progress in a log", ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin",
+                                                     "--batch", "1", "--threads", "1"], 0, [r"eval: \d+/\d+ \(100%\)"]),
+        Case("c11", "train --help names --resume", ["train", "--help"], 0, [r"--resume"]),
+        Case("c11", "sample --help names --stop-at-eot as a flag", ["sample", "--help"], 0, [r"--stop-at-eot \[="]),
+        Case("c11", "eval --help names --threads", ["eval", "--help"], 0, [r"--threads"]),
+        Case("c11", "sample --stop-at-eot=off", ["sample", "--checkpoint", "DIR/run", "--tokens", "3", "--stop-at-eot=off"], 0),
+    ]
+
+
+CLASSES = [c1_regular_files, c2_numbers, c3_checkpoints, c4_run_dirs, c5_typed_reads, c6_truncated_shard, c7_non_utf8,
+           c8_pathological, c9_tokenizers, c10_self_contained, c11_small_things]
+
+
+def run_truncation_case(case: Case, fixture: Fixture, scratch: Path):
+    """c6: the shard is cut while the run maps it; exit 1 naming it, and its last checkpoint loads."""
+    d = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
+    try:
+        shutil.copytree(fixture.work / "data", d / "data")
+        argv = [str(fixture.ablate), "train", str(QUICKSTART), *TINY, *[a.replace(str(fixture.work), str(d)) for a in
+                                                                        fixture.shard_args],
+                "--set", "run.steps=1000000", "--set", "checkpoint.every=3", "--run-dir", str(d / "live")]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit_resources, cwd=str(d))
+        deadline = time.monotonic() + TIME_LIMIT_S
+        while not (d / "live/checkpoints/latest").exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        os.truncate(d / "data/shard_000.bin", 1024 + 64)
+        try:
+            out, _ = p.communicate(timeout=TIME_LIMIT_S)
+            code = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            code = "timeout"
+        text = out.decode("utf-8", "replace")
+        problems = []
+        if code != 1:
+            problems.append(f"exit {code}, expected 1")
+        if "shard_000.bin" not in text:
+            problems.append("the message does not name the shard")
+        # The last checkpoint is whole: its state reads and its weights load (eval on an intact shard).
+        write_shard(d / "data/intact.bin", list(range(10)) * 20)
+        r = subprocess.run([str(fixture.ablate), "eval", "--checkpoint", str(d / "live"), "--tokens", str(d / "data/intact.bin")],
+                           capture_output=True, text=True, timeout=TIME_LIMIT_S)
+        if r.returncode != 0:
+            problems.append("the last checkpoint does not load: " + (r.stdout + r.stderr).strip().splitlines()[-1])
+        return problems, 0.0, text.strip().splitlines()[-1] if text.strip() else ""
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ablate", type=Path)
+    ap.add_argument("--only", default="", help="run the cases whose 'class: name' matches this regex")
+    ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    args = ap.parse_args()
+    ablate = args.ablate.resolve()
+    scratch = Path(tempfile.mkdtemp(prefix="ablate-probe-"))
+    try:
+        t0 = time.monotonic()
+        fixture = Fixture(ablate, scratch / "fixture")
+        cases = [c for make in CLASSES for c in make() if re.search(args.only, f"{c.klass}: {c.name}")]
+        results = {}
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            futures = {pool.submit(run_truncation_case if c.klass == "c6" else run_case, c, fixture, scratch): i
+                       for i, c in enumerate(cases)}
+            for f in concurrent.futures.as_completed(futures):
+                results[futures[f]] = f.result()
+        failed = 0
+        for i, c in enumerate(cases):
+            problems, took, last = results[i]
+            verdict = "FAIL" if problems else "ok  "
+            failed += bool(problems)
+            line = f"{verdict} {c.klass:<4} {c.name}"
+            if problems:
+                line += " -- " + "; ".join(problems) + f" | last line: {last[:200]}"
+            print(line)
+        print(f"{len(cases) - failed} passed, {failed} failed ({time.monotonic() - t0:.0f} s)")
+        return 1 if failed else 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
