@@ -16,6 +16,7 @@
 #include "ablate/registry.hpp"
 #include "ablate/trainer.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 
 namespace ablate::cli {
 
@@ -169,7 +170,7 @@ int data_analyze(const Args& args) {
                      {"batches", r.batches},                       {"real_tokens", r.real_tokens},
                      {"positions", r.positions},                   {"speedup_over_padded", padded_real > 0 ? r.real_fraction() / padded_real : 0.0}};
     }
-    std::cout << out.dump(2) << "\n";
+    std::cout << json_text(out, 2) << "\n";
     return 0;
   }
 

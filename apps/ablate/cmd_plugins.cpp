@@ -7,6 +7,7 @@
 #include "ablate/error.hpp"
 #include "ablate/registry.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 
 namespace ablate::cli {
 
@@ -33,7 +34,7 @@ int plugins_list(const Args& args) {
     }
     out["failed"] = nlohmann::json::array();
     for (const LoadFailure& f : registry.failures()) out["failed"].push_back({{"file", f.file}, {"reason", f.reason}});
-    std::cout << out.dump(2) << "\n";
+    std::cout << json_text(out, 2) << "\n";
     return 0;
   }
   std::printf("%-13s %-18s %-8s %-10s %s\n", "KIND", "NAME", "VERSION", "DEVICES", "LIBRARY");

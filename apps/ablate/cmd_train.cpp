@@ -19,6 +19,7 @@
 #include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 #include "report.hpp"
 
 namespace ablate::cli {
@@ -213,7 +214,7 @@ int cmd_eval(const Args& args) {
   }
   const double loss = sum / double(count);
   if (vm.count("json")) {
-    std::cout << json{{"loss", loss}, {"tokens", count}, {"windows", windows}, {"seq_len", T}, {"checkpoint", lm.dir.string()}}.dump(2)
+    std::cout << json_text(json{{"loss", loss}, {"tokens", count}, {"windows", windows}, {"seq_len", T}, {"checkpoint", lm.dir.string()}}, 2)
               << "\n";
   } else {
     std::printf("loss %.6f over %lld tokens (%lld windows of %lld), perplexity %.3f\n", loss, static_cast<long long>(count),

@@ -22,6 +22,7 @@
 #include "ablate/pipeline.hpp"
 #include "ablate/trainer.hpp"
 #include "commands.hpp"
+#include "json_read.hpp"
 
 
 namespace ablate::cli {
@@ -181,7 +182,7 @@ int tune_batch_size(const Args& args) {
     j["plan_only"] = plan_only;
     j["largest_fitting_by_recompute"] = by_recompute;
     j["recommended"] = {{"batch_size", rec}, {"grad_accum_steps", accum}, {"lr", lr}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << json_text(j, 2) << "\n";
     return 0;
   }
   std::printf("memory budget %.2f GiB (%s), T = %lld\n\n%10s %10s %12s %14s %14s\n", double(budget) / double(1ll << 30),

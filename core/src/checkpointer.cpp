@@ -206,7 +206,10 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
 
 }  // namespace
 
-void write_json_file(const fs::path& p, const json& j) { write_file_atomic(p, j.dump(2) + "\n"); }
+// Bytes that are not UTF-8 (a path of such a name) are written as U+FFFD rather than refused.
+void write_json_file(const fs::path& p, const json& j) {
+  write_file_atomic(p, j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+}
 
 std::optional<fs::path> newest_complete_checkpoint(const fs::path& run_dir) {
   const fs::path root = run_dir / "checkpoints";

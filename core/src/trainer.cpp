@@ -466,12 +466,14 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
     comm.join();
   }
 
+  // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
+  // the run before config.toml and run.json are rewritten.
+  LoggerSet loggers;
+  open_loggers(loggers, config, registry, run, dir, start_step, s);
   if (lead) {
     write_file_atomic(dir / "config.toml", config.to_toml());
     write_run_json(dir, config, registry, run, comm_name, model, s);
   }
-  LoggerSet loggers;
-  open_loggers(loggers, config, registry, run, dir, start_step, s);
   const PeakFlops peak = resolve_peak(config, model, comm);
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
                "device {}",

@@ -85,7 +85,8 @@ class CsvLogger final : public Logger {
  private:
   // The current header, then the existing rows whose step is at most `start_step`, each cell moved
   // to its column under the current header by name (a column the old file lacks stays empty).
-  // Rows with the wrong number of cells or no readable step are dropped.
+  // A header without a step column, or a row with the wrong number of cells or no whole-number step,
+  // is damage the run did not write: an input error naming the line, before anything is rewritten.
   std::string rows_up_to(int64_t start_step) const {
     const std::vector<std::string> lines = read_complete_lines(path_);
     std::string text = join_cells(header_) + '\n';
@@ -94,14 +95,22 @@ class CsvLogger final : public Logger {
     std::map<std::string, std::size_t> old_index;
     for (std::size_t i = 0; i < old_header.size(); ++i) old_index.emplace(old_header[i], i);
     const auto step_column = old_index.find("step");
-    if (step_column == old_index.end()) return text;
+    const auto refuse = [&](std::size_t l, const std::string& what) {
+      throw_input_error(path_.string() + ":" + std::to_string(l + 1),
+                        "'" + echo_value(lines[l]) + "' " + what + ": the file was changed after the run wrote it; repair it "
+                                                                   "to resume");
+    };
+    if (step_column == old_index.end()) refuse(0, "is not a metrics header (no step column)");
     for (std::size_t l = 1; l < lines.size(); ++l) {
       const std::vector<std::string> cells = split_cells(lines[l]);
-      if (cells.size() != old_header.size()) continue;
+      if (cells.size() != old_header.size()) {
+        refuse(l, "has " + std::to_string(cells.size()) + " cells, the header " + std::to_string(old_header.size()));
+      }
       const std::string& step_text = cells[step_column->second];
       int64_t step = 0;
       const auto r = std::from_chars(step_text.data(), step_text.data() + step_text.size(), step);
-      if (r.ec != std::errc() || r.ptr != step_text.data() + step_text.size() || step > start_step) continue;
+      if (r.ec != std::errc() || r.ptr != step_text.data() + step_text.size()) refuse(l, "has no whole-number step");
+      if (step > start_step) continue;
       std::vector<std::string> row;
       row.reserve(header_.size());
       for (const std::string& column : header_) {

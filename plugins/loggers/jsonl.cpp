@@ -29,7 +29,7 @@ class JsonlLogger final : public Logger {
       if (metric_is_count(name)) line[name] = int64_t(value);
       else line[name] = value;  // NaN and infinities have no JSON spelling: written as null
     }
-    out_ << line.dump() << '\n';
+    out_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     flush_checked(out_, path_);
   }
 
@@ -38,14 +38,21 @@ class JsonlLogger final : public Logger {
   }
 
  private:
-  // Keeps the complete lines whose step is at most `start_step`; drops the rest and any line
-  // that is not a metrics object.
+  // Keeps the complete lines whose step is at most `start_step` (a line cut short by a killed run
+  // is not complete, and goes). A complete line that is not a metrics object is damage the run did
+  // not write: an input error naming the line, before the file is rewritten without it.
   void keep_up_to(int64_t start_step) {
     if (!fs::exists(path_)) return;
     std::string kept;
+    std::size_t n = 0;
     for (const std::string& line : read_complete_lines(path_)) {
+      ++n;
       const ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+        throw_input_error(path_.string() + ":" + std::to_string(n),
+                          "'" + echo_value(line) + "' is not a metrics line (a JSON object with an integer step): the file "
+                                                   "was changed after the run wrote it; repair or remove the line to resume");
+      }
       if (j["step"].get<int64_t>() <= start_step) kept += line + '\n';
     }
     write_file_atomic(path_, kept);

@@ -449,6 +449,16 @@ def c5_typed_reads():
                 p.write_text("\n".join(lines) + "\n")
             out.append(Case("c5", f"metrics.jsonl line 2 {name} ({cmd[0]})", cmd, 2, [r"metrics\.jsonl:2"], prepare=prep,
                             keep=SAVED))
+    # A resume keeps the log's lines up to its checkpoint: a damaged complete line stops it before
+    # the log is rewritten.
+    def damaged_line(d):
+        p = d / "run" / "metrics.jsonl"
+        lines = p.read_text().splitlines()
+        lines.insert(1, "not a metrics line")
+        p.write_text("\n".join(lines) + "\n")
+    out.append(Case("c5", "metrics.jsonl damaged line at --resume", ["train", "DIR/run/config.toml", "--run-dir", "DIR/run",
+                                                                    "--resume", "--set", "run.steps=6"], 2,
+                    [r"metrics\.jsonl:2"], prepare=damaged_line, keep=SAVED))
     return out
 
 
@@ -468,6 +478,10 @@ def c7_non_utf8():
         Case("c7", "sweep into a directory named with 0xFF writes valid JSON", ["sweep", "DIR/sweep.toml", "--out", "DIR/sw\udcff"],
              0, [], check=lambda d, _o: None if isinstance(json.loads((d / "sw\udcff" / "results.json").read_bytes()), (dict, list))
              else "results.json is not JSON"),
+        Case("c7", "eval --json of such a run prints valid JSON", ["eval", "--checkpoint", bad, "--tokens", "DIR/data/small.bin",
+                                                                   "--json"], 0, [],
+             prepare=lambda d: shutil.copytree(d / "run", d / "r\udcff\udcfeun", symlinks=True),
+             check=lambda d, out: None if json.loads(out[out.index("{"):out.rindex("}") + 1])["tokens"] > 0 else "no tokens"),
         Case("c7", "missing experiment file named with 0xFF", ["config", "show", "DIR/x\udcff.toml"], 2, [r"x.*\.toml"]),
         Case("c7", "eval of a missing checkpoint named with 0xFF", ["eval", "--checkpoint", bad, "--tokens",
                                                                     "DIR/data/shard_000.bin"], 2, ["r"]),
