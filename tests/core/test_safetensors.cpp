@@ -141,8 +141,9 @@ TEST_CASE("a header of 100,000 tiny tensors is read, and every tensor found by n
   // validation, sorting the offsets) and looking every tensor up by name must cost O(n log n) at
   // most: that is a few hundred milliseconds for 100,000 entries on any CPU this runs on, while a
   // per-entry scan of the others (n^2 / 2 = 5e9 entry visits, as the DOM parser with a key callback
-  // did: over 5 minutes) would take minutes on any CPU. The 2 s bound has ample margin for a slow
-  // or loaded machine and still fails any quadratic step.
+  // did: over 5 minutes) would take minutes on any CPU. The 60 s bound is far from both: a machine
+  // loaded by parallel builds and tests (2 s was once exceeded that way) passes, any quadratic step
+  // fails.
   test::TempDir dir;
   constexpr int kEntries = 100000;
   std::string header = "{";
@@ -165,12 +166,12 @@ TEST_CASE("a header of 100,000 tiny tensors is read, and every tensor found by n
   CHECK(found == kEntries);
   CHECK(f.find("t-1") == nullptr);
   MESSAGE("100000 entries read and looked up in " << seconds << " s");
-  CHECK(seconds < 2.0);
+  CHECK(seconds < 60.0);
   // The writer too: the same bound, the same reason.
   const auto write_start = std::chrono::steady_clock::now();
   write_safetensors(dir.path() / "again.safetensors", f);
   const double write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
   MESSAGE("100000 entries written in " << write_seconds << " s");
-  CHECK(write_seconds < 2.0);
+  CHECK(write_seconds < 60.0);
   CHECK(read_safetensors(dir.path() / "again.safetensors").tensors.size() == std::size_t(kEntries));
 }
