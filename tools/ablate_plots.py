@@ -8,9 +8,13 @@ Called by `ablate report` / `ablate sweep` with one argument: a JSON file descri
    "color_by": name or null, "style_by": name or null,
    "runs": [{"label": str, "group": str, "metrics": path to metrics.jsonl,
              "factors": {name: value, ...}}, ...],
-   "throughput": [{"group": str, "tokens_per_s": [...], "real_tokens_per_s": [...]}, ...]}
+   "throughput": [{"group": str, "tokens_per_s": [...], "real_tokens_per_s": [...]}, ...],
+   "t975": {"N": q, ...}             (the two-sided 95% quantile of Student's t with N - 1 degrees of
+                                      freedom, for every group size N >= 2 among the runs)}
 Writes DIR/loss_vs_step.png, loss_vs_time.png, loss_vs_real_tokens.png, throughput.png and
-padding.png. Exits 3 when matplotlib is missing, 2 on a bad description.
+padding.png. Runs of one group (an arm's repeats) are drawn together: the mean of their curves
+with a band for its 95% interval, bars at the mean with whiskers for that interval. Exits 3 when
+matplotlib is missing, 2 on a bad description.
 
 The drawing is split into functions that return matplotlib figures (figures(spec) gives them all)
 so that what is drawn can be checked without reading images back.
@@ -26,6 +30,7 @@ LINE_STYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (
 # Markers for the factors beyond colour and style (filled on training curves; hollow circles are validation).
 MARKERS = ["s", "^", "v", "D", "P", "X", "*", "<", ">", "h"]
 NEUTRAL = "0.35"
+BAND_ALPHA = 0.18  # the fill of a group's 95% interval band
 
 
 class SpecError(Exception):
@@ -106,14 +111,26 @@ def ema(values, weight):
     return out
 
 
-def bar_stats(values):
-    """(median, median - min, max - median, count) of the finite values, or None when there are none."""
-    v = sorted(float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x))
+def t_quantile(t975, n):
+    """The description's 95% t quantile for a group of n values (n - 1 degrees of freedom)."""
+    q = (t975 or {}).get(str(n))
+    if not isinstance(q, (int, float)) or isinstance(q, bool) or not q > 0:
+        raise SpecError(f"t975: no quantile for a group of {n} runs")
+    return float(q)
+
+
+def mean_interval(values, t975):
+    """(mean, half-width of its 95% interval, count) of the finite values: the half-width is
+    t * sd / sqrt(n) with the sample standard deviation, 0 for a single value; None when there are none."""
+    v = [float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
     if not v:
         return None
     n = len(v)
-    med = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-    return med, med - v[0], v[-1] - med, n
+    mean = sum(v) / n
+    if n == 1:
+        return mean, 0.0, 1
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
+    return mean, t_quantile(t975, n) * sd / math.sqrt(n), n
 
 
 def padding_of(rows):
@@ -150,6 +167,10 @@ def check_spec(spec):
             raise SpecError(f"{key}: unknown factor {name!r} (factors: {', '.join(factors) if factors else 'none'})")
     if spec.get("color_by") is not None and spec.get("color_by") == spec.get("style_by"):
         raise SpecError("color_by and style_by name the same factor")
+    t975 = spec.get("t975", {})
+    if not isinstance(t975, dict) or not all(isinstance(q, (int, float)) and not isinstance(q, bool) and q > 0
+                                             for q in t975.values()):
+        raise SpecError("t975: expected an object of numbers > 0")
     if not isinstance(spec["runs"], list):
         raise SpecError("runs: expected a list")
     for i, r in enumerate(spec["runs"]):
@@ -223,9 +244,11 @@ class Encoding:
     def marker(self, run):
         return self.markers.get(self._marker_key(run)) if self.marker_by else None
 
-    def legend_handles(self, with_validation, smooth):
-        """Legend entries: one per colour, style and marker value, then what training and validation look like."""
+    def legend_handles(self, with_validation, smooth, with_band=False):
+        """Legend entries: one per colour, style and marker value, then what training and validation
+        look like, and the band of a group's repeats when one is drawn."""
         from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
 
         handles = []
         for key, c in self.colours.items():
@@ -236,52 +259,130 @@ class Encoding:
         for key, m in self.markers.items():
             text = ", ".join(f"{f} = {v}" for f, v in zip(self.marker_by, key))
             handles.append(Line2D([], [], color=NEUTRAL, lw=0, marker=m, ms=6, label=text))
-        training = "training" + (f" (EMA {smooth:g}; raw faint)" if smooth > 0 else "")
+        training = "training" + (", mean of the repeats" if with_band else "")
+        training += f" (EMA {smooth:g}; raw faint)" if smooth > 0 else ""
         handles.append(Line2D([], [], color=NEUTRAL, lw=1.4, label=training))
         if with_validation:
             handles.append(Line2D([], [], color=NEUTRAL, lw=0.8, marker="o", ms=6, mfc="none", mew=1.3,
                                   label="validation"))
+        if with_band:
+            handles.append(Patch(facecolor=NEUTRAL, alpha=BAND_ALPHA, label="95% interval of the repeats' mean"))
         return handles
 
 
-def loss_figure(plt, spec, runs, enc, kind):
-    """Loss against 'step', 'time' or 'real_tokens' for every run."""
-    smooth = float(spec.get("smooth", 0))
-    title = spec.get("title", "")
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    hows = []
-    any_val = False
+def legend_below(fig, handles):
+    """The figure's legend in rows under the axes (constrained layout makes room for it)."""
+    return fig.legend(handles=handles, loc="outside lower center", ncols=min(4, max(1, len(handles))), fontsize=8,
+                      frameon=False)
+
+
+def x_values(rows, kind):
+    """Each row's x for 'step', 'time' or 'real_tokens', and how real tokens were counted (None for
+    the others); (None, None) when the rows cannot give real tokens."""
+    if kind == "step":
+        return [r["step"] for r in rows], None
+    if kind == "time":
+        return elapsed(rows), None
+    return real_tokens_seen(rows)
+
+
+def groups_of(runs):
+    """The runs by group (an arm's repeats), in the order of each group's first run: [(group, [(run, rows)])]."""
+    out = {}
     for run, rows in runs:
-        if not rows:
-            continue
-        if kind == "step":
-            x = [r["step"] for r in rows]
-        elif kind == "time":
-            x = elapsed(rows)
-        else:
-            x, how = real_tokens_seen(rows)
+        out.setdefault(run.get("group", run["label"]), []).append((run, rows))
+    return list(out.items())
+
+
+def mean_curve(curves, t975):
+    """The mean of several (x, y) curves, on the first one's x values inside the range that every
+    curve covers (each interpolated linearly there), with the half-width of the 95% interval of that
+    mean at each point: (x, mean, half) as numpy arrays."""
+    import numpy as np
+
+    sorted_curves = []
+    for x, y in curves:
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        order = np.argsort(x, kind="stable")
+        sorted_curves.append((x[order], y[order]))
+    lo = max(x[0] for x, _ in sorted_curves)
+    hi = min(x[-1] for x, _ in sorted_curves)
+    grid = sorted_curves[0][0]
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    ys = np.array([np.interp(grid, x, y) for x, y in sorted_curves])
+    n = len(sorted_curves)
+    half = t_quantile(t975, n) * ys.std(axis=0, ddof=1) / math.sqrt(n)
+    return grid, ys.mean(axis=0), half
+
+
+def mean_validation(per_run, t975):
+    """Validation points of a group: per_run holds one {step: (x, loss)} per run. At each step every
+    run logged, (mean x, mean loss, half-width of the loss mean's 95% interval)."""
+    common = set(per_run[0])
+    for d in per_run[1:]:
+        common &= set(d)
+    out = []
+    for step in sorted(common):
+        mean, half, _ = mean_interval([d[step][1] for d in per_run], t975)
+        out.append((sum(d[step][0] for d in per_run) / len(per_run), mean, half))
+    return out
+
+
+def loss_figure(plt, spec, runs, enc, kind):
+    """Loss against 'step', 'time' or 'real_tokens': a curve per group, the mean of its runs with a
+    band for the 95% interval of that mean when it has several."""
+    import numpy as np
+    from matplotlib.ticker import EngFormatter
+
+    smooth = float(spec.get("smooth", 0))
+    t975 = spec.get("t975", {})
+    title = spec.get("title", "")
+    fig, ax = plt.subplots(figsize=(10, 6.2), layout="constrained")
+    hows = []
+    any_val = any_band = False
+    for _, members in groups_of(runs):
+        curves, vals = [], []
+        for run, rows in members:
+            x, how = x_values(rows, kind) if rows else (None, None)
             if x is None:
                 continue
-            if how not in hows:
+            if how and how not in hows:
                 hows.append(how)
+            curves.append((x, [r["loss"] for r in rows]))
+            vals.append({int(r["step"]): (xi, r["val_loss"]) for xi, r in zip(x, rows)
+                         if isinstance(r.get("val_loss"), (int, float))})
+        if not curves:
+            continue
+        run = members[0][0]
         colour, ls, marker = enc.colour(run), enc.style(run), enc.marker(run)
-        loss = [r["loss"] for r in rows]
+        if len(curves) == 1:
+            x, raw = curves[0]
+            line, half = ema(raw, smooth), None
+            points = [(xi, v, 0.0) for _, (xi, v) in sorted(vals[0].items())]
+        else:
+            x, raw, _ = mean_curve(curves, t975)
+            _, line, half = mean_curve([(cx, ema(cy, smooth)) for cx, cy in curves], t975)
+            points = mean_validation(vals, t975)
         every = max(1, len(x) // 8)
         if smooth > 0:
-            ax.plot(x, loss, color=colour, ls=ls, lw=0.8, alpha=0.22)
-        ax.plot(x, ema(loss, smooth), color=colour, ls=ls, lw=1.4, alpha=0.95,
-                marker=marker, markevery=every, ms=5)
-        val = [(xi, r["val_loss"]) for xi, r in zip(x, rows) if isinstance(r.get("val_loss"), (int, float))]
-        if val:
+            ax.plot(x, raw, color=colour, ls=ls, lw=0.8, alpha=0.22)
+        if half is not None:
+            ax.fill_between(x, np.asarray(line) - half, np.asarray(line) + half, color=colour, alpha=BAND_ALPHA, lw=0)
+            any_band = True
+        ax.plot(x, line, color=colour, ls=ls, lw=1.4, alpha=0.95, marker=marker, markevery=every, ms=5)
+        if points:
             any_val = True
-            ax.plot([v[0] for v in val], [v[1] for v in val], color=colour, ls=ls, lw=0.8, alpha=0.8,
-                    marker=marker or "o", ms=6, mfc="none", mew=1.3)
+            px, py, ph = zip(*points)
+            ax.plot(px, py, color=colour, ls=ls, lw=0.8, alpha=0.8, marker=marker or "o", ms=6, mfc="none", mew=1.3)
+            if any(h > 0 for h in ph):
+                ax.errorbar(px, py, yerr=ph, fmt="none", ecolor=colour, elinewidth=1, capsize=3, alpha=0.8)
     if kind == "step":
         ax.set_xlabel("step")
     elif kind == "time":
         ax.set_xlabel("wall-clock time since the run started (s)")
     else:
         ax.set_xlabel("real (non-padding) tokens seen, whole job: " + ("; ".join(hows) or REAL_TOKENS_FROM_COUNT))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set_ylabel("loss" + (" (log scale)" if spec.get("log_y") else ""))
     if spec.get("log_y"):
         from matplotlib.ticker import LogFormatter
@@ -293,39 +394,73 @@ def loss_figure(plt, spec, runs, enc, kind):
     what = {"step": "step", "time": "time", "real_tokens": "real tokens seen"}[kind]
     ax.set_title(f"{title}: loss against {what}")
     ax.grid(alpha=0.3, which="both" if spec.get("log_y") else "major")
-    ax.legend(handles=enc.legend_handles(any_val, smooth), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              borderaxespad=0)
-    fig.tight_layout()
+    legend_below(fig, enc.legend_handles(any_val, smooth, any_band))
     return fig
 
 
 def draw_bars(ax, positions, stats, width, **kwargs):
-    """Bars at the medians; min-max whiskers only on bars that have more than one value (a single
-    repeat has no spread to show). Returns how many whiskers were drawn."""
-    med = [s[0] if s else 0 for s in stats]
-    ax.bar(positions, med, width, **kwargs)
-    spread = [(p, s) for p, s in zip(positions, stats) if s and s[3] > 1]
+    """Bars at the means; whiskers for the 95% interval of the mean only on bars that have more than
+    one value (a single run has no interval). Returns how many whiskers were drawn."""
+    ax.bar(positions, [s[0] if s else 0 for s in stats], width, **kwargs)
+    spread = [(p, s) for p, s in zip(positions, stats) if s and s[2] > 1]
     if spread:
-        ax.errorbar([p for p, _ in spread], [s[0] for _, s in spread],
-                    yerr=[[s[1] for _, s in spread], [s[2] for _, s in spread]],
+        ax.errorbar([p for p, _ in spread], [s[0] for _, s in spread], yerr=[s[1] for _, s in spread],
                     fmt="none", ecolor="black", elinewidth=1, capsize=4)
     return len(spread)
 
 
+def si_text(v):
+    """A rate with three significant digits in k or M, as report.md writes it: 992, 1.51k, 13.0k, 2.04M."""
+    scale, unit = (1e6, "M") if abs(v) >= 1e6 else (1e3, "k") if abs(v) >= 1e3 else (1.0, "")
+    x = v / scale
+    return f"{x:.{0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2}f}{unit}"
+
+
+def group_colours(runs, enc):
+    """Each group's colour: that of its first run."""
+    out = {}
+    for run, _ in runs:
+        out.setdefault(run.get("group", run["label"]), enc.colour(run))
+    return out
+
+
+def colour_patches(enc, prefix=""):
+    from matplotlib.patches import Patch
+
+    return [Patch(color=c, label=prefix + (f"{enc.color_by} = {k}" if enc.color_by else k)) for k, c in enc.colours.items()]
+
+
+INTERVAL_NOTE = "bars: mean of the repeats; whiskers: 95% interval of the mean"
+
+
 def throughput_figure(plt, spec, runs, enc):
+    """Per group, tokens/s (grey) and real tokens/s (the group's colour) as bars; for a run, per step."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import EngFormatter
+
     title = spec.get("title", "")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    t975 = spec.get("t975", {})
+    fig, ax = plt.subplots(figsize=(9, 5.8), layout="constrained")
     bars = spec.get("throughput") or []
     repeats = False
     if bars:
         xs = list(range(len(bars)))
         w = 0.38
-        for off, key, name in ((-w / 2, "tokens_per_s", "tokens/s"), (w / 2, "real_tokens_per_s", "real tokens/s")):
-            stats = [bar_stats(b.get(key) or []) for b in bars]
-            repeats = draw_bars(ax, [x + off for x in xs], stats, w, label=name) > 0 or repeats
+        colours = group_colours(runs, enc)
+        total = [mean_interval(b.get("tokens_per_s") or [], t975) for b in bars]
+        real = [mean_interval(b.get("real_tokens_per_s") or [], t975) for b in bars]
+        repeats = draw_bars(ax, [x - w / 2 for x in xs], total, w, color="0.78") > 0
+        repeats = draw_bars(ax, [x + w / 2 for x in xs], real, w,
+                            color=[colours.get(b["group"], NEUTRAL) for b in bars]) > 0 or repeats
+        for x, s in zip(xs, real):
+            if s:
+                ax.annotate(si_text(s[0]), (x + w / 2, s[0] + s[1]),
+                            textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
         ax.set_xticks(xs)
         ax.set_xticklabels([b["group"] for b in bars], rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("tokens per second" + (" (bars: median of the repeats; whiskers: min to max)" if repeats else ""))
+        handles = [Patch(color="0.78", label="tokens/s (every batch position)")]
+        handles += colour_patches(enc, "real tokens/s, ") if enc.color_by else [Patch(color=NEUTRAL, label="real tokens/s (coloured by arm)")]
+        legend_below(fig, handles)
     else:
         for run, rows in runs:
             steps = [r["step"] for r in rows]
@@ -333,47 +468,45 @@ def throughput_figure(plt, spec, runs, enc):
             ax.plot(steps, [r.get("real_tokens_per_s", math.nan) for r in rows], color=enc.colour(run), ls="--",
                     label="real tokens/s")
         ax.set_xlabel("step")
-        ax.set_ylabel("tokens per second")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title}: throughput")
+        legend_below(fig, ax.get_legend_handles_labels()[0])
+    ax.set_ylabel("tokens per second")
+    ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_title(f"{title}: throughput" + (f"\n({INTERVAL_NOTE})" if repeats else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
 def padding_figure(plt, spec, runs, enc):
     """Per arm (repeats together), the share of batch positions that were padding."""
     title = spec.get("title", "")
-    groups, values, colours = [], {}, {}
+    groups, values = [], {}
+    colours = group_colours(runs, enc)
     for run, rows in runs:
         g = run.get("group", run["label"])
         if g not in values:
             groups.append(g)
             values[g] = []
-            colours[g] = enc.colour(run)
         p = padding_of(rows)
         if p is not None:
             values[g].append(100.0 * p)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    stats = [bar_stats(values[g]) for g in groups]
+    fig, ax = plt.subplots(figsize=(9, 5.8), layout="constrained")
+    stats = [mean_interval(values[g], spec.get("t975", {})) for g in groups]
     xs = list(range(len(groups)))
     repeats = draw_bars(ax, xs, stats, 0.6, color=[colours[g] for g in groups]) > 0
     for x, s in zip(xs, stats):
         text = f"{s[0]:.1f}%" if s else "no data"
-        ax.annotate(text, (x, s[0] if s else 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+        ax.annotate(text, (x, s[0] + s[1] if s else 0), textcoords="offset points", xytext=(0, 3), ha="center",
+                    fontsize=8)
     ax.set_xticks(xs)
     ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
     if enc.color_by:
-        from matplotlib.patches import Patch
-
-        ax.legend(handles=[Patch(color=c, label=f"{enc.color_by} = {k}") for k, c in enc.colours.items()], fontsize=8)
-    top = max([s[0] + s[2] for s in stats if s] + [1.0])
+        legend_below(fig, colour_patches(enc))
+    top = max([s[0] + s[1] for s in stats if s] + [1.0])
     ax.set_ylim(0, min(100.0, top * 1.2 + 1))
     ax.set_ylabel("padding, % of batch positions")
     ax.set_title(f"{title}: padding per arm\n(1 - real tokens / tokens over the run"
-                 + ("; bars: median of the repeats, whiskers: min to max)" if repeats else ")"), fontsize=10)
+                 + (f"; {INTERVAL_NOTE})" if repeats else ")"), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 

@@ -1,12 +1,14 @@
 // `ablate doctor RUN_DIR [--json]`: reads a run's resolved config, run.json, summary.json and
 // metrics.jsonl and names what holds the run back, ranked, each finding with the numbers behind it
-// and the change to make. The finding ids are stable: padding, input_bound, memory_headroom,
-// attention, optimizer_memory, step_jitter.
+// and the change to make. The finding ids are stable: noisy_timings, diverged, loss_spike, padding,
+// input_bound, memory_headroom, memory_tight, attention, precision, optimizer_memory,
+// communication, step_jitter.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -109,6 +111,342 @@ std::vector<double> column(const std::vector<json>& rows, const char* key, bool 
   return out;
 }
 
+// The mean of `v` and its standard deviation over the mean (population form, as summary.json's
+// step_time_cv); the spread is nullopt for fewer than two values.
+struct Spread {
+  double mean = 0;
+  std::optional<double> cv;
+};
+Spread spread_of(const std::vector<double>& v) {
+  Spread s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  double var = 0;
+  for (double x : v) var += (x - s.mean) * (x - s.mean);
+  if (v.size() >= 2 && s.mean > 0) s.cv = std::sqrt(var / double(v.size())) / s.mean;
+  return s;
+}
+
+// ---- timings: whether the run's step times measure the run or the machine's other work -------
+
+// Above these the timings are unusable for throughput: steps of equal work on a machine the run
+// has to itself vary by a few percent; over 0.25 the median of a short run moves by several
+// percent from one run to the next, the size of most differences being compared. Other processes
+// taking over a quarter of the machine's CPU time (steal included) compete for the run's cores,
+// caches and memory bandwidth.
+constexpr double kNoisyCv = 0.25;
+constexpr double kBusyMachine = 0.25;
+
+struct Timing {
+  std::optional<double> cv, load, steal;
+  std::string cv_of = "step time";  // or "time per position", where the steps' positions vary
+  bool unusable = false;
+};
+
+// The steps whose time the noise is judged on: the first (warm-up) and evaluation steps left out.
+std::vector<std::size_t> timed_steps(const std::vector<json>& steps) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 1; i < steps.size(); ++i) {
+    if (!steps[i].contains("val_loss") && steps[i].contains("step_ms")) out.push_back(i);
+  }
+  return out;
+}
+
+Timing judge_timing(const Run& run) {
+  Timing t;
+  if (run.summary.contains("machine_load")) t.load = run.summary["machine_load"].get<double>();
+  if (run.summary.contains("cpu_steal")) t.steal = run.summary["cpu_steal"].get<double>();
+  // Padded and bucketed rows vary in length, and the step time with them: there the spread of the
+  // time per position is the noise. Elsewhere summary.json's step_time_cv (every counted step, not
+  // only the logged ones), else the logged steps'.
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const json& m : run.steps) {
+    const double n = m.value("tokens", 0.0);
+    lo = std::min(lo, n);
+    hi = std::max(hi, n);
+  }
+  std::vector<double> per;
+  for (std::size_t i : timed_steps(run.steps)) {
+    const double ms = run.steps[i]["step_ms"].get<double>(), n = run.steps[i].value("tokens", 0.0);
+    per.push_back(hi > lo && n > 0 ? ms / n : ms);
+  }
+  if (hi > lo) {
+    t.cv = spread_of(per).cv;
+    t.cv_of = "time per position";
+  } else if (run.summary.contains("step_time_cv")) {
+    t.cv = run.summary["step_time_cv"].get<double>();
+  } else {
+    t.cv = spread_of(per).cv;
+  }
+  t.unusable = (t.cv && *t.cv > kNoisyCv) || (t.load && *t.load > kBusyMachine);
+  return t;
+}
+
+std::optional<Finding> noisy_timings(const Timing& t, const std::string& device) {
+  if (!t.unusable) return std::nullopt;
+  Finding f;
+  f.id = "noisy_timings";
+  f.severity = "high";
+  f.evidence = {{"step_time_cv", t.cv ? json(*t.cv) : json(nullptr)}, {"cv_of", t.cv_of},
+                {"machine_load", t.load ? json(*t.load) : json(nullptr)}, {"cpu_steal", t.steal ? json(*t.steal) : json(nullptr)},
+                {"cv_limit", kNoisyCv}, {"machine_load_limit", kBusyMachine}};
+  std::vector<std::string> why;
+  if (t.cv && *t.cv > kNoisyCv) {
+    why.push_back("the " + t.cv_of + fmt(" varies by a coefficient of variation of %.2f", *t.cv) +
+                  fmt(" (over %.2f)", kNoisyCv));
+  }
+  if (t.load && *t.load > kBusyMachine) {
+    why.push_back(fmt("other processes used %.0f%% of the machine's CPU time during the run", 100 * *t.load) +
+                  fmt(" (over %.0f%%", 100 * kBusyMachine) +
+                  (t.steal && *t.steal >= 0.005 ? fmt("; %.0f%% stolen by the hypervisor)", 100 * *t.steal) : std::string(")")));
+  }
+  f.message = "this run's timings are unusable: " + why[0] + (why.size() > 1 ? "; " + why[1] : std::string()) +
+              ". Its tokens/s, MFU and data-wait figures measure the machine as much as the run: compare "
+              "throughput only from a run on a quiet machine; the findings below that rest on timings are qualified";
+  f.change = device == "cpu" ? "rerun with the cores to itself (nothing else running), or --set run.threads=N below the "
+                               "number of idle cores"
+                             : "rerun with the GPU and its host cores to itself";
+  return f;
+}
+
+// A timing-based finding measured while the timings were unusable: no expected speed-up, and said.
+void qualify(Finding& f) {
+  f.message += " (measured while the timings were unusable, see noisy_timings: confirm on a quiet machine)";
+  f.evidence["timings_unusable"] = true;
+  f.expected_speedup.reset();
+}
+
+// ---- the loss: spikes and divergence --------------------------------------------------------
+
+// One logged step's loss, gradient norm and learning rate; NaN where the file holds none (null:
+// the NaN or infinity the trainer wrote).
+struct LossPoint {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+};
+
+std::vector<LossPoint> loss_points(const std::vector<json>& steps) {
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<LossPoint> out;
+  for (const json& m : steps) {
+    out.push_back({m["step"].get<int64_t>(), m.value("loss", nan), m.value("grad_norm", nan), m.value("lr", nan)});
+  }
+  return out;
+}
+
+// A spike: the loss jumps over kSpikeSigmas robust standard deviations and kSpikeRise of itself
+// above its level (the median of the previous kSpikeWindow logged losses), stays over kHoldSigmas
+// and kHoldRise above it at the next logged step (the update broke the weights: a hard batch
+// alone is back at the level one step later), and the gradient norm at the step or the one
+// before (the update that raised it) is at least kGradJump times its median over the window. The
+// spread is that of successive differences (1.4826 x their median absolute deviation, over
+// sqrt 2), so a falling loss does not widen it, with a floor of kSpreadFloor of the level.
+// Measured on 50 clean tiny quickstart runs (seeds, batchings, micro-batches): single steps
+// reach 19% and 7 spreads above the level with the gradient norm at 2-30x its median (small
+// batches of hard documents), but no two steps in a row come within 60% of these thresholds.
+constexpr std::size_t kSpikeWindow = 20, kSpikeHistory = 10;
+constexpr double kSpikeSigmas = 6, kSpikeRise = 0.10, kHoldSigmas = 3, kHoldRise = 0.05, kSpreadFloor = 0.005,
+                 kGradJump = 2;
+
+struct Spike {
+  int64_t first_step = 0, last_step = 0;  // the logged steps it held over the level
+  double level = 0, spread = 0;           // before it
+  double loss = 0;                        // the highest in it
+  double grad_norm = 0;                   // the largest at it or the step before (inf: not finite; NaN: not logged)
+  double usual_grad_norm = 0;             // the median before it
+  double lr = 0;                          // at its first step
+};
+
+std::vector<Spike> find_spikes(const std::vector<LossPoint>& pts) {
+  const bool have_grad = std::any_of(pts.begin(), pts.end(), [](const LossPoint& p) { return std::isfinite(p.grad_norm); });
+  // The gradient norm of pts[i], where the file holds one; a null among numbers was infinite.
+  const auto norm = [&](std::size_t i) {
+    return std::isfinite(pts[i].grad_norm) || !have_grad ? pts[i].grad_norm : std::numeric_limits<double>::infinity();
+  };
+  std::vector<std::size_t> fin;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (std::isfinite(pts[i].loss)) fin.push_back(i);
+  }
+  std::vector<Spike> out;
+  for (std::size_t k = kSpikeHistory; k + 1 < fin.size(); ++k) {
+    std::vector<double> losses, diffs, grads;
+    for (std::size_t j = k - std::min(k, kSpikeWindow); j < k; ++j) {
+      const LossPoint& p = pts[fin[j]];
+      if (!losses.empty()) diffs.push_back(p.loss - losses.back());
+      losses.push_back(p.loss);
+      if (std::isfinite(p.grad_norm)) grads.push_back(p.grad_norm);
+    }
+    const double level = median_of(losses), center = median_of(diffs);
+    for (double& d : diffs) d = std::abs(d - center);
+    const double spread = std::max(1.4826 * median_of(diffs) / std::sqrt(2.0), kSpreadFloor * std::abs(level));
+    const auto above = [&](std::size_t j, double sigmas, double rise) {
+      return pts[fin[j]].loss - level >= std::max(sigmas * spread, rise * std::abs(level));
+    };
+    if (!above(k, kSpikeSigmas, kSpikeRise) || !above(k + 1, kHoldSigmas, kHoldRise)) continue;
+    double g = norm(fin[k]);
+    if (fin[k] > 0 && !std::isnan(norm(fin[k] - 1))) g = std::isnan(g) ? norm(fin[k] - 1) : std::max(g, norm(fin[k] - 1));
+    const double usual = median_of(grads);
+    if (have_grad && !(usual > 0 && g >= kGradJump * usual)) continue;
+    Spike s{pts[fin[k]].step, pts[fin[k]].step, level, spread, pts[fin[k]].loss, have_grad ? g : std::nan(""), usual, pts[fin[k]].lr};
+    for (; k + 1 < fin.size() && above(k + 1, kHoldSigmas, kHoldRise); ++k) {
+      s.last_step = pts[fin[k + 1]].step;
+      s.loss = std::max(s.loss, pts[fin[k + 1]].loss);
+      if (have_grad) s.grad_norm = std::max(s.grad_norm, norm(fin[k + 1]));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Divergence: a loss that is not finite (null in metrics.jsonl, or a null gradient norm among
+// numbers), or one rising over the last quarter of the logged steps (at least kTailSteps): a line
+// fitted to it rises by over kTailRise of its start, with a slope over kTailT of its standard
+// errors (a steady run's tail is flat or falling; independent noise alone puts t above 4 in about
+// 2 of 10,000 tails of 30 steps).
+constexpr std::size_t kTailSteps = 10;
+constexpr double kTailRise = 0.05, kTailT = 4;
+
+struct Divergence {
+  std::optional<int64_t> nonfinite_step;  // the first logged step without a finite loss or norm
+  std::optional<int64_t> tail_from, tail_to;
+  double tail_start = 0, tail_end = 0, slope_t = 0;  // the fitted line's ends, slope / its error
+};
+
+std::optional<Divergence> find_divergence(const std::vector<LossPoint>& pts) {
+  Divergence d;
+  const bool have_grad = std::any_of(pts.begin(), pts.end(), [](const LossPoint& p) { return std::isfinite(p.grad_norm); });
+  for (const LossPoint& p : pts) {
+    if (!std::isfinite(p.loss) || (have_grad && !std::isfinite(p.grad_norm))) {
+      d.nonfinite_step = p.step;
+      break;
+    }
+  }
+  std::vector<const LossPoint*> fin;
+  for (const LossPoint& p : pts) {
+    if (std::isfinite(p.loss)) fin.push_back(&p);
+  }
+  if (fin.size() >= 2 * kTailSteps) {
+    const std::size_t m = std::max(kTailSteps, fin.size() / 4);
+    const std::vector<const LossPoint*> tail(fin.end() - std::ptrdiff_t(m), fin.end());
+    double mx = 0, my = 0;
+    for (const LossPoint* p : tail) {
+      mx += double(p->step);
+      my += p->loss;
+    }
+    mx /= double(m);
+    my /= double(m);
+    double sxx = 0, sxy = 0;
+    for (const LossPoint* p : tail) {
+      sxx += (double(p->step) - mx) * (double(p->step) - mx);
+      sxy += (double(p->step) - mx) * (p->loss - my);
+    }
+    if (sxx > 0) {
+      const double slope = sxy / sxx;
+      double sse = 0;
+      for (const LossPoint* p : tail) sse += std::pow(p->loss - my - slope * (double(p->step) - mx), 2);
+      const double se = std::sqrt(sse / double(m - 2) / sxx);
+      const double x0 = double(tail.front()->step), x1 = double(tail.back()->step);
+      const double y0 = my + slope * (x0 - mx), y1 = my + slope * (x1 - mx);
+      const double t = se > 0 ? slope / se : slope > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+      if (t > kTailT && y1 - y0 > kTailRise * std::abs(y0)) {
+        d.tail_from = tail.front()->step;
+        d.tail_to = tail.back()->step;
+        d.tail_start = y0;
+        d.tail_end = y1;
+        d.slope_t = t;
+      }
+    }
+  }
+  if (!d.nonfinite_step && !d.tail_from) return std::nullopt;
+  return d;
+}
+
+// The change that steadies training, from the run's own settings: half the peak learning rate,
+// twice the warm-up (or a twentieth of the run where there is none), and clipping where it is off.
+std::string steadier(const Run& run, json& evidence) {
+  const double lr = run.cfg("optimizer", "lr", 0.0), clip = run.cfg("optimizer", "grad_clip", 0.0);
+  const int64_t warmup = run.cfg("schedule", "warmup_steps", int64_t(0)), steps = run.cfg("run", "steps", int64_t(0));
+  const int64_t new_warmup = warmup > 0 ? 2 * warmup : std::max<int64_t>(10, steps / 20);
+  evidence["lr"] = lr;
+  evidence["warmup_steps"] = warmup;
+  evidence["grad_clip"] = clip;
+  std::string change = "--set optimizer.lr=" + fmt("%.3g", lr / 2) + " --set schedule.warmup_steps=" + std::to_string(new_warmup);
+  if (clip <= 0) change += " --set optimizer.grad_clip=1.0";
+  change += fmt(" (now lr %.3g", lr) + ", warmup " + std::to_string(warmup) + " steps, " +
+            (clip > 0 ? fmt("gradient norm clipped at %.3g)", clip) : std::string("no clipping)"));
+  return change;
+}
+
+std::optional<Finding> loss_spike(const Run& run, const std::vector<LossPoint>& pts) {
+  const std::vector<Spike> spikes = find_spikes(pts);
+  if (spikes.empty()) return std::nullopt;
+  // The message names the largest (by its rise over its level) and the first.
+  const Spike& s = *std::max_element(spikes.begin(), spikes.end(),
+                                     [](const Spike& a, const Spike& b) { return a.loss / a.level < b.loss / b.level; });
+  // Recovered: the median of the last five logged losses is back under the spike's hold threshold.
+  std::vector<double> end;
+  for (auto it = pts.rbegin(); it != pts.rend() && end.size() < 5; ++it) {
+    if (std::isfinite(it->loss)) end.push_back(it->loss);
+  }
+  const double end_level = median_of(end);
+  const bool recovered = end_level < s.level + std::max(kHoldSigmas * s.spread, kHoldRise * std::abs(s.level));
+  Finding f;
+  f.id = "loss_spike";
+  f.severity = !recovered ? "high" : s.loss > 1.25 * s.level ? "medium" : "low";
+  json list = json::array();
+  for (std::size_t i = 0; i < spikes.size() && i < 5; ++i) {
+    const Spike& x = spikes[i];
+    list.push_back({{"first_step", x.first_step}, {"last_step", x.last_step}, {"loss_before", x.level}, {"loss", x.loss},
+                    {"sigmas", (x.loss - x.level) / x.spread},
+                    {"grad_norm", std::isfinite(x.grad_norm) ? json(x.grad_norm) : json(nullptr)},
+                    {"grad_norm_before", x.usual_grad_norm}, {"lr_at_spike", std::isfinite(x.lr) ? json(x.lr) : json(nullptr)}});
+  }
+  f.evidence = {{"spikes", list}, {"spike_count", spikes.size()}, {"loss_at_end", end_level}};
+  const std::string where = s.first_step == s.last_step ? "at step " + std::to_string(s.first_step)
+                                                        : "over steps " + std::to_string(s.first_step) + "-" + std::to_string(s.last_step);
+  f.message = fmt("the loss jumped from %.4g", s.level) + fmt(" to %.4g ", s.loss) + where +
+              fmt(" (%.0f standard deviations above its level over the previous logged steps)", (s.loss - s.level) / s.spread);
+  if (std::isfinite(s.grad_norm)) {
+    f.message += fmt(" with the gradient norm at %.3g", s.grad_norm) + fmt(" (%.3g before)", s.usual_grad_norm);
+  } else if (std::isinf(s.grad_norm)) {
+    f.message += fmt(" with a gradient norm that was not finite (%.3g before)", s.usual_grad_norm);
+  }
+  if (spikes.size() > 1) {
+    f.message += "; " + std::to_string(spikes.size()) + " spikes in all, the first at step " + std::to_string(spikes[0].first_step);
+  }
+  f.message += recovered ? fmt("; it came back (%.4g at the end)", end_level)
+                         : fmt("; it has not come back (%.4g at the end)", end_level);
+  f.change = steadier(run, f.evidence);
+  return f;
+}
+
+std::optional<Finding> diverged(const Run& run, const std::vector<LossPoint>& pts) {
+  const std::optional<Divergence> d = find_divergence(pts);
+  if (!d) return std::nullopt;
+  Finding f;
+  f.id = "diverged";
+  f.severity = "high";
+  std::vector<std::string> what;
+  if (d->nonfinite_step) {
+    f.evidence["nonfinite_step"] = *d->nonfinite_step;
+    what.push_back("the loss or gradient norm is not finite (null in metrics.jsonl) from step " + std::to_string(*d->nonfinite_step));
+  }
+  if (d->tail_from) {
+    f.evidence["rising_from_step"] = *d->tail_from;
+    f.evidence["rising_to_step"] = *d->tail_to;
+    f.evidence["fitted_loss_start"] = d->tail_start;
+    f.evidence["fitted_loss_end"] = d->tail_end;
+    f.evidence["slope_t"] = d->slope_t;
+    what.push_back("the loss rises over the last logged steps: a line fitted to steps " + std::to_string(*d->tail_from) + "-" +
+                   std::to_string(*d->tail_to) + fmt(" goes from %.4g", d->tail_start) + fmt(" to %.4g", d->tail_end) +
+                   fmt(" (slope %.1f standard errors above zero)", d->slope_t));
+  }
+  f.message = "training diverged: " + what[0] + (what.size() > 1 ? "; " + what[1] : std::string());
+  f.change = steadier(run, f.evidence);
+  return f;
+}
+
 std::vector<Finding> diagnose(const Run& run) {
   std::vector<Finding> out;
   const std::string device = run.cfg("run", "device", std::string("cpu"));
@@ -121,6 +459,13 @@ std::vector<Finding> diagnose(const Run& run) {
   const double lr = run.cfg("optimizer", "lr", 0.0);
   const int64_t workers = run.cfg("data", "workers", int64_t(1));
   const int64_t prefetch = run.cfg("data", "prefetch", int64_t(4));
+
+  // Whether the timings can be trusted; the training's stability.
+  const Timing timing = judge_timing(run);
+  if (auto f = noisy_timings(timing, device)) out.push_back(*f);
+  const std::vector<LossPoint> losses = loss_points(run.steps);
+  if (auto f = diverged(run, losses)) out.push_back(*f);
+  if (auto f = loss_spike(run, losses)) out.push_back(*f);
 
   // Padding: positions computed on that carry no target.
   const double pad = median_of(column(run.steps, "padding_fraction", false));
@@ -157,14 +502,23 @@ std::vector<Finding> diagnose(const Run& run) {
                 "`" + (stage == "read" ? " (reading or generating documents)" : stage == "batch" ? " (forming batches)" : "");
     f.change = "--set data.workers=" + std::to_string(std::max<int64_t>(2, workers * 2)) +
                " --set data.prefetch=" + std::to_string(std::max<int64_t>(8, prefetch * 2));
+    if (timing.unusable) qualify(f);
     out.push_back(f);
   }
 
-  // Memory headroom: a larger micro-batch fits.
+  // Memory headroom: a larger micro-batch fits, and it would run faster. Only a memory-bound run
+  // gains: a GPU whose products reach under kMemoryBoundMfu of its peak at this micro-batch spends
+  // its steps on what a step costs whatever its size (reading the weights, launching kernels, the
+  // optimizer's pass), which more rows per step amortise. A CPU computes its products at its cores'
+  // rate from a few dozen rows on (its memory keeps up with its arithmetic): a larger micro-batch
+  // there changes the optimisation, not the tokens/s. Unusable timings leave the MFU unknown.
+  constexpr double kMemoryBoundMfu = 0.3;
   const double mem = run.info.value("memory_bytes", 0.0);
   const double peak = quantile(column(run.steps, "mem_peak_bytes", false), 1.0);
   const double act = run.info.value("activation_bytes", 0.0);
-  if (mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0) {
+  const double mfu = run.summary.value("mfu", -1.0);
+  const bool memory_bound = device == "cuda" && mfu >= 0 && mfu < kMemoryBoundMfu && !timing.unusable;
+  if (memory_bound && mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0) {
     const double per_row = act / double(B);
     int64_t nb = B;
     while (nb < B * 64 && peak + double(nb * 2 - B) * per_row <= 0.8 * mem) nb *= 2;
@@ -177,11 +531,14 @@ std::vector<Finding> diagnose(const Run& run) {
                     {"memory_source", run.info.value("memory_source", std::string())},
                     {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
                     {"batch_size", B},                {"suggested_batch_size", nb},
-                    {"grad_accum_steps", accum},      {"lr", lr}};
-      f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+                    {"grad_accum_steps", accum},      {"lr", lr},
+                    {"mfu", mfu},                     {"memory_bound_below_mfu", kMemoryBoundMfu}};
+      f.message = fmt("the GPU reaches %.1f%% of its peak (MFU) at this micro-batch, and peak memory ", 100 * mfu) + gib(peak) +
+                  fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
                   run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
                   " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
-                  " of activations per row)";
+                  " of activations per row) and spreads each step's fixed costs over more rows; `ablate tune batch-size` "
+                  "measures the gain";
       const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
       if (nb <= B * accum) {
         f.change = bs + " --set run.grad_accum_steps=" + std::to_string(new_accum) + " (the same global batch of " +
@@ -190,7 +547,8 @@ std::vector<Finding> diagnose(const Run& run) {
         const double lr_global = lr * std::sqrt(double(nb) / double(B * accum));
         f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
                    " (the global batch grows from " + std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
-                   " rows: the lr by the square-root rule)";
+                   " rows: this lr is the square-root rule's suggestion, to verify with a short run at it and at the "
+                   "current lr, not a rule)";
         f.evidence["sqrt_scaled_lr"] = lr_global;
       }
       out.push_back(f);
@@ -293,24 +651,20 @@ std::vector<Finding> diagnose(const Run& run) {
                 " ranks: the gradient exchange, and waiting there for the slowest rank. Its cost is fixed per step, so "
                 "more micro-batches per exchange amortise it";
     f.change = "--set run.grad_accum_steps=" + std::to_string(accum * k) + " --set optimizer.lr=" + fmt("%.3g", lr_new) +
-               " (the global batch grows " + std::to_string(k) + "x: the lr by the square-root rule), or fewer ranks with "
-               "more threads each";
+               " (the global batch grows " + std::to_string(k) + "x: the square-root rule's lr, a suggestion to verify "
+               "with a short run), or fewer ranks with more threads each";
+    if (timing.unusable) qualify(f);
     out.push_back(f);
   }
 
-  // Unstable step time (the first step and steps that ran an evaluation are left out).
+  // Unstable step time (the first step and steps that ran an evaluation are left out); where the
+  // timings are unusable, noisy_timings has said it.
   std::vector<double> ms;
-  for (std::size_t i = 1; i < run.steps.size(); ++i) {
-    if (!run.steps[i].contains("val_loss") && run.steps[i].contains("step_ms")) ms.push_back(run.steps[i]["step_ms"].get<double>());
-  }
-  if (ms.size() >= 8) {
+  for (std::size_t i : timed_steps(run.steps)) ms.push_back(run.steps[i]["step_ms"].get<double>());
+  if (ms.size() >= 8 && !timing.unusable) {
     const double p50 = quantile(ms, 0.5), p90 = quantile(ms, 0.9), mx = quantile(ms, 1.0);
-    double mean = 0;
-    for (double x : ms) mean += x;
-    mean /= double(ms.size());
-    double var = 0;
-    for (double x : ms) var += (x - mean) * (x - mean);
-    const double cv = std::sqrt(var / double(ms.size())) / mean;
+    const Spread sp = spread_of(ms);
+    const double mean = sp.mean, cv = sp.cv.value_or(0.0);
     if (cv > 0.15 || p90 > 1.3 * p50) {
       Finding f;
       f.id = "step_jitter";
@@ -361,8 +715,8 @@ int cmd_doctor(const Args& args) {
             << run.cfg("attention", "name", std::string("?")) << ", optimizer " << run.cfg("optimizer", "name", std::string("?"))
             << ")\n";
   if (findings.empty()) {
-    std::cout << "nothing found: padding, data wait, memory headroom, attention backend, optimizer memory and step time all "
-                 "look healthy\n";
+    std::cout << "nothing found: the loss (no spike, no divergence), timings, padding, data wait, memory, attention backend, "
+                 "precision, optimizer memory and step time all look healthy\n";
     return 0;
   }
   int i = 0;

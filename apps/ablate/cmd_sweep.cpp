@@ -106,6 +106,7 @@ struct Sweep {
   fs::path base;
   std::string name;
   int repeats = 1;
+  std::string baseline;          // the arm group the report compares the others with ("": the first)
   std::vector<Override> common;  // [sweep.set]
   std::vector<std::string> axes;
   std::vector<Arm> arms;
@@ -166,8 +167,8 @@ Sweep read_sweep(const fs::path& file) {
   if (sw == nullptr) sw = &empty;
   for (const auto& [k, v] : *sw) {
     const std::string key(k.str());
-    if (key != "name" && key != "repeats" && key != "set" && key != "grid" && key != "arms") {
-      throw_input_error(where(f, v.source()), "unknown key 'sweep." + key + "' (expected name, repeats, set, grid, arms)");
+    if (key != "name" && key != "repeats" && key != "baseline" && key != "set" && key != "grid" && key != "arms") {
+      throw_input_error(where(f, v.source()), "unknown key 'sweep." + key + "' (expected name, repeats, baseline, set, grid, arms)");
     }
   }
   if (const toml::node* n = sw->get("name")) {
@@ -266,6 +267,17 @@ Sweep read_sweep(const fs::path& file) {
     if (int n = seen[a.name]++; n > 0) a.name += "-" + std::to_string(n + 1);
   }
   for (const Arm& a : base_arms) require_arm_name(f, a.name);
+  if (const toml::node* n = sw->get("baseline")) {
+    std::string names;
+    for (const Arm& a : base_arms) names += (names.empty() ? "" : ", ") + a.name;
+    const auto named = [&](const Arm& a) { return n->is_string() && a.name == n->as_string()->get(); };
+    if (std::none_of(base_arms.begin(), base_arms.end(), named)) {
+      const std::string held = n->is_string() ? "'" + echo_value(n->as_string()->get()) + "' names no arm" : "is not a string";
+      throw_input_error(where(f, n->source()) + " sweep.baseline",
+                        held + "; expected the name of an arm without its repeat suffix, one of: " + echo_value(names, 400));
+    }
+    s.baseline = n->as_string()->get();
+  }
   for (const Arm& a : base_arms) {
     for (int r = 0; r < s.repeats; ++r) {
       Arm x = a;
@@ -464,6 +476,7 @@ int cmd_sweep(const Args& args) {
   {
     json order = {{"name", s.name}, {"base", s.base.string()}, {"axes", s.axes}, {"repeats", s.repeats}, {"arms", json::array()}};
     if (!peak_text.empty()) order["peak_tflops_set"] = peak_text;
+    if (!s.baseline.empty()) order["baseline"] = s.baseline;
     for (const ArmPlan& p : plans) order["arms"].push_back(p.arm.name);
     write_json_file(out / "arms.json", order);
   }

@@ -33,6 +33,8 @@ constexpr JsonField kSummaryFields[] = {
     {"mem_peak_bytes", K::count},     {"optimizer_state_bytes", K::count},
     {"wall_s", K::non_negative},      {"world", K::count},
     {"resumed_from", K::count},       {"data_bottleneck", K::string},
+    {"step_time_cv", K::non_negative}, {"machine_load", K::non_negative},
+    {"cpu_steal", K::non_negative},
 };
 
 constexpr JsonField kMetricsFields[] = {
@@ -44,11 +46,12 @@ constexpr JsonField kMetricsFields[] = {
     {"data_wait_pct", K::non_negative}, {"comm_pct", K::non_negative},
     {"mem_peak_bytes", K::count},      {"optimizer_state_bytes", K::count},
     {"elapsed_s", K::non_negative},
+    {"lr", K::number},                 {"grad_norm", K::non_negative},
 };
 
 constexpr JsonField kArmsFields[] = {
     {"name", K::string},   {"base", K::string}, {"axes", K::strings},
-    {"arms", K::strings, true}, {"peak_tflops_set", K::string},
+    {"arms", K::strings, true}, {"peak_tflops_set", K::string}, {"baseline", K::string},
 };
 
 constexpr JsonField kArmFields[] = {
@@ -68,12 +71,15 @@ constexpr JsonField kResultRowFields[] = {
     {"optimizer_state_bytes", K::non_negative}, {"data_wait_pct", K::non_negative},
     {"wall_s", K::non_negative},           {"steps", K::non_negative},
     {"error", K::string},                  {"run_dir", K::string},
+    {"best_val_loss", K::number},          {"step_time_cv", K::non_negative},
+    {"machine_load", K::non_negative},
 };
 
 const JsonSchema kResultRow{"sweep results row", kMaxJsonBytes, kResultRowFields};
 
 constexpr JsonField kResultsFields[] = {
     {"sweep", K::string}, {"base", K::string}, {"axes", K::strings}, {"arms", K::rows, true, &kResultRow},
+    {"baseline", K::string},
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include <boost/math/distributions/students_t.hpp>
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
@@ -185,12 +186,371 @@ std::string resolve_factor(const char* option, const std::string& name, const st
   throw_input_error(option, "unknown factor '" + name + "' (factors of " + where + ": " + join(factors) + ")");
 }
 
+// ---- statistics over an arm group's repeats ---------------------------------------------------
+
+// The two-sided 95% quantile of Student's t with `df` degrees of freedom (Welch's need not be whole).
+double t975(double df) {
+  namespace bm = boost::math;
+  return bm::quantile(bm::complement(bm::students_t_distribution<double>(df), 0.025));
+}
+
+json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+// One metric over a group's repeats: n, the mean, and for n >= 2 the sample standard deviation and
+// the 95% interval of the mean (Student's t with n - 1 degrees of freedom); NaN where there is none.
+struct Spread {
+  std::size_t n = 0;
+  double mean = NAN, sd = NAN, ci_low = NAN, ci_high = NAN;
+};
+
+Spread spread_of(const std::vector<double>& x) {
+  Spread s;
+  s.n = x.size();
+  if (x.empty()) return s;
+  double sum = 0;
+  for (double v : x) sum += v;
+  s.mean = sum / double(s.n);
+  if (s.n < 2) return s;
+  double squares = 0;
+  for (double v : x) squares += (v - s.mean) * (v - s.mean);
+  s.sd = std::sqrt(squares / double(s.n - 1));
+  const double half = t975(double(s.n - 1)) * s.sd / std::sqrt(double(s.n));
+  s.ci_low = s.mean - half;
+  s.ci_high = s.mean + half;
+  return s;
+}
+
+// An estimate with its 95% interval (NaN bounds: there is none).
+struct Estimate {
+  double value = NAN, low = NAN, high = NAN;
+};
+
+// mean(a) - mean(b) with Welch's interval (Welch-Satterthwaite degrees of freedom); an interval needs
+// n >= 2 on both sides. With no spread on either side the difference is exact: the interval is the point.
+Estimate welch_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  const Spread sa = spread_of(a), sb = spread_of(b);
+  Estimate e;
+  e.value = sa.mean - sb.mean;
+  if (sa.n < 2 || sb.n < 2) return e;
+  const double va = sa.sd * sa.sd / double(sa.n), vb = sb.sd * sb.sd / double(sb.n);
+  const double se = std::sqrt(va + vb);
+  if (se == 0) {
+    e.low = e.high = e.value;
+    return e;
+  }
+  double df = (va + vb) * (va + vb) / (va * va / double(sa.n - 1) + vb * vb / double(sb.n - 1));
+  if (!(df > 0) || !std::isfinite(df)) df = double(std::min(sa.n, sb.n) - 1);  // spreads too small to square
+  const double half = t975(df) * se;
+  e.low = e.value - half;
+  e.high = e.value + half;
+  return e;
+}
+
+// The ratio of geometric means a / b with the Welch interval of the difference of the logs,
+// exponentiated; NaN when a value is not > 0.
+Estimate welch_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> la, lb;
+  for (double v : a) la.push_back(v > 0 ? std::log(v) : NAN);
+  for (double v : b) lb.push_back(v > 0 ? std::log(v) : NAN);
+  const Estimate d = welch_difference(la, lb);
+  return {std::exp(d.value), std::exp(d.low), std::exp(d.high)};
+}
+
+std::string printf_text(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string loss_text(double v) { return printf_text("%.4f", v); }
+// Three significant digits in k or M: "1.51k", "13.3k", "2.04M".
+std::string rate_text(double v) {
+  const double scale = std::fabs(v) >= 1e6 ? 1e6 : std::fabs(v) >= 1e3 ? 1e3 : 1;
+  const double x = v / scale;
+  const int decimals = std::fabs(x) >= 100 ? 0 : std::fabs(x) >= 10 ? 1 : 2;
+  return printf_text(("%." + std::to_string(decimals) + "f").c_str(), x) + (scale == 1e6 ? "M" : scale == 1e3 ? "k" : "");
+}
+std::string share_text(double v) { return fmt_pct(json(v)); }
+std::string mib_text(double v) { return fmt_mib(json(v)); }
+// A ratio's number, with three decimals when `near` (the estimate it belongs to) is within 10% of 1,
+// where two would round a real difference away; an interval's ends take their estimate's decimals.
+std::string ratio_text(double v, double near) { return printf_text(std::fabs(near - 1) < 0.1 ? "%.3f" : "%.2f", v); }
+
+// The metrics summarised over repeats and compared with the baseline.
+struct StatMetric {
+  const char* key;    // the results column
+  const char* label;  // its name in report.md
+  bool ratio;         // compared as arm / baseline (else as arm - baseline)
+  bool lower_better;
+  const char* more;   // the words for a larger value than the baseline's
+  const char* less;   // and for a smaller one
+  std::string (*show)(double);
+};
+
+const StatMetric kStatMetrics[] = {
+    {"val_loss", "val loss", false, true, "higher loss", "lower loss", loss_text},
+    {"best_val_loss", "best val loss", false, true, "higher loss", "lower loss", loss_text},
+    {"real_tokens_per_s", "real tokens/s", true, false, "faster", "slower", rate_text},
+    {"mfu", "MFU", true, false, "higher MFU", "lower MFU", share_text},
+    {"mem_peak_bytes", "peak MiB", true, true, "more memory", "less memory", mib_text},
+};
+
+// The completed repeats of one arm (its group: the arm's name without the repeat suffix).
+struct ArmGroup {
+  std::string name;
+  std::map<std::string, std::vector<double>> values;  // metric -> one value per completed repeat that has it
+  std::size_t completed = 0;
+  double step_time_cv = NAN;  // the largest of its runs' step-time coefficients of variation, NaN: none known
+  std::string noisiest;       // the run that had it
+  double machine_load = NAN;  // the largest machine load its runs saw, NaN: none known
+};
+
+// Every group of the results rows, in the order of their first arm (one without a completed repeat too).
+std::vector<ArmGroup> arm_groups(const json& rows) {
+  std::vector<ArmGroup> groups;
+  for (const json& r : rows) {
+    const std::string g = r.value("group", r.value("arm", ""));
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == g; });
+    if (it == groups.end()) it = groups.insert(groups.end(), ArmGroup{g, {}, 0, NAN, "", NAN});
+    if (r.value("status", "") != "completed") continue;
+    ++it->completed;
+    // The rows as written carry nulls; as read back (json_read.hpp) they leave them out.
+    const auto number = [&r](const char* key) { return r.contains(key) && r[key].is_number() ? r[key].get<double>() : NAN; };
+    for (const StatMetric& m : kStatMetrics) {
+      if (std::isfinite(number(m.key))) it->values[m.key].push_back(number(m.key));
+    }
+    if (const double cv = number("step_time_cv"); std::isfinite(cv) && !(cv <= it->step_time_cv)) {
+      it->step_time_cv = cv;
+      it->noisiest = r.value("arm", "");
+    }
+    it->machine_load = std::fmax(it->machine_load, number("machine_load"));
+  }
+  return groups;
+}
+
+// The baseline group: `requested` (arms.json's or results.json's `baseline`, named by `where`), else
+// the first group with a completed repeat, else the first. "" when there is no group at all.
+std::string baseline_group(const std::vector<ArmGroup>& groups, const std::string& requested, const std::string& where) {
+  std::string names;
+  for (const ArmGroup& g : groups) names += (names.empty() ? "" : ", ") + g.name;
+  if (!requested.empty()) {
+    if (std::none_of(groups.begin(), groups.end(), [&](const ArmGroup& g) { return g.name == requested; })) {
+      throw_input_error(where, "field 'baseline' is string \"" + echo_value(requested) +
+                                   "\", which names no arm; expected one of: " + echo_value(names, 400));
+    }
+    return requested;
+  }
+  for (const ArmGroup& g : groups) {
+    if (g.completed > 0) return g.name;
+  }
+  return groups.empty() ? "" : groups.front().name;
+}
+
+const std::vector<double>& values_of(const ArmGroup& g, const StatMetric& m) {
+  static const std::vector<double> none;
+  const auto it = g.values.find(m.key);
+  return it == g.values.end() ? none : it->second;
+}
+
+// `arm` against `base` on one metric: arm - base for a difference, arm / base for a ratio.
+Estimate versus(const StatMetric& m, const ArmGroup& arm, const ArmGroup& base) {
+  return m.ratio ? welch_ratio(values_of(arm, m), values_of(base, m)) : welch_difference(values_of(arm, m), values_of(base, m));
+}
+
+std::string n_text(std::size_t a, std::size_t b) {
+  return a == b ? "n=" + std::to_string(a) : "n=" + std::to_string(a) + " vs " + std::to_string(b);
+}
+
+// An estimate in words: "faster by 1.28x [1.21, 1.35]", "lower loss by 0.0310 [0.0120, 0.0500]",
+// "no difference detected at n=2 (+0.0040 [-0.0100, 0.0180])"; without an interval (a side with
+// one repeat) the point, saying so. "" when there is nothing to compare.
+std::string verdict(const StatMetric& m, const Estimate& e, std::size_t n_arm, std::size_t n_base) {
+  if (!std::isfinite(e.value)) return "";
+  const double none = m.ratio ? 1.0 : 0.0;  // the value of no difference
+  const bool interval = std::isfinite(e.low) && std::isfinite(e.high);
+  const bool more = interval ? e.low > none : e.value > none;
+  const bool less = interval ? e.high < none : e.value < none;
+  const std::string n = n_text(n_arm, n_base);
+  // The size of a difference, as a positive number: a ratio below 1 as its inverse ("slower by 1.25x").
+  const double shown = m.ratio && e.value < 1 ? 1 / e.value : e.value;
+  const auto size = [&](double v) { return m.ratio ? ratio_text(v >= 1 ? v : 1 / v, shown) : loss_text(std::fabs(v)); };
+  if (!more && !less) {
+    if (!interval) return "no difference (" + n + ": no interval)";
+    if (e.low == e.high) return "no difference (the same in every repeat, " + n + ")";
+    const std::string point = m.ratio ? ratio_text(e.value, e.value) + "x" : printf_text("%+.4f", e.value);
+    const auto bound = [&](double v) { return m.ratio ? ratio_text(v, e.value) : loss_text(v); };
+    return "no difference detected at " + n + " (" + point + " [" + bound(e.low) + ", " + bound(e.high) + "])";
+  }
+  std::string out = std::string(more ? m.more : m.less) + " by " + size(e.value) + (m.ratio ? "x" : "");
+  if (interval) out += " [" + size(more ? e.low : e.high) + ", " + size(more ? e.high : e.low) + "]";
+  else out += " (" + n + ": no interval)";
+  return out;
+}
+
+// The results columns of a group's statistics, in order: per metric mean, sd, n, ci_low, ci_high,
+// then against the baseline the difference (losses) or ratio (the others) with its interval, and the verdict.
+std::vector<std::string> group_columns() {
+  std::vector<std::string> out;
+  for (const StatMetric& m : kStatMetrics) {
+    const std::string k = m.key, vs = k + (m.ratio ? "_ratio" : "_diff");
+    for (const std::string& c : {k + "_mean", k + "_sd", k + "_n", k + "_ci_low", k + "_ci_high", vs, vs + "_low", vs + "_high", k + "_verdict"}) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// A group's row of statistics (group_columns(), then `group` and `baseline`).
+json group_row(const ArmGroup& g, const ArmGroup& base) {
+  json row = {{"group", g.name}, {"baseline", g.name == base.name}};
+  for (const StatMetric& m : kStatMetrics) {
+    const std::string k = m.key, vs = k + (m.ratio ? "_ratio" : "_diff");
+    const Spread s = spread_of(values_of(g, m));
+    row[k + "_mean"] = number_or_null(s.mean);
+    row[k + "_sd"] = number_or_null(s.sd);
+    row[k + "_n"] = s.n;
+    row[k + "_ci_low"] = number_or_null(s.ci_low);
+    row[k + "_ci_high"] = number_or_null(s.ci_high);
+    const Estimate e = g.name == base.name ? Estimate{} : versus(m, g, base);
+    row[vs] = number_or_null(e.value);
+    row[vs + "_low"] = number_or_null(e.low);
+    row[vs + "_high"] = number_or_null(e.high);
+    row[k + "_verdict"] = g.name == base.name ? "baseline" : verdict(m, e, s.n, values_of(base, m).size());
+  }
+  return row;
+}
+
+// "Lowest validation loss: ..." for one metric: the leader is named a winner only when its interval
+// against every other arm excludes no difference; else the arms it cannot be told from are listed.
+std::string leader_line(const StatMetric& m, const std::vector<ArmGroup>& groups, const std::string& title) {
+  std::vector<const ArmGroup*> ranked;
+  for (const ArmGroup& g : groups) {
+    if (!values_of(g, m).empty()) ranked.push_back(&g);
+  }
+  if (ranked.empty()) return "";
+  const auto mean = [&](const ArmGroup* g) { return spread_of(values_of(*g, m)).mean; };
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const ArmGroup* a, const ArmGroup* b) { return m.lower_better ? mean(a) < mean(b) : mean(a) > mean(b); });
+  const ArmGroup& best = *ranked.front();
+  const Spread s = spread_of(values_of(best, m));
+  std::string shown = m.show(s.mean);
+  if (s.n >= 2) shown += " [" + m.show(s.ci_low) + ", " + m.show(s.ci_high) + "], n=" + std::to_string(s.n);
+  if (ranked.size() == 1) return title + ": **" + best.name + "** (" + shown + "), the only arm with a value.";
+  const double none = m.ratio ? 1.0 : 0.0;
+  std::vector<const ArmGroup*> tied = {&best};
+  for (std::size_t i = 1; i < ranked.size(); ++i) {
+    const Estimate e = versus(m, best, *ranked[i]);
+    const bool apart = std::isfinite(e.low) && (m.lower_better ? e.high < none : e.low > none);
+    if (!apart) tied.push_back(ranked[i]);
+  }
+  const ArmGroup& second = *ranked[1];
+  const Estimate lead = versus(m, best, second);
+  const std::size_t n_best = values_of(best, m).size(), n_second = values_of(second, m).size();
+  if (tied.size() == 1) {
+    return title + ": **" + best.name + "** (" + shown + "): " + verdict(m, lead, n_best, n_second) + " than the runner-up `" +
+           second.name + "`.";
+  }
+  std::vector<std::string> names;
+  for (const ArmGroup* g : tied) names.push_back("`" + g->name + "` (" + m.show(mean(g)) + ")");
+  std::string line = title + ": no winner: " + join(names) + " cannot be told apart";
+  if (std::isfinite(lead.low)) {
+    line += "; the leader against the runner-up: " + verdict(m, lead, n_best, n_second);
+  } else {
+    line += " (no interval: an arm with a single run has none; set `repeats` in [sweep])";
+  }
+  return line + ".";
+}
+
+// A throughput comparison whose difference is smaller than the step-time noise of the runs behind it
+// (summary.json's step_time_cv, where the trainer wrote it): a note saying so, else "".
+std::string noise_note(const ArmGroup& a, const ArmGroup& b, double ratio) {
+  const ArmGroup& noisier = std::isnan(b.step_time_cv) || a.step_time_cv > b.step_time_cv ? a : b;
+  const double cv = noisier.step_time_cv;
+  if (!std::isfinite(cv) || !std::isfinite(ratio) || cv <= std::fabs(ratio - 1)) return "";
+  const double load = std::fmax(a.machine_load, b.machine_load);
+  return "`" + a.name + "` against `" + b.name + "`: real tokens/s differ by " + printf_text("%.1f%%", 100 * std::fabs(ratio - 1)) +
+         ", less than the step-time noise of these runs (coefficient of variation up to " + printf_text("%.1f%%", 100 * cv) +
+         ", in `" + noisier.noisiest + "`" + (std::isfinite(load) ? "; machine load up to " + printf_text("%.2f", load) : std::string()) +
+         "): the difference may be the machine's, not the arm's";
+}
+
+// A metric over a group's repeats as a table cell: "mean ± sd [low, high]", or one run's value.
+std::string spread_cell(const StatMetric& m, const ArmGroup& g) {
+  const Spread s = spread_of(values_of(g, m));
+  if (s.n == 0) return "–";
+  if (s.n == 1) return m.show(s.mean) + " (n=1: no interval)";
+  return m.show(s.mean) + " ± " + m.show(s.sd) + " [" + m.show(s.ci_low) + ", " + m.show(s.ci_high) + "]";
+}
+
+// report.md's sections on the arm groups: the leaders, each group over its repeats (when any has
+// more than one), and each against the baseline.
+void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& groups, const std::string& baseline) {
+  std::size_t most = 0, compared = 0;
+  for (const ArmGroup& g : groups) {
+    most = std::max(most, g.completed);
+    compared += g.completed > 0 ? 1 : 0;
+  }
+  const auto loss = std::find_if(std::begin(kStatMetrics), std::end(kStatMetrics), [](const StatMetric& m) { return std::string(m.key) == "val_loss"; });
+  const auto rate = std::find_if(std::begin(kStatMetrics), std::end(kStatMetrics), [](const StatMetric& m) { return std::string(m.key) == "real_tokens_per_s"; });
+  for (const std::string& line : {leader_line(*loss, groups, "Lowest validation loss"), leader_line(*rate, groups, "Most real tokens/s")}) {
+    if (!line.empty()) md << line << "\n\n";
+  }
+  const auto header = [&md](const std::string& last) {
+    md << "| arm | n |";
+    for (const StatMetric& m : kStatMetrics) md << " " << (std::string(m.key) == "mem_peak_bytes" ? last : m.label) << " |";
+    md << "\n|---|---:|";
+    for (std::size_t i = 0; i < std::size(kStatMetrics); ++i) md << "---:|";
+    md << "\n";
+  };
+  if (most >= 2) {
+    md << "## Arms over their repeats\n\nMean ± standard deviation over each arm's completed repeats, and in brackets the 95% "
+          "confidence interval of the mean (Student's t); an arm with one run has no interval.\n\n";
+    header("peak MiB");
+    for (const ArmGroup& g : groups) {
+      md << "| " << g.name << " | " << g.completed << " |";
+      for (const StatMetric& m : kStatMetrics) md << " " << spread_cell(m, g) << " |";
+      md << "\n";
+    }
+    md << "\n";
+  }
+  const auto base = std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& g) { return g.name == baseline; });
+  if (compared < 2 || base == groups.end()) return;
+  md << "## Against the baseline `" << baseline << "`\n\nLosses as the difference of means (arm - baseline), throughput, MFU "
+        "and memory as the ratio arm / baseline (of geometric means), each with its 95% interval (Welch's t; ratios on the log "
+        "scale); \"no difference detected\" when the interval holds no difference.\n\n";
+  if (base->completed == 0) {
+    md << "The baseline has no completed run: nothing to compare with.\n\n";
+    return;
+  }
+  header("peak memory");
+  std::vector<std::string> notes;
+  for (const ArmGroup& g : groups) {
+    md << "| " << g.name << " | " << g.completed << " |";
+    for (const StatMetric& m : kStatMetrics) {
+      if (g.name == baseline) {
+        md << " baseline |";
+        continue;
+      }
+      const Estimate e = versus(m, g, *base);
+      const std::string words = verdict(m, e, values_of(g, m).size(), values_of(*base, m).size());
+      std::string note = std::string(m.key) == "real_tokens_per_s" ? noise_note(g, *base, e.value) : "";
+      if (!note.empty()) notes.push_back(note);
+      md << " " << (words.empty() ? "–" : words) << (note.empty() ? "" : " (noisy: see below)") << " |";
+    }
+    md << "\n";
+  }
+  md << "\n";
+  for (const std::string& n : notes) md << "- " << n << ".\n";
+  if (!notes.empty()) md << "\n";
+}
+
 }  // namespace
 
 void add_report_options(po::options_description& desc) {
-  desc.add_options()("smooth", float_option("smooth", 0.0, 1.0, true)->default_value(0.0, "0"),
+  desc.add_options()("smooth", float_option("smooth", 0.0, 1.0, true),
                      "smooth the training-loss curves with an exponential moving average of this weight, in [0, 1) "
-                     "(0.9: strong; the raw curve stays faint behind)")(
+                     "(0.9: strong; the raw curve stays faint behind; 0: raw; default: 0.6 when several arms are drawn, "
+                     "else raw)")(
       "log-y", po::bool_switch(), "loss on a log scale")(
       "color-by", po::value<std::string>()->value_name("FACTOR"),
       "the sweep factor (axis) that picks the curves' colours (default: the first)")(
@@ -200,11 +560,9 @@ void add_report_options(po::options_description& desc) {
 
 ReportOptions report_options(const po::variables_map& vm) {
   ReportOptions o;
-  o.smooth = vm.count("smooth") ? vm["smooth"].as<double>() : 0.0;
-  if (!(o.smooth >= 0.0 && o.smooth < 1.0)) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%g", o.smooth);
-    throw_input_error("--smooth", std::string(buf) + " is not a weight in [0, 1) (0: raw curves; 0.9: strong smoothing)");
+  if (vm.count("smooth")) o.smooth = vm["smooth"].as<double>();
+  if (o.smooth && !(*o.smooth >= 0.0 && *o.smooth < 1.0)) {
+    throw_input_error("--smooth", printf_text("%g", *o.smooth) + " is not a weight in [0, 1) (0: raw curves; 0.9: strong smoothing)");
   }
   o.log_y = vm.count("log-y") && vm["log-y"].as<bool>();
   if (vm.count("color-by")) o.color_by = vm["color-by"].as<std::string>();
@@ -236,7 +594,6 @@ void write_sweep_results(const fs::path& sweep_dir) {
     const fs::path d = sweep_dir / name;
     const json arm = read_json_file_if_present(d / "arm.json", kArmJson).value_or(json::object());
     const json summary = read_json_file_if_present(d / "summary.json", kSummaryJson).value_or(json::object());
-    if (arm.value("status", "") == "completed") read_jsonl_file_if_present(d / "metrics.jsonl", kMetricsLine);  // the plots read it
     json row = {{"arm", name}, {"group", arm.value("group", name)}, {"repeat", arm.value("repeat", int64_t(0))}};
     row["overrides"] = arm.value("overrides", json::object());
     std::string status = arm.value("status", "not run");
@@ -247,23 +604,48 @@ void write_sweep_results(const fs::path& sweep_dir) {
     row["steps"] = summary.value("steps", json(nullptr));
     row["error"] = arm.value("error", "");
     row["run_dir"] = name;
+    // The lowest validation loss the run logged (metrics.jsonl, which the plots read too).
+    double best_val = NAN;
+    if (status == "completed") {
+      for (const json& m : read_jsonl_file_if_present(d / "metrics.jsonl", kMetricsLine).value_or(std::vector<json>())) {
+        if (m.contains("val_loss")) best_val = std::fmin(best_val, m["val_loss"].get<double>());
+      }
+    }
+    row["best_val_loss"] = number_or_null(best_val);
+    for (const char* c : {"step_time_cv", "machine_load"}) row[c] = summary.value(c, json(nullptr));
     rows.push_back(row);
   }
+  const std::vector<ArmGroup> groups = arm_groups(rows);
+  const std::string baseline = baseline_group(groups, order.value("baseline", ""), arms_json.string());
+  json group_rows = json::array();
+  for (const ArmGroup& g : groups) {
+    group_rows.push_back(group_row(g, *std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == baseline; })));
+  }
   json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
+  if (!baseline.empty()) results["baseline"] = baseline;
+  results["groups"] = group_rows;
   write_file_atomic(sweep_dir / "results.json", json_text(results, 2) + "\n");
 
+  // One row per arm; its group's statistics repeated on each of the group's rows.
+  const std::vector<std::string> stats = group_columns();
   std::ostringstream csv;
   csv << "arm,repeat";
   for (const std::string& a : axes) csv << "," << csv_cell(a);
   csv << ",status";
   for (const char* c : kSummaryColumns) csv << "," << c;
-  csv << ",wall_s,error\n";
+  csv << ",wall_s,error,best_val_loss,step_time_cv,machine_load,group";
+  for (const std::string& c : stats) csv << "," << c;
+  csv << "\n";
   for (const json& r : rows) {
     csv << csv_cell(r["arm"]) << "," << r["repeat"].get<int64_t>();
     for (const std::string& a : axes) csv << "," << csv_cell(r["overrides"].value(a, json("")));
     csv << "," << csv_cell(r["status"]);
     for (const char* c : kSummaryColumns) csv << "," << csv_cell(r[c]);
-    csv << "," << csv_cell(r["wall_s"]) << "," << csv_cell(r["error"]) << "\n";
+    csv << "," << csv_cell(r["wall_s"]) << "," << csv_cell(r["error"]);
+    for (const char* c : {"best_val_loss", "step_time_cv", "machine_load", "group"}) csv << "," << csv_cell(r[c]);
+    const auto g = std::find_if(group_rows.begin(), group_rows.end(), [&](const json& x) { return x["group"] == r["group"]; });
+    for (const std::string& c : stats) csv << "," << csv_cell((*g)[c]);
+    csv << "\n";
   }
   write_file_atomic(sweep_dir / "results.csv", csv.str());
 }
@@ -297,10 +679,13 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   spec["factors"] = axes;
   spec["color_by"] = plot.color_by.empty() ? json(nullptr) : json(plot.color_by);
   spec["style_by"] = plot.style_by.empty() ? json(nullptr) : json(plot.style_by);
-  spec["smooth"] = plot.smooth;
   spec["log_y"] = plot.log_y;
   std::size_t most_repeats = 1;
+  std::size_t groups_drawn = 1;
   if (sweep) {
+    const json arms = results.value("arms", json::array());
+    const std::vector<ArmGroup> stats = arm_groups(arms);
+    const std::string baseline = baseline_group(stats, results.value("baseline", ""), (dir / "results.json").string());
     spec["title"] = "sweep " + results.value("sweep", std::string());
     md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
     md << "Base experiment `" << results.value("base", std::string()) << "`";
@@ -309,8 +694,9 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
       for (std::size_t i = 0; i < axes.size(); ++i) md << (i ? ", " : " ") << "`" << axes[i] << "`";
     }
     md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
-          "training loss and the last validation loss.\n\n";
-    md << "| arm |";
+          "training loss and the last validation loss; the best validation loss is the lowest the run logged.\n\n";
+    write_group_sections(md, stats, baseline);
+    md << "## Runs\n\n| arm |";
     for (const std::string& a : axes) md << " " << a << " |";
     md << " status | train loss | val loss | tokens/s | real tokens/s | MFU | effective MFU | peak MiB | optimizer MiB | "
           "data wait | wall s |\n|---|";
@@ -318,10 +704,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     md << "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     std::map<std::string, json> groups;  // group -> {tokens_per_s: [...], real: [...]}
     std::vector<std::string> group_order;
-    const json* best_val = nullptr;
-    const json* fastest = nullptr;
     std::vector<std::string> failures;
-    const json arms = results.value("arms", json::array());  // best_val and fastest point into it
     for (const json& r : arms) {
       // A row's field, null where the row has none (results.json's nulls are read as absent).
       const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
@@ -353,22 +736,15 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
                               {"group", g},
                               {"metrics", metrics_for_plots(dir, r.value("run_dir", ""))},
                               {"factors", factors}});
-      if (r.contains("val_loss") && (!best_val || r["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>())) best_val = &r;
-      if (r.contains("real_tokens_per_s") &&
-          (!fastest || r["real_tokens_per_s"].get<double>() > (*fastest)["real_tokens_per_s"].get<double>())) {
-        fastest = &r;
-      }
     }
     md << "\n";
-    if (best_val) md << "Lowest validation loss: **" << (*best_val)["arm"].get<std::string>() << "** (" << fmt_num((*best_val)["val_loss"], "%.4f") << "). ";
-    if (fastest) md << "Most real tokens/s: **" << (*fastest)["arm"].get<std::string>() << "** (" << fmt_si((*fastest)["real_tokens_per_s"]) << ").";
-    md << "\n\n";
     if (!failures.empty()) {
       md << "Failed arms:\n\n";
       for (const std::string& f : failures) md << "- " << f << "\n";
       md << "\n";
     }
     for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
+    groups_drawn = group_order.size();
   } else {
     const json summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
     const std::string name = fs::absolute(dir).lexically_normal().filename().string();
@@ -393,13 +769,19 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
                             {"metrics", metrics_for_plots(dir, "")},
                             {"factors", json::object()}});
   }
-  const std::string whiskers = most_repeats > 1 ? " (bars: median of the repeats; whiskers: their range)" : "";
+  // Several arms overlap: smoothed unless asked otherwise. With repeats, the plots draw each group's
+  // mean with its 95% interval; they are given the t quantiles for the group sizes they meet.
+  const double smooth = plot.smooth.value_or(groups_drawn > 1 ? kDefaultSmooth : 0.0);
+  spec["smooth"] = smooth;
+  spec["t975"] = json::object();
+  for (std::size_t n = 2; n <= most_repeats; ++n) spec["t975"][std::to_string(n)] = t975(double(n - 1));
+  const std::string whiskers = most_repeats > 1 ? " (bars: mean of the repeats; whiskers: the 95% interval of that mean)" : "";
   const std::vector<std::pair<std::string, std::string>> plots = {
+      {"loss_vs_real_tokens.png", "Loss against real (non-padding) tokens seen"},
       {"loss_vs_step.png", "Loss against step"},
       {"loss_vs_time.png", "Loss against wall-clock time"},
-      {"loss_vs_real_tokens.png", "Loss against real (non-padding) tokens seen"},
       {"throughput.png", sweep ? "Throughput per arm" + whiskers : "Throughput per step"},
-      {"padding.png", (sweep ? "Padding per arm" + whiskers : std::string("Padding")) + ": share of batch positions that were padding"}};
+      {"padding.png", std::string(sweep ? "Padding per arm" : "Padding") + ": share of batch positions that were padding" + whiskers}};
   const std::string err = spec["runs"].empty() ? std::string("no completed run to plot") : draw(dir, spec);
   if (err.empty()) {
     md << "Loss curves: ";
@@ -412,12 +794,13 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     }
     if (!rest.empty()) md << ", markers by " << join(rest);
     md << "; training loss as lines";
-    if (plot.smooth > 0) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%g", plot.smooth);
-      md << " smoothed by an exponential moving average of weight " << buf << " (the raw curve faint behind)";
+    if (smooth > 0) {
+      md << " smoothed by an exponential moving average of weight " << printf_text("%g", smooth) << " (the raw curve faint behind"
+         << (plot.smooth ? "" : "; `--smooth 0` draws them raw") << ")";
     }
-    md << ", validation loss as hollow circles" << (plot.log_y ? "; loss on a log scale" : "") << ".\n\n";
+    md << ", validation loss as hollow circles";
+    if (most_repeats > 1) md << "; an arm with repeats as the mean of its repeats with a band for the 95% interval of that mean";
+    md << (plot.log_y ? "; loss on a log scale" : "") << ".\n\n";
     for (const auto& [file, caption] : plots) md << "## " << caption << "\n\n![" << caption << "](" << file << ")\n\n";
   } else {
     md << "_Plots not drawn: " << err << "_\n";

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,17 +11,24 @@
 namespace ablate::cli {
 
 // A sweep directory (it holds arms.json): gathers every arm's arm.json and summary.json into
-// results.json and results.csv, one row per arm, in the sweep's order. Every file is read typed
-// (json_read.hpp) before either is written: a damaged one is an input error naming it.
+// results.json and results.csv, one row per arm, in the sweep's order, with each arm group's
+// statistics over its repeats (mean, standard deviation, n, 95% interval) and its comparison with
+// the baseline group (arms.json's `baseline`, else the first). Every file is read typed
+// (json_read.hpp) before either is written: a damaged one is an input error naming it, and so is a
+// baseline that names no arm group.
 void write_sweep_results(const std::filesystem::path& sweep_dir);
 
 // How the plots are drawn. The factors are a sweep's axes ("batching.name", ...).
 struct ReportOptions {
-  double smooth = 0;     // EMA weight of the training-loss curves, in [0, 1); 0 draws them raw
+  // EMA weight of the training-loss curves, in [0, 1); 0 draws them raw; unset: kDefaultSmooth when
+  // the plots hold several arm groups, else raw.
+  std::optional<double> smooth;
   bool log_y = false;    // loss axes on a log scale
   std::string color_by;  // the factor that picks a curve's colour ("": the first factor)
   std::string style_by;  // the factor that picks its line style ("": the first other factor)
 };
+
+inline constexpr double kDefaultSmooth = 0.6;
 
 // The plot options `ablate report` and `ablate sweep` take: --smooth, --log-y, --color-by, --style-by.
 void add_report_options(boost::program_options::options_description& desc);

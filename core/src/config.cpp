@@ -107,7 +107,7 @@ const std::vector<SectionSpec>& section_specs() {
         floating("min_lr_ratio", 0.1, "floor of the decay as a fraction of lr").within(0.0, 1.0),
       }, std::nullopt, "", false, ""});
     s.push_back({"logging", "where metrics go", {
-        string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard)"),
+        string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard, mlflow)"),
         integer("every", 1, "log every N steps").within(1, 1e12),
       }, Kind::logger, "sinks", true, ""});
     s.push_back({"checkpoint", "saving and resuming", {

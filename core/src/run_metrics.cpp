@@ -2,6 +2,10 @@
 #include "run_metrics.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -72,6 +76,7 @@ StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, do
     mfus_.push_back(sm.mfu);
     emfus_.push_back(sm.effective_mfu);
     tflops_.push_back(sm.tflops);
+    step_s_.push_back(step_s);
   }
   waits_.push_back(sm.data_wait_pct);
   if (counted && sm.mfu > 1.0) {
@@ -103,8 +108,101 @@ nlohmann::json RunMetrics::summary() const {
                       {"peak_source", peak_.source},
                       {"mfu_above_peak", above_peak_},
                       {"data_wait_pct", med(waits_)}};
+  const std::optional<double> cv = coefficient_of_variation(step_s_);
+  j["step_time_cv"] = cv ? nlohmann::json(*cv) : nlohmann::json(nullptr);
   if (communicates_) j["comm_pct"] = med(comm_pcts_);
   return j;
+}
+
+std::optional<double> coefficient_of_variation(const std::vector<double>& values) {
+  if (values.size() < 2) return std::nullopt;
+  double mean = 0;
+  for (double v : values) mean += v;
+  mean /= double(values.size());
+  if (!(mean > 0)) return std::nullopt;
+  double var = 0;
+  for (double v : values) var += (v - mean) * (v - mean);
+  return std::sqrt(var / double(values.size())) / mean;
+}
+
+namespace {
+
+// The whitespace-separated numbers of `text`, up to the first that is not one.
+std::vector<double> numbers(std::string_view text) {
+  std::vector<double> out;
+  std::size_t i = 0;
+  while (true) {
+    i = text.find_first_not_of(" \t", i);
+    if (i == std::string_view::npos) break;
+    const std::size_t end = std::min(text.find_first_of(" \t\n", i), text.size());
+    double v = 0;
+    const auto [p, ec] = std::from_chars(text.data() + i, text.data() + end, v);
+    if (ec != std::errc() || p != text.data() + end) break;
+    out.push_back(v);
+    i = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<CpuTimes> parse_cpu_times(std::string_view proc_stat, std::string_view proc_self_stat) {
+  // /proc/stat: "cpu  user nice system idle iowait irq softirq steal guest guest_nice" (older
+  // kernels stop earlier; missing states count 0). Guest time is already inside user and nice.
+  const std::string_view line = proc_stat.substr(0, proc_stat.find('\n'));
+  if (line.substr(0, 4) != "cpu ") return std::nullopt;
+  std::vector<double> c = numbers(line.substr(4));
+  if (c.size() < 4) return std::nullopt;
+  c.resize(std::max<std::size_t>(c.size(), 8), 0.0);
+  CpuTimes t;
+  t.busy = c[0] + c[1] + c[2] + c[5] + c[6];
+  t.steal = c[7];
+  t.total = t.busy + c[3] + c[4] + t.steal;
+  // /proc/self/stat: "pid (comm) state ppid ...": utime and stime are fields 14 and 15, the 12th
+  // and 13th after the command, which may itself hold spaces and parentheses.
+  const std::size_t close = proc_self_stat.rfind(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  const std::string_view rest = proc_self_stat.substr(close + 1);
+  const std::size_t state = rest.find_first_not_of(' '), after_state = rest.find(' ', state);
+  if (after_state == std::string_view::npos) return std::nullopt;
+  const std::vector<double> f = numbers(rest.substr(after_state));  // from ppid (field 4) on
+  if (f.size() < 12) return std::nullopt;
+  t.self = f[10] + f[11];
+  return t;
+}
+
+std::optional<CpuTimes> read_cpu_times() {
+  const auto slurp = [](const char* path) -> std::optional<std::string> {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  const std::optional<std::string> machine = slurp("/proc/stat"), self = slurp("/proc/self/stat");
+  if (!machine || !self) return std::nullopt;
+  return parse_cpu_times(*machine, *self);
+}
+
+std::optional<MachineLoad> machine_load(const CpuTimes& before, const CpuTimes& after, double job_self) {
+  const double total = after.total - before.total;
+  if (!(total > 0)) return std::nullopt;
+  const double others = std::max(0.0, after.busy - before.busy - std::max(0.0, job_self));
+  const double steal = std::max(0.0, after.steal - before.steal);
+  return MachineLoad{std::clamp((others + steal) / total, 0.0, 1.0), std::clamp(steal / total, 0.0, 1.0)};
+}
+
+nlohmann::json machine_load_summary(const std::optional<CpuTimes>& before, Communicator& comm) {
+  const std::optional<CpuTimes> after = before ? read_cpu_times() : std::nullopt;
+  // Every rank's own CPU time and whether it could measure: the job's time on this machine is its
+  // ranks' share of the sum (data-parallel ranks do the same work).
+  double mine[2] = {after ? after->self - before->self : 0.0, after ? 1.0 : 0.0};
+  comm.all_reduce_host(flat_view(mine, DType::f64, 2), ReduceOp::sum);
+  const std::optional<MachineLoad> load =
+      after && mine[1] == double(comm.world()) ? machine_load(*before, *after, mine[0] / comm.world() * comm.local_world())
+                                               : std::nullopt;
+  return {{"machine_load", load ? nlohmann::json(load->load) : nlohmann::json(nullptr)},
+          {"cpu_steal", load ? nlohmann::json(load->steal) : nlohmann::json(nullptr)}};
 }
 
 }  // namespace ablate

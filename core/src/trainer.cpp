@@ -498,6 +498,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   RunMetrics metrics(start_step, s.steps, peak, run.world > 1 || comm.moves_data());
   std::vector<Batch> micro(static_cast<std::size_t>(s.accum));
   const auto t_run = Clock::now();
+  const std::optional<CpuTimes> cpu_at_start = read_cpu_times();  // for summary.json's machine_load
   double last_val = -1;
   if (start_step == s.steps && options.resume) {
     // Stopped after its last checkpoint but before summary.json: the summary is completed from
@@ -563,6 +564,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   double mem_peak = double(model.device().memory_peak());
   comm.all_reduce_host(flat_view(&mem_peak, DType::f64, 1), ReduceOp::max);
   json summary = metrics.summary();
+  summary.update(machine_load_summary(cpu_at_start, comm));
   summary.update({{"status", stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", start_step},

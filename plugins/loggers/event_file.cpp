@@ -2,7 +2,10 @@
 //   Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
 //                SessionLog session_log = 7; }
 //   Summary    { repeated Value value = 1; }
-//   Value      { string tag = 1; float simple_value = 2; }
+//   Value      { string tag = 1; float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+//   SummaryMetadata { PluginData plugin_data = 1; }   PluginData { string plugin_name = 1; bytes content = 2; }
+//   TensorProto { DataType dtype = 1; TensorShapeProto tensor_shape = 2; }   with DT_FLOAT = 1
+//   TensorShapeProto { repeated Dim dim = 2; }   Dim { int64 size = 1; }
 //   SessionLog { SessionStatus status = 1; }   with START = 1
 #include "event_file.hpp"
 
@@ -19,7 +22,11 @@ namespace event_field {
 constexpr uint32_t wall_time = 1, step = 2, file_version = 3, summary = 5, session_log = 7;
 }
 constexpr uint32_t kSummaryValue = 1;                      // Summary.value
-constexpr uint32_t kValueTag = 1, kValueSimpleValue = 2;   // Summary.Value
+constexpr uint32_t kValueTag = 1, kValueSimpleValue = 2, kValueTensor = 8, kValueMetadata = 9;  // Summary.Value
+constexpr uint32_t kMetadataPluginData = 1;                 // SummaryMetadata.plugin_data
+constexpr uint32_t kPluginName = 1, kPluginContent = 2;     // SummaryMetadata.PluginData
+constexpr uint32_t kTensorDtype = 1, kTensorShape = 2, kDtFloat = 1;  // TensorProto
+constexpr uint32_t kShapeDim = 2;                           // TensorShapeProto.dim
 constexpr uint32_t kStatusField = 1, kStatusStart = 1;  // SessionLog.status = START
 
 void put_le(std::string& out, uint64_t bits, int bytes) {
@@ -99,6 +106,18 @@ std::string restart_event(double wall_time, int64_t step) {
   return event.bytes();
 }
 
+namespace {
+
+std::string summary_event(double wall_time, int64_t step, const ProtoWriter& summary) {
+  ProtoWriter event;
+  event.double_field(event_field::wall_time, wall_time);
+  event.varint_field(event_field::step, uint64_t(step));  // int64 as two's complement, as protobuf does
+  event.bytes_field(event_field::summary, summary.bytes());
+  return event.bytes();
+}
+
+}  // namespace
+
 std::string scalars_event(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>>& values) {
   ProtoWriter summary;
   for (const auto& [tag, v] : values) {
@@ -107,11 +126,28 @@ std::string scalars_event(double wall_time, int64_t step, const std::vector<std:
     value.float_field(kValueSimpleValue, v);
     summary.bytes_field(kSummaryValue, value.bytes());
   }
-  ProtoWriter event;
-  event.double_field(event_field::wall_time, wall_time);
-  event.varint_field(event_field::step, uint64_t(step));  // int64 as two's complement, as protobuf does
-  event.bytes_field(event_field::summary, summary.bytes());
-  return event.bytes();
+  return summary_event(wall_time, step, summary);
+}
+
+std::string plugin_summary_event(double wall_time, int64_t step, std::string_view tag, std::string_view plugin_name,
+                                 std::string_view content) {
+  ProtoWriter plugin_data;
+  plugin_data.bytes_field(kPluginName, plugin_name);
+  plugin_data.bytes_field(kPluginContent, content);
+  ProtoWriter metadata;
+  metadata.bytes_field(kMetadataPluginData, plugin_data.bytes());
+  ProtoWriter shape;
+  shape.bytes_field(kShapeDim, "");  // one dimension of size 0 (the default, so the Dim is empty)
+  ProtoWriter tensor;
+  tensor.varint_field(kTensorDtype, kDtFloat);
+  tensor.bytes_field(kTensorShape, shape.bytes());
+  ProtoWriter value;
+  value.bytes_field(kValueTag, tag);
+  value.bytes_field(kValueTensor, tensor.bytes());
+  value.bytes_field(kValueMetadata, metadata.bytes());
+  ProtoWriter summary;
+  summary.bytes_field(kSummaryValue, value.bytes());
+  return summary_event(wall_time, step, summary);
 }
 
 }  // namespace ablate::loggers::tfevents

@@ -1,6 +1,6 @@
 // TensorBoard's event file format, written by hand so the plugin needs no protobuf or TensorFlow:
-// the few protobuf fields of event.proto / summary.proto that scalars use, and the TFRecord framing
-// around each serialized Event. References: protobuf's wire format ("Encoding" in the protobuf
+// the few protobuf fields of event.proto / summary.proto that scalars and plugin summaries use, and
+// the TFRecord framing around each serialized Event. References: protobuf's wire format ("Encoding" in the protobuf
 // docs), TensorFlow's event.proto and summary.proto, and TFRecord's record layout.
 #pragma once
 
@@ -45,5 +45,10 @@ std::string file_version_event(double wall_time);
 std::string restart_event(double wall_time, int64_t step);
 // Event{wall_time, step, summary = Summary{value = [Value{tag, simple_value}, ...]}}.
 std::string scalars_event(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>>& values);
+// Event{wall_time, step, summary = Summary{value = [Value{tag, metadata = SummaryMetadata{plugin_data =
+// PluginData{plugin_name, content}}, tensor = an empty float tensor}]}}: a plugin's summary whose
+// data is all in its metadata, as TensorBoard's own hparams summaries are written.
+std::string plugin_summary_event(double wall_time, int64_t step, std::string_view tag, std::string_view plugin_name,
+                                 std::string_view content);
 
 }  // namespace ablate::loggers::tfevents

@@ -11,5 +11,6 @@ void register_console(Registrar& r);
 void register_jsonl(Registrar& r);
 void register_csv(Registrar& r);
 void register_tensorboard(Registrar& r);
+void register_mlflow(Registrar& r);
 
 }  // namespace ablate::loggers

@@ -309,6 +309,11 @@ TEST_CASE("doctor names communication when collectives take much of a data-paral
     lines += m.dump() + "\n";
   }
   tmp.write("dp/metrics.jsonl", lines);
+  // Steady timings on a quiet machine, as planted: the doctor trusts them (no noisy_timings).
+  json summary = read_json(dp / "summary.json");
+  summary["step_time_cv"] = 0.0;
+  summary["machine_load"] = 0.0;
+  tmp.write("dp/summary.json", summary.dump());
   const auto d = run_ablate("doctor " + dp.string() + " --json");
   INFO(d.output);
   REQUIRE(d.exit_code == 0);

@@ -2,12 +2,17 @@
 // csv read back to exactly the logged values and keep only the steps up to a resume; console writes
 // plain lines or a bar redrawn in place; tensorboard's records are checked against an independent
 // bitwise CRC32C and decoded by a protobuf reader written here. Bad keys and unwritable run
-// directories are input errors naming the key or the path.
+// directories are input errors naming the key or the path; mlflow without a usable server address
+// is an input error naming where the address came from, and an unreachable server a runtime error
+// naming it (check_mlflow.py talks to a real server).
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -261,7 +266,9 @@ Event decode_event(const std::string& record) {
 
 std::vector<fs::path> event_files(const fs::path& dir) {
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(e.path());
+  }
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -278,8 +285,8 @@ std::vector<std::pair<std::string, float>> expected_scalars(const StepMetrics& m
 
 }  // namespace
 
-TEST_CASE("the plugin registers console, jsonl, csv and tensorboard as loggers") {
-  CHECK(registry().names(Kind::logger) == std::vector<std::string>{"console", "csv", "jsonl", "tensorboard"});
+TEST_CASE("the plugin registers console, jsonl, csv, tensorboard and mlflow as loggers") {
+  CHECK(registry().names(Kind::logger) == std::vector<std::string>{"console", "csv", "jsonl", "mlflow", "tensorboard"});
 }
 
 TEST_CASE("the reference CRC32C gives the standard check value") {
@@ -502,7 +509,7 @@ TEST_CASE("console: bad mode or every are input errors naming the key") {
 TEST_CASE("tensorboard: records framed with both CRCs right, a version event, then one event per step") {
   test::TempDir tmp;
   log_steps(*make("tensorboard"), tmp.path(), 0, 4);
-  const std::vector<fs::path> files = event_files(tmp.path() / "tensorboard");
+  const std::vector<fs::path> files = event_files(tmp.path());  // the run directory itself, by default
   REQUIRE(files.size() == 1);
   CHECK(files[0].filename().string().rfind("events.out.tfevents.", 0) == 0);
   const std::vector<std::string> records = read_records(files[0]);
@@ -522,7 +529,7 @@ TEST_CASE("tensorboard: a resumed run writes a second file that opens with a res
   test::TempDir tmp;
   log_steps(*make("tensorboard"), tmp.path(), 0, 4);
   log_steps(*make("tensorboard"), tmp.path(), 2, 4, 0.5);
-  const std::vector<fs::path> files = event_files(tmp.path() / "tensorboard");
+  const std::vector<fs::path> files = event_files(tmp.path());
   REQUIRE(files.size() == 2);  // the second sorts after the first
   CHECK(read_records(files[0]).size() == 5);
   const std::vector<std::string> records = read_records(files[1]);
@@ -536,18 +543,37 @@ TEST_CASE("tensorboard: a resumed run writes a second file that opens with a res
 
   // A new run starts over: the earlier event files go.
   log_steps(*make("tensorboard"), tmp.path(), 0, 1);
-  CHECK(event_files(tmp.path() / "tensorboard").size() == 1);
+  CHECK(event_files(tmp.path()).size() == 1);
 }
 
 TEST_CASE("tensorboard: `dir` names the folder inside the run directory, and one outside it is an input error") {
   test::TempDir tmp;
   log_steps(*make("tensorboard", {{"dir", std::string("tb/train")}}), tmp.path(), 0, 1);
   CHECK(event_files(tmp.path() / "tb" / "train").size() == 1);
-  for (const char* bad : {"", "/tmp/tb", "../tb", "."}) {
+  CHECK(event_files(tmp.path()).empty());
+  for (const char* bad : {"", "/tmp/tb", "../tb", "tb/../../x"}) {
     INFO(bad);
     CHECK(input_error_of([&] { make("tensorboard", {{"dir", std::string(bad)}}); }).find("logging.tensorboard.dir") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("tensorboard: `hparams` entries that are not config keys are input errors naming the key") {
+  const auto with = [](std::vector<std::string> keys) {
+    return std::map<std::string, Value, std::less<>>{{"hparams", std::move(keys)}};
+  };
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"lr"}, {"optimizer."}, {".lr"}, {"run.seed", "run.seed"}}) {
+    INFO(bad.front());
+    CHECK(input_error_of([&] { make("tensorboard", with(bad)); }).find("logging.tensorboard.hparams") != std::string::npos);
+  }
+  // A core key the resolved config lacks is refused at open, before any event file is written.
+  test::TempDir tmp;
+  auto logger = make("tensorboard", with({"model.d_modle"}));
+  LogContext c = context(tmp.path());
+  c.config_toml = "[model]\nd_model = 32\n";
+  CHECK(input_error_of([&] { logger->open(c); }).find("model.d_modle") != std::string::npos);
+  logger->close();
+  CHECK(event_files(tmp.path()).empty());
 }
 
 // ---- every file sink -------------------------------------------------------------------------
@@ -562,6 +588,76 @@ TEST_CASE("a run directory that cannot be created is an input error naming the p
     CHECK(input_error_of([&] { logger->open(context(run_dir)); }).find(blocker.string()) != std::string::npos);
     logger->close();
   }
+}
+
+// ---- mlflow ------------------------------------------------------------------------------------
+
+namespace {
+
+// A local port nothing listens on: bound, then released.
+int closed_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t n = sizeof a;
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+// Each test case runs in a process of its own (ctest), so the environment variable set here for
+// the case stays with it.
+TEST_CASE("mlflow: without a server address, or with one that is not http://host:port, an input error names its source") {
+  unsetenv("MLFLOW_TRACKING_URI");
+  const auto uri = [](const char* u) { return std::map<std::string, Value, std::less<>>{{"tracking_uri", std::string(u)}}; };
+  const std::string none = input_error_of([&] { make("mlflow"); });
+  CHECK(none.find("logging.mlflow.tracking_uri") != std::string::npos);
+  CHECK(none.find("MLFLOW_TRACKING_URI") != std::string::npos);
+  CHECK(none.find("MLFLOW_ALLOW_FILE_STORE") != std::string::npos);  // why there is no local store
+  CHECK(input_error_of([&] { make("mlflow", uri("https://mlflow.example.com")); }).find("https is not supported") != std::string::npos);
+  for (const char* bad : {"file:./mlruns", "./mlruns", "sqlite:///mlflow.db"}) {
+    INFO(bad);
+    const std::string e = input_error_of([&] { make("mlflow", uri(bad)); });
+    CHECK(e.find("logging.mlflow.tracking_uri") != std::string::npos);
+    CHECK(e.find("mlflow server --backend-store-uri") != std::string::npos);
+  }
+  for (const char* bad : {"http://", "http://host:0", "http://host:99999", "http://host:", "http://u@host:5000", "http://host:5000/?x=1",
+                          "http://[::1"}) {
+    INFO(bad);
+    CHECK(input_error_of([&] { make("mlflow", uri(bad)); }).find("logging.mlflow.tracking_uri") != std::string::npos);
+  }
+  setenv("MLFLOW_TRACKING_URI", "file:///tmp/mlruns", 1);
+  CHECK(input_error_of([&] { make("mlflow"); }).find("MLFLOW_TRACKING_URI") != std::string::npos);
+  unsetenv("MLFLOW_TRACKING_URI");
+  std::string long_name(501, 'x');
+  CHECK(input_error_of([&] { make("mlflow", {{"tracking_uri", std::string("http://127.0.0.1:5000")}, {"experiment", long_name}}); })
+            .find("logging.mlflow.experiment") != std::string::npos);
+}
+
+TEST_CASE("mlflow: a server that cannot be reached fails the open with a runtime error naming it") {
+  test::TempDir tmp;
+  const std::string address = "http://127.0.0.1:" + std::to_string(closed_port());
+  setenv("MLFLOW_TRACKING_URI", address.c_str(), 1);  // MLflow's own variable is honoured
+  auto logger = make("mlflow");
+  unsetenv("MLFLOW_TRACKING_URI");
+  logger->close();  // before open: nothing to do
+  LogContext c = context(tmp.path());
+  c.config_toml = "[model]\nd_model = 32\n";
+  try {
+    logger->open(c);
+    FAIL("open succeeded without a server");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::runtime);
+    CHECK(std::string(e.what()).find(address) != std::string::npos);
+    CHECK(std::string(e.what()).find("MLFLOW_TRACKING_URI") != std::string::npos);
+  }
+  logger->close();
+  logger->close();
+  CHECK_FALSE(fs::exists(tmp.path() / "mlflow.json"));
 }
 
 TEST_CASE("close may be called before open and twice after it") {

@@ -1,0 +1,309 @@
+// The doctor's findings about the loss and about the timings. A real tiny run gives the run
+// directory; its metrics.jsonl is then replaced by losses planted here (a falling curve with
+// bounded noise, a spike at a known step, a loss going non-finite or rising at the end) and its
+// summary.json given planted timing figures, so each finding is checked against what was planted.
+// Real runs check the other side: clean tiny quickstart runs give no loss finding, and one with a
+// learning rate far too large and no clipping does spike. summary.json's step_time_cv is checked
+// against the run's own logged step times.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "run_files.hpp"
+#include "test_support.hpp"
+
+using namespace ablate::test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// tests/probes/probe_inputs.py's tiny model: a run of a hundred steps takes well under a second.
+const std::string kTiny =
+    " --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2 --set batching.seq_len=32"
+    " --set model.max_seq_len=32 --set run.eval_batches=1 --set run.threads=1 --set data.workers=0";
+
+fs::path train(const TempDir& tmp, const std::string& name, const std::string& sets) {
+  const fs::path run = tmp.path() / name;
+  const auto t = run_ablate("train " + std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml" + kTiny + sets +
+                            " --run-dir " + run.string());
+  INFO(t.output);
+  REQUIRE(t.exit_code == 0);
+  return run;
+}
+
+json doctor(const fs::path& run) {
+  const auto d = run_ablate("doctor " + run.string() + " --json");
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  return json::parse(d.output);
+}
+
+std::optional<json> finding(const json& findings, const std::string& id) {
+  for (const json& f : findings) {
+    if (f["id"] == id) return f;
+  }
+  return std::nullopt;
+}
+
+// The planted loss without noise: falling from 4.2 towards 2.2.
+double curve(int64_t step) { return 2.2 + 2.0 * std::exp(-double(step) / 25.0); }
+constexpr double kNoise = 0.03;  // the planted noise lies in [-kNoise, kNoise]
+constexpr double kGrad = 0.6;    // the planted gradient norm's centre
+
+// A run's own rows, written back with losses and gradient norms planted: `loss(step, noisy)` and
+// `grad(step, noisy)` get the planted values with their noise and return the ones to write (NaN:
+// null, as the trainer writes a NaN or an infinity).
+struct Planter {
+  fs::path run;
+  std::vector<json> rows = metrics(run);
+
+  template <typename Loss, typename Grad>
+  void operator()(Loss loss, Grad grad) const {
+    std::mt19937 gen(7);
+    const auto unit = [&] { return double(gen()) / 4294967296.0 - 0.5; };  // [-0.5, 0.5), the same everywhere
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      const int64_t s = r["step"].get<int64_t>();
+      const double l = loss(s, curve(s) + 2 * kNoise * unit()), g = grad(s, kGrad + 0.2 * unit());
+      r["loss"] = std::isfinite(l) ? json(l) : json(nullptr);
+      r["grad_norm"] = std::isfinite(g) ? json(g) : json(nullptr);
+      out << r.dump() << "\n";
+    }
+  }
+};
+
+double same(int64_t, double v) { return v; }
+
+}  // namespace
+
+TEST_CASE("doctor finds a planted loss spike: its steps, the loss before and after, the gradient norm, and lr, warmup and clip from the config") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=120");
+  const Planter plant{run};
+  REQUIRE(plant.rows.size() == 120);
+
+  // Steps 80-82 above the level (a spike that lasts: the weights, not one hard batch), the
+  // gradient norm at 7.5 at step 80; back at the curve from step 83.
+  const auto spiked = [](int64_t s, double v) { return v + (s == 80 ? 1.2 : s == 81 ? 0.8 : s == 82 ? 0.4 : 0.0); };
+  const auto jump = [](int64_t s, double g) { return s == 80 ? 7.5 : g; };
+  plant(spiked, jump);
+  const json findings = doctor(run);
+  const std::optional<json> f = finding(findings, "loss_spike");
+  REQUIRE(f.has_value());
+  CHECK_FALSE(finding(findings, "diverged").has_value());
+  const json& spikes = (*f)["evidence"]["spikes"];
+  REQUIRE(spikes.size() == 1);
+  const json& s = spikes[0];
+  CHECK(s["first_step"] == 80);
+  CHECK(s["last_step"] == 82);
+  // The level is the median of the 20 losses before it: within the planted curve's range there.
+  CHECK(s["loss_before"].get<double>() >= curve(79) - kNoise);
+  CHECK(s["loss_before"].get<double>() <= curve(60) + kNoise);
+  CHECK(s["loss"].get<double>() == doctest::Approx(curve(80) + 1.2).epsilon(kNoise / 3));
+  CHECK(s["grad_norm"].get<double>() == 7.5);
+  CHECK(s["grad_norm_before"].get<double>() == doctest::Approx(kGrad).epsilon(0.2));
+  CHECK(s["lr_at_spike"].get<double>() == doctest::Approx(plant.rows[79]["lr"].get<double>()));
+  CHECK((*f)["severity"] == "medium");  // back at the curve by the end; the rise over a quarter
+  CHECK(contains((*f)["message"].get<std::string>(), "over steps 80-82"));
+  // The quickstart's lr 3e-3, warm-up 20 steps and clip 1.0: half the lr, twice the warm-up.
+  CHECK(contains((*f)["change"].get<std::string>(), "--set optimizer.lr=0.0015 --set schedule.warmup_steps=40"));
+  CHECK_FALSE(contains((*f)["change"].get<std::string>(), "grad_clip="));
+  CHECK((*f)["evidence"]["grad_clip"].get<double>() == 1.0);
+
+  SUBCASE("without clipping the change turns it on") {
+    std::string config = slurp(run / "config.toml");
+    REQUIRE(contains(config, "grad_clip = 1.0"));
+    config.replace(config.find("grad_clip = 1.0"), 15, "grad_clip = 0.0");
+    std::ofstream(run / "config.toml") << config;
+    const std::optional<json> g = finding(doctor(run), "loss_spike");
+    REQUIRE(g.has_value());
+    CHECK(contains((*g)["change"].get<std::string>(), "--set optimizer.grad_clip=1.0"));
+  }
+  SUBCASE("a spike the run does not come back from is high") {
+    plant([](int64_t s, double v) { return s >= 80 ? v + 1.2 : v; }, jump);
+    const std::optional<json> g = finding(doctor(run), "loss_spike");
+    REQUIRE(g.has_value());
+    CHECK((*g)["severity"] == "high");
+    CHECK((*g)["evidence"]["spikes"][0]["last_step"] == 120);
+  }
+  SUBCASE("the same curve without the spike, or with only half of it, is no finding") {
+    plant(same, same);
+    CHECK_FALSE(finding(doctor(run), "loss_spike").has_value());
+    plant(spiked, same);  // the loss jumps, the gradient norm does not
+    CHECK_FALSE(finding(doctor(run), "loss_spike").has_value());
+    plant(same, jump);  // the gradient norm jumps, the loss does not
+    CHECK_FALSE(finding(doctor(run), "loss_spike").has_value());
+    // One hard batch: step 80 alone far above the level, step 81 back on the curve.
+    plant([](int64_t s, double v) { return s == 80 ? v + 1.2 : v; }, jump);
+    CHECK_FALSE(finding(doctor(run), "loss_spike").has_value());
+    CHECK_FALSE(finding(doctor(run), "diverged").has_value());
+  }
+}
+
+TEST_CASE("doctor says diverged for a loss that is not finite and for one rising over the end of the run") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=120");
+  const Planter plant{run};
+  const double nan = std::nan("");
+
+  plant([&](int64_t s, double v) { return s == 100 ? nan : v; }, [&](int64_t s, double g) { return s == 100 ? nan : g; });
+  std::optional<json> f = finding(doctor(run), "diverged");
+  REQUIRE(f.has_value());
+  CHECK(f->at("severity") == "high");
+  CHECK(f->at("evidence")["nonfinite_step"] == 100);
+  CHECK(contains(f->at("message").get<std::string>(), "from step 100"));
+  CHECK(contains(f->at("change").get<std::string>(), "--set optimizer.lr=0.0015"));
+
+  // Falling to step 80, then rising 0.02 per step: the last quarter (steps 91-120) rises 0.58.
+  plant([](int64_t s, double v) { return s > 80 ? v + 0.02 * double(s - 80) : v; }, same);
+  f = finding(doctor(run), "diverged");
+  REQUIRE(f.has_value());
+  const json& e = f->at("evidence");
+  CHECK(e["rising_from_step"] == 91);
+  CHECK(e["rising_to_step"] == 120);
+  const double planted = (curve(120) + 0.8) - (curve(91) + 0.22);
+  CHECK(e["fitted_loss_end"].get<double>() - e["fitted_loss_start"].get<double>() == doctest::Approx(planted).epsilon(0.15));
+  CHECK_FALSE(e.contains("nonfinite_step"));
+
+  // The same rise at half a percent of the loss over the quarter is noise-sized: no finding.
+  plant([](int64_t s, double v) { return s > 90 ? v + 0.0004 * double(s - 90) : v; }, same);
+  CHECK_FALSE(finding(doctor(run), "diverged").has_value());
+}
+
+TEST_CASE("real runs: clean tiny quickstart runs give no loss finding, one with lr 1 and no clipping spikes") {
+  TempDir tmp;
+  for (const char* seed : {"1", "2", "3"}) {
+    CAPTURE(seed);
+    const json findings = doctor(train(tmp, std::string("clean") + seed, std::string(" --set run.steps=300 --set run.seed=") + seed));
+    CHECK_FALSE(finding(findings, "loss_spike").has_value());
+    CHECK_FALSE(finding(findings, "diverged").has_value());
+  }
+  const fs::path wild = train(tmp, "wild", " --set run.steps=200 --set optimizer.lr=1.0 --set optimizer.grad_clip=0 "
+                                           "--set schedule.name=constant");
+  const std::optional<json> f = finding(doctor(wild), "loss_spike");
+  REQUIRE(f.has_value());
+  // The largest spike the doctor names, checked against the run's own log.
+  double worst = 0;
+  for (const json& s : (*f)["evidence"]["spikes"]) {
+    CHECK(s["loss"].get<double>() > 1.1 * s["loss_before"].get<double>());
+    bool logged = false;
+    for (const json& m : metrics(wild)) logged |= m["step"] == s["first_step"] && m["loss"].get<double>() >= 1.1 * s["loss_before"].get<double>();
+    CHECK(logged);
+    worst = std::max(worst, s["loss"].get<double>() / s["loss_before"].get<double>());
+  }
+  CHECK(worst > 1.5);
+  CHECK(contains((*f)["change"].get<std::string>(), "--set optimizer.lr=0.5 --set schedule.warmup_steps=40 --set optimizer.grad_clip=1.0"));
+}
+
+TEST_CASE("summary.json's step_time_cv is the spread of the counted steps' times, machine_load and cpu_steal are fractions") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=30");
+  const json summary = read_json(run / "summary.json");
+  std::vector<double> ms;
+  for (const json& m : metrics(run)) {
+    if (m["step"].get<int64_t>() > 1) ms.push_back(m["step_ms"].get<double>());  // the first step is warm-up
+  }
+  REQUIRE(ms.size() == 29);
+  double mean = 0, var = 0;
+  for (double x : ms) mean += x / double(ms.size());
+  for (double x : ms) var += (x - mean) * (x - mean) / double(ms.size());
+  CHECK(summary["step_time_cv"].get<double>() == doctest::Approx(std::sqrt(var) / mean).epsilon(1e-6));
+#ifdef __linux__
+  const double load = summary["machine_load"].get<double>(), steal = summary["cpu_steal"].get<double>();
+  CHECK(load >= 0);
+  CHECK(load <= 1);
+  CHECK(steal >= 0);
+  CHECK(steal <= load);
+#endif
+}
+
+TEST_CASE("doctor calls timings unusable past the CV or machine-load limit, names the number, and qualifies throughput advice") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=30");
+  json summary = read_json(run / "summary.json");
+  const auto timing = [&](double cv, double load, double steal) {
+    summary["step_time_cv"] = cv;
+    summary["machine_load"] = load;
+    summary["cpu_steal"] = steal;
+    std::ofstream(run / "summary.json") << summary.dump();
+    return doctor(run);
+  };
+  CHECK_FALSE(finding(timing(0.05, 0.02, 0.0), "noisy_timings").has_value());
+  CHECK_FALSE(finding(timing(0.25, 0.25, 0.0), "noisy_timings").has_value());  // at the limits: still usable
+
+  std::optional<json> f = finding(timing(0.4, 0.02, 0.0), "noisy_timings");
+  REQUIRE(f.has_value());
+  CHECK(f->at("severity") == "high");
+  CHECK(f->at("evidence")["step_time_cv"].get<double>() == 0.4);
+  CHECK(contains(f->at("message").get<std::string>(), "coefficient of variation of 0.40"));
+
+  f = finding(timing(0.05, 0.6, 0.1), "noisy_timings");
+  REQUIRE(f.has_value());
+  CHECK(f->at("evidence")["machine_load"].get<double>() == 0.6);
+  CHECK(contains(f->at("message").get<std::string>(), "other processes used 60% of the machine's CPU time"));
+  CHECK(contains(f->at("message").get<std::string>(), "10% stolen by the hypervisor"));
+  CHECK_FALSE(finding(timing(0.05, 0.6, 0.1), "step_jitter").has_value());  // said once, by noisy_timings
+
+  // The data wait planted at 40% of every step: input_bound, with its expected speed-up where the
+  // timings are usable and without it (qualified) where they are not.
+  const std::vector<json> rows = metrics(run);
+  {
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      r["data_wait_pct"] = 40.0;
+      out << r.dump() << "\n";
+    }
+  }
+  std::optional<json> wait = finding(timing(0.05, 0.02, 0.0), "input_bound");
+  REQUIRE(wait.has_value());
+  CHECK((*wait)["expected_speedup"].get<double>() == doctest::Approx(1.0 / 0.6));
+  CHECK_FALSE((*wait)["evidence"].contains("timings_unusable"));
+  wait = finding(timing(0.05, 0.6, 0.0), "input_bound");
+  REQUIRE(wait.has_value());
+  CHECK_FALSE(wait->contains("expected_speedup"));
+  CHECK((*wait)["evidence"]["timings_unusable"] == true);
+  CHECK(contains((*wait)["message"].get<std::string>(), "see noisy_timings"));
+}
+
+TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run with headroom, the lr as a suggestion to verify") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=12");
+  // A CPU run computes at its cores' rate: headroom alone (this run's peak is under 1% of the
+  // machine's memory) is no reason for another batch size.
+  const json info = read_json(run / "run.json");
+  REQUIRE(info["memory_bytes"].get<double>() > 2 * metrics(run).back()["mem_peak_bytes"].get<double>());
+  CHECK_FALSE(finding(doctor(run), "memory_headroom").has_value());
+
+  // The same run as if on a GPU: memory-bound below 30% MFU with quiet timings.
+  std::string config = slurp(run / "config.toml");
+  config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
+  std::ofstream(run / "config.toml") << config;
+  json summary = read_json(run / "summary.json");
+  const auto with = [&](double mfu, double cv) {
+    summary["mfu"] = mfu;
+    summary["step_time_cv"] = cv;
+    summary["machine_load"] = 0.0;
+    std::ofstream(run / "summary.json") << summary.dump();
+    return finding(doctor(run), "memory_headroom");
+  };
+  const std::optional<json> f = with(0.1, 0.02);
+  REQUIRE(f.has_value());
+  const int64_t nb = (*f)["evidence"]["suggested_batch_size"].get<int64_t>();
+  CHECK(nb > 8);
+  CHECK((*f)["evidence"]["mfu"].get<double>() == 0.1);
+  // The global batch grows (no accumulation to trade): the square-root rule's lr, said to be verified.
+  const double lr = 3e-3 * std::sqrt(double(nb) / 8.0);
+  CHECK((*f)["evidence"]["sqrt_scaled_lr"].get<double>() == doctest::Approx(lr));
+  CHECK(contains((*f)["change"].get<std::string>(), "suggestion, to verify"));
+  CHECK_FALSE(with(0.6, 0.02).has_value());  // compute-bound
+  CHECK_FALSE(with(0.1, 0.5).has_value());   // timings unusable: its MFU is not a measurement
+}
