@@ -462,10 +462,10 @@ int cmd_sweep(const Args& args) {
     if (same && summary && summary->value("status", "") == "completed") {
       read_jsonl_file_if_present(p.dir / "metrics.jsonl", kMetricsLine);  // the report reads it
       p.done = true;
-    } else if (same && fs::exists(p.dir / "checkpoints" / "latest")) {
+    } else if (same && has_checkpoint(p.dir)) {  // latest, or a complete checkpoint it did not name yet
       p.resume = true;
     } else if (fs::exists(p.dir)) {
-      if (fs::exists(p.dir / "checkpoints" / "latest")) {
+      if (has_checkpoint(p.dir)) {
         throw_input_error(p.dir.string(), "holds a run with other overrides than this sweep's arm '" + p.arm.name +
                                               "'; move it away or use another --out");
       }

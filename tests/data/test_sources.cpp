@@ -216,28 +216,6 @@ TEST_CASE("token_shards decodes samples with the GPT-2 tokenizer files beside it
                  "data.token_shards.tokenizer"));
 }
 
-// GPT-2's byte-level spelling of `bytes`, UTF-8 encoded, as encoder.json and vocab.bpe write tokens:
-// the bytes that print are their own code points, the 68 others U+0100 onwards in byte order.
-std::string gpt2_spelling(const std::string& bytes) {
-  const auto prints = [](int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); };
-  std::string out;
-  for (const char c : bytes) {
-    const int b = uint8_t(c);
-    int cp = b;
-    if (!prints(b)) {
-      cp = 256;
-      for (int x = 0; x < b; ++x) cp += prints(x) ? 0 : 1;
-    }
-    if (cp < 0x80) {
-      out += char(cp);
-    } else {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
-  return out;
-}
-
 TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or derived from gpt2.tiktoken) and refuses malformed tokenizer files") {
   TempDir dir;
   write_shard(dir.path() / "a.bin", {0, 1, 299, 0});  // ids up to the vocabulary's: no warning
@@ -251,7 +229,7 @@ TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or
   const char* base64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string encoder = "{", tiktoken;
   for (int b = 0; b < 256; ++b) {
-    const std::string spelled = gpt2_spelling(std::string(1, char(b)));
+    const std::string spelled = ablate::test::gpt2_spelling(std::string(1, char(b)));
     encoder += std::string("\"") + (spelled == "\"" || spelled == "\\" ? "\\" : "") + spelled + "\": " + std::to_string(b) + ", ";
     tiktoken += std::string{base64[b >> 2], base64[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -61,5 +62,27 @@ class TempDir {
 
 inline std::filesystem::path plugin_dir() { return std::filesystem::path(ABLATE_BUILD_DIR) / "bin" / "plugins"; }
 inline std::filesystem::path test_plugin_dir() { return ABLATE_TEST_PLUGIN_DIR; }
+
+// GPT-2's byte-level spelling of `bytes`, UTF-8 encoded, as encoder.json and vocab.bpe write tokens:
+// the bytes that print are their own code points, the 68 others U+0100 onwards in byte order.
+inline std::string gpt2_spelling(const std::string& bytes) {
+  const auto prints = [](int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); };
+  std::string out;
+  for (const char c : bytes) {
+    const int b = uint8_t(c);
+    int cp = b;
+    if (!prints(b)) {
+      cp = 256;
+      for (int x = 0; x < b; ++x) cp += prints(x) ? 0 : 1;
+    }
+    if (cp < 0x80) {
+      out += char(cp);
+    } else {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    }
+  }
+  return out;
+}
 
 }  // namespace ablate::test

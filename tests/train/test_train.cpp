@@ -411,12 +411,7 @@ TEST_CASE("export writes the shards' GPT-2 tokenizer beside the weights, and ref
   const fs::path tok = shard.parent_path() / "tokenizer";
   fs::create_directories(tok);
   json enc = json::object();
-  for (int b = 0, extra = 0; b < 256; ++b) {
-    const bool prints = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    const int cp = prints ? b : 256 + extra++;
-    std::string spelled = cp < 0x80 ? std::string(1, char(cp)) : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
-    enc[spelled] = b;
-  }
+  for (int b = 0; b < 256; ++b) enc[ablate::test::gpt2_spelling(std::string(1, char(b)))] = b;
   enc["ab"] = 256;
   enc["<|endoftext|>"] = 257;
   std::ofstream(tok / "encoder.json") << enc.dump();
