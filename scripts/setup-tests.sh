@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs the PyPI packages the tests use beyond scripts/setup.sh's (third_party/pip-test-packages.txt:
-# the `regex` module at the version plugins/token_shards/unicode_classes.inc was generated with, and
-# tiktoken). Idempotent: it checks first and installs only what is missing or at another version,
-# saying what it does. PYTHON names the interpreter (default python3).
+# Installs what the tests use beyond scripts/setup.sh's packages: the Debian packages of
+# third_party/apt-test-packages.txt (slurm-wlm, munge and libpmix-dev, for the tests that start a
+# one-node Slurm cluster with tests/slurm/slurm_cluster.py and run Open MPI programs under srun), then
+# the PyPI packages of third_party/pip-test-packages.txt (the `regex` module at the version
+# plugins/token_shards/unicode_classes.inc was generated with, tiktoken, mlflow). Idempotent: it
+# checks first and installs only what is missing (PyPI: or at another version), saying what it does.
+# PYTHON names the interpreter (default python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 
 packages() { grep -Ev '^\s*(#|$)' "$1"; }
+
+"$root/scripts/install-debian-packages.sh" "$root/third_party/apt-test-packages.txt" setup-tests
 
 # Whether the installed package satisfies the line: present, and at the pinned version for "name==version".
 satisfied() {

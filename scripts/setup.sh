@@ -7,20 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages() { grep -Ev '^\s*(#|$)' "$1"; }
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-
-missing=()
-for p in $(packages "$root/third_party/apt-packages.txt"); do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing Debian packages: ${missing[*]}"
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-else
-  echo "setup: Debian packages present"
-fi
+"$root/scripts/install-debian-packages.sh" "$root/third_party/apt-packages.txt" setup
 
 python=${PYTHON:-python3}
 pip_missing=()

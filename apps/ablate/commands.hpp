@@ -22,6 +22,7 @@ int cmd_eval(const Args& args);
 int cmd_export(const Args& args);
 int cmd_sample(const Args& args);
 int cmd_sweep(const Args& args);
+int cmd_sweep_arm(const Args& args);
 int cmd_report(const Args& args);
 int cmd_doctor(const Args& args);
 int cmd_tune(const Args& args);

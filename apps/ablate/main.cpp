@@ -111,6 +111,7 @@ const std::map<std::string, Command>& commands() {
       {"export", {ablate::cli::cmd_export, "write a checkpoint as a Hugging Face transformers directory"}},
       {"sample", {ablate::cli::cmd_sample, "generate text from a checkpoint"}},
       {"sweep", {ablate::cli::cmd_sweep, "run an ablation study: every arm of a sweep file, then the results and report"}},
+      {"sweep-arm", {ablate::cli::cmd_sweep_arm, "train one arm of a sweep: what a Slurm array task of `sweep --launcher slurm` runs"}},
       {"report", {ablate::cli::cmd_report, "write report.md with tables and plots for a run or a sweep"}},
       {"doctor", {ablate::cli::cmd_doctor, "name what holds a run back, ranked, with the change to make"}},
       {"tune", {ablate::cli::cmd_tune, "tune batch-size: the largest micro-batch that fits, measured"}},

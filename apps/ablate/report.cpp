@@ -704,7 +704,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     md << "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     std::map<std::string, json> groups;  // group -> {tokens_per_s: [...], real: [...]}
     std::vector<std::string> group_order;
-    std::vector<std::string> failures;
+    std::vector<std::string> failures, stopped;
     for (const json& r : arms) {
       // A row's field, null where the row has none (results.json's nulls are read as absent).
       const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
@@ -717,6 +717,7 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
          << fmt_mib(cell("optimizer_state_bytes")) << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | "
          << fmt_num(cell("wall_s"), "%.1f") << " |\n";
       if (r.value("status", "") == "failed") failures.push_back(r.value("arm", "") + ": " + r.value("error", ""));
+      if (r.value("status", "") == "stopped") stopped.push_back(r.value("arm", "") + ": " + r.value("error", ""));
       if (r.value("status", "") != "completed") continue;
       const std::string g = r.value("group", r.value("arm", ""));
       if (!groups.count(g)) {
@@ -738,6 +739,11 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
                               {"factors", factors}});
     }
     md << "\n";
+    if (!stopped.empty()) {
+      md << "Arms stopped early (sweep.early_stop; not in the statistics or the plots):\n\n";
+      for (const std::string& x : stopped) md << "- " << x << "\n";
+      md << "\n";
+    }
     if (!failures.empty()) {
       md << "Failed arms:\n\n";
       for (const std::string& f : failures) md << "- " << f << "\n";

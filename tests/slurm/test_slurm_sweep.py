@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""`ablate sweep --launcher slurm` on a real one-node Slurm cluster started here (slurm_cluster.py):
+a 4-arm sweep submitted as job arrays (one of its arms on 2 ranks under srun with the mpi
+communicator), one arm made to fail, `--status` while it runs and after, a re-run that resubmits
+the failed arm alone, and `ablate report` on the gathered directories.
+
+Run: python3 tests/slurm/test_slurm_sweep.py path/to/ablate
+Exits 77 (skipped, with the reason) where the cluster cannot be started (no slurm-wlm/munge, not root).
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
+
+BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "tiny_sweep_base.toml")
+
+SWEEP = """
+base = "base.toml"
+[sweep]
+name = "cluster"
+launcher = "slurm"
+[slurm]
+partition = "debug"
+time = "00:10:00"
+cpus_per_task = 1
+extra = ["echo array task $SLURM_ARRAY_TASK_ID on $(hostname)"]
+[sweep.set]
+"run.steps" = 30
+"checkpoint.every" = 10
+[[sweep.arms]]
+name = "fast"
+"optimizer.lr" = 3e-3
+[[sweep.arms]]
+name = "slow"
+"optimizer.lr" = 1e-3
+[[sweep.arms]]
+name = "planted"
+"optimizer.lr" = 2e-3
+[[sweep.arms]]
+name = "two-ranks"
+"optimizer.lr" = 3e-3
+"slurm.tasks_per_node" = 2
+"""
+
+failures = []
+passes = []
+
+
+def check(cond, what, detail=""):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if cond:
+        passes.append(what)
+    else:
+        failures.append(what)
+        if detail:
+            print(detail)
+
+
+def main():
+    ablate = os.path.abspath(sys.argv[1])
+    reason = skip_reason()
+    if reason:
+        print("skipped: " + reason)
+        return 77
+    work = pathlib.Path(tempfile.mkdtemp(prefix="slurm.", dir="/tmp"))  # short: munge's socket path
+    try:
+        with SlurmCluster(work / "c", cpus=2) as cluster:
+            print(f"cluster up in {cluster.startup_s:.1f} s", flush=True)
+            return run_sweep(ablate, work, cluster)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ablate_run(ablate, cluster, work, *args):
+    r = subprocess.run([ablate, *args], cwd=work, env=cluster.env, capture_output=True, text=True, timeout=300)
+    print(f"$ ablate {' '.join(args)}  -> exit {r.returncode}\n{r.stdout}{r.stderr}", flush=True)
+    return r
+
+
+def states(status_output):
+    out = {}
+    for line in status_output.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and not line.startswith("arms:"):
+            out[parts[0]] = parts[1]
+    return out
+
+
+def run_sweep(ablate, work, cluster):
+    shutil.copy(BASE, work / "base.toml")
+    (work / "cluster.toml").write_text(SWEEP)
+    out = work / "out"
+    # The planted failure: a directory where the arm's metrics log goes, so its training exits 2.
+    (out / "planted" / "metrics.jsonl").mkdir(parents=True)
+
+    r = ablate_run(ablate, cluster, work, "sweep", "cluster.toml", "--out", "out")
+    check(r.returncode == 0, "the sweep is submitted")
+    jobs = json.loads((out / "slurm" / "jobs.json").read_text())["submissions"]
+    check(len(jobs) == 2, "two arrays: one per allocation shape (1 task, 2 tasks)", json.dumps(jobs))
+    by_shape = {j["resources"]["tasks_per_node"]: j for j in jobs}
+    check(by_shape.get(1, {}).get("indices") == [0, 1, 2] and by_shape.get(2, {}).get("indices") == [3],
+          "arms 0-2 in the one-task array, arm 3 in the two-task one", json.dumps(jobs))
+    script = (out / "slurm" / "sweep.sbatch").read_text()
+    for line in ("#SBATCH --partition=debug", "#SBATCH --time=00:10:00", "#SBATCH --job-name=ablate-cluster",
+                 "echo array task $SLURM_ARRAY_TASK_ID", " sweep-arm "):
+        check(line in script, f"the job script has {line!r}", script)
+
+    running = ablate_run(ablate, cluster, work, "sweep", "--status", "out")
+    check(running.returncode == 0 and any(s in ("pending", "running", "configuring", "completing")
+                                          for s in states(running.stdout).values()),
+          "--status right after submission shows queued or running arms", running.stdout)
+
+    for j in jobs:
+        cluster.wait_jobs(j["job_id"], timeout=240)
+    slurm_states = {}
+    for j in jobs:
+        for task, (state, _) in cluster.array_states(j["job_id"]).items():
+            slurm_states[task] = state
+    check(slurm_states == {0: "COMPLETED", 1: "COMPLETED", 2: "FAILED", 3: "COMPLETED"},
+          "Slurm saw arms 0, 1, 3 complete and the planted arm fail", str(slurm_states))
+    first = ablate_run(ablate, cluster, work, "sweep", "--status", "out")
+    check(states(first.stdout) == {"fast": "completed", "slow": "completed", "planted": "failed", "two-ranks": "completed"},
+          "--status after the jobs: three completed, the planted arm failed", first.stdout)
+    planted = json.loads((out / "planted" / "arm.json").read_text())
+    check(planted["status"] == "failed" and planted["exit_code"] == 2 and "metrics.jsonl" in planted.get("error", ""),
+          "the planted arm's arm.json says why it failed", json.dumps(planted))
+
+    two = json.loads((out / "two-ranks" / "run.json").read_text())
+    check(two.get("communicator") == "mpi" and two.get("world") == 2,
+          "the two-task arm trained on 2 ranks under srun with the mpi communicator",
+          json.dumps({k: two.get(k) for k in ("communicator", "world")}))
+    for name in ("fast", "slow"):
+        one = json.loads((out / name / "run.json").read_text())
+        check(one.get("world") == 1 and one.get("communicator") == "single", f"arm {name} trained on one rank")
+
+    # The fix, then the same command again: only the failed arm is submitted.
+    shutil.rmtree(out / "planted" / "metrics.jsonl")
+    again = ablate_run(ablate, cluster, work, "sweep", "cluster.toml", "--out", "out")
+    check(again.returncode == 0, "the re-run submits")
+    check(re.search(r"submitted job array \d+: 1 arm\(s\)", again.stdout) is not None
+          and again.stdout.count("finished, skipped") == 3,
+          "the re-run resubmits the failed arm alone and skips the three finished ones", again.stdout)
+    jobs2 = json.loads((out / "slurm" / "jobs.json").read_text())["submissions"]
+    check(len(jobs2) == 3 and jobs2[-1]["indices"] == [2] and jobs2[-1]["arms"] == ["planted"],
+          "jobs.json records the resubmission of arm 2 only", json.dumps(jobs2))
+    cluster.wait_jobs(jobs2[-1]["job_id"], timeout=240)
+    final = ablate_run(ablate, cluster, work, "sweep", "--status", "out")
+    check(set(states(final.stdout).values()) == {"completed"}, "every arm completed after the resubmission", final.stdout)
+    check("arms: 4 completed" in final.stdout, "--status counts them", final.stdout)
+
+    report = ablate_run(ablate, cluster, work, "report", "out")
+    check(report.returncode == 0, "ablate report reads the gathered directories")
+    rows = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["arms"]}
+    check(sorted(rows) == ["fast", "planted", "slow", "two-ranks"] and all(r["status"] == "completed" for r in rows.values()),
+          "results.json has the four arms, completed", json.dumps({k: v["status"] for k, v in rows.items()}))
+    text = (out / "report.md").read_text()
+    check(all(f"| {a} |" in text for a in rows), "report.md lists every arm")
+
+    # Nothing to do the third time: every arm finished.
+    third = ablate_run(ablate, cluster, work, "sweep", "cluster.toml", "--out", "out")
+    check(third.returncode == 0 and "nothing to submit" in third.stdout, "a third run submits nothing", third.stdout)
+
+    print(f"{len(passes)} passed, {len(failures)} failed")
+    if failures:
+        print("failed: " + "; ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
