@@ -193,6 +193,54 @@ class RandomSearch(Base):
             self.assertIn("bad.toml", r.stderr)
 
 
+class SlurmInputs(Base):
+    """The [slurm] table, per-arm resources and the sweep's --set, checked before anything runs."""
+
+    def test_bad_slurm_keys_and_sets_are_input_errors(self):
+        self.write("s.toml", 'base = "base.toml"\n[slurm]\npartition = "debug"\n[[sweep.arms]]\n"optimizer.lr" = 1e-3\n'
+                             '"slurm.tasks_per_node" = 2\n')
+        cases = [
+            ([], "the local launcher trains one process per arm"),
+            (["--set", "run.steps=3"], "an experiment key goes in the sweep file's [sweep.set]"),
+            (["--launcher", "slrum"], "expected local or slurm"),
+            (["--set", "slurm.partiton=x"], "did you mean 'partition'"),
+            (["--set", "slurm.time=soon"], "a time limit such as"),
+            (["--set", "slurm.extra=3"], "expected a list of script lines"),
+            (["--set", "slurm.partition=a b"], "a partition name"),
+            (["--set", "slurm.nodes=0", "--launcher", "slurm"], "slurm.nodes: expected an integer in [1, 10000]"),
+            (["--set", "sweep.launcher=cloud"], "sweep.launcher: expected \"local\" or \"slurm\""),
+        ]
+        for args, message in cases:
+            r = run(["sweep", "s.toml", "--dry-run", *args], self.dir)
+            self.assertEqual(r.returncode, 2, str(args) + r.stdout + r.stderr)
+            self.assertIn(message, r.stderr, args)
+        # The same file is fine for the slurm launcher (no cluster is asked: --dry-run).
+        r = run(["sweep", "s.toml", "--dry-run", "--launcher", "slurm"], self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[slurm: 1 node(s) x 2 task(s)]", r.stdout)
+        self.write("t.toml", 'base = "base.toml"\n[[sweep.arms]]\n"slurm.memory" = 3\n')
+        r = run(["sweep", "t.toml", "--dry-run", "--launcher", "slurm"], self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("an arm may set slurm.nodes", r.stderr)
+
+    def test_status_of_a_local_sweep_and_bad_sweep_arm_calls(self):
+        self.write("l.toml", 'base = "base.toml"\n[sweep.set]\n"run.steps" = 4\n[sweep.grid]\n"optimizer.lr" = [1e-3, 2e-3]\n')
+        self.assertEqual(run(["sweep", "l.toml", "--out", "out"], self.dir).returncode, 0)
+        r = run(["sweep", "--status", "out"], self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"0\.001 +completed +4 ")
+        self.assertIn("arms: 2 completed", r.stdout)
+        self.assertEqual(run(["sweep", "l.toml", "--status", "--out", "out"], self.dir).stdout, r.stdout)
+        bad = run(["sweep-arm", "out", "7"], self.dir)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("has 2 arm(s)", bad.stderr)
+        with open(os.path.join(self.dir, "out", "plan.json"), "w") as f:
+            f.write('{"base": 3}')
+        bad = run(["sweep-arm", "out", "0"], self.dir)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("plan.json", bad.stderr)
+
+
 EARLY = """
 base = "base.toml"
 [sweep]
