@@ -5,7 +5,8 @@
 # the PyPI packages of third_party/pip-test-packages.txt (the `regex` module at the version
 # plugins/token_shards/unicode_classes.inc was generated with, tiktoken, mlflow). Idempotent: it
 # checks first and installs only what is missing (PyPI: or at another version), saying what it does.
-# PYTHON names the interpreter (default python3).
+# PYTHON names the interpreter (default python3). Last, scripts/setup-test-venv.sh: the venv of
+# Debian's python3-torch (installed here with the Debian packages) and pinned transformers and peft.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
@@ -31,7 +32,10 @@ for p in $(packages "$root/third_party/pip-test-packages.txt"); do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup-tests: PyPI test packages present"
-  exit 0
+else
+  echo "setup-tests: installing PyPI packages: ${missing[*]}"
+  "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "${missing[@]}"
 fi
-echo "setup-tests: installing PyPI packages: ${missing[*]}"
-"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "${missing[@]}"
+
+# The venv of the tests against Hugging Face transformers and peft (Debian's python3-torch, pinned PyPI packages).
+"$root/scripts/setup-test-venv.sh"

@@ -394,7 +394,7 @@ int cmd_export(const Args& args) {
     if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
     cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
            {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
-           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
+           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", o.norm_epsilon()}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
            {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
            {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"torch_dtype", "float32"}};
   } else if (llama) {
@@ -428,7 +428,7 @@ int cmd_export(const Args& args) {
            {"num_key_value_heads", o.n_kv_heads},
            {"head_dim", o.head_dim},
            {"max_position_embeddings", o.max_seq_len},
-           {"rms_norm_eps", 1e-6},
+           {"rms_norm_eps", o.norm_epsilon()},
            {"rope_theta", o.rope_theta},
            {"hidden_act", "silu"},
            {"attention_bias", o.bias},

@@ -20,6 +20,7 @@ int cmd_data(const Args& args);
 int cmd_train(const Args& args);
 int cmd_eval(const Args& args);
 int cmd_export(const Args& args);
+int cmd_import(const Args& args);
 int cmd_sample(const Args& args);
 int cmd_sweep(const Args& args);
 int cmd_sweep_arm(const Args& args);

@@ -109,6 +109,7 @@ const std::map<std::string, Command>& commands() {
       {"train", {ablate::cli::cmd_train, "train a model from an experiment file (or resume a run)"}},
       {"eval", {ablate::cli::cmd_eval, "mean next-token loss of a checkpoint on an llm.c token shard"}},
       {"export", {ablate::cli::cmd_export, "write a checkpoint as a Hugging Face transformers directory"}},
+      {"import", {ablate::cli::cmd_import, "read a Hugging Face checkpoint (GPT-2, Llama, Qwen3) into a run directory"}},
       {"sample", {ablate::cli::cmd_sample, "generate text from a checkpoint"}},
       {"sweep", {ablate::cli::cmd_sweep, "run an ablation study: every arm of a sweep file, then the results and report"}},
       {"sweep-arm", {ablate::cli::cmd_sweep_arm, "train one arm of a sweep: what a Slurm array task of `sweep --launcher slurm` runs"}},

@@ -16,6 +16,7 @@
 #include "ablate/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
+#include "ablate/hf_checkpoint.hpp"
 #include "ablate/registry.hpp"
 #include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
@@ -203,6 +204,16 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
   require_finite(file, f.tensors, allow_nonfinite);
 }
 
+// A checkpoint's model.safetensors (the parameters by name, fp32) and config.toml.
+void write_model_and_config(const fs::path& dir, Model& model, const Config& config) {
+  SafetensorsFile mf;
+  std::vector<float> values;
+  model.copy_params_to_host(values);
+  mf.tensors = param_tensors(model.table(), values);
+  mf.metadata["format"] = "ablate";
+  write_safetensors(dir / "model.safetensors", mf);
+  write_file_atomic(dir / "config.toml", config.to_toml());
+}
 
 }  // namespace
 
@@ -366,6 +377,59 @@ LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonf
   return lm;
 }
 
+void write_initial_checkpoint(const fs::path& run_dir, const Config& config, Model& model, const json& provenance) {
+  const fs::path root = run_dir / "checkpoints", final_dir = root / step_name(0), tmp = root / ("." + step_name(0) + ".tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_model_and_config(tmp, model, config);
+  write_safetensors(tmp / "optimizer.safetensors", SafetensorsFile{});  // no optimizer has run
+  const json cursor = {{"draw", 0}, {"pending", json::array()}};
+  write_json_file(tmp / "state.json", {{"step", 0},
+                                       {"loss", nullptr},
+                                       {"val_loss", nullptr},
+                                       {"data_cursor", cursor},
+                                       {"data_cursors", json::array({cursor})},
+                                       {"world", 1},
+                                       {"shard_state", false},
+                                       {"optimizer_files", json::array({"optimizer.safetensors"})},
+                                       {"seed", config.section("run").get_int("seed")},
+                                       {"config_hash", config.hash()},
+                                       {"model", model.options().describe()},
+                                       {"parameters", model.num_params()},
+                                       {"vocab_size", model.options().vocab_size},
+                                       {"optimizer", config.selected("optimizer")},
+                                       {"imported_from", provenance}});
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  write_file_atomic(root / "latest", step_name(0) + "\n");
+}
+
+void init_from_weights(Model& model, const fs::path& from) {
+  std::vector<float> values;
+  if (is_hf_checkpoint_dir(from)) {
+    const HfCheckpoint hf = read_hf_checkpoint(from);
+    require_hf_model_matches(hf, model.options());
+    values = hf_parameters(hf, model);
+  } else {
+    if (!fs::is_directory(from)) {
+      throw_input_error("model.init_from", "'" + from.string() + "' is not a directory (expected an ablate run or checkpoint "
+                                           "directory, or a Hugging Face checkpoint directory with config.json)");
+    }
+    const fs::path dir = resolve_checkpoint(from);
+    const CheckpointState st = read_checkpoint_state(dir);
+    // The same model up to its attention backend (every backend computes the same function).
+    const auto shape_of = [](std::string d) { return d.substr(0, d.find(" attention=")); };
+    if (shape_of(st.model) != shape_of(model.options().describe())) {
+      throw_input_error("model.init_from", "'" + from.string() + "' holds a model of " + st.model + "; this experiment's [model] is " +
+                                               model.options().describe());
+    }
+    values.assign(std::size_t(model.num_params()), 0.0f);
+    load_params(dir / "model.safetensors", model.table(), values, false);
+  }
+  model.load_params_from_host(values);
+  spdlog::info("model.init_from: {} parameters from {}", model.num_params(), from.string());
+}
+
 
 // ---------------------------------------------------------------------------------------------
 
@@ -418,13 +482,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   }
   comm_.barrier();
   if (comm_.rank() == 0) {
-    SafetensorsFile mf;
-    std::vector<float> values;
-    model.copy_params_to_host(values);
-    mf.tensors = param_tensors(model.table(), values);
-    mf.metadata["format"] = "ablate";
-    write_safetensors(tmp / "model.safetensors", mf);
-    write_file_atomic(tmp / "config.toml", config_.to_toml());
+    write_model_and_config(tmp, model, config_);
     json cursors = json::array();
     for (int r = 0; r < comm_.world(); ++r) {
       std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);

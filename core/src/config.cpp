@@ -69,6 +69,10 @@ const std::vector<SectionSpec>& section_specs() {
         boolean("bias", true, "biases in linear layers and norms"),
         boolean("tie_embeddings", true, "share the token embedding with the LM head"),
         floating("dropout", 0.0, "dropout probability").within(0.0, 0.99),
+        floating("norm_eps", 0.0, "epsilon of every norm (0 = 1e-5 for layernorm, 1e-6 for rmsnorm; qk_norm uses 1e-6 or this)")
+            .within(0.0, 0.1),
+        string("init_from", "", "start from these weights (fresh optimizer and schedule): an ablate run or checkpoint "
+                                "directory, or a Hugging Face checkpoint directory (config.json + safetensors)").path(),
       }, std::nullopt, "", false, ""});
     s.push_back({"data", "where documents come from and how they are prefetched", {
         string("name", "synthetic_probes", "the data source (a data_source plugin)"),

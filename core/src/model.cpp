@@ -67,6 +67,7 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   o.bias = m.get_bool("bias");
   o.tie_embeddings = m.get_bool("tie_embeddings");
   o.dropout = m.get_float("dropout");
+  o.norm_eps = m.get_float("norm_eps");
   o.mlp_hidden = m.get_int("mlp_hidden");
   if (o.mlp_hidden == 0) {
     o.mlp_hidden = o.mlp == "swiglu_mlp" ? round_up((8 * o.d_model + 2) / 3, 64) : 4 * o.d_model;
@@ -97,6 +98,7 @@ std::string ModelOptions::describe() const {
     << " vocab=" << vocab_size << "(" << vocab_padded << ") max_seq_len=" << max_seq_len << " norm=" << norm
     << " mlp=" << mlp << "(" << mlp_hidden << ") position=" << position << " qk_norm=" << qk_norm << " bias=" << bias
     << " tie=" << tie_embeddings << " attention=" << attention;
+  if (norm_eps > 0) s << " norm_eps=" << norm_eps;  // only when set: the text older checkpoints hold stays the same
   return s.str();
 }
 
@@ -641,7 +643,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.pos_spec.rope_theta = o.rope_theta;
   m.norm_spec.in = C;
   m.norm_spec.bias = o.bias;
-  m.norm_spec.eps = o.norm == "rmsnorm" ? 1e-6 : 1e-5;
+  m.norm_spec.eps = o.norm_epsilon();
   m.q_spec.in = C;
   m.q_spec.out = o.n_heads * D;
   m.q_spec.bias = o.bias;
@@ -656,7 +658,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.mlp_spec.bias = o.bias;
   m.qkn_spec.in = D;
   m.qkn_spec.bias = false;
-  m.qkn_spec.eps = 1e-6;
+  m.qkn_spec.eps = o.qk_norm_epsilon();
   m.cls_spec.in = C;
   m.cls_spec.out = o.vocab_padded;
   m.cls_spec.real_out = o.vocab_size;

@@ -458,6 +458,9 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   if (options.resume) {
     resumed = checkpoints.resume(model, *optimizer, *train_data);
     start_step = resumed.step;
+  } else if (const std::string from = config.section("model").get_string("init_from"); !from.empty()) {
+    model.init_params(run.seed);  // then overwritten: the random draws stay those of a fresh run
+    init_from_weights(model, from);
   } else {
     model.init_params(run.seed);
   }

@@ -39,6 +39,7 @@ struct ModelOptions {
   int64_t max_seq_len = 0, mlp_hidden = 0;
   std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
   double rope_theta = 10000.0, dropout = 0.0;
+  double norm_eps = 0.0;  // 0: 1e-5 for layernorm, 1e-6 for rmsnorm (and qk_norm)
   bool qk_norm = false, bias = true, tie_embeddings = true;
   // [run] recompute: which activations backward recomputes instead of keeping them from forward
   // ("none"; "mlp": the MLP's saved values; "block": everything inside a block but its input).
@@ -54,6 +55,9 @@ struct ModelOptions {
   static ModelOptions from(const Config& config, int64_t data_vocab);
   // The [model] table as TOML-ish key = value lines (for checkpoints and exports).
   std::string describe() const;
+  // The epsilon of the block and final norms, and of qk_norm.
+  double norm_epsilon() const { return norm_eps > 0 ? norm_eps : norm == "rmsnorm" ? 1e-6 : 1e-5; }
+  double qk_norm_epsilon() const { return norm_eps > 0 ? norm_eps : 1e-6; }
 };
 
 // Bytes of activations and scratch one micro-batch shape needs: a pure plan (offsets into one

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ablate/data.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/model.hpp"
@@ -104,6 +106,16 @@ std::optional<std::filesystem::path> newest_complete_checkpoint(const std::files
 // checkpoint. Training over such a directory without --resume is refused.
 bool has_checkpoint(const std::filesystem::path& run_dir);
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint_dir);
+// Writes `model`'s weights as the run directory's checkpoint of step 0 (no optimizer state, data
+// at its start) with the experiment `config`, for weights that come from elsewhere (`ablate import
+// hf`): eval, sample, export and [model] init_from read it. `provenance` goes into state.json as
+// "imported_from".
+void write_initial_checkpoint(const std::filesystem::path& run_dir, const Config& config, Model& model,
+                              const nlohmann::json& provenance);
+// `[model] init_from`: the parameters of an ablate run or checkpoint directory, or of a Hugging
+// Face checkpoint directory, into `model` (whose [model] must be theirs: an input error naming the
+// key or tensor otherwise).
+void init_from_weights(Model& model, const std::filesystem::path& from);
 
 // A model restored from a checkpoint for evaluation, sampling or export.
 struct LoadedModel {
