@@ -447,241 +447,271 @@ std::optional<Finding> diverged(const Run& run, const std::vector<LossPoint>& pt
   return f;
 }
 
-std::vector<Finding> diagnose(const Run& run) {
-  std::vector<Finding> out;
-  const std::string device = run.cfg("run", "device", std::string("cpu"));
-  const std::string batching = run.cfg("batching", "name", std::string("packed"));
-  const std::string attention = run.cfg("attention", "name", std::string("naive_cpu"));
-  const std::string optimizer = run.cfg("optimizer", "name", std::string("adamw"));
-  const int64_t B = run.cfg("batching", "batch_size", int64_t(1));
-  const int64_t accum = run.cfg("run", "grad_accum_steps", int64_t(1));
-  const int64_t world = run.info.value("world", int64_t(1));  // data-parallel ranks
-  const double lr = run.cfg("optimizer", "lr", 0.0);
-  const int64_t workers = run.cfg("data", "workers", int64_t(1));
-  const int64_t prefetch = run.cfg("data", "prefetch", int64_t(4));
+// The run's settings the findings below read: its config's choices and run.json's ranks and memory.
+struct Settings {
+  std::string device, batching, attention, optimizer;
+  int64_t B = 1, accum = 1, world = 1, workers = 1, prefetch = 4;
+  double lr = 0;
+  double mem = 0, peak = 0;  // the memory budget and the highest logged peak, in bytes
+};
 
-  // Whether the timings can be trusted; the training's stability.
-  const Timing timing = judge_timing(run);
-  if (auto f = noisy_timings(timing, device)) out.push_back(*f);
-  const std::vector<LossPoint> losses = loss_points(run.steps);
-  if (auto f = diverged(run, losses)) out.push_back(*f);
-  if (auto f = loss_spike(run, losses)) out.push_back(*f);
+// Reads the settings from the run's config, run.json and metrics.
+Settings settings_of(const Run& run) {
+  Settings s;
+  s.device = run.cfg("run", "device", std::string("cpu"));
+  s.batching = run.cfg("batching", "name", std::string("packed"));
+  s.attention = run.cfg("attention", "name", std::string("naive_cpu"));
+  s.optimizer = run.cfg("optimizer", "name", std::string("adamw"));
+  s.B = run.cfg("batching", "batch_size", int64_t(1));
+  s.accum = run.cfg("run", "grad_accum_steps", int64_t(1));
+  s.world = run.info.value("world", int64_t(1));  // data-parallel ranks
+  s.lr = run.cfg("optimizer", "lr", 0.0);
+  s.workers = run.cfg("data", "workers", int64_t(1));
+  s.prefetch = run.cfg("data", "prefetch", int64_t(4));
+  s.mem = run.info.value("memory_bytes", 0.0);
+  s.peak = quantile(column(run.steps, "mem_peak_bytes", false), 1.0);
+  return s;
+}
 
-  // Padding: positions computed on that carry no target.
+// Padding: positions computed on that carry no target.
+std::optional<Finding> padding(const Run& run, const Settings& s) {
   const double pad = median_of(column(run.steps, "padding_fraction", false));
-  if (pad > 0.30) {
-    Finding f;
-    f.id = "padding";
-    f.severity = pad > 0.5 ? "high" : "medium";
-    f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - pad);
-    f.evidence = {{"padding_fraction", pad}, {"real_fraction", 1.0 - pad}, {"batching", batching},
-                  {"mfu", run.summary.value("mfu", json(nullptr))}, {"effective_mfu", run.summary.value("effective_mfu", json(nullptr))}};
-    if (batching != "packed") {
-      f.message = fmt("%.1f%% of the positions computed are padding with `", 100 * pad) + batching +
-                  "` batching: packing documents into rows turns them into real tokens, " +
-                  fmt("about %.2fx the real tokens/s at the same step time", *f.expected_speedup);
-      f.change = "--set batching.name=packed";
-    } else {
-      f.message = fmt("%.1f%% of the positions are padding even with `packed` batching: rows end with space no document fits",
-                      100 * pad);
-      f.change = "raise batching.packed.max_segments_per_row, or a shorter batching.seq_len";
-    }
-    out.push_back(f);
+  if (!(pad > 0.30)) return std::nullopt;
+  Finding f;
+  f.id = "padding";
+  f.severity = pad > 0.5 ? "high" : "medium";
+  f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - pad);
+  f.evidence = {{"padding_fraction", pad}, {"real_fraction", 1.0 - pad}, {"batching", s.batching},
+                {"mfu", run.summary.value("mfu", json(nullptr))}, {"effective_mfu", run.summary.value("effective_mfu", json(nullptr))}};
+  if (s.batching != "packed") {
+    f.message = fmt("%.1f%% of the positions computed are padding with `", 100 * pad) + s.batching +
+                "` batching: packing documents into rows turns them into real tokens, " +
+                fmt("about %.2fx the real tokens/s at the same step time", *f.expected_speedup);
+    f.change = "--set batching.name=packed";
+  } else {
+    f.message = fmt("%.1f%% of the positions are padding even with `packed` batching: rows end with space no document fits",
+                    100 * pad);
+    f.change = "raise batching.packed.max_segments_per_row, or a shorter batching.seq_len";
   }
+  return f;
+}
 
-  // Input-bound: the trainer waits for the data pipeline.
+// Input-bound: the trainer waits for the data pipeline.
+std::optional<Finding> input_bound(const Run& run, const Settings& s, const Timing& timing) {
   const double wait = median_of(column(run.steps, "data_wait_pct", true));
-  if (wait > 10.0) {
-    Finding f;
-    f.id = "input_bound";
-    f.severity = wait > 30 ? "high" : "medium";
-    f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - wait / 100.0);
-    const std::string stage = run.summary.value("data_bottleneck", std::string("read"));
-    f.evidence = {{"data_wait_pct", wait}, {"slowest_stage", stage}, {"workers", workers}, {"prefetch", prefetch}};
-    f.message = fmt("the trainer waits for data %.1f%% of each step (median); the slowest pipeline stage is `", wait) + stage +
-                "`" + (stage == "read" ? " (reading or generating documents)" : stage == "batch" ? " (forming batches)" : "");
-    f.change = "--set data.workers=" + std::to_string(std::max<int64_t>(2, workers * 2)) +
-               " --set data.prefetch=" + std::to_string(std::max<int64_t>(8, prefetch * 2));
-    if (timing.unusable) qualify(f);
-    out.push_back(f);
-  }
+  if (!(wait > 10.0)) return std::nullopt;
+  Finding f;
+  f.id = "input_bound";
+  f.severity = wait > 30 ? "high" : "medium";
+  f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - wait / 100.0);
+  const std::string stage = run.summary.value("data_bottleneck", std::string("read"));
+  f.evidence = {{"data_wait_pct", wait}, {"slowest_stage", stage}, {"workers", s.workers}, {"prefetch", s.prefetch}};
+  f.message = fmt("the trainer waits for data %.1f%% of each step (median); the slowest pipeline stage is `", wait) + stage +
+              "`" + (stage == "read" ? " (reading or generating documents)" : stage == "batch" ? " (forming batches)" : "");
+  f.change = "--set data.workers=" + std::to_string(std::max<int64_t>(2, s.workers * 2)) +
+             " --set data.prefetch=" + std::to_string(std::max<int64_t>(8, s.prefetch * 2));
+  if (timing.unusable) qualify(f);
+  return f;
+}
 
-  // Memory headroom: a larger micro-batch fits, and it would run faster. Only a memory-bound run
-  // gains: a GPU whose products reach under kMemoryBoundMfu of its peak at this micro-batch spends
-  // its steps on what a step costs whatever its size (reading the weights, launching kernels, the
-  // optimizer's pass), which more rows per step amortise. A CPU computes its products at its cores'
-  // rate from a few dozen rows on (its memory keeps up with its arithmetic): a larger micro-batch
-  // there changes the optimisation, not the tokens/s. Unusable timings leave the MFU unknown.
+// Memory headroom: a larger micro-batch fits, and it would run faster. Only a memory-bound run
+// gains: a GPU whose products reach under kMemoryBoundMfu of its peak at this micro-batch spends
+// its steps on what a step costs whatever its size (reading the weights, launching kernels, the
+// optimizer's pass), which more rows per step amortise. A CPU computes its products at its cores'
+// rate from a few dozen rows on (its memory keeps up with its arithmetic): a larger micro-batch
+// there changes the optimisation, not the tokens/s. Unusable timings leave the MFU unknown.
+std::optional<Finding> memory_headroom(const Run& run, const Settings& s, const Timing& timing) {
   constexpr double kMemoryBoundMfu = 0.3;
-  const double mem = run.info.value("memory_bytes", 0.0);
-  const double peak = quantile(column(run.steps, "mem_peak_bytes", false), 1.0);
+  const double mem = s.mem, peak = s.peak;
+  const int64_t B = s.B, accum = s.accum, world = s.world;
   const double act = run.info.value("activation_bytes", 0.0);
   const double mfu = run.summary.value("mfu", -1.0);
-  const bool memory_bound = device == "cuda" && mfu >= 0 && mfu < kMemoryBoundMfu && !timing.unusable;
-  if (memory_bound && mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0) {
-    const double per_row = act / double(B);
-    int64_t nb = B;
-    while (nb < B * 64 && peak + double(nb * 2 - B) * per_row <= 0.8 * mem) nb *= 2;
-    if (nb > B) {
-      Finding f;
-      f.id = "memory_headroom";
-      f.severity = "low";
-      const int64_t new_accum = std::max<int64_t>(1, (B * accum + nb - 1) / nb);
-      f.evidence = {{"mem_peak_bytes", peak},         {"memory_bytes", mem},
-                    {"memory_source", run.info.value("memory_source", std::string())},
-                    {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
-                    {"batch_size", B},                {"suggested_batch_size", nb},
-                    {"grad_accum_steps", accum},      {"lr", lr},
-                    {"mfu", mfu},                     {"memory_bound_below_mfu", kMemoryBoundMfu}};
-      f.message = fmt("the GPU reaches %.1f%% of its peak (MFU) at this micro-batch, and peak memory ", 100 * mfu) + gib(peak) +
-                  fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
-                  run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
-                  " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
-                  " of activations per row) and spreads each step's fixed costs over more rows; `ablate tune batch-size` "
-                  "measures the gain";
-      const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
-      if (nb <= B * accum) {
-        f.change = bs + " --set run.grad_accum_steps=" + std::to_string(new_accum) + " (the same global batch of " +
-                   std::to_string(world * B * accum) + " rows: the lr stays)";
-      } else {
-        const double lr_global = lr * std::sqrt(double(nb) / double(B * accum));
-        f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
-                   " (the global batch grows from " + std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
-                   " rows: this lr is the square-root rule's suggestion, to verify with a short run at it and at the "
-                   "current lr, not a rule)";
-        f.evidence["sqrt_scaled_lr"] = lr_global;
-      }
-      out.push_back(f);
-    }
+  const bool memory_bound = s.device == "cuda" && mfu >= 0 && mfu < kMemoryBoundMfu && !timing.unusable;
+  if (!(memory_bound && mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0)) return std::nullopt;
+  const double per_row = act / double(B);
+  int64_t nb = B;
+  while (nb < B * 64 && peak + double(nb * 2 - B) * per_row <= 0.8 * mem) nb *= 2;
+  if (nb <= B) return std::nullopt;
+  Finding f;
+  f.id = "memory_headroom";
+  f.severity = "low";
+  const int64_t new_accum = std::max<int64_t>(1, (B * accum + nb - 1) / nb);
+  f.evidence = {{"mem_peak_bytes", peak},         {"memory_bytes", mem},
+                {"memory_source", run.info.value("memory_source", std::string())},
+                {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
+                {"batch_size", B},                {"suggested_batch_size", nb},
+                {"grad_accum_steps", accum},      {"lr", s.lr},
+                {"mfu", mfu},                     {"memory_bound_below_mfu", kMemoryBoundMfu}};
+  f.message = fmt("the GPU reaches %.1f%% of its peak (MFU) at this micro-batch, and peak memory ", 100 * mfu) + gib(peak) +
+              fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+              run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
+              " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
+              " of activations per row) and spreads each step's fixed costs over more rows; `ablate tune batch-size` "
+              "measures the gain";
+  const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
+  if (nb <= B * accum) {
+    f.change = bs + " --set run.grad_accum_steps=" + std::to_string(new_accum) + " (the same global batch of " +
+               std::to_string(world * B * accum) + " rows: the lr stays)";
+  } else {
+    const double lr_global = s.lr * std::sqrt(double(nb) / double(B * accum));
+    f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
+               " (the global batch grows from " + std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
+               " rows: this lr is the square-root rule's suggestion, to verify with a short run at it and at the "
+               "current lr, not a rule)";
+    f.evidence["sqrt_scaled_lr"] = lr_global;
   }
+  return f;
+}
 
-  // Memory tight: the peak near the budget, and recomputation would free activations.
+// Memory tight: the peak near the budget, and recomputation would free activations.
+std::optional<Finding> memory_tight(const Run& run, const Settings& s) {
+  const double mem = s.mem, peak = s.peak;
   const std::string recompute = run.info.value("recompute", std::string("none"));
-  if (mem > 0 && peak > 0.85 * mem && run.info.contains("activation_bytes_by_recompute")) {
-    const json& by = run.info["activation_bytes_by_recompute"];
-    const std::string next = recompute == "none" ? "mlp" : recompute == "mlp" ? "block" : "";
-    const double now = by.value(recompute, 0.0), then = next.empty() ? 0.0 : by.value(next, 0.0);
-    Finding f;
-    f.id = "memory_tight";
-    f.severity = peak > 0.95 * mem ? "high" : "medium";
-    f.evidence = {{"mem_peak_bytes", peak}, {"memory_bytes", mem}, {"peak_fraction", peak / mem},
-                  {"recompute", recompute}, {"activation_bytes", now}};
-    f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
-                run.info.value("memory_source", std::string("memory")) + ")";
-    if (!next.empty() && then > 0 && then < now) {
-      f.evidence["recompute_suggested"] = next;
-      f.evidence["activation_bytes_suggested"] = then;
-      f.message += ": recomputing " + std::string(next == "mlp" ? "the MLPs' hidden activations" : "each block") +
-                   " in backward frees " + fmt("%.1f MiB", (now - then) / (1 << 20)) + fmt(" of %.1f MiB", now / (1 << 20)) +
-                   " of activations for about " + (next == "mlp" ? "a sixth" : "a fifth") +
-                   " more time per token (docs/training.md)";
-      f.change = "--set run.recompute=" + next;
-    } else {
-      f.message += ": lower batching.batch_size, with run.grad_accum_steps keeping the global batch";
-      f.change = "--set batching.batch_size=" + std::to_string(std::max<int64_t>(1, B / 2)) +
-                 " --set run.grad_accum_steps=" + std::to_string(accum * 2);
-    }
-    out.push_back(f);
+  if (!(mem > 0 && peak > 0.85 * mem && run.info.contains("activation_bytes_by_recompute"))) return std::nullopt;
+  const json& by = run.info["activation_bytes_by_recompute"];
+  const std::string next = recompute == "none" ? "mlp" : recompute == "mlp" ? "block" : "";
+  const double now = by.value(recompute, 0.0), then = next.empty() ? 0.0 : by.value(next, 0.0);
+  Finding f;
+  f.id = "memory_tight";
+  f.severity = peak > 0.95 * mem ? "high" : "medium";
+  f.evidence = {{"mem_peak_bytes", peak}, {"memory_bytes", mem}, {"peak_fraction", peak / mem},
+                {"recompute", recompute}, {"activation_bytes", now}};
+  f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
+              run.info.value("memory_source", std::string("memory")) + ")";
+  if (!next.empty() && then > 0 && then < now) {
+    f.evidence["recompute_suggested"] = next;
+    f.evidence["activation_bytes_suggested"] = then;
+    f.message += ": recomputing " + std::string(next == "mlp" ? "the MLPs' hidden activations" : "each block") +
+                 " in backward frees " + fmt("%.1f MiB", (now - then) / (1 << 20)) + fmt(" of %.1f MiB", now / (1 << 20)) +
+                 " of activations for about " + (next == "mlp" ? "a sixth" : "a fifth") +
+                 " more time per token (docs/training.md)";
+    f.change = "--set run.recompute=" + next;
+  } else {
+    f.message += ": lower batching.batch_size, with run.grad_accum_steps keeping the global batch";
+    f.change = "--set batching.batch_size=" + std::to_string(std::max<int64_t>(1, s.B / 2)) +
+               " --set run.grad_accum_steps=" + std::to_string(s.accum * 2);
   }
+  return f;
+}
 
-  // Attention: the naive backend on a GPU.
-  if (device == "cuda" && attention.rfind("naive", 0) == 0) {
-    Finding f;
-    f.id = "attention";
-    f.severity = "high";
-    f.evidence = {{"device", device}, {"attention", attention}};
-    f.message = "`" + attention + "` materialises every score matrix on the GPU; cuDNN's flash attention never does";
-    f.change = "--set attention.name=cudnn_flash";
-    out.push_back(f);
-  }
+// Attention: the naive backend on a GPU.
+std::optional<Finding> attention(const Settings& s) {
+  if (!(s.device == "cuda" && s.attention.rfind("naive", 0) == 0)) return std::nullopt;
+  Finding f;
+  f.id = "attention";
+  f.severity = "high";
+  f.evidence = {{"device", s.device}, {"attention", s.attention}};
+  f.message = "`" + s.attention + "` materialises every score matrix on the GPU; cuDNN's flash attention never does";
+  f.change = "--set attention.name=cudnn_flash";
+  return f;
+}
 
-  // Precision: a GPU run in fp32 or tf32, where bf16 products run at the tensor cores' bf16 rate
-  // and hold the activations only products read at half the bytes.
+// Precision: a GPU run in fp32 or tf32, where bf16 products run at the tensor cores' bf16 rate
+// and hold the activations only products read at half the bytes.
+std::optional<Finding> precision(const Run& run, const Settings& s) {
   const std::string dtype = run.cfg("run", "dtype", std::string("fp32"));
-  if (device == "cuda" && dtype != "bf16") {
-    const std::string gpu = run.info.value("device_name", std::string());
-    const double tf32 = peak_tflops_for_device(gpu, "tf32"), bf16 = peak_tflops_for_device(gpu, "bf16");
-    Finding f;
-    f.id = "precision";
-    f.severity = dtype == "fp32" ? "high" : "medium";
-    f.evidence = {{"device", device}, {"device_name", gpu}, {"dtype", dtype}};
-    f.message = "run.dtype = \"" + dtype + "\" on a GPU: " +
-                (dtype == "fp32" ? "true fp32 products, without tensor cores" : "TF32 products, at half the bf16 tensor-core rate") +
-                "; bf16 products (fp32 master weights, gradients and optimizer state) also hold the activations only "
-                "products read at half the bytes";
-    if (tf32 > 0 && bf16 > 0) {  // the device table knows this GPU
-      f.evidence["peak_tflops_tf32"] = tf32;
-      f.evidence["peak_tflops_bf16"] = bf16;
-      f.message += fmt(" (this GPU's dense peaks: TF32 %.0f", tf32) + fmt(", bf16 %.0f TFLOP/s)", bf16);
-    }
-    f.change = "--set run.dtype=bf16";
-    out.push_back(f);
+  if (!(s.device == "cuda" && dtype != "bf16")) return std::nullopt;
+  const std::string gpu = run.info.value("device_name", std::string());
+  const double tf32 = peak_tflops_for_device(gpu, "tf32"), bf16 = peak_tflops_for_device(gpu, "bf16");
+  Finding f;
+  f.id = "precision";
+  f.severity = dtype == "fp32" ? "high" : "medium";
+  f.evidence = {{"device", s.device}, {"device_name", gpu}, {"dtype", dtype}};
+  f.message = "run.dtype = \"" + dtype + "\" on a GPU: " +
+              (dtype == "fp32" ? "true fp32 products, without tensor cores" : "TF32 products, at half the bf16 tensor-core rate") +
+              "; bf16 products (fp32 master weights, gradients and optimizer state) also hold the activations only "
+              "products read at half the bytes";
+  if (tf32 > 0 && bf16 > 0) {  // the device table knows this GPU
+    f.evidence["peak_tflops_tf32"] = tf32;
+    f.evidence["peak_tflops_bf16"] = bf16;
+    f.message += fmt(" (this GPU's dense peaks: TF32 %.0f", tf32) + fmt(", bf16 %.0f TFLOP/s)", bf16);
   }
+  f.change = "--set run.dtype=bf16";
+  return f;
+}
 
-  // Optimizer memory.
+// Optimizer memory.
+std::optional<Finding> optimizer_memory(const Run& run, const Settings& s) {
+  const double mem = s.mem;
   const double state = run.summary.value("optimizer_state_bytes", run.steps.back().value("optimizer_state_bytes", 0.0));
-  if (mem > 0 && state > 0.25 * mem && optimizer != "adamw8bit") {
-    Finding f;
-    f.id = "optimizer_memory";
-    f.severity = "medium";
-    f.evidence = {{"optimizer_state_bytes", state}, {"memory_bytes", mem}, {"state_fraction", state / mem}, {"optimizer", optimizer}};
-    f.message = "the optimizer state (" + gib(state) + fmt(") is %.0f%% of the memory", 100 * state / mem) +
-                ": 8-bit block-wise state takes about 0.27x of it";
-    f.change = "--set optimizer.name=adamw8bit";
-    out.push_back(f);
-  }
+  if (!(mem > 0 && state > 0.25 * mem && s.optimizer != "adamw8bit")) return std::nullopt;
+  Finding f;
+  f.id = "optimizer_memory";
+  f.severity = "medium";
+  f.evidence = {{"optimizer_state_bytes", state}, {"memory_bytes", mem}, {"state_fraction", state / mem}, {"optimizer", s.optimizer}};
+  f.message = "the optimizer state (" + gib(state) + fmt(") is %.0f%% of the memory", 100 * state / mem) +
+              ": 8-bit block-wise state takes about 0.27x of it";
+  f.change = "--set optimizer.name=adamw8bit";
+  return f;
+}
 
-  // Communication: a data-parallel step spends much of its time in collectives (the gradient
-  // exchange, and waiting there for the slowest rank). Its cost per step is fixed by the gradient's
-  // size, so more accumulation per exchange amortises it.
+// Communication: a data-parallel step spends much of its time in collectives (the gradient
+// exchange, and waiting there for the slowest rank). Its cost per step is fixed by the gradient's
+// size, so more accumulation per exchange amortises it.
+std::optional<Finding> communication(const Run& run, const Settings& s, const Timing& timing) {
   const double comm = median_of(column(run.steps, "comm_pct", true));
   const double step_ms = median_of(column(run.steps, "step_ms", true));
-  if (comm > 15.0 && step_ms > 0) {
-    const double c = step_ms * comm / 100.0, w = std::max(1e-9, step_ms - c);
-    const int64_t k = std::clamp<int64_t>(int64_t(std::ceil(9.0 * c / w)), 2, 64);  // brings it to 10%
-    Finding f;
-    f.id = "communication";
-    f.severity = comm > 30 ? "high" : "medium";
-    f.expected_speedup = double(k) * (c + w) / (c + double(k) * w);
-    const double lr_new = lr * std::sqrt(double(k));
-    f.evidence = {{"comm_pct", comm},     {"step_ms", step_ms}, {"world", world},
-                  {"communicator", run.info.value("communicator", std::string())},
-                  {"grad_accum_steps", accum}, {"accumulation_factor", k}, {"sqrt_scaled_lr", lr_new}};
-    f.message = fmt("%.1f%% of each step (median) is spent in collectives across ", comm) + std::to_string(world) +
-                " ranks: the gradient exchange, and waiting there for the slowest rank. Its cost is fixed per step, so "
-                "more micro-batches per exchange amortise it";
-    f.change = "--set run.grad_accum_steps=" + std::to_string(accum * k) + " --set optimizer.lr=" + fmt("%.3g", lr_new) +
-               " (the global batch grows " + std::to_string(k) + "x: the square-root rule's lr, a suggestion to verify "
-               "with a short run), or fewer ranks with more threads each";
-    if (timing.unusable) qualify(f);
-    out.push_back(f);
-  }
+  if (!(comm > 15.0 && step_ms > 0)) return std::nullopt;
+  const double c = step_ms * comm / 100.0, w = std::max(1e-9, step_ms - c);
+  const int64_t k = std::clamp<int64_t>(int64_t(std::ceil(9.0 * c / w)), 2, 64);  // brings it to 10%
+  Finding f;
+  f.id = "communication";
+  f.severity = comm > 30 ? "high" : "medium";
+  f.expected_speedup = double(k) * (c + w) / (c + double(k) * w);
+  const double lr_new = s.lr * std::sqrt(double(k));
+  f.evidence = {{"comm_pct", comm},     {"step_ms", step_ms}, {"world", s.world},
+                {"communicator", run.info.value("communicator", std::string())},
+                {"grad_accum_steps", s.accum}, {"accumulation_factor", k}, {"sqrt_scaled_lr", lr_new}};
+  f.message = fmt("%.1f%% of each step (median) is spent in collectives across ", comm) + std::to_string(s.world) +
+              " ranks: the gradient exchange, and waiting there for the slowest rank. Its cost is fixed per step, so "
+              "more micro-batches per exchange amortise it";
+  f.change = "--set run.grad_accum_steps=" + std::to_string(s.accum * k) + " --set optimizer.lr=" + fmt("%.3g", lr_new) +
+             " (the global batch grows " + std::to_string(k) + "x: the square-root rule's lr, a suggestion to verify "
+             "with a short run), or fewer ranks with more threads each";
+  if (timing.unusable) qualify(f);
+  return f;
+}
 
-  // Unstable step time (the first step and steps that ran an evaluation are left out); where the
-  // timings are unusable, noisy_timings has said it.
+// Unstable step time (the first step and steps that ran an evaluation are left out); where the
+// timings are unusable, noisy_timings has said it.
+std::optional<Finding> step_jitter(const Run& run, const Settings& s, const Timing& timing) {
   std::vector<double> ms;
   for (std::size_t i : timed_steps(run.steps)) ms.push_back(run.steps[i]["step_ms"].get<double>());
-  if (ms.size() >= 8 && !timing.unusable) {
-    const double p50 = quantile(ms, 0.5), p90 = quantile(ms, 0.9), mx = quantile(ms, 1.0);
-    const Spread sp = spread_of(ms);
-    const double mean = sp.mean, cv = sp.cv.value_or(0.0);
-    if (cv > 0.15 || p90 > 1.3 * p50) {
-      Finding f;
-      f.id = "step_jitter";
-      f.severity = cv > 0.5 ? "medium" : "low";
-      if (mean > p50 * 1.01) f.expected_speedup = mean / p50;
-      f.evidence = {{"step_ms_p50", p50}, {"step_ms_p90", p90}, {"step_ms_max", mx}, {"step_ms_mean", mean}, {"cv", cv},
-                    {"steps", ms.size()}};
-      f.message = fmt("step time is unstable: median %.1f ms, ", p50) + fmt("p90 %.1f ms, ", p90) + fmt("max %.1f ms ", mx) +
-                  fmt("(coefficient of variation %.2f)", cv);
-      f.change = device == "cpu" ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
-                                   "the core count; batching by similar lengths (bucketed) steadies padded step times"
-                                 : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
-                                   "steadies step times";
-      out.push_back(f);
-    }
-  }
+  if (!(ms.size() >= 8 && !timing.unusable)) return std::nullopt;
+  const double p50 = quantile(ms, 0.5), p90 = quantile(ms, 0.9), mx = quantile(ms, 1.0);
+  const Spread sp = spread_of(ms);
+  const double mean = sp.mean, cv = sp.cv.value_or(0.0);
+  if (!(cv > 0.15 || p90 > 1.3 * p50)) return std::nullopt;
+  Finding f;
+  f.id = "step_jitter";
+  f.severity = cv > 0.5 ? "medium" : "low";
+  if (mean > p50 * 1.01) f.expected_speedup = mean / p50;
+  f.evidence = {{"step_ms_p50", p50}, {"step_ms_p90", p90}, {"step_ms_max", mx}, {"step_ms_mean", mean}, {"cv", cv},
+                {"steps", ms.size()}};
+  f.message = fmt("step time is unstable: median %.1f ms, ", p50) + fmt("p90 %.1f ms, ", p90) + fmt("max %.1f ms ", mx) +
+              fmt("(coefficient of variation %.2f)", cv);
+  f.change = s.device == "cpu" ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
+                                 "the core count; batching by similar lengths (bucketed) steadies padded step times"
+                               : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
+                                 "steadies step times";
+  return f;
+}
 
+// Every finding for the run, ranked: by severity, then by expected speed-up (ties keep this order).
+std::vector<Finding> diagnose(const Run& run) {
+  const Settings s = settings_of(run);
+  // Whether the timings can be trusted; the training's stability; then the run's speed and memory.
+  const Timing timing = judge_timing(run);
+  const std::vector<LossPoint> losses = loss_points(run.steps);
+  const std::optional<Finding> found[] = {
+      noisy_timings(timing, s.device), diverged(run, losses),         loss_spike(run, losses),
+      padding(run, s),                 input_bound(run, s, timing),   memory_headroom(run, s, timing),
+      memory_tight(run, s),            attention(s),                  precision(run, s),
+      optimizer_memory(run, s),        communication(run, s, timing), step_jitter(run, s, timing)};
+  std::vector<Finding> out;
+  for (const std::optional<Finding>& f : found) {
+    if (f) out.push_back(*f);
+  }
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     if (severity_rank(a.severity) != severity_rank(b.severity)) return severity_rank(a.severity) < severity_rank(b.severity);
     return a.expected_speedup.value_or(1.0) > b.expected_speedup.value_or(1.0);

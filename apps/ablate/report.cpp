@@ -660,6 +660,177 @@ static std::string metrics_for_plots(const fs::path& dir, const fs::path& run) {
   return m.string();
 }
 
+namespace {
+
+// The plot options with the colour and line-style factors chosen: the first two of `axes` unless
+// given; markers tell the rest apart.
+ReportOptions plot_options(const ReportOptions& options, const std::vector<std::string>& axes, const std::string& where) {
+  ReportOptions plot = resolve_report_factors(options, axes, where);
+  for (const std::string& a : axes) {
+    if (plot.color_by.empty() && a != plot.style_by) plot.color_by = a;
+    else if (plot.style_by.empty() && a != plot.color_by) plot.style_by = a;
+  }
+  return plot;
+}
+
+// How much the plots hold: the most repeats of one arm group, and the groups (or runs) drawn.
+struct Drawn {
+  std::size_t most_repeats = 1;
+  std::size_t groups = 1;
+};
+
+// One row of the sweep's runs table.
+void write_arm_row(std::ostringstream& md, const json& r, const std::vector<std::string>& axes) {
+  // A row's field, null where the row has none (results.json's nulls are read as absent).
+  const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
+  const json overrides = r.value("overrides", json::object());
+  md << "| " << r.value("arm", "") << " |";
+  for (const std::string& a : axes) md << " " << overrides.value(a, "") << " |";
+  md << " " << r.value("status", "") << " | " << fmt_num(cell("final_loss"), "%.4f") << " | " << fmt_num(cell("val_loss"), "%.4f")
+     << " | " << fmt_si(cell("tokens_per_s")) << " | " << fmt_si(cell("real_tokens_per_s")) << " | " << fmt_pct(cell("mfu"))
+     << " | " << fmt_pct(cell("effective_mfu")) << " | " << fmt_mib(cell("mem_peak_bytes")) << " | "
+     << fmt_mib(cell("optimizer_state_bytes")) << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | "
+     << fmt_num(cell("wall_s"), "%.1f") << " |\n";
+}
+
+// The arms that stopped early and those that failed, each list under its heading (none: nothing).
+void write_arm_notes(std::ostringstream& md, const std::vector<std::string>& stopped, const std::vector<std::string>& failures) {
+  if (!stopped.empty()) {
+    md << "Arms stopped early (sweep.early_stop; not in the statistics or the plots):\n\n";
+    for (const std::string& x : stopped) md << "- " << x << "\n";
+    md << "\n";
+  }
+  if (!failures.empty()) {
+    md << "Failed arms:\n\n";
+    for (const std::string& f : failures) md << "- " << f << "\n";
+    md << "\n";
+  }
+}
+
+// The sweep's runs table, one row per arm, then its stopped and failed arms; each completed arm's
+// curves and each group's throughputs go into the plots' description.
+Drawn write_runs_table(std::ostringstream& md, json& spec, const fs::path& dir, const json& arms,
+                       const std::vector<std::string>& axes) {
+  Drawn drawn;
+  md << "## Runs\n\n| arm |";
+  for (const std::string& a : axes) md << " " << a << " |";
+  md << " status | train loss | val loss | tokens/s | real tokens/s | MFU | effective MFU | peak MiB | optimizer MiB | "
+        "data wait | wall s |\n|---|";
+  for (std::size_t i = 0; i < axes.size(); ++i) md << "---|";
+  md << "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::map<std::string, json> groups;  // group -> {tokens_per_s: [...], real: [...]}
+  std::vector<std::string> group_order;
+  std::vector<std::string> failures, stopped;
+  for (const json& r : arms) {
+    const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
+    const json overrides = r.value("overrides", json::object());
+    write_arm_row(md, r, axes);
+    if (r.value("status", "") == "failed") failures.push_back(r.value("arm", "") + ": " + r.value("error", ""));
+    if (r.value("status", "") == "stopped") stopped.push_back(r.value("arm", "") + ": " + r.value("error", ""));
+    if (r.value("status", "") != "completed") continue;
+    const std::string g = r.value("group", r.value("arm", ""));
+    if (!groups.count(g)) {
+      group_order.push_back(g);
+      groups[g] = {{"group", g}, {"tokens_per_s", json::array()}, {"real_tokens_per_s", json::array()}};
+    }
+    groups[g]["tokens_per_s"].push_back(cell("tokens_per_s"));
+    groups[g]["real_tokens_per_s"].push_back(cell("real_tokens_per_s"));
+    drawn.most_repeats = std::max(drawn.most_repeats, groups[g]["tokens_per_s"].size());
+    const fs::path run_dir = dir / r.value("run_dir", "");
+    json factors = json::object();
+    for (const std::string& a : axes) {
+      // An arm of an explicit list may leave a factor to the base experiment: its resolved value.
+      factors[a] = overrides.contains(a) ? overrides[a] : resolved_value(run_dir / "config.toml", a);
+    }
+    spec["runs"].push_back({{"label", r.value("arm", "")},
+                            {"group", g},
+                            {"metrics", metrics_for_plots(dir, r.value("run_dir", ""))},
+                            {"factors", factors}});
+  }
+  md << "\n";
+  write_arm_notes(md, stopped, failures);
+  for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
+  drawn.groups = group_order.size();
+  return drawn;
+}
+
+// A sweep's report: its heading and axes, the arm groups' statistics, and the runs table.
+Drawn write_sweep_sections(std::ostringstream& md, json& spec, const fs::path& dir, const json& results,
+                           const std::vector<std::string>& axes) {
+  const json arms = results.value("arms", json::array());
+  const std::vector<ArmGroup> stats = arm_groups(arms);
+  const std::string baseline = baseline_group(stats, results.value("baseline", ""), (dir / "results.json").string());
+  spec["title"] = "sweep " + results.value("sweep", std::string());
+  md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
+  md << "Base experiment `" << results.value("base", std::string()) << "`";
+  if (!axes.empty()) {
+    md << "; axes";
+    for (std::size_t i = 0; i < axes.size(); ++i) md << (i ? ", " : " ") << "`" << axes[i] << "`";
+  }
+  md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
+        "training loss and the last validation loss; the best validation loss is the lowest the run logged.\n\n";
+  write_group_sections(md, stats, baseline);
+  return write_runs_table(md, spec, dir, arms, axes);
+}
+
+// A single run's report: its summary as a table of metrics; its curves go into the plots' description.
+void write_run_section(std::ostringstream& md, json& spec, const fs::path& dir) {
+  const json summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
+  const std::string name = fs::absolute(dir).lexically_normal().filename().string();
+  spec["title"] = "run " + name;
+  md << "# Run `" << name << "`\n\n| metric | value |\n|---|---:|\n";
+  md << "| status | " << summary.value("status", "incomplete") << " |\n";
+  md << "| steps | " << fmt_num(summary.value("steps", json(nullptr)), "%.0f") << " |\n";
+  md << "| parameters | " << fmt_si(summary.value("parameters", json(nullptr))) << " |\n";
+  md << "| first / final training loss | " << fmt_num(summary.value("first_loss", json(nullptr)), "%.4f") << " / "
+     << fmt_num(summary.value("final_loss", json(nullptr)), "%.4f") << " |\n";
+  md << "| validation loss | " << fmt_num(summary.value("val_loss", json(nullptr)), "%.4f") << " |\n";
+  md << "| tokens/s (real) | " << fmt_si(summary.value("tokens_per_s", json(nullptr))) << " ("
+     << fmt_si(summary.value("real_tokens_per_s", json(nullptr))) << ") |\n";
+  md << "| MFU (effective) | " << fmt_pct(summary.value("mfu", json(nullptr))) << " (" << fmt_pct(summary.value("effective_mfu", json(nullptr)))
+     << ") |\n";
+  md << "| data wait | " << fmt_num(summary.value("data_wait_pct", json(nullptr)), "%.1f%%") << " |\n";
+  md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
+  md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
+  md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
+  spec["runs"].push_back({{"label", name},
+                          {"group", name},
+                          {"metrics", metrics_for_plots(dir, "")},
+                          {"factors", json::object()}});
+}
+
+// The plots drawn: how the loss curves are told apart and drawn, then each plot under its caption.
+void write_plot_sections(std::ostringstream& md, const ReportOptions& plot, const std::vector<std::string>& axes, bool sweep,
+                         double smooth, std::size_t most_repeats) {
+  const std::string whiskers = most_repeats > 1 ? " (bars: mean of the repeats; whiskers: the 95% interval of that mean)" : "";
+  const std::vector<std::pair<std::string, std::string>> plots = {
+      {"loss_vs_real_tokens.png", "Loss against real (non-padding) tokens seen"},
+      {"loss_vs_step.png", "Loss against step"},
+      {"loss_vs_time.png", "Loss against wall-clock time"},
+      {"throughput.png", sweep ? "Throughput per arm" + whiskers : "Throughput per step"},
+      {"padding.png", std::string(sweep ? "Padding per arm" : "Padding") + ": share of batch positions that were padding" + whiskers}};
+  md << "Loss curves: ";
+  if (!plot.color_by.empty()) md << "colour by `" << plot.color_by << "`";
+  else md << "one colour per " << (sweep ? "arm" : "run");
+  if (!plot.style_by.empty()) md << ", line style by `" << plot.style_by << "`";
+  std::vector<std::string> rest;
+  for (const std::string& a : axes) {
+    if (a != plot.color_by && a != plot.style_by) rest.push_back("`" + a + "`");
+  }
+  if (!rest.empty()) md << ", markers by " << join(rest);
+  md << "; training loss as lines";
+  if (smooth > 0) {
+    md << " smoothed by an exponential moving average of weight " << printf_text("%g", smooth) << " (the raw curve faint behind"
+       << (plot.smooth ? "" : "; `--smooth 0` draws them raw") << ")";
+  }
+  md << ", validation loss as hollow circles";
+  if (most_repeats > 1) md << "; an arm with repeats as the mean of its repeats with a band for the 95% interval of that mean";
+  md << (plot.log_y ? "; loss on a log scale" : "") << ".\n\n";
+  for (const auto& [file, caption] : plots) md << "## " << caption << "\n\n![" << caption << "](" << file << ")\n\n";
+}
+
+}  // namespace
+
 fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   const bool sweep = fs::exists(dir / "arms.json");
   if (!sweep && !fs::exists(dir / "metrics.jsonl")) {
@@ -671,143 +842,26 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   const json results = sweep ? read_json_file(dir / "results.json", kResultsJson) : json::object();
   const std::vector<std::string> axes = results.value("axes", std::vector<std::string>());
   // Colour by one factor, line style by another (the first two unless chosen), markers for the rest.
-  ReportOptions plot = resolve_report_factors(options, axes, (sweep ? "sweep directory " : "run directory ") + dir.string());
-  for (const std::string& a : axes) {
-    if (plot.color_by.empty() && a != plot.style_by) plot.color_by = a;
-    else if (plot.style_by.empty() && a != plot.color_by) plot.style_by = a;
-  }
+  const ReportOptions plot = plot_options(options, axes, (sweep ? "sweep directory " : "run directory ") + dir.string());
   spec["factors"] = axes;
   spec["color_by"] = plot.color_by.empty() ? json(nullptr) : json(plot.color_by);
   spec["style_by"] = plot.style_by.empty() ? json(nullptr) : json(plot.style_by);
   spec["log_y"] = plot.log_y;
-  std::size_t most_repeats = 1;
-  std::size_t groups_drawn = 1;
+  Drawn drawn;
   if (sweep) {
-    const json arms = results.value("arms", json::array());
-    const std::vector<ArmGroup> stats = arm_groups(arms);
-    const std::string baseline = baseline_group(stats, results.value("baseline", ""), (dir / "results.json").string());
-    spec["title"] = "sweep " + results.value("sweep", std::string());
-    md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
-    md << "Base experiment `" << results.value("base", std::string()) << "`";
-    if (!axes.empty()) {
-      md << "; axes";
-      for (std::size_t i = 0; i < axes.size(); ++i) md << (i ? ", " : " ") << "`" << axes[i] << "`";
-    }
-    md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
-          "training loss and the last validation loss; the best validation loss is the lowest the run logged.\n\n";
-    write_group_sections(md, stats, baseline);
-    md << "## Runs\n\n| arm |";
-    for (const std::string& a : axes) md << " " << a << " |";
-    md << " status | train loss | val loss | tokens/s | real tokens/s | MFU | effective MFU | peak MiB | optimizer MiB | "
-          "data wait | wall s |\n|---|";
-    for (std::size_t i = 0; i < axes.size(); ++i) md << "---|";
-    md << "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-    std::map<std::string, json> groups;  // group -> {tokens_per_s: [...], real: [...]}
-    std::vector<std::string> group_order;
-    std::vector<std::string> failures, stopped;
-    for (const json& r : arms) {
-      // A row's field, null where the row has none (results.json's nulls are read as absent).
-      const auto cell = [&r](const char* key) { return r.value(key, json(nullptr)); };
-      const json overrides = r.value("overrides", json::object());
-      md << "| " << r.value("arm", "") << " |";
-      for (const std::string& a : axes) md << " " << overrides.value(a, "") << " |";
-      md << " " << r.value("status", "") << " | " << fmt_num(cell("final_loss"), "%.4f") << " | " << fmt_num(cell("val_loss"), "%.4f")
-         << " | " << fmt_si(cell("tokens_per_s")) << " | " << fmt_si(cell("real_tokens_per_s")) << " | " << fmt_pct(cell("mfu"))
-         << " | " << fmt_pct(cell("effective_mfu")) << " | " << fmt_mib(cell("mem_peak_bytes")) << " | "
-         << fmt_mib(cell("optimizer_state_bytes")) << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | "
-         << fmt_num(cell("wall_s"), "%.1f") << " |\n";
-      if (r.value("status", "") == "failed") failures.push_back(r.value("arm", "") + ": " + r.value("error", ""));
-      if (r.value("status", "") == "stopped") stopped.push_back(r.value("arm", "") + ": " + r.value("error", ""));
-      if (r.value("status", "") != "completed") continue;
-      const std::string g = r.value("group", r.value("arm", ""));
-      if (!groups.count(g)) {
-        group_order.push_back(g);
-        groups[g] = {{"group", g}, {"tokens_per_s", json::array()}, {"real_tokens_per_s", json::array()}};
-      }
-      groups[g]["tokens_per_s"].push_back(cell("tokens_per_s"));
-      groups[g]["real_tokens_per_s"].push_back(cell("real_tokens_per_s"));
-      most_repeats = std::max(most_repeats, groups[g]["tokens_per_s"].size());
-      const fs::path run_dir = dir / r.value("run_dir", "");
-      json factors = json::object();
-      for (const std::string& a : axes) {
-        // An arm of an explicit list may leave a factor to the base experiment: its resolved value.
-        factors[a] = overrides.contains(a) ? overrides[a] : resolved_value(run_dir / "config.toml", a);
-      }
-      spec["runs"].push_back({{"label", r.value("arm", "")},
-                              {"group", g},
-                              {"metrics", metrics_for_plots(dir, r.value("run_dir", ""))},
-                              {"factors", factors}});
-    }
-    md << "\n";
-    if (!stopped.empty()) {
-      md << "Arms stopped early (sweep.early_stop; not in the statistics or the plots):\n\n";
-      for (const std::string& x : stopped) md << "- " << x << "\n";
-      md << "\n";
-    }
-    if (!failures.empty()) {
-      md << "Failed arms:\n\n";
-      for (const std::string& f : failures) md << "- " << f << "\n";
-      md << "\n";
-    }
-    for (const std::string& g : group_order) spec["throughput"].push_back(groups[g]);
-    groups_drawn = group_order.size();
+    drawn = write_sweep_sections(md, spec, dir, results, axes);
   } else {
-    const json summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
-    const std::string name = fs::absolute(dir).lexically_normal().filename().string();
-    spec["title"] = "run " + name;
-    md << "# Run `" << name << "`\n\n| metric | value |\n|---|---:|\n";
-    md << "| status | " << summary.value("status", "incomplete") << " |\n";
-    md << "| steps | " << fmt_num(summary.value("steps", json(nullptr)), "%.0f") << " |\n";
-    md << "| parameters | " << fmt_si(summary.value("parameters", json(nullptr))) << " |\n";
-    md << "| first / final training loss | " << fmt_num(summary.value("first_loss", json(nullptr)), "%.4f") << " / "
-       << fmt_num(summary.value("final_loss", json(nullptr)), "%.4f") << " |\n";
-    md << "| validation loss | " << fmt_num(summary.value("val_loss", json(nullptr)), "%.4f") << " |\n";
-    md << "| tokens/s (real) | " << fmt_si(summary.value("tokens_per_s", json(nullptr))) << " ("
-       << fmt_si(summary.value("real_tokens_per_s", json(nullptr))) << ") |\n";
-    md << "| MFU (effective) | " << fmt_pct(summary.value("mfu", json(nullptr))) << " (" << fmt_pct(summary.value("effective_mfu", json(nullptr)))
-       << ") |\n";
-    md << "| data wait | " << fmt_num(summary.value("data_wait_pct", json(nullptr)), "%.1f%%") << " |\n";
-    md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
-    md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
-    md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
-    spec["runs"].push_back({{"label", name},
-                            {"group", name},
-                            {"metrics", metrics_for_plots(dir, "")},
-                            {"factors", json::object()}});
+    write_run_section(md, spec, dir);
   }
   // Several arms overlap: smoothed unless asked otherwise. With repeats, the plots draw each group's
   // mean with its 95% interval; they are given the t quantiles for the group sizes they meet.
-  const double smooth = plot.smooth.value_or(groups_drawn > 1 ? kDefaultSmooth : 0.0);
+  const double smooth = plot.smooth.value_or(drawn.groups > 1 ? kDefaultSmooth : 0.0);
   spec["smooth"] = smooth;
   spec["t975"] = json::object();
-  for (std::size_t n = 2; n <= most_repeats; ++n) spec["t975"][std::to_string(n)] = t975(double(n - 1));
-  const std::string whiskers = most_repeats > 1 ? " (bars: mean of the repeats; whiskers: the 95% interval of that mean)" : "";
-  const std::vector<std::pair<std::string, std::string>> plots = {
-      {"loss_vs_real_tokens.png", "Loss against real (non-padding) tokens seen"},
-      {"loss_vs_step.png", "Loss against step"},
-      {"loss_vs_time.png", "Loss against wall-clock time"},
-      {"throughput.png", sweep ? "Throughput per arm" + whiskers : "Throughput per step"},
-      {"padding.png", std::string(sweep ? "Padding per arm" : "Padding") + ": share of batch positions that were padding" + whiskers}};
+  for (std::size_t n = 2; n <= drawn.most_repeats; ++n) spec["t975"][std::to_string(n)] = t975(double(n - 1));
   const std::string err = spec["runs"].empty() ? std::string("no completed run to plot") : draw(dir, spec);
   if (err.empty()) {
-    md << "Loss curves: ";
-    if (!plot.color_by.empty()) md << "colour by `" << plot.color_by << "`";
-    else md << "one colour per " << (sweep ? "arm" : "run");
-    if (!plot.style_by.empty()) md << ", line style by `" << plot.style_by << "`";
-    std::vector<std::string> rest;
-    for (const std::string& a : axes) {
-      if (a != plot.color_by && a != plot.style_by) rest.push_back("`" + a + "`");
-    }
-    if (!rest.empty()) md << ", markers by " << join(rest);
-    md << "; training loss as lines";
-    if (smooth > 0) {
-      md << " smoothed by an exponential moving average of weight " << printf_text("%g", smooth) << " (the raw curve faint behind"
-         << (plot.smooth ? "" : "; `--smooth 0` draws them raw") << ")";
-    }
-    md << ", validation loss as hollow circles";
-    if (most_repeats > 1) md << "; an arm with repeats as the mean of its repeats with a band for the 95% interval of that mean";
-    md << (plot.log_y ? "; loss on a log scale" : "") << ".\n\n";
-    for (const auto& [file, caption] : plots) md << "## " << caption << "\n\n![" << caption << "](" << file << ")\n\n";
+    write_plot_sections(md, plot, axes, sweep, smooth, drawn.most_repeats);
   } else {
     md << "_Plots not drawn: " << err << "_\n";
   }
