@@ -343,6 +343,91 @@ static void write_gpt2_tokenizer(const fs::path& from, int64_t max_len, const fs
   spdlog::info("export: GPT-2 tokenizer from {} written beside the weights", from.string());
 }
 
+// GPT2LMHeadModel: the tensors (Conv1D matrices transposed, q/k/v joined as c_attn; zeros for the
+// biases of a model without them) and config.json.
+json export_gpt2(Exporter& ex, const ModelOptions& o) {
+  const int64_t V = o.vocab_size, L = o.n_layers;
+  json cfg;
+  ex.put("transformer.wte.weight", {"wte.weight"}, false, V);
+  ex.put("transformer.wpe.weight", {"wpe.weight"});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "blocks." + std::to_string(l), h = "transformer.h." + std::to_string(l);
+    const auto put_or_zero = [&](const std::string& hf, const std::vector<std::string>& ours, int64_t n) {
+      if (ex.has(ours[0])) ex.put(hf, ours);
+      else ex.zeros(hf, n);
+    };
+    ex.put(h + ".ln_1.weight", {p + ".ln1.weight"});
+    put_or_zero(h + ".ln_1.bias", {p + ".ln1.bias"}, o.d_model);
+    ex.put(h + ".attn.c_attn.weight", {p + ".attn.q.weight", p + ".attn.k.weight", p + ".attn.v.weight"}, true);
+    put_or_zero(h + ".attn.c_attn.bias", {p + ".attn.q.bias", p + ".attn.k.bias", p + ".attn.v.bias"}, 3 * o.d_model);
+    ex.put(h + ".attn.c_proj.weight", {p + ".attn.o.weight"}, true);
+    put_or_zero(h + ".attn.c_proj.bias", {p + ".attn.o.bias"}, o.d_model);
+    ex.put(h + ".ln_2.weight", {p + ".ln2.weight"});
+    put_or_zero(h + ".ln_2.bias", {p + ".ln2.bias"}, o.d_model);
+    ex.put(h + ".mlp.c_fc.weight", {p + ".mlp.fc.weight"}, true);
+    put_or_zero(h + ".mlp.c_fc.bias", {p + ".mlp.fc.bias"}, o.mlp_hidden);
+    ex.put(h + ".mlp.c_proj.weight", {p + ".mlp.proj.weight"}, true);
+    put_or_zero(h + ".mlp.c_proj.bias", {p + ".mlp.proj.bias"}, o.d_model);
+  }
+  ex.put("transformer.ln_f.weight", {"ln_f.weight"});
+  if (ex.has("ln_f.bias")) ex.put("transformer.ln_f.bias", {"ln_f.bias"});
+  else ex.zeros("transformer.ln_f.bias", o.d_model);
+  if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+  cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
+         {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
+         {"activation_function", "gelu_new"}, {"layer_norm_epsilon", o.norm_epsilon()}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
+         {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"torch_dtype", "float32"}};
+  return cfg;
+}
+
+// LlamaForCausalLM, or Qwen3ForCausalLM for a model with qk_norm: the tensors and config.json.
+json export_llama(Exporter& ex, const ModelOptions& o) {
+  const int64_t V = o.vocab_size, L = o.n_layers;
+  json cfg;
+  ex.put("model.embed_tokens.weight", {"wte.weight"}, false, V);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
+    ex.put(h + ".input_layernorm.weight", {p + ".ln1.weight"});
+    for (const char* n : {"q", "k", "v", "o"}) {
+      ex.put(h + ".self_attn." + n + "_proj.weight", {p + ".attn." + n + ".weight"});
+      if (o.bias) ex.put(h + ".self_attn." + n + "_proj.bias", {p + ".attn." + n + ".bias"});
+    }
+    if (o.qk_norm) {
+      ex.put(h + ".self_attn.q_norm.weight", {p + ".attn.q_norm.weight"});
+      ex.put(h + ".self_attn.k_norm.weight", {p + ".attn.k_norm.weight"});
+    }
+    ex.put(h + ".post_attention_layernorm.weight", {p + ".ln2.weight"});
+    for (const char* n : {"gate", "up", "down"}) {
+      ex.put(h + ".mlp." + n + "_proj.weight", {p + ".mlp." + n + ".weight"});
+      if (o.bias) ex.put(h + ".mlp." + n + "_proj.bias", {p + ".mlp." + n + ".bias"});
+    }
+  }
+  ex.put("model.norm.weight", {"ln_f.weight"});
+  if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+  cfg = {{"architectures", {o.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", o.qk_norm ? "qwen3" : "llama"},
+         {"vocab_size", V},
+         {"hidden_size", o.d_model},
+         {"intermediate_size", o.mlp_hidden},
+         {"num_hidden_layers", L},
+         {"num_attention_heads", o.n_heads},
+         {"num_key_value_heads", o.n_kv_heads},
+         {"head_dim", o.head_dim},
+         {"max_position_embeddings", o.max_seq_len},
+         {"rms_norm_eps", o.norm_epsilon()},
+         {"rope_theta", o.rope_theta},
+         {"hidden_act", "silu"},
+         {"attention_bias", o.bias},
+         {"mlp_bias", o.bias},
+         {"attention_dropout", 0.0},
+         {"tie_word_embeddings", o.tie_embeddings},
+         {"bos_token_id", nullptr},
+         {"eos_token_id", nullptr},
+         {"torch_dtype", "float32"}};
+  return cfg;
+}
+
 int cmd_export(const Args& args) {
   po::options_description desc("ablate export --checkpoint DIR --format hf --out DIR");
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
@@ -361,83 +446,14 @@ int cmd_export(const Args& args) {
   std::vector<float> values;
   lm.model->copy_params_to_host(values);
   Exporter ex{*lm.model, values, {}};
-  const int64_t V = o.vocab_size, L = o.n_layers;
   json cfg;
   const bool gpt2 = o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
                     o.n_kv_heads == o.n_heads;
   const bool llama = o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
   if (gpt2) {
-    ex.put("transformer.wte.weight", {"wte.weight"}, false, V);
-    ex.put("transformer.wpe.weight", {"wpe.weight"});
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "blocks." + std::to_string(l), h = "transformer.h." + std::to_string(l);
-      const auto put_or_zero = [&](const std::string& hf, const std::vector<std::string>& ours, int64_t n) {
-        if (ex.has(ours[0])) ex.put(hf, ours);
-        else ex.zeros(hf, n);
-      };
-      ex.put(h + ".ln_1.weight", {p + ".ln1.weight"});
-      put_or_zero(h + ".ln_1.bias", {p + ".ln1.bias"}, o.d_model);
-      ex.put(h + ".attn.c_attn.weight", {p + ".attn.q.weight", p + ".attn.k.weight", p + ".attn.v.weight"}, true);
-      put_or_zero(h + ".attn.c_attn.bias", {p + ".attn.q.bias", p + ".attn.k.bias", p + ".attn.v.bias"}, 3 * o.d_model);
-      ex.put(h + ".attn.c_proj.weight", {p + ".attn.o.weight"}, true);
-      put_or_zero(h + ".attn.c_proj.bias", {p + ".attn.o.bias"}, o.d_model);
-      ex.put(h + ".ln_2.weight", {p + ".ln2.weight"});
-      put_or_zero(h + ".ln_2.bias", {p + ".ln2.bias"}, o.d_model);
-      ex.put(h + ".mlp.c_fc.weight", {p + ".mlp.fc.weight"}, true);
-      put_or_zero(h + ".mlp.c_fc.bias", {p + ".mlp.fc.bias"}, o.mlp_hidden);
-      ex.put(h + ".mlp.c_proj.weight", {p + ".mlp.proj.weight"}, true);
-      put_or_zero(h + ".mlp.c_proj.bias", {p + ".mlp.proj.bias"}, o.d_model);
-    }
-    ex.put("transformer.ln_f.weight", {"ln_f.weight"});
-    if (ex.has("ln_f.bias")) ex.put("transformer.ln_f.bias", {"ln_f.bias"});
-    else ex.zeros("transformer.ln_f.bias", o.d_model);
-    if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
-    cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
-           {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
-           {"activation_function", "gelu_new"}, {"layer_norm_epsilon", o.norm_epsilon()}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
-           {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
-           {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"torch_dtype", "float32"}};
+    cfg = export_gpt2(ex, o);
   } else if (llama) {
-    ex.put("model.embed_tokens.weight", {"wte.weight"}, false, V);
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
-      ex.put(h + ".input_layernorm.weight", {p + ".ln1.weight"});
-      for (const char* n : {"q", "k", "v", "o"}) {
-        ex.put(h + ".self_attn." + n + "_proj.weight", {p + ".attn." + n + ".weight"});
-        if (o.bias) ex.put(h + ".self_attn." + n + "_proj.bias", {p + ".attn." + n + ".bias"});
-      }
-      if (o.qk_norm) {
-        ex.put(h + ".self_attn.q_norm.weight", {p + ".attn.q_norm.weight"});
-        ex.put(h + ".self_attn.k_norm.weight", {p + ".attn.k_norm.weight"});
-      }
-      ex.put(h + ".post_attention_layernorm.weight", {p + ".ln2.weight"});
-      for (const char* n : {"gate", "up", "down"}) {
-        ex.put(h + ".mlp." + n + "_proj.weight", {p + ".mlp." + n + ".weight"});
-        if (o.bias) ex.put(h + ".mlp." + n + "_proj.bias", {p + ".mlp." + n + ".bias"});
-      }
-    }
-    ex.put("model.norm.weight", {"ln_f.weight"});
-    if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
-    cfg = {{"architectures", {o.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-           {"model_type", o.qk_norm ? "qwen3" : "llama"},
-           {"vocab_size", V},
-           {"hidden_size", o.d_model},
-           {"intermediate_size", o.mlp_hidden},
-           {"num_hidden_layers", L},
-           {"num_attention_heads", o.n_heads},
-           {"num_key_value_heads", o.n_kv_heads},
-           {"head_dim", o.head_dim},
-           {"max_position_embeddings", o.max_seq_len},
-           {"rms_norm_eps", o.norm_epsilon()},
-           {"rope_theta", o.rope_theta},
-           {"hidden_act", "silu"},
-           {"attention_bias", o.bias},
-           {"mlp_bias", o.bias},
-           {"attention_dropout", 0.0},
-           {"tie_word_embeddings", o.tie_embeddings},
-           {"bos_token_id", nullptr},
-           {"eos_token_id", nullptr},
-           {"torch_dtype", "float32"}};
+    cfg = export_llama(ex, o);
   } else {
     throw_input_error(lm.dir.string(), "this model (" + o.describe() +
                                            ") is neither GPT-2-shaped (layernorm, gelu_mlp, learned positions, no GQA or "

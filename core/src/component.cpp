@@ -24,6 +24,7 @@ std::string_view to_string(Kind kind) noexcept {
     case Kind::layer: return "layer";
     case Kind::attention: return "attention";
     case Kind::optimizer: return "optimizer";
+    case Kind::schedule: return "schedule";
     case Kind::logger: return "logger";
     case Kind::communicator: return "communicator";
     case Kind::device: return "device";

@@ -105,11 +105,11 @@ const std::vector<SectionSpec>& section_specs() {
         boolean("shard_state", false, "ZeRO-1 in data parallel: each rank keeps and updates only its shard of the "
                 "optimizer state (gradients reduce-scattered, parameters all-gathered)"),
       }, Kind::optimizer, "name", false, "adamw"});
-    s.push_back({"schedule", "the learning-rate schedule", {
-        string("name", "cosine", "schedule shape after warmup").one_of({"constant", "cosine", "linear"}),
+    s.push_back({"schedule", "the learning-rate schedule (a schedule plugin: constant, cosine, linear, wsd)", {
+        string("name", "cosine", "the schedule after warmup (a schedule plugin)"),
         integer("warmup_steps", 0, "linear warmup from 0 to lr over this many steps").within(0, 1e12),
         floating("min_lr_ratio", 0.1, "floor of the decay as a fraction of lr").within(0.0, 1.0),
-      }, std::nullopt, "", false, ""});
+      }, Kind::schedule, "name", false, "cosine"});
     s.push_back({"logging", "where metrics go", {
         string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard, mlflow)"),
         integer("every", 1, "log every N steps").within(1, 1e12),

@@ -452,7 +452,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
   Engine engine(model, *optimizer, comm, eo);
   require_memory(config, model, *optimizer, s);
   Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed, s.steps}, config, comm);
-  const LrSchedule schedule = LrSchedule::from(config.section("schedule"), config.section("optimizer").get_float("lr"), s.steps);
+  const std::unique_ptr<Schedule> schedule = make_schedule(config, registry, run);
   int64_t start_step = 0;
   CheckpointState resumed;
   if (options.resume) {
@@ -524,7 +524,7 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
       b = pb.batch;
       wait_ms += pb.wait_ms;
     }
-    const double lr = schedule.at(step);
+    const double lr = schedule->at(step);
     const StepOutcome outcome = engine.step(micro, step, lr);
     model.device().synchronize();
     engine.set_op_times(nullptr);  // evaluation is not part of the step

@@ -36,6 +36,7 @@ struct Fixture {
     add(registry, Kind::communicator, "single");
     add(registry, Kind::optimizer, "adamw");
     add(registry, Kind::optimizer, "sgd");
+    for (const char* shape : {"constant", "cosine", "linear"}) add(registry, Kind::schedule, shape);
     add(registry, Kind::attention, "naive_cpu");
     add(registry, Kind::logger, "console");
     add(registry, Kind::logger, "jsonl", {string("file", "metrics.jsonl", "name")});
