@@ -49,6 +49,28 @@ name = "two-ranks"
 "slurm.tasks_per_node" = 2
 """
 
+# Early stopping under Slurm: one array task at a time (max_parallel = 1), so the hopeless arm
+# reaches its first rung after the best arm finished and is compared with it, as with the local
+# launcher.
+EARLY = """
+base = "base.toml"
+[sweep]
+name = "early"
+launcher = "slurm"
+[sweep.set]
+"run.steps" = 300
+[sweep.early_stop]
+rungs = [10, 20]
+[slurm]
+max_parallel = 1
+[[sweep.arms]]
+name = "best"
+"optimizer.lr" = 3e-3
+[[sweep.arms]]
+name = "hopeless"
+"optimizer.lr" = 1e-7
+"""
+
 failures = []
 passes = []
 
@@ -167,11 +189,29 @@ def run_sweep(ablate, work, cluster):
     third = ablate_run(ablate, cluster, work, "sweep", "cluster.toml", "--out", "out")
     check(third.returncode == 0 and "nothing to submit" in third.stdout, "a third run submits nothing", third.stdout)
 
+    early_stopping_under_slurm(ablate, work, cluster)
     print(f"{len(passes)} passed, {len(failures)} failed")
     if failures:
         print("failed: " + "; ".join(failures))
         return 1
     return 0
+
+
+def early_stopping_under_slurm(ablate, work, cluster):
+    (work / "early.toml").write_text(EARLY)
+    r = ablate_run(ablate, cluster, work, "sweep", "early.toml", "--out", "early")
+    check(r.returncode == 0, "the early-stopping sweep is submitted")
+    job = json.loads((work / "early" / "slurm" / "jobs.json").read_text())["submissions"][0]["job_id"]
+    cluster.wait_jobs(job, timeout=240)
+    arms = {n: json.loads((work / "early" / n / "arm.json").read_text()) for n in ("best", "hopeless")}
+    check(arms["best"]["status"] == "completed" and arms["hopeless"]["status"] == "stopped"
+          and "early stopping at rung 10" in arms["hopeless"].get("error", ""),
+          "inside an array task the hopeless arm is stopped at the first rung and the best completes",
+          json.dumps({n: (a["status"], a.get("error", "")) for n, a in arms.items()}))
+    states = {t: s for t, (s, _) in cluster.array_states(job).items()}
+    check(states == {0: "COMPLETED", 1: "COMPLETED"}, "a stopped arm's task ends as completed for Slurm", str(states))
+    status = ablate_run(ablate, cluster, work, "sweep", "--status", "early")
+    check("arms: 1 completed, 1 stopped" in status.stdout, "--status counts the stopped arm", status.stdout)
 
 
 if __name__ == "__main__":
