@@ -96,6 +96,121 @@ int64_t percentile(const std::vector<int64_t>& sorted, double q) {
   return sorted[std::min(i, sorted.size() - 1)];
 }
 
+// Histogram bins: eight of seq_len / 8, and one for documents longer than a row.
+constexpr int kHistogramBins = 9;
+
+// What `data analyze` found: the documents read, their lengths, and each batcher's simulation.
+struct DataAnalysis {
+  std::shared_ptr<DataSource> source;
+  uint64_t available = 0, wanted = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> lengths;  // sorted
+  int32_t seq_len = 0, batch_size = 0;
+  std::vector<BatchingResult> results;  // padded, bucketed, packed
+  double padded_real = 0;
+  std::vector<int64_t> histogram;
+  int64_t width = 1;
+  double mean = 0;
+};
+
+const std::vector<std::pair<std::string, double>> kQuantiles = {{"p10", 0.10}, {"p25", 0.25}, {"p50", 0.50},
+                                                                {"p75", 0.75}, {"p90", 0.90}, {"p99", 0.99}};
+
+// Reads up to `max_documents` train documents in the sampler's order and simulates each batcher on them.
+DataAnalysis analyze(const Config& cfg, Registry& registry, int64_t max_documents) {
+  DataAnalysis a;
+  require_batch_memory(cfg, 1, "the batcher being simulated");
+  RunContext run;
+  run.seed = uint64_t(cfg.section("run").get_int("seed"));
+  a.source = make_data_source(cfg, registry, run);
+  a.available = a.source->size(Split::train);
+  if (a.available == 0) throw_input_error(a.source->describe(), "the train split has no documents");
+  a.wanted = std::min<uint64_t>(a.available, uint64_t(max_documents));
+
+  auto sampler = make_sampler(cfg, registry, run);
+  sampler->reset(a.available, run.seed, 0, 1);
+  std::vector<Document> documents(a.wanted);
+  for (uint64_t k = 0; k < a.wanted; ++k) {
+    a.source->read(Split::train, sampler->document_at(k), documents[k]);
+    a.lengths.push_back(int64_t(documents[k].tokens.size()));
+    a.tokens += a.lengths.back();
+  }
+  std::sort(a.lengths.begin(), a.lengths.end());
+  const Params batching = cfg.section("batching");
+  a.seq_len = int32_t(batching.get_int("seq_len"));
+  a.batch_size = int32_t(batching.get_int("batch_size"));
+
+  for (const char* name : {"padded", "bucketed", "packed"}) {
+    const ComponentInfo* info = registry.find(Kind::batcher, name);
+    if (info == nullptr) throw_runtime_error("data analyze", std::string("the '") + name + "' batcher plugin is not loaded");
+    a.results.push_back(simulate(cfg, registry, *info, documents, a.source->eot_token()));
+  }
+  a.padded_real = a.results.front().real_fraction();
+
+  a.histogram.assign(kHistogramBins, 0);
+  a.width = std::max<int64_t>(1, a.seq_len / 8);
+  for (int64_t l : a.lengths) {
+    a.histogram[std::size_t(l > a.seq_len ? kHistogramBins - 1 : std::min<int64_t>(kHistogramBins - 2, (l - 1) / a.width))]++;
+  }
+  a.mean = double(a.tokens) / double(a.wanted);
+  return a;
+}
+
+// The analysis as one JSON object (--json).
+void print_analysis_json(const DataAnalysis& a) {
+  nlohmann::json out;
+  out["source"] = a.source->describe();
+  out["documents"] = a.wanted;
+  out["documents_in_split"] = a.available;
+  out["tokens"] = a.tokens;
+  out["seq_len"] = a.seq_len;
+  out["batch_size"] = a.batch_size;
+  nlohmann::json len;
+  len["min"] = a.lengths.front();
+  len["max"] = a.lengths.back();
+  len["mean"] = a.mean;
+  for (const auto& [name, q] : kQuantiles) len[name] = percentile(a.lengths, q);
+  len["longer_than_seq_len"] = a.histogram.back();
+  out["lengths"] = len;
+  for (const BatchingResult& r : a.results) {
+    out[r.name] = {{"real_fraction", r.real_fraction()},         {"padding_fraction", r.padding_fraction()},
+                   {"rows_per_batch", r.rows_per_batch()},       {"segments_per_row", r.segments_per_row()},
+                   {"batches", r.batches},                       {"real_tokens", r.real_tokens},
+                   {"positions", r.positions},                   {"speedup_over_padded", a.padded_real > 0 ? r.real_fraction() / a.padded_real : 0.0}};
+  }
+  std::cout << json_text(out, 2) << "\n";
+}
+
+// The analysis as tables: the documents and their lengths, the length histogram, each batcher's result.
+void print_analysis_tables(const DataAnalysis& a) {
+  const int bins = kHistogramBins;
+  const int32_t seq_len = a.seq_len;
+  std::printf("%s\n\n", a.source->describe().c_str());
+  std::printf("analyzed %llu of %llu train documents (sampler order), %lld tokens\n", static_cast<unsigned long long>(a.wanted),
+              static_cast<unsigned long long>(a.available), static_cast<long long>(a.tokens));
+  std::printf("length: min %lld, mean %.1f, max %lld;", static_cast<long long>(a.lengths.front()), a.mean,
+              static_cast<long long>(a.lengths.back()));
+  for (const auto& [name, q] : kQuantiles) std::printf(" %s %lld", name.c_str(), static_cast<long long>(percentile(a.lengths, q)));
+  std::printf("\n\nlength histogram (seq_len %d):\n", seq_len);
+  const int64_t most = *std::max_element(a.histogram.begin(), a.histogram.end());
+  for (int b = 0; b < bins; ++b) {
+    char label[64];
+    if (b < bins - 1) std::snprintf(label, sizeof label, "%5lld-%-5lld", static_cast<long long>(b * a.width + 1), static_cast<long long>(b == 7 ? seq_len : (b + 1) * a.width));
+    else std::snprintf(label, sizeof label, "  > %-7d", seq_len);
+    const int bar = most ? int(std::lround(50.0 * double(a.histogram[std::size_t(b)]) / double(most))) : 0;
+    std::printf("  %s %8lld %5.1f%% %s\n", label, static_cast<long long>(a.histogram[std::size_t(b)]),
+                100.0 * double(a.histogram[std::size_t(b)]) / double(a.wanted), std::string(std::size_t(bar), '#').c_str());
+  }
+  std::printf("\nbatching at seq_len %d, batch_size %d:\n", seq_len, a.batch_size);
+  std::printf("  %-9s %8s %8s %10s %10s %10s\n", "batcher", "real", "padding", "rows/batch", "segs/row", "speed-up");
+  for (const BatchingResult& r : a.results) {
+    std::printf("  %-9s %7.1f%% %7.1f%% %10.1f %10.2f %9.2fx\n", r.name.c_str(), 100.0 * r.real_fraction(),
+                100.0 * r.padding_fraction(), r.rows_per_batch(), r.segments_per_row(),
+                a.padded_real > 0 ? r.real_fraction() / a.padded_real : 0.0);
+  }
+  std::printf("\nspeed-up: real tokens per position over padded's (attention cost per position taken as equal)\n");
+}
+
 int data_analyze(const Args& args) {
   po::options_description desc("data analyze");
   po::positional_options_description pos;
@@ -109,95 +224,12 @@ int data_analyze(const Args& args) {
   }
   Registry registry;
   const Config cfg = load_experiment(vm, registry);
-  require_batch_memory(cfg, 1, "the batcher being simulated");
-  RunContext run;
-  run.seed = uint64_t(cfg.section("run").get_int("seed"));
-  const auto source = make_data_source(cfg, registry, run);
-  const uint64_t available = source->size(Split::train);
-  if (available == 0) throw_input_error(source->describe(), "the train split has no documents");
-  const uint64_t wanted = std::min<uint64_t>(available, uint64_t(vm["documents"].as<int64_t>()));
-
-  auto sampler = make_sampler(cfg, registry, run);
-  sampler->reset(available, run.seed, 0, 1);
-  std::vector<Document> documents(wanted);
-  std::vector<int64_t> lengths;
-  int64_t tokens = 0;
-  for (uint64_t k = 0; k < wanted; ++k) {
-    source->read(Split::train, sampler->document_at(k), documents[k]);
-    lengths.push_back(int64_t(documents[k].tokens.size()));
-    tokens += lengths.back();
-  }
-  std::sort(lengths.begin(), lengths.end());
-  const Params batching = cfg.section("batching");
-  const auto seq_len = int32_t(batching.get_int("seq_len"));
-  const auto batch_size = int32_t(batching.get_int("batch_size"));
-
-  std::vector<BatchingResult> results;
-  for (const char* name : {"padded", "bucketed", "packed"}) {
-    const ComponentInfo* info = registry.find(Kind::batcher, name);
-    if (info == nullptr) throw_runtime_error("data analyze", std::string("the '") + name + "' batcher plugin is not loaded");
-    results.push_back(simulate(cfg, registry, *info, documents, source->eot_token()));
-  }
-  const double padded_real = results.front().real_fraction();
-
-  // Histogram: eight bins of seq_len / 8, and one for documents longer than a row.
-  const int bins = 9;
-  std::vector<int64_t> histogram(bins, 0);
-  const int64_t width = std::max<int64_t>(1, seq_len / 8);
-  for (int64_t l : lengths) histogram[std::size_t(l > seq_len ? bins - 1 : std::min<int64_t>(bins - 2, (l - 1) / width))]++;
-
-  const double mean = double(tokens) / double(wanted);
-  const std::vector<std::pair<std::string, double>> quantiles = {{"p10", 0.10}, {"p25", 0.25}, {"p50", 0.50},
-                                                                 {"p75", 0.75}, {"p90", 0.90}, {"p99", 0.99}};
+  const DataAnalysis analysis = analyze(cfg, registry, vm["documents"].as<int64_t>());
   if (vm["json"].as<bool>()) {
-    nlohmann::json out;
-    out["source"] = source->describe();
-    out["documents"] = wanted;
-    out["documents_in_split"] = available;
-    out["tokens"] = tokens;
-    out["seq_len"] = seq_len;
-    out["batch_size"] = batch_size;
-    nlohmann::json len;
-    len["min"] = lengths.front();
-    len["max"] = lengths.back();
-    len["mean"] = mean;
-    for (const auto& [name, q] : quantiles) len[name] = percentile(lengths, q);
-    len["longer_than_seq_len"] = histogram.back();
-    out["lengths"] = len;
-    for (const BatchingResult& r : results) {
-      out[r.name] = {{"real_fraction", r.real_fraction()},         {"padding_fraction", r.padding_fraction()},
-                     {"rows_per_batch", r.rows_per_batch()},       {"segments_per_row", r.segments_per_row()},
-                     {"batches", r.batches},                       {"real_tokens", r.real_tokens},
-                     {"positions", r.positions},                   {"speedup_over_padded", padded_real > 0 ? r.real_fraction() / padded_real : 0.0}};
-    }
-    std::cout << json_text(out, 2) << "\n";
+    print_analysis_json(analysis);
     return 0;
   }
-
-  std::printf("%s\n\n", source->describe().c_str());
-  std::printf("analyzed %llu of %llu train documents (sampler order), %lld tokens\n", static_cast<unsigned long long>(wanted),
-              static_cast<unsigned long long>(available), static_cast<long long>(tokens));
-  std::printf("length: min %lld, mean %.1f, max %lld;", static_cast<long long>(lengths.front()), mean,
-              static_cast<long long>(lengths.back()));
-  for (const auto& [name, q] : quantiles) std::printf(" %s %lld", name.c_str(), static_cast<long long>(percentile(lengths, q)));
-  std::printf("\n\nlength histogram (seq_len %d):\n", seq_len);
-  const int64_t most = *std::max_element(histogram.begin(), histogram.end());
-  for (int b = 0; b < bins; ++b) {
-    char label[64];
-    if (b < bins - 1) std::snprintf(label, sizeof label, "%5lld-%-5lld", static_cast<long long>(b * width + 1), static_cast<long long>(b == 7 ? seq_len : (b + 1) * width));
-    else std::snprintf(label, sizeof label, "  > %-7d", seq_len);
-    const int bar = most ? int(std::lround(50.0 * double(histogram[std::size_t(b)]) / double(most))) : 0;
-    std::printf("  %s %8lld %5.1f%% %s\n", label, static_cast<long long>(histogram[std::size_t(b)]),
-                100.0 * double(histogram[std::size_t(b)]) / double(wanted), std::string(std::size_t(bar), '#').c_str());
-  }
-  std::printf("\nbatching at seq_len %d, batch_size %d:\n", seq_len, batch_size);
-  std::printf("  %-9s %8s %8s %10s %10s %10s\n", "batcher", "real", "padding", "rows/batch", "segs/row", "speed-up");
-  for (const BatchingResult& r : results) {
-    std::printf("  %-9s %7.1f%% %7.1f%% %10.1f %10.2f %9.2fx\n", r.name.c_str(), 100.0 * r.real_fraction(),
-                100.0 * r.padding_fraction(), r.rows_per_batch(), r.segments_per_row(),
-                padded_real > 0 ? r.real_fraction() / padded_real : 0.0);
-  }
-  std::printf("\nspeed-up: real tokens per position over padded's (attention cost per position taken as equal)\n");
+  print_analysis_tables(analysis);
   return 0;
 }
 

@@ -82,108 +82,147 @@ void Engine::set_op_times(OpTimes* sink) noexcept {
   model_.set_op_times(sink);
 }
 
-StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
-  Device& device = model_.device();
+namespace {
+
+// What the phases of one engine step share: the engine's parts, the profile sink and the outcome
+// being filled (its seconds in collectives among them).
+struct StepContext {
+  Model& model;
+  Communicator& comm;
+  const EngineOptions& o;
+  Shard shard;
+  OpTimes* op_times;
+  Device& device;
   StepOutcome out;
-  auto timed = [&](auto&& collective) {
-    if (op_times_ != nullptr) device.synchronize();
+
+  // A collective, its seconds added to the step's communication time (and the profile's "collectives").
+  template <class F>
+  void timed(F&& collective) {
+    if (op_times != nullptr) device.synchronize();
     const auto c0 = Clock::now();
     collective();
     const double s = std::chrono::duration<double>(Clock::now() - c0).count();
     out.comm_s += s;
-    if (op_times_ != nullptr) op_times_->add("collectives", s);
-  };
+    if (op_times != nullptr) op_times->add("collectives", s);
+  }
   // An engine op timed when profiling (the device synchronised on both sides).
-  auto profiled = [&](const char* op, auto&& f) {
-    if (op_times_ == nullptr) return f();
+  template <class F>
+  void profiled(const char* op, F&& f) {
+    if (op_times == nullptr) return f();
     device.synchronize();
     const auto c0 = Clock::now();
     f();
     device.synchronize();
-    op_times_->add(op, std::chrono::duration<double>(Clock::now() - c0).count());
-  };
+    op_times->add(op, std::chrono::duration<double>(Clock::now() - c0).count());
+  }
+};
 
-  // 1. The loss is the mean over every real target of the global batch: the count comes first.
+// 1. The loss is the mean over every real target of the global batch: the count comes first.
+void count_targets(StepContext& c, std::span<const Batch> micro) {
   double counts[2] = {0, 0};  // real targets, positions: this rank's, then the job's
   for (const Batch& b : micro) {
     counts[0] += double(b.real_targets());
     counts[1] += double(b.positions_total());
   }
-  timed([&] { comm_.all_reduce_host(host_f64(counts, 2), ReduceOp::sum); });
-  out.real_targets = int64_t(counts[0]);
-  out.positions = int64_t(counts[1]);
+  c.timed([&] { c.comm.all_reduce_host(host_f64(counts, 2), ReduceOp::sum); });
+  c.out.real_targets = int64_t(counts[0]);
+  c.out.positions = int64_t(counts[1]);
+}
 
-  // 2. Forward and backward of each micro-batch.
-  profiled("zero gradients", [&] { model_.zero_grads(); });
-  double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
-  const double scale = out.real_targets > 0 ? 1.0 / double(out.real_targets) : 0.0;
-  const uint64_t first_key = uint64_t(comm_.rank()) * uint64_t(micro.size());
+// 2. Forward and backward of each micro-batch, each of `buckets` reduced by `reduce_bucket` as the
+// last one's backward pass finishes it; returns this rank's loss sum.
+template <class ReduceBucket>
+double forward_backward(StepContext& c, std::span<const Batch> micro, int64_t step, const std::vector<GradBucket>& buckets,
+                        ReduceBucket&& reduce_bucket) {
+  c.profiled("zero gradients", [&] { c.model.zero_grads(); });
+  double loss_sum = 0;
+  const double scale = c.out.real_targets > 0 ? 1.0 / double(c.out.real_targets) : 0.0;
+  const uint64_t first_key = uint64_t(c.comm.rank()) * uint64_t(micro.size());
   // With buckets, the last micro-batch's backward pass reduces each bucket once it is ready.
   std::size_t next_bucket = 0;
   auto reduce_ready = [&](std::size_t write) {
-    while (next_bucket < buckets_.size() && buckets_[next_bucket].ready_after <= write) {
-      timed([&] { reduce_bucket(buckets_[next_bucket]); });
+    while (next_bucket < buckets.size() && buckets[next_bucket].ready_after <= write) {
+      c.timed([&] { reduce_bucket(buckets[next_bucket]); });
       ++next_bucket;
     }
   };
   struct HookGuard {  // the hook never outlives this step, whatever throws
     Model& m;
     ~HookGuard() { m.set_gradient_hook({}); }
-  } guard{model_};
+  } guard{c.model};
   for (std::size_t m = 0; m < micro.size(); ++m) {
-    const uint64_t key = mix64(o_.seed, uint64_t(step) * 4096 + first_key + m);
-    if (!buckets_.empty() && m + 1 == micro.size()) model_.set_gradient_hook(reduce_ready);
-    sums[0] += model_.forward_backward(micro[m], scale, key);
+    const uint64_t key = mix64(c.o.seed, uint64_t(step) * 4096 + first_key + m);
+    if (!buckets.empty() && m + 1 == micro.size()) c.model.set_gradient_hook(reduce_ready);
+    loss_sum += c.model.forward_backward(micro[m], scale, key);
   }
-  model_.set_gradient_hook({});
+  c.model.set_gradient_hook({});
   reduce_ready(std::numeric_limits<std::size_t>::max());  // any bucket no write reached (none, by the plan)
-  const bool reduced = !buckets_.empty();
+  return loss_sum;
+}
 
-  // 3-4. Gradient reduction and the global norm. join() is where a device communicator's
-  // collectives, issued without waiting, are waited for: the time there is what was not hidden.
-  // The device finishes the backward pass first, outside the timing (the norm below waits for it
-  // anyway), so the collectives' time is communication alone, not the compute queued before it.
-  if (comm_.moves_data()) device.synchronize();
-  if (o_.shard_state) {
-    if (!reduced) timed([&] { comm_.reduce_scatter(model_.grads(), ReduceOp::sum); });
-    timed([&] { comm_.join(); });
-    profiled("gradient norm", [&] { sums[1] = device.squared_norm(slice(model_.grads(), shard_)); });
-    timed([&] { comm_.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
-    out.grad_norm = std::sqrt(sums[1]);
+// 3-4. Gradient reduction (what the buckets have not `reduced`) and the global norm; `sums` holds
+// this rank's loss sum and, under ZeRO-1, becomes the job's (with the squared norm).
+void reduce_gradients(StepContext& c, bool reduced, double (&sums)[2]) {
+  // join() is where a device communicator's collectives, issued without waiting, are waited for:
+  // the time there is what was not hidden. The device finishes the backward pass first, outside
+  // the timing (the norm below waits for it anyway), so the collectives' time is communication
+  // alone, not the compute queued before it.
+  if (c.comm.moves_data()) c.device.synchronize();
+  if (c.o.shard_state) {
+    if (!reduced) c.timed([&] { c.comm.reduce_scatter(c.model.grads(), ReduceOp::sum); });
+    c.timed([&] { c.comm.join(); });
+    c.profiled("gradient norm", [&] { sums[1] = c.device.squared_norm(slice(c.model.grads(), c.shard)); });
+    c.timed([&] { c.comm.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
+    c.out.grad_norm = std::sqrt(sums[1]);
   } else {
-    if (comm_.world() > 1 || reduced) {
-      timed([&] {
-        if (comm_.world() > 1) comm_.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
-        if (!reduced) comm_.all_reduce(model_.grads(), ReduceOp::sum);
-        comm_.join();
+    if (c.comm.world() > 1 || reduced) {
+      c.timed([&] {
+        if (c.comm.world() > 1) c.comm.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
+        if (!reduced) c.comm.all_reduce(c.model.grads(), ReduceOp::sum);
+        c.comm.join();
       });
     }
-    profiled("gradient norm", [&] { out.grad_norm = std::sqrt(device.squared_norm(model_.grads())); });
+    c.profiled("gradient norm", [&] { c.out.grad_norm = std::sqrt(c.device.squared_norm(c.model.grads())); });
   }
-  out.loss = out.real_targets > 0 ? sums[0] / double(out.real_targets) : 0.0;
-  if (!std::isfinite(out.loss)) {
-    throw_runtime_error("train", "loss is " + std::to_string(out.loss) + " at step " + std::to_string(step) +
+}
+
+// 5. The loss checked, the clipping factor, then the optimizer on this rank's part of `table` and
+// everyone's parts to everyone.
+void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table, int64_t step, double lr, double loss_sum) {
+  c.out.loss = c.out.real_targets > 0 ? loss_sum / double(c.out.real_targets) : 0.0;
+  if (!std::isfinite(c.out.loss)) {
+    throw_runtime_error("train", "loss is " + std::to_string(c.out.loss) + " at step " + std::to_string(step) +
                                      "; lower optimizer.lr or enable optimizer.grad_clip");
   }
   // Norm clipping is a factor the optimizer applies as it reads each gradient (no pass of its own).
-  StepArgs args{lr, step, 1.0f, device.stream()};
-  if (o_.grad_clip > 0 && out.grad_norm > o_.grad_clip) args.grad_scale = float(o_.grad_clip / (out.grad_norm + 1e-6));
+  StepArgs args{lr, step, 1.0f, c.device.stream()};
+  if (c.o.grad_clip > 0 && c.out.grad_norm > c.o.grad_clip) args.grad_scale = float(c.o.grad_clip / (c.out.grad_norm + 1e-6));
 
   // Where the products read a bf16 copy of the weights, an optimizer that can writes it in its own
   // pass; under ZeRO-1 the copy is made after the all-gather (the step sees only this rank's shard).
-  const TensorView copy = model_.params_bf16();
-  if (copy.data != nullptr && !o_.shard_state && optimizer_.writes_bf16()) args.params_bf16 = copy.data;
+  const TensorView copy = c.model.params_bf16();
+  if (copy.data != nullptr && !c.o.shard_state && optimizer.writes_bf16()) args.params_bf16 = copy.data;
 
-  // 5. The optimizer on this rank's part, then everyone's parts to everyone.
-  profiled("optimizer", [&] { optimizer_.step(opt_table_, slice(model_.params(), shard_), slice(model_.grads(), shard_), args); });
-  if (o_.shard_state) {
-    timed([&] {
-      comm_.all_gather(model_.params());
-      comm_.join();
+  c.profiled("optimizer", [&] { optimizer.step(table, slice(c.model.params(), c.shard), slice(c.model.grads(), c.shard), args); });
+  if (c.o.shard_state) {
+    c.timed([&] {
+      c.comm.all_gather(c.model.params());
+      c.comm.join();
     });
   }
-  if (args.params_bf16 == nullptr) model_.params_changed();  // the bf16 weight copy, where the run has one
-  return out;
+  if (args.params_bf16 == nullptr) c.model.params_changed();  // the bf16 weight copy, where the run has one
+}
+
+}  // namespace
+
+StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
+  StepContext c{model_, comm_, o_, shard_, op_times_, model_.device(), {}};
+  count_targets(c, micro);
+  double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
+  sums[0] = forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
+  reduce_gradients(c, !buckets_.empty(), sums);
+  update_params(c, optimizer_, opt_table_, step, lr, sums[0]);
+  return c.out;
 }
 
 }  // namespace ablate

@@ -133,32 +133,27 @@ void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
   write_file_atomic(path, bytes);
 }
 
-SafetensorsFile read_safetensors(const fs::path& path) {
-  const std::string where = path.string();
-  // A regular file of any size (the header is checked against it); the descriptor is checked
-  // again once open, and a FIFO swapped in between does not block the open.
-  const int fd = open_regular_file(path, "safetensors file");
-  const uint64_t file_size = check_regular_fd(fd, path, "safetensors file");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  // n bytes at `offset`: false when the file ends (or fails) first.
-  const auto read_at = [fd](uint64_t offset, void* into, uint64_t n) {
-    auto* p = static_cast<char*>(into);
-    while (n > 0) {
-      const ssize_t got = ::pread(fd, p, std::size_t(n), off_t(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      p += got;
-      offset += uint64_t(got);
-      n -= uint64_t(got);
-    }
-    return true;
-  };
+namespace {
+
+// n bytes of `fd` at `offset`: false when the file ends (or fails) first.
+bool read_at(int fd, uint64_t offset, void* into, uint64_t n) {
+  auto* p = static_cast<char*>(into);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, std::size_t(n), off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    offset += uint64_t(got);
+    n -= uint64_t(got);
+  }
+  return true;
+}
+
+// The JSON header's text of a safetensors file of `file_size` bytes, after its 8-byte length.
+std::string read_header_text(int fd, uint64_t file_size, const std::string& where) {
   if (file_size < 8) throw_input_error(where, "truncated: " + std::to_string(file_size) + " bytes, no header length");
   unsigned char len_bytes[8];
-  if (!read_at(0, len_bytes, 8)) throw_input_error(where, "could not read the header length");
+  if (!read_at(fd, 0, len_bytes, 8)) throw_input_error(where, "could not read the header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
   if (header_len > file_size - 8) {
@@ -166,7 +161,12 @@ SafetensorsFile read_safetensors(const fs::path& path) {
                                  std::to_string(file_size) + " bytes");
   }
   std::string json(header_len, '\0');
-  if (!read_at(8, json.data(), header_len)) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
+  if (!read_at(fd, 8, json.data(), header_len)) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
+  return json;
+}
+
+// The header parsed, refused unless it is a JSON object with no key twice.
+nlohmann::json parse_header(const std::string& json, const std::string& where) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json);
@@ -180,13 +180,67 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   // quadratic in the number of tensors).
   const std::string duplicate = first_duplicate_key(json);
   if (!duplicate.empty()) throw_input_error(where, "the header names tensor '" + duplicate + "' twice");
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = file_size - data_start;
+  return header;
+}
+
+// A tensor of the header and where its bytes lie in the data section.
+struct Entry {
+  uint64_t begin, end;
+  NamedTensor tensor;
+};
+
+// Where the data section lies in the file, for checking each tensor's entry against it.
+struct DataSection {
+  uint64_t start, size, file_size;
+};
+
+// The header's entry for tensor `name`, checked: a known dtype, a shape of no negative dimension,
+// data_offsets that span exactly its bytes and lie inside the file.
+Entry tensor_entry(const std::string& name, const nlohmann::json& v, const std::string& where, const DataSection& data) {
+  NamedTensor t;
+  t.name = name;
+  try {
+    if (!parse_dtype(v.at("dtype").get<std::string>(), t.dtype)) {
+      throw_input_error(where, "tensor '" + t.name + "' has unsupported dtype " + v.at("dtype").dump());
+    }
+    t.shape = v.at("shape").get<std::vector<int64_t>>();
+    const auto offsets = v.at("data_offsets").get<std::vector<uint64_t>>();
+    if (offsets.size() != 2 || offsets[0] > offsets[1]) throw_input_error(where, "tensor '" + t.name + "' has bad data_offsets");
+    for (int64_t d : t.shape) {
+      if (d < 0) throw_input_error(where, "tensor '" + t.name + "' has a negative dimension");
+    }
+    if (offsets[1] - offsets[0] != uint64_t(numel(t.shape)) * dtype_size(t.dtype)) {
+      throw_input_error(where, "tensor '" + t.name + "': data_offsets span " + std::to_string(offsets[1] - offsets[0]) +
+                                   " bytes, its shape and dtype need " +
+                                   std::to_string(uint64_t(numel(t.shape)) * dtype_size(t.dtype)));
+    }
+    if (offsets[1] > data.size) {
+      throw_input_error(where, "truncated: tensor '" + t.name + "' ends at byte " + std::to_string(data.start + offsets[1]) +
+                                   " of a " + std::to_string(data.file_size) + "-byte file");
+    }
+    return {offsets[0], offsets[1], std::move(t)};
+  } catch (const nlohmann::json::exception& e) {
+    throw_input_error(where, "tensor '" + name + "' entry is malformed: " + e.what());
+  }
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const fs::path& path) {
+  const std::string where = path.string();
+  // A regular file of any size (the header is checked against it); the descriptor is checked
+  // again once open, and a FIFO swapped in between does not block the open.
+  const int fd = open_regular_file(path, "safetensors file");
+  const uint64_t file_size = check_regular_fd(fd, path, "safetensors file");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const std::string json = read_header_text(fd, file_size, where);
+  const nlohmann::json header = parse_header(json, where);
+  const uint64_t data_start = 8 + json.size();
+  const DataSection data{data_start, file_size - data_start, file_size};
   SafetensorsFile out;
-  struct Entry {
-    uint64_t begin, end;
-    NamedTensor tensor;
-  };
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
@@ -197,32 +251,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
       }
       continue;
     }
-    const auto& v = it.value();
-    NamedTensor t;
-    t.name = it.key();
-    try {
-      if (!parse_dtype(v.at("dtype").get<std::string>(), t.dtype)) {
-        throw_input_error(where, "tensor '" + t.name + "' has unsupported dtype " + v.at("dtype").dump());
-      }
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1]) throw_input_error(where, "tensor '" + t.name + "' has bad data_offsets");
-      for (int64_t d : t.shape) {
-        if (d < 0) throw_input_error(where, "tensor '" + t.name + "' has a negative dimension");
-      }
-      if (offsets[1] - offsets[0] != uint64_t(numel(t.shape)) * dtype_size(t.dtype)) {
-        throw_input_error(where, "tensor '" + t.name + "': data_offsets span " + std::to_string(offsets[1] - offsets[0]) +
-                                     " bytes, its shape and dtype need " +
-                                     std::to_string(uint64_t(numel(t.shape)) * dtype_size(t.dtype)));
-      }
-      if (offsets[1] > data_size) {
-        throw_input_error(where, "truncated: tensor '" + t.name + "' ends at byte " + std::to_string(data_start + offsets[1]) +
-                                     " of a " + std::to_string(file_size) + "-byte file");
-      }
-      entries.push_back({offsets[0], offsets[1], std::move(t)});
-    } catch (const nlohmann::json::exception& e) {
-      throw_input_error(where, "tensor '" + it.key() + "' entry is malformed: " + e.what());
-    }
+    entries.push_back(tensor_entry(it.key(), it.value(), where, data));
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (std::size_t i = 1; i < entries.size(); ++i) {
@@ -232,7 +261,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   for (Entry& e : entries) {
     e.tensor.bytes.resize(e.end - e.begin);
-    if (!read_at(data_start + e.begin, e.tensor.bytes.data(), e.tensor.bytes.size())) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
+    if (!read_at(fd, data_start + e.begin, e.tensor.bytes.data(), e.tensor.bytes.size())) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
     out.tensors.push_back(std::move(e.tensor));
   }
   return out;

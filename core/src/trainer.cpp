@@ -413,185 +413,266 @@ std::string resolve_communicator(const Config& config) {
 
 namespace {
 
-TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
-                        const RunContext& run, const std::string& comm_name) {
-  const TrainerSettings s = TrainerSettings::from(config);
-  const bool lead = run.rank == 0;
-  const fs::path dir = options.run_dir;
-  // One run per directory, held until this function returns (rank 0 writes there; the others wait
-  // for its verdict in prepare_run_dir's barrier).
+// What a run is built from, in the order it is built and so destroyed in the reverse order (the
+// run directory's lock last): its settings, data, model, optimizer, engine and checkpoints.
+struct TrainingSetup {
+  const Config& config;
+  Registry& registry;
+  const TrainOptions& options;
+  Communicator& comm;
+  const RunContext& run;
+  const std::string& comm_name;
+  const TrainerSettings s;
+  const bool lead;
+  const fs::path dir;
   std::optional<DirectoryLock> lock;
-  if (lead) lock.emplace(dir, "the run directory");
-  prepare_run_dir(options, comm, s.steps);
-
-  require_host_memory(config, s, run);
-  // Data: each rank draws its own share of the training documents (the sampler deals them out).
-  auto source = make_data_source(config, registry, run);
-  auto train_data = DataPipeline::from_config(config, registry, run, Split::train, source);
+  std::shared_ptr<DataSource> source;
+  std::unique_ptr<DataPipeline> train_data;
   Evaluator eval;
-  eval.batches = s.eval_batches;
-  eval.available = source->size(Split::validation) > 0 && eval.batches > 0;
-  if (eval.available) {
-    RunContext one = run;  // the validation batches of a world of one, split among the ranks
-    one.rank = 0;
-    one.world = 1;
-    eval.pipeline = DataPipeline::from_config(config, registry, one, Split::validation, source);
-  }
+  std::unique_ptr<Model> model;
+  std::string opt_name;
+  std::unique_ptr<Optimizer> optimizer;
+  EngineOptions eo;
+  std::optional<Engine> engine;
+  std::optional<Checkpointer> checkpoints;
 
-  // Model, optimizer, engine, checkpoints.
-  std::unique_ptr<Model> model_ptr = make_model(config, registry, run, source->vocab_size(), s);
-  Model& model = *model_ptr;
-  if (run.world > 1) {
-    require_same_experiment(comm, config.hash(), source->describe() + "; " + model.options().describe(), config.source());
-  }
-  const std::string opt_name = config.selected("optimizer");
-  auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
-                                              {config.section("optimizer"), config.implementation("optimizer", opt_name), run},
-                                              "optimizer.name");
-  const EngineOptions eo = EngineOptions::from(config);
-  Engine engine(model, *optimizer, comm, eo);
-  require_memory(config, model, *optimizer, s);
-  Checkpointer checkpoints({dir, s.keep, eo.shard_state, opt_name, run.seed, s.steps}, config, comm);
-  const std::unique_ptr<Schedule> schedule = make_schedule(config, registry, run);
+  // The run's arguments and the settings read from its config; set_up builds the rest.
+  TrainingSetup(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
+                const RunContext& run, const std::string& comm_name)
+      : config(config), registry(registry), options(options), comm(comm), run(run), comm_name(comm_name),
+        s(TrainerSettings::from(config)), lead(run.rank == 0), dir(options.run_dir) {}
+};
+
+// Where a run stands, shared by the phases after set-up: the step it starts from, its loggers, the
+// result and metrics of its steps, the op profile.
+struct TrainingProgress {
   int64_t start_step = 0;
   CheckpointState resumed;
-  if (options.resume) {
-    resumed = checkpoints.resume(model, *optimizer, *train_data);
-    start_step = resumed.step;
-  } else if (const std::string from = config.section("model").get_string("init_from"); !from.empty()) {
-    model.init_params(run.seed);  // then overwritten: the random draws stay those of a fresh run
-    init_from_weights(model, from);
-  } else {
-    model.init_params(run.seed);
-  }
-  if (run.world > 1) {  // one model for every rank: rank 0's
-    comm.broadcast(model.params(), 0);
-    comm.join();
-  }
-
-  // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
-  // the run before config.toml and run.json are rewritten.
   LoggerSet loggers;
-  open_loggers(loggers, config, registry, run, dir, start_step, s);
-  if (lead) {
-    write_file_atomic(dir / "config.toml", config.to_toml());
-    write_run_json(dir, config, registry, run, comm_name, model, s);
-  }
-  const PeakFlops peak = resolve_peak(config, model, comm);
-  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
-               "device {}",
-               model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
-               opt_name, double(optimizer->state_bytes()) / (1 << 20), eo.shard_state ? " per rank: ZeRO-1" : "",
-               model.device().describe());
-  if (run.world > 1) {
-    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
-                 comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
-  }
-  if (!engine.buckets().empty()) {
-    spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
-                 engine.buckets().size(), eo.bucket_mb, eo.shard_state ? " (each shard's part to its owner)" : "");
-  }
-  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", s.steps,
-               s.accum, s.batch_size, s.seq_len, run.world > 1 ? " per rank" : "", run.threads, peak.rank_tflops, peak.source,
-               dir.string());
-
+  PeakFlops peak;
   TrainResult result;
-  result.run_dir = dir;
-  result.steps = start_step;
-  RunMetrics metrics(start_step, s.steps, peak, run.world > 1 || comm.moves_data());
-  std::vector<Batch> micro(static_cast<std::size_t>(s.accum));
-  const auto t_run = Clock::now();
-  const std::optional<CpuTimes> cpu_at_start = read_cpu_times();  // for summary.json's machine_load
+  std::optional<RunMetrics> metrics;
+  std::vector<Batch> micro;
+  Clock::time_point t_run;
+  std::optional<CpuTimes> cpu_at_start;  // for summary.json's machine_load
   double last_val = -1;
-  if (start_step == s.steps && options.resume) {
-    // Stopped after its last checkpoint but before summary.json: the summary is completed from
-    // that checkpoint (its losses; the validation loss evaluated again where it does not hold one).
-    result.final_loss = std::isfinite(resumed.loss) ? resumed.loss : std::numeric_limits<double>::quiet_NaN();
-    last_val = std::isfinite(resumed.val_loss) ? resumed.val_loss : eval.available ? eval.run(model, comm) : -1;
-    spdlog::info("step {} of {} is already trained: completing the run's summary", start_step, s.steps);
-  }
   bool stopped = false;
   OpTimes op_times;
   int64_t profiled_steps = 0;
   double profiled_s = 0;
-  for (int64_t step = start_step + 1; step <= s.steps; ++step) {
+};
+
+// Set-up: the run directory locked and checked, the data, the model, its optimizer, engine and checkpoints.
+void set_up(TrainingSetup& t) {
+  const Config& config = t.config;
+  const RunContext& run = t.run;
+  // One run per directory, held until train_ranks returns (rank 0 writes there; the others wait
+  // for its verdict in prepare_run_dir's barrier).
+  if (t.lead) t.lock.emplace(t.dir, "the run directory");
+  prepare_run_dir(t.options, t.comm, t.s.steps);
+
+  require_host_memory(config, t.s, run);
+  // Data: each rank draws its own share of the training documents (the sampler deals them out).
+  t.source = make_data_source(config, t.registry, run);
+  t.train_data = DataPipeline::from_config(config, t.registry, run, Split::train, t.source);
+  t.eval.batches = t.s.eval_batches;
+  t.eval.available = t.source->size(Split::validation) > 0 && t.eval.batches > 0;
+  if (t.eval.available) {
+    RunContext one = run;  // the validation batches of a world of one, split among the ranks
+    one.rank = 0;
+    one.world = 1;
+    t.eval.pipeline = DataPipeline::from_config(config, t.registry, one, Split::validation, t.source);
+  }
+
+  // Model, optimizer, engine, checkpoints.
+  t.model = make_model(config, t.registry, run, t.source->vocab_size(), t.s);
+  Model& model = *t.model;
+  if (run.world > 1) {
+    require_same_experiment(t.comm, config.hash(), t.source->describe() + "; " + model.options().describe(), config.source());
+  }
+  t.opt_name = config.selected("optimizer");
+  t.optimizer = t.registry.create<Optimizer>(Kind::optimizer, t.opt_name,
+                                             {config.section("optimizer"), config.implementation("optimizer", t.opt_name), run},
+                                             "optimizer.name");
+  t.eo = EngineOptions::from(config);
+  t.engine.emplace(model, *t.optimizer, t.comm, t.eo);
+  require_memory(config, model, *t.optimizer, t.s);
+  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.s.keep, t.eo.shard_state, t.opt_name, run.seed, t.s.steps}, config, t.comm);
+}
+
+// Where the run starts: a checkpoint (--resume), the weights of model.init_from or a fresh
+// initialisation; then every rank holds rank 0's parameters.
+void resume_or_init(TrainingSetup& t, TrainingProgress& p) {
+  Model& model = *t.model;
+  if (t.options.resume) {
+    p.resumed = t.checkpoints->resume(model, *t.optimizer, *t.train_data);
+    p.start_step = p.resumed.step;
+  } else if (const std::string from = t.config.section("model").get_string("init_from"); !from.empty()) {
+    model.init_params(t.run.seed);  // then overwritten: the random draws stay those of a fresh run
+    init_from_weights(model, from);
+  } else {
+    model.init_params(t.run.seed);
+  }
+  if (t.run.world > 1) {  // one model for every rank: rank 0's
+    t.comm.broadcast(model.params(), 0);
+    t.comm.join();
+  }
+}
+
+// The run's outputs opened and its set-up announced: the loggers, config.toml and run.json, the
+// peak FLOP/s, and the log lines that say what is trained where.
+void open_outputs(TrainingSetup& t, TrainingProgress& p) {
+  const TrainerSettings& s = t.s;
+  const RunContext& run = t.run;
+  Model& model = *t.model;
+  // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
+  // the run before config.toml and run.json are rewritten.
+  open_loggers(p.loggers, t.config, t.registry, run, t.dir, p.start_step, s);
+  if (t.lead) {
+    write_file_atomic(t.dir / "config.toml", t.config.to_toml());
+    write_run_json(t.dir, t.config, t.registry, run, t.comm_name, model, s);
+  }
+  p.peak = resolve_peak(t.config, model, t.comm);
+  spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
+               "device {}",
+               model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
+               t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), t.eo.shard_state ? " per rank: ZeRO-1" : "",
+               model.device().describe());
+  if (run.world > 1) {
+    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
+                 t.comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
+  }
+  if (!t.engine->buckets().empty()) {
+    spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
+                 t.engine->buckets().size(), t.eo.bucket_mb, t.eo.shard_state ? " (each shard's part to its owner)" : "");
+  }
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", s.steps,
+               s.accum, s.batch_size, s.seq_len, run.world > 1 ? " per rank" : "", run.threads, p.peak.rank_tflops,
+               p.peak.source, t.dir.string());
+}
+
+// Before the first step: the result and metrics started, the run's clock and CPU times taken; a run
+// resumed at its last step takes its losses from that checkpoint.
+void begin_steps(TrainingSetup& t, TrainingProgress& p) {
+  p.result.run_dir = t.dir;
+  p.result.steps = p.start_step;
+  p.metrics.emplace(p.start_step, t.s.steps, p.peak, t.run.world > 1 || t.comm.moves_data());
+  p.micro.resize(static_cast<std::size_t>(t.s.accum));
+  p.t_run = Clock::now();
+  p.cpu_at_start = read_cpu_times();
+  if (p.start_step == t.s.steps && t.options.resume) {
+    // Stopped after its last checkpoint but before summary.json: the summary is completed from
+    // that checkpoint (its losses; the validation loss evaluated again where it does not hold one).
+    p.result.final_loss = std::isfinite(p.resumed.loss) ? p.resumed.loss : std::numeric_limits<double>::quiet_NaN();
+    p.last_val = std::isfinite(p.resumed.val_loss) ? p.resumed.val_loss : t.eval.available ? t.eval.run(*t.model, t.comm) : -1;
+    spdlog::info("step {} of {} is already trained: completing the run's summary", p.start_step, t.s.steps);
+  }
+}
+
+// The step loop: per step the micro-batches, the engine step, its metrics, evaluation, logging and
+// checkpoint, until run.steps or --stop-at.
+void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule) {
+  const TrainerSettings& s = t.s;
+  Model& model = *t.model;
+  Engine& engine = *t.engine;
+  for (int64_t step = p.start_step + 1; step <= s.steps; ++step) {
     const bool profiling = step > s.steps - s.profile_steps;
-    engine.set_op_times(profiling ? &op_times : nullptr);
+    engine.set_op_times(profiling ? &p.op_times : nullptr);
     const auto t0 = Clock::now();
     double wait_ms = 0;
-    for (Batch& b : micro) {
-      const PipelineBatch& pb = train_data->next();
+    for (Batch& b : p.micro) {
+      const PipelineBatch& pb = t.train_data->next();
       b = pb.batch;
       wait_ms += pb.wait_ms;
     }
     const double lr = schedule->at(step);
-    const StepOutcome outcome = engine.step(micro, step, lr);
+    const StepOutcome outcome = engine.step(p.micro, step, lr);
     model.device().synchronize();
     engine.set_op_times(nullptr);  // evaluation is not part of the step
     const double step_s = seconds_since(t0);
     if (profiling) {
-      ++profiled_steps;
-      profiled_s += step_s;
+      ++p.profiled_steps;
+      p.profiled_s += step_s;
     }
-    StepMetrics sm = metrics.record(step, lr, outcome, step_s, wait_ms, model.flops_per_token(micro[0].seq_len),
-                                    model.device().memory_peak(), optimizer->state_bytes());
-    result.losses.push_back(outcome.loss);
-    result.final_loss = outcome.loss;
-    result.steps = step;
+    StepMetrics sm = p.metrics->record(step, lr, outcome, step_s, wait_ms, model.flops_per_token(p.micro[0].seq_len),
+                                       model.device().memory_peak(), t.optimizer->state_bytes());
+    p.result.losses.push_back(outcome.loss);
+    p.result.final_loss = outcome.loss;
+    p.result.steps = step;
 
-    const bool do_eval = eval.available && ((s.eval_every > 0 && step % s.eval_every == 0) || step == s.steps);
+    const bool do_eval = t.eval.available && ((s.eval_every > 0 && step % s.eval_every == 0) || step == s.steps);
     if (do_eval) {
-      last_val = eval.run(model, comm);
-      sm.extra.push_back({"val_loss", last_val});
+      p.last_val = t.eval.run(model, t.comm);
+      sm.extra.push_back({"val_loss", p.last_val});
     }
-    if (lead && (step % s.log_every == 0 || step == s.steps || do_eval)) {
-      sm.extra.push_back({"elapsed_s", seconds_since(t_run)});
-      for (auto& l : loggers.sinks) l->log(sm);
-      if (options.on_step) options.on_step(sm);
+    if (t.lead && (step % s.log_every == 0 || step == s.steps || do_eval)) {
+      sm.extra.push_back({"elapsed_s", seconds_since(p.t_run)});
+      for (auto& l : p.loggers.sinks) l->log(sm);
+      if (t.options.on_step) t.options.on_step(sm);
     }
-    const bool stopping = options.stop_at > 0 && step == options.stop_at && step < s.steps;
+    const bool stopping = t.options.stop_at > 0 && step == t.options.stop_at && step < s.steps;
     if ((s.ckpt_every > 0 && step % s.ckpt_every == 0) || step == s.steps || stopping) {
-      checkpoints.save(step, model, *optimizer, *train_data, outcome.loss,
-                       do_eval ? last_val : std::numeric_limits<double>::quiet_NaN());
+      t.checkpoints->save(step, model, *t.optimizer, *t.train_data, outcome.loss,
+                          do_eval ? p.last_val : std::numeric_limits<double>::quiet_NaN());
     }
     if (stopping) {
-      stopped = true;
+      p.stopped = true;
       spdlog::info("stopping after step {} (--stop-at); `ablate train ... --resume` continues", step);
       break;
     }
   }
-  result.val_loss = last_val;
-  write_profile(dir, op_times, profiled_steps, profiled_s, lead);
+}
+
+// The end of the run: the op profile, summary.json (with every rank's memory peak) and the last log line.
+TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
+  TrainResult& result = p.result;
+  Model& model = *t.model;
+  result.val_loss = p.last_val;
+  write_profile(t.dir, p.op_times, p.profiled_steps, p.profiled_s, t.lead);
 
   // The largest memory peak of any rank.
   double mem_peak = double(model.device().memory_peak());
-  comm.all_reduce_host(flat_view(&mem_peak, DType::f64, 1), ReduceOp::max);
-  json summary = metrics.summary();
-  summary.update(machine_load_summary(cpu_at_start, comm));
-  summary.update({{"status", stopped ? "stopped" : "completed"},
+  t.comm.all_reduce_host(flat_view(&mem_peak, DType::f64, 1), ReduceOp::max);
+  json summary = p.metrics->summary();
+  summary.update(machine_load_summary(p.cpu_at_start, t.comm));
+  summary.update({{"status", p.stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
-                  {"resumed_from", start_step},
+                  {"resumed_from", p.start_step},
                   {"parameters", model.num_params()},
-                  {"world", run.world},
+                  {"world", t.run.world},
                   {"final_loss", std::isfinite(result.final_loss) ? json(result.final_loss) : json(nullptr)},
-                  {"val_loss", last_val < 0 ? json(nullptr) : json(last_val)},
-                  {"data_bottleneck", train_data->stats().bottleneck()},
+                  {"val_loss", p.last_val < 0 ? json(nullptr) : json(p.last_val)},
+                  {"data_bottleneck", t.train_data->stats().bottleneck()},
                   {"mem_peak_bytes", int64_t(mem_peak)},
-                  {"optimizer_state_bytes", optimizer->state_bytes()},
-                  {"wall_s", seconds_since(t_run)},
-                  {"config_hash", config.hash()}});
-  loggers.close();
-  if (lead) write_json_file(dir / "summary.json", summary);
-  const std::string val_text = last_val >= 0 ? fmt::format(" (val {:.4f})", last_val) : std::string();
-  if (result.steps == start_step) {
+                  {"optimizer_state_bytes", t.optimizer->state_bytes()},
+                  {"wall_s", seconds_since(p.t_run)},
+                  {"config_hash", t.config.hash()}});
+  p.loggers.close();
+  if (t.lead) write_json_file(t.dir / "summary.json", summary);
+  const std::string val_text = p.last_val >= 0 ? fmt::format(" (val {:.4f})", p.last_val) : std::string();
+  if (result.steps == p.start_step) {
     spdlog::info("done: no step left to train; final loss {:.4f}{}; summary.json completed; run dir {}", result.final_loss,
-                 val_text, dir.string());
+                 val_text, t.dir.string());
   } else {
-    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", metrics.first_loss(),
-                 result.final_loss, val_text, si(metrics.median_tokens_per_s()), 100.0 * metrics.median_mfu(),
-                 seconds_since(t_run), dir.string());
+    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", p.metrics->first_loss(),
+                 result.final_loss, val_text, si(p.metrics->median_tokens_per_s()), 100.0 * p.metrics->median_mfu(),
+                 seconds_since(p.t_run), t.dir.string());
   }
-  return result;
+  return std::move(result);
+}
+
+// The run on this rank, phase by phase: set-up, the starting point, the outputs, the steps, the end.
+TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
+                        const RunContext& run, const std::string& comm_name) {
+  TrainingSetup t(config, registry, options, comm, run, comm_name);
+  set_up(t);
+  const std::unique_ptr<Schedule> schedule = make_schedule(config, registry, run);
+  TrainingProgress p;
+  resume_or_init(t, p);
+  open_outputs(t, p);
+  begin_steps(t, p);
+  train_steps(t, p, schedule.get());
+  return finish(t, p);
 }
 
 }  // namespace
