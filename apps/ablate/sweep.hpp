@@ -42,7 +42,6 @@ struct Resources {
   int cpus_per_task = 1;
   int ranks() const { return nodes * tasks_per_node; }
   bool operator<(const Resources& o) const;
-  bool operator==(const Resources& o) const = default;
 };
 
 struct SlurmSpec {

@@ -437,8 +437,7 @@ int cmd_sweep_arm(const Args& args) {
     const pid_t done = waitpid(r.pid, &status, WNOHANG);
     if (done == r.pid) break;
     if (done < 0 && errno != EINTR) throw_runtime_error("sweep-arm", std::string("waitpid: ") + std::strerror(errno));
-    if (g_terminated == 1 && !r.stopping) {
-      r.stopping = false;
+    if (g_terminated == 1 && !r.stopping) {  // pass scancel's or the time limit's SIGTERM on, once
       ::kill(r.pid, SIGTERM);
       g_terminated = 2;
     }

@@ -89,7 +89,7 @@ std::string toml_quoted(const std::string& text) {
 }
 
 // "slurm.time=00:30:00" into the parsed file: the value as TOML when it reads as one, else as a string.
-void apply_set(toml::table& root, const std::string& file, const std::string& set) {
+void apply_set(toml::table& root, const std::string& set) {
   const auto eq = set.find('=');
   const std::string key = set.substr(0, eq);
   if (eq == std::string::npos || key.empty()) throw_input_error("--set '" + echo_value(set) + "'", "expected KEY=VALUE");
@@ -113,7 +113,6 @@ void apply_set(toml::table& root, const std::string& file, const std::string& se
     t = root.get_as<toml::table>(section);
   }
   t->insert_or_assign(key.substr(dot + 1), *parsed.get("v"));
-  (void)file;
 }
 
 // ---- the [slurm] section ---------------------------------------------------------------------------
@@ -492,7 +491,7 @@ Sweep read_sweep(const fs::path& file, const std::vector<std::string>& sets) {
   } catch (const toml::parse_error& e) {
     throw_input_error(where(f, e.source()), std::string(e.description()));
   }
-  for (const std::string& set : sets) apply_set(root, f, set);
+  for (const std::string& set : sets) apply_set(root, set);
   for (const auto& [k, v] : root) {
     if (k != "base" && k != "sweep" && k != "slurm") {
       throw_input_error(where(f, v.source()), "unknown key '" + std::string(k.str()) + "' (a sweep file has `base`, [sweep] and [slurm])");

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/registry.hpp"
@@ -151,7 +152,7 @@ float half_to_float(uint16_t h) {
   return sign ? -v : v;
 }
 
-// A tensor's values as fp32 (F32, F16 and BF16 checkpoints).
+// A tensor's values as fp32 (F32, F16 and BF16 checkpoints; both widen exactly).
 std::vector<float> as_float(const NamedTensor& t, const fs::path& file) {
   const std::size_t n = t.bytes.size() / dtype_size(t.dtype);
   std::vector<float> out(n);
@@ -161,12 +162,7 @@ std::vector<float> as_float(const NamedTensor& t, const fs::path& file) {
     for (std::size_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, t.bytes.data() + 2 * i, 2);
-      if (t.dtype == DType::bf16) {
-        const uint32_t bits = uint32_t(h) << 16;
-        std::memcpy(&out[i], &bits, 4);
-      } else {
-        out[i] = half_to_float(h);
-      }
+      out[i] = t.dtype == DType::bf16 ? device_math::bf16_value(h) : half_to_float(h);
     }
   } else {
     throw_input_error(file.string(), "tensor '" + t.name + "' is " + to_string(t.dtype) + "; expected F32, F16 or BF16 weights");
@@ -271,12 +267,6 @@ struct Importer {
       filled.insert(o);
     }
   }
-  // A tensor ablate's model does not have, which must be all zeros (GPT-2's biases of a model without them).
-  void take_if(const std::string& name, const std::vector<std::string>& ours, bool transpose = false) {
-    if (has(ours[0])) take(name, ours, transpose);
-    else if (hf.tensors.count(name) > 0) used.insert(name);
-  }
-
   void gpt2(const ModelOptions& o) {
     const std::string p = hf.tensors.count("transformer.wte.weight") > 0 ? "transformer." : "";
     take(p + "wte.weight", {"wte.weight"}, false, o.vocab_size);
@@ -284,23 +274,23 @@ struct Importer {
     for (int64_t l = 0; l < o.n_layers; ++l) {
       const std::string b = "blocks." + std::to_string(l), h = p + "h." + std::to_string(l);
       take(h + ".ln_1.weight", {b + ".ln1.weight"});
-      take_if(h + ".ln_1.bias", {b + ".ln1.bias"});
+      take(h + ".ln_1.bias", {b + ".ln1.bias"});
       take(h + ".attn.c_attn.weight", {b + ".attn.q.weight", b + ".attn.k.weight", b + ".attn.v.weight"}, true);
-      take_if(h + ".attn.c_attn.bias", {b + ".attn.q.bias", b + ".attn.k.bias", b + ".attn.v.bias"});
+      take(h + ".attn.c_attn.bias", {b + ".attn.q.bias", b + ".attn.k.bias", b + ".attn.v.bias"});
       take(h + ".attn.c_proj.weight", {b + ".attn.o.weight"}, true);
-      take_if(h + ".attn.c_proj.bias", {b + ".attn.o.bias"});
+      take(h + ".attn.c_proj.bias", {b + ".attn.o.bias"});
       take(h + ".ln_2.weight", {b + ".ln2.weight"});
-      take_if(h + ".ln_2.bias", {b + ".ln2.bias"});
+      take(h + ".ln_2.bias", {b + ".ln2.bias"});
       take(h + ".mlp.c_fc.weight", {b + ".mlp.fc.weight"}, true);
-      take_if(h + ".mlp.c_fc.bias", {b + ".mlp.fc.bias"});
+      take(h + ".mlp.c_fc.bias", {b + ".mlp.fc.bias"});
       take(h + ".mlp.c_proj.weight", {b + ".mlp.proj.weight"}, true);
-      take_if(h + ".mlp.c_proj.bias", {b + ".mlp.proj.bias"});
+      take(h + ".mlp.c_proj.bias", {b + ".mlp.proj.bias"});
       for (const char* buffer : {".attn.bias", ".attn.masked_bias"}) {
         if (hf.tensors.count(h + buffer) > 0) used.insert(h + buffer);  // the causal mask, not a weight
       }
     }
     take(p + "ln_f.weight", {"ln_f.weight"});
-    take_if(p + "ln_f.bias", {"ln_f.bias"});
+    take(p + "ln_f.bias", {"ln_f.bias"});
     if (!o.tie_embeddings) take("lm_head.weight", {"lm_head.weight"}, false, o.vocab_size);
     else if (hf.tensors.count("lm_head.weight") > 0) used.insert("lm_head.weight");  // tied: the embedding again
   }

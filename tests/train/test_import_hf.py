@@ -4,7 +4,7 @@ check_import_hf.py compares with transformers itself):
 
 - a GPT-2-, a Llama- and a Qwen3-shaped run, exported and imported back: `ablate eval` gives the
   same loss bit for bit (one thread), and the import exported again is the same file byte for byte;
-  a checkpoint saved in bf16 (written here) imports as its fp32 values;
+  checkpoints saved in bf16 and in f16 (written here) import as their exact fp32 widenings;
 - training with model.init_from = the Hugging Face directory (or the ablate run) and learning rate
   0 keeps those weights exactly (its export equals the source's); a differing [model] key is exit
   2 naming the key;
@@ -115,24 +115,38 @@ class ImportHF(unittest.TestCase):
                 self.assertEqual(state["imported_from"]["model_type"], shape)
                 self.assertEqual(state["step"], 0)
 
-    def test_bf16_and_sharded_checkpoints(self):
+    def narrowed_round_trip(self, dtype, narrow, widen):
+        """hf-llama with every tensor narrowed to `dtype` by `narrow` (fp32 values -> 16-bit bytes),
+        imported and exported back: each exported fp32 tensor must be `widen` (16-bit bytes -> fp32
+        bytes) of what was written."""
         header, body = read_safetensors(self.p("hf-llama", "model.safetensors"))
-        tensors = tensors_of(header, body)
-        # bf16: the upper half of each fp32 value (truncation; the import widens it back exactly).
-        bf = {}
-        for name, data in tensors.items():
-            vals = struct.unpack("<%dI" % (len(data) // 4), data)
-            bf[name] = struct.pack("<%dH" % len(vals), *[v >> 16 for v in vals])
-            header[name]["dtype"] = "BF16"
-        d = self.p("hf-llama-bf16")
+        narrowed = {}
+        for name, data in tensors_of(header, body).items():
+            narrowed[name] = narrow(struct.unpack("<%df" % (len(data) // 4), data))
+            header[name]["dtype"] = dtype
+        d = self.p("hf-llama-" + dtype)
         shutil.copytree(self.p("hf-llama"), d)
-        write_safetensors(os.path.join(d, "model.safetensors"), header, bf)
-        run("import", "hf", d, "--run-dir", self.p("imp-bf16"))
-        run("export", "--checkpoint", self.p("imp-bf16"), "--out", self.p("hf-bf16-back"), "--no-tokenizer")
-        h2, b2 = read_safetensors(self.p("hf-bf16-back", "model.safetensors"))
-        for name, data in tensors_of(h2, b2).items():
-            vals = struct.unpack("<%dI" % (len(data) // 4), data)
-            self.assertEqual(list(vals), [v << 16 for v in struct.unpack("<%dH" % (len(bf[name]) // 2), bf[name])], name)
+        write_safetensors(os.path.join(d, "model.safetensors"), header, narrowed)
+        run("import", "hf", d, "--run-dir", self.p("imp-" + dtype))
+        run("export", "--checkpoint", self.p("imp-" + dtype), "--out", self.p("back-" + dtype), "--no-tokenizer")
+        h, b = read_safetensors(self.p("back-" + dtype, "model.safetensors"))
+        for name, data in tensors_of(h, b).items():
+            self.assertEqual(data, widen(narrowed[name]), f"{dtype} {name}")
+
+    def test_bf16_and_sharded_checkpoints(self):
+        # bf16: the upper half of each fp32 value's bits (truncation); widened back by appending zeros.
+        def to_bf16(vals):
+            bits = struct.unpack("<%dI" % len(vals), struct.pack("<%df" % len(vals), *vals))
+            return struct.pack("<%dH" % len(bits), *[v >> 16 for v in bits])
+
+        def from_bf16(data):
+            halves = struct.unpack("<%dH" % (len(data) // 2), data)
+            return struct.pack("<%dI" % len(halves), *[v << 16 for v in halves])
+
+        self.narrowed_round_trip("BF16", to_bf16, from_bf16)
+        # F16: rounded and decoded by Python's struct (an independent IEEE half conversion).
+        self.narrowed_round_trip("F16", lambda vals: struct.pack("<%de" % len(vals), *vals),
+                                 lambda data: struct.pack("<%df" % (len(data) // 2), *struct.unpack("<%de" % (len(data) // 2), data)))
         # Two shards and an index.
         header, body = read_safetensors(self.p("hf-gpt2", "model.safetensors"))
         tensors = tensors_of(header, body)
