@@ -515,18 +515,39 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   comm_.barrier();  // the checkpoint is complete for every rank
 }
 
+// Another optimizer's state (adamw_fused's on cuda, adamw's on the cpu: the same two moments) is
+// taken when the config's optimizer accepts every tensor of it, else refused naming both.
+void Checkpointer::load_optimizer_state(Optimizer& optimizer, const CheckpointState& st, const SafetensorsFile& of,
+                                        const fs::path& state_file) const {
+  if (st.optimizer == s_.optimizer) {
+    optimizer.load_state(of.tensors);
+    return;
+  }
+  try {
+    optimizer.load_state(of.tensors);
+  } catch (const Error& e) {
+    throw_input_error(state_file.string(), "the checkpoint was written by optimizer '" + st.optimizer + "', the config selects '" +
+                                               s_.optimizer + "', whose state differs: " + e.what());
+  }
+  spdlog::warn("{}: optimizer state written by '{}' taken by '{}' (the same state tensors)", state_file.string(), st.optimizer,
+               s_.optimizer);
+}
+
 CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPipeline& data) {
   const fs::path cdir = resolve_checkpoint(s_.run_dir);
   const fs::path state_file = cdir / "state.json";
   const CheckpointState st = read_checkpoint_state(cdir);
-  if (st.parameters != model.num_params() || st.model != model.options().describe()) {
+  // The attention backend holds no weights: a checkpoint of naive_cuda's run resumes with naive_cpu.
+  const auto weights_of = [](const std::string& described) {
+    const std::size_t at = described.find(" attention=");
+    if (at == std::string::npos) return described;
+    const std::size_t end = described.find(' ', at + 1);
+    return described.substr(0, at) + (end == std::string::npos ? std::string() : described.substr(end));
+  };
+  if (st.parameters != model.num_params() || weights_of(st.model) != weights_of(model.options().describe())) {
     throw_input_error(state_file.string(), "the checkpoint's model (" + st.model + ", " + std::to_string(st.parameters) +
                                                " parameters) does not match the config's (" + model.options().describe() + ", " +
                                                std::to_string(model.num_params()) + ")");
-  }
-  if (st.optimizer != s_.optimizer) {
-    throw_input_error(state_file.string(), "the checkpoint was written by optimizer '" + st.optimizer +
-                                               "', the config selects '" + s_.optimizer + "'");
   }
   if (st.world != comm_.world()) {
     throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
@@ -577,7 +598,7 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
     throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
   }
   require_finite(ofile, of.tensors, false);
-  optimizer.load_state(of.tensors);
+  load_optimizer_state(optimizer, st, of, state_file);
   data.restore(st.cursors[std::size_t(comm_.rank())]);
   spdlog::info("resuming {} from step {}", cdir.string(), st.step);
   return st;

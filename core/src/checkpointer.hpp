@@ -15,6 +15,7 @@
 #include "ablate/model.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/pipeline.hpp"
+#include "ablate/safetensors.hpp"
 #include "ablate/trainer.hpp"
 
 namespace ablate {
@@ -46,6 +47,8 @@ class Checkpointer {
   CheckpointState resume(Model& model, Optimizer& optimizer, DataPipeline& data);
 
  private:
+  void load_optimizer_state(Optimizer& optimizer, const CheckpointState& st, const SafetensorsFile& of,
+                            const std::filesystem::path& state_file) const;
   std::string optimizer_file(int rank) const;
   void remove_old_checkpoints(int64_t written) const;
   Setup s_;

@@ -191,6 +191,8 @@ double peak_tflops_for_device(std::string_view name, std::string_view dtype) noe
       {"T4", "", 65.0, 8.1},
   };
   auto has = [&](const char* w) { return *w == 0 || name.find(w) != std::string_view::npos; };
+  // An emulated device ("... (emulated on the CPU)"): its figures are never a GPU's (Device::peak_tflops).
+  if (has("emulated")) return -1.0;
   const bool half = dtype == "bf16" || dtype == "fp16";
   for (const Row& r : rows) {
     if (has(r.needle) && has(r.also)) return half ? r.bf16 : r.tf32;

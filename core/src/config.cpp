@@ -346,7 +346,8 @@ class Validator {
           const std::vector<std::string> valid = registry_.names(*spec.kind);
           fail(at.source(), sel_path, "unknown " + std::string(to_string(*spec.kind)) + " '" + name + "'" +
                                           did_you_mean(name, valid) + " (valid: " +
-                                          (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+                                          (valid.empty() ? std::string("none loaded") : join(valid)) + ")" +
+                                          registry_.not_loaded_note(name));
         }
       };
       if (sel != nullptr) {

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
@@ -97,22 +99,71 @@ std::vector<fs::path> Registry::default_search_path() {
   return dirs;
 }
 
+namespace {
+
+// ABLATE_EMULATE_CUDA: unset, empty or 0 is off, 1 on; anything else is an input error.
+bool emulate_cuda() {
+  const char* v = std::getenv("ABLATE_EMULATE_CUDA");
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
+  if (std::string_view(v) == "1") return true;
+  throw_input_error("ABLATE_EMULATE_CUDA", std::string("expected 1 (run the CUDA device emulated on the CPU) or 0, got \"") + v + "\"");
+}
+
+std::vector<fs::path> plugin_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string fname = entry.path().filename().string();
+    if (entry.is_regular_file() && fname.rfind("lib", 0) == 0 && entry.path().extension() == ".so") {
+      files.push_back(entry.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
 void Registry::load_directories(const std::vector<fs::path>& dirs) {
+  // Emulating CUDA, a directory's emulated/ builds (the CUDA plugins built for the emulated
+  // device) are loaded instead of the files of the same name, and the GPU-only builds its
+  // gpu_only.txt names ("file what-it-needs" a line) are left out, each recorded with its reason.
+  const bool emulate = emulate_cuda();
+  bool emulated_found = false;
+  std::string searched;
   for (const fs::path& dir : dirs) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
       spdlog::debug("plugin directory {} does not exist; skipped", dir.string());
       continue;
     }
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string fname = entry.path().filename().string();
-      if (entry.is_regular_file() && fname.rfind("lib", 0) == 0 && entry.path().extension() == ".so") {
-        files.push_back(entry.path());
+    searched += (searched.empty() ? "" : ", ") + dir.string();
+    std::map<std::string, std::string> left_out;  // file name -> what it needs ("" when it has a twin)
+    if (emulate && fs::is_directory(dir / "emulated", ec)) {
+      emulated_found = true;
+      for (const fs::path& f : plugin_files(dir / "emulated")) {
+        left_out[f.filename().string()] = "";
+        load_file(f);
+      }
+      std::ifstream gpu_only(dir / "emulated" / "gpu_only.txt");
+      std::string name, needs;
+      while (gpu_only >> name && std::getline(gpu_only >> std::ws, needs)) left_out[name] = needs;
+    }
+    for (const fs::path& f : plugin_files(dir)) {
+      auto it = left_out.find(f.filename().string());
+      if (it == left_out.end()) {
+        load_file(f);
+      } else if (!it->second.empty()) {
+        impl_->failures.push_back({f.string(), "left out: ABLATE_EMULATE_CUDA=1 emulates one CUDA device, and this "
+                                               "plugin needs " + it->second});
       }
     }
-    std::sort(files.begin(), files.end());
-    for (const fs::path& f : files) load_file(f);
+  }
+  if (emulate && !emulated_found) {
+    throw_input_error("ABLATE_EMULATE_CUDA", "is 1, but no CUDA plugins built for the emulated device were found (an "
+                                             "emulated/ directory next to the plugins in " +
+                                                 (searched.empty() ? std::string("no plugin directory") : searched) +
+                                                 "); build them: cmake --build build --target ablate_emulated_cuda");
   }
 }
 
@@ -224,7 +275,7 @@ const ComponentInfo& Registry::get(Kind kind, std::string_view name, const std::
   const std::vector<std::string> valid = names(kind);
   throw_input_error(where, "unknown " + std::string(to_string(kind)) + " '" + std::string(name) + "'" +
                                did_you_mean(name, valid) + " (valid: " +
-                               (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+                               (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + not_loaded_note(name));
 }
 
 const ComponentInfo& Registry::get(Kind kind, std::string_view name, std::string_view device, const std::string& where) const {
@@ -269,6 +320,14 @@ std::vector<std::string> Registry::names(Kind kind) const {
 
 const std::vector<LoadedPlugin>& Registry::plugins() const noexcept { return impl_->plugins; }
 const std::vector<LoadFailure>& Registry::failures() const noexcept { return impl_->failures; }
+
+std::string Registry::not_loaded_note(std::string_view name) const {
+  const std::string file = "libablate_" + std::string(name) + ".so";
+  for (const LoadFailure& f : impl_->failures) {
+    if (fs::path(f.file).filename() == file) return "; " + file + " was not loaded: " + f.reason;
+  }
+  return {};
+}
 
 namespace {
 // Optimal string alignment distance (Levenshtein with adjacent transpositions).

@@ -30,6 +30,9 @@ PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm) {
   } else if (const double table = model.device().peak_tflops(dtype); table > 0) {
     p.rank_tflops = table;
     p.source = "device table";
+  } else if (table < 0) {
+    p.rank_tflops = 0;  // MFU is 0 throughout: not reported
+    p.source = "none: emulated device";
   } else {
     p.rank_tflops = model.measure_matmul_tflops();
     p.source = "measured";

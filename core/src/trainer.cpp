@@ -546,9 +546,10 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
     spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
                  t.engine->buckets().size(), t.eo.bucket_mb, t.eo.shard_state ? " (each shard's part to its owner)" : "");
   }
-  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); peak {:.3f} TFLOP/s ({}); run dir {}", s.steps,
-               s.accum, s.batch_size, s.seq_len, run.world > 1 ? " per rank" : "", run.threads, p.peak.rank_tflops,
-               p.peak.source, t.dir.string());
+  const std::string peak = p.peak.rank_tflops > 0 ? fmt::format("peak {:.3f} TFLOP/s ({})", p.peak.rank_tflops, p.peak.source)
+                                                   : "no peak, no MFU (" + p.peak.source + ")";
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); {}; run dir {}", s.steps, s.accum, s.batch_size,
+               s.seq_len, run.world > 1 ? " per rank" : "", run.threads, peak, t.dir.string());
 }
 
 // Before the first step: the result and metrics started, the run's clock and CPU times taken; a run
@@ -654,9 +655,9 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
     spdlog::info("done: no step left to train; final loss {:.4f}{}; summary.json completed; run dir {}", result.final_loss,
                  val_text, t.dir.string());
   } else {
-    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, mfu {:.1f}%, {:.1f}s; run dir {}", p.metrics->first_loss(),
-                 result.final_loss, val_text, si(p.metrics->median_tokens_per_s()), 100.0 * p.metrics->median_mfu(),
-                 seconds_since(p.t_run), t.dir.string());
+    const std::string mfu = p.peak.job_tflops > 0 ? fmt::format("mfu {:.1f}%", 100.0 * p.metrics->median_mfu()) : "no mfu";
+    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, {}, {:.1f}s; run dir {}", p.metrics->first_loss(),
+                 result.final_loss, val_text, si(p.metrics->median_tokens_per_s()), mfu, seconds_since(p.t_run), t.dir.string());
   }
   return std::move(result);
 }

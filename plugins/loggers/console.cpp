@@ -79,10 +79,10 @@ class ConsoleLogger final : public Logger {
     if (bar_) {
       draw_bar(m);
     } else if (m.step % every_ == 0 || m.step == context_.total_steps || val) {
-      spdlog::info("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {} tok/s ({} real) | mfu {:.1f}% | "
+      spdlog::info("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {} tok/s ({} real) | mfu {} | "
                    "wait {:.1f}% | eta {:.0f}s",
                    m.step, context_.total_steps, m.loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), m.lr,
-                   m.grad_norm, m.step_ms, si(m.tokens_per_s), si(m.real_tokens_per_s), 100.0 * m.mfu, m.data_wait_pct,
+                   m.grad_norm, m.step_ms, si(m.tokens_per_s), si(m.real_tokens_per_s), mfu_text(m), m.data_wait_pct,
                    eta_seconds(m.step));
     }
   }
@@ -97,6 +97,12 @@ class ConsoleLogger final : public Logger {
   }
 
  private:
+  // "12.3%"; "n/a" where there is no peak to measure against (an emulated device: MFU exactly 0
+  // while FLOPs were done).
+  static std::string mfu_text(const StepMetrics& m) {
+    return m.mfu == 0.0 && m.tflops > 0.0 ? std::string("n/a") : fmt::format("{:.1f}%", 100.0 * m.mfu);
+  }
+
   // Wall time since open, per step done since the start step, times the steps left.
   double eta_seconds(int64_t step) const {
     const int64_t done = step - context_.start_step, left = context_.total_steps - step;
@@ -112,7 +118,7 @@ class ConsoleLogger final : public Logger {
     std::string tail = total > 0 ? fmt::format(" {:.0f}% | loss {:.4f}", 100.0 * fraction, m.loss)
                                  : fmt::format(" | loss {:.4f}", m.loss);
     if (last_val_) tail += fmt::format(" | val {:.4f}", *last_val_);
-    tail += fmt::format(" | {} tok/s | mfu {:.1f}% | eta {}", si(m.tokens_per_s), 100.0 * m.mfu, duration(eta_seconds(m.step)));
+    tail += fmt::format(" | {} tok/s | mfu {} | eta {}", si(m.tokens_per_s), mfu_text(m), duration(eta_seconds(m.step)));
     // The bar " [###---]" takes what the text leaves of the line, 10 to 30 cells; none when less is left.
     const int columns = terminal_columns() - 1;  // writing the last column wraps on some terminals
     const int room = columns - int(head.size() + tail.size()) - 3;

@@ -4,6 +4,8 @@
 #include "ablate_emu/emu.hpp"
 
 #include <cuda_runtime.h>
+
+#include "runtime_internal.hpp"
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -60,8 +62,6 @@ constexpr std::size_t kStackBytes = std::size_t(128) << 10;
 constexpr std::size_t kStackGuard = std::size_t(64) << 10;  // below each stack: a frame jumping one page still faults
 constexpr int kMaxThreads = 1024;
 constexpr std::size_t kSharedLimit = 48 * 1024;  // per block, without cudaFuncSetAttribute
-constexpr std::size_t kGuard = 64;               // bytes after each __shared__ array and device allocation
-constexpr unsigned char kPoison = 0xFF;          // fresh memory and guards: every float read from it is a NaN
 
 std::string hex(unsigned v) {
   char b[16];
@@ -353,32 +353,18 @@ void resume(Engine& e, Fiber& f) {
 
 char* allocate_guarded(std::size_t bytes, std::size_t align) {
   const std::size_t a = std::max<std::size_t>(align, 256);
-  const std::size_t total = (bytes + kGuard + a - 1) / a * a;
+  const std::size_t total = (bytes + runtime::kGuard + a - 1) / a * a;
   auto* p = static_cast<char*>(std::aligned_alloc(a, total));
   if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, kPoison, bytes + kGuard);
+  std::memset(p, runtime::kPoison, bytes + runtime::kGuard);
 #ifdef ABLATE_EMU_ASAN
-  ASAN_POISON_MEMORY_REGION(p + bytes, kGuard);
+  ASAN_POISON_MEMORY_REGION(p + bytes, runtime::kGuard);
 #endif
   return p;
 }
-// True when the guard after `bytes` is intact (under AddressSanitizer the guard is poisoned and a
-// write into it has already been reported).
-bool guard_intact(const char* p, std::size_t bytes) {
-#ifdef ABLATE_EMU_ASAN
-  (void)p;
-  (void)bytes;
-  return true;
-#else
-  for (std::size_t i = 0; i < kGuard; ++i) {
-    if (static_cast<unsigned char>(p[bytes + i]) != kPoison) return false;
-  }
-  return true;
-#endif
-}
 void free_guarded(char* p, std::size_t bytes) {
 #ifdef ABLATE_EMU_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p + bytes, kGuard);
+  ASAN_UNPOISON_MEMORY_REGION(p + bytes, runtime::kGuard);
 #else
   (void)bytes;
 #endif
@@ -393,7 +379,7 @@ std::string block_name(const uint3& b) {
 std::string release_shared(Launch& L) {
   std::string err;
   for (SharedAlloc& a : L.shared) {
-    if (err.empty() && !guard_intact(a.data, a.bytes)) {
+    if (err.empty() && !runtime::guard_intact(a.data, a.bytes)) {
       err = a.site != nullptr ? "a write past the end of __shared__ '" + std::string(a.site->name) + "' (" + a.site->file + ":" +
                                     std::to_string(a.site->line) + ", " + std::to_string(a.site->bytes) + " bytes)"
                               : "a write past the end of the dynamic (extern) __shared__ array (" + std::to_string(a.bytes) +
@@ -532,7 +518,13 @@ void run_block(Engine& e, Launch& L, Order order_kind) {
   g_threads += uint64_t(L.threads);
 }
 
-void check_config(const Where& w, const char* kernel, const detail::LaunchConfig& c) {
+// False (after runtime::launch_refused) when the launch is invalid.
+bool check_config(const Where& w, const char* kernel, const detail::LaunchConfig& c) {
+  if (!runtime::stream_live(c.stream)) {
+    runtime::launch_refused(cudaErrorInvalidResourceHandle,
+                            at(w) + ": launch of '" + kernel + "' on a stream that is not (or no longer) a live stream (cudaErrorInvalidResourceHandle)");
+    return false;
+  }
   const dim3 g = c.grid, b = c.block;
   std::string why;
   if (g.x == 0 || g.y == 0 || g.z == 0) why = "an empty grid";
@@ -541,32 +533,13 @@ void check_config(const Where& w, const char* kernel, const detail::LaunchConfig
   else if (b.x > 1024 || b.y > 1024 || b.z > 64) why = "a block past the limits (1024, 1024, 64)";
   else if (uint64_t(b.x) * b.y * b.z > 1024) why = "a block of more than 1024 threads";
   else if (c.shared > kSharedLimit) why = "more dynamic shared memory than 48 KiB";
-  if (why.empty()) return;
-  throw Error(at(w) + ": launch of '" + kernel + "' with grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," +
-              std::to_string(g.z) + ") and block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
-              "), " + std::to_string(c.shared) + " bytes of dynamic shared memory: " + why +
-              " is an invalid configuration (cudaErrorInvalidConfiguration)");
-}
-
-// --- device memory -----------------------------------------------------------------------------
-
-std::mutex g_alloc_mu;
-std::map<uintptr_t, std::size_t> g_allocs;  // base -> bytes
-thread_local cudaError_t t_last_error = cudaSuccess;
-
-cudaError_t note(cudaError_t rc) {
-  if (rc != cudaSuccess) t_last_error = rc;
-  return rc;
-}
-
-// True when [p, p + bytes) lies inside one live device allocation.
-bool on_device(const void* p, std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(g_alloc_mu);
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = g_allocs.upper_bound(a);
-  if (it == g_allocs.begin()) return false;
-  --it;
-  return a + bytes <= it->first + it->second;
+  if (why.empty()) return true;
+  runtime::launch_refused(cudaErrorInvalidConfiguration,
+                          at(w) + ": launch of '" + kernel + "' with grid (" + std::to_string(g.x) + "," + std::to_string(g.y) +
+                              "," + std::to_string(g.z) + ") and block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+                              std::to_string(b.z) + "), " + std::to_string(c.shared) + " bytes of dynamic shared memory: " + why +
+                              " is an invalid configuration (cudaErrorInvalidConfiguration)");
+  return false;
 }
 
 }  // namespace
@@ -776,7 +749,8 @@ namespace detail {
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx) {
   Engine& e = engine();
   if (e.launch != nullptr) throw Error(at(w) + ": kernel '" + kernel + "' launched from inside a kernel (dynamic parallelism is not interpreted)");
-  check_config(w, kernel, c);
+  if (!check_config(w, kernel, c)) return;
+  const DeviceAccess access;  // the kernel reads and writes device memory
   const Schedule s = current_schedule();
   {
     std::lock_guard<std::mutex> lock(g_schedule_mu);
@@ -822,136 +796,5 @@ void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(v
 
 }  // namespace detail
 
-void check_device_allocations(const char* after) {
-  std::lock_guard<std::mutex> lock(g_alloc_mu);
-  for (const auto& [base, bytes] : g_allocs) {
-    if (!guard_intact(reinterpret_cast<const char*>(base), bytes)) {
-      const std::string msg = std::string(after) + ": a write past the end of a device allocation of " + std::to_string(bytes) + " bytes";
-      std::memset(reinterpret_cast<char*>(base) + bytes, kPoison, kGuard);  // reported once
-      throw Error(msg);
-    }
-  }
-}
-
-std::size_t live_device_allocations() {
-  std::lock_guard<std::mutex> lock(g_alloc_mu);
-  return g_allocs.size();
-}
-
 }  // namespace ablate::emu
 
-// --- the runtime calls -------------------------------------------------------------------------
-
-using namespace ablate::emu;
-
-const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-  }
-  return "cudaErrorUnknown";
-}
-const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-  }
-  return "unknown error";
-}
-cudaError_t cudaGetLastError() { return std::exchange(t_last_error, cudaSuccess); }
-cudaError_t cudaPeekAtLastError() { return t_last_error; }
-cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int* d) {
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaSetDevice(int d) { return note(d == 0 ? cudaSuccess : cudaErrorInvalidValue); }
-// The interpreter answers as an H100 SXM (SM 9.0, 132 SMs).
-cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int device) {
-  if (device != 0) return note(cudaErrorInvalidValue);
-  switch (a) {
-    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 49152; break;
-    case cudaDevAttrWarpSize: *v = 32; break;
-    case cudaDevAttrMultiProcessorCount: *v = 132; break;
-    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
-    default: return note(cudaErrorInvalidValue);
-  }
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaMalloc(void** p, std::size_t bytes) {
-  if (p == nullptr) return note(cudaErrorInvalidValue);
-  *p = nullptr;
-  if (bytes == 0) return cudaSuccess;
-  char* m = nullptr;
-  try {
-    m = allocate_guarded(bytes, 256);
-  } catch (const std::bad_alloc&) {
-    return note(cudaErrorMemoryAllocation);
-  }
-  std::lock_guard<std::mutex> lock(g_alloc_mu);
-  g_allocs[reinterpret_cast<uintptr_t>(m)] = bytes;
-  *p = m;
-  return cudaSuccess;
-}
-cudaError_t cudaFree(void* p) {
-  if (p == nullptr) return cudaSuccess;
-  std::size_t bytes = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_alloc_mu);
-    auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
-    if (it == g_allocs.end()) return note(cudaErrorInvalidDevicePointer);
-    bytes = it->second;
-    if (!guard_intact(static_cast<char*>(p), bytes)) {
-      g_allocs.erase(it);
-      free_guarded(static_cast<char*>(p), bytes);
-      throw Error("cudaFree: a write past the end of a device allocation of " + std::to_string(bytes) + " bytes");
-    }
-    g_allocs.erase(it);
-  }
-  free_guarded(static_cast<char*>(p), bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k) {
-  if (bytes == 0) return cudaSuccess;
-  const bool dst_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
-  const bool src_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
-  if ((dst_dev && !on_device(dst, bytes)) || (src_dev && !on_device(src, bytes))) return note(cudaErrorInvalidValue);
-  std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, k);
-}
-cudaError_t cudaMemset(void* p, int v, std::size_t bytes) {
-  if (bytes == 0) return cudaSuccess;
-  if (!on_device(p, bytes)) return note(cudaErrorInvalidValue);
-  std::memset(p, v, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int v, std::size_t bytes, cudaStream_t) { return cudaMemset(p, v, bytes); }
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  static char streams;
-  *s = reinterpret_cast<cudaStream_t>(&streams);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }

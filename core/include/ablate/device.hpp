@@ -123,7 +123,8 @@ class Device : public Component {
   // work in order with it (cuda: a cudaStream_t); nullptr where there is none (the cpu).
   virtual void* stream() const noexcept { return nullptr; }
   // The device's peak dense matrix rate for `dtype` in TFLOP/s from the table of known devices
-  // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it).
+  // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it), or a negative value for
+  // an emulated device, whose speed is no hardware's: the trainer then reports no peak and no MFU.
   virtual double peak_tflops(DType dtype) const = 0;
 };
 

@@ -43,6 +43,7 @@ bool metric_is_count(std::string_view name) noexcept;
 // Dense peak TFLOP/s of a known GPU for `dtype` ("bf16"/"fp16" tensor cores, "fp32" as TF32),
 // matched on the device name CUDA reports ("NVIDIA H100 80GB HBM3" is an H100 SXM); 0 when the
 // device is not in the table ([metrics] peak_tflops then has to say).
+// (-1 for an emulated device, whose name says "emulated": Device::peak_tflops.)
 double peak_tflops_for_device(std::string_view device_name, std::string_view dtype) noexcept;
 
 // model FLOPs per token = 6*N + 6*L*d*T (llm.c's convention; causal attention counted once).

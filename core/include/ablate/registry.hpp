@@ -62,6 +62,9 @@ class Registry {
 
   const std::vector<LoadedPlugin>& plugins() const noexcept;
   const std::vector<LoadFailure>& failures() const noexcept;
+  // For an unknown name: "; libablate_<name>.so was not loaded: <why>" when that plugin file failed
+  // to load or was left out, else empty.
+  std::string not_loaded_note(std::string_view name) const;
 
   // Constructs the registration of (kind, name) for the run's device (args.run.device) and checks
   // it implements the interface T of its kind. `where` names the config key for errors.

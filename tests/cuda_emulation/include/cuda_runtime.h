@@ -1,8 +1,11 @@
-// The CUDA runtime as the kernel interpreter provides it to a .cu file compiled as C++: the
-// interpreter (ablate_emu/emu.hpp) and the runtime calls the kernels' launch helpers and tests
-// make, on host memory. Device allocations carry a guard after their end, checked after every
-// launch and at cudaFree (under AddressSanitizer, poisoned instead). Work runs when it is enqueued:
-// every stream is in order with every other.
+// The CUDA runtime as the kernel interpreter and the emulated CUDA device provide it to code
+// compiled as C++ (a rewritten .cu file, a plugin's host code, a test): the interpreter
+// (ablate_emu/emu.hpp) and the runtime calls the project makes (runtime.cpp). Device memory is a
+// separate region the host reaches only through the copy functions and kernels (a host access
+// outside them faults, naming the allocation); allocations carry a guard after their end, checked
+// after every launch and at cudaFree (under AddressSanitizer, poisoned instead). Work runs when it
+// is enqueued, so every stream is in order; an event records the time its stream's work was done.
+// The device answers as an H100 SXM (SM 9.0, 132 SMs, 80 GiB).
 #pragma once
 
 #include "ablate_emu/emu.hpp"
@@ -13,7 +16,11 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
@@ -38,7 +45,28 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMinor = 76,
 };
 
+#define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+
+// The fields of cudaDeviceProp the project reads (the real struct has many more).
+struct cudaDeviceProp {
+  char name[256];
+  std::size_t totalGlobalMem;
+  std::size_t sharedMemPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major;
+  int minor;
+  int multiProcessorCount;
+  int l2CacheSize;
+  int maxThreadsPerMultiProcessor;
+  std::size_t sharedMemPerMultiprocessor;
+};
 
 const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
@@ -61,10 +89,27 @@ cudaError_t cudaStreamCreate(cudaStream_t* s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes);
+cudaError_t cudaMallocHost(void** p, std::size_t bytes);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 template <class T>
 cudaError_t cudaMalloc(T** p, std::size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+template <class T>
+cudaError_t cudaMallocHost(T** p, std::size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
 }
 template <class T>
 cudaError_t cudaMallocAsync(T** p, std::size_t bytes, cudaStream_t s) {
@@ -76,4 +121,24 @@ namespace ablate::emu {
 void check_device_allocations(const char* after);
 // Live device allocations (a test checks that it frees what it allocates).
 std::size_t live_device_allocations();
+// Bytes of device memory in use (allocations rounded up to 256 bytes, with their guards).
+std::size_t device_bytes_in_use();
+// True when ABLATE_EMULATE_CUDA=1: this process is the emulated CUDA device, whose invalid
+// launches are refused as a GPU refuses them (the launch does not run; the next
+// cudaGetLastError returns the error) instead of throwing Error, the interpreter's default.
+bool emulating_device();
+// The message of the last refused launch (empty when none).
+std::string last_launch_error();
+// True when [p, p + bytes) lies inside one live device allocation.
+bool is_device_range(const void* p, std::size_t bytes);
+// Device memory is out of the host's reach except while one of these lives: the emulated
+// libraries' own work (a copy, a kernel, a cuBLASLt product) opens it for its duration. Nests;
+// process-wide.
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
 }  // namespace ablate::emu

@@ -83,7 +83,8 @@ struct ThreadState {
   uint3 thread_idx{0, 0, 0}, block_idx{0, 0, 0};
   dim3 block_dim, grid_dim;
 };
-inline thread_local ThreadState* t_current = nullptr;
+// Default visibility: plugins built with hidden visibility share the interpreter's one copy.
+__attribute__((visibility("default"))) inline thread_local ThreadState* t_current = nullptr;
 
 // The scheduler sets t_current before each switch to a thread; a thread sanitizer must not count
 // that as a race between the threads it schedules.

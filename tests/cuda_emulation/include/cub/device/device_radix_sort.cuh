@@ -24,6 +24,7 @@ struct DeviceRadixSort {
       return cudaSuccess;
     }
     if (n < 0 || begin_bit < 0 || end_bit > int(sizeof(K) * 8) || begin_bit >= end_bit) return cudaErrorInvalidValue;
+    const ablate::emu::DeviceAccess access;  // the sort reads and writes device memory
     using U = std::make_unsigned_t<K>;
     const U flip = std::is_signed_v<K> ? U(U(1) << (sizeof(K) * 8 - 1)) : U(0);
     const int width = end_bit - begin_bit;
