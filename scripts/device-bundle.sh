@@ -36,10 +36,10 @@ mkdir -p "$out"/{bin/plugins,lib,share/ablate,tests,src/tests,src/bench,manifest
 # ---- the build, mirrored (bin/, bin/plugins/, lib/, share/) so the tree paths hold --------------
 cp -a "$build/bin/ablate" "$out/bin/"
 cp -a "$build"/bin/plugins/*.so "$out/bin/plugins/"
-# The test programs but the kernel interpreter's (label emu: they run on any CPU, in CI, and their
-# sanitized twins alone would double the bundle).
+# The test programs but the kernel interpreter's and the emulated device's (label emu: they run on
+# any CPU, in CI, and their sanitized twins alone would double the bundle).
 for f in "$build"/bin/test_* "$build"/bin/bench_*; do
-  case $(basename "$f") in *_emu | *_emu_* | test_emu_*) continue ;; esac
+  case $(basename "$f") in *_emu | *_emu_* | test_emu_* | *_emulated | test_emulated_*) continue ;; esac
   [ -e "$f" ] && cp -a "$f" "$out/bin/"
 done
 cp -a "$build"/lib/libablate_core.so* "$out/lib/"

@@ -296,6 +296,22 @@ TEST_CASE("--resume of a finished run is refused with exit 2 and its summary sta
   CHECK(read_json(run / "summary.json")["steps"] == 9);
 }
 
+TEST_CASE("a checkpoint resumes with another optimizer only when it takes every state tensor (adamw8bit refuses adamw's)") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const std::string common = "train " + config() + kTiny + " --set run.steps=6 --set checkpoint.every=3";
+  REQUIRE(run_ablate(common + " --run-dir " + run.string() + " --stop-at 3").exit_code == 0);
+  const auto r = run_ablate(common + " --set optimizer.name=adamw8bit --resume " + run.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("written by optimizer 'adamw', the config selects 'adamw8bit', whose state differs") != std::string::npos);
+  CHECK(!fs::exists(run / "checkpoints/step_00000006"));
+  // The same optimizer continues it.
+  const auto same = run_ablate(common + " --resume " + run.string());
+  INFO(same.output);
+  CHECK(same.exit_code == 0);
+}
+
 TEST_CASE("a state.json with wrong types, impossible values or an optimizer file outside the checkpoint is refused naming it (exit 2)") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
