@@ -39,6 +39,9 @@ TEST_CASE("peak TFLOP/s by the device name CUDA reports") {
   CHECK(peak_tflops_for_device("NVIDIA H100 80GB HBM3", "bf16") == doctest::Approx(989.4));
   CHECK(peak_tflops_for_device("NVIDIA H100 PCIe", "bf16") == doctest::Approx(756.5));
   CHECK(peak_tflops_for_device("NVIDIA H200", "bf16") == doctest::Approx(989.4));
+  // The emulated device answers with an H100's name and says it is emulated: no peak (negative).
+  CHECK(peak_tflops_for_device("NVIDIA H100 80GB HBM3 (emulated on the CPU)", "bf16") < 0.0);
+  CHECK(peak_tflops_for_device("NVIDIA H100 80GB HBM3 (emulated on the CPU)", "fp32") < 0.0);
   CHECK(peak_tflops_for_device("NVIDIA A100-SXM4-80GB", "bf16") == doctest::Approx(312));
   CHECK(peak_tflops_for_device("NVIDIA A100-SXM4-80GB", "fp32") == doctest::Approx(156));
   CHECK(peak_tflops_for_device("NVIDIA A10", "bf16") == doctest::Approx(125));
