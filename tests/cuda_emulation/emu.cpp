@@ -1,11 +1,9 @@
 // The kernel interpreter's engine (ablate_emu/emu.hpp): fibers on guarded stacks switched by
 // switch_x86_64.S, the block scheduler with its barrier and warp-collective bookkeeping, __shared__
-// storage, launch checks, and the runtime calls of cuda_runtime.h on host memory.
+// storage and launch checks (the runtime calls of cuda_runtime.h are runtime.cpp's).
 #include "ablate_emu/emu.hpp"
 
 #include <cuda_runtime.h>
-
-#include "runtime_internal.hpp"
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -19,13 +17,8 @@
 #include <random>
 #include <sstream>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ABLATE_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ABLATE_EMU_ASAN 1
-#endif
-#endif
+#include "runtime_internal.hpp"  // also says whether this is an AddressSanitizer build (ABLATE_EMU_ASAN)
+
 // ThreadSanitizer: this file is built without its instrumentation (the interpreter's own
 // bookkeeping is shared by every fiber by design) and with ABLATE_EMU_TSAN defined, so that it
 // tells TSan about the fibers and the synchronisation a barrier or collective gives.

@@ -20,13 +20,6 @@
 
 #include "runtime_internal.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ABLATE_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ABLATE_EMU_ASAN 1
-#endif
-#endif
 #ifdef ABLATE_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif

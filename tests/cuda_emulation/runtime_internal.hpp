@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 
+// ABLATE_EMU_ASAN: an AddressSanitizer build (GCC's macro, or clang's feature test).
 #if defined(__SANITIZE_ADDRESS__)
 #define ABLATE_EMU_ASAN 1
 #elif defined(__has_feature)
