@@ -11,9 +11,9 @@ On a CPU (checks the script): python3 bench/peers/pytorch_sdpa.py --device cpu -
 """
 import argparse
 import json
-import statistics
 import sys
-import time
+
+from torch_timing import median_ms, torch_or_skip
 
 SHAPES = {
     "all": [(16, 12, 1024, 64), (8, 16, 2048, 128), (4, 32, 4096, 128), (31, 12, 1024, 64)],
@@ -28,35 +28,15 @@ def main():
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="all")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        print(f"pytorch_sdpa: torch is not installed ({e}); skipped")
+    torch = torch_or_skip("pytorch_sdpa", args.device)
+    if torch is None:
         return 77
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("pytorch_sdpa: no CUDA device; skipped")
-        return 77
+    import torch.nn.functional as F
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
 
     def timed(fn):
-        fn()
-        fn()
-        times = []
-        for _ in range(args.iters):
-            if args.device == "cuda":
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return median_ms(torch, fn, args.iters, args.device == "cuda")
 
     rows = []
     print(f"{'shape':<22} {'fwd ms':>10} {'fwd TF/s':>10} {'f+b ms':>10} {'f+b TF/s':>10}")

@@ -46,6 +46,8 @@ run_program() {  # mode prog [args...]
   local own
   own=$(awk -F'\t' -v p="$prog" '$1 == p {print $3}' "$here/manifest/tests.tsv")
   [ -n "$own" ] || own=300
+  # ABLATE_PROGRAM_LIMIT caps each program plainly, so that one hung program cannot take a short call.
+  [[ "${ABLATE_PROGRAM_LIMIT:-}" =~ ^[1-9][0-9]*$ ]] && [ "$own" -gt "$ABLATE_PROGRAM_LIMIT" ] && own=$ABLATE_PROGRAM_LIMIT
   timeout "$(limit "$([ "$mode" = memcheck ] && echo 150 || echo "$own")")" "${cmd[@]}" "$@" > "$log" 2>&1
   rc=$?
   case $rc in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
@@ -53,9 +55,11 @@ run_program() {  # mode prog [args...]
   printf '  %-26s %-9s %-8s (exit %d)\n' "$prog" "$mode" "$status" "$rc"
 }
 
-# The device call is cut at 600 s: each stage starts only with enough time left for it, so the
-# summary is always written.
-left() { echo $(( 570 - ($(date +%s) - t_start) )); }
+# The device call is cut at 600 s (ABLATE_CALL_SECONDS, default 570, for a shorter call): each
+# stage starts only with enough time left for it, so the summary is always written.
+call_seconds=${ABLATE_CALL_SECONDS:-570}
+[[ "$call_seconds" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: ABLATE_CALL_SECONDS must be a positive number of seconds, not '$call_seconds'" >&2; exit 2; }
+left() { echo $(( call_seconds - ($(date +%s) - t_start) )); }
 # A command's own limit: at most $1 seconds, and never past the call's end.
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
 stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,comm},"
@@ -129,6 +133,15 @@ if want bench && ! skip_stage pytorch_sdpa 60; then
   case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
   printf 'pytorch_sdpa\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -8 "$out/logs/pytorch_sdpa.log"
+fi
+want bench && echo "== peer: PyTorch's products at GPT-2 124M's shapes (bench/peers/pytorch_gemm.py), the ceiling of cuda_layers'"
+if want bench && ! skip_stage pytorch_gemm 60; then
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout "$(limit 90)" python3 "$here/src/bench/peers/pytorch_gemm.py" --rows 65536 --json "$out/pytorch_gemm.json" \
+    > "$out/logs/pytorch_gemm.log" 2>&1
+  case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf 'pytorch_gemm\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -17 "$out/logs/pytorch_gemm.log"
 fi
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
 # ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)

@@ -45,6 +45,7 @@ def headline(name, data):
         "bench_attention": ["device", "flash_over_naive_t2048", "padded_over_packed_time", "packed_real_fraction",
                             "padded_real_fraction"],
         "pytorch_sdpa": ["device", "torch"],
+        "pytorch_gemm": ["device", "torch", "rows"],
         "bench_nccl": ["device", "world", "elements"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
@@ -59,6 +60,14 @@ def headline(name, data):
                 picked[f"{row.get('op')}/{row.get('dtype')} algbw GB/s"] = row.get("algbw_gbs")
             else:
                 picked[f"{row.get('shape')}/{row.get('backend')}/{row.get('dtype')} f+b TF/s"] = row.get("fwd_bwd_tflops")
+        return picked
+    products = data.get("products") if isinstance(data, dict) else None
+    if isinstance(products, list) and name == "pytorch_gemm":
+        # The ceiling of cuda_layers' products: bf16 operands, a float32 output.
+        picked = {k: data[k] for k in (keys or []) if k in data}
+        for p in products:
+            if isinstance(p, dict) and p.get("mode") == "bf16->f32" and p.get("tflops") is not None:
+                picked[f"{p.get('product')} bf16->f32 TFLOP/s"] = round(p["tflops"], 1)
         return picked
     if isinstance(data, dict) and keys:
         picked = {k: data[k] for k in keys if k in data}

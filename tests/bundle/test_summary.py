@@ -15,7 +15,8 @@ with tempfile.TemporaryDirectory() as out:
     rows = [("test_naive_cuda", "plain", "passed", 0, 3.2), ("test_cudnn_flash", "memcheck", "failed", 3, 80.0),
             ("bench_attention", "benchmark", "passed", 0, 40), ("pytorch_sdpa", "peer", "passed", 0, 20),
             ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
-            ("pytorch_gpt", "peer", "skipped", 0, 0), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0)]
+            ("pytorch_gpt", "peer", "skipped", 0, 0), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0),
+            ("pytorch_gemm", "peer", "passed", 0, 20)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -28,6 +29,10 @@ with tempfile.TemporaryDirectory() as out:
         "bench_nccl.json": {"device": "NVIDIA H100 80GB HBM3", "world": 1, "elements": 124475904,
                             "rows": [{"op": "all_reduce", "dtype": "bf16", "algbw_gbs": 812.5}]},
         "ablate_gpt2_flash.json": {"status": "completed", "steps": 16, "tokens_per_s": 301234.0, "mfu": 0.251},
+        "pytorch_gemm.json": {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "rows": 65536, "products": [
+            {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->bf16", "ms": 0.451, "tflops": 686.04},
+            {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->f32", "ms": 0.535, "tflops": 578.12},
+            {"product": "qkv", "M": 65536, "K": 768, "N": 2304, "mode": "bf16->f32", "ms": None, "error": "no out_dtype"}]},
     }
     for name, data in files.items():
         with open(os.path.join(out, name), "w") as f:
@@ -44,7 +49,8 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "8 runs: 5 passed, 1 failed, 2 skipped" in text,
+        "counts": "9 runs: 6 passed, 1 failed, 2 skipped" in text,
+        "product ceiling": "fc bf16->f32 TFLOP/s=578.1" in text and "686" not in text and "qkv bf16" not in text,
         "skip named with its reason": "ablate_gpt2_nccl_2ranks" in text and "(needs 2 gpus)" in text,
         "files": os.path.exists(os.path.join(out, "summary.txt")) and
                  json.load(open(os.path.join(out, "summary.json")))["failed"] == 1,
