@@ -48,11 +48,10 @@ struct StepArgs {
   unsigned long long* skipped = nullptr;  // device counter; elements with a non-finite gradient are added
 };
 
-// The largest block_size the kernel serves (elements are held in registers between the update and
-// the encoding: kThreads threads x kPerThread each).
+// Threads per thread block (a warp per quantization block), and the largest block_size the kernel
+// serves (a block longer than 256 values is updated twice, so longer ones cost more reads).
 constexpr int kThreads = 256;
-constexpr int kPerThread = 16;
-constexpr int kMaxBlockSize = kThreads * kPerThread;
+constexpr int kMaxBlockSize = 4096;
 
 cudaError_t launch_step(const StepArgs& args, cudaStream_t stream);
 

@@ -12,7 +12,7 @@ namespace ablate::adamw_fused {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPerThread = 4;  // consecutive elements per thread
+constexpr int kPerThread = 8;  // elements per thread and tile, kThreads apart
 
 __device__ int find_run(const DecayRun* runs, int32_t num_runs, int64_t i) {
   int lo = 0, hi = num_runs - 1;  // the first run with end > i
@@ -24,24 +24,43 @@ __device__ int find_run(const DecayRun* runs, int32_t num_runs, int64_t i) {
   return lo;
 }
 
-__global__ void step_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                            float* __restrict__ v, uint16_t* __restrict__ p_bf16, int64_t n,
-                            const DecayRun* __restrict__ runs, int32_t num_runs, Coefficients c) {
-  const int64_t stride = int64_t(gridDim.x) * kThreads * kPerThread;
-  for (int64_t i0 = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * kPerThread; i0 < n; i0 += stride) {
-    int r = find_run(runs, num_runs, i0);
+// A thread block takes tiles of kThreads x kPerThread elements; element k of a thread is
+// tile + k * kThreads + threadIdx.x, so each of a warp's loads and stores covers 128 consecutive
+// bytes. Every load of the tile is issued before the first result is needed, so a thread has
+// kPerThread x 4 loads in flight rather than one element's.
+__global__ void __launch_bounds__(kThreads) step_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                                        float* __restrict__ m, float* __restrict__ v,
+                                                        uint16_t* __restrict__ p_bf16, int64_t n,
+                                                        const DecayRun* __restrict__ runs, int32_t num_runs,
+                                                        Coefficients c) {
+  const int64_t tile = int64_t(kThreads) * kPerThread;
+  const int64_t stride = int64_t(gridDim.x) * tile;
+  for (int64_t base = int64_t(blockIdx.x) * tile + threadIdx.x; base < n; base += stride) {
+    float pk[kPerThread], gk[kPerThread], mk[kPerThread], vk[kPerThread];
+#pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
-      const int64_t i = i0 + k;
+      const int64_t i = base + int64_t(k) * kThreads;
+      if (i < n) {
+        pk[k] = p[i];
+        gk[k] = g[i];
+        mk[k] = m[i];
+        vk[k] = v[i];
+      }
+    }
+    int r = find_run(runs, num_runs, base);
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = base + int64_t(k) * kThreads;
       if (i >= n) break;
       while (runs[r].end <= i) ++r;
       const float decay = runs[r].decay ? c.decay : 1.0f;
-      const float gi = __fmul_rn(g[i], c.grad_scale);
-      const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
-      const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
+      const float gi = __fmul_rn(gk[k], c.grad_scale);
+      const float mi = __fadd_rn(__fmul_rn(c.b1, mk[k]), __fmul_rn(c.one_minus_b1, gi));
+      const float vi = __fadd_rn(__fmul_rn(c.b2, vk[k]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
       m[i] = mi;
       v[i] = vi;
       const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.sqrt_bias2), c.eps);
-      const float pi = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+      const float pi = __fsub_rn(__fmul_rn(pk[k], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
       p[i] = pi;
       if (p_bf16 != nullptr) p_bf16[i] = device_math::bf16_bits(pi);  // the products' copy, in the same pass
     }

@@ -2,13 +2,13 @@
 // under every test schedule, several steps in a row from a random state, bit for bit against the
 // CPU optimizers (loaded through the registry) given the same parameters, state and gradients:
 //   adamw_fused (plugins/adamw_fused): parameters and both moments == the CPU `adamw`'s, over
-//   n = 1, 7, 1100, 70001 (not multiples of a thread's 4 elements or a block's 1024) cut into
+//   n = 1, 7, 1100, 70001 (not multiples of a thread block's tile of 2048) cut into
 //   decay and no-decay runs, with the bf16 copy on odd steps and without it on even ones;
 //   adamw8bit (plugins/adamw8bit): parameters, codes, absmax and fp32 moments == the CPU
 //   `adamw8bit`'s, over 8-bit and fp32 blocks (small slices and a pattern's), short last blocks,
-//   the largest block the kernel serves, more work blocks than the grid has thread blocks (some
-//   thread blocks taking two 8-bit blocks), an all-zero block, and non-finite gradients (counted
-//   in `skipped`, their values kept).
+//   the largest block the kernel serves (updated in two passes), more work blocks than the grid
+//   has warps (some warps taking a second block), an all-zero block, and non-finite gradients
+//   (counted in `skipped`, their values kept).
 // The bf16 copy is checked against emu_support.hpp's round-to-nearest-even; elements past the
 // end, and a copy not given, keep their sentinel.
 #include <doctest/doctest.h>
@@ -500,33 +500,35 @@ TEST_CASE("adamw8bit's step is the CPU adamw8bit's, bit for bit: 8-bit and fp32 
                          {5917 + 61 + 5043 - 3, 3e30f, 3},
                          {5917 + 61 + 5043 + 123 + 4000, -std::numeric_limits<float>::infinity(), 2}},
                         26,
-                        66};
+                        9};  // 66 work blocks, a warp each: 9 thread blocks of 8 warps
   check_adamw8bit(blocks256, 5, worst);
-  // The kernel's largest block (4096: 16 elements a thread) and a short one after it; an fp32 slice
-  // of 3000 elements, one block walked 256 at a time.
+  // The kernel's largest block (4096: 16 chunks of 256, updated twice: once for the absmax, once to
+  // store) and a short one after it (1000: 4 chunks, the last short); an fp32 slice of 3000
+  // elements, one block walked 256 at a time.
   const Case8 largest{{{"w", {5096}, true}, {"ln", {3000}, false}}, {k8::kMaxBlockSize, 4096, ""}, {1, 0}, 3,
-                      {{4096 + 999, std::numeric_limits<float>::quiet_NaN(), 1}}, -1, 3};
+                      {{4096 + 999, std::numeric_limits<float>::quiet_NaN(), 1}}, -1, 1};
   check_adamw8bit(largest, 6, worst);
   emu_test::report_worst("adamw8bit step_kernel", worst.abs, worst.rel);
 }
 
-TEST_CASE("adamw8bit's thread blocks each take several work blocks when there are more than the grid") {
+TEST_CASE("adamw8bit's warps each take several work blocks when there are more than the grid's warps") {
   Worst worst;
-  // Blocks of 16: w (10 8-bit blocks), emb (1040 fp32 blocks: the pattern's), v (60 8-bit blocks,
-  // the last of 9) and b (3 fp32 blocks, small): 1113 work blocks over the interpreter's
-  // 132 SMs x 8 = 1056 thread blocks, so thread blocks 0-56 take a second one: 0-9 two 8-bit blocks,
-  // 10-56 an fp32 block then an 8-bit or fp32 one. In the second round: a NaN gradient, and v's
-  // last block all zero.
-  const Case8 many{{{"w", {9, 17}, true}, {"emb.weight", {1040, 16}, true}, {"v", {953}, true}, {"b", {37}, false}},
+  // Blocks of 16: w (10 8-bit blocks), emb (4200 fp32 blocks: the pattern's), v (60 8-bit blocks,
+  // the last of 9) and b (3 fp32 blocks, small): 4273 work blocks, a warp each, over the
+  // interpreter's 132 SMs x 4 = 528 thread blocks of 8 warps (4224), so warps 0-48 take a second
+  // one: v's blocks 14-59 and b's. In the second round: a NaN gradient (v's block 20), and v's last
+  // block all zero.
+  const Case8 many{{{"w", {9, 17}, true}, {"emb.weight", {4200, 16}, true}, {"v", {953}, true}, {"b", {37}, false}},
                    {16, 64, "^emb\\."},
                    {1, 0, 1, 0},
                    2,
-                   {{153 + 16640 + 10 * 16 + 3, std::numeric_limits<float>::quiet_NaN(), 1}},
-                   1109,
-                   1056};
+                   {{153 + 67200 + 20 * 16 + 3, std::numeric_limits<float>::quiet_NaN(), 1}},
+                   4269,
+                   528};
   const Layout l = layout_of(make_table(many.slices), 16, many.quantized);
-  REQUIRE(l.blocks.size() == 1113);
-  REQUIRE((l.blocks[1060].quantized == 1 && l.blocks[1109].quantized == 1 && l.blocks[1109].n == 9));
+  REQUIRE(l.blocks.size() == 4273);
+  REQUIRE((l.blocks[4230].quantized == 1 && l.blocks[4230].param_offset == 153 + 67200 + 20 * 16));
+  REQUIRE((l.blocks[4269].quantized == 1 && l.blocks[4269].n == 9));
   check_adamw8bit(many, 7, worst);
-  emu_test::report_worst("adamw8bit step_kernel (several work blocks a thread block)", worst.abs, worst.rel);
+  emu_test::report_worst("adamw8bit step_kernel (several work blocks a warp)", worst.abs, worst.rel);
 }
