@@ -123,6 +123,39 @@ Measurement measure(ablate::Registry& registry, const std::string& source_toml, 
   return m;
 }
 
+// What the trainer pays to take a micro-batch from the pipeline, per batch: a copy of its arrays
+// (the trainer's loop until the pipeline handed batches over) against DataPipeline::next_into's
+// swap of the buffers. Timed over `reps` hand-overs of one batch of (B, T) into a destination that
+// already has the capacity (as the trainer's micro-batches do after the first step).
+struct Handover {
+  int32_t rows = 0, seq_len = 0;
+  int64_t bytes = 0;  // what a copy moves (read once, written once)
+  double copy_us = 0, swap_us = 0;
+};
+
+Handover measure_handover(ablate::Batch sample, int reps) {
+  Handover h{sample.rows, sample.seq_len, 0, 0, 0};
+  const auto array_bytes = [](const auto& v) { return int64_t(v.size() * sizeof(v[0])); };
+  h.bytes = array_bytes(sample.tokens) + array_bytes(sample.targets) + array_bytes(sample.positions) +
+            array_bytes(sample.segment_ids) + array_bytes(sample.segments) + array_bytes(sample.row_segments);
+  ablate::Batch held = sample;  // capacity in place
+  int64_t checksum = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) {
+    held = sample;
+    checksum += held.tokens[std::size_t(i) % held.tokens.size()];
+  }
+  h.copy_us = 1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) {
+    std::swap(held, sample);
+    checksum += held.tokens[std::size_t(i) % held.tokens.size()];
+  }
+  h.swap_us = 1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  if (checksum == -1) std::printf("%lld\n", static_cast<long long>(checksum));  // keeps the loops
+  return h;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -174,6 +207,24 @@ int main(int argc, char** argv) {
       }
     }
     fs::remove_all(dir);
+
+    // The hand-over: a packed batch of synthetic probes at the run's (B, T) and at the quickstart's.
+    std::vector<Handover> handovers;
+    for (const auto& [b, t] : {std::pair{o.batch_size, o.seq_len}, std::pair{8, 256}}) {
+      const std::string toml = "[data]\nname = \"synthetic_probes\"\nworkers = 0\n[batching]\nname = \"packed\"\nbatch_size = " +
+                               std::to_string(b) + "\nseq_len = " + std::to_string(t) + "\n";
+      ablate::RunContext run;
+      run.seed = 1;
+      auto pipeline = ablate::DataPipeline::from_config(ablate::Config::parse(toml, "bench_data", {}, registry), registry, run);
+      ablate::Batch taken;
+      pipeline->next_into(taken);
+      handovers.push_back(measure_handover(taken, int(std::max<int64_t>(50, 20'000'000 / (int64_t(b) * t)))));
+    }
+    std::printf("\nhanding a micro-batch to the trainer (per batch): a copy of its arrays, as before, against next_into's swap\n");
+    std::printf("%6s %6s %12s %10s %10s\n", "B", "T", "bytes", "copy us", "swap us");
+    for (const Handover& h : handovers) {
+      std::printf("%6d %6d %12lld %10.2f %10.3f\n", h.rows, h.seq_len, static_cast<long long>(h.bytes), h.copy_us, h.swap_us);
+    }
     if (!o.json_path.empty()) {
       nlohmann::json j;
       j["seq_len"] = o.seq_len;
@@ -189,6 +240,10 @@ int main(int argc, char** argv) {
                                 {"real_tokens_per_s", m.real_tokens_per_s},
                                 {"padding_fraction", m.padding_fraction},
                                 {"bottleneck", m.bottleneck}});
+      }
+      for (const Handover& h : handovers) {
+        j["handover"].push_back({{"rows", h.rows}, {"seq_len", h.seq_len}, {"bytes", h.bytes}, {"copy_us", h.copy_us},
+                                 {"swap_us", h.swap_us}});
       }
       std::ofstream(o.json_path) << j.dump(2) << "\n";
       std::printf("\nwrote %s\n", o.json_path.c_str());

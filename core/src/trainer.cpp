@@ -581,11 +581,7 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
     engine.set_op_times(profiling ? &p.op_times : nullptr);
     const auto t0 = Clock::now();
     double wait_ms = 0;
-    for (Batch& b : p.micro) {
-      const PipelineBatch& pb = t.train_data->next();
-      b = pb.batch;
-      wait_ms += pb.wait_ms;
-    }
+    for (Batch& b : p.micro) wait_ms += t.train_data->next_into(b);  // handed over, not copied
     const double lr = schedule->at(step);
     const StepOutcome outcome = engine.step(p.micro, step, lr);
     model.device().synchronize();

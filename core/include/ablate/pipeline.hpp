@@ -84,6 +84,10 @@ class DataPipeline {
   // The next batch; valid until the next call to next() or restore(). Rethrows an error of any
   // stage (e.g. a bad document) in the consumer's thread.
   const PipelineBatch& next();
+  // next(), handed over: the batch is swapped into `out`, no token copied (`out`'s previous buffers
+  // go back to the pipeline, whose batcher overwrites them). Returns how long the consumer waited
+  // for it, in milliseconds. For a consumer that keeps several batches at once (micro-batches).
+  double next_into(Batch& out);
   // The cursor after the last batch next() returned ({0, {}} at the start, or what was restored).
   DataCursor cursor() const;
   // Continues the stream from `cursor` (drops whatever was prefetched).

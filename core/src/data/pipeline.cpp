@@ -462,6 +462,11 @@ std::unique_ptr<DataPipeline> DataPipeline::from_config(const Config& config, co
 DataPipeline::~DataPipeline() = default;
 
 const PipelineBatch& DataPipeline::next() { return impl_->consume(); }
+double DataPipeline::next_into(Batch& out) {
+  impl_->consume();
+  std::swap(out, impl_->handed->batch);  // the handed slot goes back to the spares on the next call
+  return impl_->handed->wait_ms;
+}
 DataCursor DataPipeline::cursor() const { return impl_->consumed_cursor; }
 void DataPipeline::restore(const DataCursor& cursor) { impl_->restore(cursor); }
 PipelineStats DataPipeline::stats() const { return impl_->snapshot(); }
