@@ -97,6 +97,14 @@ const char* to_string(LayerRole role) noexcept {
   }
   return "unknown";
 }
+
+const char* to_string(PositionSite site) noexcept {
+  switch (site) {
+    case PositionSite::stream: return "stream";
+    case PositionSite::qk: return "qk";
+  }
+  return "unknown";
+}
 Attention::~Attention() = default;
 
 void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,

@@ -62,7 +62,7 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
       string("norm", "layernorm", "normalisation layer: a layer component of role norm (layernorm, rmsnorm, or a plugin's)"),
       string("mlp", "gelu_mlp", "feed-forward layer: a layer component of role mlp (gelu_mlp, swiglu_mlp, or a plugin's)"),
       integer("mlp_hidden", 0, "MLP hidden size (0 = 4*d for gelu_mlp, 8/3*d rounded up to 64 for swiglu_mlp)").within(0, 1048576),
-      string("position", "learned", "position encoding").one_of({"learned", "rope"}),
+      string("position", "learned", "position encoding: a layer component of role position (learned, rope, or a plugin's)"),
       floating("rope_theta", 10000.0, "RoPE base").at_least(1.0),
       boolean("qk_norm", false, "per-head RMSNorm of q and k before RoPE"),
       boolean("bias", true, "biases in linear layers and norms"),

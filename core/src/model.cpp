@@ -222,7 +222,7 @@ struct Model::Impl {
     e.d_y = d_res;
     e.dropout_site = ++dropout_site;
     sites.push_back(e);
-    if (o.position == "learned") {
+    if (pos->position_site() == PositionSite::stream) {
       Site p = layer_site(pos.get(), &pos_spec, declare(*pos, pos_spec, "wpe"), C, C);
       p.x = p.y = x0;
       p.d_y = p.d_x = d_res;
@@ -260,7 +260,7 @@ struct Model::Impl {
                                   B(Slot::k), B(Slot::kn_s), shared(Slot::d_k), shared(Slot::d_klin), GradMode::overwrite, D,
                                   Hk));
       }
-      if (o.position == "rope") {  // in place, forward on q and k, backward on their gradients
+      if (pos->position_site() == PositionSite::qk) {  // in place, forward on q and k, backward on their gradients
         for (auto [slot, d_slot, heads] : {std::tuple{Slot::q, Slot::d_q, H}, {Slot::k, Slot::d_k, Hk}}) {
           Site r = layer_site(pos.get(), &pos_spec, -1, heads * D, heads * D);
           r.heads = heads;
@@ -638,7 +638,8 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   const int64_t C = o.d_model, D = o.head_dim;
   m.emb_spec.in = C;
   m.emb_spec.out = o.vocab_padded;
-  m.pos_spec.in = o.position == "rope" ? D : C;
+  const PositionSite site = m.pos->position_site();
+  m.pos_spec.in = site == PositionSite::qk ? D : C;
   m.pos_spec.max_positions = o.max_seq_len;
   m.pos_spec.rope_theta = o.rope_theta;
   m.norm_spec.in = C;
@@ -667,7 +668,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
                         m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
   m.bf16_attention_out = m.bf16_norm_outputs && m.attn->bf16_activations();
   m.bf16_qkv = m.bf16_attention_out && m.lin->bf16_attention_inputs() &&
-               (o.position != "rope" || m.pos->bf16_attention_inputs()) && (!o.qk_norm || m.qkn->bf16_attention_inputs());
+               (site != PositionSite::qk || m.pos->bf16_attention_inputs()) && (!o.qk_norm || m.qkn->bf16_attention_inputs());
   m.build_schedule();
   // Refused by size before anything is allocated (the run's full plan is checked later, with the
   // optimizer and the activations): values and gradients alone must fit the device.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 
 #include <unistd.h>
 
@@ -250,6 +252,95 @@ TEST_CASE("accumulating micro-batches equals one batch, backward twice equals tw
     const std::vector<float> twice = grads_of(m);
     for (std::size_t i = 0; i < once.size(); ++i) REQUIRE(twice[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-6));
   }
+}
+
+// A position scheme the model has no name for, registered by the test as a plugin would register
+// it: fixed sinusoids added to the stream (Vaswani et al., 2017), no parameters. Where the model
+// applies it is the layer's answer to position_site() (the default, the stream), not its name.
+class Sinusoidal final : public Layer {
+ public:
+  LayerRole role() const override { return LayerRole::position; }
+  void declare_params(const LayerSpec&, const std::string&, ParamTable&) const override {}
+  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  static float value(int64_t position, int64_t c, int64_t in) {
+    const double angle = double(position) / std::pow(10000.0, double(2 * (c / 2)) / double(in));
+    return float(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+  }
+  void forward(const LayerCall& call) override {
+    if (call.x.dtype != DType::f32 || call.batch == nullptr) throw std::runtime_error("sinusoidal: f32 and a batch");
+    const int64_t in = call.spec->in;
+    const int32_t* positions = call.batch->positions.as<int32_t>();
+    const float* x = call.x.as<float>();
+    float* y = call.y.as<float>();
+    for (int64_t r = 0; r < call.rows; ++r) {
+      for (int64_t c = 0; c < in; ++c) y[r * in + c] = x[r * in + c] + value(positions[r], c, in);
+    }
+  }
+  void backward(const LayerCall& call) override {  // d_x = d_y, in place when they share a buffer
+    if (call.d_x.data == nullptr || call.d_x.data == call.d_y.data) return;
+    const int64_t n = call.rows * call.spec->in;
+    const float* dy = call.d_y.as<float>();
+    float* dx = call.d_x.as<float>();
+    for (int64_t i = 0; i < n; ++i) dx[i] = call.input_grad == GradMode::accumulate ? dx[i] + dy[i] : dy[i];
+  }
+};
+
+TEST_CASE("a position scheme from a plugin is applied where the layer says: sinusoids == learned positions holding them") {
+  Fixture f;
+  f.registry.add({Kind::layer, "sinusoidal", "1.0.0", "fixed sinusoids added to the stream (test)", {},
+                  [](const ComponentArgs&) -> std::unique_ptr<Component> { return std::make_unique<Sinusoidal>(); }, "",
+                  {"cpu"}},
+                 "test_model");
+  Golden g("tiny_gpt2");
+  ModelOptions with_sinusoids = g.options();
+  with_sinusoids.position = "sinusoidal";
+  Model learned(g.options(), f.registry, f.run);
+  Model sinus(with_sinusoids, f.registry, f.run);
+  REQUIRE(sinus.table().find("wpe.weight") == nullptr);
+  const ParamSlice* wpe = learned.table().find("wpe.weight");
+  REQUIRE(wpe != nullptr);
+  CHECK(sinus.num_params() == learned.num_params() - wpe->numel());
+  // The golden parameters in both, and in the learned model's table the sinusoids.
+  const auto fill = [&](Model& m, bool sinusoid_table) {
+    std::vector<float> values(std::size_t(m.num_params()));
+    for (const ParamSlice& s : m.table().slices) {
+      if (s.name == "wpe.weight" && sinusoid_table) {
+        const int64_t in = s.shape[1];
+        for (int64_t p = 0; p < s.shape[0]; ++p) {
+          for (int64_t c = 0; c < in; ++c) values[std::size_t(s.offset + p * in + c)] = Sinusoidal::value(p, c, in);
+        }
+        continue;
+      }
+      const NamedTensor& t = g.get("param." + s.name);
+      std::memcpy(values.data() + s.offset, t.bytes.data(), t.bytes.size());
+    }
+    m.load_params_from_host(values);
+  };
+  fill(learned, true);
+  fill(sinus, false);
+  const Batch batch = g.batch();
+  const double scale = 1.0 / double(batch.real_targets());
+  learned.zero_grads();
+  sinus.zero_grads();
+  const double loss_learned = learned.forward_backward(batch, scale, 0);
+  const double loss_sinus = sinus.forward_backward(batch, scale, 0);
+  CHECK(loss_sinus == loss_learned);  // the same additions in the same order: bit for bit
+  const std::vector<float> g_learned = grads_of(learned), g_sinus = grads_of(sinus);
+  int64_t compared = 0;
+  for (const ParamSlice& s : sinus.table().slices) {
+    const ParamSlice* other = learned.table().find(s.name);
+    REQUIRE(other != nullptr);
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      REQUIRE(g_sinus[std::size_t(s.offset + i)] == g_learned[std::size_t(other->offset + i)]);
+      ++compared;
+    }
+  }
+  CHECK(compared == sinus.num_params());
+  // And a loss that differs from the golden model's own learned table: the sinusoids were applied.
+  Model golden(g.options(), f.registry, f.run);
+  load_golden_params(golden, g);
+  golden.zero_grads();
+  CHECK(golden.forward_backward(batch, scale, 0) != loss_sinus);
 }
 
 TEST_CASE("GPT-2 small has 124,475,904 parameters with the vocabulary padded to 50304") {

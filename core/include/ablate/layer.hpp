@@ -2,8 +2,9 @@
 //
 // Roles (one component may serve one role):
 //   embedding   y(rows, in) = table[tokens]                     params: weight (out=vocab_padded, in)
-//   position    learned: y = x + table[positions]  (x, y: (rows, in); may alias)
-//               rope:    y = rotate(x) by positions (x, y: (rows, heads, in); may alias)
+//   position    where position_site() says: on the stream (learned: y = x + table[positions];
+//               x, y: (rows, in); may alias) or on q and k (rope: y = rotate(x) by positions;
+//               x, y: (rows, heads, in); may alias)
 //   norm        y = norm(x) over the last dim `in`; x, y: (rows, in)  (qk-norm: rows*heads rows)
 //   linear      y = x W^T + b (+ residual)                       params: weight (out, in), bias (out)
 //   mlp         y = proj(act(fc(x))) (+ residual); hidden width `out`
@@ -37,6 +38,14 @@ enum class GradMode { overwrite, accumulate };
 
 enum class LayerRole { embedding, position, norm, linear, mlp, classifier };
 const char* to_string(LayerRole role) noexcept;
+
+// Where the model applies a position layer (role position):
+//   stream  once, on the token embeddings: y = x + f(positions), x and y (rows, in = d_model), may
+//           alias; the layer's parameters (if any) are declared under "wpe" (learned);
+//   qk      in every block, in place on q and on k, per head: x = y (rows, heads, in = head_dim),
+//           forward, and on their gradients backward; no parameters (rope).
+enum class PositionSite { stream, qk };
+const char* to_string(PositionSite site) noexcept;
 
 // What one use of a layer looks like (the model fills the fields its role needs).
 struct LayerSpec {
@@ -101,6 +110,8 @@ class LayerBase : public Component {
   // that takes bf16 q, k, v (Attention::bf16_activations), the model holds them in bf16 when every
   // layer that touches them says yes.
   virtual bool bf16_attention_inputs() const { return false; }
+  // A position layer: where the model applies it (PositionSite above). Other roles: unused.
+  virtual PositionSite position_site() const { return PositionSite::stream; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.
