@@ -141,7 +141,7 @@ if want bench && ! skip_stage pytorch_gemm 60; then
     > "$out/logs/pytorch_gemm.log" 2>&1
   case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
   printf 'pytorch_gemm\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
-  tail -17 "$out/logs/pytorch_gemm.log"
+  tail -20 "$out/logs/pytorch_gemm.log"
 fi
 # ablate itself on GPT-2 124M (the gpt2-124m config's model; synthetic tokens, as the peer's random
 # ones: the shapes, not the text, set the speed), T = 1024, bf16 products (ABLATE_GPT2_DTYPE to change)
