@@ -27,13 +27,13 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/attention.hpp"
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_support.hpp"
 #include "cuda_timing.hpp"
 
@@ -192,7 +192,7 @@ class Bench {
 
   template <class F>
   double time_ms(F&& call) {
-    return bench::median_event_ms(static_cast<cudaStream_t>(device_->stream()), iters_, call);
+    return bench::median_event_ms(device_->stream().as<cudaStream_t>(), iters_, call);
   }
 
   int iters_;

@@ -26,7 +26,7 @@
 
 #include "ablate/communicator.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace {
 

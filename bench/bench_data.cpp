@@ -22,10 +22,10 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace fs = std::filesystem;
 

@@ -23,7 +23,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 using namespace ablate;
 

@@ -26,11 +26,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 #ifdef ABLATE_BENCH_CUDA
 #include "ablate/cuda_check.hpp"

@@ -2,11 +2,12 @@
 // and `ablate config reference`: every section's and plugin's keys as Markdown (docs/ is made from it).
 #include <cctype>
 #include <cstdio>
+#include <optional>
 #include <iostream>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "ablate/version.hpp"
 #include "commands.hpp"
 
@@ -55,14 +56,21 @@ int config_reference(const Args& args) {
                   s.selector.c_str(), std::string(to_string(*s.kind)).c_str(), s.selector_is_list ? "s" : "",
                   s.name.c_str());
     }
+    if (!s.layer_keys.empty()) {
+      std::printf(" The layer each of %s names takes its own keys, if it declares any, in `[%s.<layer name>]`.",
+                  join(s.layer_keys, ", ").c_str(), s.name.c_str());
+    }
     std::printf("\n\n");
     print_schema(s.keys);
-    if (s.kind) {
-      for (const ComponentInfo* c : registry.list(*s.kind)) {
-        std::printf("### [%s.%s]\n\n%s\n\n", s.name.c_str(), c->name.c_str(), c->doc.c_str());
-        if (c->schema.empty()) std::printf("No keys of its own.\n\n");
-        else print_schema(c->schema);
-      }
+    const std::optional<Kind> sub_kind = s.kind ? s.kind : s.layer_keys.empty() ? std::nullopt : std::optional(Kind::layer);
+    if (!sub_kind) continue;
+    // One entry per name: a name registered for several devices (cpu and cuda) has one schema.
+    for (const std::string& name : registry.names(*sub_kind)) {
+      const ComponentInfo* c = registry.find(*sub_kind, name);
+      if (!s.kind && c->schema.empty()) continue;  // [model]: only the layers that have keys
+      std::printf("### [%s.%s]\n\n%s\n\n", s.name.c_str(), c->name.c_str(), c->doc.c_str());
+      if (c->schema.empty()) std::printf("No keys of its own.\n\n");
+      else print_schema(c->schema);
     }
   }
   return 0;

@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/data.hpp"
 #include "ablate/error.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 

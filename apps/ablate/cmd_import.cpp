@@ -13,8 +13,9 @@
 #include "ablate/atomic_file.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/hf_checkpoint.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/hf_checkpoint.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 
@@ -109,7 +110,7 @@ int import_hf(const Args& args) {
   }
   RunContext run;
   run.seed = uint64_t(config.section("run").get_int("seed"));
-  Model model(ModelOptions::from(config, 0), registry, run);
+  Model model(ModelOptions::from(config, 0), registry, run, make_device(registry, run));
   model.load_params_from_host(hf_parameters(hf, model));
   fs::create_directories(run_dir);
   const std::string tokenizer = keep_tokenizer(dir, run_dir);

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 

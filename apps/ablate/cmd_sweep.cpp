@@ -16,9 +16,9 @@
 #include "ablate/atomic_file.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/model.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/model.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 #include "report.hpp"
@@ -109,7 +109,7 @@ std::string set_common_peak(const Sweep& s, const fs::path& out, std::vector<Arm
   } else {
     const RunContext run = training_context(c);
     auto source = make_data_source(c, registry, run);
-    Model model(ModelOptions::from(c, source->vocab_size()), registry, run);
+    Model model(ModelOptions::from(c, source->vocab_size()), registry, run, make_device(registry, run));
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.6g", model.measure_matmul_tflops());
     peak_text = buf;

@@ -15,9 +15,10 @@
 
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/safetensors.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 #include "report.hpp"

@@ -15,12 +15,12 @@
 #include <spdlog/spdlog.h>
 
 #include "ablate/communicator.hpp"
-#include "ablate/engine.hpp"
+#include "ablate/runtime/engine.hpp"
 #include "ablate/error.hpp"
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
 
@@ -244,7 +244,7 @@ int tune_batch_size(const Args& args) {
 
   auto source = make_data_source(config, registry, run);
   const ModelOptions mo = ModelOptions::from(config, source->vocab_size());
-  Model model(mo, registry, run);
+  Model model(mo, registry, run, make_device(registry, run));
   model.init_params(run.seed);
   const std::string opt_name = config.selected("optimizer");
   auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,

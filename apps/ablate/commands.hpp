@@ -7,8 +7,8 @@
 
 #include <boost/program_options.hpp>
 
-#include "ablate/config.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace ablate::cli {
 

@@ -11,7 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "ablate/version.hpp"
 #include "commands.hpp"
 

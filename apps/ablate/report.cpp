@@ -18,7 +18,7 @@
 
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/safetensors.hpp"
 
 namespace ablate::cli {
 

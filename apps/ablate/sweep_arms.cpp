@@ -17,7 +17,8 @@
 #include "ablate/atomic_file.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "json_read.hpp"
 #include "sweep.hpp"
 

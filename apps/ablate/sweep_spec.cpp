@@ -13,8 +13,8 @@
 
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "sweep.hpp"
 
 namespace ablate::cli::sweep {

@@ -1,5 +1,5 @@
 // The gradient bucket plan (see buckets.hpp).
-#include "ablate/buckets.hpp"
+#include "ablate/runtime/buckets.hpp"
 
 #include <algorithm>
 #include <string>

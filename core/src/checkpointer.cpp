@@ -1,5 +1,5 @@
 // Checkpoints: the files of one saved step, the state that names them, resume, and the model
-// restored for evaluation, sampling and export (see checkpointer.hpp and trainer.hpp).
+// restored for evaluation, sampling and export (see checkpointer.hpp and ablate/runtime/checkpoint.hpp).
 #include "checkpointer.hpp"
 
 #include <algorithm>
@@ -13,13 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/hf_checkpoint.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/safetensors.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/hf_checkpoint.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/trainer.hpp"
 
 namespace ablate {
 

@@ -12,11 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/communicator.hpp"
-#include "ablate/model.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/safetensors.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/trainer.hpp"
 
 namespace ablate {
 

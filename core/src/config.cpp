@@ -1,6 +1,6 @@
 // Experiment configuration: parse (TOML++), apply --set overrides typed by the schemas, load the
 // [plugins] paths, validate every section and sub-table, fill defaults, print back as TOML.
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -14,7 +14,7 @@
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/version.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace ablate {
 
@@ -72,7 +72,7 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
           .within(0.0, 0.1),
       string("init_from", "", "start from these weights (fresh optimizer and schedule): an ablate run or checkpoint "
                               "directory, or a Hugging Face checkpoint directory (config.json + safetensors)").path(),
-    }, std::nullopt, "", false, ""});
+    }, std::nullopt, "", false, "", {"norm", "mlp", "position"}});
 }
 
 // The data pipeline ([data], [sampler], [batching]) and the attention backend.
@@ -144,6 +144,14 @@ const std::vector<SectionSpec>& section_specs() {
     return s;
   }();
   return specs;
+}
+
+// The kind whose registrations' keys a section's sub-tables hold: the section's own kind, or for
+// [model] the layers its keys name.
+static std::optional<Kind> sub_table_kind(const SectionSpec& spec) {
+  if (spec.kind) return spec.kind;
+  if (!spec.layer_keys.empty()) return Kind::layer;
+  return std::nullopt;
 }
 
 const SectionSpec* find_section_spec(std::string_view name) {
@@ -386,28 +394,7 @@ class Validator {
         res.keys[spec.selector] = selected.empty() ? std::string() : selected.front();
       }
     }
-    // Sub-tables: one per implementation, every one present validated.
-    if (table != nullptr) {
-      for (auto&& [key, node] : *table) {
-        if (!node.is_table()) continue;
-        const std::string impl(key.str());
-        const std::string ipath = path + "." + impl;
-        if (!spec.kind) {
-          throw_input_error(where(key.source(), ipath), "[" + path + "] has no sub-tables; unexpected table [" + ipath + "]" +
-                                                            did_you_mean(impl, schema_names(spec.keys)));
-        }
-        const ComponentInfo* info = registry_.find(*spec.kind, impl);
-        if (info == nullptr) {
-          const std::vector<std::string> valid = registry_.names(*spec.kind);
-          throw_input_error(where(key.source(), ipath),
-                            "[" + ipath + "]: no " + std::string(to_string(*spec.kind)) + " named '" + impl + "'" +
-                                did_you_mean(impl, valid) + " (valid: " +
-                                (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
-        }
-        res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
-        res.written.insert(impl);
-      }
-    }
+    check_sub_tables(spec, table, res);
     if (spec.kind && selected.size() == 1 && *spec.kind == Kind::communicator && selected[0] == kAutoCommunicator) {
       selected = registry_.names(*spec.kind);  // any of them may be chosen: resolve every one's keys
     }
@@ -417,6 +404,42 @@ class Validator {
       }
     }
     return res;
+  }
+
+  // Sub-tables: one per implementation (or per layer of [model]), every one present validated; and
+  // the chosen layers' keys, their defaults where [model.<layer>] is not given (a name no
+  // registration has is refused where the model makes the layer, with the layers of that role).
+  void check_sub_tables(const SectionSpec& spec, const toml::table* table, ResolvedSection& res) const {
+    const std::string& path = spec.name;
+    const std::optional<Kind> sub_kind = sub_table_kind(spec);
+    if (table != nullptr) {
+      for (auto&& [key, node] : *table) {
+        if (!node.is_table()) continue;
+        const std::string impl(key.str());
+        const std::string ipath = path + "." + impl;
+        if (!sub_kind) {
+          throw_input_error(where(key.source(), ipath), "[" + path + "] has no sub-tables; unexpected table [" + ipath + "]" +
+                                                            did_you_mean(impl, schema_names(spec.keys)));
+        }
+        const ComponentInfo* info = registry_.find(*sub_kind, impl);
+        if (info == nullptr) {
+          const std::vector<std::string> valid = registry_.names(*sub_kind);
+          throw_input_error(where(key.source(), ipath),
+                            "[" + ipath + "]: no " + std::string(to_string(*sub_kind)) + " named '" + impl + "'" +
+                                did_you_mean(impl, valid) + " (valid: " +
+                                (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+        }
+        res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
+        res.written.insert(impl);
+      }
+    }
+    for (const std::string& key : spec.layer_keys) {
+      const std::string& name = std::get<std::string>(res.keys.at(key));
+      const ComponentInfo* info = registry_.find(Kind::layer, name);
+      if (info != nullptr && res.impls.find(name) == res.impls.end()) {
+        res.impls[name] = check_table(toml::table{}, info->schema, path + "." + name, "", nullptr);
+      }
+    }
   }
 
  private:
@@ -452,11 +475,11 @@ const ParamSpec* override_spec(const std::vector<std::string>& parts, const std:
     }
     return p;
   }
-  if (parts.size() == 3 && sec->kind) {
-    const ComponentInfo* info = registry.find(*sec->kind, parts[1]);
+  if (const std::optional<Kind> kind = sub_table_kind(*sec); parts.size() == 3 && kind) {
+    const ComponentInfo* info = registry.find(*kind, parts[1]);
     if (info == nullptr) {
-      const std::vector<std::string> valid = registry.names(*sec->kind);
-      throw_input_error(origin, "no " + std::string(to_string(*sec->kind)) + " named '" + parts[1] + "'" +
+      const std::vector<std::string> valid = registry.names(*kind);
+      throw_input_error(origin, "no " + std::string(to_string(*kind)) + " named '" + parts[1] + "'" +
                                     did_you_mean(parts[1], valid) + " (valid: " + join(valid) + ")");
     }
     const ParamSpec* p = find_param(info->schema, parts[2]);
@@ -685,6 +708,9 @@ std::string Config::to_toml() const {
     };
     for (const auto& [impl, values] : sec.impls) {
       if (!chosen(impl)) continue;
+      // A layer without keys of its own writes no [model.<layer>]: the text (and hash) of a config
+      // that names only built-in layers stays what it was.
+      if (!spec.kind && values.empty() && sec.written.count(impl) == 0) continue;
       out += "\n[" + spec.name + "." + impl + "]\n";
       for (const auto& [k, v] : values) out += k + " = " + format_value(v) + "\n";
     }
@@ -730,6 +756,11 @@ std::vector<std::string> Config::selected_list(std::string_view section) const {
   if (spec == nullptr || !spec->kind) throw_runtime_error(std::string(section), "not a component section");
   if (!spec->selector_is_list) return {selected(section)};
   return this->section(section).get_string_list(spec->selector);
+}
+
+bool Config::has_implementation(std::string_view section, std::string_view impl) const {
+  auto it = impl_->sections.find(section);
+  return it != impl_->sections.end() && it->second.impls.find(impl) != it->second.impls.end();
 }
 
 Params Config::implementation(std::string_view section, std::string_view impl) const {

@@ -126,6 +126,7 @@ class CpuDevice final : public Device {
   ~CpuDevice() override = default;
 
   DeviceType type() const noexcept override { return DeviceType::cpu; }
+  DeviceCapabilities capabilities() const override { return {}; }  // host memory, fp32, mpi
   std::string describe() const override { return "cpu (" + std::to_string(threads_) + " threads)"; }
 
   Buffer alloc(DType dtype, int64_t count) override {

@@ -1,12 +1,12 @@
 // The engine: one optimizer step (see engine.hpp).
-#include "ablate/engine.hpp"
+#include "ablate/runtime/engine.hpp"
 
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 

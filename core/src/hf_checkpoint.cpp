@@ -1,5 +1,5 @@
 // Hugging Face checkpoints read into ablate's model (see hf_checkpoint.hpp).
-#include "ablate/hf_checkpoint.hpp"
+#include "ablate/runtime/hf_checkpoint.hpp"
 
 #include <cmath>
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/safetensors.hpp"
 
 namespace ablate {
 

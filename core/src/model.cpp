@@ -1,7 +1,7 @@
 // Model assembly: the layer plugins wired into a decoder-only transformer, its flat parameter and
 // gradient buffers and activation arena on the model's device, the activation plan, and the
 // forward/backward schedule (see model.hpp and model_schedule.hpp).
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -11,10 +11,11 @@
 #include <random>
 #include <sstream>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "model_plan.hpp"
 #include "model_schedule.hpp"
 
 namespace ablate {
@@ -29,6 +30,11 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   const Params m = config.section("model");
   ModelOptions o;
   o.model_common = m;
+  for (const std::string key : {"norm", "mlp", "position"}) {
+    const std::string name = m.get_string(key);
+    if (config.has_implementation("model", name)) o.layer_own.insert_or_assign(name, config.implementation("model", name));
+  }
+  if (config.has_implementation("model", "rmsnorm")) o.layer_own.insert_or_assign("rmsnorm", config.implementation("model", "rmsnorm"));
   o.d_model = m.get_int("d_model");
   o.n_layers = m.get_int("n_layers");
   o.n_heads = m.get_int("n_heads");
@@ -49,14 +55,6 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
                                               std::to_string(data_vocab) + ")");
   }
   o.vocab_padded = round_up(o.vocab_size, m.get_int("vocab_multiple"));
-  // tf32 and bf16 are modes of NVIDIA tensor cores: the CPU computes in fp32, and a CPU run counted
-  // against a bf16 peak would misreport itself.
-  const std::string dtype = config.section("run").get_string("dtype");
-  if (dtype != "fp32" && config.section("run").get_string("device") != "cuda") {
-    throw_input_error("run.dtype", "\"" + dtype + "\" is a mode of NVIDIA tensor cores (" +
-                                       (dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
-                                       "): it needs run.device = \"cuda\" (the CPU computes in fp32)");
-  }
   o.recompute = config.section("run").get_string("recompute");
   o.max_seq_len = m.get_int("max_seq_len");
   o.norm = m.get_string("norm");
@@ -113,6 +111,32 @@ using schedule::shared;
 using schedule::Site;
 using schedule::Slot;
 
+namespace {
+
+// Checked before any device sees the batch: a GPU kernel can only turn a bad id into NaN.
+void check_batch(const ModelOptions& o, const Batch& b) {
+  if (b.seq_len > o.max_seq_len) {
+    throw_input_error("model.max_seq_len", "rows of " + std::to_string(b.seq_len) + " positions exceed max_seq_len " +
+                                               std::to_string(o.max_seq_len));
+  }
+  for (int32_t t : b.tokens) {
+    if (t < 0 || t >= o.vocab_size) {
+      throw_runtime_error("model", "token " + std::to_string(t) + " outside the vocabulary of " + std::to_string(o.vocab_size));
+    }
+  }
+  for (int32_t t : b.targets) {
+    if (t != -1 && (t < 0 || t >= o.vocab_size)) {
+      throw_input_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
+                                     std::to_string(o.vocab_size) + " (and not -1, no loss)");
+    }
+  }
+}
+
+}  // namespace
+
+// The assembled model: its layers, the schedule they were wired into, its buffers, and the two
+// passes over the schedule. What the schedule, the arena layout and the bf16 policy are lives in
+// model_schedule.hpp and model_plan.hpp.
 struct Model::Impl {
   OpTimes* op_times = nullptr;  // per-op timing (run.profile_steps), else null
   // Runs f, timed as `op` with the device synchronised on both sides when profiling.
@@ -134,39 +158,26 @@ struct Model::Impl {
   std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn;
   std::unique_ptr<LossLayer> cls;
   std::unique_ptr<Attention> attn;
-  LayerSpec emb_spec, pos_spec, norm_spec, q_spec, kv_spec, o_spec, mlp_spec, qkn_spec, cls_spec;
+  schedule::LayerSpecs specs;
   ParamTable table;
-  int64_t head = 0;         // the classifier's weight (the embedding's when tied)
-  std::vector<GradRange> writes;                  // gradient_writes()
-  std::function<void(std::size_t)> gradient_hook;  // called after each of them in forward_backward
-  int64_t ln_f_param = 0;
-  std::vector<Site> sites;  // the forward pass in order (the classifier follows the last)
-  std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
+  schedule::Schedule sched;
+  std::function<void(std::size_t)> gradient_hook;  // called after each gradient write in forward_backward
+  schedule::Bf16Policy bf16;  // which activations are held in bf16
 
   Buffer params, grads, act;  // (P) f32, (P) f32, the arena
-  // run.dtype = "bf16" with a norm and readers of its output that take bf16 views
-  // (LayerBase::bf16_product_inputs): the norms' outputs (ln1, ln2, lnf) are held in bf16.
-  bool bf16_norm_outputs = false;
-  // And the attention output (read by the output projection only) when the backend writes it so
-  // (Attention::bf16_activations).
-  bool bf16_attention_out = false;
-  // And q, k, v (q_lin, k_lin, v, q, k) when the backend reads them so and the linear, rope and
-  // qk-norm layers that write or rotate them take bf16 (LayerBase::bf16_attention_inputs).
-  bool bf16_qkv = false;
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
 
   template <class L = Layer>
   std::unique_ptr<L> make_layer(const Registry& registry, const std::string& name, const char* key) {
-    const Params own{"model." + name, {}};
+    const auto it = o.layer_own.find(name);
+    const Params own = it != o.layer_own.end() ? it->second : Params{"model." + name, {}};
     return registry.create<L>(Kind::layer, name, {o.model_common, own, run}, key);
   }
 
-  int64_t declare(const LayerBase& layer, const LayerSpec& spec, const std::string& prefix) {
-    const int64_t before = table.total;
-    layer.declare_params(spec, prefix, table);
-    return before;
+  schedule::ModelLayers layers() const {
+    return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get()};
   }
 
   AttentionProblem problem(int64_t rows, int64_t T) const {
@@ -179,263 +190,42 @@ struct Model::Impl {
     p.dtype = DType::f32;
     p.device = device->type();
     p.packed = true;
-    p.bf16_out = bf16_attention_out;
-    p.bf16_qkv = bf16_qkv;
+    p.bf16_out = bf16.attention_out;
+    p.bf16_qkv = bf16.qkv;
     return p;
-  }
-
-  // ---- the schedule ----
-
-  Site layer_site(Layer* layer, const LayerSpec* spec, int64_t param, int64_t x_cols, int64_t y_cols) {
-    Site s;
-    s.layer = layer;
-    s.spec = spec;
-    s.param = param;
-    s.x_cols = x_cols;
-    s.y_cols = y_cols;
-    return s;
-  }
-
-  Site norm_site(Layer* layer, const LayerSpec* spec, int64_t param, Ref x, Ref y, Ref saved, Ref d_y, Ref d_x,
-                 GradMode mode, int64_t width, int64_t row_heads = 1) {
-    Site s = layer_site(layer, spec, param, width, width);
-    s.x = x;
-    s.y = y;
-    s.saved = saved;
-    s.d_y = d_y;
-    s.d_x = d_x;
-    s.input_grad = mode;
-    s.row_heads = row_heads;
-    return s;
-  }
-
-  // Declares every parameter and writes down every call of the forward pass.
-  void build_schedule() {
-    const int64_t C = o.d_model, D = o.head_dim, H = o.n_heads, Hk = o.n_kv_heads;
-    const double resid_std = 0.02 / std::sqrt(2.0 * double(o.n_layers));
-    uint64_t dropout_site = 0;
-    const Ref x0 = in_block(0, Slot::res);
-    const Ref d_res = shared(Slot::d_res), d_ln = shared(Slot::d_ln);
-
-    Site e = layer_site(emb.get(), &emb_spec, declare(*emb, emb_spec, "wte"), 0, C);
-    e.y = x0;
-    e.d_y = d_res;
-    e.dropout_site = ++dropout_site;
-    sites.push_back(e);
-    if (pos->position_site() == PositionSite::stream) {
-      Site p = layer_site(pos.get(), &pos_spec, declare(*pos, pos_spec, "wpe"), C, C);
-      p.x = p.y = x0;
-      p.d_y = p.d_x = d_res;
-      sites.push_back(p);
-    }
-    for (int64_t l = 0; l < o.n_layers; ++l) {
-      const std::string pre = "blocks." + std::to_string(l);
-      auto B = [l](Slot s) { return in_block(l, s); };
-      block_sites.push_back({sites.size(), 0});
-      sites.push_back(norm_site(norm.get(), &norm_spec, declare(*norm, norm_spec, pre + ".ln1"), B(Slot::res), B(Slot::ln1),
-                                B(Slot::ln1_s), d_ln, d_res, GradMode::accumulate, C));
-      // q, k, v read ln1; backward visits v first, which writes d_ln, then k and q add to it.
-      const struct {
-        const char* name;
-        const LayerSpec* spec;
-        Slot out, d_out;
-        int64_t width;
-      } proj[] = {{".attn.q", &q_spec, Slot::q_lin, Slot::d_qlin, H * D},
-                  {".attn.k", &kv_spec, Slot::k_lin, Slot::d_klin, Hk * D},
-                  {".attn.v", &kv_spec, Slot::v, Slot::d_v, Hk * D}};
-      for (const auto& pr : proj) {
-        Site s = layer_site(lin.get(), pr.spec, declare(*lin, *pr.spec, pre + pr.name), C, pr.width);
-        s.x = B(Slot::ln1);
-        s.y = B(pr.out);
-        s.d_y = shared(pr.d_out);
-        s.d_x = d_ln;
-        s.input_grad = pr.out == Slot::v ? GradMode::overwrite : GradMode::accumulate;
-        sites.push_back(s);
-      }
-      if (o.qk_norm) {
-        sites.push_back(norm_site(qkn.get(), &qkn_spec, declare(*qkn, qkn_spec, pre + ".attn.q_norm"), B(Slot::q_lin),
-                                  B(Slot::q), B(Slot::qn_s), shared(Slot::d_q), shared(Slot::d_qlin), GradMode::overwrite, D,
-                                  H));
-        sites.push_back(norm_site(qkn.get(), &qkn_spec, declare(*qkn, qkn_spec, pre + ".attn.k_norm"), B(Slot::k_lin),
-                                  B(Slot::k), B(Slot::kn_s), shared(Slot::d_k), shared(Slot::d_klin), GradMode::overwrite, D,
-                                  Hk));
-      }
-      if (pos->position_site() == PositionSite::qk) {  // in place, forward on q and k, backward on their gradients
-        for (auto [slot, d_slot, heads] : {std::tuple{Slot::q, Slot::d_q, H}, {Slot::k, Slot::d_k, Hk}}) {
-          Site r = layer_site(pos.get(), &pos_spec, -1, heads * D, heads * D);
-          r.heads = heads;
-          r.x = r.y = B(slot);
-          r.d_y = r.d_x = shared(d_slot);
-          sites.push_back(r);
-        }
-      }
-      Site a;
-      a.op = Op::attention;
-      a.attn = {B(Slot::q), B(Slot::k), B(Slot::v), B(Slot::att), B(Slot::att_s),
-                shared(Slot::d_att), shared(Slot::d_q), shared(Slot::d_k), shared(Slot::d_v)};
-      sites.push_back(a);
-      Site out = layer_site(lin.get(), &o_spec, declare(*lin, o_spec, pre + ".attn.o"), H * D, C);
-      out.x = B(Slot::att);
-      out.y = B(Slot::mid);
-      out.residual = B(Slot::res);
-      out.d_y = d_res;
-      out.d_x = shared(Slot::d_att);
-      out.dropout_site = ++dropout_site;
-      sites.push_back(out);
-      sites.push_back(norm_site(norm.get(), &norm_spec, declare(*norm, norm_spec, pre + ".ln2"), B(Slot::mid), B(Slot::ln2),
-                                B(Slot::ln2_s), d_ln, d_res, GradMode::accumulate, C));
-      const std::size_t first_mlp = table.slices.size();
-      Site m = layer_site(mlp.get(), &mlp_spec, declare(*mlp, mlp_spec, pre + ".mlp"), C, C);
-      for (std::size_t i = first_mlp; i < table.slices.size(); ++i) {  // residual output projections
-        ParamSlice& s = table.slices[i];
-        const auto ends = [&](const std::string& suffix) {
-          return s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0;
-        };
-        if ((ends(".proj.weight") || ends(".down.weight")) && s.init_std > 0) s.init_std = resid_std;
-      }
-      m.x = B(Slot::ln2);
-      m.y = in_block(l + 1, Slot::res);
-      m.residual = B(Slot::mid);
-      m.saved = B(Slot::mlp_s);
-      m.d_y = d_res;
-      m.d_x = d_ln;
-      m.dropout_site = ++dropout_site;
-      sites.push_back(m);
-      block_sites.back().second = sites.size() - 1;  // the MLP: the block's last site
-    }
-    ln_f_param = declare(*norm, norm_spec, "ln_f");
-    sites.push_back(norm_site(norm.get(), &norm_spec, ln_f_param, in_block(o.n_layers, Slot::res), shared(Slot::lnf),
-                              shared(Slot::lnf_s), d_ln, d_res, GradMode::overwrite, C));
-    head = o.tie_embeddings ? sites.front().param : declare(*cls, cls_spec, "lm_head");
-    record_gradient_writes();
-  }
-
-  // The gradient writes of one backward pass in their order: the classifier's (with the loss, in
-  // the forward pass), then each site with parameters in reverse. Declarations are contiguous and
-  // in order, so a site's parameters run up to the next declared offset.
-  void record_gradient_writes() {
-    std::vector<int64_t> starts;
-    for (const Site& s : sites) {
-      if (s.param >= 0) starts.push_back(s.param);
-    }
-    starts.push_back(head);
-    std::sort(starts.begin(), starts.end());
-    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
-    const auto range_of = [&](int64_t begin) {
-      const auto next = std::upper_bound(starts.begin(), starts.end(), begin);
-      return GradRange{begin, next == starts.end() ? table.total : *next};
-    };
-    writes.clear();
-    writes.push_back(range_of(head));
-    for (auto it = sites.rbegin(); it != sites.rend(); ++it) {
-      if (it->param >= 0) writes.push_back(range_of(it->param));
-    }
   }
 
   // ---- the activation plan ----
 
-  // Whether backward recomputes `slot` of a block (o.recompute) rather than read it from forward.
-  static bool recomputed(Slot slot, const std::string& mode) {
-    if (mode == "block") return slot != Slot::res;
-    if (mode == "mlp") return slot == Slot::mlp_s;
-    return false;
-  }
-
-  // The type a slot's values are held in: bf16 for the activations the model holds so (the flags
-  // above), else f32.
-  DType slot_dtype(Slot s) const {
-    const bool norm_output = s == Slot::ln1 || s == Slot::ln2 || s == Slot::lnf;
-    const bool qkv = s == Slot::q_lin || s == Slot::k_lin || s == Slot::v || s == Slot::q || s == Slot::k;
-    const bool bf16 = (bf16_norm_outputs && norm_output) || (bf16_attention_out && s == Slot::att) || (bf16_qkv && qkv);
-    return bf16 ? DType::bf16 : DType::f32;
-  }
-
-  // The arena for a shape under the run's recompute mode, or another (to say what it would save).
-  ArenaPlan make_plan(int64_t rows, int64_t T) const { return make_plan(rows, T, o.recompute); }
-  ArenaPlan make_plan(int64_t rows, int64_t T, const std::string& recompute) const {
-    const int64_t N = rows * T, C = o.d_model, Hd = o.n_heads * o.head_dim, Kd = o.n_kv_heads * o.head_dim;
-    ArenaPlan p;
-    p.rows = rows;
-    p.seq_len = T;
-    p.offsets.assign(std::size_t((o.n_layers + 2) * schedule::kSlots), 0);
-    p.dtypes.assign(p.offsets.size(), DType::f32);
-    // n values of the slot's type.
-    auto take = [&](Ref r, int64_t n) {
-      const bool bf16 = slot_dtype(r.slot) == DType::bf16;
-      p.offsets[ArenaPlan::index(r)] = p.elements;
-      p.dtypes[ArenaPlan::index(r)] = slot_dtype(r.slot);
-      const int64_t values = std::max<int64_t>(n, 0);
-      // 256 bytes apart: every slot as aligned as the packed copies bf16 products would otherwise
-      // make of it, so reading a held slot in place plans (and rounds) exactly like the copy.
-      p.elements += round_up(bf16 ? (values + 1) / 2 : values, 64);
-    };
-    auto alias = [&](Ref r, Ref to) {
-      p.offsets[ArenaPlan::index(r)] = p.at(to);
-      p.dtypes[ArenaPlan::index(r)] = p.dtype(to);
-    };
-    const AttentionProblem prob = problem(rows, T);
-    const auto keep = take;
-    // A slot backward recomputes is held once, in block 0's place, for whichever block is being
-    // recomputed (forward overwrites it block after block; only `res` carries between blocks).
-    const auto take_in_block = [&](Ref r, int64_t n) {
-      if (r.block > 0 && recomputed(r.slot, recompute)) alias(r, in_block(0, r.slot));
-      else keep(r, n);
-    };
-    for (int64_t l = 0; l < o.n_layers; ++l) {
-      auto B = [l](Slot s) { return in_block(l, s); };
-      const auto take = take_in_block;
-      take(B(Slot::res), N * C);
-      take(B(Slot::ln1), N * C);
-      take(B(Slot::ln1_s), norm->activation_elements(norm_spec, N));
-      take(B(Slot::q_lin), N * Hd);
-      take(B(Slot::k_lin), N * Kd);
-      take(B(Slot::v), N * Kd);
-      if (o.qk_norm) {
-        take(B(Slot::q), N * Hd);
-        take(B(Slot::k), N * Kd);
-        take(B(Slot::qn_s), qkn->activation_elements(qkn_spec, N * o.n_heads));
-        take(B(Slot::kn_s), qkn->activation_elements(qkn_spec, N * o.n_kv_heads));
-      } else {
-        alias(B(Slot::q), B(Slot::q_lin));
-        alias(B(Slot::k), B(Slot::k_lin));
-      }
-      take(B(Slot::att), N * Hd);
-      take(B(Slot::att_s), attn->saved_elements(prob));
-      take(B(Slot::mid), N * C);
-      take(B(Slot::ln2), N * C);
-      take(B(Slot::ln2_s), norm->activation_elements(norm_spec, N));
-      take(B(Slot::mlp_s), mlp->activation_elements(mlp_spec, N));
-    }
-    keep(in_block(o.n_layers, Slot::res), N * C);
-    take(shared(Slot::lnf), N * C);
-    take(shared(Slot::lnf_s), norm->activation_elements(norm_spec, N));
-    take(shared(Slot::losses), N);
-    take(shared(Slot::d_res), N * C);
-    take(shared(Slot::d_ln), N * C);
-    take(shared(Slot::d_q), N * Hd);
-    take(shared(Slot::d_k), N * Kd);
-    take(shared(Slot::d_v), N * Kd);
-    take(shared(Slot::d_att), N * Hd);
+  // What the layers ask for at a shape, for schedule::plan_arena.
+  schedule::SavedSizes saved_sizes(int64_t rows, int64_t T) const {
+    const int64_t N = rows * T;
+    schedule::SavedSizes s;
+    s.norm = norm->activation_elements(specs.norm, N);
     if (o.qk_norm) {
-      take(shared(Slot::d_qlin), N * Hd);
-      take(shared(Slot::d_klin), N * Kd);
-    } else {
-      alias(shared(Slot::d_qlin), shared(Slot::d_q));
-      alias(shared(Slot::d_klin), shared(Slot::d_k));
+      s.q_norm = qkn->activation_elements(specs.qkn, N * o.n_heads);
+      s.k_norm = qkn->activation_elements(specs.qkn, N * o.n_kv_heads);
     }
-    for (const Site& s : sites) {
-      if (s.op == Op::layer) p.scratch_elements = std::max(p.scratch_elements, s.layer->scratch_elements(*s.spec, N * s.row_heads));
+    s.attention = attn->saved_elements(problem(rows, T));
+    s.mlp = mlp->activation_elements(specs.mlp, N);
+    for (const Site& site : sched.sites) {
+      if (site.op == Op::layer) s.scratch = std::max(s.scratch, site.layer->scratch_elements(*site.spec, N * site.row_heads));
     }
-    p.scratch_elements = std::max(p.scratch_elements, cls->scratch_elements(cls_spec, N));
-    take(shared(Slot::scratch), p.scratch_elements);
-    return p;
+    s.scratch = std::max(s.scratch, cls->scratch_elements(specs.cls, N));
+    return s;
+  }
+
+  // The arena for a shape under a recompute mode (the run's, or another to say what it would save).
+  ArenaPlan make_plan(int64_t rows, int64_t T, const std::string& recompute) const {
+    const schedule::PlanShape shape{o.n_layers, o.d_model, o.n_heads, o.n_kv_heads, o.head_dim, o.qk_norm};
+    return schedule::plan_arena(shape, bf16, recompute, rows, T, saved_sizes(rows, T));
   }
 
   // Lays the arena out for a shape. The arena only grows: bucketed batches change T from batch to
   // batch, and it is allocated (and zeroed) once for the largest.
   void prepare(int64_t rows, int64_t T) {
     if (plan.rows == rows && plan.seq_len == T) return;
-    plan = make_plan(rows, T);
+    plan = make_plan(rows, T, o.recompute);
     if (act.count() < plan.elements) act = device->alloc(DType::f32, plan.elements);
   }
 
@@ -492,26 +282,28 @@ struct Model::Impl {
     return c;
   }
 
-  // ---- the passes ----
-
-  void check_batch(const Batch& b) const {
-    if (b.seq_len > o.max_seq_len) {
-      throw_input_error("model.max_seq_len", "rows of " + std::to_string(b.seq_len) + " positions exceed max_seq_len " +
-                                                 std::to_string(o.max_seq_len));
+  // The classifier's call over the final norm's output (with d(lnf) into d_ln when training).
+  LayerCall classifier_call(int64_t N, bool train, double grad_scale, TensorView logits) const {
+    LayerCall c;
+    c.spec = &specs.cls;
+    c.batch = &batch.views;
+    c.rows = N;
+    c.x = arena(shared(Slot::lnf), N, o.d_model);
+    c.params = param_tail(params, sched.head);
+    if (params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, sched.head);
+    c.losses = arena(shared(Slot::losses), N, 1);
+    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+    c.stream = device->stream();
+    c.logits = logits;
+    if (train) {
+      c.grads = param_tail(grads, sched.head);
+      c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
+      c.grad_scale = grad_scale;
     }
-    for (int32_t t : b.tokens) {
-      if (t < 0 || t >= o.vocab_size) {
-        throw_runtime_error("model", "token " + std::to_string(t) + " outside the vocabulary of " + std::to_string(o.vocab_size));
-      }
-    }
-    // Checked here, before any device sees them: a GPU kernel can only turn a bad id into NaN.
-    for (int32_t t : b.targets) {
-      if (t != -1 && (t < 0 || t >= o.vocab_size)) {
-        throw_input_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
-                                       std::to_string(o.vocab_size) + " (and not -1, no loss)");
-      }
-    }
+    return c;
   }
+
+  // ---- the passes ----
 
   void set_dropout(LayerCall& c, const Site& s, bool train, uint64_t key) const {
     if (s.dropout_site == 0 || !train) return;
@@ -519,16 +311,23 @@ struct Model::Impl {
     c.dropout_key = mix64(key, s.dropout_site);
   }
 
+  void attention_site(const Site& s, const AttentionProblem& prob, bool backward, const char* pass) {
+    const TensorView saved = act.view(plan.at(s.attn.saved), attn->saved_elements(prob));
+    const TensorView q = heads4(s.attn.q, o.n_heads), k = heads4(s.attn.k, o.n_kv_heads), v = heads4(s.attn.v, o.n_kv_heads),
+                     out = heads4(s.attn.out, o.n_heads);
+    timed("attention", pass, [&] {
+      if (!backward) {
+        attn->forward(prob, batch.views, q, k, v, out, saved);
+        return;
+      }
+      attn->backward(prob, batch.views, q, k, v, out, saved, heads4(s.attn.d_out, o.n_heads), heads4(s.attn.d_q, o.n_heads),
+                     heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
+    });
+  }
+
   // One site's forward call (`pass` names it in the op profile: " fwd", or " recompute").
   void forward_site(const Site& s, const AttentionProblem& prob, bool train, uint64_t key, const char* pass) {
-    if (s.op == Op::attention) {
-      timed("attention", pass, [&] {
-        attn->forward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
-                      heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
-                      act.view(plan.at(s.attn.saved), attn->saved_elements(prob)));
-      });
-      return;
-    }
+    if (s.op == Op::attention) return attention_site(s, prob, false, pass);
     LayerCall c = call_of(s, false);
     set_dropout(c, s, train, key);
     timed(to_string(s.layer->role()), pass, [&] { s.layer->forward(c); });
@@ -539,35 +338,22 @@ struct Model::Impl {
   // The last block's are still there from the forward pass.
   void recompute_block(int64_t l, const AttentionProblem& prob, uint64_t key) {
     if (o.recompute == "none" || l == o.n_layers - 1) return;
-    const auto [first, last] = block_sites[std::size_t(l)];
-    for (std::size_t i = o.recompute == "block" ? first : last; i <= last; ++i) forward_site(sites[i], prob, true, key, " recompute");
+    const auto [first, last] = sched.block_sites[std::size_t(l)];
+    for (std::size_t i = o.recompute == "block" ? first : last; i <= last; ++i) {
+      forward_site(sched.sites[i], prob, true, key, " recompute");
+    }
   }
 
   // The whole forward pass up to (and including) the classifier. Training: dropout on, and the
   // classifier writes d(lnf) into d_ln.
   double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits) {
-    check_batch(b);
+    check_batch(o, b);
     prepare(b.rows, b.seq_len);
     timed("batch upload", "", [&] { device->upload_batch(b, batch); });
     const AttentionProblem prob = problem(b.rows, b.seq_len);
-    for (const Site& s : sites) forward_site(s, prob, train, key, " fwd");
+    for (const Site& s : sched.sites) forward_site(s, prob, train, key, " fwd");
     const int64_t N = int64_t(b.rows) * b.seq_len;
-    LayerCall c;
-    c.spec = &cls_spec;
-    c.batch = &batch.views;
-    c.rows = N;
-    c.x = arena(shared(Slot::lnf), N, o.d_model);
-    c.params = param_tail(params, head);
-    if (params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, head);
-    c.losses = arena(shared(Slot::losses), N, 1);
-    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
-    c.stream = device->stream();
-    c.logits = logits;
-    if (train) {
-      c.grads = param_tail(grads, head);
-      c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
-      c.grad_scale = grad_scale;
-    }
+    LayerCall c = classifier_call(N, train, grad_scale, logits);
     timed("classifier", "", [&] { cls->loss(c); });
     if (train && gradient_hook) gradient_hook(0);
     double sum = 0;
@@ -579,16 +365,11 @@ struct Model::Impl {
     const AttentionProblem prob = problem(plan.rows, plan.seq_len);
     std::size_t write = 1;  // gradient_writes() index of the next site with parameters
     int64_t block = o.n_layers - 1;  // the next block backward enters
-    for (std::size_t i = sites.size(); i-- > 0;) {
-      const Site& s = sites[i];
-      if (block >= 0 && i == block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
+    for (std::size_t i = sched.sites.size(); i-- > 0;) {
+      const Site& s = sched.sites[i];
+      if (block >= 0 && i == sched.block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
       if (s.op == Op::attention) {
-        timed("attention", " bwd", [&] {
-          attn->backward(prob, batch.views, heads4(s.attn.q, o.n_heads), heads4(s.attn.k, o.n_kv_heads),
-                         heads4(s.attn.v, o.n_kv_heads), heads4(s.attn.out, o.n_heads),
-                         act.view(plan.at(s.attn.saved), attn->saved_elements(prob)), heads4(s.attn.d_out, o.n_heads),
-                         heads4(s.attn.d_q, o.n_heads), heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
-        });
+        attention_site(s, prob, true, " bwd");
         continue;
       }
       LayerCall c = call_of(s, true);
@@ -600,88 +381,89 @@ struct Model::Impl {
       }
     }
   }
+
+  void make_layers(const Registry& registry);
+  void allocate();
 };
 
-Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run) : impl_(new Impl) {
-  Impl& m = *impl_;
-  m.o = options;
-  m.run = run;
-  const ModelOptions& o = m.o;
-  {
-    static const Params empty{"run", {}};
-    m.device = registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
-  }
-  m.emb = m.make_layer(registry, "embedding", "embedding");
-  m.pos = m.make_layer(registry, o.position, "model.position");
-  m.norm = m.make_layer(registry, o.norm, "model.norm");
-  m.lin = m.make_layer(registry, "linear", "linear");
-  m.mlp = m.make_layer(registry, o.mlp, "model.mlp");
-  m.cls = m.make_layer<LossLayer>(registry, "cross_entropy", "cross_entropy");
-  if (o.qk_norm) m.qkn = m.make_layer(registry, "rmsnorm", "model.qk_norm");
-  m.attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run},
-                                      "attention.name");
-  m.attn->set_stream(m.device->stream());
+// Every layer the model calls, each checked to be of the role it is asked for.
+void Model::Impl::make_layers(const Registry& registry) {
+  emb = make_layer(registry, "embedding", "embedding");
+  pos = make_layer(registry, o.position, "model.position");
+  norm = make_layer(registry, o.norm, "model.norm");
+  lin = make_layer(registry, "linear", "linear");
+  mlp = make_layer(registry, o.mlp, "model.mlp");
+  cls = make_layer<LossLayer>(registry, "cross_entropy", "cross_entropy");
+  if (o.qk_norm) qkn = make_layer(registry, "rmsnorm", "model.qk_norm");
+  attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
+  attn->set_stream(device->stream());
   const struct {
     LayerBase* layer;
     LayerRole role;
     const char* key;
-  } roles[] = {{m.emb.get(), LayerRole::embedding, "embedding"}, {m.pos.get(), LayerRole::position, "model.position"},
-               {m.norm.get(), LayerRole::norm, "model.norm"},      {m.lin.get(), LayerRole::linear, "linear"},
-               {m.mlp.get(), LayerRole::mlp, "model.mlp"},          {m.cls.get(), LayerRole::classifier, "cross_entropy"}};
+  } roles[] = {{emb.get(), LayerRole::embedding, "embedding"}, {pos.get(), LayerRole::position, "model.position"},
+               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "linear"},
+               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "cross_entropy"}};
   for (const auto& r : roles) {
     if (r.layer->role() != r.role) {
       throw_input_error(r.key, std::string("the layer found has role '") + to_string(r.layer->role()) + "', expected '" +
                                    to_string(r.role) + "'");
     }
   }
-  const double resid_std = 0.02 / std::sqrt(2.0 * double(o.n_layers));
-  const int64_t C = o.d_model, D = o.head_dim;
-  m.emb_spec.in = C;
-  m.emb_spec.out = o.vocab_padded;
-  const PositionSite site = m.pos->position_site();
-  m.pos_spec.in = site == PositionSite::qk ? D : C;
-  m.pos_spec.max_positions = o.max_seq_len;
-  m.pos_spec.rope_theta = o.rope_theta;
-  m.norm_spec.in = C;
-  m.norm_spec.bias = o.bias;
-  m.norm_spec.eps = o.norm_epsilon();
-  m.q_spec.in = C;
-  m.q_spec.out = o.n_heads * D;
-  m.q_spec.bias = o.bias;
-  m.kv_spec = m.q_spec;
-  m.kv_spec.out = o.n_kv_heads * D;
-  m.o_spec = m.q_spec;
-  m.o_spec.in = o.n_heads * D;
-  m.o_spec.out = C;
-  m.o_spec.init_std = resid_std;
-  m.mlp_spec.in = C;
-  m.mlp_spec.out = o.mlp_hidden;
-  m.mlp_spec.bias = o.bias;
-  m.qkn_spec.in = D;
-  m.qkn_spec.bias = false;
-  m.qkn_spec.eps = o.qk_norm_epsilon();
-  m.cls_spec.in = C;
-  m.cls_spec.out = o.vocab_padded;
-  m.cls_spec.real_out = o.vocab_size;
-  m.cls_spec.declare = !o.tie_embeddings;
-  m.bf16_norm_outputs = run.dtype == "bf16" && m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
-                        m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
-  m.bf16_attention_out = m.bf16_norm_outputs && m.attn->bf16_activations();
-  m.bf16_qkv = m.bf16_attention_out && m.lin->bf16_attention_inputs() &&
-               (site != PositionSite::qk || m.pos->bf16_attention_inputs()) && (!o.qk_norm || m.qkn->bf16_attention_inputs());
-  m.build_schedule();
-  // Refused by size before anything is allocated (the run's full plan is checked later, with the
-  // optimizer and the activations): values and gradients alone must fit the device.
-  const int64_t capacity = m.device->memory_capacity();
-  if (capacity > 0 && double(m.table.total) * 8.0 > double(capacity)) {
-    throw_input_error("model", std::to_string(m.table.total) + " parameters need " +
-                                   std::to_string(int64_t(double(m.table.total) * 8.0 / double(1 << 20))) +
-                                   " MiB for their values and gradients alone; " + m.device->describe() + " holds " +
+}
+
+// The flat buffers, refused by size before anything is allocated (the run's full plan is checked
+// later, with the optimizer and the activations): values and gradients alone must fit the device.
+void Model::Impl::allocate() {
+  const int64_t capacity = device->memory_capacity();
+  if (capacity > 0 && double(table.total) * 8.0 > double(capacity)) {
+    throw_input_error("model", std::to_string(table.total) + " parameters need " +
+                                   std::to_string(int64_t(double(table.total) * 8.0 / double(1 << 20))) +
+                                   " MiB for their values and gradients alone; " + device->describe() + " holds " +
                                    std::to_string(capacity / (1 << 20)) + " MiB");
   }
-  m.params = m.device->alloc(DType::f32, m.table.total);
-  m.grads = m.device->alloc(DType::f32, m.table.total);
-  if (run.dtype == "bf16") m.params_bf16 = m.device->alloc(DType::bf16, m.table.total);
+  params = device->alloc(DType::f32, table.total);
+  grads = device->alloc(DType::f32, table.total);
+  if (run.dtype == "bf16") params_bf16 = device->alloc(DType::bf16, table.total);
+}
+
+std::unique_ptr<Device> make_device(const Registry& registry, const RunContext& run) {
+  static const Params empty{"run", {}};
+  auto device = registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
+  // tf32 and bf16 are modes of tensor-core products: a device computing in fp32 would train in
+  // fp32 and report itself against a bf16 or tf32 peak.
+  if (run.dtype != "fp32" && !device->capabilities().reduced_precision_products) {
+    throw_input_error("run.dtype", "\"" + run.dtype + "\" is a mode of tensor-core products (" +
+                                       (run.dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
+                                       "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
+  }
+  return device;
+}
+
+Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run)
+    : Model(options, registry, run, [&] {
+        static const Params empty{"run", {}};
+        return registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
+      }()) {}
+
+Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device)
+    : impl_(new Impl) {
+  Impl& m = *impl_;
+  m.o = options;
+  m.run = run;
+  m.device = std::move(device);
+  m.make_layers(registry);
+  const PositionSite site = m.pos->position_site();
+  m.specs = schedule::make_specs(m.o, site);
+  schedule::Bf16Policy::Answers answers;
+  answers.products_take_bf16 = m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
+                               m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
+  answers.attention_writes_bf16 = m.attn->bf16_activations();
+  answers.qkv_layers_take_bf16 = m.lin->bf16_attention_inputs() && (site != PositionSite::qk || m.pos->bf16_attention_inputs()) &&
+                                 (!m.o.qk_norm || m.qkn->bf16_attention_inputs());
+  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", answers);
+  m.sched = schedule::build_schedule(m.o, m.layers(), m.specs, m.table);
+  m.allocate();
 }
 
 Model::~Model() = default;
@@ -738,7 +520,7 @@ void Model::init_params(uint64_t seed) {
     }
   }
   // Padded vocabulary rows are never used: keep them zero.
-  const int64_t C = m.o.d_model, wte = m.sites.front().param;
+  const int64_t C = m.o.d_model, wte = m.sched.sites.front().param;
   std::fill(host.begin() + wte + m.o.vocab_size * C, host.begin() + wte + m.o.vocab_padded * C, 0.0f);
   load_params_from_host(host);
 }
@@ -747,7 +529,7 @@ void Model::zero_grads() { impl_->device->fill(grads(), 0.0f); }
 
 void Model::set_op_times(OpTimes* sink) noexcept { impl_->op_times = sink; }
 
-const std::vector<GradRange>& Model::gradient_writes() const noexcept { return impl_->writes; }
+const std::vector<GradRange>& Model::gradient_writes() const noexcept { return impl_->sched.writes; }
 
 void Model::set_gradient_hook(std::function<void(std::size_t)> hook) { impl_->gradient_hook = std::move(hook); }
 
@@ -793,8 +575,8 @@ ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len, const std::
   const Impl& m = *impl_;
   const ArenaPlan p = m.make_plan(rows, seq_len, recompute);
   const int64_t N = rows * seq_len;
-  int64_t layers = m.cls->workspace_bytes(m.cls_spec, N);
-  for (const Site& s : m.sites) {
+  int64_t layers = m.cls->workspace_bytes(m.specs.cls, N);
+  for (const Site& s : m.sched.sites) {
     if (s.op == Op::layer) layers = std::max(layers, s.layer->workspace_bytes(*s.spec, N * s.row_heads));
   }
   return {rows, seq_len, p.elements, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};

@@ -11,10 +11,13 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ablate/attention.hpp"
+#include "ablate/runtime/buckets.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/runtime/model.hpp"
 
 namespace ablate::schedule {
 
@@ -98,5 +101,31 @@ struct Site {
     Ref q, k, v, out, saved, d_out, d_q, d_k, d_v;
   } attn;
 };
+
+// The specs of every layer call the model makes, from its options (the position layer's width
+// depends on where it applies: the stream, or each head of q and k).
+struct LayerSpecs {
+  LayerSpec emb, pos, norm, q, kv, o, mlp, qkn, cls;
+};
+LayerSpecs make_specs(const ModelOptions& o, PositionSite position);
+
+// The layers a block is assembled from (qkn: null without qk-norm).
+struct ModelLayers {
+  Layer *emb = nullptr, *pos = nullptr, *norm = nullptr, *lin = nullptr, *mlp = nullptr, *qkn = nullptr;
+  LossLayer* cls = nullptr;
+};
+
+// The forward pass as sites, and what backward needs to walk it.
+struct Schedule {
+  std::vector<Site> sites;  // in forward order (the classifier follows the last)
+  std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
+  int64_t head = 0;        // the classifier's weight (the embedding's when tied)
+  int64_t ln_f_param = 0;  // the final norm's parameters
+  std::vector<GradRange> writes;  // the gradient writes of one backward pass, in order
+};
+
+// Declares every parameter into `table` (in the order of the forward pass) and writes down every
+// call of the forward pass. `specs` must outlive the schedule: sites point into it.
+Schedule build_schedule(const ModelOptions& o, const ModelLayers& layers, const LayerSpecs& specs, ParamTable& table);
 
 }  // namespace ablate::schedule

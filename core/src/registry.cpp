@@ -1,5 +1,5 @@
 // The component registry and the plugin loader (Boost.DLL). See registry.hpp for the rules.
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 #include <algorithm>
 #include <cstdlib>

@@ -9,7 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 
 namespace ablate {
 

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/communicator.hpp"
-#include "ablate/engine.hpp"
+#include "ablate/runtime/engine.hpp"
 #include "ablate/metrics.hpp"
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 
 namespace ablate {
 

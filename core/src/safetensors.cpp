@@ -1,5 +1,5 @@
 // safetensors reader and writer, and atomic file replacement (see safetensors.hpp).
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/safetensors.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,8 +1,8 @@
 // Learning-rate schedules (see schedule.hpp): the interface's home and the factory the trainer uses.
 #include "ablate/schedule.hpp"
 
-#include "ablate/config.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace ablate {
 

@@ -4,7 +4,7 @@
 // Device (device.hpp), the schedule of collectives in the engine (engine.hpp), the files of a
 // checkpoint in the checkpointer (checkpointer.hpp), the metric definitions in run_metrics.hpp.
 #include "ablate/logger.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/trainer.hpp"
 
 #include <unistd.h>
 
@@ -22,14 +22,15 @@
 
 #include "ablate/atomic_file.hpp"
 #include "ablate/communicator.hpp"
-#include "ablate/config.hpp"
-#include "ablate/engine.hpp"
+#include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/engine.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/launch_env.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/safetensors.hpp"
 #include "ablate/schedule.hpp"
 #include "ablate/version.hpp"
 #include "checkpointer.hpp"
@@ -279,9 +280,9 @@ void write_profile(const fs::path& dir, const OpTimes& times, int64_t steps, dou
 // The model of [model] for the data's vocabulary, refused before training when a micro-batch
 // shape cannot be served.
 std::unique_ptr<Model> make_model(const Config& config, const Registry& registry, const RunContext& run,
-                                  int64_t data_vocab, const TrainerSettings& s) {
+                                  int64_t data_vocab, const TrainerSettings& s, std::unique_ptr<Device> device) {
   const ModelOptions mo = ModelOptions::from(config, data_vocab);
-  auto model = std::make_unique<Model>(mo, registry, run);
+  auto model = std::make_unique<Model>(mo, registry, run, std::move(device));
   if (s.seq_len > mo.max_seq_len) {
     throw_input_error("batching.seq_len", std::to_string(s.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
   }
@@ -317,14 +318,14 @@ void require_memory(const Config& config, Model& model, const Optimizer& optimiz
 // from the keys alone) must fit the budget, so that a product like batch_size x seq_len that no
 // machine holds is an input error naming the keys rather than a bad_alloc or the OOM killer.
 // require_memory checks the exact plan once the model exists.
-void require_host_memory(const Config& config, const TrainerSettings& s, const RunContext& run) {
+void require_host_memory(const Config& config, const TrainerSettings& s, const DeviceCapabilities& device) {
   if (s.memory_bytes <= 0) return;
   const Params data = config.section("data");
   const double gib = double(1ll << 30);
   // Every batch in flight (queued, being built by each worker, held by the trainer).
   require_batch_memory(config, data.get_int("prefetch") + data.get_int("workers") + 2,
                        "data.prefetch + data.workers + 2");
-  if (run.device != "cpu") return;  // the parameters live in the device's memory, checked by require_memory
+  if (!device.host_memory) return;  // the parameters live in the device's memory, checked by require_memory
   // Parameters and gradients in fp32 (optimizer state comes on top): the embeddings and positions alone.
   const Params m = config.section("model");
   const double d = double(m.get_int("d_model"));
@@ -390,7 +391,7 @@ void require_batch_memory(const Config& config, int64_t in_flight, const std::st
                                 configured ? "run.memory_budget_gib" : "physical memory"));
 }
 
-std::string resolve_communicator(const Config& config) {
+std::string resolve_communicator(const Config& config, const DeviceCapabilities& device) {
   const Params run_p = config.section("run");
   const std::string chosen = run_p.get_string("communicator");
   launch::LaunchEnv env;
@@ -401,7 +402,7 @@ std::string resolve_communicator(const Config& config) {
   }
   if (chosen == kAutoCommunicator) {
     if (env.world <= 1) return "single";
-    return run_p.get_string("device") == "cuda" ? "nccl" : "mpi";
+    return device.collective;
   }
   if (chosen == "single" && env.world > 1) {
     throw_input_error("run.communicator", "is \"single\" but the " + env.launcher + " launcher started " +
@@ -429,6 +430,7 @@ struct TrainingSetup {
   std::shared_ptr<DataSource> source;
   std::unique_ptr<DataPipeline> train_data;
   Evaluator eval;
+  std::unique_ptr<Device> device;  // the run's, until the model takes it
   std::unique_ptr<Model> model;
   std::string opt_name;
   std::unique_ptr<Optimizer> optimizer;
@@ -471,7 +473,7 @@ void set_up(TrainingSetup& t) {
   if (t.lead) t.lock.emplace(t.dir, "the run directory");
   prepare_run_dir(t.options, t.comm, t.s.steps);
 
-  require_host_memory(config, t.s, run);
+  require_host_memory(config, t.s, t.device->capabilities());
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
   t.source = make_data_source(config, t.registry, run);
   t.train_data = DataPipeline::from_config(config, t.registry, run, Split::train, t.source);
@@ -485,7 +487,7 @@ void set_up(TrainingSetup& t) {
   }
 
   // Model, optimizer, engine, checkpoints.
-  t.model = make_model(config, t.registry, run, t.source->vocab_size(), t.s);
+  t.model = make_model(config, t.registry, run, t.source->vocab_size(), t.s, std::move(t.device));
   Model& model = *t.model;
   if (run.world > 1) {
     require_same_experiment(t.comm, config.hash(), t.source->describe() + "; " + model.options().describe(), config.source());
@@ -660,8 +662,9 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
 
 // The run on this rank, phase by phase: set-up, the starting point, the outputs, the steps, the end.
 TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
-                        const RunContext& run, const std::string& comm_name) {
+                        const RunContext& run, const std::string& comm_name, std::unique_ptr<Device> device) {
   TrainingSetup t(config, registry, options, comm, run, comm_name);
+  t.device = std::move(device);
   set_up(t);
   const std::unique_ptr<Schedule> schedule = make_schedule(config, registry, run);
   TrainingProgress p;
@@ -678,13 +681,11 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   RunContext run = training_context(config);
   const Params run_p = config.section("run");
   // The device first: a communicator that serves it (nccl) needs it there, and a missing one is
-  // an input error naming run.device, not the communicator's failure to find it.
-  {
-    const Params none("run", {});
-    (void)registry.create<Device>(Kind::device, run.device, {none, none, run}, "run.device");
-  }
+  // an input error naming run.device, not the communicator's failure to find it. Made once: the
+  // model takes it.
+  std::unique_ptr<Device> device = make_device(registry, run);
   // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
-  const std::string comm_name = resolve_communicator(config);
+  const std::string comm_name = resolve_communicator(config, device->capabilities());
   auto comm = registry.create<Communicator>(Kind::communicator, comm_name,
                                             {run_p, config.implementation("run", comm_name), run});
   run.rank = comm->rank();
@@ -699,7 +700,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   // A rank that leaves with an error ends the job: the others would wait in their next collective
   // until the timeout. (Errors every rank meets alike end every rank alike, with the same code.)
   try {
-    return train_ranks(config, registry, options, *comm, run, comm_name);
+    return train_ranks(config, registry, options, *comm, run, comm_name, std::move(device));
   } catch (const Error& e) {
     comm->abort_job_at_exit(e.exit_code(), e.what());
     throw;

@@ -3,13 +3,13 @@
 // issued before its arithmetic. A block of one chunk (256 values or fewer) is read once and written
 // once, held in registers from the update to the encoding; a longer block (up to kMaxBlockSize)
 // is updated twice from the same inputs, the first pass storing nothing but giving the new absmax.
-// Per element, exactly the CPU reference's arithmetic (adamw8bit.cpp: decode, the adamw update, a
-// non-finite gradient keeping the old values, the new absmax, encode), spelled with
-// round-to-nearest intrinsics so no multiply-add is contracted into an FMA: the codes and
-// parameters are the CPU's bit for bit. Encoding is DynamicCode::encode's branch-free binary search
-// (8 halvings over the thresholds in shared memory), which gives the same code as the CPU's
-// bucketed search by construction. Under bf16 products the parameters' bf16 copy is written as each
-// parameter is stored (no pass of its own).
+// Per element, the CPU implementation's arithmetic, from the same functions (adamw8bit_math.hpp:
+// decode, the adamw update, a non-finite gradient keeping the old values, encode against the new
+// absmax), spelled with round-to-nearest intrinsics (DeviceOps) so no multiply-add is contracted
+// into an FMA: the codes and parameters are the CPU's bit for bit. Encoding is DynamicCode::encode's
+// branch-free binary search (8 halvings over the thresholds in shared memory), which gives the same
+// code as the CPU's bucketed search by construction. Under bf16 products the parameters' bf16 copy
+// is written as each parameter is stored (no pass of its own).
 #include "adamw8bit_kernel.hpp"
 
 #include "ablate/device_math.hpp"
@@ -17,30 +17,20 @@
 namespace ablate::adamw8bit::cuda {
 namespace {
 
-constexpr int kCodes = 256;
-constexpr int kThresholds = kCodes + 4;
-constexpr float kFloatMax = 3.402823466e+38f;
 constexpr int kBlocksPerSm = 4;
 
-__device__ __forceinline__ int encode(const float* thresholds, float y) {
-  int code = 0;
-#pragma unroll
-  for (int half = kCodes / 2; half > 0; half >>= 1) code += half & -int(thresholds[code + half] < y);
-  return code;
-}
+// adamw8bit_math.hpp's operations, each rounded once to nearest and never contracted.
+struct DeviceOps {
+  static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+  static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+  static __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+  static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
+  static __device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
+};
 
 // adamw's element update; returns false (and leaves m, v, p as they were) for a non-finite gradient.
 __device__ __forceinline__ bool update(const Coefficients& c, float decay, float& p, float g, float& m, float& v) {
-  const float gi = __fmul_rn(g, c.grad_scale);
-  const bool ok = __fmul_rn(gi, gi) <= kFloatMax;  // false for inf, NaN and overflow
-  const float mi = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, gi));
-  const float vi = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.sqrt_bias2), c.eps);
-  const float pi = __fsub_rn(__fmul_rn(p, decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
-  m = ok ? mi : m;
-  v = ok ? vi : v;
-  p = ok ? pi : p;
-  return ok;
+  return update_element<DeviceOps>(c, decay, p, g, m, v);
 }
 
 constexpr int kWarp = 32;
@@ -82,8 +72,8 @@ __device__ __forceinline__ unsigned update_chunk(const StepArgs& a, const BlockI
     m[k] = 0.0f;
     v[k] = 0.0f;
     if (c0 + lane + k * kWarp < b.n) {
-      m[k] = __fmul_rn(m_values[mcode[k]], m_scale);
-      v[k] = __fmul_rn(v_values[vcode[k]], v_scale);
+      m[k] = decode<DeviceOps>(m_values, mcode[k], m_scale);
+      v[k] = decode<DeviceOps>(v_values, vcode[k], v_scale);
       skipped += update(a.c, decay, p[k], g[k], m[k], v[k]) ? 0u : 1u;
     }
   }
@@ -191,8 +181,8 @@ __global__ void __launch_bounds__(kThreads, 2) step_kernel(StepArgs a) {
         if (j < b.n) {
           params[j] = p[k];
           if (a.params_bf16 != nullptr) a.params_bf16[b.param_offset + j] = device_math::bf16_bits(p[k]);
-          mc[j] = uint8_t(m_max > 0.0f ? encode(m_thr, __fdiv_rn(m[k], m_max)) : a.m_map.zero_code);
-          vc[j] = uint8_t(v_max > 0.0f ? encode(v_thr, __fdiv_rn(v[k], v_max)) : a.v_map.zero_code);
+          mc[j] = encode<DeviceOps>(m_thr, a.m_map.zero_code, m[k], m_max);
+          vc[j] = encode<DeviceOps>(v_thr, a.v_map.zero_code, v[k], v_max);
         }
       }
     }

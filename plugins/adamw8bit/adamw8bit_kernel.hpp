@@ -1,10 +1,12 @@
-// The `adamw8bit` CUDA step kernel's host interface (C++17, no ablate headers: nvcc compiles the
-// kernel, adamw8bit.cpp calls it when the optimizer was initialised on a CUDA device).
+// The `adamw8bit` CUDA step kernel's host interface (C++17: nvcc compiles the kernel; the CUDA
+// implementation, adamw8bit_cuda.cpp, calls it). Its arithmetic is adamw8bit_math.hpp's.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "adamw8bit_math.hpp"
 
 namespace ablate::adamw8bit::cuda {
 
@@ -18,10 +20,7 @@ struct BlockInfo {
   int32_t decay = 0;         // 1: decoupled weight decay applies
 };
 
-// The gradient used is g * grad_scale (norm clipping in the same pass).
-struct Coefficients {
-  float step_size, sqrt_bias2, b1, b2, eps, one_minus_b1, one_minus_b2, decay, grad_scale;
-};
+using Coefficients = ablate::adamw8bit::Coefficients;
 
 // The two code maps: values (256, ascending) and the thresholds of DynamicCode (260: [k] lies
 // between values[k-1] and values[k], +inf past 255), and the code of 0.

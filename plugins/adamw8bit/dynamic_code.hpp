@@ -30,7 +30,8 @@
 // encode_block gives the same codes faster: a bucket table indexed by the float's sign, exponent and
 // top 5 mantissa bits (1/32 of an octave) gives the first code its bucket can reach, and the search
 // finishes in 2 halvings over the 4 codes from there (no bucket reaches more than 4 codes: checked
-// when the table is built). It runs 16 values side by side, so the CPU overlaps their loads.
+// when the table is built). It runs 16 values side by side, so the CPU overlaps their loads. The
+// halvings are adamw8bit_math.hpp's, which the CUDA kernel searches the same table with.
 #pragma once
 
 #include <algorithm>
@@ -42,11 +43,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "adamw8bit_math.hpp"
+
 namespace ablate::adamw8bit {
 
 class DynamicCode {
  public:
-  static constexpr int kCodes = 256;
+  static constexpr int kCodes = adamw8bit::kCodes;
 
   // The signed map (first moment) or the unsigned map (second moment).
   static DynamicCode make(bool is_signed) {
@@ -106,11 +109,7 @@ class DynamicCode {
 
   // The nearest code of x, by a binary search of 8 halvings over all 255 thresholds (x is normally
   // in [-1, 1] or [0, 1]; outside, the end code; NaN gives 0).
-  uint8_t encode(float x) const noexcept {
-    int code = 0;
-    for (int half = kCodes / 2; half > 0; half >>= 1) code += half & -int(thresholds_[std::size_t(code + half)] < x);
-    return uint8_t(code);
-  }
+  uint8_t encode(float x) const noexcept { return uint8_t(search_code(thresholds_.data(), x)); }
   float decode(uint8_t code) const noexcept { return values_[code]; }
 
   // out[i] = encode(x[i] / scale) for i < n (scale > 0; x[i] / scale finite).
@@ -123,7 +122,7 @@ class DynamicCode {
       for (int l = 0; l < kLanes; ++l) y[l] = x[i + l] / scale;
       for (int l = 0; l < kLanes; ++l) code[l] = bucket_first_[bucket(std::bit_cast<uint32_t>(y[l]))];
       for (int half = 2; half > 0; half >>= 1) {
-        for (int l = 0; l < kLanes; ++l) code[l] += half & -int(thresholds_[std::size_t(code[l] + half)] < y[l]);
+        for (int l = 0; l < kLanes; ++l) code[l] = search_halving(thresholds_.data(), code[l], half, y[l]);
       }
       for (int l = 0; l < kLanes; ++l) out[i + l] = uint8_t(code[l]);
     }
@@ -133,13 +132,13 @@ class DynamicCode {
   // encode(y) through the bucket table (what encode_block does for one value).
   uint8_t encode_one(float y) const noexcept {
     int code = bucket_first_[bucket(std::bit_cast<uint32_t>(y))];
-    for (int half = 2; half > 0; half >>= 1) code += half & -int(thresholds_[std::size_t(code + half)] < y);
+    for (int half = 2; half > 0; half >>= 1) code = search_halving(thresholds_.data(), code, half, y);
     return uint8_t(code);
   }
 
   const std::array<float, kCodes>& values() const noexcept { return values_; }  // sorted ascending
   // encode()'s search table: [k] lies between values()[k-1] and values()[k]; +inf past 255.
-  const std::array<float, kCodes + 4>& thresholds() const noexcept { return thresholds_; }
+  const std::array<float, kThresholds>& thresholds() const noexcept { return thresholds_; }
   uint8_t zero_code() const noexcept { return encode(0.0f); }
 
  private:
@@ -156,7 +155,7 @@ class DynamicCode {
   }
 
   std::array<float, kCodes> values_{};
-  std::array<float, kCodes + 4> thresholds_{};  // [k]: between values_[k-1] and values_[k]; +inf past 255
+  std::array<float, kThresholds> thresholds_{};  // [k]: between values_[k-1] and values_[k]; +inf past 255
   std::array<uint8_t, 2 * kExponents << kBucketBits> bucket_first_{};
 };
 

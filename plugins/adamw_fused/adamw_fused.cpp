@@ -79,7 +79,7 @@ class AdamWFused final : public ablate::Optimizer {
                                               args.grad_scale};
     ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(params.as<float>(), grads.as<float>(), m_.data(), v_.data(),
                                                        static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
-                                                       int32_t(runs_.size()), c, static_cast<cudaStream_t>(args.stream)));
+                                                       int32_t(runs_.size()), c, args.stream.as<cudaStream_t>()));
   }
 
   bool writes_bf16() const override { return true; }

@@ -51,6 +51,13 @@ class CudaDevice final : public Device {
   }
 
   DeviceType type() const noexcept override { return DeviceType::cuda; }
+  DeviceCapabilities capabilities() const override {
+    DeviceCapabilities c;
+    c.host_memory = false;
+    c.reduced_precision_products = true;
+    c.collective = "nccl";
+    return c;
+  }
   std::string describe() const override { return name_ + " (cuda:" + std::to_string(ordinal_) + ")"; }
 
   Buffer alloc(DType dtype, int64_t count) override {
@@ -150,7 +157,7 @@ class CudaDevice final : public Device {
   }
 
   void synchronize() override { ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  void* stream() const noexcept override { return stream_; }
+  Stream stream() const noexcept override { return Stream(stream_); }
 
   double peak_tflops(DType dtype) const override {
     return peak_tflops_for_device(name_, dtype == DType::bf16 || dtype == DType::f16 ? "bf16" : "fp32");

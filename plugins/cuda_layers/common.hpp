@@ -68,7 +68,7 @@ inline Operand require_product_input(const char* layer, const TensorView& t, con
   return {t.as<const float>(), nullptr};
 }
 
-inline cudaStream_t stream_of(const LayerCall& call) { return static_cast<cudaStream_t>(call.stream); }
+inline cudaStream_t stream_of(const LayerCall& call) { return call.stream.as<cudaStream_t>(); }
 
 inline void check_spec(const char* layer, const LayerCall& call) {
   if (call.spec == nullptr) throw_runtime_error(layer, "the call has no spec");

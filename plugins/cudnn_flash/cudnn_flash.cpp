@@ -288,7 +288,7 @@ class CudnnFlash final : public Attention {
     void*& handle = handles_[device];
     if (handle == nullptr) handle = create_cudnn_handle();
     c.handle = handle;
-    c.stream = static_cast<cudaStream_t>(stream());
+    c.stream = stream().as<cudaStream_t>();
     set_cudnn_stream(handle, c.stream);
     return c;
   }

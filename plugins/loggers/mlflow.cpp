@@ -26,7 +26,6 @@
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/metrics.hpp"
-#include "ablate/registry.hpp"
 #include "http_client.hpp"
 #include "loggers.hpp"
 #include "run_facts.hpp"

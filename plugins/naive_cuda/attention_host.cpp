@@ -205,7 +205,7 @@ class NaiveCuda final : public Attention {
 
   // The handle, the stream and the per-position segment starts of this batch.
   cudaStream_t prepare(const AttentionProblem& p, const BatchViews& batch) {
-    const cudaStream_t st = static_cast<cudaStream_t>(stream());
+    const cudaStream_t st = stream().as<cudaStream_t>();
     if (handle_ == nullptr) ABLATE_CUBLAS_CHECK(cublasCreate(&handle_));
     ABLATE_CUBLAS_CHECK(cublasSetStream(handle_, st));
     seg_start_ = static_cast<int32_t*>(ws_.get(kSegStart, std::size_t(p.batch) * p.seq_len * sizeof(int32_t), st));

@@ -207,9 +207,9 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     check_usable(what);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
     wait_stream(what, -1, DType::u8, pending_deadline_);
-    if (stream() != nullptr) {
+    if (stream()) {
       ABLATE_CUDA_CHECK(cudaEventRecord(outputs_ready_, stream_));
-      ABLATE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream()), outputs_ready_, 0));
+      ABLATE_CUDA_CHECK(cudaStreamWaitEvent(stream().as<cudaStream_t>(), outputs_ready_, 0));
     }
   }
 
@@ -271,11 +271,11 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
     check_device_buffer(what, buffer);
     ABLATE_CUDA_CHECK(cudaSetDevice(device_));
     const rt::Deadline deadline = rt::Deadline::after(timeout_s_);
-    if (stream() != nullptr) {
+    if (stream()) {
       // Stream order: the collective waits on the GPU for what the model's stream holds now
       // (unless its inputs are host values staged on our own stream).
       if (!host_inputs_) {
-        ABLATE_CUDA_CHECK(cudaEventRecord(inputs_ready_, static_cast<cudaStream_t>(stream())));
+        ABLATE_CUDA_CHECK(cudaEventRecord(inputs_ready_, stream().as<cudaStream_t>()));
         ABLATE_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
       }
       enqueue(type, ablate::dtype_size(buffer.dtype));

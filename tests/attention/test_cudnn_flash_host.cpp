@@ -19,7 +19,7 @@
 #include "ablate/attention.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_support.hpp"
 #include "cudnn_library.hpp"
 #include "graph_key.hpp"

@@ -14,7 +14,7 @@
 
 #include "ablate/attention.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_support.hpp"
 #include "test_support.hpp"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ablate/attention.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_device_run.hpp"
 #include "attention_support.hpp"
 #include "naive_math.hpp"

@@ -1,4 +1,4 @@
-// The gradient bucket plan (core/include/ablate/buckets.hpp) on hand-made write orders: buckets
+// The gradient bucket plan (core/include/ablate/runtime/buckets.hpp) on hand-made write orders: buckets
 // tile the buffer from its end, none larger than asked, each ready after the last write touching
 // it, in the order they become ready.
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "ablate/buckets.hpp"
+#include "ablate/runtime/buckets.hpp"
 #include "ablate/error.hpp"
 
 using namespace ablate;

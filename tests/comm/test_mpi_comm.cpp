@@ -20,7 +20,7 @@
 
 #include "ablate/communicator.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;

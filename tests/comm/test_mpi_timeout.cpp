@@ -10,7 +10,7 @@
 
 #include "ablate/communicator.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 int main() {
   using namespace ablate;

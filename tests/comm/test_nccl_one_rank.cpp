@@ -12,7 +12,7 @@
 
 #include "ablate/communicator.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 namespace {
 
@@ -98,7 +98,7 @@ int main() {
   // and join() completes them (and the host-scalar collective completes on return, too).
   cudaStream_t model_stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&model_stream, cudaStreamNonBlocking));
-  nccl->set_stream(model_stream);
+  nccl->set_stream(ablate::Stream(model_stream));
   for (int64_t n : {7, 1000003}) {
     compare(*single, *nccl, DType::f32, n, "stream-ordered all_reduce + join", [](auto& c, auto t) {
       c.all_reduce(t, ReduceOp::sum);

@@ -6,10 +6,10 @@
 #include <cstdlib>
 #include <optional>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/trainer.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;
@@ -230,17 +230,21 @@ class ScopedEnv {
 
 }  // namespace
 
+const DeviceCapabilities kCpu;  // the cpu device's answers: mpi for several ranks
+
 TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment, and single under a launcher is refused") {
   ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", nullptr), ompi("OMPI_COMM_WORLD_SIZE", nullptr),
       ompi_local("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), procid("SLURM_PROCID", nullptr), ntasks("SLURM_NTASKS", nullptr),
       localid("SLURM_LOCALID", nullptr);
-  CHECK(resolve_communicator(parse("")) == "single");
+  CHECK(resolve_communicator(parse(""), kCpu) == "single");
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "2"), four("OMPI_COMM_WORLD_SIZE", "4");
-    CHECK(resolve_communicator(parse("")) == "mpi");
-    CHECK(resolve_communicator(parse("[run]\ndevice = \"cuda\"\n")) == "nccl");
+    CHECK(resolve_communicator(parse(""), kCpu) == "mpi");
+    DeviceCapabilities gpu;
+    gpu.collective = "nccl";
+    CHECK(resolve_communicator(parse(""), gpu) == "nccl");
     try {
-      resolve_communicator(parse("[run]\ncommunicator = \"single\"\n"));
+      resolve_communicator(parse("[run]\ncommunicator = \"single\"\n"), kCpu);
       FAIL("expected an input error");
     } catch (const Error& e) {
       CHECK(e.exit_code() == 2);
@@ -250,12 +254,12 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
   }
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0"), one("OMPI_COMM_WORLD_SIZE", "1");
-    CHECK(resolve_communicator(parse("")) == "single");
+    CHECK(resolve_communicator(parse(""), kCpu) == "single");
   }
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "5"), two("OMPI_COMM_WORLD_SIZE", "2");  // malformed: an input error
     try {
-      resolve_communicator(parse(""));
+      resolve_communicator(parse(""), kCpu);
       FAIL("expected an input error");
     } catch (const Error& e) {
       CHECK(e.exit_code() == 2);
@@ -264,10 +268,37 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
   }
   {
     ScopedEnv r("SLURM_PROCID", "0"), n("SLURM_NTASKS", "3");
-    CHECK(resolve_communicator(parse("")) == "mpi");
+    CHECK(resolve_communicator(parse(""), kCpu) == "mpi");
   }
   {
     ScopedEnv n("SLURM_NTASKS", "3");  // without SLURM_PROCID this process is no Slurm task
-    CHECK(resolve_communicator(parse("")) == "single");
+    CHECK(resolve_communicator(parse(""), kCpu) == "single");
   }
+}
+
+TEST_CASE_FIXTURE(Fixture, "a chosen layer's own keys live in [model.<layer>], checked against its schema") {
+  using namespace param;
+  add(registry, Kind::layer, "layernorm");
+  add(registry, Kind::layer, "gelu_mlp");
+  add(registry, Kind::layer, "learned");
+  add(registry, Kind::layer, "scaled", {floating("init", 1.0, "first value").within(0.0, 10.0)});
+  // Defaults for the chosen layer; a layer without keys writes no table (the text and hash of a
+  // config naming only such layers stay what they were).
+  const Config plain = parse("");
+  CHECK_FALSE(contains(plain.to_toml(), "[model."));
+  const Config chosen = parse("[model]\nnorm = \"scaled\"\n");
+  CHECK(chosen.implementation("model", "scaled").get_float("init") == 1.0);
+  CHECK(contains(chosen.to_toml(), "[model.scaled]\ninit = 1"));
+  CHECK(parse("[model]\nnorm = \"scaled\"\n[model.scaled]\ninit = 2.5\n").implementation("model", "scaled").get_float("init") == 2.5);
+  CHECK(parse("[model]\nnorm = \"scaled\"\n", {"model.scaled.init=3"}).implementation("model", "scaled").get_float("init") == 3.0);
+  CHECK(chosen.has_implementation("model", "scaled"));
+  CHECK_FALSE(chosen.has_implementation("model", "layernorm"));
+  // Refused: a key the layer does not declare, a value out of its range, a table for no layer.
+  const std::string unknown = error("[model]\nnorm = \"scaled\"\n[model.scaled]\ninital = 2\n");
+  CHECK(contains(unknown, "model.scaled.inital"));
+  CHECK(contains(unknown, "did you mean 'init'"));
+  CHECK(contains(error("[model.scaled]\ninit = 20.0\n"), "model.scaled.init"));
+  const std::string none = error("[model.scald]\ninit = 2\n");
+  CHECK(contains(none, "no layer named 'scald'"));
+  CHECK(contains(none, "did you mean 'scaled'"));
 }

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/model.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/model.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;

@@ -14,7 +14,7 @@
 #include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "device_suite.hpp"
 #include "test_support.hpp"
 

@@ -6,7 +6,7 @@
 #include "ablate/error.hpp"
 #include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "ablate/version.hpp"
 #include "test_support.hpp"
 

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "ablate/error.hpp"
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/safetensors.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;

@@ -10,9 +10,9 @@
 #include <numbers>
 #include <string>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "ablate/schedule.hpp"
 #include "test_support.hpp"
 

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/data.hpp"
 #include "ablate/data_util.hpp"
-#include "ablate/pipeline.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "test_support.hpp"
 
 namespace ablate::test {

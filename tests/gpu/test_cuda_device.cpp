@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "ablate/cuda_check.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "device_suite.hpp"
 
 using namespace ablate;

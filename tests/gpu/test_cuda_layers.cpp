@@ -57,7 +57,7 @@
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
 #include "ablate/layer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 
 using namespace ablate;
 
@@ -538,7 +538,7 @@ Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mod
   DeviceFloats scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
   cuda::DeviceBuffer<uint16_t> copy = mode.bf16_copy ? bf16_copy(v.params) : cuda::DeviceBuffer<uint16_t>{};
   LayerCall call = base_call(p, ids.views);
-  call.stream = suite().stream;
+  call.stream = ablate::Stream(suite().stream);
   call.x = held_x ? bf16_view(x16) : p.in_place ? device_view(y) : device_view(x);
   call.y = held_y ? bf16_view(y16) : held.y ? bf16_view(x16) : device_view(y);
   if (p.residual) call.residual = p.residual_in_y ? device_view(y) : device_view(res);
@@ -698,7 +698,7 @@ ClassifierResults run_classifier_gpu(LossLayer& layer, const ClassifierProblem& 
   call.spec = &p.spec;
   call.batch = &ids.views;
   call.rows = p.rows;
-  call.stream = suite().stream;
+  call.stream = ablate::Stream(suite().stream);
   call.x = mode.held ? bf16_view(x16) : device_view(x);
   call.params = device_view(W);
   if (copy.size() > 0) call.params_bf16 = flat_view(copy.data(), DType::bf16, int64_t(copy.size()), DeviceType::cuda);

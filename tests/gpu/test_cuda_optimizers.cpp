@@ -22,7 +22,7 @@
 #include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "views.hpp"
 
 using namespace ablate;
@@ -54,13 +54,15 @@ struct Setup {
   ~Setup() { cudaStreamDestroy(stream); }
   Setup(const Setup&) = delete;
   Setup& operator=(const Setup&) = delete;
-  std::unique_ptr<Optimizer> make(const std::string& name) {
+  // The registration of `name` for `device`: adamw serves "cpu", adamw_fused "cuda", adamw8bit has
+  // one implementation for each.
+  std::unique_ptr<Optimizer> make(const std::string& name, const std::string& device) {
     std::map<std::string, Value, std::less<>> own;
     if (name == "adamw8bit") {
       own = {{"block_size", int64_t(256)}, {"min_8bit_size", int64_t(4096)}, {"fp32_state_pattern", std::string()}};
     }
-    RunContext at = run;  // the CPU references serve "cpu", adamw_fused "cuda" (adamw8bit both)
-    at.device = name == "adamw" ? "cpu" : "cuda";
+    RunContext at = run;
+    at.device = device;
     return registry.create<Optimizer>(Kind::optimizer, name, {common, Params("optimizer." + name, own), at});
   }
 };
@@ -97,8 +99,8 @@ double compare(Setup& s, const std::string& cpu_name, const std::string& gpu_nam
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> p(n), g(n);
   for (float& x : p) x = 0.02f * normal(rng);
-  auto cpu = s.make(cpu_name);
-  auto gpu = s.make(gpu_name);
+  auto cpu = s.make(cpu_name, "cpu");
+  auto gpu = s.make(gpu_name, "cuda");
   cpu->init(table, DeviceType::cpu);
   gpu->init(table, DeviceType::cuda);
   std::vector<float> p_cpu = p;
@@ -122,7 +124,7 @@ double compare(Setup& s, const std::string& cpu_name, const std::string& gpu_nam
     g_dev.upload(g.data(), n);
     ABLATE_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy-stream upload, before the step's own stream
     // As the engine calls it: on the model's non-blocking stream, with a clipping factor every other step.
-    const StepArgs args{1e-3 * (1.0 + 0.1 * step), step, step % 2 == 0 ? 0.37f : 1.0f, s.stream};
+    const StepArgs args{1e-3 * (1.0 + 0.1 * step), step, step % 2 == 0 ? 0.37f : 1.0f, ablate::Stream(s.stream)};
     StepArgs device_args = args;
     if (step % 2 == 1) device_args.params_bf16 = copy_dev.data();
     cpu->step(table, host_view(p_cpu), host_view(g), args);
@@ -165,7 +167,7 @@ TEST_CASE("adamw_fused on the device gives the CPU adamw's parameters and moment
 
 TEST_CASE("adamw_fused refuses the CPU and a table it was not given") {
   Setup s;
-  auto opt = s.make("adamw_fused");
+  auto opt = s.make("adamw_fused", "cuda");
   try {
     opt->init(make_table(), DeviceType::cpu);
     FAIL("expected an input error");
@@ -194,7 +196,7 @@ TEST_CASE("an adamw8bit state saved on the device continues on the CPU as if it 
   std::normal_distribution<float> normal(0.0f, 0.01f);
   std::vector<float> p(n), g(n);
   for (float& x : p) x = normal(rng);
-  auto gpu = s.make("adamw8bit");
+  auto gpu = s.make("adamw8bit", "cuda");
   gpu->init(table, DeviceType::cuda);
   cuda::DeviceBuffer<float> p_dev, g_dev;
   p_dev.upload(p.data(), n);
@@ -203,7 +205,7 @@ TEST_CASE("an adamw8bit state saved on the device continues on the CPU as if it 
     g_dev.upload(g.data(), n);
     gpu->step(table, device_view(p_dev), device_view(g_dev), 1e-3, step);
   }
-  auto cpu = s.make("adamw8bit");
+  auto cpu = s.make("adamw8bit", "cpu");
   cpu->init(table, DeviceType::cpu);
   cpu->load_state(gpu->save_state());
   std::vector<float> p_cpu = download(p_dev);

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "ablate/cuda_check.hpp"
-#include "ablate/model.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/model.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "run_files.hpp"
 #include "test_support.hpp"
 

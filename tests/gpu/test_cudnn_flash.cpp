@@ -26,7 +26,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_device_run.hpp"
 #include "attention_support.hpp"
 

@@ -15,7 +15,7 @@
 #include "ablate/attention.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/device.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "attention_device_run.hpp"
 #include "attention_support.hpp"
 

@@ -27,7 +27,7 @@
 
 #include "ablate/cuda_check.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "adamw8bit_kernel.hpp"
 #include "adamw_fused_kernel.hpp"
 #include "dynamic_code.hpp"

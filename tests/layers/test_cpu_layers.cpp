@@ -21,7 +21,7 @@
 #include "ablate/device.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;

@@ -13,7 +13,7 @@
 
 #include "ablate/device.hpp"
 #include "ablate/layer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "dense_math.hpp"
 #include "norm_math.hpp"
 #include "test_support.hpp"

@@ -6,7 +6,7 @@
 
 #include "ablate/logger.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "sample_metrics.hpp"
 
 int main(int argc, char** argv) {

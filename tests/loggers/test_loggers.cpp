@@ -22,7 +22,7 @@
 #include "ablate/error.hpp"
 #include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "sample_metrics.hpp"
 #include "test_support.hpp"
 

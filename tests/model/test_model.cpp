@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/registry.hpp"
-#include "ablate/safetensors.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/safetensors.hpp"
 #include "test_support.hpp"
 
 using namespace ablate;

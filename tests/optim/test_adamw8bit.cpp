@@ -15,7 +15,7 @@
 
 #include "ablate/error.hpp"
 #include "ablate/optimizer.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "dynamic_code.hpp"
 #include "test_support.hpp"
 #include "views.hpp"

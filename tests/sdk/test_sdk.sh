@@ -12,6 +12,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
+[ -f "$work/prefix/include/ablate/plugin.hpp" ] && [ ! -e "$work/prefix/include/ablate/runtime" ] \
+  || { echo "FAIL: the install holds the runtime's headers, or not the SDK's"; exit 1; }
 cmake -S "$source_dir/docs/examples/reversed_sampler" -B "$work/example" -G Ninja \
   -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/example" >/dev/null
@@ -65,3 +67,34 @@ assert not any(n.endswith("ln1.weight") for n in header), "rmsnorm's weights in 
 print(f"scalenorm: {len(names)} scalars g in the checkpoint")
 PY
 echo "PASS: a norm from an out-of-tree plugin trained from a TOML file"
+
+# The plugin's own key, in [model.scalenorm]: every g starts at init_g (one step of AdamW moves a
+# value by about the learning rate at most), and a key the layer does not declare is refused.
+sed -e 's/^steps = .*/steps = 1/' "$work/scalenorm.toml" > "$work/scalenorm_g2.toml"
+printf '\n[model.scalenorm]\ninit_g = 2.0\n' >> "$work/scalenorm_g2.toml"
+"$work/prefix/bin/ablate" train "$work/scalenorm_g2.toml" --run-dir "$work/run_g2" > "$work/g2.log" 2>&1 \
+  || { cat "$work/g2.log"; echo "FAIL: training with [model.scalenorm] init_g"; exit 1; }
+python3 - "$work" <<'PY'
+import glob, json, struct, sys
+work = sys.argv[1]
+last = sorted(glob.glob(f"{work}/run_g2/checkpoints/step_*/model.safetensors"))[-1]
+with open(last, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    data = f.read()
+gs = []
+for name, t in header.items():
+    if name.endswith(".g"):
+        a, b = t["data_offsets"]
+        gs.append(struct.unpack("<f", data[a:b])[0])
+assert len(gs) >= 3 and all(abs(g - 2.0) < 0.05 for g in gs), gs
+print(f"scalenorm init_g = 2: {len(gs)} scalars g in [{min(gs):.4f}, {max(gs):.4f}] after one step")
+PY
+grep -q '^init_g = 2.0$' "$work/run_g2/config.toml" || { echo "FAIL: the run's config.toml lost [model.scalenorm]"; exit 1; }
+set +e
+bad=$("$work/prefix/bin/ablate" train "$work/scalenorm_g2.toml" --set model.scalenorm.init_gain=2 --run-dir "$work/run_bad" 2>&1)
+code=$?
+set -e
+[ "$code" -eq 2 ] && grep -q "model.scalenorm.init_gain" <<<"$bad" && grep -q "init_g" <<<"$bad" \
+  || { echo "$bad"; echo "FAIL: an unknown [model.scalenorm] key was not refused with exit 2 (exit $code)"; exit 1; }
+echo "PASS: a plugin layer's own keys in [model.<layer>]"

@@ -54,11 +54,11 @@ class Attention : public Component {
   // The queue a device backend enqueues its work on: the model's Device::stream() (cuda: a
   // cudaStream_t; null on the cpu), set by the model before the first call. forward and backward
   // return without waiting for the device.
-  void set_stream(void* stream) noexcept { stream_ = stream; }
-  void* stream() const noexcept { return stream_; }
+  void set_stream(Stream stream) noexcept { stream_ = stream; }
+  Stream stream() const noexcept { return stream_; }
 
  private:
-  void* stream_ = nullptr;
+  Stream stream_;
 };
 
 // Throws (naming `where`, the tensor and what was expected) unless `t` is a (batch, seq_len, heads,

@@ -79,8 +79,8 @@ class Communicator : public Component {
   virtual void barrier() = 0;
   // The model's device queue (Device::stream(); cuda: a cudaStream_t), set by the engine. Host
   // communicators ignore it.
-  void set_stream(void* stream) noexcept { stream_ = stream; }
-  void* stream() const noexcept { return stream_; }
+  void set_stream(Stream stream) noexcept { stream_ = stream; }
+  Stream stream() const noexcept { return stream_; }
   // Whether collectives do work even in a world of one rank (false only for `single`, whose
   // collectives are the identity): the engine then runs its gradient buckets at any world size,
   // so a one-rank nccl run measures the machinery's cost against single.
@@ -94,7 +94,7 @@ class Communicator : public Component {
   virtual void abort_job_at_exit(int exit_code, const std::string& reason) = 0;
 
  private:
-  void* stream_ = nullptr;
+  Stream stream_;
 };
 
 }  // namespace ablate

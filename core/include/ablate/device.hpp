@@ -85,10 +85,24 @@ BatchViews batch_views_at(const Batch& batch, int32_t* base, DeviceType device);
 // The views of `batch` itself (host memory, no copy).
 BatchViews host_batch_views(const Batch& batch);
 
+// What a device can do, for the runtime to decide by (the memory budget, run.dtype, the
+// communicator for several ranks) instead of by the device's name.
+struct DeviceCapabilities {
+  // Buffers are host memory: the parameters share the host's memory budget (run.memory_gb) and a
+  // batch is viewed in place.
+  bool host_memory = true;
+  // Matrix products in run.dtype's reduced-precision modes ("tf32", "bf16"); a device without them
+  // computes in fp32 and refuses those modes rather than report itself against their peaks.
+  bool reduced_precision_products = false;
+  // The communicator run.communicator = "auto" picks when a launcher starts several ranks.
+  std::string collective = "mpi";
+};
+
 class Device : public Component {
  public:
   ~Device() override;
   virtual DeviceType type() const noexcept = 0;
+  virtual DeviceCapabilities capabilities() const = 0;
   // What the device is, as a person reads it ("cpu (16 threads)", "NVIDIA H100 80GB HBM3").
   virtual std::string describe() const = 0;
 
@@ -120,8 +134,8 @@ class Device : public Component {
 
   virtual void synchronize() = 0;
   // The queue the device executes its calls in, for plugins of the same device to launch their
-  // work in order with it (cuda: a cudaStream_t); nullptr where there is none (the cpu).
-  virtual void* stream() const noexcept { return nullptr; }
+  // work in order with it (cuda: a cudaStream_t); null where there is none (the cpu).
+  virtual Stream stream() const noexcept { return nullptr; }
   // The device's peak dense matrix rate for `dtype` in TFLOP/s from the table of known devices
   // (metrics.hpp), or 0 when it has none (a CPU: the trainer measures it), or a negative value for
   // an emulated device, whose speed is no hardware's: the trainer then reports no peak and no MFU.

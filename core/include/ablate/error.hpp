@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ablate {
 
@@ -41,5 +42,13 @@ inline constexpr std::size_t kMaxMessageBytes = 4096;
 // Shorthands: "where" is prefixed to the message as "where: message" when it is not empty.
 [[noreturn]] void throw_input_error(std::string where, const std::string& message);
 [[noreturn]] void throw_runtime_error(std::string where, const std::string& message);
+
+// Suggestions for misspellings: the candidates closest to `word` by edit distance (empty when
+// none is close enough to be a plausible typo).
+std::vector<std::string> closest_matches(std::string_view word, const std::vector<std::string>& candidates);
+// "; did you mean 'lr'?" or "" when there is no close match.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+// "a, b, c"
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 
 }  // namespace ablate

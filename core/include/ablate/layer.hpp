@@ -74,7 +74,7 @@ struct LayerCall {
   TensorView params_bf16;        // run.dtype = "bf16": the bf16 copy of params (same offsets), else empty
   TensorView saved;              // activation_elements(spec, rows) values, kept forward -> backward
   TensorView scratch;            // scratch_elements(spec, rows) values, free between calls
-  void* stream = nullptr;        // the model's device queue (Device::stream(): cuda's cudaStream_t)
+  Stream stream;                 // the model's device queue (Device::stream(); null on the cpu)
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;

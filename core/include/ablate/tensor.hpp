@@ -14,6 +14,25 @@ namespace ablate {
 enum class DType { f32, bf16, f16, i32, u16, u8, f64 };
 enum class DeviceType { cpu, cuda };
 
+// A device's queue, as every component that launches work on the model's device receives it
+// (layers through LayerCall, attention backends and communicators through set_stream, optimizers
+// through StepArgs): calls launched on one queue run in order. cuda: a cudaStream_t (as<cudaStream_t>());
+// the cpu has none, and its queue is null.
+class Stream {
+ public:
+  Stream() = default;
+  Stream(std::nullptr_t) noexcept {}  // NOLINT: no queue
+  explicit Stream(void* handle) noexcept : handle_(handle) {}
+  void* handle() const noexcept { return handle_; }
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+  template <class T>
+  T as() const noexcept { return static_cast<T>(handle_); }
+  friend bool operator==(const Stream&, const Stream&) = default;
+
+ private:
+  void* handle_ = nullptr;
+};
+
 std::size_t dtype_size(DType dtype) noexcept;
 const char* to_string(DType dtype) noexcept;
 const char* to_string(DeviceType device) noexcept;
@@ -45,7 +64,7 @@ inline TensorView flat_view(void* data, DType dtype, int64_t n, DeviceType devic
   return t;
 }
 
-// A named tensor that owns its bytes: optimizer state and checkpoint contents (safetensors.hpp).
+// A named tensor that owns its bytes: optimizer state and checkpoint contents (runtime/safetensors.hpp).
 struct NamedTensor {
   std::string name;
   DType dtype = DType::f32;

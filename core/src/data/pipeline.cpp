@@ -1,37 +1,31 @@
 // The prefetching data pipeline (see pipeline.hpp): reader workers fill a ring of documents indexed
-// by draw number (claiming chunks of draws), one batching thread turns them into batches in order, a bounded queue hands
-// the batches to the consumer. Errors travel with the draw (or batch) they belong to and are
-// rethrown in the consumer; a stop flag checked at every wait makes destruction prompt.
-#include "ablate/pipeline.hpp"
+// by draw number (document_ring.hpp), one batching thread turns them into batches in order, a
+// bounded queue hands the batches to the consumer (batch_queue.hpp). Errors travel with the draw (or
+// batch) they belong to and are rethrown in the consumer; a stop flag checked at every wait makes
+// destruction prompt.
+#include "ablate/runtime/pipeline.hpp"
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
 #include <exception>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
-#include "ablate/config.hpp"
+#include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
-#include "ablate/registry.hpp"
+#include "ablate/runtime/registry.hpp"
+#include "batch_queue.hpp"
+#include "document_ring.hpp"
+#include "pipeline_stages.hpp"
 
 namespace ablate {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Thrown inside the pipeline's threads when it is being stopped; never leaves the pipeline.
-struct PipelineStopped {};
-
-}  // namespace
+using data_pipeline::BatchQueue;
+using data_pipeline::Clock;
+using data_pipeline::DocumentRing;
+using data_pipeline::seconds_since;
+using data_pipeline::StageTotals;
 
 // ---------------------------------------------------------------------------------------------
 // Options, statistics, construction from a config.
@@ -108,74 +102,61 @@ std::unique_ptr<Batcher> make_batcher(const Config& config, const Registry& regi
 
 // ---------------------------------------------------------------------------------------------
 
+// Wires the stages: the ring (read), the batcher behind this feed (batch) and the queue (hand-over).
+// Impl is the batcher's DocumentFeed; next() runs on the batching thread, or on the consumer's when
+// workers = 0, and everything else on the consumer's.
 struct DataPipeline::Impl final : DocumentFeed {
   std::shared_ptr<const DataSource> source;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Batcher> batcher;
   PipelineOptions options;
+  StageTotals totals;
+  DocumentRing ring;  // used when workers > 0
+  BatchQueue queue;   // the hand-over, and the spare batches also when workers = 0
+  bool running = false;
 
   // --- the feed (used by the batching thread, or the consumer's when workers = 0)
-  uint64_t draws_taken = 0;  // draws the batcher has taken
-  Document current;          // the document next() last returned
-  uint64_t empty_run = 0;    // consecutive empty documents
-
-  // --- the document ring (workers > 0): slot draw % ring_size holds draw `draw` once ready
-  struct Slot {
-    uint64_t draw = 0;
-    bool ready = false;
-    Document doc;
-    std::exception_ptr error;
-  };
-  std::mutex ring_mutex;
-  std::condition_variable slot_ready;  // a slot became ready (the batcher waits)
-  std::condition_variable ring_space;  // a slot became free (workers wait)
-  std::vector<Slot> ring;
-  uint64_t next_claim = 0;     // next draw a worker reads
-  uint64_t ring_consumed = 0;  // draws the batcher has taken out of the ring
-  bool batcher_waiting = false;
-  int workers_waiting = 0;
-
-  // --- the batch queue
-  std::mutex queue_mutex;
-  std::condition_variable queue_filled;
-  std::condition_variable queue_drained;
-  std::deque<std::unique_ptr<PipelineBatch>> queue;
-  std::exception_ptr producer_error;  // after the batches queued before it
-  std::vector<std::unique_ptr<PipelineBatch>> spare;
-  std::exception_ptr failure;  // once a stage failed, every later next() rethrows it
-
-  bool stopping = false;  // guarded by both mutexes (set under each)
-  std::vector<std::thread> threads;
-  bool running = false;
+  uint64_t draws_taken = 0;       // draws the batcher has taken
+  Document current;               // the document next() last returned
+  uint64_t empty_run = 0;         // consecutive empty documents
+  double feed_wait_in_batch = 0;  // of the batch being produced
 
   // --- consumer side
   std::unique_ptr<PipelineBatch> handed;  // the batch the consumer holds
   DataCursor consumed_cursor;
   uint64_t sequence = 0;
-
-  // --- statistics (read and batch totals guarded by stats_mutex)
-  mutable std::mutex stats_mutex;
-  PipelineStats totals;
+  std::exception_ptr failure;  // once a stage failed, every later next() rethrows it
   bool clock_started = false;
   Clock::time_point first_next;
-  double feed_wait_in_batch = 0;  // batching thread only
 
   Impl(std::shared_ptr<const DataSource> src, std::unique_ptr<Sampler> smp, std::unique_ptr<Batcher> bat, PipelineOptions opt)
-      : source(std::move(src)), sampler(std::move(smp)), batcher(std::move(bat)), options(opt) {
+      : source(std::move(src)),
+        sampler(std::move(smp)),
+        batcher(std::move(bat)),
+        options(sanitised(opt)),
+        totals(std::max(1, options.workers)),
+        ring(*source, options.split, *sampler, ring_slots(*batcher), totals),
+        queue(options.prefetch, totals) {
     const uint64_t documents = source->size(options.split);
     if (documents == 0) {
       throw_input_error(source->describe(), std::string("the ") + to_string(options.split) + " split has no documents");
     }
     sampler->set_groups(source->groups(options.split));
     sampler->reset(documents, options.seed, options.rank, options.world);
-    options.workers = std::max(0, options.workers);
-    options.prefetch = std::max(1, options.prefetch);
-    totals.read.threads = std::max(1, options.workers);
-    // Enough documents in flight for several batches of short documents.
-    ring.resize(std::size_t(std::clamp(8 * int64_t(batcher->max_rows()), int64_t(256), int64_t(16384))));
   }
 
-  ~Impl() override { stop(); }
+  ~Impl() override { stop_stages(); }
+
+  static PipelineOptions sanitised(PipelineOptions o) {
+    o.workers = std::max(0, o.workers);
+    o.prefetch = std::max(1, o.prefetch);
+    return o;
+  }
+
+  // Enough documents in flight for several batches of short documents.
+  static std::size_t ring_slots(const Batcher& batcher) {
+    return std::size_t(std::clamp(8 * int64_t(batcher.max_rows()), int64_t(256), int64_t(16384)));
+  }
 
   int32_t eot_token() const override { return source->eot_token(); }
 
@@ -192,25 +173,11 @@ struct DataPipeline::Impl final : DocumentFeed {
       const auto start = Clock::now();
       source->read(options.split, index, current);
       const double took = seconds_since(start);
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      totals.read.busy_s += took;
-      ++totals.read.items;
+      totals.add_read(took, 1);
       feed_wait_in_batch += took;
     } else {
       const auto start = Clock::now();
-      std::unique_lock<std::mutex> lock(ring_mutex);
-      Slot& slot = ring[draw % ring.size()];
-      batcher_waiting = true;
-      slot_ready.wait(lock, [&] { return stopping || (slot.ready && slot.draw == draw); });
-      batcher_waiting = false;
-      if (stopping) throw PipelineStopped{};
-      slot.ready = false;
-      if (slot.error) std::rethrow_exception(std::exchange(slot.error, nullptr));
-      std::swap(current, slot.doc);
-      ring_consumed = draw + 1;
-      const bool wake = workers_waiting > 0 && chunk_free();
-      lock.unlock();
-      if (wake) ring_space.notify_one();
+      ring.take(draw, current);
       feed_wait_in_batch += seconds_since(start);
     }
     draws_taken = draw + 1;
@@ -222,67 +189,6 @@ struct DataPipeline::Impl final : DocumentFeed {
     return current;
   }
 
-  // Workers claim draws in chunks and publish a chunk at once: one lock round and at most one
-  // wake-up of the batching thread per chunk, not per document.
-  std::size_t claim_chunk() const { return std::max<std::size_t>(1, std::min<std::size_t>(32, ring.size() / 8)); }
-
-  bool chunk_free() const { return next_claim + claim_chunk() <= ring_consumed + ring.size(); }
-
-  void read_worker() {
-    const std::size_t chunk = claim_chunk();
-    std::vector<Document> docs(chunk);
-    std::vector<uint64_t> indices(chunk);
-    std::vector<std::exception_ptr> errors(chunk);
-    for (;;) {
-      uint64_t first = 0;
-      {
-        std::unique_lock<std::mutex> lock(ring_mutex);
-        ++workers_waiting;
-        ring_space.wait(lock, [&] { return stopping || chunk_free(); });
-        --workers_waiting;
-        if (stopping) return;
-        first = next_claim;
-        next_claim += chunk;
-        for (std::size_t i = 0; i < chunk; ++i) {
-          errors[i] = nullptr;
-          try {
-            indices[i] = sampler->document_at(first + i);
-          } catch (...) {
-            errors[i] = std::current_exception();
-          }
-        }
-      }
-      const auto start = Clock::now();
-      for (std::size_t i = 0; i < chunk; ++i) {
-        if (errors[i]) continue;
-        try {
-          source->read(options.split, indices[i], docs[i]);
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      }
-      const double took = seconds_since(start);
-      {
-        std::lock_guard<std::mutex> lock(stats_mutex);
-        totals.read.busy_s += took;
-        totals.read.items += chunk;
-      }
-      bool wake = false;
-      {
-        std::lock_guard<std::mutex> lock(ring_mutex);
-        for (std::size_t i = 0; i < chunk; ++i) {
-          Slot& slot = ring[(first + i) % ring.size()];
-          slot.draw = first + i;
-          slot.ready = true;
-          slot.error = errors[i];
-          std::swap(slot.doc, docs[i]);
-        }
-        wake = batcher_waiting;
-      }
-      if (wake) slot_ready.notify_one();
-    }
-  }
-
   // Produces one batch into `out` (on the batching thread, or the consumer's when workers = 0).
   void produce(PipelineBatch& out) {
     const auto start = Clock::now();
@@ -290,83 +196,24 @@ struct DataPipeline::Impl final : DocumentFeed {
     batcher->next(*this, out.batch);
     out.cursor.draw = draws_taken;
     out.cursor.pending = batcher->pending();
-    const double busy = seconds_since(start) - feed_wait_in_batch;  // reading (workers = 0) or waiting for it
-    std::lock_guard<std::mutex> lock(stats_mutex);
-    totals.batch.busy_s += std::max(0.0, busy);
-    ++totals.batch.items;
+    totals.add_batch(seconds_since(start) - feed_wait_in_batch);  // less reading (workers = 0) or waiting for it
   }
 
-  void batch_worker() {
-    try {
-      for (;;) {
-        std::unique_ptr<PipelineBatch> pb;
-        {
-          std::lock_guard<std::mutex> lock(queue_mutex);
-          if (stopping) return;
-          if (!spare.empty()) {
-            pb = std::move(spare.back());
-            spare.pop_back();
-          }
-        }
-        if (!pb) pb = std::make_unique<PipelineBatch>();
-        produce(*pb);
-        const auto start = Clock::now();
-        std::unique_lock<std::mutex> lock(queue_mutex);
-        queue_drained.wait(lock, [&] { return stopping || queue.size() < std::size_t(options.prefetch); });
-        if (stopping) return;
-        queue.push_back(std::move(pb));
-        {
-          std::lock_guard<std::mutex> stats_lock(stats_mutex);
-          totals.queue.busy_s += seconds_since(start);
-          ++totals.queue.items;
-        }
-        lock.unlock();
-        queue_filled.notify_one();
-      }
-    } catch (const PipelineStopped&) {
-      return;
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(queue_mutex);
-      producer_error = std::current_exception();
-      queue_filled.notify_all();
-    }
-  }
-
-  void start() {
+  void start_stages() {
     if (running || options.workers == 0) return;
-    stopping = false;
-    next_claim = draws_taken;
-    ring_consumed = draws_taken;
-    for (Slot& s : ring) {
-      s.ready = false;
-      s.error = nullptr;
-    }
     running = true;
-    for (int i = 0; i < options.workers; ++i) threads.emplace_back([this] { read_worker(); });
-    threads.emplace_back([this] { batch_worker(); });
+    ring.start(draws_taken, options.workers);
+    queue.start([this](PipelineBatch& out) { produce(out); });
   }
 
-  void stop() {
+  void stop_stages() {
     if (!running) return;
-    {
-      std::lock_guard<std::mutex> lock(ring_mutex);
-      stopping = true;
-    }
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex);
-      stopping = true;
-    }
-    slot_ready.notify_all();
-    ring_space.notify_all();
-    queue_filled.notify_all();
-    queue_drained.notify_all();
-    for (std::thread& t : threads) t.join();
-    threads.clear();
+    // Both stages hear it before anything is joined: the batching thread may wait on either.
+    ring.request_stop();
+    queue.request_stop();
+    queue.join();  // the ring's only taker goes first, so nothing waits on the ring when it is joined
+    ring.join();
     running = false;
-    stopping = false;
-    for (auto& pb : queue) spare.push_back(std::move(pb));
-    queue.clear();
-    producer_error = nullptr;
   }
 
   const PipelineBatch& consume() {
@@ -375,7 +222,7 @@ struct DataPipeline::Impl final : DocumentFeed {
       return consume_next();
     } catch (...) {
       failure = std::current_exception();
-      stop();
+      stop_stages();
       throw;
     }
   }
@@ -386,65 +233,33 @@ struct DataPipeline::Impl final : DocumentFeed {
       clock_started = true;
       first_next = start;
     }
-    if (handed) {
-      std::lock_guard<std::mutex> lock(queue_mutex);
-      spare.push_back(std::move(handed));
-    }
+    if (handed) queue.recycle(std::move(handed));
     if (options.workers == 0) {
-      std::unique_ptr<PipelineBatch> pb;
-      if (!spare.empty()) {
-        pb = std::move(spare.back());
-        spare.pop_back();
-      } else {
-        pb = std::make_unique<PipelineBatch>();
-      }
+      std::unique_ptr<PipelineBatch> pb = queue.take_spare();
       produce(*pb);
       handed = std::move(pb);
     } else {
-      start_threads_if_needed();
-      std::unique_lock<std::mutex> lock(queue_mutex);
-      queue_filled.wait(lock, [&] { return !queue.empty() || producer_error; });
-      if (queue.empty()) {
-        std::rethrow_exception(producer_error);
-      }
-      handed = std::move(queue.front());
-      queue.pop_front();
-      lock.unlock();
-      queue_drained.notify_one();
+      start_stages();
+      handed = queue.pop();
     }
     const double waited = seconds_since(start);
     handed->sequence = sequence++;
     handed->wait_ms = 1e3 * waited;
     consumed_cursor = handed->cursor;
-    uint64_t batches = 0;
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      totals.consumer_wait_s += waited;
-      batches = ++totals.batches;
-      totals.wall_s = seconds_since(first_next);
-    }
+    const uint64_t batches = totals.add_handed(waited, first_next);
     if (options.debug_stats && batches % uint64_t(std::max(1, options.debug_every)) == 0) {
-      spdlog::info("{}", snapshot().table());
+      spdlog::info("{}", totals.snapshot().table());
     }
     return *handed;
   }
 
-  void start_threads_if_needed() {
-    if (!running) start();
-  }
-
   void restore(const DataCursor& cursor) {
-    stop();
+    stop_stages();
     failure = nullptr;
     handed.reset();
     draws_taken = cursor.draw;
     batcher->restore(cursor.pending, *this);
     consumed_cursor = cursor;
-  }
-
-  PipelineStats snapshot() const {
-    std::lock_guard<std::mutex> lock(stats_mutex);
-    return totals;
   }
 };
 
@@ -469,7 +284,7 @@ double DataPipeline::next_into(Batch& out) {
 }
 DataCursor DataPipeline::cursor() const { return impl_->consumed_cursor; }
 void DataPipeline::restore(const DataCursor& cursor) { impl_->restore(cursor); }
-PipelineStats DataPipeline::stats() const { return impl_->snapshot(); }
+PipelineStats DataPipeline::stats() const { return impl_->totals.snapshot(); }
 const DataSource& DataPipeline::source() const { return *impl_->source; }
 const Batcher& DataPipeline::batcher() const { return *impl_->batcher; }
 const PipelineOptions& DataPipeline::options() const { return impl_->options; }

@@ -1,6 +1,6 @@
 // ScaleNorm (Nguyen and Salazar, 2019), an example of a norm added as a plugin built out of tree:
 // y = g * x / sqrt(mean(x^2) + eps) over each row's `in` values, with one learned scalar g per use
-// (initialised to 1, so at the start it is an RMS norm without per-channel weights).
+// (initialised to init_g, 1 by default: at the start an RMS norm without per-channel weights).
 // The layer contract (ablate/layer.hpp): role norm; parameters declared into the flat buffer; the
 // inverse RMS of each row kept from forward to backward (`saved`); parameter gradients accumulated
 // (+=); the input gradient written, or added when the call asks for GradMode::accumulate.
@@ -17,9 +17,10 @@ namespace scalenorm {
 
 class ScaleNorm final : public ablate::Layer {
  public:
+  explicit ScaleNorm(double init_g = 1.0) : init_g_(init_g) {}
   ablate::LayerRole role() const override { return ablate::LayerRole::norm; }
   void declare_params(const ablate::LayerSpec&, const std::string& prefix, ablate::ParamTable& table) const override {
-    table.add(prefix.empty() ? "g" : prefix + ".g", {1}, false, 0.0, 1.0);  // no decay, value 1
+    table.add(prefix.empty() ? "g" : prefix + ".g", {1}, false, 0.0, init_g_);  // no decay, value init_g
   }
   int64_t activation_elements(const ablate::LayerSpec&, int64_t rows) const override { return rows; }
 
@@ -107,6 +108,7 @@ class ScaleNorm final : public ablate::Layer {
     }
     c.grads.as<T>()[0] += T(dg);
   }
+  double init_g_;
 };
 
 }  // namespace scalenorm

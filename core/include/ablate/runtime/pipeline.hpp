@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // The data pipeline: DataSource -> Sampler -> Batcher, prefetched. `workers` threads read documents
 // by index in parallel (in the sampler's order, ahead of need), one thread batches them in order, and
 // a bounded queue of `prefetch` batches sits between it and the trainer. Every batch carries the

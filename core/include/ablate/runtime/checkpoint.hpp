@@ -1,26 +1,13 @@
-// The trainer: steps of gradient-accumulated micro-batches (loss = mean over the real targets of the
-// whole global batch), LR schedule, global-norm clipping, the optimizer, evaluation on the
-// validation split, docs/architecture.md's metrics per step, and atomic checkpoints that resume bit for bit.
-//
-// Data parallel (docs/distributed.md): under mpirun or srun every rank runs train() with its own
-// share of each batch; the loss is normalised by the real targets of all ranks together, gradients
-// are all-reduced (or reduce-scattered for ZeRO-1, optimizer.shard_state), and rank 0 writes the
-// run directory (a shared filesystem for several machines), checkpoints and logs.
-//
-// A run directory holds:
-//   config.toml          the resolved experiment (every default filled in)
-//   run.json             plugin files and versions, device, threads, parameter count
-//   metrics.jsonl        one object per logged step (and one per evaluation, with val_loss)
-//   summary.json         the run's outcome: final losses, throughput, MFU, wall time, status
-//   checkpoints/step_NNNNNNNN/{model.safetensors, optimizer.safetensors, state.json, config.toml}
-//   checkpoints/latest   the name of the newest complete checkpoint
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
+// Checkpoints of a run directory (implemented in core/src/checkpointer.cpp): what one records
+// (state.json), finding the one to resume or load, writing one for imported weights, and the model
+// restored from one for evaluation, sampling and export. The layout is trainer.hpp's.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,51 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/data.hpp"
-#include "ablate/metrics.hpp"
-#include "ablate/model.hpp"
-#include "ablate/optimizer.hpp"
+#include "ablate/runtime/model.hpp"
 
 namespace ablate {
 
 class Config;
 class Registry;
-
-struct TrainOptions {
-  std::filesystem::path run_dir;   // created when missing
-  bool resume = false;             // continue from run_dir's latest checkpoint
-  int64_t stop_at = 0;             // > 0: checkpoint and stop after this step, as an interruption would
-  // Called after every logged step (after the console line); may be empty.
-  std::function<void(const StepMetrics&)> on_step;
-};
-
-struct TrainResult {
-  int64_t steps = 0;            // optimizer steps done (in total, including before a resume)
-  double final_loss = 0;        // loss of the last step
-  double val_loss = -1;         // last evaluation (-1 when none)
-  std::vector<double> losses;   // the loss of every step this process ran
-  std::filesystem::path run_dir;
-};
-
-TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
-
-// [run] communicator with "auto" resolved: mpi (cpu) or nccl (cuda) when the launcher's environment
-// (OMPI_COMM_WORLD_SIZE, or SLURM_NTASKS under srun) says the job has several ranks, else single.
-// An explicit "single" in a job of several ranks is an input error: every rank would train alone
-// into the same run directory.
-std::string resolve_communicator(const Config& config);
-
-// The run facts of [run] (seed, device, threads: 0 = all cores), with the CPU thread count applied
-// to OpenMP. A device this build cannot train on is an input error naming run.device.
-RunContext training_context(const Config& config);
-// The CPU threads the model's work uses from now on (0 = every core); returns the number.
-int use_cpu_threads(int threads);
-// The memory the run may use: [run] memory_budget_gib, else the machine's physical memory.
-int64_t memory_budget_bytes(const Config& config);
-// Refuses (input error naming batching.batch_size) sizes whose `in_flight` host batches alone
-// exceed the memory budget, before any batch is allocated; `why` says what is in flight.
-void require_batch_memory(const Config& config, int64_t in_flight, const std::string& why);
-
-// ---- checkpoints ----
 
 struct CheckpointState {
   int64_t step = 0;

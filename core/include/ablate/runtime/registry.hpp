@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // The registry of components: (kind, name) -> factory + schema, filled by loading plugin libraries
 // from an explicit search path. Libraries are loaded RTLD_NOW | RTLD_LOCAL and kept loaded for the
 // registry's lifetime (which is the process's): objects a plugin created never outlive its code.
@@ -86,12 +87,6 @@ class Registry {
   std::unique_ptr<Impl> impl_;
 };
 
-// Suggestions for misspellings: the candidates closest to `word` by edit distance (empty when
-// none is close enough to be a plausible typo).
-std::vector<std::string> closest_matches(std::string_view word, const std::vector<std::string>& candidates);
-// "; did you mean 'lr'?" or "" when there is no close match.
-std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
-// "a, b, c"
-std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
+// The message helpers closest_matches, did_you_mean and join are in ablate/error.hpp (included above).
 
 }  // namespace ablate

@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // Experiment configuration: a TOML file (TOML++) plus `--set section.key=value` overrides,
 // validated against the schemas of core's sections and of the selected plugins, with every default
 // filled in. Errors name the file, line and column (or the --set that caused them), the full key
@@ -31,6 +32,9 @@ struct SectionSpec {
   std::string selector;            // key naming the implementation(s): "name", "sinks", "communicator"
   bool selector_is_list = false;   // sinks = ["console", "jsonl"]
   std::string default_selection;   // "" = no default: the section must name one when present
+  // [model]: the keys naming layer components (norm, mlp, position); each chosen layer's own keys
+  // live in [model.<layer name>], checked against that layer's schema.
+  std::vector<std::string> layer_keys = {};
 };
 
 // 64-bit FNV-1a of `text`: what Config::hash() prints in hex.
@@ -77,6 +81,8 @@ class Config {
   std::string selected(std::string_view section) const;
   std::vector<std::string> selected_list(std::string_view section) const;
   Params implementation(std::string_view section, std::string_view impl) const;
+  // Whether `impl` has a resolved sub-table in `section` (chosen, or given by the experiment).
+  bool has_implementation(std::string_view section, std::string_view impl) const;
 
  private:
   Config();

@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // The engine: one optimizer step over the micro-batches of a global batch, the same on every device
 // and at every world size. Used by the trainer, `ablate tune` and the benchmarks.
 //
@@ -24,7 +25,7 @@
 
 #include "ablate/batch.hpp"
 #include "ablate/communicator.hpp"
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
 
 namespace ablate {

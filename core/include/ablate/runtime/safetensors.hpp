@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // Reading and writing the safetensors format (an 8-byte little-endian header length, a JSON
 // header of name -> {dtype, shape, data_offsets} plus "__metadata__", then the raw bytes), which
 // checkpoints and Hugging Face exports use. Writes are atomic: a temporary file in the same

@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // Reading a Hugging Face transformers checkpoint directory (config.json and model.safetensors, or
 // model-*.safetensors with model.safetensors.index.json) of the architectures `ablate export`
 // writes: GPT-2 (GPT2LMHeadModel), Llama (LlamaForCausalLM) and Qwen3 (Qwen3ForCausalLM). Used by
@@ -19,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "ablate/model.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/tensor.hpp"
 
 namespace ablate {

@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // Gradient buckets: the flat gradient buffer cut into pieces that are reduced across ranks while
 // the backward pass goes on, so communication hides behind the rest of the backward instead of
 // following it.

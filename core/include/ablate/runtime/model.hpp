@@ -1,3 +1,4 @@
+// Runtime internal (core and apps; not part of the plugin SDK, not installed).
 // The decoder-only transformer, assembled from `[model]` with its layers found through the registry:
 //
 //   x = embedding(tokens) (+ learned positions)
@@ -20,7 +21,7 @@
 
 #include "ablate/attention.hpp"
 #include "ablate/batch.hpp"
-#include "ablate/buckets.hpp"
+#include "ablate/runtime/buckets.hpp"
 #include "ablate/component.hpp"
 #include "ablate/device.hpp"
 #include "ablate/layer.hpp"
@@ -45,9 +46,11 @@ struct ModelOptions {
   // ("none"; "mlp": the MLP's saved values; "block": everything inside a block but its input).
   // Changes memory and time only: the values, hence losses and gradients, are the same bits.
   std::string recompute = "none";
-  // The keys components receive: layers [model] (their kind's common table; layers declare no
-  // keys of their own yet), the attention backend [attention] and its sub-table [attention.<name>].
+  // The keys components receive: layers [model] (their kind's common table) and their own
+  // [model.<layer name>] (layer_own, by name; a layer absent there gets an empty table), the
+  // attention backend [attention] and its sub-table [attention.<name>].
   Params model_common{"model", {}};
+  std::map<std::string, Params, std::less<>> layer_own;
   Params attention_common{"attention", {}}, attention_own{"attention", {}};
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
@@ -84,11 +87,17 @@ struct OpTimes {
   }
 };
 
+// The run's device ([run] device, the registration of that name), refused (exit 2, naming
+// run.dtype) when run.dtype asks for products the device does not have.
+std::unique_ptr<Device> make_device(const Registry& registry, const RunContext& run);
+
 class Model {
  public:
   // The model on the device [run] device names (the registry's `device` component of that name),
   // its layers and attention backend the registrations that serve that device.
   Model(const ModelOptions& options, const Registry& registry, const RunContext& run);
+  // The same on a device made already (make_device): the model owns it from here on.
+  Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
