@@ -440,11 +440,14 @@ std::unique_ptr<Device> make_device(const Registry& registry, const RunContext& 
   return device;
 }
 
+// Tools and tests: the device as make_device makes it, without its run.dtype check (a model's own
+// bf16 handling is tested on the cpu).
 Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run)
-    : Model(options, registry, run, [&] {
-        static const Params empty{"run", {}};
-        return registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
-      }()) {}
+    : Model(options, registry, run, make_device(registry, [run] {
+        RunContext fp32 = run;
+        fp32.dtype = "fp32";
+        return fp32;
+      }())) {}
 
 Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device)
     : impl_(new Impl) {
