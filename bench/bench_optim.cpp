@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -42,6 +43,7 @@ namespace {
 struct Options {
   std::string json_path;
   int steps = 5;
+  int copy_mib = 1024;  // the device copy that measures bandwidth
   std::string config = std::string(ABLATE_SOURCE_DIR) + "/configs/gpt2-124m.toml";
 };
 
@@ -56,7 +58,9 @@ Options parse(int argc, char** argv) {
     if (a == "--json") o.json_path = value();
     else if (a == "--steps") o.steps = std::max(1, std::stoi(value()));
     else if (a == "--config") o.config = value();
-    else throw ablate::Error(ablate::ErrorKind::input, "bench_optim", "unknown argument " + a + " (--json FILE --steps N --config FILE)");
+    else if (a == "--copy-mib") o.copy_mib = std::max(1, std::stoi(value()));
+    else throw ablate::Error(ablate::ErrorKind::input, "bench_optim",
+                             "unknown argument " + a + " (--json FILE --steps N --config FILE --copy-mib N)");
   }
   return o;
 }
@@ -79,12 +83,15 @@ struct TimeRow {
   double median_s = 0, min_s = 0;
 };
 
-std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Options& o, const Arm& arm) {
+// The optimizer registered for `device` (adamw8bit has a cpu and a cuda registration; adamw_fused
+// only a cuda one).
+std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Options& o, const Arm& arm,
+                                        const std::string& device) {
   std::vector<std::string> overrides = {"optimizer.name=" + arm.optimizer};
   overrides.insert(overrides.end(), arm.overrides.begin(), arm.overrides.end());
   const ablate::Config config = ablate::Config::load(o.config, overrides, registry);
-  ablate::RunContext run;  // the device the optimizer serves (adamw_fused: cuda only)
-  run.device = registry.find(ablate::Kind::optimizer, arm.optimizer, "cpu") != nullptr ? "cpu" : "cuda";
+  ablate::RunContext run;
+  run.device = device;
   const ablate::Params common = config.section("optimizer");
   const ablate::Params own = config.implementation("optimizer", arm.optimizer);
   return registry.create<ablate::Optimizer>(ablate::Kind::optimizer, arm.optimizer, {common, own, run});
@@ -99,14 +106,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const ablate::ParamTable& table,
                         const std::vector<float>& params, const std::vector<float>& grads) {
   if (!ablate::cuda::device_available()) {
+    const char* expect = std::getenv("ABLATE_EXPECT_GPU");  // set where a device must be there
+    if (expect != nullptr && std::string(expect) == "1")
+      throw ablate::Error(ablate::ErrorKind::runtime, "bench_optim", "ABLATE_EXPECT_GPU=1 but no CUDA device was found");
     std::printf("\nno CUDA device: the device part is skipped\n");
     return nullptr;
   }
   cudaDeviceProp prop{};
   ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int64_t n = table.total;
-  // Copy bandwidth: 1 GiB device to device, read + write, on the default stream the steps use.
-  const double copy_gbs = ablate::bench::copy_bandwidth(nullptr) / 1e9;
+  // Copy bandwidth: --copy-mib device to device, read + write, on the default stream the steps use.
+  const double copy_gbs = ablate::bench::copy_bandwidth(nullptr, std::size_t(o.copy_mib) << 20) / 1e9;
 
   struct GpuRow {
     std::string label;
@@ -115,7 +125,7 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
   };
   std::vector<GpuRow> rows;
   for (const Arm& arm : {Arm{"adamw_fused", "adamw_fused", {}}, Arm{"adamw8bit (cuda)", "adamw8bit", {}}}) {
-    auto opt = make(registry, o, arm);
+    auto opt = make(registry, o, arm, "cuda");
     opt->init(table, ablate::DeviceType::cuda);
     ablate::cuda::DeviceBuffer<float> p, g;
     p.upload(params.data(), params.size());
@@ -128,7 +138,7 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
     const double state = double(opt->state_bytes());
     rows.push_back({arm.label, ms, 12.0 * double(n) + 2.0 * state});
   }
-  std::printf("\ndevice: %s; copy bandwidth %.0f GB/s (1 GiB cudaMemcpy, read + write)\n", prop.name, copy_gbs);
+  std::printf("\ndevice: %s; copy bandwidth %.0f GB/s (%d MiB cudaMemcpy, read + write)\n", prop.name, copy_gbs, o.copy_mib);
   std::printf("%-18s %12s %14s %12s %12s\n", "optimizer", "step ms", "bytes moved", "GB/s", "of copy bw");
   nlohmann::json j = {{"device", prop.name}, {"copy_bandwidth_gbs", copy_gbs}, {"timed_steps", o.steps}};
   for (const GpuRow& r : rows) {
@@ -184,7 +194,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<ablate::Optimizer>> opts;
     std::vector<std::vector<float>> params;
     for (const Arm& arm : arms) {
-      opts.push_back(make(registry, o, arm));
+      opts.push_back(make(registry, o, arm, "cpu"));
       opts.back()->init(table, ablate::DeviceType::cpu);
       StateRow s{arm.label, opts.back()->state_bytes()};
       if (arm.optimizer == "adamw8bit") {

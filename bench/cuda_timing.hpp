@@ -36,9 +36,9 @@ double median_event_ms(cudaStream_t stream, int iters, F&& call, int warmup = 2)
   return ms[ms.size() / 2];
 }
 
-// Bytes read plus bytes written per second by a 1 GiB device-to-device copy on `stream`.
-inline double copy_bandwidth(cudaStream_t stream) {
-  const std::size_t bytes = std::size_t(1) << 30;
+// Bytes read plus bytes written per second by a device-to-device copy of `bytes` (1 GiB unless
+// told) on `stream`.
+inline double copy_bandwidth(cudaStream_t stream, std::size_t bytes = std::size_t(1) << 30) {
   cuda::DeviceBuffer<unsigned char> src(bytes), dst(bytes);
   src.fill_zero();
   const double ms = median_event_ms(stream, 5, [&] {
