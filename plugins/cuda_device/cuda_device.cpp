@@ -1,4 +1,4 @@
-// The `cuda` device: buffers in GPU memory (cudaMalloc, counted for memory_in_use/peak), one
+// The `cuda` device: buffers in GPU memory (cudaMalloc, counted for memory_in_use), one
 // non-blocking stream for every call, batches copied up in one transfer (core's pack_batch), and
 // the trainer's reductions as kernels (cuda_device_kernels.cu) whose per-block partial sums the
 // host adds in block order. The GPU is the launcher's local rank (one process per GPU), else 0.
@@ -41,6 +41,7 @@ class CudaDevice final : public Device {
     ABLATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ABLATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), kReduceBlocks * sizeof(double)));
     ABLATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_partials_), kReduceBlocks * sizeof(double)));
+    baseline_used_ = gpu_bytes_used();
   }
 
   ~CudaDevice() override {
@@ -78,6 +79,7 @@ class CudaDevice final : public Device {
     sizes_[p] = int64_t(bytes);
     in_use_ += int64_t(bytes);
     peak_ = std::max(peak_, in_use_);
+    sample_outside_locked();
     return Buffer(this, p, dtype, count);
   }
 
@@ -100,9 +102,12 @@ class CudaDevice final : public Device {
     std::lock_guard<std::mutex> lock(mu_);
     return in_use_;
   }
+  // The most this process has held on the GPU at once: this device's buffers at their peak plus the
+  // largest amount held beside them (sample_outside_locked).
   int64_t memory_peak() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return peak_;
+    sample_outside_locked();
+    return peak_ + outside_peak_;
   }
   int64_t memory_capacity() const override { return capacity_; }
 
@@ -164,6 +169,29 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // GPU memory in use now, by every process (the card's total less its free bytes).
+  static int64_t gpu_bytes_used() {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return int64_t(total_b) - int64_t(free_b);
+  }
+
+  // What the process holds on the GPU beside this device's buffers: the optimizer's state and the
+  // workspaces of cuBLAS, cuDNN and NCCL, which their plugins allocate themselves. It is the memory
+  // in use now, less what was in use when the device was made (the CUDA context, other processes)
+  // and less this device's buffers; sampled at each allocation and each memory_peak() (the trainer
+  // asks after every step), and its largest value kept. Without it a run's peak would leave out
+  // the optimizer's state on this device, where the cpu device's (the process's resident memory)
+  // includes it.
+  void sample_outside_locked() const {
+    const int64_t used = gpu_bytes_used();
+    if (used < 0 || baseline_used_ < 0) return;
+    outside_peak_ = std::max(outside_peak_, used - baseline_used_ - in_use_);
+  }
+
   double sum_partials() {
     ABLATE_CUDA_CHECK(cudaGetLastError());
     ABLATE_CUDA_CHECK(cudaMemcpyAsync(host_partials_, partials_, kReduceBlocks * sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -182,6 +210,8 @@ class CudaDevice final : public Device {
   mutable std::mutex mu_;
   std::unordered_map<void*, int64_t> sizes_;
   int64_t in_use_ = 0, peak_ = 0;
+  int64_t baseline_used_ = -1;        // GPU memory in use when the device was made
+  mutable int64_t outside_peak_ = 0;  // the most held beside this device's buffers (under mu_)
 };
 
 std::unique_ptr<Component> make_cuda_device(const ComponentArgs&) {
