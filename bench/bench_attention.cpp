@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/attention.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/cuda_check.hpp"
@@ -206,7 +207,7 @@ class Bench {
 std::pair<Batch, Batch> probe_batches(Registry& registry, int32_t T, int32_t rows) {
   const Config cfg = Config::parse("[data]\nname = \"synthetic_probes\"\n", "bench_attention", {}, registry);
   RunContext run;
-  auto source = make_data_source(cfg, registry, run);
+  auto source = make_data_source(ablate::RunSpec::from(cfg), registry, run);
   Rows packed(static_cast<std::size_t>(rows)), padded;
   std::vector<int32_t> used(static_cast<std::size_t>(rows), 0);
   Document d;

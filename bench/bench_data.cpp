@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/pipeline.hpp"
@@ -108,7 +109,7 @@ Measurement measure(ablate::Registry& registry, const std::string& source_toml, 
   const ablate::Config cfg = ablate::Config::parse(toml, "bench_data", {}, registry);
   ablate::RunContext run;
   run.seed = 1;
-  auto pipeline = ablate::DataPipeline::from_config(cfg, registry, run);
+  auto pipeline = ablate::DataPipeline::from_spec(ablate::RunSpec::from(cfg), registry, run);
   for (int i = 0; i < 5; ++i) pipeline->next();  // warm up: threads started, pages mapped in
   int64_t positions = 0, real = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -217,7 +218,7 @@ int main(int argc, char** argv) {
                                std::to_string(b) + "\nseq_len = " + std::to_string(t) + "\n";
       ablate::RunContext run;
       run.seed = 1;
-      auto pipeline = ablate::DataPipeline::from_config(ablate::Config::parse(toml, "bench_data", {}, registry), registry, run);
+      auto pipeline = ablate::DataPipeline::from_spec(ablate::RunSpec::from(ablate::Config::parse(toml, "bench_data", {}, registry)), registry, run);
       ablate::Batch taken;
       pipeline->next_into(taken);
       handovers.push_back(measure_handover(taken, int(std::max<int64_t>(50, 20'000'000 / (int64_t(b) * t)))));

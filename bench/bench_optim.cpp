@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/model.hpp"
@@ -92,9 +93,8 @@ std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Option
   const ablate::Config config = ablate::Config::load(o.config, overrides, registry);
   ablate::RunContext run;
   run.device = device;
-  const ablate::Params common = config.section("optimizer");
-  const ablate::Params own = config.implementation("optimizer", arm.optimizer);
-  return registry.create<ablate::Optimizer>(ablate::Kind::optimizer, arm.optimizer, {common, own, run});
+  const ablate::RunSpec spec = ablate::RunSpec::from(config);
+  return registry.create<ablate::Optimizer>(ablate::Kind::optimizer, arm.optimizer, {spec.optimizer.common, spec.optimizer.own, run});
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     ablate::Registry registry;
     registry.load_directories(ablate::Registry::default_search_path());
     const ablate::Config config = ablate::Config::load(o.config, {}, registry);
-    const ablate::ModelOptions mo = ablate::ModelOptions::from(config, 50257);
+    const ablate::ModelOptions mo = ablate::ModelOptions::from(ablate::RunSpec::from(config), 50257);
     ablate::RunContext run;
     ablate::Model model(mo, registry, run);
     model.init_params(1337);

@@ -57,20 +57,17 @@ struct BatchingResult {
 };
 
 // The batcher's own keys: the experiment's sub-table when it has one, else the schema defaults.
-Params own_params(const Config& cfg, const ComponentInfo& info) {
-  try {
-    return cfg.implementation("batching", info.name);
-  } catch (const Error&) {
-    std::map<std::string, Value, std::less<>> defaults;
-    for (const ParamSpec& p : info.schema) defaults[p.name] = p.default_value;
-    return Params("batching." + info.name, std::move(defaults));
-  }
+Params own_params(const RunSpec& spec, const ComponentInfo& info) {
+  if (auto it = spec.batching_own.find(info.name); it != spec.batching_own.end()) return it->second;
+  std::map<std::string, Value, std::less<>> defaults;
+  for (const ParamSpec& p : info.schema) defaults[p.name] = p.default_value;
+  return Params("batching." + info.name, std::move(defaults));
 }
 
-BatchingResult simulate(const Config& cfg, const Registry& registry, const ComponentInfo& info,
+BatchingResult simulate(const RunSpec& spec, const Registry& registry, const ComponentInfo& info,
                         const std::vector<Document>& documents, int32_t eot) {
-  const Params common = cfg.section("batching");
-  const Params own = own_params(cfg, info);
+  const Params& common = spec.require(spec.batching).common;
+  const Params own = own_params(spec, info);
   const RunContext run;
   auto batcher = registry.create<Batcher>(Kind::batcher, info.name, {common, own, run});
   MemoryFeed feed(documents, eot);
@@ -117,17 +114,17 @@ const std::vector<std::pair<std::string, double>> kQuantiles = {{"p10", 0.10}, {
                                                                 {"p75", 0.75}, {"p90", 0.90}, {"p99", 0.99}};
 
 // Reads up to `max_documents` train documents in the sampler's order and simulates each batcher on them.
-DataAnalysis analyze(const Config& cfg, Registry& registry, int64_t max_documents) {
+DataAnalysis analyze(const RunSpec& spec, Registry& registry, int64_t max_documents) {
   DataAnalysis a;
-  require_batch_memory(cfg, 1, "the batcher being simulated");
+  require_batch_memory(spec, 1, "the batcher being simulated");
   RunContext run;
-  run.seed = uint64_t(cfg.section("run").get_int("seed"));
-  a.source = make_data_source(cfg, registry, run);
+  run.seed = spec.run.seed;
+  a.source = make_data_source(spec, registry, run);
   a.available = a.source->size(Split::train);
   if (a.available == 0) throw_input_error(a.source->describe(), "the train split has no documents");
   a.wanted = std::min<uint64_t>(a.available, uint64_t(max_documents));
 
-  auto sampler = make_sampler(cfg, registry, run);
+  auto sampler = make_sampler(spec, registry, run);
   sampler->reset(a.available, run.seed, 0, 1);
   std::vector<Document> documents(a.wanted);
   for (uint64_t k = 0; k < a.wanted; ++k) {
@@ -136,14 +133,13 @@ DataAnalysis analyze(const Config& cfg, Registry& registry, int64_t max_document
     a.tokens += a.lengths.back();
   }
   std::sort(a.lengths.begin(), a.lengths.end());
-  const Params batching = cfg.section("batching");
-  a.seq_len = int32_t(batching.get_int("seq_len"));
-  a.batch_size = int32_t(batching.get_int("batch_size"));
+  a.seq_len = int32_t(spec.seq_len);
+  a.batch_size = int32_t(spec.batch_size);
 
   for (const char* name : {"padded", "bucketed", "packed"}) {
     const ComponentInfo* info = registry.find(Kind::batcher, name);
     if (info == nullptr) throw_runtime_error("data analyze", std::string("the '") + name + "' batcher plugin is not loaded");
-    a.results.push_back(simulate(cfg, registry, *info, documents, a.source->eot_token()));
+    a.results.push_back(simulate(spec, registry, *info, documents, a.source->eot_token()));
   }
   a.padded_real = a.results.front().real_fraction();
 
@@ -224,7 +220,7 @@ int data_analyze(const Args& args) {
   }
   Registry registry;
   const Config cfg = load_experiment(vm, registry);
-  const DataAnalysis analysis = analyze(cfg, registry, vm["documents"].as<int64_t>());
+  const DataAnalysis analysis = analyze(RunSpec::from(cfg), registry, vm["documents"].as<int64_t>());
   if (vm["json"].as<bool>()) {
     print_analysis_json(analysis);
     return 0;

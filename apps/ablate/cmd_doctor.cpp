@@ -183,7 +183,7 @@ Timing judge_timing(const Run& run) {
   return t;
 }
 
-std::optional<Finding> noisy_timings(const Timing& t, const std::string& device) {
+std::optional<Finding> noisy_timings(const Timing& t, bool host_device) {
   if (!t.unusable) return std::nullopt;
   Finding f;
   f.id = "noisy_timings";
@@ -204,9 +204,9 @@ std::optional<Finding> noisy_timings(const Timing& t, const std::string& device)
   f.message = "this run's timings are unusable: " + why[0] + (why.size() > 1 ? "; " + why[1] : std::string()) +
               ". Its tokens/s, MFU and data-wait figures measure the machine as much as the run: compare "
               "throughput only from a run on a quiet machine; the findings below that rest on timings are qualified";
-  f.change = device == "cpu" ? "rerun with the cores to itself (nothing else running), or --set run.threads=N below the "
-                               "number of idle cores"
-                             : "rerun with the GPU and its host cores to itself";
+  f.change = host_device ? "rerun with the cores to itself (nothing else running), or --set run.threads=N below the "
+                           "number of idle cores"
+                         : "rerun with the device and its host cores to itself";
   return f;
 }
 
@@ -450,6 +450,10 @@ std::optional<Finding> diverged(const Run& run, const std::vector<LossPoint>& pt
 // The run's settings the findings below read: its config's choices and run.json's ranks and memory.
 struct Settings {
   std::string device, batching, attention, optimizer;
+  // What the device answered (run.json's device_capabilities): it computes in the host's memory
+  // (a CPU), and it has reduced-precision matrix units (a GPU's tensor cores).
+  bool host_memory = true, reduced_precision = false;
+  std::vector<std::string> other_attention;  // attention backends registered for the run's device, besides its own
   int64_t B = 1, accum = 1, world = 1, workers = 1, prefetch = 4;
   double lr = 0;
   double mem = 0, peak = 0;  // the memory budget and the highest logged peak, in bytes
@@ -461,6 +465,22 @@ Settings settings_of(const Run& run) {
   s.device = run.cfg("run", "device", std::string("cpu"));
   s.batching = run.cfg("batching", "name", std::string("packed"));
   s.attention = run.cfg("attention", "name", std::string("naive_cpu"));
+  if (const auto it = run.info.find("device_capabilities"); it != run.info.end() && it->is_object()) {
+    s.host_memory = it->value("host_memory", true);
+    s.reduced_precision = it->value("reduced_precision_products", false);
+  } else {  // a run directory written before run.json recorded them: the two devices there were
+    s.host_memory = s.device == "cpu";
+    s.reduced_precision = s.device == "cuda";
+  }
+  if (const auto it = run.info.find("plugins"); it != run.info.end() && it->is_array()) {
+    for (const json& p : *it) {
+      if (!p.is_object() || p.value("kind", "") != "attention" || p.value("name", "") == s.attention) continue;
+      const json devices = p.value("devices", json::array());
+      if (devices.is_array() && std::find(devices.begin(), devices.end(), json(s.device)) != devices.end()) {
+        s.other_attention.push_back(p.value("name", ""));
+      }
+    }
+  }
   s.optimizer = run.cfg("optimizer", "name", std::string("adamw"));
   s.B = run.cfg("batching", "batch_size", int64_t(1));
   s.accum = run.cfg("run", "grad_accum_steps", int64_t(1));
@@ -526,7 +546,7 @@ std::optional<Finding> memory_headroom(const Run& run, const Settings& s, const 
   const int64_t B = s.B, accum = s.accum, world = s.world;
   const double act = run.info.value("activation_bytes", 0.0);
   const double mfu = run.summary.value("mfu", -1.0);
-  const bool memory_bound = s.device == "cuda" && mfu >= 0 && mfu < kMemoryBoundMfu && !timing.unusable;
+  const bool memory_bound = !s.host_memory && mfu >= 0 && mfu < kMemoryBoundMfu && !timing.unusable;
   if (!(memory_bound && mem > 0 && peak > 0 && peak < 0.5 * mem && act > 0 && B > 0)) return std::nullopt;
   const double per_row = act / double(B);
   int64_t nb = B;
@@ -594,15 +614,24 @@ std::optional<Finding> memory_tight(const Run& run, const Settings& s) {
   return f;
 }
 
-// Attention: the naive backend on a GPU.
+// Attention: a naive backend on a device with its own memory, where another backend is registered
+// for the device (one that, unlike the naive ones, never materialises the score matrices).
 std::optional<Finding> attention(const Settings& s) {
-  if (!(s.device == "cuda" && s.attention.rfind("naive", 0) == 0)) return std::nullopt;
+  if (s.host_memory || s.attention.rfind("naive", 0) != 0) return std::nullopt;
+  std::string better;
+  for (const std::string& name : s.other_attention) {
+    if (name.rfind("naive", 0) != 0) {
+      better = name;
+      break;
+    }
+  }
+  if (better.empty()) return std::nullopt;
   Finding f;
   f.id = "attention";
   f.severity = "high";
-  f.evidence = {{"device", s.device}, {"attention", s.attention}};
-  f.message = "`" + s.attention + "` materialises every score matrix on the GPU; cuDNN's flash attention never does";
-  f.change = "--set attention.name=cudnn_flash";
+  f.evidence = {{"device", s.device}, {"attention", s.attention}, {"registered_for_device", s.other_attention}};
+  f.message = "`" + s.attention + "` materialises every score matrix in the device's memory; `" + better + "` never does";
+  f.change = "--set attention.name=" + better;
   return f;
 }
 
@@ -610,7 +639,7 @@ std::optional<Finding> attention(const Settings& s) {
 // and hold the activations only products read at half the bytes.
 std::optional<Finding> precision(const Run& run, const Settings& s) {
   const std::string dtype = run.cfg("run", "dtype", std::string("fp32"));
-  if (!(s.device == "cuda" && dtype != "bf16")) return std::nullopt;
+  if (!(s.reduced_precision && dtype != "bf16")) return std::nullopt;
   const std::string gpu = run.info.value("device_name", std::string());
   const double tf32 = peak_tflops_for_device(gpu, "tf32"), bf16 = peak_tflops_for_device(gpu, "bf16");
   Finding f;
@@ -690,7 +719,7 @@ std::optional<Finding> step_jitter(const Run& run, const Settings& s, const Timi
                 {"steps", ms.size()}};
   f.message = fmt("step time is unstable: median %.1f ms, ", p50) + fmt("p90 %.1f ms, ", p90) + fmt("max %.1f ms ", mx) +
               fmt("(coefficient of variation %.2f)", cv);
-  f.change = s.device == "cpu" ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
+  f.change = s.host_memory ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
                                  "the core count; batching by similar lengths (bucketed) steadies padded step times"
                                : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
                                  "steadies step times";
@@ -704,7 +733,7 @@ std::vector<Finding> diagnose(const Run& run) {
   const Timing timing = judge_timing(run);
   const std::vector<LossPoint> losses = loss_points(run.steps);
   const std::optional<Finding> found[] = {
-      noisy_timings(timing, s.device), diverged(run, losses),         loss_spike(run, losses),
+      noisy_timings(timing, s.host_memory), diverged(run, losses),         loss_spike(run, losses),
       padding(run, s),                 input_bound(run, s, timing),   memory_headroom(run, s, timing),
       memory_tight(run, s),            attention(s),                  precision(run, s),
       optimizer_memory(run, s),        communication(run, s, timing), step_jitter(run, s, timing)};

@@ -101,23 +101,25 @@ int import_hf(const Args& args) {
                               : Config::parse("", (dir / "config.json").string(), sets, registry);
   };
   Config config = load();
+  RunSpec spec = RunSpec::from(config);
   // Windows no longer than the model's positions, unless the command line chose them.
-  const int64_t positions = config.section("model").get_int("max_seq_len");
+  const int64_t positions = spec.model.keys.get_int("max_seq_len");
   const bool seq_len_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("batching.seq_len=", 0) == 0; });
-  if (!seq_len_set && config.section("batching").get_int("seq_len") > positions) {
+  if (!seq_len_set && spec.seq_len > positions) {
     sets.push_back("batching.seq_len=" + std::to_string(positions));
     config = load();
+    spec = RunSpec::from(config);
   }
   RunContext run;
-  run.seed = uint64_t(config.section("run").get_int("seed"));
-  Model model(ModelOptions::from(config, 0), registry, run, make_device(registry, run));
+  run.seed = spec.run.seed;
+  Model model(ModelOptions::from(spec, 0), registry, run, make_device(registry, run));
   model.load_params_from_host(hf_parameters(hf, model));
   fs::create_directories(run_dir);
   const std::string tokenizer = keep_tokenizer(dir, run_dir);
-  write_initial_checkpoint(run_dir, config, model,
+  write_initial_checkpoint(run_dir, spec, model,
                            {{"format", "huggingface"}, {"dir", fs::absolute(dir).lexically_normal().string()},
                             {"model_type", hf.model_type}, {"architecture", hf.architecture}, {"tokenizer", tokenizer}});
-  write_file_atomic(run_dir / "config.toml", config.to_toml());
+  write_file_atomic(run_dir / "config.toml", spec.config_toml);
   std::cout << "imported " << dir.string() << " (" << (hf.architecture.empty() ? hf.model_type : hf.architecture) << ", "
             << model.num_params() << " parameters) into " << run_dir.string() << "\n"
             << hf_model_toml(hf) << (tokenizer.empty() ? "" : "tokenizer: " + tokenizer + " -> " + (run_dir / "tokenizer").string() + "\n");

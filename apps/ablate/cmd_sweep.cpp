@@ -70,15 +70,16 @@ ArmPlan plan_arm(const Sweep& s, const Arm& a, const fs::path& out, const std::s
   Registry registry;
   registry.load_directories(Registry::default_search_path());
   try {
-    Config c = Config::load(s.base, p.sets, registry);
-    if (s.repeats > 1) p.sets.push_back("run.seed=" + std::to_string(c.section("run").get_int("seed") + a.repeat));
-    std::vector<std::string> sinks = c.selected_list("logging");
+    const RunSpec spec = RunSpec::from(Config::load(s.base, p.sets, registry));
+    if (s.repeats > 1) p.sets.push_back("run.seed=" + std::to_string(int64_t(spec.run.seed) + a.repeat));
+    std::vector<std::string> sinks;
+    for (const Choice& sink : spec.loggers) sinks.push_back(sink.name);
     if (std::find(sinks.begin(), sinks.end(), "jsonl") == sinks.end()) {
       sinks.push_back("jsonl");  // the report reads metrics.jsonl
       p.sets.push_back("logging.sinks=" + join(sinks, ","));
     }
-    p.steps = c.section("run").get_int("steps");
-    p.eval_every = c.section("run").get_int("eval_every");
+    p.steps = spec.run.steps;
+    p.eval_every = spec.run.eval_every;
   } catch (const Error& e) {
     throw_input_error(where, e.what());
   }
@@ -95,21 +96,24 @@ ArmPlan plan_arm(const Sweep& s, const Arm& a, const fs::path& out, const std::s
 }
 
 // One peak for every arm, so that their MFU columns compare: the base's [metrics] peak_tflops, or
-// on the CPU the matrix-product rate measured once here (kept in arms.json for reruns).
+// where the device has no table of peaks (the cpu) the matrix-product rate measured once here
+// (kept in arms.json for reruns).
 std::string set_common_peak(const Sweep& s, const fs::path& out, std::vector<ArmPlan>& plans) {
   // What an earlier start of this sweep recorded; damaged is an input error, before anything is written.
   const std::optional<json> earlier = read_json_file_if_present(out / "arms.json", kArmsJson);
   Registry registry;
   registry.load_directories(Registry::default_search_path());
-  const Config c = Config::load(s.base, plans.front().sets, registry);
-  if (c.section("metrics").get_float("peak_tflops") > 0 || c.section("run").get_string("device") != "cpu") return "";
+  const RunSpec spec = RunSpec::from(Config::load(s.base, plans.front().sets, registry));
+  if (spec.peak_tflops > 0) return "";
+  const RunContext run = spec.context();
+  std::unique_ptr<Device> device = make_device(registry, run);
+  if (device->peak_tflops(spec.run.dtype == "bf16" ? DType::bf16 : DType::f32) != 0) return "";  // a table (or none: emulated)
   std::string peak_text;
   if (earlier && earlier->contains("peak_tflops_set")) {
     peak_text = peak_tflops_text(out / "arms.json", (*earlier)["peak_tflops_set"].get<std::string>());
   } else {
-    const RunContext run = training_context(c);
-    auto source = make_data_source(c, registry, run);
-    Model model(ModelOptions::from(c, source->vocab_size()), registry, run, make_device(registry, run));
+    auto source = make_data_source(spec, registry, run);
+    Model model(ModelOptions::from(spec, source->vocab_size()), registry, run, std::move(device));
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.6g", model.measure_matmul_tflops());
     peak_text = buf;

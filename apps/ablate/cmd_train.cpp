@@ -170,8 +170,8 @@ int cmd_eval(const Args& args) {
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
   const int threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>())
-                                                          : int(lm.config->section("run").get_int("threads")));
-  const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.config->section("batching").get_int("seq_len");
+                                                          : lm.spec->run.threads);
+  const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.spec->seq_len;
   if (T < 1 || T > lm.model->options().max_seq_len) {
     throw_input_error("--seq-len", std::to_string(T) + " is outside 1.." + std::to_string(lm.model->options().max_seq_len));
   }
@@ -193,7 +193,7 @@ int cmd_eval(const Args& args) {
     throw_input_error("--batch", std::to_string(per) + " windows of " + std::to_string(T) + " tokens are " + std::to_string(per * T) +
                                      " positions per forward pass; expected at most " + std::to_string(kMaxBatchPositions));
   }
-  const int64_t budget = memory_budget_bytes(*lm.config);
+  const int64_t budget = lm.spec->memory_budget_bytes();
   const auto need = [&](int64_t rows) { return lm.model->activation_bytes(rows, T) + rows * T * 16; };
   if (budget > 0 && need(per) > budget) {
     int64_t fits = per;
@@ -283,11 +283,11 @@ struct Exporter {
 // The run's end-of-document token as config.json's bos and eos ids, and the directory of its GPT-2
 // tokenizer files (empty when it has none): both from the data source, which may be gone (shards on
 // another machine): then the ids stay null and export says so.
-static fs::path describe_tokens(const Config& config, Registry& registry, json& cfg, bool with_tokenizer) {
+static fs::path describe_tokens(const RunSpec& spec, Registry& registry, json& cfg, bool with_tokenizer) {
   std::shared_ptr<DataSource> source;
   try {
     RunContext run;
-    source = make_data_source(config, registry, run);
+    source = make_data_source(spec, registry, run);
   } catch (const Error& e) {
     if (with_tokenizer) {
       // Moved or damaged data, or tokenizer files that do not belong together (the source checks
@@ -461,7 +461,7 @@ int cmd_export(const Args& args) {
                                            "qk_norm) nor Llama/Qwen3-shaped (rmsnorm, swiglu_mlp, rope): no Hugging Face "
                                            "architecture loads it as it is");
   }
-  const fs::path tokenizer = describe_tokens(*lm.config, registry, cfg, vm.count("no-tokenizer") == 0);
+  const fs::path tokenizer = describe_tokens(*lm.spec, registry, cfg, vm.count("no-tokenizer") == 0);
   fs::create_directories(out);
   ex.out.metadata["format"] = "pt";
   write_safetensors(out / "model.safetensors", ex.out);
@@ -493,7 +493,7 @@ int cmd_sample(const Args& args) {
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
   RunContext run;
-  auto source = make_data_source(*lm.config, registry, run);
+  auto source = make_data_source(*lm.spec, registry, run);
   std::vector<int32_t> ctx = source->encode(vm["prompt"].as<std::string>());
   const bool from_start = ctx.empty();
   if (ctx.empty() && source->eot_token() >= 0) ctx.push_back(source->eot_token());

@@ -63,19 +63,18 @@ struct Tuning {
 };
 
 // Reads the tuning's options from the command line and its values from the config.
-Tuning tuning_of(const po::variables_map& vm, const Config& config, const Params& run_p) {
+Tuning tuning_of(const po::variables_map& vm, const RunSpec& spec) {
   Tuning tu;
   tu.max_batch = vm["max-batch"].as<int64_t>();
   tu.timed = vm["steps"].as<int64_t>();
   tu.plan_only = vm.count("plan-only") > 0;
-  tu.budget_gib = run_p.get_float("memory_budget_gib");
-  tu.budget = memory_budget_bytes(config);
-  tu.budget_source = tu.budget_gib > 0 ? "run.memory_budget_gib" : "physical memory";
-  const Params batching = config.section("batching");
-  tu.B0 = batching.get_int("batch_size");
-  tu.T = batching.get_int("seq_len");
-  tu.accum0 = run_p.get_int("grad_accum_steps");
-  tu.lr0 = config.section("optimizer").get_float("lr");
+  tu.budget_gib = spec.run.memory_budget_gib;
+  tu.budget = spec.memory_budget_bytes();
+  tu.budget_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : "physical memory";
+  tu.B0 = spec.batch_size;
+  tu.T = spec.seq_len;
+  tu.accum0 = spec.run.grad_accum_steps;
+  tu.lr0 = spec.lr;
   return tu;
 }
 
@@ -121,8 +120,8 @@ std::vector<Trial> run_trials(const po::variables_map& vm, Registry& registry, c
     const std::vector<std::string> sets = {"batching.batch_size=" + std::to_string(b)};
     std::vector<std::string> all = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
     all.insert(all.end(), sets.begin(), sets.end());
-    const Config cb = Config::load(vm["config"].as<std::string>(), all, registry);
-    auto pipe = DataPipeline::from_config(cb, registry, run, Split::train, source);
+    const RunSpec at_b = RunSpec::from(Config::load(vm["config"].as<std::string>(), all, registry));
+    auto pipe = DataPipeline::from_spec(at_b, registry, run, Split::train, source);
     time_trial(t, engine, model, *pipe, tu, opt_step);
     trials.push_back(t);
     spdlog::info("micro-batch {:>4}: {:.1f} ms/step, {:.0f} tokens/s ({:.0f} real), estimated {:.1f} MiB", b, t.step_ms,
@@ -237,21 +236,19 @@ int tune_batch_size(const Args& args) {
     return 0;
   }
   Registry registry;
-  const Config config = load_experiment(vm, registry);
-  const Params run_p = config.section("run");
-  const RunContext run = training_context(config);
-  const Tuning tu = tuning_of(vm, config, run_p);
+  const RunSpec spec = RunSpec::from(load_experiment(vm, registry));
+  const RunContext run = spec.context();
+  const Tuning tu = tuning_of(vm, spec);
 
-  auto source = make_data_source(config, registry, run);
-  const ModelOptions mo = ModelOptions::from(config, source->vocab_size());
+  auto source = make_data_source(spec, registry, run);
+  const ModelOptions mo = ModelOptions::from(spec, source->vocab_size());
   Model model(mo, registry, run, make_device(registry, run));
   model.init_params(run.seed);
-  const std::string opt_name = config.selected("optimizer");
-  auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt_name,
-                                              {config.section("optimizer"), config.implementation("optimizer", opt_name), run});
+  const Choice& opt = spec.require(spec.optimizer);
+  auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt.name, {opt.common, opt.own, run});
   // One process, one micro-batch per step: the trainer's engine with the single communicator.
-  auto single = registry.create<Communicator>(Kind::communicator, "single", {run_p, Params("run.single", {}), run});
-  EngineOptions eo = EngineOptions::from(config);
+  auto single = registry.create<Communicator>(Kind::communicator, "single", {spec.run_keys, Params("run.single", {}), run});
+  EngineOptions eo = EngineOptions::from(spec);
   eo.accum = 1;
   eo.shard_state = false;
   Engine engine(model, *optimizer, *single, eo);

@@ -16,10 +16,17 @@ using K = JsonKind;
 
 namespace {
 
+constexpr JsonField kCapabilityFields[] = {
+    {"host_memory", K::boolean}, {"reduced_precision_products", K::boolean}, {"collective", K::string}};
+constexpr JsonField kPluginFields[] = {{"kind", K::string}, {"name", K::string}, {"devices", K::strings}};
+const JsonSchema kCapabilities{"device capabilities", kMaxJsonBytes, kCapabilityFields};
+const JsonSchema kPluginRow{"plugin", kMaxJsonBytes, kPluginFields};
+
 constexpr JsonField kRunFields[] = {
     {"world", K::count},          {"memory_bytes", K::non_negative}, {"activation_bytes", K::non_negative},
     {"memory_source", K::string}, {"communicator", K::string},       {"device", K::string},
     {"device_name", K::string},   {"recompute", K::string},          {"activation_bytes_by_recompute", K::number_map},
+    {"device_capabilities", K::object, false, &kCapabilities},       {"plugins", K::rows, false, &kPluginRow},
 };
 
 constexpr JsonField kSummaryFields[] = {
@@ -114,6 +121,8 @@ std::string expectation(K kind) {
     case K::string_map: return "an object of strings";
     case K::number_map: return "an object of numbers >= 0";
     case K::rows: return "a list of objects";
+    case K::boolean: return "true or false";
+    case K::object: return "an object";
   }
   return "";
 }
@@ -142,6 +151,11 @@ json checked(const std::string& where, const std::string& field, const json& v, 
     case K::string:
       if (!v.is_string() || v.get_ref<const std::string&>().size() > kMaxJsonString) refuse(where, field, v, f.kind);
       return v;
+    case K::boolean:
+      if (!v.is_boolean()) refuse(where, field, v, f.kind);
+      return v;
+    case K::object:
+      return checked_object(where, v, *f.rows, field);
     case K::strings:
     case K::rows: {
       if (!v.is_array()) refuse(where, field, v, f.kind);

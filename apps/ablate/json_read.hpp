@@ -38,6 +38,8 @@ enum class JsonKind {
   string_map,    // an object whose values are such strings
   number_map,    // an object whose values are numbers >= 0
   rows,          // a list of objects, each of the schema JsonField::rows names
+  boolean,       // true or false
+  object,        // an object of the schema JsonField::rows names
 };
 
 struct JsonSchema;
@@ -46,7 +48,7 @@ struct JsonField {
   std::string_view name;
   JsonKind kind;
   bool required = false;
-  const JsonSchema* rows = nullptr;  // JsonKind::rows: the schema of each element
+  const JsonSchema* rows = nullptr;  // JsonKind::rows: the schema of each element; JsonKind::object: its schema
 };
 
 struct JsonSchema {

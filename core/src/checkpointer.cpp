@@ -15,6 +15,7 @@
 
 #include "ablate/runtime/checkpoint.hpp"
 #include "ablate/runtime/config.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/runtime/hf_checkpoint.hpp"
@@ -206,14 +207,14 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
 }
 
 // A checkpoint's model.safetensors (the parameters by name, fp32) and config.toml.
-void write_model_and_config(const fs::path& dir, Model& model, const Config& config) {
+void write_model_and_config(const fs::path& dir, Model& model, const RunSpec& spec) {
   SafetensorsFile mf;
   std::vector<float> values;
   model.copy_params_to_host(values);
   mf.tensors = param_tensors(model.table(), values);
   mf.metadata["format"] = "ablate";
   write_safetensors(dir / "model.safetensors", mf);
-  write_file_atomic(dir / "config.toml", config.to_toml());
+  write_file_atomic(dir / "config.toml", spec.config_toml);
 }
 
 }  // namespace
@@ -361,10 +362,11 @@ LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonf
   if (!fs::exists(cfg)) throw_input_error(lm.dir.string(), "checkpoint has no config.toml");
   const std::string cfg_text = read_regular_file(cfg, "checkpoint config", kMaxRunTomlBytes);
   lm.config = std::make_unique<Config>(Config::parse(cfg_text, cfg.string(), {}, registry, lm.dir));
+  lm.spec = std::make_unique<RunSpec>(RunSpec::from(*lm.config));
   RunContext run;
   run.seed = lm.state.seed;
   run.device = "cpu";
-  ModelOptions mo = ModelOptions::from(*lm.config, lm.state.vocab_size);
+  ModelOptions mo = ModelOptions::from(*lm.spec, lm.state.vocab_size);
   // A checkpoint of a GPU run names a GPU attention backend; every backend computes the same
   // function, so the CPU reads it with the CPU reference.
   if (registry.find(Kind::attention, mo.attention, "cpu") == nullptr) {
@@ -378,11 +380,11 @@ LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonf
   return lm;
 }
 
-void write_initial_checkpoint(const fs::path& run_dir, const Config& config, Model& model, const json& provenance) {
+void write_initial_checkpoint(const fs::path& run_dir, const RunSpec& spec, Model& model, const json& provenance) {
   const fs::path root = run_dir / "checkpoints", final_dir = root / step_name(0), tmp = root / ("." + step_name(0) + ".tmp");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  write_model_and_config(tmp, model, config);
+  write_model_and_config(tmp, model, spec);
   write_safetensors(tmp / "optimizer.safetensors", SafetensorsFile{});  // no optimizer has run
   const json cursor = {{"draw", 0}, {"pending", json::array()}};
   write_json_file(tmp / "state.json", {{"step", 0},
@@ -393,12 +395,12 @@ void write_initial_checkpoint(const fs::path& run_dir, const Config& config, Mod
                                        {"world", 1},
                                        {"shard_state", false},
                                        {"optimizer_files", json::array({"optimizer.safetensors"})},
-                                       {"seed", config.section("run").get_int("seed")},
-                                       {"config_hash", config.hash()},
+                                       {"seed", int64_t(spec.run.seed)},
+                                       {"config_hash", spec.config_hash},
                                        {"model", model.options().describe()},
                                        {"parameters", model.num_params()},
                                        {"vocab_size", model.options().vocab_size},
-                                       {"optimizer", config.selected("optimizer")},
+                                       {"optimizer", spec.optimizer.name},
                                        {"imported_from", provenance}});
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
@@ -454,8 +456,8 @@ void Checkpointer::remove_old_checkpoints(int64_t written) const {
   for (std::size_t i = 0; i + keep_older < older.size(); ++i) fs::remove_all(older[i].second);
 }
 
-Checkpointer::Checkpointer(const Setup& setup, const Config& config, Communicator& comm)
-    : s_(setup), config_(config), comm_(comm), root_(setup.run_dir / "checkpoints") {}
+Checkpointer::Checkpointer(const Setup& setup, const RunSpec& spec, Communicator& comm)
+    : s_(setup), spec_(spec), comm_(comm), root_(setup.run_dir / "checkpoints") {}
 
 std::string Checkpointer::optimizer_file(int rank) const {
   if (!s_.shard_state) return "optimizer.safetensors";
@@ -483,7 +485,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   }
   comm_.barrier();
   if (comm_.rank() == 0) {
-    write_model_and_config(tmp, model, config_);
+    write_model_and_config(tmp, model, spec_);
     json cursors = json::array();
     for (int r = 0; r < comm_.world(); ++r) {
       std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
@@ -503,7 +505,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
                                            {"optimizer_files", ofiles},
                                            {"seed", s_.seed},
                                            {"rng", {{"dropout_key", "mix64(seed, step * 4096 + rank * accum + micro-batch)"}}},
-                                           {"config_hash", config_.hash()},
+                                           {"config_hash", spec_.config_hash},
                                            {"model", model.options().describe()},
                                            {"parameters", model.num_params()},
                                            {"vocab_size", model.options().vocab_size},
@@ -584,9 +586,9 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
     spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
                  "checkpoint are not the original run's", state_file.string(), st.seed, s_.seed);
   }
-  if (st.config_hash != config_.hash()) {
+  if (st.config_hash != spec_.config_hash) {
     spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
-                 "not the uninterrupted one", config_.hash(), st.config_hash);
+                 "not the uninterrupted one", spec_.config_hash, st.config_hash);
   }
   std::vector<float> values(std::size_t(model.num_params()));
   load_params(cdir / "model.safetensors", model.table(), values, false);

@@ -21,7 +21,7 @@
 
 namespace ablate {
 
-class Config;
+struct RunSpec;
 
 // A JSON file of the run directory, written atomically (safetensors.hpp's write_file_atomic).
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
@@ -36,7 +36,7 @@ class Checkpointer {
     uint64_t seed = 0;
     int64_t steps = 0;          // run.steps: a checkpoint past it is refused by resume
   };
-  Checkpointer(const Setup& setup, const Config& config, Communicator& comm);
+  Checkpointer(const Setup& setup, const RunSpec& spec, Communicator& comm);
 
   // Every rank takes part: each writes its data cursor (and its optimizer shard), rank 0 the
   // model, config and state, then moves the finished directory into place and updates `latest`.
@@ -53,7 +53,7 @@ class Checkpointer {
   std::string optimizer_file(int rank) const;
   void remove_old_checkpoints(int64_t written) const;
   Setup s_;
-  const Config& config_;
+  const RunSpec& spec_;
   Communicator& comm_;
   std::filesystem::path root_;  // run_dir / "checkpoints"
 };

@@ -758,6 +758,14 @@ std::vector<std::string> Config::selected_list(std::string_view section) const {
   return this->section(section).get_string_list(spec->selector);
 }
 
+std::vector<std::string> Config::implementations(std::string_view section) const {
+  std::vector<std::string> names;
+  if (auto it = impl_->sections.find(section); it != impl_->sections.end()) {
+    for (const auto& [name, keys] : it->second.impls) names.push_back(name);
+  }
+  return names;
+}
+
 bool Config::has_implementation(std::string_view section, std::string_view impl) const {
   auto it = impl_->sections.find(section);
   return it != impl_->sections.end() && it->second.impls.find(impl) != it->second.impls.end();

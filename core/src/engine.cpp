@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 
@@ -23,14 +23,13 @@ TensorView host_f64(double* data, int64_t n) { return flat_view(data, DType::f64
 
 }  // namespace
 
-EngineOptions EngineOptions::from(const Config& config) {
-  const Params run = config.section("run"), opt = config.section("optimizer");
+EngineOptions EngineOptions::from(const RunSpec& spec) {
   EngineOptions o;
-  o.accum = run.get_int("grad_accum_steps");
-  o.grad_clip = opt.get_float("grad_clip");
-  o.shard_state = opt.get_bool("shard_state");
-  o.seed = uint64_t(run.get_int("seed"));
-  o.bucket_mb = run.get_float("bucket_mb");
+  o.accum = spec.run.grad_accum_steps;
+  o.grad_clip = spec.grad_clip;
+  o.shard_state = spec.shard_state;
+  o.seed = spec.run.seed;
+  o.bucket_mb = spec.run.bucket_mb;
   return o;
 }
 

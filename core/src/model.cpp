@@ -11,7 +11,7 @@
 #include <random>
 #include <sstream>
 
-#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 #include "ablate/runtime/registry.hpp"
@@ -26,15 +26,11 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 }  // namespace
 
-ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
-  const Params m = config.section("model");
+ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
+  const Params& m = spec.model.keys;
   ModelOptions o;
   o.model_common = m;
-  for (const std::string key : {"norm", "mlp", "position"}) {
-    const std::string name = m.get_string(key);
-    if (config.has_implementation("model", name)) o.layer_own.insert_or_assign(name, config.implementation("model", name));
-  }
-  if (config.has_implementation("model", "rmsnorm")) o.layer_own.insert_or_assign("rmsnorm", config.implementation("model", "rmsnorm"));
+  o.layer_own = spec.model.layer_own;
   o.d_model = m.get_int("d_model");
   o.n_layers = m.get_int("n_layers");
   o.n_heads = m.get_int("n_heads");
@@ -55,7 +51,7 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
                                               std::to_string(data_vocab) + ")");
   }
   o.vocab_padded = round_up(o.vocab_size, m.get_int("vocab_multiple"));
-  o.recompute = config.section("run").get_string("recompute");
+  o.recompute = spec.run.recompute;
   o.max_seq_len = m.get_int("max_seq_len");
   o.norm = m.get_string("norm");
   o.mlp = m.get_string("mlp");
@@ -82,10 +78,10 @@ ModelOptions ModelOptions::from(const Config& config, int64_t data_vocab) {
   if (o.position == "rope" && o.head_dim % 2 != 0) {
     throw_input_error("model.position", "rope needs an even head_dim; d_model/n_heads = " + std::to_string(o.head_dim));
   }
-  if (config.has_section("attention")) {
-    o.attention = config.selected("attention");
-    o.attention_common = config.section("attention");
-    o.attention_own = config.implementation("attention", o.attention);
+  if (spec.model.has_attention) {
+    o.attention = spec.model.attention.name;
+    o.attention_common = spec.model.attention.common;
+    o.attention_own = spec.model.attention.own;
   }
   return o;
 }

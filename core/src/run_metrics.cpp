@@ -9,7 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/run_spec.hpp"
 
 namespace ablate {
 
@@ -20,10 +20,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm) {
+PeakFlops resolve_peak(const RunSpec& spec, Model& model, Communicator& comm) {
   PeakFlops p;
-  const double configured = config.section("metrics").get_float("peak_tflops");
-  const DType dtype = config.section("run").get_string("dtype") == "bf16" ? DType::bf16 : DType::f32;
+  const double configured = spec.peak_tflops;
+  const DType dtype = spec.run.dtype == "bf16" ? DType::bf16 : DType::f32;
   if (configured > 0) {
     p.rank_tflops = configured;
     p.source = "configured";

@@ -19,7 +19,7 @@
 
 namespace ablate {
 
-class Config;
+struct RunSpec;
 
 // The peak of one rank and of the job (the sum over ranks), and where it came from: [metrics]
 // peak_tflops when set, else the device's table entry, else (a CPU) the measured fp32 matrix-product
@@ -28,7 +28,7 @@ struct PeakFlops {
   double rank_tflops = 0, job_tflops = 0;
   std::string source;  // "configured", "device table", "measured"
 };
-PeakFlops resolve_peak(const Config& config, Model& model, Communicator& comm);
+PeakFlops resolve_peak(const RunSpec& spec, Model& model, Communicator& comm);
 
 class RunMetrics {
  public:

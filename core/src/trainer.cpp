@@ -51,11 +51,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
-}
-
 // Closes every sink once, also when training leaves by an exception.
 struct LoggerSet {
   std::vector<std::unique_ptr<Logger>> sinks;
@@ -80,28 +75,27 @@ std::string si(double x) {
 }
 
 
-// The keys of [run], [checkpoint] and [logging] the loop needs, read once.
+// The keys of [run], [checkpoint] and [logging] the loop needs.
 struct TrainerSettings {
   int64_t steps = 0, eval_every = 0, eval_batches = 0, ckpt_every = 0, keep = 1, log_every = 1, profile_steps = 0;
   int64_t batch_size = 0, seq_len = 0, accum = 1;
   int64_t memory_bytes = 0;
   std::string memory_source;
 
-  static TrainerSettings from(const Config& config) {
-    const Params run = config.section("run"), ckpt = config.section("checkpoint"), batching = config.section("batching");
+  static TrainerSettings from(const RunSpec& spec) {
     TrainerSettings s;
-    s.steps = run.get_int("steps");
-    s.accum = run.get_int("grad_accum_steps");
-    s.eval_every = run.get_int("eval_every");
-    s.profile_steps = run.get_int("profile_steps");
-    s.eval_batches = run.get_int("eval_batches");
-    s.ckpt_every = ckpt.get_int("every");
-    s.keep = ckpt.get_int("keep");
-    s.log_every = config.section("logging").get_int("every");
-    s.batch_size = batching.get_int("batch_size");
-    s.seq_len = batching.get_int("seq_len");
-    s.memory_bytes = memory_budget_bytes(config);
-    s.memory_source = run.get_float("memory_budget_gib") > 0 ? "run.memory_budget_gib" : "physical memory";
+    s.steps = spec.run.steps;
+    s.accum = spec.run.grad_accum_steps;
+    s.eval_every = spec.run.eval_every;
+    s.profile_steps = spec.run.profile_steps;
+    s.eval_batches = spec.run.eval_batches;
+    s.ckpt_every = spec.checkpoint_every;
+    s.keep = spec.checkpoint_keep;
+    s.log_every = spec.log_every;
+    s.batch_size = spec.batch_size;
+    s.seq_len = spec.seq_len;
+    s.memory_bytes = spec.memory_budget_bytes();
+    s.memory_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : "physical memory";
     return s;
   }
 };
@@ -193,8 +187,13 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
   }
 }
 
+json capabilities_json(const DeviceCapabilities& c) {
+  return {{"host_memory", c.host_memory}, {"reduced_precision_products", c.reduced_precision_products},
+          {"collective", c.collective}};
+}
+
 // run.json: what the run is, for reproduction.
-void write_run_json(const fs::path& dir, const Config& config, const Registry& registry, const RunContext& run,
+void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& registry, const RunContext& run,
                     const std::string& comm_name, Model& model, const TrainerSettings& s) {
   json plugins = json::array();
   for (const ComponentInfo* info : registry.all()) {
@@ -204,13 +203,14 @@ void write_run_json(const fs::path& dir, const Config& config, const Registry& r
   write_json_file(dir / "run.json", {{"ablate_version", ABLATE_VERSION_STRING},
                                      {"device", run.device},
                                      {"device_name", model.device().describe()},
+                                     {"device_capabilities", capabilities_json(model.device().capabilities())},
                                      {"threads", run.threads},
                                      {"world", run.world},
                                      {"communicator", comm_name},
-                                     {"shard_state", config.section("optimizer").get_bool("shard_state")},
+                                     {"shard_state", spec.shard_state},
                                      {"parameters", model.num_params()},
                                      {"model", model.options().describe()},
-                                     {"config_hash", config.hash()},
+                                     {"config_hash", spec.config_hash},
                                      {"memory_bytes", s.memory_bytes},
                                      {"memory_source", s.memory_source},
                                      {"param_bytes", int64_t(model.num_params()) * 4},
@@ -228,26 +228,25 @@ void write_run_json(const fs::path& dir, const Config& config, const Registry& r
 }
 
 // Every sink of [logging] sinks (rank 0 writes them; every rank checks the names).
-void open_loggers(LoggerSet& loggers, const Config& config, const Registry& registry, const RunContext& run,
+void open_loggers(LoggerSet& loggers, const RunSpec& spec, const Registry& registry, const RunContext& run,
                   const fs::path& dir, int64_t start_step, const TrainerSettings& s) {
-  for (const std::string& name : config.selected_list("logging")) {
-    if (registry.find(Kind::logger, name) == nullptr) {
+  for (const Choice& sink : spec.loggers) {
+    if (registry.find(Kind::logger, sink.name) == nullptr) {
       const std::vector<std::string> valid = registry.names(Kind::logger);
-      throw_input_error("logging.sinks", "unknown logger '" + name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
+      throw_input_error("logging.sinks", "unknown logger '" + sink.name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
     }
   }
   if (run.rank != 0) return;
   LogContext lc;
   lc.run_dir = dir.string();
-  lc.config_toml = config.to_toml();
+  lc.config_toml = spec.config_toml;
   lc.run_name = fs::absolute(dir).lexically_normal().filename().string();
   if (lc.run_name.empty()) lc.run_name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
   lc.start_step = start_step;
   lc.total_steps = s.steps;
   lc.log_every = s.log_every;
-  const Params log_p = config.section("logging");
-  for (const std::string& name : config.selected_list("logging")) {
-    loggers.sinks.push_back(registry.create<Logger>(Kind::logger, name, {log_p, config.implementation("logging", name), run}));
+  for (const Choice& sink : spec.loggers) {
+    loggers.sinks.push_back(registry.create<Logger>(Kind::logger, sink.name, {sink.common, sink.own, run}));
     loggers.sinks.back()->open(lc);
   }
 }
@@ -279,9 +278,9 @@ void write_profile(const fs::path& dir, const OpTimes& times, int64_t steps, dou
 
 // The model of [model] for the data's vocabulary, refused before training when a micro-batch
 // shape cannot be served.
-std::unique_ptr<Model> make_model(const Config& config, const Registry& registry, const RunContext& run,
+std::unique_ptr<Model> make_model(const RunSpec& spec, const Registry& registry, const RunContext& run,
                                   int64_t data_vocab, const TrainerSettings& s, std::unique_ptr<Device> device) {
-  const ModelOptions mo = ModelOptions::from(config, data_vocab);
+  const ModelOptions mo = ModelOptions::from(spec, data_vocab);
   auto model = std::make_unique<Model>(mo, registry, run, std::move(device));
   if (s.seq_len > mo.max_seq_len) {
     throw_input_error("batching.seq_len", std::to_string(s.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
@@ -295,12 +294,12 @@ std::unique_ptr<Model> make_model(const Config& config, const Registry& registry
 // The run's memory, planned before step 1: parameters, gradients, optimizer state, the activation
 // arena of the largest micro-batch and the plugins' workspaces for it (attention scores, bf16 copies). A run that cannot fit is refused with both numbers
 // before anything is trained (the arena is only planned, never allocated, to know it).
-void require_memory(const Config& config, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
+void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
   const int64_t grads = model.num_params() * 4, params = model.state_bytes() - grads, state = optimizer.state_bytes();
   const int64_t acts = model.activation_bytes(s.batch_size, s.seq_len);
   const int64_t needed = params + grads + state + acts;
   const int64_t capacity = model.device().memory_capacity();
-  const bool configured = config.section("run").get_float("memory_budget_gib") > 0;
+  const bool configured = spec.memory_budget_configured();
   int64_t budget = configured ? s.memory_bytes : capacity;
   if (configured && capacity > 0) budget = std::min(budget, capacity);
   if (budget <= 0 || needed <= budget) return;
@@ -318,16 +317,14 @@ void require_memory(const Config& config, Model& model, const Optimizer& optimiz
 // from the keys alone) must fit the budget, so that a product like batch_size x seq_len that no
 // machine holds is an input error naming the keys rather than a bad_alloc or the OOM killer.
 // require_memory checks the exact plan once the model exists.
-void require_host_memory(const Config& config, const TrainerSettings& s, const DeviceCapabilities& device) {
+void require_host_memory(const RunSpec& spec, const TrainerSettings& s, const DeviceCapabilities& device) {
   if (s.memory_bytes <= 0) return;
-  const Params data = config.section("data");
   const double gib = double(1ll << 30);
   // Every batch in flight (queued, being built by each worker, held by the trainer).
-  require_batch_memory(config, data.get_int("prefetch") + data.get_int("workers") + 2,
-                       "data.prefetch + data.workers + 2");
+  require_batch_memory(spec, spec.data_prefetch + spec.data_workers + 2, "data.prefetch + data.workers + 2");
   if (!device.host_memory) return;  // the parameters live in the device's memory, checked by require_memory
   // Parameters and gradients in fp32 (optimizer state comes on top): the embeddings and positions alone.
-  const Params m = config.section("model");
+  const Params& m = spec.model.keys;
   const double d = double(m.get_int("d_model"));
   double params = double(std::max<int64_t>(m.get_int("vocab_size"), 1)) * d;
   if (m.get_string("position") == "learned") params += double(m.get_int("max_seq_len")) * d;
@@ -346,16 +343,6 @@ void require_host_memory(const Config& config, const TrainerSettings& s, const D
 
 // ---------------------------------------------------------------------------------------------
 
-RunContext training_context(const Config& config) {
-  const Params run_p = config.section("run");
-  RunContext run;
-  run.seed = uint64_t(run_p.get_int("seed"));
-  run.device = run_p.get_string("device");
-  run.dtype = run_p.get_string("dtype");
-  run.threads = use_cpu_threads(int(run_p.get_int("threads")));
-  return run;
-}
-
 int use_cpu_threads(int threads) {
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
 #ifdef _OPENMP
@@ -364,25 +351,16 @@ int use_cpu_threads(int threads) {
   return threads;
 }
 
-int64_t memory_budget_bytes(const Config& config) {
-  const double gib = config.section("run").get_float("memory_budget_gib");
-  return gib > 0 ? int64_t(gib * double(1ll << 30)) : physical_memory_bytes();
-}
-
-void require_batch_memory(const Config& config, int64_t in_flight, const std::string& why) {
-  const int64_t budget = memory_budget_bytes(config);
+void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::string& why) {
+  const int64_t budget = spec.memory_budget_bytes();
   if (budget <= 0) return;
-  const Params batching = config.section("batching");
-  const int64_t b = batching.get_int("batch_size"), t = batching.get_int("seq_len");
-  // Each batch holds four int32 arrays (tokens, targets, positions, segment ids) of its positions.
-  double positions = double(b) * double(t);
-  if (config.selected("batching") == "bucketed") {  // rows = token_budget / bound: about token_budget positions
-    const Params own = config.implementation("batching", "bucketed");
-    if (own.has("token_budget")) positions = std::max(positions, double(own.get_int("token_budget")));
-  }
+  const int64_t b = spec.batch_size, t = spec.seq_len;
+  // Each batch holds four int32 arrays (tokens, targets, positions, segment ids) of its positions;
+  // the bucketed batcher's rows (token_budget / bound) hold about token_budget positions.
+  const double positions = std::max(double(b) * double(t), double(spec.token_budget));
   const double bytes = double(in_flight) * positions * 16.0, gib = double(1ll << 30);
   if (bytes <= double(budget)) return;
-  const bool configured = config.section("run").get_float("memory_budget_gib") > 0;
+  const bool configured = spec.memory_budget_configured();
   throw_input_error("batching.batch_size",
                     fmt::format("batch_size x seq_len = {} x {} needs at least {:.1f} GiB of batch buffers ({} batches "
                                 "in flight: {}) but the budget is {:.1f} GiB ({}); lower batching.batch_size or "
@@ -391,9 +369,8 @@ void require_batch_memory(const Config& config, int64_t in_flight, const std::st
                                 configured ? "run.memory_budget_gib" : "physical memory"));
 }
 
-std::string resolve_communicator(const Config& config, const DeviceCapabilities& device) {
-  const Params run_p = config.section("run");
-  const std::string chosen = run_p.get_string("communicator");
+std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device) {
+  const std::string& chosen = spec.run.communicator;
   launch::LaunchEnv env;
   try {
     env = launch::read_launch_env();
@@ -417,7 +394,7 @@ namespace {
 // What a run is built from, in the order it is built and so destroyed in the reverse order (the
 // run directory's lock last): its settings, data, model, optimizer, engine and checkpoints.
 struct TrainingSetup {
-  const Config& config;
+  const RunSpec& spec;
   Registry& registry;
   const TrainOptions& options;
   Communicator& comm;
@@ -439,10 +416,10 @@ struct TrainingSetup {
   std::optional<Checkpointer> checkpoints;
 
   // The run's arguments and the settings read from its config; set_up builds the rest.
-  TrainingSetup(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
+  TrainingSetup(const RunSpec& spec, Registry& registry, const TrainOptions& options, Communicator& comm,
                 const RunContext& run, const std::string& comm_name)
-      : config(config), registry(registry), options(options), comm(comm), run(run), comm_name(comm_name),
-        s(TrainerSettings::from(config)), lead(run.rank == 0), dir(options.run_dir) {}
+      : spec(spec), registry(registry), options(options), comm(comm), run(run), comm_name(comm_name),
+        s(TrainerSettings::from(spec)), lead(run.rank == 0), dir(options.run_dir) {}
 };
 
 // Where a run stands, shared by the phases after set-up: the step it starts from, its loggers, the
@@ -466,40 +443,39 @@ struct TrainingProgress {
 
 // Set-up: the run directory locked and checked, the data, the model, its optimizer, engine and checkpoints.
 void set_up(TrainingSetup& t) {
-  const Config& config = t.config;
+  const RunSpec& spec = t.spec;
   const RunContext& run = t.run;
   // One run per directory, held until train_ranks returns (rank 0 writes there; the others wait
   // for its verdict in prepare_run_dir's barrier).
   if (t.lead) t.lock.emplace(t.dir, "the run directory");
   prepare_run_dir(t.options, t.comm, t.s.steps);
 
-  require_host_memory(config, t.s, t.device->capabilities());
+  require_host_memory(spec, t.s, t.device->capabilities());
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
-  t.source = make_data_source(config, t.registry, run);
-  t.train_data = DataPipeline::from_config(config, t.registry, run, Split::train, t.source);
+  t.source = make_data_source(spec, t.registry, run);
+  t.train_data = DataPipeline::from_spec(spec, t.registry, run, Split::train, t.source);
   t.eval.batches = t.s.eval_batches;
   t.eval.available = t.source->size(Split::validation) > 0 && t.eval.batches > 0;
   if (t.eval.available) {
     RunContext one = run;  // the validation batches of a world of one, split among the ranks
     one.rank = 0;
     one.world = 1;
-    t.eval.pipeline = DataPipeline::from_config(config, t.registry, one, Split::validation, t.source);
+    t.eval.pipeline = DataPipeline::from_spec(spec, t.registry, one, Split::validation, t.source);
   }
 
   // Model, optimizer, engine, checkpoints.
-  t.model = make_model(config, t.registry, run, t.source->vocab_size(), t.s, std::move(t.device));
+  t.model = make_model(spec, t.registry, run, t.source->vocab_size(), t.s, std::move(t.device));
   Model& model = *t.model;
   if (run.world > 1) {
-    require_same_experiment(t.comm, config.hash(), t.source->describe() + "; " + model.options().describe(), config.source());
+    require_same_experiment(t.comm, spec.config_hash, t.source->describe() + "; " + model.options().describe(), spec.config_source);
   }
-  t.opt_name = config.selected("optimizer");
-  t.optimizer = t.registry.create<Optimizer>(Kind::optimizer, t.opt_name,
-                                             {config.section("optimizer"), config.implementation("optimizer", t.opt_name), run},
-                                             "optimizer.name");
-  t.eo = EngineOptions::from(config);
+  const Choice& opt = spec.require(spec.optimizer);
+  t.opt_name = opt.name;
+  t.optimizer = t.registry.create<Optimizer>(Kind::optimizer, t.opt_name, {opt.common, opt.own, run}, "optimizer.name");
+  t.eo = EngineOptions::from(spec);
   t.engine.emplace(model, *t.optimizer, t.comm, t.eo);
-  require_memory(config, model, *t.optimizer, t.s);
-  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.s.keep, t.eo.shard_state, t.opt_name, run.seed, t.s.steps}, config, t.comm);
+  require_memory(spec, model, *t.optimizer, t.s);
+  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.s.keep, t.eo.shard_state, t.opt_name, run.seed, t.s.steps}, spec, t.comm);
 }
 
 // Where the run starts: a checkpoint (--resume), the weights of model.init_from or a fresh
@@ -509,7 +485,7 @@ void resume_or_init(TrainingSetup& t, TrainingProgress& p) {
   if (t.options.resume) {
     p.resumed = t.checkpoints->resume(model, *t.optimizer, *t.train_data);
     p.start_step = p.resumed.step;
-  } else if (const std::string from = t.config.section("model").get_string("init_from"); !from.empty()) {
+  } else if (const std::string& from = t.spec.model.init_from; !from.empty()) {
     model.init_params(t.run.seed);  // then overwritten: the random draws stay those of a fresh run
     init_from_weights(model, from);
   } else {
@@ -529,12 +505,12 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   Model& model = *t.model;
   // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
   // the run before config.toml and run.json are rewritten.
-  open_loggers(p.loggers, t.config, t.registry, run, t.dir, p.start_step, s);
+  open_loggers(p.loggers, t.spec, t.registry, run, t.dir, p.start_step, s);
   if (t.lead) {
-    write_file_atomic(t.dir / "config.toml", t.config.to_toml());
-    write_run_json(t.dir, t.config, t.registry, run, t.comm_name, model, s);
+    write_file_atomic(t.dir / "config.toml", t.spec.config_toml);
+    write_run_json(t.dir, t.spec, t.registry, run, t.comm_name, model, s);
   }
-  p.peak = resolve_peak(t.config, model, t.comm);
+  p.peak = resolve_peak(t.spec, model, t.comm);
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
                "device {}",
                model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
@@ -645,7 +621,7 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
                   {"mem_peak_bytes", int64_t(mem_peak)},
                   {"optimizer_state_bytes", t.optimizer->state_bytes()},
                   {"wall_s", seconds_since(p.t_run)},
-                  {"config_hash", t.config.hash()}});
+                  {"config_hash", t.spec.config_hash}});
   p.loggers.close();
   if (t.lead) write_json_file(t.dir / "summary.json", summary);
   const std::string val_text = p.last_val >= 0 ? fmt::format(" (val {:.4f})", p.last_val) : std::string();
@@ -661,12 +637,12 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
 }
 
 // The run on this rank, phase by phase: set-up, the starting point, the outputs, the steps, the end.
-TrainResult train_ranks(const Config& config, Registry& registry, const TrainOptions& options, Communicator& comm,
+TrainResult train_ranks(const RunSpec& spec, Registry& registry, const TrainOptions& options, Communicator& comm,
                         const RunContext& run, const std::string& comm_name, std::unique_ptr<Device> device) {
-  TrainingSetup t(config, registry, options, comm, run, comm_name);
+  TrainingSetup t(spec, registry, options, comm, run, comm_name);
   t.device = std::move(device);
   set_up(t);
-  const std::unique_ptr<Schedule> schedule = make_schedule(config, registry, run);
+  const std::unique_ptr<Schedule> schedule = make_schedule(spec, registry, run);
   TrainingProgress p;
   resume_or_init(t, p);
   open_outputs(t, p);
@@ -678,19 +654,19 @@ TrainResult train_ranks(const Config& config, Registry& registry, const TrainOpt
 }  // namespace
 
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
-  RunContext run = training_context(config);
-  const Params run_p = config.section("run");
+  const RunSpec spec = RunSpec::from(config);  // the config's one reading
+  RunContext run = spec.context();
   // The device first: a communicator that serves it (nccl) needs it there, and a missing one is
   // an input error naming run.device, not the communicator's failure to find it. Made once: the
   // model takes it.
   std::unique_ptr<Device> device = make_device(registry, run);
   // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
-  const std::string comm_name = resolve_communicator(config, device->capabilities());
-  auto comm = registry.create<Communicator>(Kind::communicator, comm_name,
-                                            {run_p, config.implementation("run", comm_name), run});
+  const std::string comm_name = resolve_communicator(spec, device->capabilities());
+  const Choice chosen = spec.communicator(comm_name);
+  auto comm = registry.create<Communicator>(Kind::communicator, comm_name, {chosen.common, chosen.own, run});
   run.rank = comm->rank();
   run.world = comm->world();
-  if (run_p.get_int("threads") == 0 && comm->local_world() > 1) {  // the machine's cores, shared
+  if (spec.run.threads == 0 && comm->local_world() > 1) {  // the machine's cores, shared
     run.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world());
 #ifdef _OPENMP
     omp_set_num_threads(run.threads);
@@ -700,7 +676,7 @@ TrainResult train(const Config& config, Registry& registry, const TrainOptions& 
   // A rank that leaves with an error ends the job: the others would wait in their next collective
   // until the timeout. (Errors every rank meets alike end every rank alike, with the same code.)
   try {
-    return train_ranks(config, registry, options, *comm, run, comm_name, std::move(device));
+    return train_ranks(spec, registry, options, *comm, run, comm_name, std::move(device));
   } catch (const Error& e) {
     comm->abort_job_at_exit(e.exit_code(), e.what());
     throw;

@@ -156,6 +156,34 @@ TEST_CASE("report and doctor refuse a damaged run.json, summary.json or metrics.
   CHECK(check_damages(tmp.path(), {"run"}, targets) > 30);
 }
 
+TEST_CASE("doctor refuses run.json's device capabilities and plugin list of the wrong type: exit 2 naming the field") {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  const auto trained = run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=2 --run-dir " + run.string());
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const json good = json::parse(slurp(run / "run.json"));
+  REQUIRE(good["device_capabilities"]["host_memory"].is_boolean());
+  const auto doctor_with = [&](const std::string& pointer, const json& value) {
+    json bad = good;
+    bad[json::json_pointer(pointer)] = value;
+    std::ofstream(run / "run.json") << bad.dump();
+    return run_ablate_within(60, "doctor " + run.string());
+  };
+  const auto caps = doctor_with("/device_capabilities/host_memory", "yes");
+  CHECK(caps.exit_code == 2);
+  CHECK(contains(caps.output, "device_capabilities.host_memory"));
+  CHECK(contains(caps.output, "true or false"));
+  const auto not_object = doctor_with("/device_capabilities", 3);
+  CHECK(not_object.exit_code == 2);
+  CHECK(contains(not_object.output, "'device_capabilities' is number 3; expected a JSON object"));
+  const auto devices = doctor_with("/plugins/0/devices", "cpu");
+  CHECK(devices.exit_code == 2);
+  CHECK(contains(devices.output, "plugins[0].devices"));
+  std::ofstream(run / "run.json") << good.dump();
+  CHECK(run_ablate_within(60, "doctor " + run.string()).exit_code == 0);
+}
+
 TEST_CASE("a sweep re-run and report refuse a damaged arms.json, arm.json, summary.json or metrics.jsonl: exit 2, nothing retrained or changed") {
   TempDir tmp;
   const fs::path file = tmp.write("sweep.toml", "base = \"" + quickstart_config() + "\"\n[sweep]\nname = \"s\"\n[sweep.set]\n" +

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/registry.hpp"
@@ -166,6 +167,50 @@ TEST_CASE_FIXTURE(Fixture, "--set values are typed by the schema") {
   CHECK(c.implementation("data", "synthetic_probes").get_int("documents") == 5);
 }
 
+TEST_CASE_FIXTURE(Fixture, "RunSpec::from reads every key the runtime uses once, typed, with each choice and its own keys") {
+  const RunSpec s = RunSpec::from(parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
+                                        {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5",
+                                         "run.eval_every=4", "batching.batch_size=6", "batching.seq_len=96",
+                                         "batching.bucketed.boundaries=[32, 96]", "optimizer.name=sgd",
+                                         "optimizer.lr=0.25", "optimizer.grad_clip=2", "logging.sinks=console,jsonl",
+                                         "logging.jsonl.file=m.jsonl", "data.workers=3", "data.prefetch=5",
+                                         "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"}));
+  CHECK(s.run.steps == 12);
+  CHECK(s.run.seed == 41);
+  CHECK(s.run.grad_accum_steps == 3);
+  CHECK(s.run.eval_every == 4);
+  CHECK(s.memory_budget_configured());
+  CHECK(s.memory_budget_bytes() == int64_t(1.5 * double(1ll << 30)));
+  CHECK(s.batch_size == 6);
+  CHECK(s.seq_len == 96);
+  CHECK(s.batching.name == "bucketed");
+  CHECK(s.batching.own.get_int_list("boundaries") == std::vector<int64_t>{32, 96});
+  CHECK(s.batching_own.count("bucketed") == 1);
+  CHECK(s.optimizer.name == "sgd");
+  CHECK(s.lr == 0.25);
+  CHECK(s.grad_clip == 2.0);
+  CHECK(s.schedule.name == "linear");
+  REQUIRE(s.loggers.size() == 2);
+  CHECK(s.loggers[0].name == "console");
+  CHECK(s.loggers[1].name == "jsonl");
+  CHECK(s.loggers[1].own.get_string("file") == "m.jsonl");
+  CHECK(s.data.name == "synthetic_probes");
+  CHECK(s.data_workers == 3);
+  CHECK(s.data_prefetch == 5);
+  CHECK(s.checkpoint_keep == 2);
+  CHECK(s.peak_tflops == 7.0);
+  CHECK(s.communicator("single").name == "single");
+  CHECK(s.config_hash == parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
+                               {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5", "run.eval_every=4",
+                                "batching.batch_size=6", "batching.seq_len=96", "batching.bucketed.boundaries=[32, 96]",
+                                "optimizer.name=sgd", "optimizer.lr=0.25", "optimizer.grad_clip=2",
+                                "logging.sinks=console,jsonl", "logging.jsonl.file=m.jsonl", "data.workers=3",
+                                "data.prefetch=5", "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"})
+                               .hash());
+  CHECK(s.config_source == "exp.toml");
+  CHECK(!RunSpec::from(parse("")).memory_budget_configured());
+}
+
 TEST_CASE_FIXTURE(Fixture, "--set overrides what the file says") {
   const Config c = parse("[run]\nsteps = 5\n", {"run.steps=9"});
   CHECK(c.section("run").get_int("steps") == 9);
@@ -232,19 +277,23 @@ class ScopedEnv {
 
 const DeviceCapabilities kCpu;  // the cpu device's answers: mpi for several ranks
 
+std::string resolve_communicator_of(const Config& config, const DeviceCapabilities& device) {
+  return resolve_communicator(RunSpec::from(config), device);
+}
+
 TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment, and single under a launcher is refused") {
   ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", nullptr), ompi("OMPI_COMM_WORLD_SIZE", nullptr),
       ompi_local("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), procid("SLURM_PROCID", nullptr), ntasks("SLURM_NTASKS", nullptr),
       localid("SLURM_LOCALID", nullptr);
-  CHECK(resolve_communicator(parse(""), kCpu) == "single");
+  CHECK(resolve_communicator_of(parse(""), kCpu) == "single");
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "2"), four("OMPI_COMM_WORLD_SIZE", "4");
-    CHECK(resolve_communicator(parse(""), kCpu) == "mpi");
+    CHECK(resolve_communicator_of(parse(""), kCpu) == "mpi");
     DeviceCapabilities gpu;
     gpu.collective = "nccl";
-    CHECK(resolve_communicator(parse(""), gpu) == "nccl");
+    CHECK(resolve_communicator_of(parse(""), gpu) == "nccl");
     try {
-      resolve_communicator(parse("[run]\ncommunicator = \"single\"\n"), kCpu);
+      resolve_communicator_of(parse("[run]\ncommunicator = \"single\"\n"), kCpu);
       FAIL("expected an input error");
     } catch (const Error& e) {
       CHECK(e.exit_code() == 2);
@@ -254,12 +303,12 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
   }
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0"), one("OMPI_COMM_WORLD_SIZE", "1");
-    CHECK(resolve_communicator(parse(""), kCpu) == "single");
+    CHECK(resolve_communicator_of(parse(""), kCpu) == "single");
   }
   {
     ScopedEnv rank("OMPI_COMM_WORLD_RANK", "5"), two("OMPI_COMM_WORLD_SIZE", "2");  // malformed: an input error
     try {
-      resolve_communicator(parse(""), kCpu);
+      resolve_communicator_of(parse(""), kCpu);
       FAIL("expected an input error");
     } catch (const Error& e) {
       CHECK(e.exit_code() == 2);
@@ -268,11 +317,11 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
   }
   {
     ScopedEnv r("SLURM_PROCID", "0"), n("SLURM_NTASKS", "3");
-    CHECK(resolve_communicator(parse(""), kCpu) == "mpi");
+    CHECK(resolve_communicator_of(parse(""), kCpu) == "mpi");
   }
   {
     ScopedEnv n("SLURM_NTASKS", "3");  // without SLURM_PROCID this process is no Slurm task
-    CHECK(resolve_communicator(parse(""), kCpu) == "single");
+    CHECK(resolve_communicator_of(parse(""), kCpu) == "single");
   }
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/model.hpp"
@@ -124,7 +125,7 @@ TEST_CASE("mutated experiment files either load, resolving to TOML that loads ba
       INFO("seed " << seed << ", " << name << " case " << i << ":\n" << text);
       try {
         const Config cfg = Config::parse(text, source, {}, registry, configs);
-        (void)ModelOptions::from(cfg, 0);
+        (void)ModelOptions::from(ablate::RunSpec::from(cfg), 0);
         const Config again = Config::parse(cfg.to_toml(), "resolved.toml", {}, registry, configs);
         CHECK(again.hash() == cfg.hash());
         ++loaded;

@@ -10,6 +10,7 @@
 #include <numbers>
 #include <string>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/registry.hpp"
@@ -33,7 +34,7 @@ std::unique_ptr<Schedule> make(const std::string& schedule_toml, int64_t steps, 
   const std::string text = "[run]\nsteps = " + std::to_string(steps) + "\n[optimizer]\nlr = " + std::to_string(lr) + "\n[schedule]\n" +
                            schedule_toml;
   const Config c = Config::parse(text, "test.toml", {}, registry());
-  return ablate::make_schedule(c, registry(), ablate::RunContext{});
+  return ablate::make_schedule(ablate::RunSpec::from(c), registry(), ablate::RunContext{});
 }
 
 // The schedule as ablate computed it before it became a plugin kind (LrSchedule::at).

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/data.hpp"
 #include "ablate/data_util.hpp"
@@ -84,7 +85,7 @@ class EncodedFeed final : public DocumentFeed {
 inline std::unique_ptr<Batcher> batcher_from(const std::string& toml) {
   const Config cfg = data_config(toml);
   RunContext run;
-  return make_batcher(cfg, data_registry(), run);
+  return make_batcher(ablate::RunSpec::from(cfg), data_registry(), run);
 }
 
 // Checks the batch contract on a batch built from an EncodedFeed and records every placed token

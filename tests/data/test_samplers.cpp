@@ -13,7 +13,7 @@ namespace {
 std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
   const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
   RunContext run;
-  return make_sampler(cfg, data_registry(), run);
+  return make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
 }
 
 // Every document of every epoch drawn exactly once across the ranks.

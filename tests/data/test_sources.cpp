@@ -19,7 +19,7 @@ namespace {
 std::shared_ptr<DataSource> source_from(const std::string& toml, const std::vector<std::string>& overrides = {}) {
   const Config cfg = data_config(toml, overrides);
   RunContext run;
-  return make_data_source(cfg, data_registry(), run);
+  return make_data_source(ablate::RunSpec::from(cfg), data_registry(), run);
 }
 
 std::string shards_toml(const std::string& paths, const std::string& extra = "") {
@@ -298,7 +298,7 @@ TEST_CASE("token_shards reports one group per paths pattern, and a mixture over 
   // Through the pipeline: half of the draws from the 2 code documents.
   const Config cfg = data_config(shards_toml(paths, "[sampler]\nname = \"mixture\"\n[sampler.mixture]\nweights = [1.0, 1.0]\n"));
   RunContext run;
-  auto sampler = make_sampler(cfg, data_registry(), run);
+  auto sampler = make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
   sampler->set_groups(groups);
   sampler->reset(src->size(Split::train), 3, 0, 1);
   int code = 0;

@@ -283,10 +283,20 @@ TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run w
   REQUIRE(info["memory_bytes"].get<double>() > 2 * metrics(run).back()["mem_peak_bytes"].get<double>());
   CHECK_FALSE(finding(doctor(run), "memory_headroom").has_value());
 
-  // The same run as if on a GPU: memory-bound below 30% MFU with quiet timings.
+  // The cpu answered that it computes in host memory without reduced-precision units: no GPU advice.
+  CHECK(info["device_capabilities"]["host_memory"] == true);
+  CHECK(info["device_capabilities"]["reduced_precision_products"] == false);
+  CHECK_FALSE(finding(doctor(run), "attention").has_value());
+  CHECK_FALSE(finding(doctor(run), "precision").has_value());
+
+  // The same run as if on a GPU (its device's answers in run.json): memory-bound below 30% MFU
+  // with quiet timings.
   std::string config = slurp(run / "config.toml");
   config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
   std::ofstream(run / "config.toml") << config;
+  json gpu_info = info;
+  gpu_info["device_capabilities"] = {{"host_memory", false}, {"reduced_precision_products", true}, {"collective", "nccl"}};
+  std::ofstream(run / "run.json") << gpu_info.dump();
   json summary = read_json(run / "summary.json");
   const auto with = [&](double mfu, double cv) {
     summary["mfu"] = mfu;
@@ -306,4 +316,25 @@ TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run w
   CHECK(contains((*f)["change"].get<std::string>(), "suggestion, to verify"));
   CHECK_FALSE(with(0.6, 0.02).has_value());  // compute-bound
   CHECK_FALSE(with(0.1, 0.5).has_value());   // timings unusable: its MFU is not a measurement
+
+  // fp32 products on a device with reduced-precision units: bf16 advised.
+  const std::optional<json> precision = finding(doctor(run), "precision");
+  REQUIRE(precision.has_value());
+  CHECK((*precision)["severity"] == "high");
+  CHECK(contains((*precision)["change"].get<std::string>(), "run.dtype=bf16"));
+
+  // A naive attention backend there: the advice names a backend the run's plugins register for its
+  // device, and there is none without one.
+  config = slurp(run / "config.toml");
+  config.replace(config.find("name = \"naive_cpu\""), 18, "name = \"naive_cuda\"");
+  std::ofstream(run / "config.toml") << config;
+  gpu_info["plugins"] = json::array({{{"kind", "attention"}, {"name", "naive_cpu"}, {"devices", {"cpu"}}}});
+  std::ofstream(run / "run.json") << gpu_info.dump();
+  CHECK_FALSE(finding(doctor(run), "attention").has_value());
+  gpu_info["plugins"].push_back({{"kind", "attention"}, {"name", "naive_cuda"}, {"devices", {"cuda"}}});
+  gpu_info["plugins"].push_back({{"kind", "attention"}, {"name", "flash_x"}, {"devices", {"cuda"}}});
+  std::ofstream(run / "run.json") << gpu_info.dump();
+  const std::optional<json> attention = finding(doctor(run), "attention");
+  REQUIRE(attention.has_value());
+  CHECK((*attention)["change"] == "--set attention.name=flash_x");
 }

@@ -16,8 +16,6 @@
 
 namespace ablate {
 
-class Config;
-class Registry;
 
 class Schedule : public Component {
  public:
@@ -28,9 +26,5 @@ class Schedule : public Component {
   // The learning rate of step `step` (1, 2, ...; steps past total_steps keep the last step's rate).
   virtual double at(int64_t step) const = 0;
 };
-
-// The schedule [schedule] name selects (with its common and own keys), planned for optimizer.lr
-// and run.steps.
-std::unique_ptr<Schedule> make_schedule(const Config& config, const Registry& registry, const RunContext& run);
 
 }  // namespace ablate

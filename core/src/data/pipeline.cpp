@@ -12,7 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "batch_queue.hpp"
@@ -30,13 +30,13 @@ using data_pipeline::StageTotals;
 // ---------------------------------------------------------------------------------------------
 // Options, statistics, construction from a config.
 
-PipelineOptions PipelineOptions::from(const Config& config, const RunContext& run, Split split) {
-  const Params data = config.section("data");
+PipelineOptions PipelineOptions::from(const RunSpec& spec, const RunContext& run, Split split) {
+  spec.require(spec.data);
   PipelineOptions o;
-  o.workers = int(data.get_int("workers"));
-  o.prefetch = int(data.get_int("prefetch"));
-  o.debug_stats = data.get_bool("debug_stats");
-  o.debug_every = int(data.get_int("debug_every"));
+  o.workers = spec.data_workers;
+  o.prefetch = spec.data_prefetch;
+  o.debug_stats = spec.data_debug_stats;
+  o.debug_every = spec.data_debug_every;
   o.split = split;
   o.seed = run.seed;
   o.rank = run.rank;
@@ -79,25 +79,19 @@ std::string PipelineStats::table() const {
   return out;
 }
 
-std::shared_ptr<DataSource> make_data_source(const Config& config, const Registry& registry, const RunContext& run) {
-  const Params common = config.section("data");
-  const std::string name = config.selected("data");
-  const Params own = config.implementation("data", name);
-  return registry.create<DataSource>(Kind::data_source, name, {common, own, run});
+std::shared_ptr<DataSource> make_data_source(const RunSpec& spec, const Registry& registry, const RunContext& run) {
+  const Choice& c = spec.require(spec.data);
+  return registry.create<DataSource>(Kind::data_source, c.name, {c.common, c.own, run});
 }
 
-std::unique_ptr<Sampler> make_sampler(const Config& config, const Registry& registry, const RunContext& run) {
-  const Params common = config.section("sampler");
-  const std::string name = config.selected("sampler");
-  const Params own = config.implementation("sampler", name);
-  return registry.create<Sampler>(Kind::sampler, name, {common, own, run});
+std::unique_ptr<Sampler> make_sampler(const RunSpec& spec, const Registry& registry, const RunContext& run) {
+  const Choice& c = spec.require(spec.sampler);
+  return registry.create<Sampler>(Kind::sampler, c.name, {c.common, c.own, run});
 }
 
-std::unique_ptr<Batcher> make_batcher(const Config& config, const Registry& registry, const RunContext& run) {
-  const Params common = config.section("batching");
-  const std::string name = config.selected("batching");
-  const Params own = config.implementation("batching", name);
-  return registry.create<Batcher>(Kind::batcher, name, {common, own, run});
+std::unique_ptr<Batcher> make_batcher(const RunSpec& spec, const Registry& registry, const RunContext& run) {
+  const Choice& c = spec.require(spec.batching);
+  return registry.create<Batcher>(Kind::batcher, c.name, {c.common, c.own, run});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,11 +261,11 @@ DataPipeline::DataPipeline(std::shared_ptr<const DataSource> source, std::unique
                            std::unique_ptr<Batcher> batcher, PipelineOptions options)
     : impl_(std::make_unique<Impl>(std::move(source), std::move(sampler), std::move(batcher), options)) {}
 
-std::unique_ptr<DataPipeline> DataPipeline::from_config(const Config& config, const Registry& registry, const RunContext& run,
-                                                        Split split, std::shared_ptr<const DataSource> source) {
-  if (!source) source = make_data_source(config, registry, run);
-  return std::make_unique<DataPipeline>(std::move(source), make_sampler(config, registry, run),
-                                        make_batcher(config, registry, run), PipelineOptions::from(config, run, split));
+std::unique_ptr<DataPipeline> DataPipeline::from_spec(const RunSpec& spec, const Registry& registry, const RunContext& run,
+                                                      Split split, std::shared_ptr<const DataSource> source) {
+  if (!source) source = make_data_source(spec, registry, run);
+  return std::make_unique<DataPipeline>(std::move(source), make_sampler(spec, registry, run),
+                                        make_batcher(spec, registry, run), PipelineOptions::from(spec, run, split));
 }
 
 DataPipeline::~DataPipeline() = default;

@@ -16,10 +16,12 @@
 
 #include "ablate/data.hpp"
 #include "ablate/runtime/model.hpp"
+#include "ablate/runtime/run_spec.hpp"
 
 namespace ablate {
 
 class Config;
+
 class Registry;
 
 struct CheckpointState {
@@ -55,10 +57,10 @@ std::optional<std::filesystem::path> newest_complete_checkpoint(const std::files
 bool has_checkpoint(const std::filesystem::path& run_dir);
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint_dir);
 // Writes `model`'s weights as the run directory's checkpoint of step 0 (no optimizer state, data
-// at its start) with the experiment `config`, for weights that come from elsewhere (`ablate import
+// at its start) with the experiment `spec`, for weights that come from elsewhere (`ablate import
 // hf`): eval, sample, export and [model] init_from read it. `provenance` goes into state.json as
 // "imported_from".
-void write_initial_checkpoint(const std::filesystem::path& run_dir, const Config& config, Model& model,
+void write_initial_checkpoint(const std::filesystem::path& run_dir, const RunSpec& spec, Model& model,
                               const nlohmann::json& provenance);
 // `[model] init_from`: the parameters of an ablate run or checkpoint directory, or of a Hugging
 // Face checkpoint directory, into `model` (whose [model] must be theirs: an input error naming the
@@ -68,6 +70,7 @@ void init_from_weights(Model& model, const std::filesystem::path& from);
 // A model restored from a checkpoint for evaluation, sampling or export.
 struct LoadedModel {
   std::unique_ptr<Config> config;
+  std::unique_ptr<RunSpec> spec;  // read from `config` once
   std::unique_ptr<Model> model;
   CheckpointState state;
   std::filesystem::path dir;

@@ -81,6 +81,8 @@ class Config {
   std::string selected(std::string_view section) const;
   std::vector<std::string> selected_list(std::string_view section) const;
   Params implementation(std::string_view section, std::string_view impl) const;
+  // The implementations with a resolved sub-table in `section`, by name.
+  std::vector<std::string> implementations(std::string_view section) const;
   // Whether `impl` has a resolved sub-table in `section` (chosen, or given by the experiment).
   bool has_implementation(std::string_view section, std::string_view impl) const;
 

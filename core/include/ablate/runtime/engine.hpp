@@ -30,7 +30,7 @@
 
 namespace ablate {
 
-class Config;
+struct RunSpec;
 
 struct EngineOptions {
   int64_t accum = 1;         // [run] grad_accum_steps: micro-batches per step
@@ -38,7 +38,7 @@ struct EngineOptions {
   bool shard_state = false;  // [optimizer] shard_state: ZeRO-1
   uint64_t seed = 0;         // [run] seed (dropout keys)
   double bucket_mb = 0.0;    // [run] bucket_mb: gradient buckets reduced during the backward pass (0 = off)
-  static EngineOptions from(const Config& config);
+  static EngineOptions from(const RunSpec& spec);
 };
 
 struct StepOutcome {

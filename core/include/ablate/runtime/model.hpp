@@ -29,7 +29,7 @@
 
 namespace ablate {
 
-class Config;
+struct RunSpec;
 class Registry;
 
 // `[model]` resolved: zeros replaced by what they stand for.
@@ -55,7 +55,7 @@ struct ModelOptions {
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
   // when [model] vocab_size is 0. Inconsistent shapes are input errors naming the key.
-  static ModelOptions from(const Config& config, int64_t data_vocab);
+  static ModelOptions from(const RunSpec& spec, int64_t data_vocab);
   // The [model] table as TOML-ish key = value lines (for checkpoints and exports).
   std::string describe() const;
   // The epsilon of the block and final norms, and of qk_norm.

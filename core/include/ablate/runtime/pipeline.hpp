@@ -18,7 +18,7 @@
 
 namespace ablate {
 
-class Config;
+struct RunSpec;
 class Registry;
 
 struct PipelineOptions {
@@ -31,7 +31,7 @@ struct PipelineOptions {
   int rank = 0;
   int world = 1;
   // From [data] and the run facts.
-  static PipelineOptions from(const Config& config, const RunContext& run, Split split);
+  static PipelineOptions from(const RunSpec& spec, const RunContext& run, Split split);
 };
 
 // One stage's totals since the pipeline started (or was restored).
@@ -65,16 +65,16 @@ struct PipelineBatch {
 };
 
 // Constructs the components a config selects ([data] name, [sampler] name, [batching] name).
-std::shared_ptr<DataSource> make_data_source(const Config& config, const Registry& registry, const RunContext& run);
-std::unique_ptr<Sampler> make_sampler(const Config& config, const Registry& registry, const RunContext& run);
-std::unique_ptr<Batcher> make_batcher(const Config& config, const Registry& registry, const RunContext& run);
+std::shared_ptr<DataSource> make_data_source(const RunSpec& spec, const Registry& registry, const RunContext& run);
+std::unique_ptr<Sampler> make_sampler(const RunSpec& spec, const Registry& registry, const RunContext& run);
+std::unique_ptr<Batcher> make_batcher(const RunSpec& spec, const Registry& registry, const RunContext& run);
 
 class DataPipeline {
  public:
   DataPipeline(std::shared_ptr<const DataSource> source, std::unique_ptr<Sampler> sampler, std::unique_ptr<Batcher> batcher,
                PipelineOptions options);
-  // A pipeline over `split` of the config's data; pass `source` to share one between splits.
-  static std::unique_ptr<DataPipeline> from_config(const Config& config, const Registry& registry, const RunContext& run,
+  // A pipeline over `split` of the experiment's data; pass `source` to share one between splits.
+  static std::unique_ptr<DataPipeline> from_spec(const RunSpec& spec, const Registry& registry, const RunContext& run,
                                                    Split split = Split::train,
                                                    std::shared_ptr<const DataSource> source = nullptr);
   // Stops and joins its threads, also in the middle of a stream.

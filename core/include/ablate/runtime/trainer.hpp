@@ -31,6 +31,7 @@
 #include "ablate/data.hpp"
 #include "ablate/metrics.hpp"
 #include "ablate/runtime/model.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/optimizer.hpp"
 
 namespace ablate {
@@ -54,23 +55,20 @@ struct TrainResult {
   std::filesystem::path run_dir;
 };
 
+// The builder: reads `config` once into a RunSpec and assembles the run from it (data pipelines,
+// model, optimizer, schedule, communicator, loggers, engine, checkpoints).
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
 
 // [run] communicator with "auto" resolved: the device's collective (DeviceCapabilities: mpi on the
 // cpu, nccl on cuda) when the launcher's environment (OMPI_COMM_WORLD_SIZE, or SLURM_NTASKS under
 // srun) says the job has several ranks, else single. An explicit "single" in a job of several
 // ranks is an input error: every rank would train alone into the same run directory.
-std::string resolve_communicator(const Config& config, const DeviceCapabilities& device);
+std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device);
 
-// The run facts of [run] (seed, device, threads: 0 = all cores), with the CPU thread count applied
-// to OpenMP. A device this build cannot train on is an input error naming run.device.
-RunContext training_context(const Config& config);
 // The CPU threads the model's work uses from now on (0 = every core); returns the number.
 int use_cpu_threads(int threads);
-// The memory the run may use: [run] memory_budget_gib, else the machine's physical memory.
-int64_t memory_budget_bytes(const Config& config);
 // Refuses (input error naming batching.batch_size) sizes whose `in_flight` host batches alone
 // exceed the memory budget, before any batch is allocated; `why` says what is in flight.
-void require_batch_memory(const Config& config, int64_t in_flight, const std::string& why);
+void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::string& why);
 
 }  // namespace ablate
