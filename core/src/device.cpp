@@ -11,6 +11,7 @@
 
 #include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
+#include "host_memory.hpp"
 
 namespace ablate {
 
@@ -105,17 +106,17 @@ BatchViews host_batch_views(const Batch& b) {
 
 // ---- the cpu device ----
 
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+}
+
 namespace {
 
 int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return int64_t(u.ru_maxrss) * 1024;
-}
-
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
 }
 
 int64_t view_bytes(const TensorView& t) { return t.numel() * int64_t(dtype_size(t.dtype)); }

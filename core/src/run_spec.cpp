@@ -1,11 +1,10 @@
 // RunSpec::from: the one place the runtime reads a Config's sections (run_spec.hpp).
 #include "ablate/runtime/run_spec.hpp"
 
-#include <unistd.h>
-
 #include "ablate/error.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/runtime/trainer.hpp"
+#include "host_memory.hpp"
 
 namespace ablate {
 
@@ -55,11 +54,6 @@ RunKeys read_run_keys(const Params& run) {
   r.memory_budget_gib = run.get_float("memory_budget_gib");
   r.bucket_mb = run.get_float("bucket_mb");
   return r;
-}
-
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include "ablate/logger.hpp"
 #include "ablate/runtime/trainer.hpp"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
