@@ -67,7 +67,8 @@ int config_reference(const Args& args) {
     // One entry per name: a name registered for several devices (cpu and cuda) has one schema.
     for (const std::string& name : registry.names(*sub_kind)) {
       const ComponentInfo* c = registry.find(*sub_kind, name);
-      if (!s.kind && c->schema.empty()) continue;  // [model]: only the layers that have keys
+      // [model] and [adapter] (layers): only the layers that have keys of their own.
+      if ((!s.kind || *s.kind == Kind::layer) && c->schema.empty()) continue;
       std::printf("### [%s.%s]\n\n%s\n\n", s.name.c_str(), c->name.c_str(), c->doc.c_str());
       if (c->schema.empty()) std::printf("No keys of its own.\n\n");
       else print_schema(c->schema);

@@ -429,28 +429,200 @@ json export_llama(Exporter& ex, const ModelOptions& o) {
   return cfg;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Adapters: merged into the weights (--format hf --merge), or written for PEFT (--format peft).
+
+namespace {
+
+// The adapted projections of a LoRA run: each lora_A (rank, in) and lora_B (out, rank) slice with
+// the weight (out, in) it adapts.
+struct LoraSite {
+  int64_t block = 0;
+  std::string target;  // q, k, v, o
+  const ParamSlice *a = nullptr, *b = nullptr, *weight = nullptr;
+};
+
+std::vector<LoraSite> lora_sites(const Model& model) {
+  std::vector<LoraSite> out;
+  const ParamTable& t = model.table();
+  for (const ParamSlice& s : t.slices) {
+    const std::string suffix = ".lora_A";
+    if (s.name.size() <= suffix.size() || s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string prefix = s.name.substr(0, s.name.size() - suffix.size());  // blocks.L.attn.q
+    LoraSite site;
+    site.a = &s;
+    site.b = t.find(prefix + ".lora_B");
+    site.weight = t.find(prefix + ".weight");
+    if (site.b == nullptr || site.weight == nullptr) throw_runtime_error("export", "adapter '" + prefix + "' is incomplete");
+    const std::size_t dot = prefix.rfind('.');
+    site.target = prefix.substr(dot + 1);
+    site.block = std::stoll(prefix.substr(std::string("blocks.").size(), prefix.find('.', 7) - 7));
+    out.push_back(site);
+  }
+  return out;
+}
+
+// W += scale * B A for every adapted projection (what PEFT's merge_and_unload computes).
+void merge_lora(const Model& model, std::vector<float>& values) {
+  const ModelOptions& o = model.options();
+  const double scale = o.adapter_alpha / double(o.adapter_rank);
+  for (const LoraSite& s : lora_sites(model)) {
+    const int64_t r = s.a->shape[0], in = s.a->shape[1], out = s.b->shape[0];
+    const float* A = values.data() + s.a->offset;
+    const float* B = values.data() + s.b->offset;
+    float* W = values.data() + s.weight->offset;
+    for (int64_t i = 0; i < out; ++i) {
+      for (int64_t j = 0; j < in; ++j) {
+        double d = 0.0;
+        for (int64_t k = 0; k < r; ++k) d += double(B[i * r + k]) * double(A[k * in + j]);
+        W[i * in + j] = float(double(W[i * in + j]) + scale * d);
+      }
+    }
+  }
+}
+
+NamedTensor f32_tensor(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  NamedTensor t;
+  t.name = std::move(name);
+  t.dtype = DType::f32;
+  t.shape = std::move(shape);
+  t.bytes.resize(v.size() * 4);
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+std::vector<float> rows_of(const std::vector<float>& values, const ParamSlice& s) {
+  return {values.begin() + s.offset, values.begin() + s.offset + s.numel()};
+}
+
+// PEFT's adapter_config.json and adapter_model.safetensors. Llama/Qwen3: one adapter per
+// projection (q_proj, k_proj, v_proj, o_proj), as trained. GPT-2 keeps q, k and v in one Conv1D
+// (c_attn): its adapter is the trained ones side by side, A = [A_q; A_k; A_v] (m r, C) and B
+// block-diagonal (3C, m r) for the m adapted ones, the same function; every adapter is padded with
+// zeros to PEFT's one rank R = m r and alpha scaled to alpha R / r, so each keeps its scale.
+std::pair<json, SafetensorsFile> peft_adapter(const Model& model, const std::vector<float>& values, bool gpt2,
+                                              const std::string& base) {
+  const ModelOptions& o = model.options();
+  const int64_t r = o.adapter_rank, C = o.d_model;
+  SafetensorsFile f;
+  f.metadata["format"] = "pt";
+  const std::vector<LoraSite> sites = lora_sites(model);
+  int64_t R = r;
+  std::vector<std::string> modules;
+  std::string pattern;
+  if (!gpt2) {
+    for (const LoraSite& s : sites) {
+      const std::string h = "base_model.model.model.layers." + std::to_string(s.block) + ".self_attn." + s.target + "_proj";
+      f.tensors.push_back(f32_tensor(h + ".lora_A.weight", s.a->shape, rows_of(values, *s.a)));
+      f.tensors.push_back(f32_tensor(h + ".lora_B.weight", s.b->shape, rows_of(values, *s.b)));
+      const std::string m = s.target + "_proj";
+      if (std::find(modules.begin(), modules.end(), m) == modules.end()) modules.push_back(m);
+    }
+  } else {
+    int64_t m = 0;
+    for (const std::string& t : o.adapter_targets) m += t != "o" ? 1 : 0;
+    R = std::max<int64_t>(m, 1) * r;
+    for (int64_t l = 0; l < o.n_layers; ++l) {
+      const std::string h = "base_model.model.transformer.h." + std::to_string(l) + ".attn.";
+      std::vector<float> A(std::size_t(R * C), 0.0f), B(std::size_t(3 * C * R), 0.0f);
+      int64_t slot = 0;
+      bool qkv = false;
+      for (const char* t : {"q", "k", "v"}) {
+        const auto it = std::find_if(sites.begin(), sites.end(), [&](const LoraSite& s) { return s.block == l && s.target == t; });
+        const int64_t part = std::string(t) == "q" ? 0 : std::string(t) == "k" ? 1 : 2;
+        if (it == sites.end()) continue;
+        qkv = true;
+        for (int64_t k = 0; k < r; ++k)
+          for (int64_t j = 0; j < C; ++j) A[std::size_t((slot * r + k) * C + j)] = values[std::size_t(it->a->offset + k * C + j)];
+        for (int64_t i = 0; i < C; ++i)
+          for (int64_t k = 0; k < r; ++k) B[std::size_t((part * C + i) * R + slot * r + k)] = values[std::size_t(it->b->offset + i * r + k)];
+        ++slot;
+      }
+      if (qkv) {
+        f.tensors.push_back(f32_tensor(h + "c_attn.lora_A.weight", {R, C}, A));
+        f.tensors.push_back(f32_tensor(h + "c_attn.lora_B.weight", {3 * C, R}, B));
+      }
+      const auto o_site = std::find_if(sites.begin(), sites.end(), [&](const LoraSite& s) { return s.block == l && s.target == "o"; });
+      if (o_site != sites.end()) {
+        std::vector<float> Ao(std::size_t(R * C), 0.0f), Bo(std::size_t(C * R), 0.0f);
+        std::copy_n(values.begin() + o_site->a->offset, r * C, Ao.begin());
+        for (int64_t i = 0; i < C; ++i)
+          for (int64_t k = 0; k < r; ++k) Bo[std::size_t(i * R + k)] = values[std::size_t(o_site->b->offset + i * r + k)];
+        f.tensors.push_back(f32_tensor(h + "c_proj.lora_A.weight", {R, C}, Ao));
+        f.tensors.push_back(f32_tensor(h + "c_proj.lora_B.weight", {C, R}, Bo));
+      }
+    }
+    // The attention's c_proj, not the MLP's (which has the same name).
+    std::string alts;
+    if (m > 0) alts = "c_attn";
+    if (std::find(o.adapter_targets.begin(), o.adapter_targets.end(), "o") != o.adapter_targets.end()) alts += alts.empty() ? "c_proj" : "|c_proj";
+    pattern = ".*\\.attn\\.(" + alts + ")";
+  }
+  json cfg = {{"peft_type", "LORA"},
+              {"task_type", "CAUSAL_LM"},
+              {"r", R},
+              {"lora_alpha", o.adapter_alpha * double(R) / double(r)},
+              {"lora_dropout", o.adapter_dropout},
+              {"bias", "none"},
+              {"fan_in_fan_out", gpt2},
+              {"use_rslora", false},
+              {"init_lora_weights", true},
+              {"inference_mode", true},
+              {"modules_to_save", nullptr},
+              {"base_model_name_or_path", base.empty() ? json(nullptr) : json(base)}};
+  if (gpt2) cfg["target_modules"] = pattern;
+  else cfg["target_modules"] = modules;
+  return {cfg, std::move(f)};
+}
+
+}  // namespace
+
 int cmd_export(const Args& args) {
-  po::options_description desc("ablate export --checkpoint DIR --format hf --out DIR");
+  const char* usage = "ablate export --checkpoint DIR --format hf|peft --out DIR [--merge]";
+  po::options_description desc(usage);
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
-      "format", po::value<std::string>()->default_value("hf"), "hf (Hugging Face transformers)")(
+      "format", po::value<std::string>()->default_value("hf"),
+      "hf (Hugging Face transformers), or peft (a LoRA run's adapters alone, for PEFT to load onto the base model)")(
+      "merge", "hf: fold a LoRA run's adapters into the weights they adapt (W + alpha/rank B A)")(
       "out", po::value<std::string>()->required(), "output directory")(
       "no-tokenizer", "export the weights alone, without the run's tokenizer files (also when its data is not reachable)");
   po::variables_map vm;
-  if (parse_or_help(args, desc, {}, vm, "ablate export --checkpoint DIR --format hf --out DIR")) return 0;
-  if (vm["format"].as<std::string>() != "hf") throw_input_error("--format", "'" + vm["format"].as<std::string>() + "': expected hf");
+  if (parse_or_help(args, desc, {}, vm, usage)) return 0;
+  const std::string format = vm["format"].as<std::string>();
+  if (format != "hf" && format != "peft") throw_input_error("--format", "'" + format + "': expected hf or peft");
+  const bool merge = vm.count("merge") > 0;
+  if (merge && format != "hf") throw_input_error("--merge", "goes with --format hf (peft writes the adapters themselves)");
   Registry registry;
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry);
   const fs::path out = vm["out"].as<std::string>();
   require_export_target(out, lm.dir);
   const ModelOptions& o = lm.model->options();
+  if (o.adapter.empty() && (merge || format == "peft")) {
+    throw_input_error(merge ? "--merge" : "--format", lm.dir.string() + " was trained without an [adapter]: there is " +
+                                                          (merge ? "nothing to merge" : "no adapter to write") + "; export it with --format hf");
+  }
+  if (!o.adapter.empty() && format == "hf" && !merge) {
+    throw_input_error("--format", lm.dir.string() + " trained " + o.adapter + " adapters on a frozen base: --format hf --merge "
+                                                    "folds them into the weights, --format peft writes them alone");
+  }
   std::vector<float> values;
   lm.model->copy_params_to_host(values);
-  Exporter ex{*lm.model, values, {}};
-  json cfg;
   const bool gpt2 = o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
                     o.n_kv_heads == o.n_heads;
   const bool llama = o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
+  if (format == "peft" && (gpt2 || llama)) {
+    auto [cfg, file] = peft_adapter(*lm.model, values, gpt2, lm.spec->model.init_from);
+    fs::create_directories(out);
+    write_safetensors(out / "adapter_model.safetensors", file);
+    write_file_atomic(out / "adapter_config.json", cfg.dump(2) + "\n");
+    spdlog::info("exported {}'s adapters ({} tensors, PEFT rank {}) to {}", lm.dir.string(), file.tensors.size(),
+                 cfg["r"].get<int64_t>(), out.string());
+    return 0;
+  }
+  if (merge) merge_lora(*lm.model, values);
+  Exporter ex{*lm.model, values, {}};
+  json cfg;
   if (gpt2) {
     cfg = export_gpt2(ex, o);
   } else if (llama) {

@@ -408,11 +408,21 @@ void write_initial_checkpoint(const fs::path& run_dir, const RunSpec& spec, Mode
 }
 
 void init_from_weights(Model& model, const fs::path& from) {
+  // The base's parameters come from the directory; an adapter's (after the base) keep the fresh
+  // initialisation the model has already.
   std::vector<float> values;
+  model.copy_params_to_host(values);
+  const int64_t base_end = model.frozen_params() > 0 ? model.frozen_params() : model.num_params();
+  ParamTable base;
+  for (const ParamSlice& s : model.table().slices) {
+    if (s.offset < base_end) base.slices.push_back(s);
+  }
+  base.total = base_end;
   if (is_hf_checkpoint_dir(from)) {
     const HfCheckpoint hf = read_hf_checkpoint(from);
     require_hf_model_matches(hf, model.options());
-    values = hf_parameters(hf, model);
+    const std::vector<float> read = hf_parameters(hf, model);
+    std::copy(read.begin(), read.begin() + base_end, values.begin());
   } else {
     if (!fs::is_directory(from)) {
       throw_input_error("model.init_from", "'" + from.string() + "' is not a directory (expected an ablate run or checkpoint "
@@ -426,11 +436,10 @@ void init_from_weights(Model& model, const fs::path& from) {
       throw_input_error("model.init_from", "'" + from.string() + "' holds a model of " + st.model + "; this experiment's [model] is " +
                                                model.options().describe());
     }
-    values.assign(std::size_t(model.num_params()), 0.0f);
-    load_params(dir / "model.safetensors", model.table(), values, false);
+    load_params(dir / "model.safetensors", base, values, false);
   }
   model.load_params_from_host(values);
-  spdlog::info("model.init_from: {} parameters from {}", model.num_params(), from.string());
+  spdlog::info("model.init_from: {} parameters from {}", base_end, from.string());
 }
 
 

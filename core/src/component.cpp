@@ -94,6 +94,7 @@ const char* to_string(LayerRole role) noexcept {
     case LayerRole::linear: return "linear";
     case LayerRole::mlp: return "mlp";
     case LayerRole::classifier: return "classifier";
+    case LayerRole::adapter: return "adapter";
   }
   return "unknown";
 }

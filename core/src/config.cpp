@@ -123,6 +123,13 @@ static void add_training_sections(std::vector<SectionSpec>& s) {
       string_list("sinks", {"console", "jsonl"}, "logger plugins to send metrics to (console, jsonl, csv, tensorboard, mlflow)"),
       integer("every", 1, "log every N steps").within(1, 1e12),
     }, Kind::logger, "sinks", true, ""});
+  s.push_back({"adapter", "fine-tuning with adapters: the base model frozen, only the adapters train (docs/finetuning.md)", {
+      string("name", "", "the adapter (a layer plugin of role adapter: lora)"),
+      integer("rank", 8, "LoRA rank r: A is (r, in), B (out, r)").within(1, 65536),
+      floating("alpha", 16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank").at_least(0.0),
+      floating("dropout", 0.0, "dropout on the adapter's input while training").within(0.0, 0.99),
+      string_list("targets", {"q", "v"}, "the linear layers that get an adapter: q, k, v, o (the attention's projections)"),
+    }, Kind::layer, "name", false, ""});
   s.push_back({"checkpoint", "saving and resuming", {
       integer("every", 0, "save every N steps (0 = only at the end)").within(0, 1e12),
       integer("keep", 2, "checkpoints kept (older ones are deleted)").within(1, 1000000),

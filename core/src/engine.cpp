@@ -50,9 +50,10 @@ ParamTable shard_table(const ParamTable& table, Shard shard) {
 
 Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const EngineOptions& options)
     : model_(model), optimizer_(optimizer), comm_(comm), o_(options) {
-  const int64_t n = model.num_params();
+  // What trains: every parameter, or with an adapter the adapters alone (the base has no gradient).
+  const int64_t n = model.num_trainable();
   shard_ = o_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
-  opt_table_ = o_.shard_state ? shard_table(model.table(), shard_) : model.table();
+  opt_table_ = o_.shard_state ? shard_table(model.trainable_table(), shard_) : model.trainable_table();
   optimizer_.init(opt_table_, model.device().type());
   comm_.set_stream(model.device().stream());
   if (comm.moves_data() && o_.bucket_mb > 0) {
@@ -200,12 +201,15 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
   // Where the products read a bf16 copy of the weights, an optimizer that can writes it in its own
   // pass; under ZeRO-1 the copy is made after the all-gather (the step sees only this rank's shard).
   const TensorView copy = c.model.params_bf16();
-  if (copy.data != nullptr && !c.o.shard_state && optimizer.writes_bf16()) args.params_bf16 = copy.data;
+  const bool all_train = c.model.frozen_params() == 0;  // the copy's offsets are the whole table's
+  if (copy.data != nullptr && !c.o.shard_state && all_train && optimizer.writes_bf16()) args.params_bf16 = copy.data;
 
-  c.profiled("optimizer", [&] { optimizer.step(table, slice(c.model.params(), c.shard), slice(c.model.grads(), c.shard), args); });
+  c.profiled("optimizer", [&] {
+    optimizer.step(table, slice(c.model.trainable_params(), c.shard), slice(c.model.grads(), c.shard), args);
+  });
   if (c.o.shard_state) {
     c.timed([&] {
-      c.comm.all_gather(c.model.params());
+      c.comm.all_gather(c.model.trainable_params());
       c.comm.join();
     });
   }

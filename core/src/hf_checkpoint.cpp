@@ -390,7 +390,9 @@ std::vector<float> hf_parameters(const HfCheckpoint& hf, const Model& model) {
   Importer im{hf, model, std::vector<float>(std::size_t(model.num_params()), 0.0f), {}, {}};
   if (hf.model_type == "gpt2") im.gpt2(model.options());
   else im.llama(model.options());
+  const int64_t base_end = model.frozen_params() > 0 ? model.frozen_params() : model.num_params();
   for (const ParamSlice& s : model.table().slices) {
+    if (s.offset >= base_end) continue;  // an adapter's: not in a base checkpoint
     if (im.filled.count(s.name) == 0) {
       throw_input_error(hf.dir.string(), "nothing in the checkpoint fills the model's parameter '" + s.name +
                                              "': the experiment's [model] is not the checkpoint's");

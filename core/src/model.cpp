@@ -24,6 +24,30 @@ namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// [adapter]: the targets must be projections the model has, each named once.
+void read_adapter(const Choice& a, ModelOptions& o) {
+  o.adapter = a.name;
+  o.adapter_common = a.common;
+  o.adapter_own = a.own;
+  o.adapter_rank = a.common.get_int("rank");
+  o.adapter_alpha = a.common.get_float("alpha");
+  o.adapter_dropout = a.common.get_float("dropout");
+  o.adapter_targets = a.common.get_string_list("targets");
+  if (o.adapter_targets.empty()) throw_input_error("adapter.targets", "names no layer: give one or more of q, k, v, o");
+  std::vector<std::string> seen;
+  for (const std::string& t : o.adapter_targets) {
+    if (std::find(std::begin(schedule::kAdapterTargets), std::end(schedule::kAdapterTargets), t) == std::end(schedule::kAdapterTargets)) {
+      const bool mlp = t == "up" || t == "down" || t == "gate" || t == "fc" || t == "proj" || t == "mlp";
+      throw_input_error("adapter.targets", "'" + t + "' is not a projection adapters attach to (q, k, v, o)" +
+                                               (mlp ? std::string(": the MLP is one fused layer (model.mlp), its inner products are not "
+                                                                  "separate layers")
+                                                    : std::string()));
+    }
+    if (std::find(seen.begin(), seen.end(), t) != seen.end()) throw_input_error("adapter.targets", "'" + t + "' is named twice");
+    seen.push_back(t);
+  }
+}
+
 }  // namespace
 
 ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
@@ -78,6 +102,7 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
   if (o.position == "rope" && o.head_dim % 2 != 0) {
     throw_input_error("model.position", "rope needs an even head_dim; d_model/n_heads = " + std::to_string(o.head_dim));
   }
+  if (spec.model.adapter.present) read_adapter(spec.model.adapter, o);
   if (spec.model.has_attention) {
     o.attention = spec.model.attention.name;
     o.attention_common = spec.model.attention.common;
@@ -93,6 +118,11 @@ std::string ModelOptions::describe() const {
     << " mlp=" << mlp << "(" << mlp_hidden << ") position=" << position << " qk_norm=" << qk_norm << " bias=" << bias
     << " tie=" << tie_embeddings << " attention=" << attention;
   if (norm_eps > 0) s << " norm_eps=" << norm_eps;  // only when set: the text older checkpoints hold stays the same
+  if (!adapter.empty()) {  // after attention: init_from compares the text before it (the base's shape)
+    s << " adapter=" << adapter << "(rank=" << adapter_rank << ",alpha=" << adapter_alpha << ",targets=";
+    for (std::size_t i = 0; i < adapter_targets.size(); ++i) s << (i ? "+" : "") << adapter_targets[i];
+    s << ")";
+  }
   return s.str();
 }
 
@@ -154,13 +184,18 @@ struct Model::Impl {
   std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn;
   std::unique_ptr<LossLayer> cls;
   std::unique_ptr<Attention> attn;
+  std::unique_ptr<Layer> adapter;  // [adapter], else null
   schedule::LayerSpecs specs;
   ParamTable table;
+  ParamTable trainable;  // the adapters' slices, offsets from sched.adapter_begin (no adapter: unused)
+  int64_t frozen = 0;    // the frozen base's parameters (sched.adapter_begin), 0 when everything trains
   schedule::Schedule sched;
   std::function<void(std::size_t)> gradient_hook;  // called after each gradient write in forward_backward
   schedule::Bf16Policy bf16;  // which activations are held in bf16
 
-  Buffer params, grads, act;  // (P) f32, (P) f32, the arena
+  Buffer params, grads, act;  // (P) f32, (P - frozen) f32, the arena
+  Buffer adapter_act;         // the adapters' saved values (one region per adapter) and their scratch
+  std::vector<int64_t> adapter_at;  // offsets into adapter_act: adapter i's saved values, then the scratch
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
@@ -173,7 +208,21 @@ struct Model::Impl {
   }
 
   schedule::ModelLayers layers() const {
-    return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get()};
+    return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get(), adapter.get()};
+  }
+
+  // The adapters' region for N rows: offsets of each adapter's saved values, then of the scratch
+  // they share, then the end (elements of the call's dtype, f32).
+  std::vector<int64_t> adapter_layout(int64_t N) const {
+    std::vector<int64_t> at{0};
+    int64_t scratch = 0;
+    for (const Site& s : sched.sites) {
+      if (s.adapter_param < 0) continue;
+      at.push_back(at.back() + adapter->activation_elements(*s.spec, N));
+      scratch = std::max(scratch, adapter->scratch_elements(*s.spec, N));
+    }
+    at.push_back(at.back() + scratch);
+    return at;
   }
 
   AttentionProblem problem(int64_t rows, int64_t T) const {
@@ -223,6 +272,10 @@ struct Model::Impl {
     if (plan.rows == rows && plan.seq_len == T) return;
     plan = make_plan(rows, T, o.recompute);
     if (act.count() < plan.elements) act = device->alloc(DType::f32, plan.elements);
+    if (adapter) {
+      adapter_at = adapter_layout(rows * T);
+      if (adapter_act.count() < adapter_at.back()) adapter_act = device->alloc(DType::f32, adapter_at.back());
+    }
   }
 
   // ---- views ----
@@ -263,7 +316,7 @@ struct Model::Impl {
     if (s.param >= 0) c.params = param_tail(params, s.param);
     if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
     if (backward) {
-      if (s.param >= 0) c.grads = param_tail(grads, s.param);
+      if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
       c.d_y = arena(s.d_y, rows, s.y_cols);
       c.d_x = arena(s.d_x, rows, s.x_cols);
       c.input_grad = s.input_grad;
@@ -292,12 +345,43 @@ struct Model::Impl {
     c.stream = device->stream();
     c.logits = logits;
     if (train) {
-      c.grads = param_tail(grads, sched.head);
+      if (frozen == 0) c.grads = param_tail(grads, sched.head);
       c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
       c.grad_scale = grad_scale;
     }
     return c;
   }
+
+  // The adapter's call on site s (a projection it sits on): the projection's x and y (forward) or
+  // d_y and d_x (backward, d_x added to), its own parameters, saved values and dropout.
+  LayerCall adapter_call(const Site& s, bool backward, bool train, uint64_t key) const {
+    const int64_t N = plan.rows * plan.seq_len;
+    const std::size_t i = std::size_t(s.adapter_index);
+    LayerCall c;
+    c.spec = s.spec;
+    c.batch = &batch.views;
+    c.rows = N;
+    c.x = arena(s.x, N, s.x_cols);
+    c.y = arena(s.y, N, s.y_cols);
+    c.params = param_tail(params, s.adapter_param);
+    c.saved = adapter_act.view(adapter_at[i], adapter_at[i + 1] - adapter_at[i]);
+    const int64_t scratch = adapter_at[adapter_at.size() - 2];
+    c.scratch = adapter_act.view(scratch, adapter_at.back() - scratch);
+    c.stream = device->stream();
+    if (train && o.adapter_dropout > 0) {
+      c.dropout = o.adapter_dropout;
+      c.dropout_key = mix64(key, kAdapterDropoutSites + i);
+    }
+    if (backward) {
+      c.grads = grads.view(s.adapter_param - frozen, table.total - s.adapter_param);
+      c.d_y = arena(s.d_y, N, s.y_cols);
+      c.d_x = arena(s.d_x, N, s.x_cols);
+      c.input_grad = GradMode::accumulate;
+    }
+    return c;
+  }
+  // Adapter dropout keys are numbered from here, past any layer's dropout site.
+  static constexpr uint64_t kAdapterDropoutSites = uint64_t(1) << 40;
 
   // ---- the passes ----
 
@@ -327,6 +411,7 @@ struct Model::Impl {
     LayerCall c = call_of(s, false);
     set_dropout(c, s, train, key);
     timed(to_string(s.layer->role()), pass, [&] { s.layer->forward(c); });
+    if (s.adapter_param >= 0) timed("adapter", pass, [&] { adapter->forward(adapter_call(s, false, train, key)); });
   }
 
   // Before block l's backward: its recomputed slots filled again by its forward sites (all of them
@@ -351,7 +436,7 @@ struct Model::Impl {
     const int64_t N = int64_t(b.rows) * b.seq_len;
     LayerCall c = classifier_call(N, train, grad_scale, logits);
     timed("classifier", "", [&] { cls->loss(c); });
-    if (train && gradient_hook) gradient_hook(0);
+    if (train && gradient_hook && frozen == 0) gradient_hook(0);  // a frozen head writes no gradient
     double sum = 0;
     timed("loss sum", "", [&] { sum = device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets); });
     return sum;
@@ -359,7 +444,7 @@ struct Model::Impl {
 
   void run_backward(uint64_t key) {
     const AttentionProblem prob = problem(plan.rows, plan.seq_len);
-    std::size_t write = 1;  // gradient_writes() index of the next site with parameters
+    std::size_t write = frozen == 0 ? 1 : 0;  // gradient_writes() index of the next site that writes gradients
     int64_t block = o.n_layers - 1;  // the next block backward enters
     for (std::size_t i = sched.sites.size(); i-- > 0;) {
       const Site& s = sched.sites[i];
@@ -371,7 +456,12 @@ struct Model::Impl {
       LayerCall c = call_of(s, true);
       set_dropout(c, s, true, key);
       timed(to_string(s.layer->role()), " bwd", [&] { s.layer->backward(c); });
-      if (s.param >= 0) {
+      if (s.param >= 0 && frozen == 0) {
+        if (gradient_hook) gradient_hook(write);
+        ++write;
+      }
+      if (s.adapter_param >= 0) {  // after the projection's backward, which wrote its part of d_x
+        timed("adapter", " bwd", [&] { adapter->backward(adapter_call(s, true, true, key)); });
         if (gradient_hook) gradient_hook(write);
         ++write;
       }
@@ -393,6 +483,12 @@ void Model::Impl::make_layers(const Registry& registry) {
   if (o.qk_norm) qkn = make_layer(registry, "rmsnorm", "model.qk_norm");
   attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
   attn->set_stream(device->stream());
+  if (!o.adapter.empty()) {
+    adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
+    if (adapter->role() != LayerRole::adapter) {
+      throw_input_error("adapter.name", "the layer '" + o.adapter + "' has role '" + to_string(adapter->role()) + "', expected 'adapter'");
+    }
+  }
   const struct {
     LayerBase* layer;
     LayerRole role;
@@ -419,7 +515,7 @@ void Model::Impl::allocate() {
                                    std::to_string(capacity / (1 << 20)) + " MiB");
   }
   params = device->alloc(DType::f32, table.total);
-  grads = device->alloc(DType::f32, table.total);
+  grads = device->alloc(DType::f32, table.total - frozen);
   if (run.dtype == "bf16") params_bf16 = device->alloc(DType::bf16, table.total);
 }
 
@@ -462,6 +558,16 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
                                  (!m.o.qk_norm || m.qkn->bf16_attention_inputs());
   m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", answers);
   m.sched = schedule::build_schedule(m.o, m.layers(), m.specs, m.table);
+  if (m.adapter) {
+    m.frozen = m.sched.adapter_begin;
+    for (const ParamSlice& s : m.table.slices) {
+      if (s.offset < m.frozen) continue;
+      ParamSlice t = s;
+      t.offset -= m.frozen;
+      m.trainable.slices.push_back(std::move(t));
+    }
+    m.trainable.total = m.table.total - m.frozen;
+  }
   m.allocate();
 }
 
@@ -470,6 +576,10 @@ Model::~Model() = default;
 const ModelOptions& Model::options() const noexcept { return impl_->o; }
 const ParamTable& Model::table() const noexcept { return impl_->table; }
 int64_t Model::num_params() const noexcept { return impl_->table.total; }
+int64_t Model::num_trainable() const noexcept { return impl_->table.total - impl_->frozen; }
+int64_t Model::frozen_params() const noexcept { return impl_->frozen; }
+const ParamTable& Model::trainable_table() const noexcept { return impl_->frozen > 0 ? impl_->trainable : impl_->table; }
+TensorView Model::trainable_params() { return impl_->params.view(impl_->frozen, num_trainable()); }
 Device& Model::device() noexcept { return *impl_->device; }
 TensorView Model::params() { return impl_->params.view(); }
 TensorView Model::grads() { return impl_->grads.view(); }
@@ -489,7 +599,7 @@ void Model::copy_params_to_host(std::vector<float>& out) {
 }
 
 void Model::copy_grads_to_host(std::vector<float>& out) {
-  out.resize(std::size_t(num_params()));
+  out.resize(std::size_t(num_trainable()));
   impl_->device->download(out.data(), grads());
 }
 
@@ -563,7 +673,7 @@ double Model::forward(const Batch& batch, std::vector<float>* losses, std::vecto
 
 double Model::flops_per_token(int64_t seq_len) const noexcept {
   const ModelOptions& o = impl_->o;
-  return 6.0 * double(num_params()) + 6.0 * double(o.n_layers) * double(o.d_model) * double(seq_len);
+  return 4.0 * double(frozen_params()) + 6.0 * double(num_trainable()) + 6.0 * double(o.n_layers) * double(o.d_model) * double(seq_len);
 }
 
 ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {
@@ -574,11 +684,12 @@ ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len, const std::
   const Impl& m = *impl_;
   const ArenaPlan p = m.make_plan(rows, seq_len, recompute);
   const int64_t N = rows * seq_len;
+  const int64_t adapters = m.adapter ? m.adapter_layout(N).back() : 0;
   int64_t layers = m.cls->workspace_bytes(m.specs.cls, N);
   for (const Site& s : m.sched.sites) {
     if (s.op == Op::layer) layers = std::max(layers, s.layer->workspace_bytes(*s.spec, N * s.row_heads));
   }
-  return {rows, seq_len, p.elements, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
+  return {rows, seq_len, p.elements + adapters, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
 }
 
 double Model::measure_matmul_tflops() {

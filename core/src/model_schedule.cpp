@@ -97,14 +97,17 @@ struct BlockWriter {
     // q, k, v read ln1; backward visits v first, which writes d_ln, then k and q add to it.
     const struct {
       const char* name;
+      const char* target;
       const LayerSpec* spec;
       Slot out, d_out;
       int64_t width;
-    } proj[] = {{".attn.q", &specs.q, Slot::q_lin, Slot::d_qlin, H * D},
-                {".attn.k", &specs.kv, Slot::k_lin, Slot::d_klin, Hk * D},
-                {".attn.v", &specs.kv, Slot::v, Slot::d_v, Hk * D}};
+    } proj[] = {{".attn.q", "q", &specs.q, Slot::q_lin, Slot::d_qlin, H * D},
+                {".attn.k", "k", &specs.kv, Slot::k_lin, Slot::d_klin, Hk * D},
+                {".attn.v", "v", &specs.kv, Slot::v, Slot::d_v, Hk * D}};
     for (const auto& pr : proj) {
       Site s = layer_site(L.lin, pr.spec, declare(*L.lin, *pr.spec, pre + pr.name), C, pr.width);
+      s.target = pr.target;
+      s.block = int32_t(l);
       s.x = B(Slot::ln1);
       s.y = B(pr.out);
       s.d_y = shared(pr.d_out);
@@ -133,6 +136,8 @@ struct BlockWriter {
               shared(Slot::d_att), shared(Slot::d_q), shared(Slot::d_k), shared(Slot::d_v)};
     sites.push_back(a);
     Site proj_out = layer_site(L.lin, &specs.o, declare(*L.lin, specs.o, pre + ".attn.o"), H * D, C);
+    proj_out.target = "o";
+    proj_out.block = int32_t(l);
     proj_out.x = B(Slot::att);
     proj_out.y = B(Slot::mid);
     proj_out.residual = B(Slot::res);
@@ -187,6 +192,23 @@ std::vector<GradRange> gradient_writes(const std::vector<Site>& sites, int64_t h
   return writes;
 }
 
+// The adapters, after every base parameter: one on each projection o.adapter_targets names. Only
+// they train, so the gradient writes are theirs (in backward order), relative to the first.
+void declare_adapters(const ModelOptions& o, Layer& adapter, BlockWriter& w, Schedule& out, ParamTable& table) {
+  out.adapter_begin = table.total;
+  std::vector<int64_t> starts;
+  for (Site& s : out.sites) {
+    if (s.target == nullptr || std::find(o.adapter_targets.begin(), o.adapter_targets.end(), s.target) == o.adapter_targets.end()) continue;
+    s.adapter_param = w.declare(adapter, *s.spec, "blocks." + std::to_string(s.block) + ".attn." + s.target);
+    s.adapter_index = out.adapter_sites++;
+    starts.push_back(s.adapter_param);
+  }
+  starts.push_back(table.total);
+  for (int32_t i = out.adapter_sites; i-- > 0;) {
+    out.writes.push_back({starts[std::size_t(i)] - out.adapter_begin, starts[std::size_t(i) + 1] - out.adapter_begin});
+  }
+}
+
 }  // namespace
 
 Schedule build_schedule(const ModelOptions& o, const ModelLayers& L, const LayerSpecs& specs, ParamTable& table) {
@@ -218,7 +240,11 @@ Schedule build_schedule(const ModelOptions& o, const ModelLayers& L, const Layer
   out.sites.push_back(norm_site(L.norm, &specs.norm, out.ln_f_param, in_block(o.n_layers, Slot::res), shared(Slot::lnf),
                                 shared(Slot::lnf_s), shared(Slot::d_ln), shared(Slot::d_res), GradMode::overwrite, C));
   out.head = o.tie_embeddings ? out.sites.front().param : w.declare(*L.cls, specs.cls, "lm_head");
-  out.writes = gradient_writes(out.sites, out.head, table.total);
+  if (L.adapter == nullptr) {
+    out.writes = gradient_writes(out.sites, out.head, table.total);
+    return out;
+  }
+  declare_adapters(o, *L.adapter, w, out, table);
   return out;
 }
 

@@ -96,6 +96,12 @@ struct Site {
   Ref d_y, d_x;
   GradMode input_grad = GradMode::overwrite;
   uint64_t dropout_site = 0;  // 0: no dropout on the output
+  // The attention's projections: which one ("q", "k", "v", "o"; null elsewhere) in which block, and
+  // where an adapter sits on it: its parameters' offset (-1: none) and its index among the adapters.
+  const char* target = nullptr;
+  int32_t block = -1;
+  int64_t adapter_param = -1;
+  int32_t adapter_index = -1;
   // Attention sites: q, k, v -> out (= x... y unused), and their gradients.
   struct {
     Ref q, k, v, out, saved, d_out, d_q, d_k, d_v;
@@ -113,6 +119,7 @@ LayerSpecs make_specs(const ModelOptions& o, PositionSite position);
 struct ModelLayers {
   Layer *emb = nullptr, *pos = nullptr, *norm = nullptr, *lin = nullptr, *mlp = nullptr, *qkn = nullptr;
   LossLayer* cls = nullptr;
+  Layer* adapter = nullptr;  // [adapter]: on the targeted projections, declared after every base parameter
 };
 
 // The forward pass as sites, and what backward needs to walk it.
@@ -122,10 +129,18 @@ struct Schedule {
   int64_t head = 0;        // the classifier's weight (the embedding's when tied)
   int64_t ln_f_param = 0;  // the final norm's parameters
   std::vector<GradRange> writes;  // the gradient writes of one backward pass, in order
+  // With an adapter: where its parameters begin (every parameter before is the frozen base; the
+  // gradient buffer and `writes` then cover only [adapter_begin, total), offsets relative to it),
+  // and how many projections carry one. Without: 0 and 0 (everything trains).
+  int64_t adapter_begin = 0;
+  int32_t adapter_sites = 0;
 };
 
-// Declares every parameter into `table` (in the order of the forward pass) and writes down every
-// call of the forward pass. `specs` must outlive the schedule: sites point into it.
+// Declares every parameter into `table` (in the order of the forward pass, the adapters' last) and
+// writes down every call of the forward pass. `specs` must outlive the schedule: sites point into it.
 Schedule build_schedule(const ModelOptions& o, const ModelLayers& layers, const LayerSpecs& specs, ParamTable& table);
+
+// The adapter's targets a model accepts (ModelOptions::adapter_targets).
+inline constexpr const char* kAdapterTargets[] = {"q", "k", "v", "o"};
 
 }  // namespace ablate::schedule

@@ -35,6 +35,7 @@ ModelKeys model_keys(const Config& config) {
     m.has_attention = true;
     m.attention = choice(config, "attention");
   }
+  m.adapter = choice(config, "adapter");
   return m;
 }
 

@@ -208,12 +208,14 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
                                      {"communicator", comm_name},
                                      {"shard_state", spec.shard_state},
                                      {"parameters", model.num_params()},
+                                     {"trainable_parameters", model.num_trainable()},
+                                     {"frozen_parameters", model.frozen_params()},
                                      {"model", model.options().describe()},
                                      {"config_hash", spec.config_hash},
                                      {"memory_bytes", s.memory_bytes},
                                      {"memory_source", s.memory_source},
                                      {"param_bytes", int64_t(model.num_params()) * 4},
-                                     {"grad_bytes", int64_t(model.num_params()) * 4},
+                                     {"grad_bytes", int64_t(model.num_trainable()) * 4},
                                      {"activation_bytes", model.activation_bytes(s.batch_size, s.seq_len)},
                                      {"activation_bytes_by_recompute",
                                       {{"none", model.activation_plan(s.batch_size, s.seq_len, "none").bytes()},
@@ -290,11 +292,19 @@ std::unique_ptr<Model> make_model(const RunSpec& spec, const Registry& registry,
   return model;
 }
 
+// What a frozen base does not keep: the gradients and optimizer state its parameters would have if
+// they trained with this optimizer (its state per trainable parameter), 0 when everything trains.
+int64_t frozen_state_bytes(Model& model, const Optimizer& optimizer) {
+  if (model.frozen_params() == 0) return 0;
+  const double state_per_param = double(optimizer.state_bytes()) / double(model.num_trainable());
+  return int64_t(double(model.frozen_params()) * (4.0 + state_per_param));
+}
+
 // The run's memory, planned before step 1: parameters, gradients, optimizer state, the activation
 // arena of the largest micro-batch and the plugins' workspaces for it (attention scores, bf16 copies). A run that cannot fit is refused with both numbers
 // before anything is trained (the arena is only planned, never allocated, to know it).
 void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
-  const int64_t grads = model.num_params() * 4, params = model.state_bytes() - grads, state = optimizer.state_bytes();
+  const int64_t grads = model.num_trainable() * 4, params = model.state_bytes() - grads, state = optimizer.state_bytes();
   const int64_t acts = model.activation_bytes(s.batch_size, s.seq_len);
   const int64_t needed = params + grads + state + acts;
   const int64_t capacity = model.device().memory_capacity();
@@ -515,6 +525,12 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
                model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
                t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), t.eo.shard_state ? " per rank: ZeRO-1" : "",
                model.device().describe());
+  if (model.frozen_params() > 0) {
+    spdlog::info("adapter: {} trainable parameters of {} ({:.3f}%); the frozen base's gradients and optimizer state, "
+                 "{:.1f} MiB, are not kept",
+                 model.num_trainable(), model.num_params(), 100.0 * double(model.num_trainable()) / double(model.num_params()),
+                 double(frozen_state_bytes(model, *t.optimizer)) / (1 << 20));
+  }
   if (run.world > 1) {
     spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
                  t.comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
@@ -613,6 +629,8 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
                   {"steps", result.steps},
                   {"resumed_from", p.start_step},
                   {"parameters", model.num_params()},
+                  {"trainable_parameters", model.num_trainable()},
+                  {"frozen_state_bytes_saved", frozen_state_bytes(model, *t.optimizer)},
                   {"world", t.run.world},
                   {"final_loss", std::isfinite(result.final_loss) ? json(result.final_loss) : json(nullptr)},
                   {"val_loss", p.last_val < 0 ? json(nullptr) : json(p.last_val)},

@@ -224,7 +224,8 @@ void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W
 }
 
 // Backward of dense_forward for output gradient dy (rows, out): dx (rows, in) = dy' W (written, or
-// added when accumulate; skipped when null), dW += dy'^T x, db += colsum(dy') (skipped when null),
+// added when accumulate; skipped when null), dW += dy'^T x (skipped when null: frozen weights),
+// db += colsum(dy') (skipped when null),
 // where dy' is dy with the forward's dropout mask applied.
 template <class T>
 void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T* x, const T* W, T* dW, T* db, T* dx,
@@ -233,7 +234,7 @@ void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T*
   const T beta = accumulate ? T(1) : T(0);
   if (!drop.on()) {
     if (dx != nullptr) gemm(false, false, rows, in, out, T(1), dy, out, W, in, beta, dx, in);
-    gemm(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dW, in);
+    if (dW != nullptr) gemm(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dW, in);
     if (db != nullptr) add_colsum(rows, out, dy, db);
     return;
   }
@@ -248,7 +249,7 @@ void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T*
       for (int64_t c = 0; c < out; ++c) t[c] = g[c] * drop.factor<T>(uint64_t(r * out + c));
     }
     if (dx != nullptr) gemm(false, false, n, in, out, T(1), tmp.data(), out, W, in, beta, dx + r0 * in, in);
-    gemm(true, false, out, in, n, T(1), tmp.data(), out, x + r0 * in, in, T(1), dW, in);
+    if (dW != nullptr) gemm(true, false, out, in, n, T(1), tmp.data(), out, x + r0 * in, in, T(1), dW, in);
     if (db != nullptr) add_colsum(n, out, tmp.data(), db);
   }
 }

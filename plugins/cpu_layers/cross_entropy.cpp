@@ -35,7 +35,7 @@ class CrossEntropy final : public LossLayer {
     if (call.logits.data != nullptr) require(kName, call.logits, "logits", rows * out);
     if (with_grad) {
       require(kName, call.d_x, "d_x", rows * in);
-      require(kName, call.grads, "grads", out * in);
+      if (call.grads.data != nullptr) require(kName, call.grads, "grads", out * in);  // none: a frozen head
       if (same(call.d_x, call.x)) throw_runtime_error(kName, "d_x must not alias x");
     }
     const std::span<const int32_t> targets = require_ids(kName, call, &BatchViews::targets, "targets");
@@ -84,7 +84,7 @@ class CrossEntropy final : public LossLayer {
         }
         if (with_grad) {
           gemm(false, false, n, in, out, T(1), z, out, W, in, accumulate ? T(1) : T(0), call.d_x.as<T>() + r0 * in, in);
-          gemm(true, false, out, in, n, T(1), z, out, xc, in, T(1), call.grads.as<T>(), in);
+          if (call.grads.data != nullptr) gemm(true, false, out, in, n, T(1), z, out, xc, in, T(1), call.grads.as<T>(), in);
         }
       }
     });

@@ -32,7 +32,7 @@ DenseCheck check_dense_backward(const char* name, const LayerCall& call, int64_t
   require(name, call.x, "x", call.rows * in);
   require(name, call.d_y, "d_y", call.rows * out);
   require(name, call.params, "params", params);
-  require(name, call.grads, "grads", params);
+  if (call.grads.data != nullptr) require(name, call.grads, "grads", params);  // none: frozen parameters
   if (saved > 0) require(name, call.saved, "saved", saved);
   if (scratch > 0) require(name, call.scratch, "scratch", scratch);
   if (call.d_x.data != nullptr) {
@@ -49,7 +49,7 @@ const T* at(const TensorView& v, int64_t offset) {
 }
 template <class T>
 T* at_mut(const TensorView& v, int64_t offset) {
-  return offset < 0 ? nullptr : v.as<T>() + offset;
+  return offset < 0 || v.data == nullptr ? nullptr : v.as<T>() + offset;
 }
 
 // --- linear ---------------------------------------------------------------------------------------

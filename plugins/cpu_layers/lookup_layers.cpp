@@ -72,6 +72,7 @@ class Embedding final : public Layer {
     const LayerSpec& s = *call.spec;
     const DType dt = call_dtype(kName, {&call.d_y, &call.grads});
     require(kName, call.d_y, "d_y", call.rows * s.in);
+    if (call.grads.data == nullptr) return;  // a frozen table: its gradient is all this backward computes
     require(kName, call.grads, "grads", s.out * s.in);
     const std::span<const int32_t> tokens = require_ids(kName, call, &BatchViews::tokens, "tokens");
     check_indices(kName, tokens, s.out, "token");
@@ -133,14 +134,16 @@ class Learned final : public Layer {
     const LayerSpec& s = *call.spec;
     const DType dt = call_dtype(kName, {&call.d_y, &call.d_x, &call.grads});
     require(kName, call.d_y, "d_y", call.rows * s.in);
-    require(kName, call.grads, "grads", s.max_positions * s.in);
+    if (call.grads.data != nullptr) require(kName, call.grads, "grads", s.max_positions * s.in);
     const std::span<const int32_t> positions = require_ids(kName, call, &BatchViews::positions, "positions");
     check_indices(kName, positions, s.max_positions, "position");
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
       const int64_t in = s.in, n = call.rows * in;
       const T* dy = call.d_y.as<T>();
-      scatter_add_rows(positions.data(), call.rows, in, dy, call.grads.as<T>(), [](int64_t, int64_t) { return T(1); });
+      if (call.grads.data != nullptr) {  // null: a frozen table
+        scatter_add_rows(positions.data(), call.rows, in, dy, call.grads.as<T>(), [](int64_t, int64_t) { return T(1); });
+      }
       if (call.d_x.data != nullptr && !same(call.d_x, call.d_y)) {
         require(kName, call.d_x, "d_x", n);
         T* dx = call.d_x.as<T>();

@@ -40,7 +40,7 @@ class NormBase : public Layer {
     require(name, call.x, "x", n);
     require(name, call.d_y, "d_y", n);
     require(name, call.params, "params", params);
-    require(name, call.grads, "grads", params);
+    if (call.grads.data != nullptr) require(name, call.grads, "grads", params);  // none: frozen parameters
     if (saved > 0) require(name, call.saved, "saved", saved);
     if (call.d_x.data != nullptr) {
       require(name, call.d_x, "d_x", n);
@@ -111,8 +111,8 @@ class LayerNorm final : public NormBase {
       const T* x = call.x.as<T>();
       const T* dy = call.d_y.as<T>();
       const T* w = call.params.as<T>();
-      T* dw = call.grads.as<T>();
-      T* db = s->bias ? dw + in : nullptr;
+      T* dw = call.grads.data != nullptr ? call.grads.as<T>() : nullptr;
+      T* db = s->bias && dw != nullptr ? dw + in : nullptr;
       const T* mean = call.saved.as<T>();
       const T* rstd = mean + call.rows;
       if (call.d_x.data != nullptr) {
@@ -137,6 +137,7 @@ class LayerNorm final : public NormBase {
           }
         }
       }
+      if (dw == nullptr) return;  // frozen weights: the input gradient is all
       const int64_t blocks = (in + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
       for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -201,7 +202,7 @@ class RMSNorm final : public NormBase {
       const T* x = call.x.as<T>();
       const T* dy = call.d_y.as<T>();
       const T* w = call.params.as<T>();
-      T* dw = call.grads.as<T>();
+      T* dw = call.grads.data != nullptr ? call.grads.as<T>() : nullptr;
       const T* rstd = call.saved.as<T>();
       if (call.d_x.data != nullptr) {
         T* dx = call.d_x.as<T>();
@@ -220,6 +221,7 @@ class RMSNorm final : public NormBase {
           }
         }
       }
+      if (dw == nullptr) return;  // frozen weights: the input gradient is all
       const int64_t blocks = (in + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
       for (int64_t blk = 0; blk < blocks; ++blk) {

@@ -50,6 +50,15 @@ def models():
     return out
 
 
+def model_sets(run_dir):
+    """The [model] keys of a run's config.toml (what `ablate import hf` read) as --set arguments,
+    init_from left out."""
+    with open(os.path.join(run_dir, "config.toml")) as f:
+        model_keys = [line for line in f.read().split("[model]")[1].split("\n[")[0].splitlines() if "=" in line]
+    return sum((["--set", "model." + k.split("=")[0].strip() + "=" + k.split("=", 1)[1].strip()] for k in model_keys
+                if not k.startswith("init_from")), [])
+
+
 def main():
     ablate = os.path.abspath(sys.argv[1])
     torch.manual_seed(0)
@@ -77,10 +86,7 @@ def main():
             failures += not ok
             # A new training started from the checkpoint's weights (learning rate 0: they stay).
             ft = os.path.join(tmp, name + "-ft")
-            with open(os.path.join(run_dir, "config.toml")) as f:
-                model_keys = [line for line in f.read().split("[model]")[1].split("\n[")[0].splitlines() if "=" in line]
-            sets = sum((["--set", "model." + k.split("=")[0].strip() + "=" + k.split("=", 1)[1].strip()] for k in model_keys
-                        if not k.startswith("init_from")), [])
+            sets = model_sets(run_dir)
             run([ablate, "train", BASE, "--run-dir", ft, *sets, "--set", f"model.init_from={hf_dir}", "--set", "run.steps=1",
                  "--set", "optimizer.lr=0", "--set", "schedule.warmup_steps=0", "--set", f"batching.seq_len={T}"])
             again = json.loads(run([ablate, "eval", "--checkpoint", ft, "--tokens", shard, "--seq-len", str(T), "--threads", "1", "--json"]))

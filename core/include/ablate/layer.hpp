@@ -10,6 +10,15 @@
 //   mlp         y = proj(act(fc(x))) (+ residual); hidden width `out`
 //   classifier  per-row softmax cross-entropy of x W^T against batch targets (-1 = no loss), over the
 //               first `real_out` columns of `out` (padded vocabulary columns never enter the softmax)
+//   adapter     added to a linear layer's output: y += f(x), where x (rows, in) and y (rows, out) are
+//               the linear's (spec is the linear's; the adapter declares its own parameters, under the
+//               linear's prefix, and reads its rank and scale from its keys). Forward runs after the
+//               linear's forward; backward after the linear's backward, and always adds to d_x (=
+//               the linear has written or added its part); call.dropout is the adapter's own dropout
+//               on x. LoRA: f(x) = scale * dropout(x) A^T B^T.
+//
+// Frozen parameters: a backward call whose `grads` is empty computes no parameter gradient (only
+// d_x); the model freezes every layer's parameters so when an adapter trains alone.
 //
 // Gradient contract (as llm.c): parameter gradients accumulate (+=); the input gradient d_x is
 // written (=) unless the call asks for GradMode::accumulate (residual streams). A layer with a
@@ -36,7 +45,7 @@ namespace ablate {
 
 enum class GradMode { overwrite, accumulate };
 
-enum class LayerRole { embedding, position, norm, linear, mlp, classifier };
+enum class LayerRole { embedding, position, norm, linear, mlp, classifier, adapter };
 const char* to_string(LayerRole role) noexcept;
 
 // Where the model applies a position layer (role position):

@@ -52,6 +52,14 @@ struct ModelOptions {
   Params model_common{"model", {}};
   std::map<std::string, Params, std::less<>> layer_own;
   Params attention_common{"attention", {}}, attention_own{"attention", {}};
+  // [adapter]: "" = none (every parameter trains); else the adapter layer (role adapter) on the
+  // projections adapter_targets names ("q", "k", "v", "o"), the base model frozen. Its keys are
+  // [adapter]'s (adapter_common) and [adapter.<name>] (adapter_own).
+  std::string adapter;
+  std::vector<std::string> adapter_targets;
+  int64_t adapter_rank = 0;
+  double adapter_alpha = 0.0, adapter_dropout = 0.0;
+  Params adapter_common{"adapter", {}}, adapter_own{"adapter", {}};
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
   // when [model] vocab_size is 0. Inconsistent shapes are input errors naming the key.
@@ -106,14 +114,22 @@ class Model {
   const ParamTable& table() const noexcept;
   int64_t num_params() const noexcept;
   Device& device() noexcept;
-  // The flat fp32 buffers on the model's device (num_params() elements each).
+  // The flat fp32 parameters on the model's device (num_params() elements).
   TensorView params();
+  // What trains: every parameter, or with an adapter only the adapters' (the table's last
+  // num_trainable() elements, from frozen_params() on; the base before them is frozen and has no
+  // gradient). The trainable table's offsets are relative to trainable_params(). grads() holds
+  // num_trainable() fp32 gradients; gradient_writes() and the optimizer work on these.
+  int64_t num_trainable() const noexcept;
+  int64_t frozen_params() const noexcept;
+  const ParamTable& trainable_table() const noexcept;
+  TensorView trainable_params();
   TensorView grads();
   // The bf16 copy of params() that bf16 products read (run.dtype = "bf16"); an empty view otherwise.
   TensorView params_bf16();
   // Checkpoints, export and tests: the parameters (or gradients) through host memory.
   void copy_params_to_host(std::vector<float>& out);
-  void copy_grads_to_host(std::vector<float>& out);
+  void copy_grads_to_host(std::vector<float>& out);  // num_trainable() values
   void load_params_from_host(const std::vector<float>& values);  // num_params() values
 
   // GPT-2 initialisation from `seed` (a pure function of seed and the parameter table).
@@ -128,7 +144,8 @@ class Model {
   // `losses` and (rows*T, vocab_padded) logits into `logits` when given.
   double forward(const Batch& batch, std::vector<float>* losses = nullptr, std::vector<float>* logits = nullptr);
 
-  // model FLOPs per token (6N + 6*L*d*T, docs/architecture.md) at row length `seq_len`.
+  // model FLOPs per token (6N + 6*L*d*T, docs/architecture.md) at row length `seq_len`; with a
+  // frozen base 4 per frozen parameter (no weight gradients) and 6 per trainable one.
   double flops_per_token(int64_t seq_len) const noexcept;
   // The activation arena a micro-batch of `rows` x `seq_len` needs (allocates nothing).
   ActivationPlan activation_plan(int64_t rows, int64_t seq_len) const;

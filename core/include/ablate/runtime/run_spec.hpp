@@ -45,6 +45,7 @@ struct ModelKeys {
   std::string init_from;                    // model.init_from ("" = fresh weights)
   bool has_attention = false;               // an [attention] section (a model alone may have none)
   Choice attention;
+  Choice adapter;                           // [adapter] (present: the base frozen, adapters train)
 };
 
 struct RunSpec {
