@@ -129,6 +129,8 @@ static void add_training_sections(std::vector<SectionSpec>& s) {
       floating("alpha", 16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank").at_least(0.0),
       floating("dropout", 0.0, "dropout on the adapter's input while training").within(0.0, 0.99),
       string_list("targets", {"q", "v"}, "the linear layers that get an adapter: q, k, v, o (the attention's projections)"),
+      string("base_dtype", "fp32", "how the frozen base's linear and MLP weights are held: fp32, or nf4 (4-bit NormalFloat, "
+             "blocks of 64 with an fp32 scale each, dequantized for each product)").one_of({"fp32", "nf4"}),
     }, Kind::layer, "name", false, ""});
   s.push_back({"checkpoint", "saving and resuming", {
       integer("every", 0, "save every N steps (0 = only at the end)").within(0, 1e12),

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ablate/device_math.hpp"
+#include "ablate/nf4.hpp"
 #include "ablate/error.hpp"
 #include "host_memory.hpp"
 
@@ -202,6 +203,21 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < n; ++i) y[i] = device_math::bf16_bits(x[i]);
   }
 
+  void dequantize_nf4(TensorView dst, TensorView codes, TensorView absmax) override {
+    check_dequantize_nf4(dst, codes, absmax, DeviceType::cpu);
+    float* y = dst.as<float>();
+    const auto* c = static_cast<const uint8_t*>(codes.data);
+    const float* m = absmax.as<const float>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if(n >= 65536)
+    for (int64_t i = 0; i < n; ++i) y[i] = nf4::value(c, m, i);
+  }
+
+  void copy(TensorView dst, TensorView src) override {
+    check_copy(dst, src, DeviceType::cpu);
+    std::memcpy(dst.data, src.data, std::size_t(view_bytes(src)));
+  }
+
   void synchronize() override {}
   double peak_tflops(DType) const override { return 0.0; }
 
@@ -216,6 +232,21 @@ class CpuDevice final : public Device {
 };
 
 }  // namespace
+
+void check_dequantize_nf4(const TensorView& dst, const TensorView& codes, const TensorView& absmax, DeviceType device) {
+  const int64_t n = dst.numel();
+  if (dst.dtype != DType::f32 || codes.dtype != DType::u8 || absmax.dtype != DType::f32 || codes.numel() != nf4::code_bytes(n) ||
+      absmax.numel() != nf4::blocks(n) || dst.device != device || codes.device != device || absmax.device != device) {
+    throw_runtime_error(std::string(to_string(device)) + " device",
+                        "dequantize_nf4 needs an f32 output of n values, u8 codes of ceil(n/2) and f32 scales of ceil(n/64), all on the device");
+  }
+}
+
+void check_copy(const TensorView& dst, const TensorView& src, DeviceType device) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel() || dst.device != device || src.device != device) {
+    throw_runtime_error(std::string(to_string(device)) + " device", "copy needs two views of as many elements of one dtype on the device");
+  }
+}
 
 void check_to_bf16(const TensorView& dst, const TensorView& src, DeviceType device) {
   if (dst.dtype != DType::bf16 || src.dtype != DType::f32 || dst.numel() != src.numel() || dst.device != device ||

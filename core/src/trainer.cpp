@@ -210,6 +210,8 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
                                      {"parameters", model.num_params()},
                                      {"trainable_parameters", model.num_trainable()},
                                      {"frozen_parameters", model.frozen_params()},
+                                     {"nf4_parameters", model.nf4_params()},
+                                     {"nf4_bytes", model.nf4_bytes()},
                                      {"model", model.options().describe()},
                                      {"config_hash", spec.config_hash},
                                      {"memory_bytes", s.memory_bytes},
@@ -530,6 +532,11 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
                  "{:.1f} MiB, are not kept",
                  model.num_trainable(), model.num_params(), 100.0 * double(model.num_trainable()) / double(model.num_params()),
                  double(frozen_state_bytes(model, *t.optimizer)) / (1 << 20));
+  }
+  if (model.nf4_params() > 0) {
+    spdlog::info("nf4 base: {} weights in {:.2f} MiB instead of {:.2f} MiB in fp32 ({:.2f}x smaller)", model.nf4_params(),
+                 double(model.nf4_bytes()) / (1 << 20), double(model.nf4_params()) * 4.0 / (1 << 20),
+                 double(model.nf4_params()) * 4.0 / double(model.nf4_bytes()));
   }
   if (run.world > 1) {
     spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,

@@ -146,6 +146,17 @@ class CudaDevice final : public Device {
     ABLATE_CUDA_CHECK(cudaGetLastError());
   }
 
+  void dequantize_nf4(TensorView dst, TensorView codes, TensorView absmax) override {
+    check_dequantize_nf4(dst, codes, absmax, DeviceType::cuda);
+    launch_dequantize_nf4(static_cast<const uint8_t*>(codes.data), absmax.as<const float>(), dst.as<float>(), dst.numel(), stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void copy(TensorView dst, TensorView src) override {
+    check_copy(dst, src, DeviceType::cuda);
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, std::size_t(view_bytes(src)), cudaMemcpyDeviceToDevice, stream_));
+  }
+
   void scale(TensorView x, float factor) override {
     require_f32(x, "scale");
     launch_scale(x.as<float>(), x.numel(), factor, stream_);

@@ -5,6 +5,7 @@
 
 #include "ablate/cuda_launch.cuh"
 #include "ablate/device_math.hpp"
+#include "ablate/nf4.hpp"
 
 namespace ablate::cuda_device {
 
@@ -17,6 +18,12 @@ int blocks_for(int64_t n) {
 
 __global__ void fill_kernel(float* x, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = value;
+}
+
+__global__ void dequantize_nf4_kernel(const uint8_t* codes, const float* absmax, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = nf4::value(codes, absmax, i);
+  }
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float factor) {
@@ -60,6 +67,10 @@ void launch_fill(float* x, int64_t n, float value, cudaStream_t stream) {
 }
 
 void launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) { cuda::launch_f32_to_bf16(x, y, n, stream); }
+
+void launch_dequantize_nf4(const uint8_t* codes, const float* absmax, float* y, int64_t n, cudaStream_t stream) {
+  if (n > 0) dequantize_nf4_kernel<<<blocks_for(n), kThreads, 0, stream>>>(codes, absmax, y, n);
+}
 
 void launch_scale(float* x, int64_t n, float factor, cudaStream_t stream) {
   if (n > 0) scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);

@@ -16,6 +16,8 @@ void launch_fill(float* x, int64_t n, float value, cudaStream_t stream);
 void launch_scale(float* x, int64_t n, float factor, cudaStream_t stream);
 // y = device_math::bf16_bits(x), elementwise.
 void launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+// y (n) = the NF4 values of codes and absmax (nf4.hpp), one element per thread step.
+void launch_dequantize_nf4(const uint8_t* codes, const float* absmax, float* y, int64_t n, cudaStream_t stream);
 // partials: kReduceBlocks doubles in device memory.
 void launch_squared_norm(const float* x, int64_t n, double* partials, cudaStream_t stream);
 void launch_masked_loss_sum(const float* losses, const int32_t* targets, int64_t n, double* partials, cudaStream_t stream);

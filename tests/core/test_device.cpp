@@ -36,6 +36,7 @@ TEST_CASE("the cpu device allocates zeroed, counted buffers and copies, fills, s
   auto dev = cpu_device(registry);
   CHECK(dev->type() == DeviceType::cpu);
   test::check_device_buffers(*dev);
+  test::check_device_nf4_and_copy(*dev);
   test::check_device_loss_sum(*dev);
   test::check_device_batch(*dev);
 }

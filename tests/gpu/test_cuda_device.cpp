@@ -32,6 +32,7 @@ TEST_CASE("the cuda device passes the device conformance checks") {
   MESSAGE("device: " << dev->describe() << ", " << dev->memory_capacity() << " bytes, bf16 peak "
                      << dev->peak_tflops(DType::bf16) << " TFLOP/s");
   test::check_device_buffers(*dev);
+  test::check_device_nf4_and_copy(*dev);
   test::check_device_loss_sum(*dev);
   test::check_device_batch(*dev);
   CHECK(dev->memory_peak() >= 100003 * 4);

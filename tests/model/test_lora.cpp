@@ -33,7 +33,8 @@ struct Fixture {
   }
 };
 
-ModelOptions options(bool llama, const std::vector<std::string>& targets, int64_t rank, double alpha) {
+ModelOptions options(bool llama, const std::vector<std::string>& targets, int64_t rank, double alpha,
+                     const std::string& base_dtype = "fp32") {
   ModelOptions o;
   o.d_model = 16;
   o.n_layers = 2;
@@ -56,6 +57,7 @@ ModelOptions options(bool llama, const std::vector<std::string>& targets, int64_
     o.adapter_rank = rank;
     o.adapter_alpha = alpha;
     o.adapter_common = Params("adapter", {{"rank", Value{rank}}, {"alpha", Value{alpha}}});
+    o.base_dtype = base_dtype;
   }
   return o;
 }
@@ -213,4 +215,57 @@ TEST_CASE("LoRA: the base is frozen, only the adapters train, and B = 0 starts a
   // FLOPs: 4 per frozen parameter (forward and input gradients), 6 per trainable one.
   CHECK(m.flops_per_token(12) == doctest::Approx(4.0 * double(m.frozen_params()) + 6.0 * double(m.num_trainable()) +
                                                  6.0 * 2 * 16 * 12));
+}
+
+TEST_CASE("NF4 base: the linear and MLP weights are held in 4 bits and the model computes with their dequantized values") {
+  for (const bool llama : {false, true}) {
+    INFO(std::string(llama ? "llama" : "gpt2"));
+    Fixture f;
+    Model q(options(llama, {"q", "k", "v", "o"}, 4, 8.0, "nf4"), f.registry, f.run);
+    Model full(options(llama, {"q", "k", "v", "o"}, 4, 8.0), f.registry, f.run);
+    std::mt19937_64 rng(9);
+    const std::vector<float> values = random_values(q.num_params(), rng, 0.1);
+    q.load_params_from_host(values);
+    // What q holds: every 2-D weight of a linear or MLP layer rounded to NF4, the rest as given.
+    std::vector<float> held;
+    q.copy_params_to_host(held);
+    int64_t quantized = 0, changed = 0, mlp = 0;
+    for (const ParamSlice& s : q.table().slices) {
+      const bool dense = s.shape.size() == 2 && s.offset < q.frozen_params() && s.name.rfind("blocks.", 0) == 0;
+      quantized += dense ? s.numel() : 0;
+      if (s.name.rfind("blocks.0.mlp.", 0) == 0) mlp += s.numel();
+      float largest = 0;
+      for (int64_t i = 0; i < s.numel(); ++i) largest = std::max(largest, std::abs(values[std::size_t(s.offset + i)]));
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        const float v = values[std::size_t(s.offset + i)], h = held[std::size_t(s.offset + i)];
+        if (!dense) {
+          REQUIRE(h == v);
+        } else {
+          changed += h != v;
+          REQUIRE(std::abs(h - v) <= 0.5f * 0.304f * largest);  // half the book's widest gap times absmax
+        }
+      }
+    }
+    CHECK(q.nf4_params() == quantized);
+    CHECK(changed > quantized / 2);
+    CHECK(q.nf4_bytes() == quantized / 2 + 4 * (quantized / 64));  // every weight here is a whole number of blocks
+    // Held: the fp32 values less the quantized ones, their codes and scales, and one staging buffer
+    // of the largest site's parameters (a block's MLP) to dequantize into.
+    CHECK(q.state_bytes() == full.state_bytes() - 4 * quantized + q.nf4_bytes() + 4 * mlp);
+    // The fp32 model holding those values: the same loss and adapter gradients, bit for bit.
+    full.load_params_from_host(held);
+    const Batch b = batch(rng);
+    q.zero_grads();
+    full.zero_grads();
+    CHECK(q.forward_backward(b, 0.01, 0) == full.forward_backward(b, 0.01, 0));
+    std::vector<float> gq, gf;
+    q.copy_grads_to_host(gq);
+    full.copy_grads_to_host(gf);
+    CHECK(gq == gf);
+    // Held values quantize to themselves: loading them again changes nothing.
+    q.load_params_from_host(held);
+    std::vector<float> again;
+    q.copy_params_to_host(again);
+    CHECK(again == held);
+  }
 }

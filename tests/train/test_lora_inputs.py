@@ -45,6 +45,7 @@ def main():
         refused("a linear as the adapter", train + ["--run-dir", f"{tmp}/d", *LORA, "--set", "adapter.name=linear"],
                 "adapter.name", "role")
         refused("rank 0", train + ["--run-dir", f"{tmp}/f", *LORA, "--set", "adapter.rank=0"], "adapter.rank")
+        refused("base_dtype int4", train + ["--run-dir", f"{tmp}/g", *LORA, "--set", "adapter.base_dtype=int4"], "adapter.base_dtype")
 
         plain, lora = f"{tmp}/plain", f"{tmp}/lora"
         for d, extra in ((plain, ["--set", "run.steps=2"]), (lora, LORA)):
@@ -76,6 +77,29 @@ def main():
         print(f"a LoRA run resumes to step 8: {'ok' if ok else 'WRONG'}")
         if not ok:
             print(r.stdout, r.stderr)
+        failures += not ok
+        # An NF4 base: stopped at step 3 and resumed, the losses are the uninterrupted run's bit for bit
+        # (the checkpoint's dequantized weights quantize back to the same codes).
+        nf4 = [*LORA, "--set", "adapter.base_dtype=nf4", "--set", "adapter.dropout=0.1"]
+        whole, parts = f"{tmp}/nf4-whole", f"{tmp}/nf4-parts"
+        runs = [train + ["--run-dir", whole, *nf4], train + ["--run-dir", parts, *nf4, "--stop-at", "3"],
+                train + ["--run-dir", parts, *nf4, "--resume"]]
+        for cmd in runs:
+            r = call(cmd)
+            if r.returncode != 0:
+                print(r.stdout, r.stderr)
+                return 1
+
+        def losses(d):
+            return [(m["step"], m["loss"]) for m in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if "loss" in m and "step" in m]
+        a, b = losses(whole), losses(parts)
+        held = json.load(open(os.path.join(whole, "run.json")))
+        ok = len(a) == 6 and a == b[-6:] if len(b) >= 6 else False
+        ok = ok and held["nf4_parameters"] == 4 * 32 * 32 + 2 * 32 * 128 and held["nf4_bytes"] == held["nf4_parameters"] // 2 + 4 * held["nf4_parameters"] // 64
+        print(f"nf4 base, dropout 0.1: stopped at 3 and resumed gives the uninterrupted losses ({a[-1][1] if a else None}); "
+              f"{held['nf4_parameters']} weights in {held['nf4_bytes']} bytes: {'ok' if ok else 'WRONG'}")
+        if not ok:
+            print(a, b)
         failures += not ok
     return 1 if failures else 0
 

@@ -131,6 +131,12 @@ class Device : public Component {
   // dst (bf16) = the nearest bf16 of each element of src (f32), ties to even (device_math::bf16_bits):
   // the bf16 copy of the weights that bf16 products read.
   virtual void to_bf16(TensorView dst, TensorView src) = 0;
+  // dst (f32, n values) = the NF4 tensor of `codes` (u8, ceil(n/2)) and `absmax` (f32, ceil(n/64))
+  // in nf4.hpp's layout (nf4::value per element): a frozen base's 4-bit weights, dequantized for
+  // the product that reads them.
+  virtual void dequantize_nf4(TensorView dst, TensorView codes, TensorView absmax) = 0;
+  // dst = src: as many elements of one dtype, both on this device.
+  virtual void copy(TensorView dst, TensorView src) = 0;
 
   virtual void synchronize() = 0;
   // The queue the device executes its calls in, for plugins of the same device to launch their
@@ -141,6 +147,12 @@ class Device : public Component {
   // an emulated device, whose speed is no hardware's: the trainer then reports no peak and no MFU.
   virtual double peak_tflops(DType dtype) const = 0;
 };
+
+// Throws unless dst (f32), codes (u8) and absmax (f32) are views of an NF4 tensor of dst's elements
+// (nf4.hpp), all on `device`.
+void check_dequantize_nf4(const TensorView& dst, const TensorView& codes, const TensorView& absmax, DeviceType device);
+// Throws unless dst and src are views of as many elements of one dtype, both on `device`.
+void check_copy(const TensorView& dst, const TensorView& src, DeviceType device);
 
 // Throws unless dst is a bf16 view and src an f32 view of as many elements, both on `device`: the
 // arguments of Device::to_bf16.

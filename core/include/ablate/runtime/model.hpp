@@ -59,6 +59,7 @@ struct ModelOptions {
   std::vector<std::string> adapter_targets;
   int64_t adapter_rank = 0;
   double adapter_alpha = 0.0, adapter_dropout = 0.0;
+  std::string base_dtype = "fp32";  // "nf4": the frozen base's linear and MLP weights held in 4 bits
   Params adapter_common{"adapter", {}}, adapter_own{"adapter", {}};
 
   // From the config's [model] and [attention]; `data_vocab` is the data source's vocabulary, used
@@ -114,7 +115,8 @@ class Model {
   const ParamTable& table() const noexcept;
   int64_t num_params() const noexcept;
   Device& device() noexcept;
-  // The flat fp32 parameters on the model's device (num_params() elements).
+  // The flat fp32 parameters on the model's device (num_params() elements; with an NF4 base the
+  // num_params() - nf4_params() values not held in NF4). copy_params_to_host gives every value.
   TensorView params();
   // What trains: every parameter, or with an adapter only the adapters' (the table's last
   // num_trainable() elements, from frozen_params() on; the base before them is frozen and has no
@@ -124,6 +126,10 @@ class Model {
   int64_t frozen_params() const noexcept;
   const ParamTable& trainable_table() const noexcept;
   TensorView trainable_params();
+  // An NF4 base (ModelOptions::base_dtype): how many values are held in 4 bits, and their bytes
+  // (codes and scales); params() then holds every other value, in table order. 0 and 0 otherwise.
+  int64_t nf4_params() const noexcept;
+  int64_t nf4_bytes() const noexcept;
   TensorView grads();
   // The bf16 copy of params() that bf16 products read (run.dtype = "bf16"); an empty view otherwise.
   TensorView params_bf16();
