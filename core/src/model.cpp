@@ -659,6 +659,10 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   answers.attention_writes_bf16 = m.attn->bf16_activations();
   answers.qkv_layers_take_bf16 = m.lin->bf16_attention_inputs() && (site != PositionSite::qk || m.pos->bf16_attention_inputs()) &&
                                  (!m.o.qk_norm || m.qkn->bf16_attention_inputs());
+  if (m.adapter) {  // an adapter reads the projections' x and adds to their y: both stay f32 unless it takes bf16
+    answers.products_take_bf16 = answers.products_take_bf16 && m.adapter->bf16_product_inputs();
+    answers.qkv_layers_take_bf16 = answers.qkv_layers_take_bf16 && m.adapter->bf16_attention_inputs();
+  }
   m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", answers);
   m.sched = schedule::build_schedule(m.o, m.layers(), m.specs, m.table);
   if (m.adapter) {

@@ -28,6 +28,7 @@ std::unique_ptr<Layer> make_linear(MatmulMode mode);
 std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode);
 std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode);
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode);
+std::unique_ptr<Layer> make_lora(const Params& adapter_keys);
 
 // A view of `dtype` on the cuda device holding at least `elements` values (none needed: any view).
 inline void require_view(const char* layer, const TensorView& t, const char* what, int64_t elements, DType dtype) {

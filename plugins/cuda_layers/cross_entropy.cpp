@@ -42,7 +42,7 @@ class CrossEntropy final : public LossLayer {
     if (call.logits.data != nullptr) require_f32(kName, call.logits, "logits", rows * out);
     if (with_grad) {
       require_f32(kName, call.d_x, "d_x", rows * in);
-      require_f32(kName, call.grads, "grads", out * in);
+      if (call.grads.data != nullptr) require_f32(kName, call.grads, "grads", out * in);  // none: a frozen head
       if (same(call.d_x, call.x)) throw_runtime_error(kName, "d_x must not alias x");
     }
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
@@ -62,7 +62,7 @@ class CrossEntropy final : public LossLayer {
         // d_x = dz W (written or added), dW += dz^T x; dz rounded to bf16 once for both under bf16
         const Operand dz = gemm_bf16_once(z, n, out, st, mode_);
         gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
-        gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
+        if (call.grads.data != nullptr) gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
       }
     }
     check_launch(kName);

@@ -38,6 +38,14 @@ void register_components(Registrar& r) {
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows, softmax cross-entropy and its gradients",
                  make_cross_entropy);
+  ComponentInfo lora;
+  lora.kind = Kind::layer;
+  lora.name = "lora";
+  lora.version = "1.0.0";
+  lora.doc = "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products";
+  lora.devices = {"cuda"};
+  lora.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> { return make_lora(a.common); };
+  r.add(std::move(lora));
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ namespace {
 namespace lp = layer_params;
 
 const float* at(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<const float>() + offset; }
-float* at_mut(const TensorView& v, int64_t offset) { return offset < 0 ? nullptr : v.as<float>() + offset; }
+float* at_mut(const TensorView& v, int64_t offset) { return offset < 0 || v.data == nullptr ? nullptr : v.as<float>() + offset; }
 // A weight at `offset`: its f32 values and, when the model keeps one, its bf16 copy.
 Weight weight_at(const LayerCall& call, int64_t offset) {
   Weight w{at(call.params, offset), nullptr};
@@ -48,7 +48,8 @@ void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, c
 }
 
 // Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
-// skipped when null), dW += dy'^T x, db += colsum(dy'), dy' = dy masked by the forward's dropout
+// skipped when null), dW += dy'^T x and db += colsum(dy') (both skipped when dW is null: frozen
+// parameters), dy' = dy masked by the forward's dropout
 // (into `tmp`, (rows, out), when dropout is on).
 void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db,
                     float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
@@ -60,7 +61,7 @@ void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Oper
   // Both products read dy: rounded to bf16 once for both under bf16 products.
   const Operand d = dx != nullptr ? gemm_bf16_once(dy, rows, out, s, mode) : Operand{dy};
   if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
-  gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
+  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
 
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
@@ -91,7 +92,7 @@ Operand check_backward(const char* name, const LayerCall& call, int64_t in, int6
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
   require_f32(name, call.d_y, "d_y", call.rows * out);
   require_f32(name, call.params, "params", params);
-  require_f32(name, call.grads, "grads", params);
+  if (call.grads.data != nullptr) require_f32(name, call.grads, "grads", params);  // none: frozen parameters
   require_f32(name, call.saved, "saved", saved);
   require_f32(name, call.scratch, "scratch", scratch);
   if (call.d_x.data != nullptr) {
@@ -222,7 +223,7 @@ class GeluMLP final : public Layer {
         dy = masked;
       }
       const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
-      gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
+      if (call.grads.data != nullptr) gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
       gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
     }
     dense_backward(d_pre, rows, C, H, x, weight_at(call, fc.weight), at_mut(call.grads, fc.weight), nullptr,

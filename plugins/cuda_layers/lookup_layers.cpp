@@ -36,6 +36,7 @@ class Embedding final : public Layer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     require_f32(kName, call.d_y, "d_y", call.rows * s.in);
+    if (call.grads.data == nullptr) return;  // a frozen table: its gradient is all this backward computes
     require_f32(kName, call.grads, "grads", s.out * s.in);
     const int32_t* tokens = require_ids(kName, call, &BatchViews::tokens, "tokens");
     scatter_add_rows(tokens, call.d_y.as<const float>(), call.grads.as<float>(), call.rows, s.in, s.out, dropout_of(kName, call),
@@ -75,11 +76,13 @@ class Learned final : public Layer {
     const LayerSpec& s = *call.spec;
     const int64_t n = call.rows * s.in;
     require_f32(kName, call.d_y, "d_y", n);
-    require_f32(kName, call.grads, "grads", s.max_positions * s.in);
-    const int32_t* positions = require_ids(kName, call, &BatchViews::positions, "positions");
     const cudaStream_t st = stream_of(call);
-    scatter_add_rows(positions, call.d_y.as<const float>(), call.grads.as<float>(), call.rows, s.in, s.max_positions, DropoutArgs{},
-                     st);
+    if (call.grads.data != nullptr) {  // null: a frozen table
+      require_f32(kName, call.grads, "grads", s.max_positions * s.in);
+      const int32_t* positions = require_ids(kName, call, &BatchViews::positions, "positions");
+      scatter_add_rows(positions, call.d_y.as<const float>(), call.grads.as<float>(), call.rows, s.in, s.max_positions, DropoutArgs{},
+                       st);
+    }
     if (call.d_x.data != nullptr && !same(call.d_x, call.d_y)) {
       require_f32(kName, call.d_x, "d_x", n);
       launch_copy_or_add(call.d_y.as<const float>(), call.d_x.as<float>(), n, call.input_grad == GradMode::accumulate, st);

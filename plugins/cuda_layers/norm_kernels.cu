@@ -188,6 +188,7 @@ void norm_backward(bool rms, const In* x, const float* w, const float* dy, const
     norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,
                                                                                   rows, in);
   }
+  if (dw == nullptr) return;  // frozen parameters: the input gradient is all
   // Stage 1: (chunks, column tiles) blocks of up to 256 threads, one a column.
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
   if (chunks > INT32_MAX) throw_runtime_error("cuda_layers", "too many rows for the norm's parameter gradients");

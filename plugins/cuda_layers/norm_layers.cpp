@@ -55,13 +55,13 @@ class Norm final : public Layer {
       require_f32(name_, call.x, "x", n);
     }
     require_f32(name_, call.d_y, "d_y", n);
-    require_f32(name_, call.grads, "grads", params_of(*call.spec));
+    if (call.grads.data != nullptr) require_f32(name_, call.grads, "grads", params_of(*call.spec));  // none: frozen
     if (call.d_x.data != nullptr) {
       require_f32(name_, call.d_x, "d_x", n);
       if (call.d_x.data == call.x.data) throw_runtime_error(name_, "d_x must not alias x");
     }
-    float* dw = call.grads.as<float>();
-    float* db = !rms_ && call.spec->bias ? dw + in : nullptr;
+    float* dw = call.grads.data != nullptr ? call.grads.as<float>() : nullptr;
+    float* db = !rms_ && call.spec->bias && dw != nullptr ? dw + in : nullptr;
     const float* w = call.params.as<const float>();
     const float* dy = call.d_y.as<const float>();
     const float* saved = call.saved.as<const float>();

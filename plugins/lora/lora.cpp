@@ -8,11 +8,11 @@
 //
 //   dB += s g^T u,   t = s g B (rows, rank),   dA += t^T drop(x),   d_x += mask * (t A) / (1 - p)
 //
-// A starts random with the spread of PyTorch's Linear default that PEFT keeps (U(+-1/sqrt(in)); here
-// normal of the same standard deviation, as the table draws), B at zero, so the adapted model starts
-// as the base. The parameter names are the linear's prefix with `lora_A` and
+// The parameters' layout and initialisation (A random, B zero: the adapted model starts as the base)
+// are layer_params::lora, shared with the cuda registration. The parameter names are the linear's prefix with `lora_A` and
 // `lora_B`, the shapes PEFT stores (`ablate export --format peft` writes them under PEFT's names).
-// Keys: [adapter] rank and alpha (the model reads targets and dropout).
+// Keys: [adapter] rank and alpha (the model reads targets and dropout). The cuda registration of the
+// same name is plugins/cuda_layers/lora.cpp.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -31,14 +31,10 @@ class Lora final : public Layer {
   LayerRole role() const override { return LayerRole::adapter; }
 
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    if (spec.in <= 0 || spec.out <= 0) throw_input_error(kName, "the adapted linear needs positive in and out widths");
-    // U(-b, b) with b = 1/sqrt(in) has standard deviation b/sqrt(3); the table draws normals of it.
-    table.add(layer_params::name(prefix, "lora_A"), {rank_, spec.in}, true, 1.0 / std::sqrt(3.0 * double(spec.in)));
-    table.add(layer_params::name(prefix, "lora_B"), {spec.out, rank_}, true, 0.0, 0.0);
+    layer_params::lora(rank_, spec, prefix, table);
   }
-  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return rows * rank_; }
-  // The dropped input (only with dropout) and t.
-  int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const override { return rows * spec.in + rows * rank_; }
+  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return layer_params::lora_saved(rank_, rows); }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return layer_params::lora_scratch(rank_, s, rows); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -123,7 +119,9 @@ void register_components(Registrar& r) {
          "the base frozen ([adapter] rank, alpha, dropout, targets), on the CPU (f32/f64)",
          {},
          [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-           return std::make_unique<Lora>(a.common.get_int("rank"), a.common.get_float("alpha"));
+           // [adapter] rank and alpha (the defaults of its schema, 8 and 16, where a caller gives no keys).
+           return std::make_unique<Lora>(a.common.has("rank") ? a.common.get_int("rank") : 8,
+                                         a.common.has("alpha") ? a.common.get_float("alpha") : 16.0);
          },
          "", {"cpu"}});
 }

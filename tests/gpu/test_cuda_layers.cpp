@@ -787,8 +787,8 @@ void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& m
 // --- the cases -----------------------------------------------------------------------------------------
 
 TEST_CASE("the suite covers every layer cuda_layers registers, each with a CPU twin") {
-  const std::set<std::string> covered = {"embedding", "learned",  "rope",       "layernorm",    "rmsnorm",
-                                         "linear",    "gelu_mlp", "swiglu_mlp", "cross_entropy"};
+  const std::set<std::string> covered = {"embedding", "learned",  "rope",       "layernorm",     "rmsnorm",
+                                         "linear",    "gelu_mlp", "swiglu_mlp", "cross_entropy", "lora"};
   std::set<std::string> registered;
   for (const ComponentInfo* info : suite().registry.list(Kind::layer)) {
     if (std::filesystem::path(info->library).filename().string().find("cuda_layers") == std::string::npos) continue;
@@ -996,6 +996,37 @@ TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {
 TEST_CASE("swiglu_mlp: bias, residual, dropout, d_x written and accumulated") {
   // gate and up, silu(g) u, down; backward: dg and du from dh, u and g, then two more products.
   run_dense_grid("swiglu_mlp", {{37, 100}, {61, 37}, {45, 96}}, 4, 108);
+}
+
+TEST_CASE("lora: adds to y and to d_x, A and B gradients, dropout on its input") {
+  // The adapter adds s u B^T to the projection's y (here y starts as a random "projection output")
+  // and its part of the input gradient to d_x (which starts random: the projection's part);
+  // rank 8 (the [adapter] default), alpha 16, B random so that every product matters.
+  Margins margins("lora");
+  std::mt19937_64 rng(109);
+  for (int64_t rows : kRows) {
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{37, 61}, {100, 37}}) {
+      for (double dropout : {0.0, 0.1}) {
+        Problem p;
+        p.layer = "lora";
+        p.spec.in = in;
+        p.spec.out = out;
+        p.rows = rows;
+        p.x_width = in;
+        p.y_width = out;
+        p.batch = make_batch(rows, 1, 1, rng);
+        p.residual = p.residual_in_y = true;  // y's own values, added to
+        p.dropout = dropout;
+        p.key = 0x10BA0000u + uint64_t(rows * 1000 + in);
+        p.input_grad = GradMode::accumulate;
+        p.K = rows + in + out + 8;
+        p.stages = 2;
+        p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                  (dropout > 0 ? " dropout" : "");
+        run_problem(p, rng, margins);
+      }
+    }
+  }
 }
 
 TEST_CASE("cross_entropy: losses and gradients, targets -1 ignored, padded vocabulary, chunked rows") {

@@ -82,6 +82,38 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
   }
 }
 
+TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with an fp32 base, Llama style with an NF4 base") {
+  // The frozen base's layers (embedding, learned, layernorm or rmsnorm, gelu_mlp or swiglu_mlp,
+  // linear, cross_entropy) compute input gradients only, the lora adapters on q and v train
+  // (dropout 0.1 on their input: the same mask on both devices), NF4 weights are dequantized by
+  // the cuda device's kernel. Tolerances as for the f32 run above.
+  const std::string lora = " --set adapter.name=lora --set adapter.rank=4 --set adapter.alpha=8 --set adapter.dropout=0.1"
+                           " --set run.steps=6 --set run.eval_every=3";
+  const std::string llama = " --set model.norm=rmsnorm --set model.mlp=swiglu_mlp --set model.position=rope --set model.bias=false"
+                            " --set model.tie_embeddings=false --set adapter.base_dtype=nf4";
+  for (const std::string& shape : {std::string(), llama}) {
+    INFO(std::string(shape.empty() ? "gpt2 style, fp32 base" : "llama style, nf4 base"));
+    TempDir tmp;
+    const fs::path cpu = tmp.path() / "cpu", gpu = tmp.path() / "gpu";
+    REQUIRE(train(kCpu + lora + shape + " --run-dir " + cpu.string()).exit_code == 0);
+    REQUIRE(train(kCuda + lora + shape + " --run-dir " + gpu.string()).exit_code == 0);
+    const auto a = metrics(cpu), b = metrics(gpu);
+    REQUIRE(a.size() == 6);
+    REQUIRE(b.size() == 6);
+    CHECK(rel(b[0]["loss"].get<double>(), a[0]["loss"].get<double>()) < 1e-5);
+    CHECK(rel(b[0]["grad_norm"].get<double>(), a[0]["grad_norm"].get<double>()) < 1e-5);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << a[i]["step"]);
+      CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+    }
+    const auto ra = read_json(cpu / "run.json"), rb = read_json(gpu / "run.json");
+    CHECK(rb["trainable_parameters"] == ra["trainable_parameters"]);
+    CHECK(rb["grad_bytes"].get<int64_t>() == 4 * rb["trainable_parameters"].get<int64_t>());
+    CHECK(rb["nf4_bytes"] == ra["nf4_bytes"]);
+    if (!shape.empty()) CHECK(rb["nf4_bytes"].get<int64_t>() > 0);
+  }
+}
+
 TEST_CASE("run.dtype = bf16 holds the norms' outputs and the MLP's hidden activation in bf16: the plan's saving, exactly") {
   // d_model 32, mlp hidden 128, 2 blocks; one row of 64 positions: every slot a multiple of the
   // plan's 64-element (256-byte) rounding, so the saving is exact. Per block ln1 and ln2 (N*C

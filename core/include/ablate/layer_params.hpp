@@ -4,6 +4,7 @@
 // checkpoint written on one device loads on the other and exports see the same names.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -85,6 +86,19 @@ inline SwigluMlp swiglu_mlp_offsets(const LayerSpec& s) {
   const Dense gate = dense(0, s.in, s.out, s.bias), up = dense(gate.end, s.in, s.out, s.bias);
   return {gate, up, dense(up.end, s.out, s.in, s.bias)};
 }
+
+// lora (an adapter on a linear of spec.in -> spec.out): lora_A (rank, in), random with the spread of
+// PyTorch's Linear default that PEFT keeps (U(+-1/sqrt(in)) has standard deviation 1/sqrt(3 in);
+// the table draws normals of it), then lora_B (out, rank) = 0, so the adapted model starts as the
+// base. Its saved values: u = dropout(x) A^T, (rows, rank); its scratch: dropout(x) and t, rows x
+// (in + rank).
+inline void lora(int64_t rank, const LayerSpec& s, const std::string& prefix, ParamTable& t) {
+  if (s.in <= 0 || s.out <= 0) throw_input_error("lora", "the adapted linear needs positive in and out widths");
+  t.add(name(prefix, "lora_A"), {rank, s.in}, true, 1.0 / std::sqrt(3.0 * double(s.in)));
+  t.add(name(prefix, "lora_B"), {s.out, rank}, true, 0.0, 0.0);
+}
+inline int64_t lora_saved(int64_t rank, int64_t rows) { return rows * rank; }
+inline int64_t lora_scratch(int64_t rank, const LayerSpec& s, int64_t rows) { return rows * (s.in + rank); }
 
 // rope has no parameters; its spec is checked where the others declare: head_dim (spec.in)
 // positive and even, theta positive.
