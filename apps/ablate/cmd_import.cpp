@@ -2,8 +2,9 @@
 // as an ablate run directory whose checkpoint (step 0) `ablate eval`, `sample`, `export` and
 // `[model] init_from` read. Its experiment is the checkpoint's [model] (from config.json) on
 // ablate's defaults, or on --config's experiment; --set overrides either (not the [model] keys the
-// checkpoint fixes). GPT-2 BPE tokenizer files beside the weights (vocab.json + merges.txt, or
-// tokenizer.json's BPE model) are kept as tokenizer/encoder.json + tokenizer/vocab.bpe.
+// checkpoint fixes). A SentencePiece model beside the weights (tokenizer.model) is kept as
+// tokenizer/tokenizer.model; else GPT-2 BPE tokenizer files (vocab.json + merges.txt, or
+// tokenizer.json's BPE model) as tokenizer/encoder.json + tokenizer/vocab.bpe.
 #include <algorithm>
 #include <iostream>
 
@@ -49,9 +50,15 @@ bool tokenizer_json_to_gpt2(const fs::path& file, json& encoder, std::string& me
   return true;
 }
 
-// The checkpoint's GPT-2 BPE files into <run>/tokenizer; returns what was kept ("" for nothing).
+// The checkpoint's tokenizer into <run>/tokenizer: a SentencePiece model (Llama-style
+// tokenizer.model) as it is, or GPT-2's BPE files; returns what was kept ("" for nothing).
 std::string keep_tokenizer(const fs::path& hf, const fs::path& run_dir) {
   const fs::path out = run_dir / "tokenizer";
+  if (fs::is_regular_file(hf / "tokenizer.model")) {
+    fs::create_directories(out);
+    write_file_atomic(out / "tokenizer.model", read_regular_file(hf / "tokenizer.model", "SentencePiece model", kMaxTokenizerBytes));
+    return "tokenizer.model (SentencePiece)";
+  }
   if (fs::is_regular_file(hf / "vocab.json") && fs::is_regular_file(hf / "merges.txt")) {
     fs::create_directories(out);
     write_file_atomic(out / "encoder.json", read_regular_file(hf / "vocab.json", "tokenizer vocabulary", kMaxTokenizerBytes));

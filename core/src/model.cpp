@@ -14,9 +14,9 @@
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
-#include "ablate/nf4.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "model_plan.hpp"
+#include "model_nf4.hpp"
 #include "model_schedule.hpp"
 
 namespace ablate {
@@ -200,19 +200,7 @@ struct Model::Impl {
   Buffer adapter_act;         // the adapters' saved values (one region per adapter) and their scratch
   std::vector<int64_t> adapter_at;  // offsets into adapter_act: adapter i's saved values, then the scratch
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
-  // An NF4 base ([adapter] base_dtype = "nf4"): the frozen linear and MLP weights held as 4-bit
-  // codes and fp32 block scales (nf4.hpp) instead of in `params`, which holds every other tensor in
-  // table order; a site whose parameters include one gets them dequantized into `staging` (the
-  // largest such site's size) before each of its calls.
-  struct Nf4Tensor {
-    int64_t offset = 0, numel = 0;  // in the table
-    int64_t codes = 0, scales = 0;  // offsets into nf4_codes and nf4_absmax
-    int64_t before = 0;             // quantized values of the tensors before it
-  };
-  std::vector<Nf4Tensor> nf4;  // by table offset
-  Buffer nf4_codes, nf4_absmax, staging;
-  std::vector<std::pair<int64_t, int64_t>> site_region;  // each site's parameters [begin, end) in the table
-  std::vector<char> site_staged;                         // whether a site's parameters hold an NF4 tensor
+  schedule::Nf4Base nf4;  // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
   ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
 
@@ -229,17 +217,7 @@ struct Model::Impl {
 
   // The adapters' region for N rows: offsets of each adapter's saved values, then of the scratch
   // they share, then the end (elements of the call's dtype, f32).
-  std::vector<int64_t> adapter_layout(int64_t N) const {
-    std::vector<int64_t> at{0};
-    int64_t scratch = 0;
-    for (const Site& s : sched.sites) {
-      if (s.adapter_param < 0) continue;
-      at.push_back(at.back() + adapter->activation_elements(*s.spec, N));
-      scratch = std::max(scratch, adapter->scratch_elements(*s.spec, N));
-    }
-    at.push_back(at.back() + scratch);
-    return at;
-  }
+  std::vector<int64_t> adapter_layout(int64_t N) const;
 
   AttentionProblem problem(int64_t rows, int64_t T) const {
     AttentionProblem p;
@@ -316,125 +294,17 @@ struct Model::Impl {
   }
   TensorView param_tail(const Buffer& b, int64_t off) const { return b.view(off, table.total - off); }
 
-  // ---- the NF4 base ----
+  // The parameters from table offset `off` on, as a layer reads them (past an NF4 base's tensors).
+  TensorView param_view(int64_t off) const { return params.view(nf4.stored(off), params.count() - nf4.stored(off)); }
 
-  int64_t quantized_values() const { return nf4.empty() ? 0 : nf4.back().before + nf4.back().numel; }
-  // Where table offset x (not inside an NF4 tensor) lives in `params`.
-  int64_t stored(int64_t x) const {
-    int64_t skipped = 0;
-    for (const Nf4Tensor& t : nf4) {
-      if (t.offset >= x) break;
-      skipped = t.before + t.numel;
-    }
-    return x - skipped;
-  }
-  const Nf4Tensor* nf4_at(int64_t offset) const {
-    for (const Nf4Tensor& t : nf4) {
-      if (t.offset == offset) return &t;
-    }
-    return nullptr;
-  }
-  // The parameters from table offset `off` on, as a layer reads them.
-  TensorView param_view(int64_t off) const { return params.view(stored(off), params.count() - stored(off)); }
-  // Site i's parameters: in place, or dequantized into the staging buffer.
-  TensorView site_params(std::size_t i) const {
-    const Site& s = sched.sites[i];
-    if (site_staged.empty() || !site_staged[i]) return param_view(s.param);
-    const auto [begin, end] = site_region[i];
-    for (const ParamSlice& slice : table.slices) {
-      if (slice.offset < begin || slice.offset >= end) continue;
-      const TensorView to = staging.view(slice.offset - begin, slice.numel());
-      if (const Nf4Tensor* t = nf4_at(slice.offset)) {
-        device->dequantize_nf4(to, nf4_codes.view(t->codes, nf4::code_bytes(t->numel)), nf4_absmax.view(t->scales, nf4::blocks(t->numel)));
-      } else {
-        device->copy(to, params.view(stored(slice.offset), slice.numel()));
-      }
-    }
-    return staging.view(0, end - begin);
-  }
-  void plan_nf4();
-
-  LayerCall call_of(const Site& s, bool backward) const {
-    const std::size_t index = std::size_t(&s - sched.sites.data());
-    const int64_t N = plan.rows * plan.seq_len, rows = N * s.row_heads;
-    LayerCall c;
-    c.spec = s.spec;
-    c.batch = &batch.views;
-    c.rows = rows;
-    c.heads = s.heads;
-    c.x = arena(s.x, rows, s.x_cols);
-    c.y = arena(s.y, rows, s.y_cols);
-    if (!backward) c.residual = arena(s.residual, rows, s.y_cols);
-    c.saved = arena_tail(s.saved);
-    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
-    c.stream = device->stream();
-    if (s.param >= 0) c.params = site_params(index);
-    if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
-    if (backward) {
-      if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
-      c.d_y = arena(s.d_y, rows, s.y_cols);
-      c.d_x = arena(s.d_x, rows, s.x_cols);
-      c.input_grad = s.input_grad;
-    }
-    if (s.layer->role() == LayerRole::position && s.spec->in != s.x_cols) {  // rope: (N, heads, D)
-      for (TensorView* t : {&c.x, &c.y, &c.d_y, &c.d_x}) {
-        if (t->data == nullptr) continue;
-        t->ndim = 3;
-        t->shape = {N, s.heads, o.head_dim, 0};
-      }
-    }
-    return c;
-  }
+  LayerCall call_of(const Site& s, bool backward) const;
 
   // The classifier's call over the final norm's output (with d(lnf) into d_ln when training).
-  LayerCall classifier_call(int64_t N, bool train, double grad_scale, TensorView logits) const {
-    LayerCall c;
-    c.spec = &specs.cls;
-    c.batch = &batch.views;
-    c.rows = N;
-    c.x = arena(shared(Slot::lnf), N, o.d_model);
-    c.params = param_view(sched.head);
-    if (params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, sched.head);
-    c.losses = arena(shared(Slot::losses), N, 1);
-    c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
-    c.stream = device->stream();
-    c.logits = logits;
-    if (train) {
-      if (frozen == 0) c.grads = param_tail(grads, sched.head);
-      c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
-      c.grad_scale = grad_scale;
-    }
-    return c;
-  }
+  LayerCall classifier_call(int64_t N, bool train, double grad_scale, TensorView logits) const;
 
   // The adapter's call on site s (a projection it sits on): the projection's x and y (forward) or
   // d_y and d_x (backward, d_x added to), its own parameters, saved values and dropout.
-  LayerCall adapter_call(const Site& s, bool backward, bool train, uint64_t key) const {
-    const int64_t N = plan.rows * plan.seq_len;
-    const std::size_t i = std::size_t(s.adapter_index);
-    LayerCall c;
-    c.spec = s.spec;
-    c.batch = &batch.views;
-    c.rows = N;
-    c.x = arena(s.x, N, s.x_cols);
-    c.y = arena(s.y, N, s.y_cols);
-    c.params = param_view(s.adapter_param);
-    c.saved = adapter_act.view(adapter_at[i], adapter_at[i + 1] - adapter_at[i]);
-    const int64_t scratch = adapter_at[adapter_at.size() - 2];
-    c.scratch = adapter_act.view(scratch, adapter_at.back() - scratch);
-    c.stream = device->stream();
-    if (train && o.adapter_dropout > 0) {
-      c.dropout = o.adapter_dropout;
-      c.dropout_key = mix64(key, kAdapterDropoutSites + i);
-    }
-    if (backward) {
-      c.grads = grads.view(s.adapter_param - frozen, table.total - s.adapter_param);
-      c.d_y = arena(s.d_y, N, s.y_cols);
-      c.d_x = arena(s.d_x, N, s.x_cols);
-      c.input_grad = GradMode::accumulate;
-    }
-    return c;
-  }
+  LayerCall adapter_call(const Site& s, bool backward, bool train, uint64_t key) const;
   // Adapter dropout keys are numbered from here, past any layer's dropout site.
   static constexpr uint64_t kAdapterDropoutSites = uint64_t(1) << 40;
 
@@ -497,35 +367,128 @@ struct Model::Impl {
     return sum;
   }
 
-  void run_backward(uint64_t key) {
-    const AttentionProblem prob = problem(plan.rows, plan.seq_len);
-    std::size_t write = frozen == 0 ? 1 : 0;  // gradient_writes() index of the next site that writes gradients
-    int64_t block = o.n_layers - 1;  // the next block backward enters
-    for (std::size_t i = sched.sites.size(); i-- > 0;) {
-      const Site& s = sched.sites[i];
-      if (block >= 0 && i == sched.block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
-      if (s.op == Op::attention) {
-        attention_site(s, prob, true, " bwd");
-        continue;
-      }
-      LayerCall c = call_of(s, true);
-      set_dropout(c, s, true, key);
-      timed(to_string(s.layer->role()), " bwd", [&] { s.layer->backward(c); });
-      if (s.param >= 0 && frozen == 0) {
-        if (gradient_hook) gradient_hook(write);
-        ++write;
-      }
-      if (s.adapter_param >= 0) {  // after the projection's backward, which wrote its part of d_x
-        timed("adapter", " bwd", [&] { adapter->backward(adapter_call(s, true, true, key)); });
-        if (gradient_hook) gradient_hook(write);
-        ++write;
-      }
-    }
-  }
+  void run_backward(uint64_t key);
 
   void make_layers(const Registry& registry);
   void allocate();
 };
+
+std::vector<int64_t> Model::Impl::adapter_layout(int64_t N) const {
+  std::vector<int64_t> at{0};
+  int64_t scratch = 0;
+  for (const Site& s : sched.sites) {
+    if (s.adapter_param < 0) continue;
+    at.push_back(at.back() + adapter->activation_elements(*s.spec, N));
+    scratch = std::max(scratch, adapter->scratch_elements(*s.spec, N));
+  }
+  at.push_back(at.back() + scratch);
+  return at;
+}
+
+LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
+  const std::size_t index = std::size_t(&s - sched.sites.data());
+  const int64_t N = plan.rows * plan.seq_len, rows = N * s.row_heads;
+  LayerCall c;
+  c.spec = s.spec;
+  c.batch = &batch.views;
+  c.rows = rows;
+  c.heads = s.heads;
+  c.x = arena(s.x, rows, s.x_cols);
+  c.y = arena(s.y, rows, s.y_cols);
+  if (!backward) c.residual = arena(s.residual, rows, s.y_cols);
+  c.saved = arena_tail(s.saved);
+  c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+  c.stream = device->stream();
+  if (s.param >= 0) c.params = nf4.site_params(index, s, params, table, *device);
+  if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
+  if (backward) {
+    if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
+    c.d_y = arena(s.d_y, rows, s.y_cols);
+    c.d_x = arena(s.d_x, rows, s.x_cols);
+    c.input_grad = s.input_grad;
+  }
+  if (s.layer->role() == LayerRole::position && s.spec->in != s.x_cols) {  // rope: (N, heads, D)
+    for (TensorView* t : {&c.x, &c.y, &c.d_y, &c.d_x}) {
+      if (t->data == nullptr) continue;
+      t->ndim = 3;
+      t->shape = {N, s.heads, o.head_dim, 0};
+    }
+  }
+  return c;
+}
+
+LayerCall Model::Impl::classifier_call(int64_t N, bool train, double grad_scale, TensorView logits) const {
+  LayerCall c;
+  c.spec = &specs.cls;
+  c.batch = &batch.views;
+  c.rows = N;
+  c.x = arena(shared(Slot::lnf), N, o.d_model);
+  c.params = param_view(sched.head);
+  if (params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, sched.head);
+  c.losses = arena(shared(Slot::losses), N, 1);
+  c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
+  c.stream = device->stream();
+  c.logits = logits;
+  if (train) {
+    if (frozen == 0) c.grads = param_tail(grads, sched.head);
+    c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
+    c.grad_scale = grad_scale;
+  }
+  return c;
+}
+
+LayerCall Model::Impl::adapter_call(const Site& s, bool backward, bool train, uint64_t key) const {
+  const int64_t N = plan.rows * plan.seq_len;
+  const std::size_t i = std::size_t(s.adapter_index);
+  LayerCall c;
+  c.spec = s.spec;
+  c.batch = &batch.views;
+  c.rows = N;
+  c.x = arena(s.x, N, s.x_cols);
+  c.y = arena(s.y, N, s.y_cols);
+  c.params = param_view(s.adapter_param);
+  c.saved = adapter_act.view(adapter_at[i], adapter_at[i + 1] - adapter_at[i]);
+  const int64_t scratch = adapter_at[adapter_at.size() - 2];
+  c.scratch = adapter_act.view(scratch, adapter_at.back() - scratch);
+  c.stream = device->stream();
+  if (train && o.adapter_dropout > 0) {
+    c.dropout = o.adapter_dropout;
+    c.dropout_key = mix64(key, kAdapterDropoutSites + i);
+  }
+  if (backward) {
+    c.grads = grads.view(s.adapter_param - frozen, table.total - s.adapter_param);
+    c.d_y = arena(s.d_y, N, s.y_cols);
+    c.d_x = arena(s.d_x, N, s.x_cols);
+    c.input_grad = GradMode::accumulate;
+  }
+  return c;
+}
+
+void Model::Impl::run_backward(uint64_t key) {
+  const AttentionProblem prob = problem(plan.rows, plan.seq_len);
+  std::size_t write = frozen == 0 ? 1 : 0;  // gradient_writes() index of the next site that writes gradients
+  int64_t block = o.n_layers - 1;  // the next block backward enters
+  for (std::size_t i = sched.sites.size(); i-- > 0;) {
+    const Site& s = sched.sites[i];
+    if (block >= 0 && i == sched.block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
+    if (s.op == Op::attention) {
+      attention_site(s, prob, true, " bwd");
+      continue;
+    }
+    LayerCall c = call_of(s, true);
+    set_dropout(c, s, true, key);
+    timed(to_string(s.layer->role()), " bwd", [&] { s.layer->backward(c); });
+    if (s.param >= 0 && frozen == 0) {
+      if (gradient_hook) gradient_hook(write);
+      ++write;
+    }
+    if (s.adapter_param >= 0) {  // after the projection's backward, which wrote its part of d_x
+      timed("adapter", " bwd", [&] { adapter->backward(adapter_call(s, true, true, key)); });
+      if (gradient_hook) gradient_hook(write);
+      ++write;
+    }
+  }
+}
 
 // Every layer the model calls, each checked to be of the role it is asked for.
 void Model::Impl::make_layers(const Registry& registry) {
@@ -559,41 +522,6 @@ void Model::Impl::make_layers(const Registry& registry) {
   }
 }
 
-// [adapter] base_dtype = "nf4": every 2-D weight of the frozen base's linear and MLP layers is held
-// in NF4 (embeddings, norms and the head stay fp32, as QLoRA keeps them); each site's parameter
-// range, and whether it holds one.
-void Model::Impl::plan_nf4() {
-  std::vector<int64_t> starts{table.total, sched.head};
-  for (const Site& s : sched.sites) {
-    if (s.param >= 0) starts.push_back(s.param);
-    if (s.adapter_param >= 0) starts.push_back(s.adapter_param);
-  }
-  std::sort(starts.begin(), starts.end());
-  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
-  site_region.assign(sched.sites.size(), {0, 0});
-  site_staged.assign(sched.sites.size(), 0);
-  if (o.base_dtype != "nf4") return;
-  if (run.dtype != "fp32") {
-    throw_input_error("adapter.base_dtype", "nf4 weights are dequantized for fp32 products: run.dtype must be \"fp32\", not \"" + run.dtype + "\"");
-  }
-  int64_t codes = 0, scales = 0, before = 0;
-  for (std::size_t i = 0; i < sched.sites.size(); ++i) {
-    const Site& s = sched.sites[i];
-    if (s.param < 0) continue;
-    const int64_t end = *std::upper_bound(starts.begin(), starts.end(), s.param);
-    site_region[i] = {s.param, end};
-    if (s.layer != lin.get() && s.layer != mlp.get()) continue;
-    for (const ParamSlice& slice : table.slices) {
-      if (slice.offset < s.param || slice.offset >= end || slice.shape.size() != 2) continue;
-      nf4.push_back({slice.offset, slice.numel(), codes, scales, before});
-      codes += nf4::code_bytes(slice.numel());
-      scales += nf4::blocks(slice.numel());
-      before += slice.numel();
-      site_staged[i] = 1;
-    }
-  }
-}
-
 // The flat buffers, refused by size before anything is allocated (the run's full plan is checked
 // later, with the optimizer and the activations): values and gradients alone must fit the device.
 void Model::Impl::allocate() {
@@ -604,21 +532,9 @@ void Model::Impl::allocate() {
                                    " MiB for their values and gradients alone; " + device->describe() + " holds " +
                                    std::to_string(capacity / (1 << 20)) + " MiB");
   }
-  params = device->alloc(DType::f32, table.total - quantized_values());
+  params = device->alloc(DType::f32, table.total - nf4.values());
   grads = device->alloc(DType::f32, table.total - frozen);
-  if (!nf4.empty()) {
-    int64_t codes = 0, scales = 0, largest = 0;
-    for (const Nf4Tensor& t : nf4) {
-      codes = std::max(codes, t.codes + nf4::code_bytes(t.numel));
-      scales = std::max(scales, t.scales + nf4::blocks(t.numel));
-    }
-    for (std::size_t i = 0; i < site_region.size(); ++i) {
-      if (site_staged[i]) largest = std::max(largest, site_region[i].second - site_region[i].first);
-    }
-    nf4_codes = device->alloc(DType::u8, codes);
-    nf4_absmax = device->alloc(DType::f32, scales);
-    staging = device->alloc(DType::f32, largest);
-  }
+  nf4.allocate(*device);
   if (run.dtype == "bf16") params_bf16 = device->alloc(DType::bf16, table.total);
 }
 
@@ -675,7 +591,10 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
     }
     m.trainable.total = m.table.total - m.frozen;
   }
-  m.plan_nf4();
+  if (m.o.base_dtype == "nf4" && run.dtype != "fp32") {
+    throw_input_error("adapter.base_dtype", "nf4 weights are dequantized for fp32 products: run.dtype must be \"fp32\", not \"" + run.dtype + "\"");
+  }
+  m.nf4.plan(m.o.base_dtype == "nf4", m.table, m.sched, m.lin.get(), m.mlp.get());
   m.allocate();
 }
 
@@ -687,16 +606,16 @@ int64_t Model::num_params() const noexcept { return impl_->table.total; }
 int64_t Model::num_trainable() const noexcept { return impl_->table.total - impl_->frozen; }
 int64_t Model::frozen_params() const noexcept { return impl_->frozen; }
 const ParamTable& Model::trainable_table() const noexcept { return impl_->frozen > 0 ? impl_->trainable : impl_->table; }
-TensorView Model::trainable_params() { return impl_->params.view(impl_->stored(impl_->frozen), num_trainable()); }
-int64_t Model::nf4_params() const noexcept { return impl_->quantized_values(); }
-int64_t Model::nf4_bytes() const noexcept { return impl_->nf4_codes.bytes() + impl_->nf4_absmax.bytes(); }
+TensorView Model::trainable_params() { return impl_->params.view(impl_->nf4.stored(impl_->frozen), num_trainable()); }
+int64_t Model::nf4_params() const noexcept { return impl_->nf4.values(); }
+int64_t Model::nf4_bytes() const noexcept { return impl_->nf4.nf4_bytes(); }
 Device& Model::device() noexcept { return *impl_->device; }
 TensorView Model::params() { return impl_->params.view(); }
 TensorView Model::grads() { return impl_->grads.view(); }
 TensorView Model::params_bf16() { return impl_->params_bf16.count() > 0 ? impl_->params_bf16.view() : TensorView{}; }
 int64_t Model::state_bytes() const noexcept {
   const Impl& m = *impl_;
-  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4_codes.bytes() + m.nf4_absmax.bytes() + m.staging.bytes();
+  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4.bytes();
 }
 
 void Model::params_changed() {
@@ -711,20 +630,7 @@ void Model::copy_params_to_host(std::vector<float>& out) {
     m.device->download(out.data(), params());
     return;
   }
-  // The fp32 tensors from `params`, the NF4 ones dequantized (the values the products compute with).
-  std::vector<float> held(std::size_t(m.params.count())), scales(std::size_t(m.nf4_absmax.count()));
-  std::vector<uint8_t> codes(std::size_t(m.nf4_codes.count()));
-  m.device->download(held.data(), m.params.view());
-  m.device->download(codes.data(), m.nf4_codes.view());
-  m.device->download(scales.data(), m.nf4_absmax.view());
-  for (const ParamSlice& s : m.table.slices) {
-    float* to = out.data() + s.offset;
-    if (const Impl::Nf4Tensor* t = m.nf4_at(s.offset)) {
-      for (int64_t i = 0; i < t->numel; ++i) to[i] = nf4::value(codes.data() + t->codes, scales.data() + t->scales, i);
-    } else {
-      std::copy_n(held.data() + m.stored(s.offset), s.numel(), to);
-    }
-  }
+  m.nf4.download(*m.device, m.params, m.table, out);  // the NF4 tensors dequantized: what the products compute with
 }
 
 void Model::copy_grads_to_host(std::vector<float>& out) {
@@ -743,21 +649,7 @@ void Model::load_params_from_host(const std::vector<float>& values) {
     params_changed();
     return;
   }
-  std::vector<float> held(std::size_t(m.params.count())), scales(std::size_t(m.nf4_absmax.count()));
-  std::vector<uint8_t> codes(std::size_t(m.nf4_codes.count()), 0);
-  for (const ParamSlice& s : m.table.slices) {
-    const float* from = values.data() + s.offset;
-    if (const Impl::Nf4Tensor* t = m.nf4_at(s.offset)) {
-      if (!nf4::quantize(from, t->numel, codes.data() + t->codes, scales.data() + t->scales)) {
-        throw_input_error("adapter.base_dtype", "'" + s.name + "' holds a value that is not finite: it cannot be held in NF4");
-      }
-    } else {
-      std::copy_n(from, s.numel(), held.data() + m.stored(s.offset));
-    }
-  }
-  m.device->upload(m.params.view(), held.data());
-  m.device->upload(m.nf4_codes.view(), codes.data());
-  m.device->upload(m.nf4_absmax.view(), scales.data());
+  m.nf4.upload(*m.device, m.params, m.table, values);
   params_changed();
 }
 

@@ -16,6 +16,7 @@
 #include "ablate/error.hpp"
 #include "ablate/plugin.hpp"
 #include "gpt2_vocab.hpp"
+#include "spm_text.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -198,9 +199,15 @@ class TokenShards final : public ablate::DataSource {
 
   // Prompts are text where the shards' tokenizer covers every byte (GPT-2's does), token ids otherwise.
   std::vector<int32_t> encode(const std::string& text) const override {
+#ifdef ABLATE_HAVE_SENTENCEPIECE
+    if (spm_text_) return spm_text_->encode(text);
+#endif
     return vocab_text_ && vocab_text_->can_encode() ? vocab_text_->encode(text) : DataSource::encode(text);
   }
   std::string decode(const std::vector<int32_t>& tokens) const override {
+#ifdef ABLATE_HAVE_SENTENCEPIECE
+    if (spm_text_) return spm_text_->decode(tokens);
+#endif
     return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);
   }
 
@@ -226,7 +233,11 @@ class TokenShards final : public ablate::DataSource {
     return "token_shards: " + std::to_string(shards_.size()) + " shards, " + std::to_string(tokens_total_) + " tokens, " +
            std::to_string(train_.total) + " train / " + std::to_string(validation_.total) +
            " validation documents, vocab " + std::to_string(vocab_) + ", eot " + std::to_string(eot_) +
-           (vocab_text_ ? ", decoded with " + vocab_text_->file().string() : std::string());
+           (vocab_text_ ? ", decoded with " + vocab_text_->file().string() : std::string())
+#ifdef ABLATE_HAVE_SENTENCEPIECE
+           + (spm_text_ ? ", decoded with " + spm_text_->file().string() : std::string())
+#endif
+        ;
   }
 
  private:
@@ -259,19 +270,29 @@ class TokenShards final : public ablate::DataSource {
   }
 
   // `tokenizer`: "auto" reads the tokenizer/ directory beside the first training shard when there
-  // is one; a path must hold the files; "none" decodes as token ids.
+  // is one; a path must hold the files (a SentencePiece tokenizer.model, else GPT-2's); "none"
+  // decodes as token ids.
   void open_tokenizer(const ablate::Params& own, const std::filesystem::path& first_shard) {
     using ablate::token_shards::Gpt2Vocab;
-    const std::string setting = own.get_string("tokenizer");
+    using ablate::token_shards::SentencePieceText;
+    const std::string setting = own.get_string("tokenizer"), key = own.path() + ".tokenizer";
     if (setting == "none") return;
     std::filesystem::path dir = setting;
-    if (setting == "auto") {
-      dir = first_shard.parent_path() / "tokenizer";
-      if (!Gpt2Vocab::present(dir)) return;
-    } else if (!Gpt2Vocab::present(dir)) {
-      ablate::throw_input_error(own.path() + ".tokenizer", "'" + setting +
-                                                               "' holds neither encoder.json nor gpt2.tiktoken (give a "
-                                                               "directory with GPT-2's tokenizer files, \"auto\" or \"none\")");
+    if (setting == "auto") dir = first_shard.parent_path() / "tokenizer";
+    if (SentencePieceText::present(dir)) {
+#ifdef ABLATE_HAVE_SENTENCEPIECE
+      spm_text_ = SentencePieceText::load(dir, vocab_, key);
+      return;
+#else
+      ablate::throw_input_error(key, (dir / "tokenizer.model").string() + " is a SentencePiece model and this build has no "
+                                     "SentencePiece (apt install libsentencepiece-dev, then build again)");
+#endif
+    }
+    if (setting == "auto" && !Gpt2Vocab::present(dir)) return;
+    if (!Gpt2Vocab::present(dir)) {
+      ablate::throw_input_error(key, "'" + setting +
+                                         "' holds neither tokenizer.model (SentencePiece) nor encoder.json or gpt2.tiktoken "
+                                         "(GPT-2's files): give such a directory, \"auto\" or \"none\"");
     }
     vocab_text_ = std::make_unique<Gpt2Vocab>(Gpt2Vocab::load(dir, vocab_));
   }
@@ -285,6 +306,7 @@ class TokenShards final : public ablate::DataSource {
   SplitIndex validation_;
   uint64_t tokens_total_ = 0;
   std::unique_ptr<ablate::token_shards::Gpt2Vocab> vocab_text_;  // null: samples as token ids
+  std::unique_ptr<ablate::token_shards::SentencePieceText> spm_text_;  // a SentencePiece model instead, else null
 };
 
 void register_components(ablate::Registrar& r) {
@@ -300,7 +322,8 @@ void register_components(ablate::Registrar& r) {
              integer("eot", 50256, "end-of-text token id (documents are split on it); shards hold uint16 tokens").within(0, 65535),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
              string("tokenizer", "auto",
-                    "GPT-2 tokenizer files (encoder.json or gpt2.tiktoken) that samples are decoded with: a directory, "
+                    "the tokenizer prompts are encoded and samples decoded with: a directory holding a SentencePiece "
+                    "tokenizer.model or GPT-2's files (encoder.json or gpt2.tiktoken), "
                     "\"auto\" (tokenizer/ beside the first shard, when there) or \"none\" (token ids)")
                  .path({"auto", "none"}),
          },

@@ -104,3 +104,17 @@ else()
   message(STATUS "ablate: NCCL not found (nccl.h and libnccl; set NCCL_HOME, or pip install nvidia-nccl-cu12); "
                  "the nccl communicator is not built")
 endif()
+
+# SentencePiece (libsentencepiece-dev): Llama-style tokenizer models for the token_shards source.
+find_path(ABLATE_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h)
+find_library(ABLATE_SENTENCEPIECE_LIBRARY sentencepiece)
+if(ABLATE_SENTENCEPIECE_INCLUDE_DIR AND ABLATE_SENTENCEPIECE_LIBRARY)
+  add_library(ablate_sentencepiece INTERFACE)
+  add_library(ablate::sentencepiece ALIAS ablate_sentencepiece)
+  target_include_directories(ablate_sentencepiece INTERFACE "${ABLATE_SENTENCEPIECE_INCLUDE_DIR}")
+  target_link_libraries(ablate_sentencepiece INTERFACE "${ABLATE_SENTENCEPIECE_LIBRARY}")
+  message(STATUS "ablate: SentencePiece ${ABLATE_SENTENCEPIECE_LIBRARY}")
+else()
+  message(STATUS "ablate: libsentencepiece not found: token_shards reads no SentencePiece models "
+                 "(apt install libsentencepiece-dev)")
+endif()

@@ -1,0 +1,52 @@
+// The NF4 base of a model ([adapter] base_dtype = "nf4", docs/finetuning.md): every 2-D weight of
+// the frozen base's linear and MLP sites held as 4-bit codes and fp32 block scales (nf4.hpp)
+// instead of in the model's fp32 parameter buffer, which then holds every other tensor in table
+// order. A site whose parameters include one gets them dequantized (and its other parameters
+// copied) into one staging buffer, the size of the largest such site's, before each call.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ablate/device.hpp"
+#include "ablate/tensor.hpp"
+#include "model_schedule.hpp"
+
+namespace ablate::schedule {
+
+class Nf4Base {
+ public:
+  // Which tensors are held in NF4: the 2-D slices of the sites whose layer is `lin` or `mlp`
+  // (none when `on` is false). Each site's parameter range is known from here on.
+  void plan(bool on, const ParamTable& table, const Schedule& sched, const Layer* lin, const Layer* mlp);
+  void allocate(Device& device);
+  bool empty() const noexcept { return tensors_.empty(); }
+  // Values held in NF4, and the bytes their codes and scales take; every buffer's bytes.
+  int64_t values() const noexcept { return tensors_.empty() ? 0 : tensors_.back().before + tensors_.back().numel; }
+  int64_t nf4_bytes() const noexcept { return codes_.bytes() + absmax_.bytes(); }
+  int64_t bytes() const noexcept { return nf4_bytes() + staging_.bytes(); }
+  // Where table offset x (not inside an NF4 tensor) lives in the fp32 buffer.
+  int64_t stored(int64_t x) const;
+  // Site i's parameters: `params` from its first on, or its staging copy with the NF4 tensors
+  // dequantized (`table` names its slices).
+  TensorView site_params(std::size_t i, const Site& s, const Buffer& params, const ParamTable& table, Device& device) const;
+  // The whole table through host memory: `out` (table.total) from the fp32 buffer and the codes;
+  // `values` (table.total) into them. A value that is not finite cannot be quantized: an input error.
+  void download(Device& device, const Buffer& params, const ParamTable& table, std::vector<float>& out) const;
+  void upload(Device& device, const Buffer& params, const ParamTable& table, const std::vector<float>& values) const;
+
+ private:
+  struct Tensor {
+    int64_t offset = 0, numel = 0;  // in the table
+    int64_t codes = 0, scales = 0;  // offsets into codes_ and absmax_
+    int64_t before = 0;             // values of the NF4 tensors before it
+  };
+  const Tensor* at(int64_t offset) const;
+  std::vector<Tensor> tensors_;                     // by table offset
+  std::vector<std::pair<int64_t, int64_t>> region_;  // each site's parameters [begin, end) in the table
+  std::vector<char> staged_;                         // whether a site's parameters hold an NF4 tensor
+  Buffer codes_, absmax_, staging_;
+};
+
+}  // namespace ablate::schedule
