@@ -1,6 +1,7 @@
 // Data-parallel training end to end: `ablate train` under mpiexec with 2 ranks against one process
 // with the same global batch (2 micro-batches of accumulation), ZeRO-1 against plain data
-// parallel, a 2-rank run stopped and resumed against the uninterrupted one, and the refusals
+// parallel, LoRA on an NF4 base (only the adapters reduced and sharded), a 2-rank run stopped and
+// resumed against the uninterrupted one, and the refusals
 // (another world size on resume, communicator "single" under a launcher).
 //
 // The data makes the global batches identical: the padded batcher puts one document per row
@@ -128,6 +129,33 @@ TEST_CASE("2 ranks give the losses of 1 process with the same global batch, and 
   const auto smp = run_ablate("sample --checkpoint " + zero.string() + " --prompt \"#h3 \" --tokens 10 --seed 1");
   INFO(smp.output);
   CHECK(smp.exit_code == 0);
+}
+
+TEST_CASE("LoRA on an NF4 base: 2 ranks give 1 process's losses, plain and ZeRO-1, the adapters' state halved") {
+  // Only the adapters train: the gradient buckets, the all-reduce, ZeRO-1's reduce-scatter and
+  // all-gather and the optimizer's shards cover the trainable part of the table alone.
+  const std::string lora = "--set adapter.name=lora --set adapter.rank=4 --set adapter.base_dtype=nf4 ";
+  TempDir tmp;
+  const fs::path one = tmp.path() / "one", dp = tmp.path() / "dp", zero = tmp.path() / "zero";
+  const auto r1 = one_process(lora + "--set run.grad_accum_steps=2 --run-dir " + one.string());
+  INFO(r1.output);
+  REQUIRE(r1.exit_code == 0);
+  const auto r2 = two_ranks(lora + "--run-dir " + dp.string());
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  require_same_losses(one, dp, kLossTolerance);
+  const auto rz = two_ranks(lora + "--set optimizer.shard_state=true --run-dir " + zero.string());
+  INFO(rz.output);
+  REQUIRE(rz.exit_code == 0);
+  require_same_losses(dp, zero, kLossTolerance);
+  const json run = read_json(dp / "run.json");
+  const int64_t trainable = run["trainable_parameters"];
+  CHECK(trainable > 0);
+  CHECK(trainable < run["parameters"].get<int64_t>() / 10);
+  CHECK(run["nf4_parameters"].get<int64_t>() > 0);
+  CHECK(metrics(dp).back()["optimizer_state_bytes"] == 8 * trainable);
+  CHECK(metrics(zero).back()["optimizer_state_bytes"] == 8 * ((trainable + 1) / 2));
+  CHECK(metrics(dp).back()["loss"].get<double>() < metrics(dp).front()["loss"].get<double>());
 }
 
 TEST_CASE("3 ranks (uneven shards, slices cut mid-tensor) give 1 process's losses, with and without ZeRO-1") {

@@ -88,7 +88,7 @@ TEST_CASE("nf4: the round-trip error of a block is at most half the widest gap o
   MESSAGE("normal weights: worst error " << worst << " of absmax, rms " << std::sqrt(mean_sq));
 }
 
-TEST_CASE("nf4: an all-zero block is zeros; a value that is not finite is refused") {
+TEST_CASE("nf4: an all-zero block is zeros, and a value that is not finite is refused") {
   std::vector<float> x(70, 0.0f);
   x[65] = -2.0f;
   std::vector<uint8_t> codes(35);
