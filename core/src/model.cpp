@@ -386,7 +386,6 @@ std::vector<int64_t> Model::Impl::adapter_layout(int64_t N) const {
 }
 
 LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
-  const std::size_t index = std::size_t(&s - sched.sites.data());
   const int64_t N = plan.rows * plan.seq_len, rows = N * s.row_heads;
   LayerCall c;
   c.spec = s.spec;
@@ -399,7 +398,7 @@ LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
   c.saved = arena_tail(s.saved);
   c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
   c.stream = device->stream();
-  if (s.param >= 0) c.params = nf4.site_params(index, s, params, table, *device);
+  if (s.param >= 0) c.params = nf4.site_params(s, params, table, *device);
   if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
   if (backward) {
     if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);

@@ -16,24 +16,19 @@ void Nf4Base::plan(bool on, const ParamTable& table, const Schedule& sched, cons
   }
   std::sort(starts.begin(), starts.end());
   starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
-  region_.assign(sched.sites.size(), {0, 0});
-  staged_.assign(sched.sites.size(), 0);
   if (!on) return;
   int64_t codes = 0, scales = 0, before = 0;
-  for (std::size_t i = 0; i < sched.sites.size(); ++i) {
-    const Site& s = sched.sites[i];
-    if (s.param < 0) continue;
+  for (const Site& s : sched.sites) {  // in table order: the sites declared their parameters in turn
+    if (s.param < 0 || (s.layer != lin && s.layer != mlp)) continue;
     const int64_t end = *std::upper_bound(starts.begin(), starts.end(), s.param);
-    region_[i] = {s.param, end};
-    if (s.layer != lin && s.layer != mlp) continue;
     for (const ParamSlice& slice : table.slices) {
       if (slice.offset < s.param || slice.offset >= end || slice.shape.size() != 2) continue;
       tensors_.push_back({slice.offset, slice.numel(), codes, scales, before});
       codes += nf4::code_bytes(slice.numel());
       scales += nf4::blocks(slice.numel());
       before += slice.numel();
-      staged_[i] = 1;
     }
+    staged_.push_back({s.param, end});
   }
 }
 
@@ -41,9 +36,7 @@ void Nf4Base::allocate(Device& device) {
   if (tensors_.empty()) return;
   const Tensor& last = tensors_.back();
   int64_t largest = 0;
-  for (std::size_t i = 0; i < region_.size(); ++i) {
-    if (staged_[i]) largest = std::max(largest, region_[i].second - region_[i].first);
-  }
+  for (const Staged& r : staged_) largest = std::max(largest, r.end - r.begin);
   codes_ = device.alloc(DType::u8, last.codes + nf4::code_bytes(last.numel));
   absmax_ = device.alloc(DType::f32, last.scales + nf4::blocks(last.numel));
   staging_ = device.alloc(DType::f32, largest);
@@ -65,9 +58,10 @@ const Nf4Base::Tensor* Nf4Base::at(int64_t offset) const {
   return nullptr;
 }
 
-TensorView Nf4Base::site_params(std::size_t i, const Site& s, const Buffer& params, const ParamTable& table, Device& device) const {
-  if (staged_.empty() || !staged_[i]) return params.view(stored(s.param), params.count() - stored(s.param));
-  const auto [begin, end] = region_[i];
+TensorView Nf4Base::site_params(const Site& s, const Buffer& params, const ParamTable& table, Device& device) const {
+  const auto r = std::lower_bound(staged_.begin(), staged_.end(), s.param, [](const Staged& a, int64_t x) { return a.begin < x; });
+  if (r == staged_.end() || r->begin != s.param) return params.view(stored(s.param), params.count() - stored(s.param));
+  const auto [begin, end] = *r;
   for (const ParamSlice& slice : table.slices) {
     if (slice.offset < begin || slice.offset >= end) continue;
     const TensorView to = staging_.view(slice.offset - begin, slice.numel());

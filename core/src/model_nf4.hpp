@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "ablate/device.hpp"
@@ -28,9 +27,9 @@ class Nf4Base {
   int64_t bytes() const noexcept { return nf4_bytes() + staging_.bytes(); }
   // Where table offset x (not inside an NF4 tensor) lives in the fp32 buffer.
   int64_t stored(int64_t x) const;
-  // Site i's parameters: `params` from its first on, or its staging copy with the NF4 tensors
+  // Site s's parameters: `params` from its first on, or its staging copy with the NF4 tensors
   // dequantized (`table` names its slices).
-  TensorView site_params(std::size_t i, const Site& s, const Buffer& params, const ParamTable& table, Device& device) const;
+  TensorView site_params(const Site& s, const Buffer& params, const ParamTable& table, Device& device) const;
   // The whole table through host memory: `out` (table.total) from the fp32 buffer and the codes;
   // `values` (table.total) into them. A value that is not finite cannot be quantized: an input error.
   void download(Device& device, const Buffer& params, const ParamTable& table, std::vector<float>& out) const;
@@ -42,10 +41,13 @@ class Nf4Base {
     int64_t codes = 0, scales = 0;  // offsets into codes_ and absmax_
     int64_t before = 0;             // values of the NF4 tensors before it
   };
+  // The parameters [begin, end) of a site that holds an NF4 tensor, found by its first offset.
+  struct Staged {
+    int64_t begin = 0, end = 0;
+  };
   const Tensor* at(int64_t offset) const;
-  std::vector<Tensor> tensors_;                     // by table offset
-  std::vector<std::pair<int64_t, int64_t>> region_;  // each site's parameters [begin, end) in the table
-  std::vector<char> staged_;                         // whether a site's parameters hold an NF4 tensor
+  std::vector<Tensor> tensors_;  // by table offset
+  std::vector<Staged> staged_;   // by begin
   Buffer codes_, absmax_, staging_;
 };
 
