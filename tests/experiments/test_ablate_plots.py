@@ -5,7 +5,7 @@ whiskers for single repeats, one band per group of repeats, colour and line styl
 a validation legend entry, no label outside its figure) and the script's files and exit codes.
 
 Run: python3 tests/experiments/test_ablate_plots.py [path/to/ablate_plots.py]
-Exits 77 (skipped) when matplotlib is missing.
+Fails (exit 1) when matplotlib is missing (scripts/setup.sh installs it).
 """
 import importlib.util
 import json
@@ -288,6 +288,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         SCRIPT = sys.argv.pop(1)
     if plt is None:
-        print("matplotlib is missing: skipped")
-        sys.exit(77)
+        sys.exit("FAIL: matplotlib is missing (scripts/setup.sh installs it)")
     sys.exit(0 if unittest.main(exit=False, verbosity=1).result.wasSuccessful() else 1)

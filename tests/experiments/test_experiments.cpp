@@ -682,9 +682,5 @@ TEST_CASE("ablate_plots.py: real tokens seen, smoothing, no whiskers for one rep
   const std::string src = ABLATE_SOURCE_DIR;
   const auto r = run_command("python3 " + src + "/tests/experiments/test_ablate_plots.py " + src + "/tools/ablate_plots.py");
   INFO(r.output);
-  if (r.exit_code == 77) {
-    MESSAGE("matplotlib is missing: ablate_plots.py not checked");
-    return;
-  }
-  CHECK(r.exit_code == 0);
+  CHECK(r.exit_code == 0);  // matplotlib missing is a failure too: scripts/setup.sh installs it
 }

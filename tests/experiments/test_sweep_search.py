@@ -318,13 +318,15 @@ class EarlyStopping(Base):
         self.assertIn("never evaluates", r.stderr)
 
 
+# Long enough for the live block to be redrawn while an arm trains on a fast machine (an arm of 400
+# steps took 0.8 s, finishing before a progress line was drawn).
 PROGRESS = """
 base = "base.toml"
 [sweep]
 name = "progress"
 [sweep.set]
-"run.steps" = 400
-"run.eval_every" = 100
+"run.steps" = 2000
+"run.eval_every" = 500
 [sweep.grid]
 "optimizer.lr" = [3e-3, 1e-3]
 """
@@ -359,7 +361,7 @@ class Progress(Base):
         code, text = run_in_pty([ABLATE, "sweep", "p.toml", "--out", "out"], self.dir)
         self.assertEqual(code, 0, text)
         self.assertIn("\x1b[", text)  # the block is redrawn in place
-        self.assertRegex(text, r"step \d+/400  loss \d+\.\d{4}  ETA \d+:\d\d")
+        self.assertRegex(text, r"step \d+/2000  loss \d+\.\d{4}  ETA \d+:\d\d")
         self.assertRegex(text, r"arms: 0/2 done, 0 failed, 0 stopped, 1 running, 1 waiting")
         self.assertIn("[2/2] 0.001: done", text)
         # The block is gone at the end: the last line printed is the results line.
@@ -367,7 +369,7 @@ class Progress(Base):
         self.assertIn("results:", tail)
 
     def test_a_line_per_event_in_a_log(self):
-        self.write("p.toml", PROGRESS.replace('"run.steps" = 400', '"run.steps" = 30').replace('"run.eval_every" = 100', '"run.eval_every" = 10'))
+        self.write("p.toml", PROGRESS.replace('"run.steps" = 2000', '"run.steps" = 30').replace('"run.eval_every" = 500', '"run.eval_every" = 10'))
         r = run(["sweep", "p.toml", "--out", "out"], self.dir)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("\x1b", r.stdout)

@@ -12,7 +12,7 @@ config keys with the values of the run's config.toml, the metric columns, and a 
 when it completed (none for a run stopped early); the plugin's session-group listing filtered on
 the factor finds exactly the matching arm.
 
-Exits 77 (skipped) where the tensorboard package is not installed.
+Fails (exit 1) where the tensorboard package is missing (scripts/setup.sh installs it).
 
 Usage: check_tensorboard.py <loggers_sample_run> <libablate_loggers.so> <ablate> <configs/quickstart.toml>
 """
@@ -36,8 +36,7 @@ try:
     from werkzeug import test as werkzeug_test
     from werkzeug.wrappers import Response
 except ImportError as e:
-    print(f"skipped: the tensorboard Python package is not installed ({e})")
-    sys.exit(77)
+    sys.exit(f"FAIL: the tensorboard Python package is not installed ({e}): scripts/setup.sh installs it")
 
 DEFAULT_HPARAMS = ["model.d_model", "model.n_layers", "model.n_heads", "batching.name", "batching.batch_size", "batching.seq_len",
                    "optimizer.name", "optimizer.lr", "schedule.name", "run.steps", "run.seed"]

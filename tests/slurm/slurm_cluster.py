@@ -50,11 +50,18 @@ def _which(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
 
 
-def skip_reason() -> str | None:
-    """None when a cluster can be started here, else one line saying why not."""
+def missing_reason() -> str | None:
+    """None when Slurm's and munge's programs are installed, else one line naming the missing ones
+    (a failure: scripts/setup-tests.sh installs them)."""
     missing = [n for n in DAEMONS + CLIENTS if _which(n) is None]
     if missing:
-        return f"Slurm/munge programs not found: {', '.join(missing)} (Debian packages slurm-wlm, munge)"
+        return (f"Slurm/munge programs not found: {', '.join(missing)} (Debian packages slurm-wlm, munge: "
+                "scripts/setup-tests.sh installs them)")
+    return None
+
+
+def skip_reason() -> str | None:
+    """None when this machine can run a cluster, else one line saying why not (not root: a skip)."""
     if os.geteuid() != 0:
         return "the test Slurm cluster runs its daemons as root; not running as root"
     return None

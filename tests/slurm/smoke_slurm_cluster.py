@@ -12,7 +12,7 @@
 and that on exit no daemon or other process of the cluster is left. Prints the start-up time.
 With --probe-mpi it also reports what the other srun --mpi values do (informational).
 
-Exit status: 0 passed, 1 failed, 77 skipped (not root, or Slurm/munge not installed).
+Exit status: 0 passed, 1 failed (Slurm/munge not installed included), 77 skipped (not root).
 """
 import os
 import pathlib
@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from slurm_cluster import MPI_SRUN_OPTION, SlurmCluster, skip_reason  # noqa: E402
+from slurm_cluster import MPI_SRUN_OPTION, SlurmCluster, missing_reason, skip_reason  # noqa: E402
 
 JOB_TIMEOUT_S = 90
 
@@ -146,6 +146,9 @@ def _status(pid):
 
 
 def main():
+    if missing := missing_reason():
+        print("FAIL: " + missing)
+        return 1
     reason = skip_reason()
     if reason:
         print(f"skipped: {reason}")

@@ -5,7 +5,7 @@ communicator), one arm made to fail, `--status` while it runs and after, a re-ru
 the failed arm alone, and `ablate report` on the gathered directories.
 
 Run: python3 tests/slurm/test_slurm_sweep.py path/to/ablate
-Exits 77 (skipped, with the reason) where the cluster cannot be started (no slurm-wlm/munge, not root).
+Fails without slurm-wlm/munge (scripts/setup-tests.sh installs them); exits 77 (skipped) when not root.
 """
 import json
 import os
@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
+from slurm_cluster import SlurmCluster, missing_reason, skip_reason  # noqa: E402
 
 BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "tiny_sweep_base.toml")
 
@@ -49,20 +49,21 @@ name = "two-ranks"
 "slurm.tasks_per_node" = 2
 """
 
-# Early stopping under Slurm: one array task at a time (max_parallel = 1), so the hopeless arm
-# reaches its first rung after the best arm finished and is compared with it, as with the local
-# launcher.
+# Early stopping under Slurm is asynchronous, as ASHA's (docs/experiments.md): an arm is compared at a
+# rung with the arms that reached it before it, so the decisions depend on the order the array's
+# tasks run in, which Slurm does not promise. The test forces each order in turn: a task waits (a
+# line of the job script) until the other arm's arm.json says it finished, then trains.
 EARLY = """
 base = "base.toml"
 [sweep]
-name = "early"
+name = "{name}"
 launcher = "slurm"
 [sweep.set]
 "run.steps" = 300
 [sweep.early_stop]
 rungs = [10, 20]
 [slurm]
-max_parallel = 1
+extra = [{wait}]
 [[sweep.arms]]
 name = "best"
 "optimizer.lr" = 3e-3
@@ -70,6 +71,10 @@ name = "best"
 name = "hopeless"
 "optimizer.lr" = 1e-7
 """
+
+# Array task `waiter` waits (at most 200 s) until the arm `first` has a finished arm.json.
+WAIT = ('if [ "$SLURM_ARRAY_TASK_ID" = {waiter} ]; then for i in $(seq 1000); do '
+        'grep -Eqs \'"status": *"(completed|stopped|failed)"\' {arm_json} && break; sleep 0.2; done; fi')
 
 failures = []
 passes = []
@@ -87,6 +92,9 @@ def check(cond, what, detail=""):
 
 def main():
     ablate = os.path.abspath(sys.argv[1])
+    if missing := missing_reason():
+        print("FAIL: " + missing)
+        return 1
     reason = skip_reason()
     if reason:
         print("skipped: " + reason)
@@ -198,20 +206,37 @@ def run_sweep(ablate, work, cluster):
 
 
 def early_stopping_under_slurm(ablate, work, cluster):
-    (work / "early.toml").write_text(EARLY)
-    r = ablate_run(ablate, cluster, work, "sweep", "early.toml", "--out", "early")
-    check(r.returncode == 0, "the early-stopping sweep is submitted")
-    job = json.loads((work / "early" / "slurm" / "jobs.json").read_text())["submissions"][0]["job_id"]
-    cluster.wait_jobs(job, timeout=240)
-    arms = {n: json.loads((work / "early" / n / "arm.json").read_text()) for n in ("best", "hopeless")}
-    check(arms["best"]["status"] == "completed" and arms["hopeless"]["status"] == "stopped"
-          and "early stopping at rung 10" in arms["hopeless"].get("error", ""),
-          "inside an array task the hopeless arm is stopped at the first rung and the best completes",
-          json.dumps({n: (a["status"], a.get("error", "")) for n, a in arms.items()}))
-    states = {t: s for t, (s, _) in cluster.array_states(job).items()}
-    check(states == {0: "COMPLETED", 1: "COMPLETED"}, "a stopped arm's task ends as completed for Slurm", str(states))
-    status = ablate_run(ablate, cluster, work, "sweep", "--status", "early")
-    check("arms: 1 completed, 1 stopped" in status.stdout, "--status counts the stopped arm", status.stdout)
+    """Each order of the two array tasks, forced: the decisions are ASHA's for that order.
+    best first: best reaches each rung alone (fewer than min_arms = 2 arms there) and goes on;
+    hopeless then ranks below it at rung 10 and is stopped. hopeless first: it passes both rungs
+    alone and completes; best then ranks above it at each rung and completes too."""
+    for first, second, expect in (("best", "hopeless", {"best": "completed", "hopeless": "stopped"}),
+                                  ("hopeless", "best", {"best": "completed", "hopeless": "completed"})):
+        name = f"early-{first}-first"
+        out = work / name
+        index = {"best": 0, "hopeless": 1}
+        wait = WAIT.format(waiter=index[second], arm_json=out / first / "arm.json")
+        (work / f"{name}.toml").write_text(EARLY.format(name=name, wait=json.dumps(wait)))
+        r = ablate_run(ablate, cluster, work, "sweep", f"{name}.toml", "--out", name)
+        check(r.returncode == 0, f"{first} first: the early-stopping sweep is submitted")
+        job = json.loads((out / "slurm" / "jobs.json").read_text())["submissions"][0]["job_id"]
+        cluster.wait_jobs(job, timeout=300)
+        arms = {n: json.loads((out / n / "arm.json").read_text()) for n in ("best", "hopeless")}
+        got = {n: a["status"] for n, a in arms.items()}
+        check(got == expect, f"{first} first: the arms end {expect}",
+              json.dumps({n: (a["status"], a.get("error", ""), a.get("rungs")) for n, a in arms.items()}))
+        # The rung values say who was there first: the second arm saw the first arm's value.
+        check(arms[first].get("rungs", {}).keys() >= {"10", "20"}, f"{first} first: {first} passed both rungs",
+              json.dumps(arms[first]))
+        if expect["hopeless"] == "stopped":
+            check("early stopping at rung 10" in arms["hopeless"].get("error", ""),
+                  f"{first} first: hopeless is stopped at the first rung", json.dumps(arms["hopeless"]))
+        states = {t: s for t, (s, _) in cluster.array_states(job).items()}
+        check(states == {0: "COMPLETED", 1: "COMPLETED"}, f"{first} first: both tasks end as completed for Slurm (a stopped arm's too)",
+              str(states))
+        status = ablate_run(ablate, cluster, work, "sweep", "--status", name)
+        counts = "arms: 1 completed, 1 stopped" if expect["hopeless"] == "stopped" else "arms: 2 completed"
+        check(counts in status.stdout, f"{first} first: --status counts {counts[6:]}", status.stdout)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ eval` on a token shard must give transformers' mean next-token loss over the sam
 1e-5 relative (ablate computes in fp32, transformers here in fp32 with the loss summed in fp64).
 Then a run started with model.init_from = the directory and learning rate 0 must evaluate the same.
 
-Exit 77 (skipped) where torch or transformers are not installed.
+Fails (exit 1) where torch or transformers are missing: scripts/setup-tests.sh installs them.
 usage: check_import_hf.py ABLATE_BINARY
 """
 import json
@@ -20,8 +20,7 @@ try:
     import torch
     import transformers
 except ImportError as e:
-    print(f"skipped: {e}")
-    sys.exit(77)
+    sys.exit(f"FAIL: {e}: scripts/setup-tests.sh makes the test venv with them (tests/support/test_python.sh runs it)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_export import run, transformers_loss  # noqa: E402

@@ -14,7 +14,8 @@ weight perturbed) and saved with save_pretrained:
    checkpoint's bit for bit.
 
 GPT-2 adapts q, k, v and o (PEFT sees c_attn with the three side by side and c_proj), Llama q and v
-with GQA. Exit 77 (skipped) where torch, transformers or peft are not installed.
+with GQA. Fails (exit 1) where torch, transformers or peft are missing
+(scripts/setup-tests.sh installs them).
 usage: check_lora_peft.py ABLATE_BINARY
 """
 import json
@@ -28,12 +29,11 @@ try:
     import peft
     from safetensors.torch import load_file
 except ImportError as e:
-    print(f"skipped: {e}")
-    sys.exit(77)
+    sys.exit(f"FAIL: {e}: scripts/setup-tests.sh makes the test venv with them (tests/support/test_python.sh runs it)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_export import run, transformers_loss, load  # noqa: E402
-from check_import_hf import BASE, T, V, model_sets, models as hf_models  # noqa: E402  (exits 77 without transformers)
+from check_import_hf import BASE, T, V, model_sets, models as hf_models  # noqa: E402  (fails without transformers)
 
 EOT = V - 1
 TARGETS = {"gpt2": '["q","k","v","o"]', "llama": '["q","v"]'}

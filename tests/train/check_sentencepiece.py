@@ -11,7 +11,7 @@ tokenizer.model; ablate's token_shards source reads it through Debian's libsente
    the same ids in and out;
 3. a tokenizer.model that is not a SentencePiece model is exit 2 naming the file.
 
-Exit 77 (skipped) where torch, transformers or sentencepiece are not installed.
+Fails (exit 1) where torch, transformers or sentencepiece are missing: scripts/setup-tests.sh installs them.
 usage: check_sentencepiece.py ABLATE_BINARY
 """
 import os
@@ -26,8 +26,7 @@ try:
     import transformers
     import sentencepiece as spm
 except ImportError as e:
-    print(f"skipped: {e}")
-    sys.exit(77)
+    sys.exit(f"FAIL: {e}: scripts/setup-tests.sh makes the test venv with them (tests/support/test_python.sh runs it)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_export import run  # noqa: E402
