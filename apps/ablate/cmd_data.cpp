@@ -27,7 +27,7 @@ class MemoryFeed final : public DocumentFeed {
  public:
   MemoryFeed(const std::vector<Document>& documents, int32_t eot) : documents_(documents), eot_(eot) {}
   const Document& next() override { return documents_[draws_++ % documents_.size()]; }
-  Document fetch(uint64_t document) override {
+  const Document& fetch(uint64_t document) override {
     for (const Document& d : documents_) {
       if (d.index == document) return d;
     }

@@ -213,6 +213,7 @@ int cmd_sweep(const Args& args) {
   // Every arm's experiment is validated before any arm runs: a typo fails now, not an hour in.
   std::vector<ArmPlan> plans;
   for (const Arm& a : s.arms) plans.push_back(plan_arm(s, a, out, s.launcher));
+  for (const ArmPlan& p : plans) check_output_directory(p.dir, "an arm's run directory");
   const std::string peak_text = set_common_peak(s, out, plans);
   print_arms(s, out, plans);
   if (vm.count("dry-run")) return 0;

@@ -153,6 +153,36 @@ Batch window_batch(const std::vector<int32_t>& tokens, int64_t first, int64_t ro
   return b;
 }
 
+// Where a batch of windows whose loss is not finite first goes wrong: the first logit that is NaN or
+// infinite (window, position, vocabulary entry), else the first position whose loss is not finite
+// (every logit finite, their spread too wide for the softmax).
+std::string first_nonfinite_position(Model& model, const Batch& b, int64_t first_window, int64_t T) {
+  std::vector<float> losses, logits;
+  model.forward(b, &losses, &logits);
+  const int64_t positions = int64_t(losses.size());
+  const int64_t width = positions > 0 ? int64_t(logits.size()) / positions : 0;
+  const int64_t vocab = model.options().vocab_size;
+  const auto place = [&](int64_t position) {
+    return "window " + std::to_string(first_window + position / T) + ", position " + std::to_string(position % T) +
+           " (shard token " + std::to_string((first_window + position / T) * (T + 1) + position % T) + ")";
+  };
+  for (int64_t i = 0; i < positions; ++i) {
+    for (int64_t v = 0; v < std::min(width, vocab); ++v) {
+      const float x = logits[std::size_t(i * width + v)];
+      if (!std::isfinite(x)) {
+        return "the first non-finite logit is at " + place(i) + ", vocabulary entry " + std::to_string(v) + " (" +
+               (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") + ")";
+      }
+    }
+  }
+  for (int64_t i = 0; i < positions; ++i) {
+    if (!std::isfinite(losses[std::size_t(i)])) {
+      return "every logit is finite; the first non-finite position loss is at " + place(i);
+    }
+  }
+  return "no position's loss or logit is non-finite on its own; their sum overflows";
+}
+
 }  // namespace
 
 int cmd_eval(const Args& args) {
@@ -162,7 +192,8 @@ int cmd_eval(const Args& args) {
       "seq-len", int_option("seq-len", 1, 16777216), "window length T (default: the run's batching.seq_len)")(
       "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")(
       "threads", int_option("threads", 0, 4096), "CPU threads (0 = every core; default: the run's run.threads)")(
-      "json", "print JSON")("allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");
+      "json", "print JSON")("allow-nonfinite",
+                            "read a checkpoint whose weights hold NaN or inf, and report a loss that is not finite (forensics; warns)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--threads N] [--json]"))
     return 0;
@@ -204,12 +235,22 @@ int cmd_eval(const Args& args) {
   }
   double sum = 0;
   int64_t count = 0;
+  const bool allow_nonfinite = vm.count("allow-nonfinite") > 0;
   spdlog::info("eval: {} windows of {} tokens, {} per forward pass, {} thread(s)", windows, T, per, threads);
   Progress progress("eval", windows);
   for (int64_t w = 0; w < windows; w += per) {
     const int64_t rows = std::min(per, windows - w);
     const Batch b = window_batch(tokens, w, rows, T);
-    sum += lm.model->forward(b);
+    const double part = lm.model->forward(b);
+    if (!std::isfinite(part)) {
+      const std::string where = first_nonfinite_position(*lm.model, b, w, T);
+      if (!allow_nonfinite) {
+        throw_input_error(lm.dir.string(), "the evaluation loss is not finite: " + where +
+                                               " (the weights overflow in the forward pass; --allow-nonfinite reports the loss anyway)");
+      }
+      if (std::isfinite(sum)) spdlog::warn("eval: the loss is not finite: {} (reported anyway: --allow-nonfinite)", where);
+    }
+    sum += part;
     count += rows * T;
     progress.update(w + rows);
   }

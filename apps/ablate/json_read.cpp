@@ -203,28 +203,6 @@ json checked_object(const std::string& where, const json& in, const JsonSchema& 
   return out;
 }
 
-// The byte at which `text` first nests deeper than kMaxJsonDepth (brackets inside strings do not
-// count), or npos.
-std::size_t too_deep_at(std::string_view text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return i;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return std::string_view::npos;
-}
-
 // nlohmann's message without its "[json.exception...] " tag, the token it echoes cut short.
 std::string parse_detail(const json::exception& e, bool one_line) {
   std::string m = e.what();
@@ -245,7 +223,7 @@ std::string parse_detail(const json::exception& e, bool one_line) {
 
 // `text` parsed and checked; `where` names the file (and line) in messages.
 json parse_checked(const std::string& where, std::string_view text, const JsonSchema& schema, bool one_line) {
-  if (const std::size_t at = too_deep_at(text); at != std::string_view::npos) {
+  if (const std::size_t at = json_too_deep_at(text); at != std::string_view::npos) {
     const std::string place =
         one_line ? "column " + std::to_string(at + 1)
                  : "line " + std::to_string(1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n')) + ", byte " +

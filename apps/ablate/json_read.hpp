@@ -19,11 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ablate/file_check.hpp"
+
 namespace ablate::cli {
 
 // The files ablate writes nest a few levels; deeper is a damaged or hostile file, refused before it
-// is parsed (nothing that walks it later can exhaust the stack).
-inline constexpr int kMaxJsonDepth = 32;
+// is parsed (ablate::kMaxJsonDepth, ablate/file_check.hpp).
+using ablate::kMaxJsonDepth;
 // No string ablate writes into these files comes near this (paths, statuses, an arm's last error line).
 inline constexpr std::size_t kMaxJsonString = std::size_t(64) << 10;
 

@@ -91,6 +91,7 @@ void read_new_lines(const fs::path& file, ArmProgress& p, std::uintmax_t& offset
   while (std::getline(in, line)) {
     if (in.eof()) break;  // no newline yet: a line still being written
     offset += line.size() + 1;
+    if (json_too_deep_at(line) != std::string::npos) continue;  // not a metrics line
     const json m = json::parse(line, nullptr, false);
     if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer()) continue;
     p.step = std::max(p.step, m["step"].get<int64_t>());

@@ -49,9 +49,14 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
     throw_runtime_error(tmp.string(), std::string("fsync/close failed: ") + std::strerror(errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+    const int err = errno;
     ::unlink(tmp.c_str());
-    throw_runtime_error(path.string(), "rename failed: " + why);
+    // Something other than a file by that name (a directory put there): the input's fault, exit 2.
+    if (err == EISDIR || err == ENOTDIR || err == ENOTEMPTY || err == EEXIST) {
+      throw_input_error(path.string(), std::string("cannot be written: ") + std::strerror(err) +
+                                           " (expected a regular file there, or nothing)");
+    }
+    throw_runtime_error(path.string(), std::string("rename failed: ") + std::strerror(err));
   }
   fsync_path(dir, O_RDONLY | O_DIRECTORY);
 }

@@ -37,11 +37,34 @@ std::string step_name(int64_t step) {
 }
 
 
+}  // namespace
+
+// A cursor holds positions only: the draw number and the batcher's pending pieces as token offsets.
+// Consecutive pieces of one document cut at a fixed length (a long document split into rows) are
+// one run, [document, begin, end, length]: the pieces [begin + i length, min(end, begin + (i + 1)
+// length)). A single piece is [document, begin, end]. So a cursor's size follows the number of
+// documents pending, not their length (a 50 MB one-line text is one run, not 1.5 million pieces).
 json cursor_json(const DataCursor& c) {
   json pending = json::array();
-  for (const PendingPiece& p : c.pending) pending.push_back({p.document, p.begin, p.end});
+  for (std::size_t i = 0; i < c.pending.size();) {
+    const PendingPiece& first = c.pending[i];
+    const int32_t length = first.end - first.begin;
+    int32_t end = first.end;
+    std::size_t j = i + 1;
+    // Extend while the next piece continues the document and every piece so far is whole.
+    while (j < c.pending.size() && c.pending[j].document == first.document && c.pending[j].begin == end &&
+           (end - first.begin) % length == 0 && c.pending[j].end - c.pending[j].begin <= length) {
+      end = c.pending[j].end;
+      ++j;
+    }
+    if (j == i + 1) pending.push_back({first.document, first.begin, first.end});
+    else pending.push_back({first.document, first.begin, end, length});
+    i = j;
+  }
   return {{"draw", c.draw}, {"pending", pending}};
 }
+
+namespace {
 
 // A state.json field that must be a whole number in [lo, hi]: an input error naming the file, the
 // field and what it holds otherwise (a string, a float, a negative seed read as a huge one).
@@ -83,9 +106,15 @@ std::string string_field(const json& j, const char* key, const fs::path& file) {
   return j.at(key).get<std::string>();
 }
 
+// More pieces than any batcher holds (a batch's rows, and the rest of the documents it cut): a
+// damaged run would otherwise expand into gigabytes.
+constexpr std::size_t kMaxPendingPieces = std::size_t(1) << 26;
+
+}  // namespace
+
 DataCursor cursor_from(const json& j, const std::string& name, const fs::path& file) {
   DataCursor c;
-  c.draw = whole_field<uint64_t>(j, "draw", name + ".", file, 0, UINT64_MAX);
+  c.draw = whole_field<uint64_t>(j, "draw", name + ".", file, 0, UINT64_MAX - 1);
   if (!j.contains("pending") || !j.at("pending").is_array()) {
     throw_input_error(file.string(), "not a valid checkpoint state: '" + name + ".pending' is not an array");
   }
@@ -93,20 +122,55 @@ DataCursor cursor_from(const json& j, const std::string& name, const fs::path& f
   for (std::size_t i = 0; i < pending.size(); ++i) {
     const std::string at = name + ".pending[" + std::to_string(i) + "]";
     const json& p = pending[i];
-    if (!p.is_array() || p.size() != 3) {
-      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + p.dump() +
-                                           ", expected [document, begin, end]");
+    if (!p.is_array() || (p.size() != 3 && p.size() != 4)) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + echo_value(p.dump()) +
+                                           ", expected [document, begin, end] or a run [document, begin, end, length]");
     }
     PendingPiece piece;
     piece.document = whole_field<uint64_t>(p[0], at + "[0] (document)", file, 0, UINT64_MAX);
     piece.begin = whole_field<int32_t>(p[1], at + "[1] (begin)", file, 0, INT32_MAX);
-    piece.end = whole_field<int32_t>(p[2], at + "[2] (end)", file, 1, INT32_MAX);
-    if (piece.end <= piece.begin) {
+    const auto end = whole_field<int32_t>(p[2], at + "[2] (end)", file, 1, INT32_MAX);
+    if (end <= piece.begin) {
       throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + p.dump() + ", an empty piece");
     }
-    c.pending.push_back(piece);
+    const int32_t length = p.size() == 4 ? whole_field<int32_t>(p[3], at + "[3] (length)", file, 1, INT32_MAX) : end - piece.begin;
+    const int64_t pieces = (int64_t(end) - piece.begin + length - 1) / length;
+    if (c.pending.size() + uint64_t(pieces) > kMaxPendingPieces) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + name + ".pending' holds more than " +
+                                           std::to_string(kMaxPendingPieces) + " pieces (at '" + at + "')");
+    }
+    for (int64_t b = piece.begin; b < end; b += length) {
+      c.pending.push_back({piece.document, int32_t(b), int32_t(std::min<int64_t>(end, b + length))});
+    }
   }
   return c;
+}
+
+namespace {
+
+// A cursor's draw number, checked against the data: every draw hands the batcher a document, and a
+// document that is not empty puts at least one token into a batch or stays pending; between two
+// non-empty documents at most one epoch of empty ones can be drawn (the pipeline stops there). So
+// after `step` steps of at most rows x T tokens per micro-batch, a rank drew at most
+// (step x accumulation x rows x T + pending + 1) x (draws per epoch + 1) documents. A larger draw
+// is a damaged checkpoint (or one of other data), refused before anything is restored.
+void check_cursor_draws(const CheckpointState& st, const DataPipeline& data, int64_t accumulation, const fs::path& state_file) {
+  using u128 = unsigned __int128;
+  const u128 tokens = u128(uint64_t(std::max<int64_t>(st.step, 0))) * u128(uint64_t(std::max<int64_t>(accumulation, 1))) *
+                      u128(uint64_t(std::max(data.batcher().max_rows(), 1))) *
+                      u128(uint64_t(std::max(data.batcher().max_seq_len(), 1)));
+  for (std::size_t r = 0; r < st.cursors.size(); ++r) {
+    const DataCursor& c = st.cursors[r];
+    const u128 bound = (tokens + c.pending.size() + 1) * (u128(data.draws_per_epoch()) + 1);
+    if (u128(c.draw) > bound) {
+      const uint64_t shown = bound > u128(UINT64_MAX) ? UINT64_MAX : uint64_t(bound);
+      throw_input_error(state_file.string(), "data_cursors[" + std::to_string(r) + "].draw is " + std::to_string(c.draw) +
+                                                 ", more than the " + std::to_string(shown) + " draws " + std::to_string(st.step) +
+                                                 " step(s) can have taken from this data (" +
+                                                 std::to_string(data.draws_per_epoch()) +
+                                                 " draws an epoch): the checkpoint is damaged or was written with other data");
+    }
+  }
 }
 
 // The first value of a floating-point tensor that is a NaN or an infinity: its flat index, -1 when
@@ -294,7 +358,9 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   const fs::path file = dir / "state.json";
   CheckpointState s;
   try {
-    const json j = json::parse(read_regular_file(file, "checkpoint state", kMaxJsonBytes));
+    const std::string text = read_regular_file(file, "checkpoint state", kMaxJsonBytes);
+    check_json_depth(text, file.string());
+    const json j = json::parse(text);
     if (!j.is_object()) throw_input_error(file.string(), "not a valid checkpoint state: not a JSON object");
     s.step = whole_field<int64_t>(j, "step", "", file, 0, INT64_MAX);
     for (auto [key, into] : {std::pair<const char*, double*>{"loss", &s.loss}, {"val_loss", &s.val_loss}}) {
@@ -498,7 +564,9 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     json cursors = json::array();
     for (int r = 0; r < comm_.world(); ++r) {
       std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
-      cursors.push_back(json::parse(read_regular_file(tmp / cname, "data cursor", kMaxJsonBytes)));
+      const std::string text = read_regular_file(tmp / cname, "data cursor", kMaxJsonBytes);
+      check_json_depth(text, (tmp / cname).string());
+      cursors.push_back(json::parse(text));
       fs::remove(tmp / cname);
     }
     json ofiles = json::array();
@@ -591,6 +659,7 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
       }
     }
   }
+  check_cursor_draws(st, data, spec_.run.grad_accum_steps, state_file);
   if (st.seed != s_.seed) {
     spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
                  "checkpoint are not the original run's", state_file.string(), st.seed, s_.seed);

@@ -26,6 +26,13 @@ struct RunSpec;
 // A JSON file of the run directory, written atomically (safetensors.hpp's write_file_atomic).
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
 
+// A data cursor as state.json holds it: {"draw": N, "pending": [...]}, each pending entry a piece
+// [document, begin, end] or a run [document, begin, end, length] of consecutive pieces of one
+// document cut at `length` tokens (the last one possibly shorter). Positions only, never tokens.
+nlohmann::json cursor_json(const DataCursor& cursor);
+// The cursor read back; `name` ("data_cursor") and `file` name what is wrong in an input error.
+DataCursor cursor_from(const nlohmann::json& j, const std::string& name, const std::filesystem::path& file);
+
 class Checkpointer {
  public:
   struct Setup {

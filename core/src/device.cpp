@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "ablate/device_math.hpp"
 #include "ablate/nf4.hpp"
@@ -107,10 +108,25 @@ BatchViews host_batch_views(const Batch& b) {
 
 // ---- the cpu device ----
 
-int64_t physical_memory_bytes() {
+namespace {
+
+// The lower of the machine's memory and the process's limits, with the name of the one that binds.
+std::pair<int64_t, const char*> host_memory_limit() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+  std::pair<int64_t, const char*> out{pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0, "physical memory"};
+  for (auto [resource, name] : {std::pair<int, const char*>{RLIMIT_AS, "the address-space limit (ulimit -v)"},
+                                {RLIMIT_DATA, "the data-segment limit (ulimit -d)"}}) {
+    rlimit l{};
+    if (getrlimit(resource, &l) != 0 || l.rlim_cur == RLIM_INFINITY || l.rlim_cur > rlim_t(INT64_MAX)) continue;
+    if (out.first == 0 || int64_t(l.rlim_cur) < out.first) out = {int64_t(l.rlim_cur), name};
+  }
+  return out;
 }
+
+}  // namespace
+
+int64_t physical_memory_bytes() { return host_memory_limit().first; }
+const char* physical_memory_source() { return host_memory_limit().second; }
 
 namespace {
 

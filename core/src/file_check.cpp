@@ -1,6 +1,7 @@
 // Regular-file checks and bounded reads (see file_check.hpp).
 #include "ablate/file_check.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -145,12 +146,56 @@ void check_output_file(const fs::path& path, std::string_view kind) {
 
 void check_output_directory(const fs::path& dir, std::string_view kind) {
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return;
+  if (::stat(dir.c_str(), &st) != 0) {
+    // Nothing there: it is created, so the nearest thing that exists above it must be a directory.
+    for (fs::path up = dir.parent_path(); !up.empty(); up = up.parent_path()) {
+      if (::stat(up.c_str(), &st) != 0) {
+        if (up == up.parent_path()) break;
+        continue;
+      }
+      if (!S_ISDIR(st.st_mode)) {
+        const std::string what = S_ISREG(st.st_mode) ? std::string("an existing file") : type_name(st.st_mode);
+        throw_input_error(dir.string(), "cannot be created: " + up.string() + " is " + link_note(up) + what +
+                                            ", not a directory (" + std::string(kind) + " must be a directory or a path that "
+                                            "can be created)");
+      }
+      break;
+    }
+    return;
+  }
   if (!S_ISDIR(st.st_mode)) {
     const std::string what = S_ISREG(st.st_mode) ? std::string("an existing file") : type_name(st.st_mode);
     throw_input_error(dir.string(), "is " + link_note(dir) + what + ", not a directory: " + std::string(kind) +
                                         " must be a directory or a path that does not exist yet");
   }
+}
+
+std::size_t json_too_deep_at(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
+void check_json_depth(std::string_view text, const std::string& where, int max_depth) {
+  const std::size_t at = json_too_deep_at(text, max_depth);
+  if (at == std::string_view::npos) return;
+  const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n');
+  throw_input_error(where, "nests deeper than " + std::to_string(max_depth) + " levels (at line " + std::to_string(line) +
+                               ", byte " + std::to_string(at) + "): not a file ablate can read");
 }
 
 }  // namespace ablate

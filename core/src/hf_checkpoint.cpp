@@ -28,6 +28,7 @@ constexpr std::uintmax_t kMaxHfJsonBytes = std::uintmax_t(64) << 20;  // config.
 
 json read_json(const fs::path& file, const char* what) {
   const std::string text = read_regular_file(file, what, kMaxHfJsonBytes);
+  check_json_depth(text, file.string());
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw_input_error(file.string(), std::string("is not a JSON object (") + what + ")");
   return j;

@@ -168,6 +168,7 @@ std::string read_header_text(int fd, uint64_t file_size, const std::string& wher
 // The header parsed, refused unless it is a JSON object with no key twice.
 nlohmann::json parse_header(const std::string& json, const std::string& where) {
   nlohmann::json header;
+  check_json_depth(json, where + ": header");
   try {
     header = nlohmann::json::parse(json);
   } catch (const std::exception& e) {

@@ -33,6 +33,7 @@
 #include "ablate/schedule.hpp"
 #include "ablate/version.hpp"
 #include "checkpointer.hpp"
+#include "host_memory.hpp"
 #include "run_metrics.hpp"
 
 #ifdef _OPENMP
@@ -94,7 +95,7 @@ struct TrainerSettings {
     s.batch_size = spec.batch_size;
     s.seq_len = spec.seq_len;
     s.memory_bytes = spec.memory_budget_bytes();
-    s.memory_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : "physical memory";
+    s.memory_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : physical_memory_source();
     return s;
   }
 };
@@ -110,7 +111,7 @@ void prepare_run_dir(const TrainOptions& options, Communicator& comm, int64_t st
     const std::string text = read_regular_file(dir / "summary.json", "run summary", kMaxJsonBytes);
     json summary;
     try {
-      summary = json::parse(text);
+      if (json_too_deep_at(text) == std::string::npos) summary = json::parse(text);
     } catch (const json::exception&) {
       summary = json();  // unreadable: the checkpoint decides, as for a killed run
     }
@@ -128,6 +129,14 @@ void prepare_run_dir(const TrainOptions& options, Communicator& comm, int64_t st
   if (!options.resume && has_checkpoint) {
     throw_input_error(dir.string(), "already holds a run with checkpoints; pass --resume to continue it, or --run-dir to "
                                     "start a new one elsewhere");
+  }
+  // The files the run writes at its start and end: anything but a regular file by one of their names
+  // (a directory where summary.json goes) is exit 2 now, not a failed write after training.
+  if (comm.rank() == 0) {
+    check_output_file(dir / "config.toml", "resolved config");
+    check_output_file(dir / "run.json", "run record");
+    check_output_file(dir / "summary.json", "run summary");
+    check_output_directory(dir / "checkpoints", "the run's checkpoint directory");
   }
   comm.barrier();
   if (comm.rank() == 0) fs::create_directories(dir / "checkpoints");
@@ -328,25 +337,38 @@ void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimize
 // from the keys alone) must fit the budget, so that a product like batch_size x seq_len that no
 // machine holds is an input error naming the keys rather than a bad_alloc or the OOM killer.
 // require_memory checks the exact plan once the model exists.
-void require_host_memory(const RunSpec& spec, const TrainerSettings& s, const DeviceCapabilities& device) {
+// The model's parameter tables counted from its keys before anything is allocated: the embedding
+// (and an untied head), learned positions, each block's attention projections (grouped k/v
+// narrower) and MLP. A lower bound: norms and biases are left out.
+double parameters_at_least(const Params& m, int64_t vocab) {
+  const double d = double(m.get_int("d_model"));
+  const double heads = double(std::max<int64_t>(m.get_int("n_heads"), 1));
+  const double kv_heads = m.get_int("n_kv_heads") > 0 ? double(m.get_int("n_kv_heads")) : heads;
+  double params = double(std::max<int64_t>(vocab, 1)) * d * (m.get_bool("tie_embeddings") ? 1.0 : 2.0);
+  if (m.get_string("position") == "learned") params += double(m.get_int("max_seq_len")) * d;
+  const double hidden = m.get_int("mlp_hidden") > 0 ? double(m.get_int("mlp_hidden")) : 0.0;
+  const double mlp = hidden > 0 ? (m.get_string("mlp") == "swiglu_mlp" ? 3.0 : 2.0) * d * hidden : 8.0 * d * d;
+  params += double(m.get_int("n_layers")) * (2.0 * d * d + 2.0 * d * d * kv_heads / heads + mlp);
+  return params;
+}
+
+void require_host_memory(const RunSpec& spec, const TrainerSettings& s, const DeviceCapabilities& device, int64_t vocab) {
   if (s.memory_bytes <= 0) return;
   const double gib = double(1ll << 30);
   // Every batch in flight (queued, being built by each worker, held by the trainer).
   require_batch_memory(spec, spec.data_prefetch + spec.data_workers + 2, "data.prefetch + data.workers + 2");
   if (!device.host_memory) return;  // the parameters live in the device's memory, checked by require_memory
-  // Parameters and gradients in fp32 (optimizer state comes on top): the embeddings and positions alone.
+  // Parameters and gradients in fp32 (optimizer state comes on top).
   const Params& m = spec.model.keys;
-  const double d = double(m.get_int("d_model"));
-  double params = double(std::max<int64_t>(m.get_int("vocab_size"), 1)) * d;
-  if (m.get_string("position") == "learned") params += double(m.get_int("max_seq_len")) * d;
-  params += double(m.get_int("n_layers")) * 4.0 * d * d;  // at least q, k, v and the output projection
+  const double params = parameters_at_least(m, m.get_int("vocab_size") > 0 ? m.get_int("vocab_size") : vocab);
   if (params * 8.0 > double(s.memory_bytes)) {
     throw_input_error("model.d_model",
                       fmt::format("the model needs at least {:.1f} GiB for its parameters and gradients (d_model {}, "
-                                  "n_layers {}, max_seq_len {}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
+                                  "n_layers {}, max_seq_len {}{}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
                                   "model.n_layers or model.max_seq_len",
-                                  params * 8.0 / gib, m.get_int("d_model"), m.get_int("n_layers"),
-                                  m.get_int("max_seq_len"), double(s.memory_bytes) / gib, s.memory_source));
+                                  params * 8.0 / gib, m.get_int("d_model"), m.get_int("n_layers"), m.get_int("max_seq_len"),
+                                  m.get_string("position") == "learned" ? ", learned positions" : "",
+                                  double(s.memory_bytes) / gib, s.memory_source));
   }
 }
 
@@ -377,7 +399,7 @@ void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::str
                                 "in flight: {}) but the budget is {:.1f} GiB ({}); lower batching.batch_size or "
                                 "batching.seq_len",
                                 b, t, bytes / gib, in_flight, why, double(budget) / gib,
-                                configured ? "run.memory_budget_gib" : "physical memory"));
+                                configured ? "run.memory_budget_gib" : physical_memory_source()));
 }
 
 std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device) {
@@ -461,9 +483,9 @@ void set_up(TrainingSetup& t) {
   if (t.lead) t.lock.emplace(t.dir, "the run directory");
   prepare_run_dir(t.options, t.comm, t.s.steps);
 
-  require_host_memory(spec, t.s, t.device->capabilities());
   // Data: each rank draws its own share of the training documents (the sampler deals them out).
   t.source = make_data_source(spec, t.registry, run);
+  require_host_memory(spec, t.s, t.device->capabilities(), t.source->vocab_size());
   t.train_data = DataPipeline::from_spec(spec, t.registry, run, Split::train, t.source);
   t.eval.batches = t.s.eval_batches;
   t.eval.available = t.source->size(Split::validation) > 0 && t.eval.batches > 0;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ablate/error.hpp"
+#include "ablate/file_check.hpp"
 #include "ablate/metrics.hpp"
 #include "loggers.hpp"
 #include "sink_files.hpp"
@@ -47,6 +48,7 @@ class JsonlLogger final : public Logger {
     std::size_t n = 0;
     for (const std::string& line : read_complete_lines(path_)) {
       ++n;
+      check_json_depth(line, path_.string() + ":" + std::to_string(n));
       const ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
         throw_input_error(path_.string() + ":" + std::to_string(n),

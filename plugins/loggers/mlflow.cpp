@@ -139,7 +139,8 @@ class MlflowServer {
 
  private:
   static json answer(const HttpResponse& r, const std::string& endpoint) {
-    const json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+    const json j = json_too_deep_at(r.body) == std::string::npos ? json::parse(r.body, nullptr, /*allow_exceptions=*/false)
+                                                                   : json(json::value_t::discarded);
     if (r.status >= 200 && r.status < 300) {
       if (!j.is_object()) {
         throw ApiError(r.status, "", endpoint + ": the answer is not a JSON object: '" + echo_value(r.body, 200) + "'");
@@ -377,7 +378,9 @@ class MlflowLogger final : public Logger {
     const fs::path record = fs::path(context_.run_dir) / kRunRecord;
     std::error_code ec;
     if (!fs::exists(record, ec)) return json::array();
-    const json j = json::parse(read_regular_file(record, "MLflow run record", kMaxJsonBytes), nullptr, false);
+    const std::string text = read_regular_file(record, "MLflow run record", kMaxJsonBytes);
+    check_json_depth(text, record.string());
+    const json j = json::parse(text, nullptr, false);
     if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string() || !j.contains("tracking_uri") ||
         !j["tracking_uri"].is_string()) {
       throw_input_error(record.string(), "is not the MLflow run record this logger writes (an object with run_id and "

@@ -249,8 +249,10 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
       return true;
     };
     nlohmann::json j;
+    const std::string text = read_bounded(v.file_);
+    ablate::check_json_depth(text, file);
     try {
-      j = nlohmann::json::parse(read_bounded(v.file_), repeated);
+      j = nlohmann::json::parse(text, repeated);
     } catch (const nlohmann::json::exception& e) {
       throw_input_error(file, std::string("not valid JSON (cut short?): ") + e.what());
     }

@@ -78,3 +78,25 @@ TEST_CASE("only a regular file within its kind's cap is read; anything else is a
   ::close(ends[0]);
   ::close(ends[1]);
 }
+
+TEST_CASE("JSON is refused past kMaxJsonDepth levels before it is parsed, brackets in strings not counted") {
+  const std::string at_limit = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  CHECK(json_too_deep_at(at_limit) == std::string_view::npos);
+  CHECK(json_too_deep_at("[" + at_limit + "]") == std::size_t(kMaxJsonDepth));  // the 33rd '[' at byte 32
+  // Brackets inside strings, escaped quotes included, are text.
+  CHECK(json_too_deep_at("{\"a\": \"" + std::string(100, '[') + "\\\"" + std::string(100, '{') + "\"}") == std::string_view::npos);
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  CHECK(contains(refusal([&] { check_json_depth("{\n\"x\":\n" + deep, "state.json"); }),
+                 "state.json: nests deeper than 32 levels (at line 3, byte 38)"));
+  CHECK(refusal([&] { check_json_depth(at_limit, "state.json"); }).empty());
+}
+
+TEST_CASE("an output directory below a regular file is refused before anything is created") {
+  test::TempDir tmp;
+  const fs::path file = tmp.write("summary.json", "{}");
+  CHECK(contains(refusal([&] { check_output_directory(file / "hf" / "deeper", "the export directory"); }),
+                 (file / "hf" / "deeper").string() + ": cannot be created: " + file.string() + " is an existing file, not a directory"));
+  CHECK(!fs::exists(file.parent_path() / "hf"));
+  CHECK(refusal([&] { check_output_directory(tmp.path() / "new" / "deeper", "the export directory"); }).empty());
+  CHECK(refusal([&] { check_output_directory(tmp.path(), "the export directory"); }).empty());
+}

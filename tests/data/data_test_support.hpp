@@ -64,9 +64,10 @@ class EncodedFeed final : public DocumentFeed {
     current_ = fetch(draws_++);
     return current_;
   }
-  Document fetch(uint64_t document) override {
-    Document d;
+  const Document& fetch(uint64_t document) override {
+    Document& d = fetched_;
     d.index = document;
+    d.tokens.clear();
     const int32_t n = lengths_[document % lengths_.size()];
     for (int32_t i = 0; i < n; ++i) d.tokens.push_back(encode_token(document, i));
     return d;
@@ -77,6 +78,7 @@ class EncodedFeed final : public DocumentFeed {
 
  private:
   std::vector<int32_t> lengths_;
+  Document fetched_;
   int32_t eot_;
   uint64_t draws_ = 0;
   Document current_;

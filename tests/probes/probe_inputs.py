@@ -18,10 +18,18 @@ names, and that files already saved are byte for byte what they were. The classe
   c9  malformed tokenizer files are refused
   c10 runs are self-contained: eval, sample and export from another working directory
   c11 eval shows progress and takes --threads; flags in --help
+  c12 data cursors hold positions, never text: a 50 MB one-line corpus checkpoints and resumes
+  c13 every JSON ablate reads is depth-bounded before it is parsed (200,000 levels)
+  c14 a tokenizer that cannot be read is exit 2 naming its file (sample --prompt, export)
+  c15 an output path that cannot be written is exit 2 naming it, decided before training
+  c16 the memory plan counts every parameter table (learned positions) against the process's limit
+  c17 a non-finite evaluation loss is an error naming the first non-finite logit (--allow-nonfinite reports it)
+  c18 a cursor's draw number is checked against the data
 
 Exit status: 0 when every case passes, 1 otherwise.
 """
 import argparse
+import base64
 import concurrent.futures
 import hashlib
 import json
@@ -43,6 +51,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.toml"
 TINY = ["--set", "model.d_model=32", "--set", "model.n_layers=1", "--set", "model.n_heads=2", "--set", "batching.seq_len=32",
         "--set", "model.max_seq_len=32", "--set", "run.eval_batches=1", "--set", "run.threads=1", "--set", "data.workers=0"]
 TIME_LIMIT_S = 60
+ABLATE = None  # the binary under test (main sets it; a prepare step that trains uses it)
 ADDRESS_SPACE = 16 << 30  # bytes: far above what a tiny run needs, far below what an unbounded read takes
 MAX_MESSAGE = 6000        # bytes of output a refused input may produce
 
@@ -126,10 +135,11 @@ class Case:
     what is wrong."""
 
     def __init__(self, klass, name, argv, expect, says=(), prepare=None, keep=(), check=None, cwd=None, limit=None,
-                 env=None):
+                 env=None, address_space=None):
         self.klass, self.name, self.argv, self.expect = klass, name, argv, expect
         self.says, self.prepare, self.keep, self.check = list(says), prepare, list(keep), check
         self.cwd, self.limit, self.env = cwd, limit or TIME_LIMIT_S, env
+        self.address_space = address_space or ADDRESS_SPACE
 
 
 def digest(p: Path):
@@ -140,8 +150,8 @@ def digest(p: Path):
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def limit_resources():
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+def limit_resources(address_space=ADDRESS_SPACE):
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     os.setsid()
 
 
@@ -165,7 +175,8 @@ def run_case(case: Case, fixture: Fixture, scratch: Path):
         env.update(case.env or {})
         t0 = time.monotonic()
         try:
-            r = subprocess.run(argv, capture_output=True, timeout=case.limit, preexec_fn=limit_resources,
+            r = subprocess.run(argv, capture_output=True, timeout=case.limit,
+                               preexec_fn=lambda: limit_resources(case.address_space),
                                cwd=str(case.cwd(d)) if case.cwd else str(d), env=env)
             code, out = r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace")
         except subprocess.TimeoutExpired as e:
@@ -580,8 +591,173 @@ def c11_small_things():
     ]
 
 
+def c12_cursor_positions():
+    """A text corpus of one 50 MB line, cut into 32-token rows: 1.6 million pending pieces of one
+    document, which a cursor of pieces wrote as 86 MB of state.json (over its 16 MiB cap)."""
+    def big_text(d: Path):
+        line = (b"the quick brown fox jumps over the lazy dog " * 1200000)[: 50 << 20]
+        (d / "big.txt").write_bytes(line + b"\n")
+    text = ["train", str(QUICKSTART), *TINY, "--set", "data.name=text_files", "--set", 'data.text_files.paths=["DIR/big.txt"]',
+            "--set", "checkpoint.every=2", "--run-dir", "DIR/text"]
+
+    def small_state(d: Path, _o):
+        size = (d / "text/checkpoints/step_00000002/state.json").stat().st_size
+        return None if size < (64 << 10) else f"state.json is {size} bytes for one pending document"
+
+    def resumed(d: Path, _o):
+        s = json.loads((d / "text" / "summary.json").read_text())
+        return None if s.get("resumed_from") == 2 and s.get("steps") == 4 else f"summary: {s}"
+    return [
+        Case("c12", "50 MB one-line text: the checkpoint's cursor is small", text + ["--set", "run.steps=2"], 0, ["done"],
+             prepare=big_text, check=small_state, limit=120),
+        Case("c12", "50 MB one-line text: resumes from its cursor", text + ["--set", "run.steps=4", "--resume"], 0, ["resuming"],
+             prepare=lambda d: (big_text(d), subprocess.run([str(ABLATE), *[a.replace("DIR", str(d)) for a in text],
+                                                            "--set", "run.steps=2"], capture_output=True, timeout=120)),
+             check=resumed, limit=120),
+    ]
+
+
+DEEP = "[" * 200000 + "]" * 200000
+
+
+def deep_safetensors(rel):
+    def prep(d: Path):
+        header = ('{"a": ' + DEEP + "}").encode()
+        (d / rel).write_bytes(struct.pack("<Q", len(header)) + header)
+    return prep
+
+
+def c13_json_depth():
+    evaluate = ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin"]
+    resume = ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume", "--set", "run.steps=6"]
+    sample = ["sample", "--checkpoint", "DIR/shard_run", "--prompt", "the", "--tokens", "2"]
+    deep_object = '{"a": ' + DEEP + "}"
+    out = [
+        Case("c13", "state.json 200,000 deep (resume)", resume, 2, ["state.json", "deeper"], prepare=write_text(CKPT + "/state.json", DEEP),
+             keep=["run/checkpoints/step_00000002"]),
+        Case("c13", "state.json 200,000 deep (eval)", evaluate, 2, ["state.json", "deeper"],
+             prepare=write_text(CKPT + "/state.json", DEEP)),
+        Case("c13", "model.safetensors header 200,000 deep (eval)", evaluate, 2, ["model.safetensors", "deeper"],
+             prepare=deep_safetensors(CKPT + "/model.safetensors")),
+        Case("c13", "encoder.json 200,000 deep (sample)", sample, 2, ["encoder.json", "deeper"],
+             prepare=write_text("data/tokenizer/encoder.json", deep_object)),
+        Case("c13", "summary.json 200,000 deep (report)", ["report", "DIR/run"], 2, ["summary.json"],
+             prepare=write_text("run/summary.json", DEEP), keep=["run/checkpoints"]),
+        Case("c13", "summary.json 200,000 deep (--resume: read as a damaged summary)", resume, 0, ["resuming"],
+             prepare=write_text("run/summary.json", DEEP)),
+        Case("c13", "metrics.jsonl line 200,000 deep (--resume)", resume, 2, ["metrics.jsonl"],
+             prepare=write_text("run/metrics.jsonl", DEEP + "\n"), keep=SAVED),
+        Case("c13", "Hugging Face config.json 200,000 deep (import hf)", ["import", "hf", "DIR/hfdir", "--run-dir", "DIR/imported"], 2,
+             ["config.json", "deeper"], prepare=write_text("hfdir/config.json", deep_object)),
+    ]
+    return out
+
+
+def tiktoken_byte_twice(d: Path):
+    """gpt2.tiktoken instead of encoder.json, the byte 'h' under two ids and 'q' under none."""
+    t = byte_table()
+    spelled = {v: k for k, v in t.items()}
+    enc = json.loads((d / "data/tokenizer/encoder.json").read_text(encoding="utf-8"))
+    lines = []
+    for token, i in sorted(enc.items(), key=lambda kv: kv[1]):
+        if token == "<|endoftext|>":
+            continue
+        b = bytes(spelled[c] for c in token)
+        lines.append(base64.b64encode(b"h" if b == b"q" else b).decode() + f" {i}")
+    (d / "data/tokenizer/encoder.json").unlink()
+    (d / "data/tokenizer/vocab.bpe").unlink()
+    (d / "data/tokenizer/gpt2.tiktoken").write_text("\n".join(lines) + "\n")
+
+
+def c14_tokenizer_reads():
+    export = ["export", "--checkpoint", "DIR/shard_run", "--out", "DIR/hf"]
+    sample = ["sample", "--checkpoint", "DIR/shard_run", "--prompt", "the quick", "--tokens", "2"]
+    no_export = lambda d, _o: "export written" if (d / "hf").exists() else None
+    return [
+        Case("c14", "gpt2.tiktoken with a byte under two ids and one missing (sample --prompt)", sample, 2, ["gpt2.tiktoken"],
+             prepare=tiktoken_byte_twice),
+        Case("c14", "vocab.bpe truncated (export)", export, 2, ["vocab.bpe"],
+             prepare=lambda d: (d / "data/tokenizer/vocab.bpe").write_bytes((d / "data/tokenizer/vocab.bpe").read_bytes()[:30]),
+             check=no_export),
+        Case("c14", "vocab.bpe is a FIFO (export)", export, 2, ["vocab.bpe", "FIFO"],
+             prepare=lambda d: replace_with("fifo")(d / "data/tokenizer/vocab.bpe"), check=no_export),
+        Case("c14", "encoder.json unreadable (export)", export, 2, ["encoder.json"],
+             prepare=lambda d: replace_with("directory")(d / "data/tokenizer/encoder.json"), check=no_export),
+    ]
+
+
+def c15_output_paths():
+    fresh = ["train", str(QUICKSTART), *TINY, "--set", "run.steps=2", "--run-dir", "DIR/fresh"]
+
+    def nothing_trained(d: Path, _out):
+        return "it trained before refusing" if (d / "fresh" / "metrics.jsonl").exists() else None
+    return [
+        Case("c15", "export --out below a regular file", ["export", "--checkpoint", "DIR/run", "--out", "DIR/run/summary.json/hf"], 2,
+             ["summary.json", "not a directory"], keep=SAVED),
+        Case("c15", "sweep re-run where an arm's directory is a regular file", ["sweep", "DIR/sweep.toml", "--out", "DIR/sw"], 2,
+             [r"sw/2", "not a directory"], prepare=lambda d: ((d / "sw").mkdir(), (d / "sw" / "2").write_text("x")),
+             check=lambda d, _o: "an arm ran" if (d / "sw" / "1" / "summary.json").exists() else None),
+        Case("c15", "a fresh run directory whose summary.json is a directory", fresh, 2, ["summary.json", "directory"],
+             prepare=lambda d: (d / "fresh" / "summary.json").mkdir(parents=True), check=nothing_trained),
+        Case("c15", "a fresh run directory whose run.json is a FIFO", fresh, 2, ["run.json", "FIFO"],
+             prepare=lambda d: ((d / "fresh").mkdir(), os.mkfifo(d / "fresh" / "run.json")), check=nothing_trained),
+        Case("c15", "sweep --out below a regular file", ["sweep", "DIR/sweep.toml", "--out", "DIR/run/summary.json/sw"], 2,
+             ["summary.json", "not a directory"], keep=SAVED),
+    ]
+
+
+def c16_memory_plan():
+    return [
+        Case("c16", "max_seq_len 16777216 with learned positions under a 4 GB address-space limit",
+             ["train", str(QUICKSTART), *TINY, "--set", "model.max_seq_len=16777216", "--set", "run.steps=1", "--run-dir", "DIR/big"],
+             2, ["max_seq_len", "address-space"], address_space=4 << 30),
+    ]
+
+
+def overflowing_weights(d: Path):
+    """Every weight of the checkpoint 3e38: finite, but the forward pass overflows."""
+    p = d / CKPT / "model.safetensors"
+    b = bytearray(p.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    for k, v in header.items():
+        if k != "__metadata__" and v["dtype"] == "F32":
+            lo, hi = v["data_offsets"]
+            b[8 + n + lo: 8 + n + hi] = struct.pack("<f", 3e38) * ((hi - lo) // 4)
+    p.write_bytes(bytes(b))
+
+
+def c17_nonfinite_eval():
+    evaluate = ["eval", "--checkpoint", "DIR/run", "--tokens", "DIR/data/small.bin"]
+    return [
+        Case("c17", "weights all 3e38: eval refuses the non-finite loss, naming where", evaluate, 2,
+             ["not finite", r"window \d+, position \d+", "--allow-nonfinite"], prepare=overflowing_weights),
+        Case("c17", "weights all 3e38: eval --allow-nonfinite reports it", evaluate + ["--allow-nonfinite"], 0,
+             [r"loss (nan|inf|-nan)", "window"], prepare=overflowing_weights),
+    ]
+
+
+def set_draw(value):
+    def fn(j):
+        for key in ("data_cursor",):
+            j[key]["draw"] = value
+        for c in j.get("data_cursors", []):
+            c["draw"] = value
+    return fn
+
+
+def c18_cursor_draws():
+    resume = ["train", "DIR/run/config.toml", "--run-dir", "DIR/run", "--resume", "--set", "run.steps=6"]
+    st = CKPT + "/state.json"
+    return [
+        Case("c18", f"state.json draw = {name}", resume, 2, ["state.json", "draw"], prepare=edit_json(st, set_draw(value)), keep=SAVED)
+        for name, value in (("2^64-1", 2**64 - 1), ("2^62", 2**62), ("10^12", 10**12))
+    ]
+
+
 CLASSES = [c1_regular_files, c2_numbers, c3_checkpoints, c4_run_dirs, c5_typed_reads, c6_truncated_shard, c7_non_utf8,
-           c8_pathological, c9_tokenizers, c10_self_contained, c11_small_things]
+           c8_pathological, c9_tokenizers, c10_self_contained, c11_small_things, c12_cursor_positions, c13_json_depth,
+           c14_tokenizer_reads, c15_output_paths, c16_memory_plan, c17_nonfinite_eval, c18_cursor_draws]
 
 
 def run_truncation_case(case: Case, fixture: Fixture, scratch: Path):
@@ -629,6 +805,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
     ablate = args.ablate.resolve()
+    global ABLATE
+    ABLATE = ablate
     scratch = Path(tempfile.mkdtemp(prefix="ablate-probe-"))
     try:
         t0 = time.monotonic()

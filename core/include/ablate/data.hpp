@@ -92,8 +92,10 @@ class DocumentFeed {
   virtual ~DocumentFeed();
   // The next document of this rank's order (never ends: epochs follow each other).
   virtual const Document& next() = 0;
-  // Reads a document again by index (restore uses it to rebuild pending pieces).
-  virtual Document fetch(uint64_t document) = 0;
+  // Reads a document again by index (restore uses it to rebuild pending pieces). The reference is
+  // valid until the next call of fetch() or next(); fetching the same document again may return it
+  // without reading (many pending pieces of one long document read it once).
+  virtual const Document& fetch(uint64_t document) = 0;
   // The source's end-of-document token (the target of a document's last token when the batcher
   // appends it), -1 when the source has none.
   virtual int32_t eot_token() const = 0;

@@ -45,6 +45,20 @@ int open_regular_file(const std::filesystem::path& path, std::string_view kind, 
 // grows past the cap while it is read is refused too).
 std::string read_regular_file(const std::filesystem::path& path, std::string_view kind, std::uintmax_t max_bytes);
 
+// Every JSON text ablate reads (its own files, a checkpoint's state, safetensors headers, tokenizer
+// and Hugging Face files, a server's answers) is checked for depth before a parser sees it: the
+// files ablate reads nest a few levels, and deeper is a damaged or hostile file that could exhaust
+// the stack of whatever walks it (a parser, a message that prints the value). Brackets inside
+// strings do not count.
+inline constexpr int kMaxJsonDepth = 32;
+
+// The byte at which `text` first nests deeper than `max_depth`, or std::string_view::npos.
+std::size_t json_too_deep_at(std::string_view text, int max_depth = kMaxJsonDepth);
+
+// An input error naming `where`, the line and the byte when `text` nests deeper than `max_depth`:
+// "WHERE: nests deeper than 32 levels (at line 1, byte 32): not a file ablate can read".
+void check_json_depth(std::string_view text, const std::string& where, int max_depth = kMaxJsonDepth);
+
 // Before ablate writes or appends to `path`: nothing there, or a regular file (a symlink to one
 // included). A FIFO (opening one for writing waits for a reader), a device, a socket or a
 // directory is an input error naming it and `kind`.

@@ -112,6 +112,8 @@ struct DataPipeline::Impl final : DocumentFeed {
   // --- the feed (used by the batching thread, or the consumer's when workers = 0)
   uint64_t draws_taken = 0;       // draws the batcher has taken
   Document current;               // the document next() last returned
+  Document fetched;               // the document fetch() last returned (restore)
+  bool fetched_valid = false;
   uint64_t empty_run = 0;         // consecutive empty documents
   double feed_wait_in_batch = 0;  // of the batch being produced
 
@@ -154,10 +156,15 @@ struct DataPipeline::Impl final : DocumentFeed {
 
   int32_t eot_token() const override { return source->eot_token(); }
 
-  Document fetch(uint64_t document) override {
-    Document doc;
-    source->read(options.split, document, doc);
-    return doc;
+  // Restoring a cursor fetches a document once per pending piece; a long document cut into many
+  // pieces is read once.
+  const Document& fetch(uint64_t document) override {
+    if (!fetched_valid || fetched.index != document) {
+      fetched_valid = false;
+      source->read(options.split, document, fetched);
+      fetched_valid = true;
+    }
+    return fetched;
   }
 
   const Document& next() override {
@@ -253,6 +260,8 @@ struct DataPipeline::Impl final : DocumentFeed {
     handed.reset();
     draws_taken = cursor.draw;
     batcher->restore(cursor.pending, *this);
+    fetched = Document();  // a long document is not kept beyond the restore
+    fetched_valid = false;
     consumed_cursor = cursor;
   }
 };
@@ -282,5 +291,6 @@ PipelineStats DataPipeline::stats() const { return impl_->totals.snapshot(); }
 const DataSource& DataPipeline::source() const { return *impl_->source; }
 const Batcher& DataPipeline::batcher() const { return *impl_->batcher; }
 const PipelineOptions& DataPipeline::options() const { return impl_->options; }
+uint64_t DataPipeline::draws_per_epoch() const { return impl_->sampler->draws_per_epoch(); }
 
 }  // namespace ablate

@@ -98,6 +98,8 @@ class DataPipeline {
   const DataSource& source() const;
   const Batcher& batcher() const;
   const PipelineOptions& options() const;
+  // The sampler's draws in one epoch of this rank's order.
+  uint64_t draws_per_epoch() const;
 
  private:
   struct Impl;
