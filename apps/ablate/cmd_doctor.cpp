@@ -1,8 +1,8 @@
 // `ablate doctor RUN_DIR [--json]`: reads a run's resolved config, run.json, summary.json and
 // metrics.jsonl and names what holds the run back, ranked, each finding with the numbers behind it
-// and the change to make. The finding ids are stable: noisy_timings, diverged, loss_spike, padding,
-// input_bound, memory_headroom, memory_tight, attention, precision, optimizer_memory,
-// communication, step_jitter.
+// and the change to make. The finding ids are stable: noisy_timings, diverged, loss_spike,
+// above_uniform, warmup_blowup, eval_plateau, padding, input_bound, memory_headroom, memory_tight,
+// attention, precision, optimizer_memory, communication, step_jitter.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -447,6 +447,137 @@ std::optional<Finding> diverged(const Run& run, const std::vector<LossPoint>& pt
   return f;
 }
 
+// The loss of predicting every token uniformly is ln V. A logged loss over it by more than
+// kUniformMargin of it, past the first kUniformGrace logged steps (the initial loss sits at about ln V
+// by construction), means the updates undid everything the model had learned: a learning rate too
+// large for the model, its batch or its warm-up.
+constexpr double kUniformMargin = 0.05;
+constexpr std::size_t kUniformGrace = 1;
+
+// The median of the last `n` finite logged losses.
+double loss_at_end(const std::vector<LossPoint>& pts, std::size_t n = 5) {
+  std::vector<double> end;
+  for (auto it = pts.rbegin(); it != pts.rend() && end.size() < n; ++it) {
+    if (std::isfinite(it->loss)) end.push_back(it->loss);
+  }
+  return median_of(end);
+}
+
+std::optional<Finding> above_uniform(const Run& run, const std::vector<LossPoint>& pts) {
+  const int64_t vocab = run.info.value("vocab_size", int64_t(0));
+  if (vocab < 2) return std::nullopt;  // a run directory written before run.json recorded it
+  const double uniform = std::log(double(vocab));
+  const LossPoint* worst = nullptr;
+  std::size_t over = 0;
+  for (std::size_t i = kUniformGrace; i < pts.size(); ++i) {
+    if (!std::isfinite(pts[i].loss) || pts[i].loss <= uniform * (1 + kUniformMargin)) continue;
+    ++over;
+    if (worst == nullptr || pts[i].loss > worst->loss) worst = &pts[i];
+  }
+  if (worst == nullptr) return std::nullopt;
+  const double end = loss_at_end(pts);
+  const bool still = end > uniform;
+  Finding f;
+  f.id = "above_uniform";
+  f.severity = still ? "high" : "medium";
+  f.evidence = {{"uniform_loss", uniform},      {"vocab_size", vocab},           {"worst_step", worst->step},
+                {"worst_loss", worst->loss},    {"steps_above", over},           {"loss_at_end", end},
+                {"grad_norm_at_worst", std::isfinite(worst->grad_norm) ? json(worst->grad_norm) : json(nullptr)}};
+  f.message = fmt("the loss rose to %.4g", worst->loss) + " at step " + std::to_string(worst->step) +
+              fmt(", above ln %.0f", double(vocab)) + fmt(" = %.4g, the loss of predicting every token uniformly", uniform) +
+              " (" + std::to_string(over) + " logged step(s) over it)" +
+              (std::isfinite(worst->grad_norm) ? fmt(", gradient norm %.3g", worst->grad_norm) : std::string()) +
+              ": those updates undid what the model had learned; " +
+              (still ? fmt("it ends at %.4g, still above it", end) : fmt("it ends at %.4g", end));
+  f.change = steadier(run, f.evidence);
+  return f;
+}
+
+// A warm-up blow-up: while the learning rate is still rising (steps up to schedule.warmup_steps),
+// the loss climbs over the first logged loss by more than kWarmupRise of it and stays over it by
+// kWarmupHold at the next logged step. A healthy warm-up only lowers the loss from where the
+// initialisation puts it; the learning rate reached by then is too large for the model.
+constexpr double kWarmupRise = 0.15, kWarmupHold = 0.05;
+
+std::optional<Finding> warmup_blowup(const Run& run, const std::vector<LossPoint>& pts) {
+  const int64_t warmup = run.cfg("schedule", "warmup_steps", int64_t(0));
+  std::vector<const LossPoint*> fin;
+  for (const LossPoint& p : pts) {
+    if (std::isfinite(p.loss)) fin.push_back(&p);
+  }
+  if (warmup <= 0 || fin.size() < 3) return std::nullopt;
+  const double first = fin[0]->loss;
+  const LossPoint* peak = nullptr;
+  for (std::size_t i = 1; i + 1 < fin.size() && fin[i]->step <= warmup; ++i) {
+    if (fin[i]->loss > first * (1 + kWarmupRise) && fin[i + 1]->loss > first * (1 + kWarmupHold) &&
+        (peak == nullptr || fin[i]->loss > peak->loss)) {
+      peak = fin[i];
+    }
+  }
+  if (peak == nullptr) return std::nullopt;
+  const double end = loss_at_end(pts);
+  Finding f;
+  f.id = "warmup_blowup";
+  f.severity = end > first ? "high" : "medium";
+  f.evidence = {{"first_loss", first},           {"peak_step", peak->step},     {"peak_loss", peak->loss},
+                {"lr_at_peak", std::isfinite(peak->lr) ? json(peak->lr) : json(nullptr)},
+                {"grad_norm_at_peak", std::isfinite(peak->grad_norm) ? json(peak->grad_norm) : json(nullptr)},
+                {"loss_at_end", end}};
+  f.message = "during the warm-up (" + std::to_string(warmup) + fmt(" steps) the loss rose from %.4g", first) +
+              fmt(" to %.4g", peak->loss) + " at step " + std::to_string(peak->step) +
+              (std::isfinite(peak->lr) ? fmt(" with the learning rate at %.3g", peak->lr) : std::string()) +
+              (std::isfinite(peak->grad_norm) ? fmt(" and the gradient norm at %.3g", peak->grad_norm) : std::string()) +
+              ": a warm-up only lowers the loss from where the initialisation puts it, so the rate reached there is too "
+              "large" + fmt("; the loss ends at %.4g", end);
+  f.change = steadier(run, f.evidence);
+  return f;
+}
+
+// The validation loss stops improving while the training loss falls: at least kPlateauEvals
+// evaluations after the best one, the last over it by kPlateauRise of it, and the training loss
+// (the median of the kPlateauWindow logged losses up to each point) lower at the end than at the
+// best evaluation by kPlateauFall of it. The model fits its training data and no longer what it is
+// evaluated on (it memorises, or the evaluation has saturated): more steps buy nothing.
+constexpr std::size_t kPlateauEvals = 2, kPlateauWindow = 5;
+constexpr double kPlateauRise = 0.01, kPlateauFall = 0.03;
+
+std::optional<Finding> eval_plateau(const Run& run) {
+  std::vector<std::pair<int64_t, double>> val;
+  std::vector<std::pair<int64_t, double>> train;
+  for (const json& m : run.steps) {
+    const int64_t step = m["step"].get<int64_t>();
+    if (m.contains("val_loss") && m["val_loss"].is_number()) val.emplace_back(step, m["val_loss"].get<double>());
+    if (m.contains("loss") && m["loss"].is_number()) train.emplace_back(step, m["loss"].get<double>());
+  }
+  if (val.size() < kPlateauEvals + 2) return std::nullopt;
+  const auto best = std::min_element(val.begin(), val.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  const std::size_t after = std::size_t(val.end() - best) - 1;
+  const auto& last = val.back();
+  if (after < kPlateauEvals || !(last.second > best->second * (1 + kPlateauRise))) return std::nullopt;
+  const auto train_at = [&](int64_t step) {  // the median of the logged training losses up to `step`
+    std::vector<double> w;
+    for (auto it = train.rbegin(); it != train.rend() && w.size() < kPlateauWindow; ++it) {
+      if (it->first <= step) w.push_back(it->second);
+    }
+    return median_of(w);
+  };
+  const double train_best = train_at(best->first), train_last = train_at(last.first);
+  if (!(train_last < train_best * (1 - kPlateauFall))) return std::nullopt;
+  Finding f;
+  f.id = "eval_plateau";
+  f.severity = "medium";
+  f.evidence = {{"best_val_step", best->first}, {"best_val_loss", best->second}, {"last_val_step", last.first},
+                {"last_val_loss", last.second}, {"train_loss_at_best", train_best}, {"train_loss_at_end", train_last},
+                {"evaluations_after_best", after}};
+  f.message = fmt("the validation loss has not improved since step %.0f", double(best->first)) +
+              fmt(" (%.4g; ", best->second) + std::to_string(after) + fmt(" evaluations since, the last %.4g", last.second) +
+              " at step " + std::to_string(last.first) + fmt(") while the training loss fell from %.4g", train_best) +
+              fmt(" to %.4g", train_last) + ": the model fits its training data, not what it is evaluated on";
+  f.change = "--set run.steps=" + std::to_string(best->first) + " (where the validation loss was best), or more data or "
+             "regularisation (--set model.dropout=0.1, a larger optimizer.weight_decay)";
+  return f;
+}
+
 // The run's settings the findings below read: its config's choices and run.json's ranks and memory.
 struct Settings {
   std::string device, batching, attention, optimizer;
@@ -734,6 +865,7 @@ std::vector<Finding> diagnose(const Run& run) {
   const std::vector<LossPoint> losses = loss_points(run.steps);
   const std::optional<Finding> found[] = {
       noisy_timings(timing, s.host_memory), diverged(run, losses),         loss_spike(run, losses),
+      above_uniform(run, losses),      warmup_blowup(run, losses),    eval_plateau(run),
       padding(run, s),                 input_bound(run, s, timing),   memory_headroom(run, s, timing),
       memory_tight(run, s),            attention(s),                  precision(run, s),
       optimizer_memory(run, s),        communication(run, s, timing), step_jitter(run, s, timing)};
@@ -774,7 +906,8 @@ int cmd_doctor(const Args& args) {
             << run.cfg("attention", "name", std::string("?")) << ", optimizer " << run.cfg("optimizer", "name", std::string("?"))
             << ")\n";
   if (findings.empty()) {
-    std::cout << "nothing found: the loss (no spike, no divergence), timings, padding, data wait, memory, attention backend, "
+    std::cout << "nothing found: the loss (no spike, no divergence, never above a uniform prediction, no warm-up blow-up, "
+                 "validation still improving), timings, padding, data wait, memory, attention backend, "
                  "precision, optimizer memory and step time all look healthy\n";
     return 0;
   }

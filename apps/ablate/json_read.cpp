@@ -27,6 +27,7 @@ constexpr JsonField kRunFields[] = {
     {"memory_source", K::string}, {"communicator", K::string},       {"device", K::string},
     {"device_name", K::string},   {"recompute", K::string},          {"activation_bytes_by_recompute", K::number_map},
     {"device_capabilities", K::object, false, &kCapabilities},       {"plugins", K::rows, false, &kPluginRow},
+    {"vocab_size", K::count},
 };
 
 constexpr JsonField kSummaryFields[] = {

@@ -222,6 +222,7 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
                                      {"nf4_parameters", model.nf4_params()},
                                      {"nf4_bytes", model.nf4_bytes()},
                                      {"model", model.options().describe()},
+                                     {"vocab_size", model.options().vocab_size},
                                      {"config_hash", spec.config_hash},
                                      {"memory_bytes", s.memory_bytes},
                                      {"memory_source", s.memory_source},

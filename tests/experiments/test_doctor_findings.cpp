@@ -184,8 +184,10 @@ TEST_CASE("real runs: clean tiny quickstart runs give no loss finding, one with 
   for (const char* seed : {"1", "2", "3"}) {
     CAPTURE(seed);
     const json findings = doctor(train(tmp, std::string("clean") + seed, std::string(" --set run.steps=300 --set run.seed=") + seed));
-    CHECK_FALSE(finding(findings, "loss_spike").has_value());
-    CHECK_FALSE(finding(findings, "diverged").has_value());
+    for (const char* id : {"loss_spike", "diverged", "above_uniform", "warmup_blowup", "eval_plateau"}) {
+      CAPTURE(id);
+      CHECK_FALSE(finding(findings, id).has_value());
+    }
   }
   const fs::path wild = train(tmp, "wild", " --set run.steps=200 --set optimizer.lr=1.0 --set optimizer.grad_clip=0 "
                                            "--set schedule.name=constant");
@@ -337,4 +339,112 @@ TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run w
   const std::optional<json> attention = finding(doctor(run), "attention");
   REQUIRE(attention.has_value());
   CHECK((*attention)["change"] == "--set attention.name=flash_x");
+}
+
+TEST_CASE("doctor finds a loss above a uniform prediction and a warm-up blow-up, with the run's own numbers") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=120");
+  const Planter plant{run};
+  REQUIRE(plant.rows.size() == 120);
+  REQUIRE(read_json(run / "run.json")["vocab_size"] == 80);
+  const double uniform = std::log(80.0);  // 4.382; the planted curve starts at 4.2, under it
+  // Steps 6-14 blown up during the quickstart's 20-step warm-up, at most 7.0 at step 10, then back.
+  const auto blown = [](int64_t s, double v) { return s >= 6 && s <= 14 ? 7.0 - 0.25 * double(std::abs(s - 10)) : v; };
+  plant(blown, same);
+  const json findings = doctor(run);
+  const std::optional<json> u = finding(findings, "above_uniform");
+  REQUIRE(u.has_value());
+  const json& e = (*u)["evidence"];
+  CHECK(e["uniform_loss"].get<double>() == doctest::Approx(uniform));
+  CHECK(e["worst_step"] == 10);
+  CHECK(e["worst_loss"].get<double>() == 7.0);
+  CHECK(e["steps_above"] == 9);  // 6.0 at steps 6 and 14 is over 1.05 x 4.382 = 4.60 too
+  CHECK((*u)["severity"] == "medium");  // back under it by the end
+  CHECK(contains((*u)["message"].get<std::string>(), "the loss rose to 7 at step 10, above ln 80 = 4.382"));
+  CHECK(contains((*u)["change"].get<std::string>(), "--set optimizer.lr=0.0015 --set schedule.warmup_steps=40"));
+  const std::optional<json> w = finding(findings, "warmup_blowup");
+  REQUIRE(w.has_value());
+  CHECK((*w)["evidence"]["peak_step"] == 10);
+  CHECK((*w)["evidence"]["peak_loss"].get<double>() == 7.0);
+  CHECK((*w)["evidence"]["first_loss"].get<double>() == doctest::Approx(curve(1)).epsilon(kNoise));
+  CHECK((*w)["evidence"]["lr_at_peak"].get<double>() == doctest::Approx(plant.rows[9]["lr"].get<double>()));
+  CHECK(contains((*w)["message"].get<std::string>(), "during the warm-up (20 steps) the loss rose from"));
+
+  SUBCASE("a run that never comes back is high on both") {
+    plant([](int64_t s, double v) { return s >= 6 ? 7.0 : v; }, same);
+    const json f = doctor(run);
+    REQUIRE(finding(f, "above_uniform").has_value());
+    CHECK((*finding(f, "above_uniform"))["severity"] == "high");
+    REQUIRE(finding(f, "warmup_blowup").has_value());
+    CHECK((*finding(f, "warmup_blowup"))["severity"] == "high");
+  }
+  SUBCASE("a blow-up after the warm-up is above uniform but no warm-up finding") {
+    plant([](int64_t s, double v) { return s >= 60 && s <= 64 ? 6.5 : v; }, same);
+    const json f = doctor(run);
+    CHECK(finding(f, "above_uniform").has_value());
+    CHECK_FALSE(finding(f, "warmup_blowup").has_value());
+  }
+  SUBCASE("a rise that stays under both thresholds, one step alone, or the clean curve: no finding") {
+    // 15% over the first loss needs 4.74; 4.55 is under it and under 1.05 ln 80 = 4.60.
+    plant([](int64_t s, double v) { return s >= 6 && s <= 14 ? 4.55 : v; }, same);
+    CHECK_FALSE(finding(doctor(run), "warmup_blowup").has_value());
+    CHECK_FALSE(finding(doctor(run), "above_uniform").has_value());
+    plant([](int64_t s, double v) { return s == 10 ? 7.0 : v; }, same);  // one hard batch: not held
+    CHECK_FALSE(finding(doctor(run), "warmup_blowup").has_value());
+    plant(same, same);
+    const json f = doctor(run);
+    CHECK_FALSE(finding(f, "above_uniform").has_value());
+    CHECK_FALSE(finding(f, "warmup_blowup").has_value());
+  }
+  SUBCASE("a run directory whose run.json predates vocab_size gets no uniform finding") {
+    plant(blown, same);
+    json info = read_json(run / "run.json");
+    info.erase("vocab_size");
+    std::ofstream(run / "run.json") << info.dump();
+    CHECK_FALSE(finding(doctor(run), "above_uniform").has_value());
+    CHECK(finding(doctor(run), "warmup_blowup").has_value());
+  }
+}
+
+TEST_CASE("doctor finds a validation loss that stopped improving while the training loss fell") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=100 --set run.eval_every=10");
+  const std::vector<json> rows = metrics(run);
+  // Training losses on the planted curve; validation losses from `val(step)` where the run evaluated.
+  const auto plant = [&](auto val, auto loss) {
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      const int64_t s = r["step"].get<int64_t>();
+      r["loss"] = loss(s);
+      if (r.contains("val_loss")) r["val_loss"] = val(s);
+      out << r.dump() << "\n";
+    }
+  };
+  std::size_t evals = 0;
+  for (const json& r : rows) evals += r.contains("val_loss");
+  REQUIRE(evals == 10);
+  // Best at step 50 (2.5), then rising to 3.0 at step 100 while the training loss keeps falling.
+  const auto rising = [](int64_t s) { return s <= 50 ? 2.5 + 0.02 * double(50 - s) : 2.5 + 0.01 * double(s - 50); };
+  plant(rising, curve);
+  const std::optional<json> f = finding(doctor(run), "eval_plateau");
+  REQUIRE(f.has_value());
+  const json& e = (*f)["evidence"];
+  CHECK(e["best_val_step"] == 50);
+  CHECK(e["best_val_loss"].get<double>() == 2.5);
+  CHECK(e["last_val_step"] == 100);
+  CHECK(e["last_val_loss"].get<double>() == doctest::Approx(3.0));
+  CHECK(e["evaluations_after_best"] == 5);
+  // The training loss's median over the five logged steps up to each point, from the planted curve.
+  CHECK(e["train_loss_at_best"].get<double>() == doctest::Approx(curve(48)));
+  CHECK(e["train_loss_at_end"].get<double>() == doctest::Approx(curve(98)));
+  CHECK(contains((*f)["change"].get<std::string>(), "--set run.steps=50"));
+
+  SUBCASE("a validation loss still falling, flat within a percent, or a training loss flat too: no finding") {
+    plant([](int64_t s) { return curve(s) + 0.1; }, curve);
+    CHECK_FALSE(finding(doctor(run), "eval_plateau").has_value());
+    plant([](int64_t s) { return s <= 50 ? 2.5 + 0.02 * double(50 - s) : 2.5 + 0.0001 * double(s - 50); }, curve);
+    CHECK_FALSE(finding(doctor(run), "eval_plateau").has_value());
+    plant(rising, [](int64_t s) { return s <= 50 ? curve(s) : curve(50); });
+    CHECK_FALSE(finding(doctor(run), "eval_plateau").has_value());
+  }
 }
