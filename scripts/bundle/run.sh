@@ -186,8 +186,17 @@ ablate_gpt2() {  # stage name attention [--set key=value ...]
   grep -E "op profile|^  |done:" "$out/logs/$1.log" | head -30
   tail -3 "$out/logs/$1.log"
 }
+# Each twice: on the packed probe rows above (short documents, about 28% of dense causal attention's
+# FLOPs), then on dense rows, one 1024-token document a row, as the PyTorch peer trains (its random
+# tokens fill every row): only the dense runs compare like with like (summary.py's vs_pytorch).
+GPT2_DENSE=(--set data.synthetic_probes.min_length=1024 --set data.synthetic_probes.max_length=1024
+            --set batching.long_documents=truncate)
 ablate_gpt2 gpt2 ablate_gpt2 naive_cuda
-[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
+ablate_gpt2 gpt2 ablate_gpt2_dense naive_cuda "${GPT2_DENSE[@]}"
+if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
+  ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
+  ablate_gpt2 gpt2 ablate_gpt2_flash_dense cudnn_flash "${GPT2_DENSE[@]}"
+fi
 want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, ablate's micro-batch: the ratio is at one batch)"
 if ! want gpt2 || skip_stage pytorch_gpt 150; then
   :

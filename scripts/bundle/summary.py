@@ -80,6 +80,28 @@ def headline(name, data):
     return {}
 
 
+def peer_tokens_per_s():
+    """The PyTorch peer's GPT-2 tokens/s (dense rows of random tokens), None where it did not run."""
+    try:
+        with open(os.path.join(out, "pytorch_gpt.json")) as f:
+            v = json.load(f).get("tokens_per_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, (int, float)) and v > 0 else None
+
+
+def gpt2_rows(name, h):
+    """An ablate GPT-2 run's headline with what its rows hold and, beside the peer, the ratio: dense
+    rows (one 1024-token document a row, `_dense`) compare like with like; packed probe rows hold
+    short documents, so their attention does less work than the peer's."""
+    h = dict(h)
+    h["rows"] = "dense" if name.endswith("_dense") else "packed-probes"
+    peer = peer_tokens_per_s()
+    if peer and isinstance(h.get("tokens_per_s"), (int, float)):
+        h["vs_pytorch" if h["rows"] == "dense" else "vs_pytorch_unlike"] = round(h["tokens_per_s"] / peer, 3)
+    return h
+
+
 lines, summary = [], {"tests": [], "benchmarks": []}
 lines.append(f"{'program':<26} {'mode':<9} {'status':<8} {'cases (pass/fail/skip)':<22} seconds")
 for r in rows:
@@ -104,6 +126,8 @@ for r in rows:
         except (OSError, ValueError):
             data = {}
     h = headline(r["program"], data)
+    if r["program"].startswith("ablate_gpt2") and r["mode"] == "benchmark":
+        h = gpt2_rows(r["program"], h)
     lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} " +
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
     summary["benchmarks"].append({**r, "headline": h})

@@ -15,7 +15,8 @@ with tempfile.TemporaryDirectory() as out:
     rows = [("test_naive_cuda", "plain", "passed", 0, 3.2), ("test_cudnn_flash", "memcheck", "failed", 3, 80.0),
             ("bench_attention", "benchmark", "passed", 0, 40), ("pytorch_sdpa", "peer", "passed", 0, 20),
             ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
-            ("pytorch_gpt", "peer", "skipped", 0, 0), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0),
+            ("ablate_gpt2_flash_dense", "benchmark", "passed", 0, 50),
+            ("pytorch_gpt", "peer", "passed", 0, 40), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0),
             ("pytorch_gemm", "peer", "passed", 0, 20)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
@@ -29,6 +30,8 @@ with tempfile.TemporaryDirectory() as out:
         "bench_nccl.json": {"device": "NVIDIA H100 80GB HBM3", "world": 1, "elements": 124475904,
                             "rows": [{"op": "all_reduce", "dtype": "bf16", "algbw_gbs": 812.5}]},
         "ablate_gpt2_flash.json": {"status": "completed", "steps": 16, "tokens_per_s": 301234.0, "mfu": 0.251},
+        "ablate_gpt2_flash_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 250000.0, "mfu": 0.3},
+        "pytorch_gpt.json": {"device": "NVIDIA H100 80GB HBM3", "batch_size": 64, "tokens_per_s": 400000.0},
         "pytorch_gemm.json": {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "rows": 65536, "products": [
             {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->bf16", "ms": 0.451, "tflops": 686.04},
             {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->f32", "ms": 0.535, "tflops": 578.12},
@@ -49,7 +52,10 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "9 runs: 6 passed, 1 failed, 2 skipped" in text,
+        "counts": "10 runs: 8 passed, 1 failed, 1 skipped" in text,
+        # The ratio to the peer: like with like on dense rows; packed probe rows marked unlike.
+        "dense ratio": "rows=dense, vs_pytorch=0.625" in text,
+        "packed ratio marked unlike": "rows=packed-probes, vs_pytorch_unlike=0.753" in text,
         "product ceiling": "fc bf16->f32 TFLOP/s=578.1" in text and "686" not in text and "qkv bf16" not in text,
         "skip named with its reason": "ablate_gpt2_nccl_2ranks" in text and "(needs 2 gpus)" in text,
         "files": os.path.exists(os.path.join(out, "summary.txt")) and
