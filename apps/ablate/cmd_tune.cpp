@@ -70,7 +70,7 @@ Tuning tuning_of(const po::variables_map& vm, const RunSpec& spec) {
   tu.plan_only = vm.count("plan-only") > 0;
   tu.budget_gib = spec.run.memory_budget_gib;
   tu.budget = spec.memory_budget_bytes();
-  tu.budget_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : "physical memory";
+  tu.budget_source = spec.memory_budget_source();
   tu.B0 = spec.batch_size;
   tu.T = spec.seq_len;
   tu.accum0 = spec.run.grad_accum_steps;

@@ -122,6 +122,10 @@ RunContext RunSpec::context() const {
   return c;
 }
 
+std::string RunSpec::memory_budget_source() const {
+  return memory_budget_configured() ? "run.memory_budget_gib" : physical_memory_source();
+}
+
 int64_t RunSpec::memory_budget_bytes() const {
   return run.memory_budget_gib > 0 ? int64_t(run.memory_budget_gib * double(1ll << 30)) : physical_memory_bytes();
 }

@@ -95,7 +95,7 @@ struct TrainerSettings {
     s.batch_size = spec.batch_size;
     s.seq_len = spec.seq_len;
     s.memory_bytes = spec.memory_budget_bytes();
-    s.memory_source = spec.memory_budget_configured() ? "run.memory_budget_gib" : physical_memory_source();
+    s.memory_source = spec.memory_budget_source();
     return s;
   }
 };
@@ -394,13 +394,12 @@ void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::str
   const double positions = std::max(double(b) * double(t), double(spec.token_budget));
   const double bytes = double(in_flight) * positions * 16.0, gib = double(1ll << 30);
   if (bytes <= double(budget)) return;
-  const bool configured = spec.memory_budget_configured();
   throw_input_error("batching.batch_size",
                     fmt::format("batch_size x seq_len = {} x {} needs at least {:.1f} GiB of batch buffers ({} batches "
                                 "in flight: {}) but the budget is {:.1f} GiB ({}); lower batching.batch_size or "
                                 "batching.seq_len",
                                 b, t, bytes / gib, in_flight, why, double(budget) / gib,
-                                configured ? "run.memory_budget_gib" : physical_memory_source()));
+                                spec.memory_budget_source()));
 }
 
 std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device) {

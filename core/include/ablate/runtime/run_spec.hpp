@@ -34,7 +34,7 @@ struct RunKeys {
   std::string device, dtype, recompute, communicator;
   int threads = 0;  // 0 = every core
   int64_t steps = 0, grad_accum_steps = 1, eval_every = 0, eval_batches = 0, profile_steps = 0;
-  double memory_budget_gib = 0;  // 0 = the machine's physical memory
+  double memory_budget_gib = 0;  // 0 = the memory the process may have (physical, or a lower ulimit -v / -d)
   double bucket_mb = 0;
 };
 
@@ -85,9 +85,12 @@ struct RunSpec {
   // The run's context before ranks are known: seed, device, dtype and threads (use_cpu_threads
   // applies run.threads to OpenMP).
   RunContext context() const;
-  // The host memory budget in bytes: run.memory_budget_gib, else the machine's physical memory.
+  // The host memory budget in bytes: run.memory_budget_gib, else the memory the process may have
+  // (the machine's physical memory, or its address-space or data limit where that is lower).
   int64_t memory_budget_bytes() const;
   bool memory_budget_configured() const noexcept { return run.memory_budget_gib > 0; }
+  // Where memory_budget_bytes() comes from: "run.memory_budget_gib", "physical memory" or the limit's name.
+  std::string memory_budget_source() const;
 };
 
 class Registry;
