@@ -31,8 +31,7 @@ constexpr std::uintmax_t kMaxTokenizerBytes = std::uintmax_t(256) << 20;
 
 // tokenizer.json's BPE model as GPT-2's two files; false when it has none (another tokenizer type).
 bool tokenizer_json_to_gpt2(const fs::path& file, json& encoder, std::string& merges) {
-  const std::string text = read_regular_file(file, "tokenizer", kMaxTokenizerBytes);
-  check_json_depth(text, file.string());
+  const std::string text = read_json_text(file, "tokenizer", kMaxTokenizerBytes);
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object() || j["model"].value("type", "") != "BPE") return false;
   const json& m = j["model"];

@@ -242,13 +242,15 @@ int cmd_eval(const Args& args) {
     const int64_t rows = std::min(per, windows - w);
     const Batch b = window_batch(tokens, w, rows, T);
     const double part = lm.model->forward(b);
-    if (!std::isfinite(part)) {
+    // The first batch whose loss is not finite is located once (a second forward pass keeping the
+    // logits): refused, or with --allow-nonfinite warned about and the rest summed as they are.
+    if (!std::isfinite(part) && std::isfinite(sum)) {
       const std::string where = first_nonfinite_position(*lm.model, b, w, T);
       if (!allow_nonfinite) {
         throw_input_error(lm.dir.string(), "the evaluation loss is not finite: " + where +
                                                " (the weights overflow in the forward pass; --allow-nonfinite reports the loss anyway)");
       }
-      if (std::isfinite(sum)) spdlog::warn("eval: the loss is not finite: {} (reported anyway: --allow-nonfinite)", where);
+      spdlog::warn("eval: the loss is not finite: {} (reported anyway: --allow-nonfinite)", where);
     }
     sum += part;
     count += rows * T;

@@ -197,8 +197,7 @@ std::map<std::string, std::string> accounted_tasks(const std::set<std::string>& 
 json read_jobs(const fs::path& out) {
   const fs::path f = out / "slurm" / "jobs.json";
   if (!fs::exists(f)) return {{"submissions", json::array()}};
-  const std::string text = read_regular_file(f, "Slurm job list", kMaxJsonBytes);
-  check_json_depth(text, f.string());
+  const std::string text = read_json_text(f, "Slurm job list", kMaxJsonBytes);
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object() || !j.contains("submissions") || !j["submissions"].is_array()) {
     throw_input_error(f.string(), "is not the job list `ablate sweep --launcher slurm` writes ({\"submissions\": [...]})");
@@ -271,8 +270,7 @@ struct Plan {
 
 Plan read_plan(const fs::path& out) {
   const fs::path file = out / "plan.json";
-  const std::string text = read_regular_file(file, kPlanWhat, kMaxJsonBytes);
-  check_json_depth(text, file.string());
+  const std::string text = read_json_text(file, kPlanWhat, kMaxJsonBytes);
   const json j = json::parse(text, nullptr, false);
   Plan plan;
   try {

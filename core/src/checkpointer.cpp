@@ -358,8 +358,7 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   const fs::path file = dir / "state.json";
   CheckpointState s;
   try {
-    const std::string text = read_regular_file(file, "checkpoint state", kMaxJsonBytes);
-    check_json_depth(text, file.string());
+    const std::string text = read_json_text(file, "checkpoint state", kMaxJsonBytes);
     const json j = json::parse(text);
     if (!j.is_object()) throw_input_error(file.string(), "not a valid checkpoint state: not a JSON object");
     s.step = whole_field<int64_t>(j, "step", "", file, 0, INT64_MAX);
@@ -564,8 +563,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     json cursors = json::array();
     for (int r = 0; r < comm_.world(); ++r) {
       std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", r);
-      const std::string text = read_regular_file(tmp / cname, "data cursor", kMaxJsonBytes);
-      check_json_depth(text, (tmp / cname).string());
+      const std::string text = read_json_text(tmp / cname, "data cursor", kMaxJsonBytes);
       cursors.push_back(json::parse(text));
       fs::remove(tmp / cname);
     }

@@ -198,4 +198,10 @@ void check_json_depth(std::string_view text, const std::string& where, int max_d
                                ", byte " + std::to_string(at) + "): not a file ablate can read");
 }
 
+std::string read_json_text(const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {
+  std::string text = read_regular_file(path, kind, max_bytes);
+  check_json_depth(text, path.string());
+  return text;
+}
+
 }  // namespace ablate

@@ -27,8 +27,7 @@ namespace {
 constexpr std::uintmax_t kMaxHfJsonBytes = std::uintmax_t(64) << 20;  // config.json, the shard index
 
 json read_json(const fs::path& file, const char* what) {
-  const std::string text = read_regular_file(file, what, kMaxHfJsonBytes);
-  check_json_depth(text, file.string());
+  const std::string text = read_json_text(file, what, kMaxHfJsonBytes);
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw_input_error(file.string(), std::string("is not a JSON object (") + what + ")");
   return j;

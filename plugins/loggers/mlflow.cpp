@@ -378,8 +378,7 @@ class MlflowLogger final : public Logger {
     const fs::path record = fs::path(context_.run_dir) / kRunRecord;
     std::error_code ec;
     if (!fs::exists(record, ec)) return json::array();
-    const std::string text = read_regular_file(record, "MLflow run record", kMaxJsonBytes);
-    check_json_depth(text, record.string());
+    const std::string text = read_json_text(record, "MLflow run record", kMaxJsonBytes);
     const json j = json::parse(text, nullptr, false);
     if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string() || !j.contains("tracking_uri") ||
         !j["tracking_uri"].is_string()) {

@@ -65,8 +65,7 @@ void flatten(const toml::table& table, const std::string& prefix, std::vector<Co
 }
 
 json read_json(const fs::path& file, const char* what) {
-  const std::string text = read_regular_file(file, what, kMaxJsonBytes);
-  check_json_depth(text, file.string());
+  const std::string text = read_json_text(file, what, kMaxJsonBytes);
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) throw_input_error(file.string(), "is not a JSON object (the sweep writes it; was it changed?)");
   return j;

@@ -59,6 +59,9 @@ std::size_t json_too_deep_at(std::string_view text, int max_depth = kMaxJsonDept
 // "WHERE: nests deeper than 32 levels (at line 1, byte 32): not a file ablate can read".
 void check_json_depth(std::string_view text, const std::string& where, int max_depth = kMaxJsonDepth);
 
+// read_regular_file, then check_json_depth naming the path: the text of a JSON file, ready to parse.
+std::string read_json_text(const std::filesystem::path& path, std::string_view kind, std::uintmax_t max_bytes);
+
 // Before ablate writes or appends to `path`: nothing there, or a regular file (a symlink to one
 // included). A FIFO (opening one for writing waits for a reader), a device, a socket or a
 // directory is an input error naming it and `kind`.
