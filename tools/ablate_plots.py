@@ -510,6 +510,43 @@ def padding_figure(plt, spec, runs, enc):
     return fig
 
 
+def evals_figure(plt, spec, runs, enc):
+    """Each evaluation's primary metric (spec "evals": label, metric) against step: a curve per
+    group, the mean of its runs with a band for the 95% interval of that mean when it has several."""
+    import numpy as np
+
+    evals = spec["evals"]
+    t975 = spec.get("t975", {})
+    fig, axes = plt.subplots(1, len(evals), figsize=(6.5 * len(evals), 4.6), layout="constrained", squeeze=False)
+    any_band = False
+    for ax, ev in zip(axes[0], evals):
+        key = f"eval/{ev['label']}/{ev['metric']}"
+        for _, members in groups_of(runs):
+            curves = []
+            for _run, rows in members:
+                pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                if pts:
+                    curves.append(tuple(zip(*pts)))
+            if not curves:
+                continue
+            run = members[0][0]
+            colour, ls, marker = enc.colour(run), enc.style(run), enc.marker(run)
+            if len(curves) == 1:
+                x, y, half = curves[0][0], curves[0][1], None
+            else:
+                x, y, half = mean_curve(curves, t975)
+            if half is not None:
+                ax.fill_between(x, np.asarray(y) - half, np.asarray(y) + half, color=colour, alpha=BAND_ALPHA, lw=0)
+                any_band = True
+            ax.plot(x, y, color=colour, ls=ls, lw=1.4, marker=marker or "o", ms=4)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{ev['label']} {ev['metric']}")
+        ax.set_title(f"{spec.get('title', '')}: eval {ev['label']} ({ev['metric']})", fontsize=10)
+        ax.grid(alpha=0.3)
+    legend_below(fig, enc.legend_handles(False, 0, any_band))
+    return fig
+
+
 def figures(spec, plt):
     """Every plot of the report as {file name: figure}."""
     check_spec(spec)
@@ -521,6 +558,7 @@ def figures(spec, plt):
         "loss_vs_real_tokens.png": loss_figure(plt, spec, runs, enc, "real_tokens"),
         "throughput.png": throughput_figure(plt, spec, runs, enc),
         "padding.png": padding_figure(plt, spec, runs, enc),
+        **({"evals.png": evals_figure(plt, spec, runs, enc)} if spec.get("evals") else {}),
     }
 
 

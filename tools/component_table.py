@@ -20,7 +20,7 @@ END = "<!-- component-table: end -->"
 INTERFACE = {
     "data_source": "data.hpp", "sampler": "data.hpp", "batcher": "data.hpp", "layer": "layer.hpp",
     "attention": "attention.hpp", "optimizer": "optimizer.hpp", "schedule": "schedule.hpp",
-    "logger": "metrics.hpp", "communicator": "communicator.hpp", "device": "device.hpp",
+    "logger": "metrics.hpp", "communicator": "communicator.hpp", "device": "device.hpp", "evaluator": "evaluator.hpp",
 }
 KINDS = list(INTERFACE)
 CUDA_LIBRARIES = {"cuda_device", "cuda_layers", "naive_cuda", "cudnn_flash", "adamw_fused", "nccl"}

@@ -15,7 +15,11 @@
 
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
+#include "ablate/atomic_file.hpp"
+#include "ablate/communicator.hpp"
 #include "ablate/runtime/checkpoint.hpp"
+#include "ablate/runtime/evaluation.hpp"
+#include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/safetensors.hpp"
 #include "ablate/runtime/trainer.hpp"
@@ -185,21 +189,81 @@ std::string first_nonfinite_position(Model& model, const Batch& b, int64_t first
 
 }  // namespace
 
+// `ablate eval --eval LABEL`: the run's [[eval]] table of that label (enabled during training or
+// not) scored on the checkpoint; its metrics printed, and with --details its per-item records.
+static int eval_task(LoadedModel& lm, Registry& registry, const po::variables_map& vm) {
+  RunContext run = lm.spec->context();
+  run.threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>()) : lm.spec->run.threads);
+  const std::string label = vm["eval"].as<std::string>();
+  std::vector<EvalTask> tasks = make_eval_tasks(*lm.spec, registry, run, label, "--eval");
+  auto source = make_data_source(*lm.spec, registry, run);
+  auto single = registry.create<Communicator>(Kind::communicator, "single", {lm.spec->run_keys, Params("run.single", {}), run});
+  ModelEvalView view(*lm.model, *source, *single, lm.spec->batch_size * lm.spec->seq_len);
+  EvalTask& task = tasks.front();
+  task.enabled = true;
+  prepare_eval_tasks(tasks, view);
+  const bool details = vm.count("details") > 0;
+  if (details) check_output_file(vm["details"].as<std::string>(), "evaluation details");
+  const EvalResult& r = run_eval_task(task, view, lm.state.step, nullptr, details);
+  if (details) {
+    std::string text;
+    for (const std::string& line : r.details) text += line + "\n";
+    write_file_atomic(vm["details"].as<std::string>(), text);
+  }
+  if (vm.count("json")) {
+    json metrics = json::object();
+    for (const EvalMetric& m : r.metrics) metrics[m.name] = std::isfinite(m.value) ? json(m.value) : json(nullptr);
+    std::cout << json_text(json{{"eval", task.label},
+                                {"evaluator", task.name},
+                                {"primary", task.primary},
+                                {"higher_is_better", task.higher_is_better},
+                                {"metrics", metrics},
+                                {"step", lm.state.step},
+                                {"time_s", task.seconds},
+                                {"checkpoint", lm.dir.string()}},
+                           2)
+              << "\n";
+  } else {
+    std::printf("%s (%s) at step %lld:", task.label.c_str(), task.name.c_str(), static_cast<long long>(lm.state.step));
+    for (const EvalMetric& m : r.metrics) std::printf(" %s %.6g", m.name.c_str(), m.value);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int cmd_eval(const Args& args) {
-  po::options_description desc("ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--json]");
+  const char* usage = "ablate eval --checkpoint DIR (--tokens SHARD.bin [--seq-len T] | --eval LABEL [--details FILE]) [--json]";
+  po::options_description desc(usage);
   desc.add_options()("checkpoint", po::value<std::string>()->required(), "checkpoint or run directory")(
-      "tokens", po::value<std::string>()->required(), "llm.c-format token shard")(
+      "tokens", po::value<std::string>(), "llm.c-format token shard: its mean next-token loss")(
+      "eval", po::value<std::string>()->value_name("LABEL"), "the run's [[eval]] of this label, enabled during training or not")(
+      "details", po::value<std::string>()->value_name("FILE"), "with --eval: write each item's scores to FILE (JSON Lines)")(
+      "set", po::value<std::vector<std::string>>()->composing()->value_name("eval.LABEL.KEY=VALUE"),
+      "with --eval: change a key of the run's [[eval]] tables (another task file: eval.LABEL.path=FILE)")(
       "seq-len", int_option("seq-len", 1, 16777216), "window length T (default: the run's batching.seq_len)")(
       "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")(
       "threads", int_option("threads", 0, 4096), "CPU threads (0 = every core; default: the run's run.threads)")(
       "json", "print JSON")("allow-nonfinite",
                             "read a checkpoint whose weights hold NaN or inf, and report a loss that is not finite (forensics; warns)");
   po::variables_map vm;
-  if (parse_or_help(args, desc, {}, vm, "ablate eval --checkpoint DIR --tokens SHARD.bin [--seq-len T] [--threads N] [--json]"))
-    return 0;
+  if (parse_or_help(args, desc, {}, vm, usage)) return 0;
+  if (vm.count("tokens") == vm.count("eval")) {
+    throw_input_error(vm.count("eval") ? "--eval" : "ablate eval", vm.count("eval") ? "and --tokens both given: choose one"
+                                                                                    : "give --tokens SHARD.bin or --eval LABEL");
+  }
+  if (vm.count("details") && !vm.count("eval")) throw_input_error("--details", "needs --eval LABEL");
+  // Only the evaluations may change: the model and its data are the checkpoint's.
+  const std::vector<std::string> sets = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>();
+  for (const std::string& set : sets) {
+    if (set.rfind("eval.", 0) != 0 || !vm.count("eval")) {
+      throw_input_error("--set " + set, "ablate eval changes only the run's [[eval]] keys, with --eval (eval.LABEL.KEY=VALUE); "
+                                        "the model and data are the checkpoint's");
+    }
+  }
   Registry registry;
   registry.load_directories(Registry::default_search_path());
-  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
+  LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0, sets);
+  if (vm.count("eval")) return eval_task(lm, registry, vm);
   const int threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>())
                                                           : lm.spec->run.threads);
   const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.spec->seq_len;

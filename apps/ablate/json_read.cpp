@@ -30,6 +30,13 @@ constexpr JsonField kRunFields[] = {
     {"vocab_size", K::count},
 };
 
+// summary.json's "evals": per label the evaluator's last metrics.
+constexpr JsonField kEvalSummaryFields[] = {
+    {"evaluator", K::string}, {"step", K::count},        {"primary", K::string}, {"higher_is_better", K::boolean},
+    {"metrics", K::number_map}, {"evaluations", K::count}, {"time_s", K::non_negative},
+};
+const JsonSchema kEvalSummary{"evaluation summary", kMaxJsonBytes, kEvalSummaryFields};
+
 constexpr JsonField kSummaryFields[] = {
     {"status", K::string, true},      {"steps", K::count},
     {"parameters", K::count},         {"first_loss", K::number},
@@ -42,7 +49,7 @@ constexpr JsonField kSummaryFields[] = {
     {"wall_s", K::non_negative},      {"world", K::count},
     {"resumed_from", K::count},       {"data_bottleneck", K::string},
     {"step_time_cv", K::non_negative}, {"machine_load", K::non_negative},
-    {"cpu_steal", K::non_negative},
+    {"cpu_steal", K::non_negative},   {"evals", K::object_map, false, &kEvalSummary},
 };
 
 constexpr JsonField kMetricsFields[] = {
@@ -80,14 +87,17 @@ constexpr JsonField kResultRowFields[] = {
     {"wall_s", K::non_negative},           {"steps", K::non_negative},
     {"error", K::string},                  {"run_dir", K::string},
     {"best_val_loss", K::number},          {"step_time_cv", K::non_negative},
-    {"machine_load", K::non_negative},
+    {"machine_load", K::non_negative},     {"evals", K::number_map},
 };
 
 const JsonSchema kResultRow{"sweep results row", kMaxJsonBytes, kResultRowFields};
 
+constexpr JsonField kEvalListFields[] = {{"label", K::string, true}, {"metric", K::string, true}, {"higher_is_better", K::boolean}};
+const JsonSchema kEvalListRow{"sweep evaluation", kMaxJsonBytes, kEvalListFields};
+
 constexpr JsonField kResultsFields[] = {
     {"sweep", K::string}, {"base", K::string}, {"axes", K::strings}, {"arms", K::rows, true, &kResultRow},
-    {"baseline", K::string},
+    {"baseline", K::string}, {"evals", K::rows, false, &kEvalListRow},
 };
 
 }  // namespace
@@ -124,6 +134,7 @@ std::string expectation(K kind) {
     case K::rows: return "a list of objects";
     case K::boolean: return "true or false";
     case K::object: return "an object";
+    case K::object_map: return "an object of objects";
   }
   return "";
 }
@@ -157,6 +168,12 @@ json checked(const std::string& where, const std::string& field, const json& v, 
       return v;
     case K::object:
       return checked_object(where, v, *f.rows, field);
+    case K::object_map: {
+      if (!v.is_object()) refuse(where, field, v, f.kind);
+      json out = json::object();
+      for (const auto& [key, value] : v.items()) out[key] = checked_object(where, value, *f.rows, field + "." + echo_value(key));
+      return out;
+    }
     case K::strings:
     case K::rows: {
       if (!v.is_array()) refuse(where, field, v, f.kind);

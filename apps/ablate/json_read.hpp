@@ -42,6 +42,7 @@ enum class JsonKind {
   rows,          // a list of objects, each of the schema JsonField::rows names
   boolean,       // true or false
   object,        // an object of the schema JsonField::rows names
+  object_map,    // an object whose values are objects of the schema JsonField::rows names
 };
 
 struct JsonSchema;

@@ -278,13 +278,14 @@ std::string ratio_text(double v, double near) { return printf_text(std::fabs(nea
 
 // The metrics summarised over repeats and compared with the baseline.
 struct StatMetric {
-  const char* key;    // the results column
-  const char* label;  // its name in report.md
+  std::string key;    // the results column (an evaluation's: eval/<label>/<metric>, in the row's "evals")
+  std::string label;  // its name in report.md
   bool ratio;         // compared as arm / baseline (else as arm - baseline)
   bool lower_better;
-  const char* more;   // the words for a larger value than the baseline's
-  const char* less;   // and for a smaller one
+  std::string more;   // the words for a larger value than the baseline's
+  std::string less;   // and for a smaller one
   std::string (*show)(double);
+  bool eval = false;  // an evaluation's primary metric
 };
 
 const StatMetric kStatMetrics[] = {
@@ -294,6 +295,46 @@ const StatMetric kStatMetrics[] = {
     {"mfu", "MFU", true, false, "higher MFU", "lower MFU", share_text},
     {"mem_peak_bytes", "peak MiB", true, true, "more memory", "less memory", mib_text},
 };
+
+std::string eval_text(double v) { return printf_text("%.4f", v); }
+
+// The metrics a sweep's statistics cover: the fixed ones, then each evaluation's primary metric
+// (results.json's "evals": label, metric, higher_is_better), compared as a difference.
+std::vector<StatMetric> stat_metrics(const json& evals) {
+  std::vector<StatMetric> out(std::begin(kStatMetrics), std::end(kStatMetrics));
+  for (const json& e : evals) {
+    const std::string label = e.value("label", ""), metric = e.value("metric", "");
+    const bool higher = e.value("higher_is_better", true);
+    const std::string name = label + " " + metric;
+    out.push_back({"eval/" + label + "/" + metric, name, false, !higher, "higher " + name, "lower " + name, eval_text, true});
+  }
+  return out;
+}
+
+// A results row's value of a metric: its column, or for an evaluation the row's "evals" entry.
+double row_value(const json& r, const StatMetric& m) {
+  const json* where = &r;
+  std::string key = m.key;
+  if (m.eval) {
+    if (!r.contains("evals") || !r["evals"].is_object()) return NAN;
+    where = &r["evals"];
+    key = m.key.substr(5);  // <label>/<metric>
+  }
+  return where->contains(key) && (*where)[key].is_number() ? (*where)[key].get<double>() : NAN;
+}
+
+// The evaluations of a sweep's summaries, each once in the order first met: label, primary metric, direction.
+json sweep_evals(const std::vector<json>& summaries) {
+  json out = json::array();
+  for (const json& summary : summaries) {
+    if (!summary.contains("evals")) continue;
+    for (const auto& [label, e] : summary["evals"].items()) {
+      const bool known = std::any_of(out.begin(), out.end(), [&](const json& x) { return x["label"] == label; });
+      if (!known) out.push_back({{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
+    }
+  }
+  return out;
+}
 
 // The completed repeats of one arm (its group: the arm's name without the repeat suffix).
 struct ArmGroup {
@@ -306,7 +347,7 @@ struct ArmGroup {
 };
 
 // Every group of the results rows, in the order of their first arm (one without a completed repeat too).
-std::vector<ArmGroup> arm_groups(const json& rows) {
+std::vector<ArmGroup> arm_groups(const json& rows, const std::vector<StatMetric>& metrics) {
   std::vector<ArmGroup> groups;
   for (const json& r : rows) {
     const std::string g = r.value("group", r.value("arm", ""));
@@ -316,8 +357,8 @@ std::vector<ArmGroup> arm_groups(const json& rows) {
     ++it->completed;
     // The rows as written carry nulls; as read back (json_read.hpp) they leave them out.
     const auto number = [&r](const char* key) { return r.contains(key) && r[key].is_number() ? r[key].get<double>() : NAN; };
-    for (const StatMetric& m : kStatMetrics) {
-      if (std::isfinite(number(m.key))) it->values[m.key].push_back(number(m.key));
+    for (const StatMetric& m : metrics) {
+      if (std::isfinite(row_value(r, m))) it->values[m.key].push_back(row_value(r, m));
     }
     if (const double cv = number("step_time_cv"); std::isfinite(cv) && !(cv <= it->step_time_cv)) {
       it->step_time_cv = cv;
@@ -389,9 +430,9 @@ std::string verdict(const StatMetric& m, const Estimate& e, std::size_t n_arm, s
 
 // The results columns of a group's statistics, in order: per metric mean, sd, n, ci_low, ci_high,
 // then against the baseline the difference (losses) or ratio (the others) with its interval, and the verdict.
-std::vector<std::string> group_columns() {
+std::vector<std::string> group_columns(const std::vector<StatMetric>& metrics) {
   std::vector<std::string> out;
-  for (const StatMetric& m : kStatMetrics) {
+  for (const StatMetric& m : metrics) {
     const std::string k = m.key, vs = k + (m.ratio ? "_ratio" : "_diff");
     for (const std::string& c : {k + "_mean", k + "_sd", k + "_n", k + "_ci_low", k + "_ci_high", vs, vs + "_low", vs + "_high", k + "_verdict"}) {
       out.push_back(c);
@@ -401,9 +442,9 @@ std::vector<std::string> group_columns() {
 }
 
 // A group's row of statistics (group_columns(), then `group` and `baseline`).
-json group_row(const ArmGroup& g, const ArmGroup& base) {
+json group_row(const ArmGroup& g, const ArmGroup& base, const std::vector<StatMetric>& metrics) {
   json row = {{"group", g.name}, {"baseline", g.name == base.name}};
-  for (const StatMetric& m : kStatMetrics) {
+  for (const StatMetric& m : metrics) {
     const std::string k = m.key, vs = k + (m.ratio ? "_ratio" : "_diff");
     const Spread s = spread_of(values_of(g, m));
     row[k + "_mean"] = number_or_null(s.mean);
@@ -484,22 +525,27 @@ std::string spread_cell(const StatMetric& m, const ArmGroup& g) {
 
 // report.md's sections on the arm groups: the leaders, each group over its repeats (when any has
 // more than one), and each against the baseline.
-void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& groups, const std::string& baseline) {
+void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& groups, const std::string& baseline,
+                          const std::vector<StatMetric>& metrics) {
   std::size_t most = 0, compared = 0;
   for (const ArmGroup& g : groups) {
     most = std::max(most, g.completed);
     compared += g.completed > 0 ? 1 : 0;
   }
-  const auto loss = std::find_if(std::begin(kStatMetrics), std::end(kStatMetrics), [](const StatMetric& m) { return std::string(m.key) == "val_loss"; });
-  const auto rate = std::find_if(std::begin(kStatMetrics), std::end(kStatMetrics), [](const StatMetric& m) { return std::string(m.key) == "real_tokens_per_s"; });
-  for (const std::string& line : {leader_line(*loss, groups, "Lowest validation loss"), leader_line(*rate, groups, "Most real tokens/s")}) {
+  const auto find = [&](const char* key) { return *std::find_if(metrics.begin(), metrics.end(), [&](const StatMetric& m) { return m.key == key; }); };
+  std::vector<std::string> leaders = {leader_line(find("val_loss"), groups, "Lowest validation loss"),
+                                      leader_line(find("real_tokens_per_s"), groups, "Most real tokens/s")};
+  for (const StatMetric& m : metrics) {  // each evaluation ranks the arms too
+    if (m.eval) leaders.push_back(leader_line(m, groups, (m.lower_better ? "Lowest " : "Highest ") + m.label));
+  }
+  for (const std::string& line : leaders) {
     if (!line.empty()) md << line << "\n\n";
   }
-  const auto header = [&md](const std::string& last) {
+  const auto header = [&md, &metrics](const std::string& last) {
     md << "| arm | n |";
-    for (const StatMetric& m : kStatMetrics) md << " " << (std::string(m.key) == "mem_peak_bytes" ? last : m.label) << " |";
+    for (const StatMetric& m : metrics) md << " " << (m.key == "mem_peak_bytes" ? last : m.label) << " |";
     md << "\n|---|---:|";
-    for (std::size_t i = 0; i < std::size(kStatMetrics); ++i) md << "---:|";
+    for (std::size_t i = 0; i < metrics.size(); ++i) md << "---:|";
     md << "\n";
   };
   if (most >= 2) {
@@ -508,7 +554,7 @@ void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& g
     header("peak MiB");
     for (const ArmGroup& g : groups) {
       md << "| " << g.name << " | " << g.completed << " |";
-      for (const StatMetric& m : kStatMetrics) md << " " << spread_cell(m, g) << " |";
+      for (const StatMetric& m : metrics) md << " " << spread_cell(m, g) << " |";
       md << "\n";
     }
     md << "\n";
@@ -526,14 +572,14 @@ void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& g
   std::vector<std::string> notes;
   for (const ArmGroup& g : groups) {
     md << "| " << g.name << " | " << g.completed << " |";
-    for (const StatMetric& m : kStatMetrics) {
+    for (const StatMetric& m : metrics) {
       if (g.name == baseline) {
         md << " baseline |";
         continue;
       }
       const Estimate e = versus(m, g, *base);
       const std::string words = verdict(m, e, values_of(g, m).size(), values_of(*base, m).size());
-      std::string note = std::string(m.key) == "real_tokens_per_s" ? noise_note(g, *base, e.value) : "";
+      std::string note = m.key == "real_tokens_per_s" ? noise_note(g, *base, e.value) : "";
       if (!note.empty()) notes.push_back(note);
       md << " " << (words.empty() ? "–" : words) << (note.empty() ? "" : " (noisy: see below)") << " |";
     }
@@ -589,6 +635,7 @@ void write_sweep_results(const fs::path& sweep_dir) {
   const json order = read_json_file(arms_json, kArmsJson);
   const std::vector<std::string> axes = order.value("axes", std::vector<std::string>());
   json rows = json::array();
+  std::vector<json> summaries;
   for (const std::string& listed : order["arms"].get<std::vector<std::string>>()) {
     const std::string name = arm_name(arms_json, listed);
     const fs::path d = sweep_dir / name;
@@ -613,21 +660,37 @@ void write_sweep_results(const fs::path& sweep_dir) {
     }
     row["best_val_loss"] = number_or_null(best_val);
     for (const char* c : {"step_time_cv", "machine_load"}) row[c] = summary.value(c, json(nullptr));
+    // Each evaluation's last metrics, as "<label>/<metric>".
+    json evals = json::object();
+    if (status == "completed" && summary.contains("evals")) {
+      for (const auto& [label, e] : summary["evals"].items()) {
+        const json metrics = e.value("metrics", json::object());
+        for (const auto& [metric, v] : metrics.items()) {
+          if (v.is_number()) evals[label + "/" + metric] = v;
+        }
+      }
+      summaries.push_back(summary);
+    }
+    row["evals"] = evals;
     rows.push_back(row);
   }
-  const std::vector<ArmGroup> groups = arm_groups(rows);
+  const json eval_list = sweep_evals(summaries);
+  const std::vector<StatMetric> metrics = stat_metrics(eval_list);
+  const std::vector<ArmGroup> groups = arm_groups(rows, metrics);
   const std::string baseline = baseline_group(groups, order.value("baseline", ""), arms_json.string());
   json group_rows = json::array();
   for (const ArmGroup& g : groups) {
-    group_rows.push_back(group_row(g, *std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == baseline; })));
+    group_rows.push_back(group_row(g, *std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == baseline; }),
+                                   metrics));
   }
   json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
   if (!baseline.empty()) results["baseline"] = baseline;
+  results["evals"] = eval_list;
   results["groups"] = group_rows;
   write_file_atomic(sweep_dir / "results.json", json_text(results, 2) + "\n");
 
   // One row per arm; its group's statistics repeated on each of the group's rows.
-  const std::vector<std::string> stats = group_columns();
+  const std::vector<std::string> stats = group_columns(metrics);
   std::ostringstream csv;
   csv << "arm,repeat";
   for (const std::string& a : axes) csv << "," << csv_cell(a);
@@ -758,7 +821,8 @@ Drawn write_runs_table(std::ostringstream& md, json& spec, const fs::path& dir, 
 Drawn write_sweep_sections(std::ostringstream& md, json& spec, const fs::path& dir, const json& results,
                            const std::vector<std::string>& axes) {
   const json arms = results.value("arms", json::array());
-  const std::vector<ArmGroup> stats = arm_groups(arms);
+  const std::vector<StatMetric> metrics = stat_metrics(results.value("evals", json::array()));
+  const std::vector<ArmGroup> stats = arm_groups(arms, metrics);
   const std::string baseline = baseline_group(stats, results.value("baseline", ""), (dir / "results.json").string());
   spec["title"] = "sweep " + results.value("sweep", std::string());
   md << "# Sweep `" << results.value("sweep", std::string()) << "`\n\n";
@@ -769,7 +833,7 @@ Drawn write_sweep_sections(std::ostringstream& md, json& spec, const fs::path& d
   }
   md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
         "training loss and the last validation loss; the best validation loss is the lowest the run logged.\n\n";
-  write_group_sections(md, stats, baseline);
+  write_group_sections(md, stats, baseline, metrics);
   return write_runs_table(md, spec, dir, arms, axes);
 }
 
@@ -792,7 +856,20 @@ void write_run_section(std::ostringstream& md, json& spec, const fs::path& dir) 
   md << "| data wait | " << fmt_num(summary.value("data_wait_pct", json(nullptr)), "%.1f%%") << " |\n";
   md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
   md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
-  md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n\n";
+  md << "| wall s | " << fmt_num(summary.value("wall_s", json(nullptr)), "%.1f") << " |\n";
+  // Each evaluation's last metrics on one row, its primary metric first.
+  const json evals = summary.value("evals", json::object());
+  for (const auto& [label, e] : evals.items()) {
+    const json metrics = e.value("metrics", json::object());
+    const std::string primary = e.value("primary", "");
+    std::string cell = primary + " " + fmt_num(metrics.value(primary, json(nullptr)), "%.4f");
+    for (const auto& [name, v] : metrics.items()) {
+      if (name != primary) cell += ", " + name + " " + fmt_num(v, "%.4g");
+    }
+    md << "| eval " << label << " (" << e.value("evaluator", "") << ", step " << fmt_num(e.value("step", json(nullptr)), "%.0f")
+       << ", " << fmt_num(e.value("time_s", json(nullptr)), "%.1f") << " s) | " << cell << " |\n";
+  }
+  md << "\n";
   spec["runs"].push_back({{"label", name},
                           {"group", name},
                           {"metrics", metrics_for_plots(dir, "")},
@@ -850,8 +927,15 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   Drawn drawn;
   if (sweep) {
     drawn = write_sweep_sections(md, spec, dir, results, axes);
+    spec["evals"] = results.value("evals", json::array());
   } else {
     write_run_section(md, spec, dir);
+    const json summary = read_json_file_if_present(dir / "summary.json", kSummaryJson).value_or(json::object());
+    spec["evals"] = json::array();
+    const json evals = summary.value("evals", json::object());
+    for (const auto& [label, e] : evals.items()) {
+      spec["evals"].push_back({{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
+    }
   }
   // Several arms overlap: smoothed unless asked otherwise. With repeats, the plots draw each group's
   // mean with its 95% interval; they are given the t quantiles for the group sizes they meet.
@@ -862,6 +946,12 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   const std::string err = spec["runs"].empty() ? std::string("no completed run to plot") : draw(dir, spec);
   if (err.empty()) {
     write_plot_sections(md, plot, axes, sweep, smooth, drawn.most_repeats);
+    if (!spec["evals"].empty()) {
+      md << "## Evaluations against step\n\nEach evaluation's " << (sweep ? "primary metric per arm (the mean of its repeats, "
+                                                                              "with a band for the 95% interval of that mean)"
+                                                                            : "primary metric")
+         << ".\n\n![Evaluations against step](evals.png)\n\n";
+    }
   } else {
     md << "_Plots not drawn: " << err << "_\n";
   }

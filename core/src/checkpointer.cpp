@@ -419,14 +419,14 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
   return s;
 }
 
-LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonfinite) {
+LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonfinite, const std::vector<std::string>& overrides) {
   LoadedModel lm;
   lm.dir = resolve_checkpoint(path);
   lm.state = read_checkpoint_state(lm.dir);
   const fs::path cfg = lm.dir / "config.toml";
   if (!fs::exists(cfg)) throw_input_error(lm.dir.string(), "checkpoint has no config.toml");
   const std::string cfg_text = read_regular_file(cfg, "checkpoint config", kMaxRunTomlBytes);
-  lm.config = std::make_unique<Config>(Config::parse(cfg_text, cfg.string(), {}, registry, lm.dir));
+  lm.config = std::make_unique<Config>(Config::parse(cfg_text, cfg.string(), overrides, registry, lm.dir));
   lm.spec = std::make_unique<RunSpec>(RunSpec::from(*lm.config));
   RunContext run;
   run.seed = lm.state.seed;

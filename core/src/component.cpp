@@ -4,6 +4,7 @@
 #include "ablate/communicator.hpp"
 #include "ablate/component.hpp"
 #include "ablate/data.hpp"
+#include "ablate/evaluator.hpp"
 #include "ablate/layer.hpp"
 #include "ablate/logger.hpp"
 #include "ablate/metrics.hpp"
@@ -28,6 +29,7 @@ std::string_view to_string(Kind kind) noexcept {
     case Kind::logger: return "logger";
     case Kind::communicator: return "communicator";
     case Kind::device: return "device";
+    case Kind::evaluator: return "evaluator";
   }
   return "unknown";
 }
@@ -55,6 +57,8 @@ bool ComponentInfo::serves(std::string_view device) const {
 }
 Registrar::~Registrar() = default;
 DataSource::~DataSource() = default;
+Evaluator::~Evaluator() = default;
+EvalModel::~EvalModel() = default;
 
 std::vector<int32_t> DataSource::encode(const std::string& text) const {
   std::vector<int32_t> out;

@@ -2,6 +2,7 @@
 // [plugins] paths, validate every section and sub-table, fill defaults, print back as TOML.
 #include "ablate/runtime/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -170,9 +171,43 @@ const SectionSpec* find_section_spec(std::string_view name) {
   return nullptr;
 }
 
+const Schema& eval_entry_keys() {
+  using namespace param;
+  static const Schema keys = {
+      string("name", "", "the evaluator (an evaluator plugin: multiple_choice, heldout_loss, generate_match)"),
+      string("label", "", "what its metrics are called: eval/<label>/<metric> (default: the evaluator's name); "
+             "lower-case letters, digits and '_', one per [[eval]]"),
+      integer("every", 0, "steps between its evaluations (0 = with the validation loss, every run.eval_every steps, "
+              "and at the last step)").within(0, 1e12),
+      boolean("enabled", true, "run it during training (a disabled one is neither read nor run there; `ablate eval "
+              "--eval LABEL` runs it on a checkpoint either way)"),
+  };
+  return keys;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 namespace {
+
+struct ResolvedEval {
+  std::string label;
+  std::map<std::string, Value, std::less<>> common, own;
+};
+
+bool valid_eval_label(const std::string& label) {
+  if (label.empty() || label.size() > 64) return false;
+  return std::all_of(label.begin(), label.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
+}
+
+// The label of an [[eval]] table as written (its `label`, else its `name`), "" when neither is a string.
+std::string written_eval_label(const toml::table& entry) {
+  for (const char* key : {"label", "name"}) {
+    if (const toml::node* n = entry.get(key); n != nullptr && n->is_string() && !n->as_string()->get().empty()) {
+      return n->as_string()->get();
+    }
+  }
+  return "";
+}
 
 struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
@@ -457,6 +492,55 @@ class Validator {
   const std::map<std::string, std::string>& origins_;
 };
 
+// The [[eval]] tables: each names a registered evaluator, has a label no other has, and its other
+// keys are the evaluator's (checked against its schema, defaults filled in).
+std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& registry, const toml::node* node) {
+  std::vector<ResolvedEval> out;
+  if (node == nullptr) return out;
+  const toml::array* entries = node->as_array();
+  if (entries == nullptr) v.fail(node->source(), "eval", "expected [[eval]] tables (an array of tables), got " + node_type_name(*node));
+  for (std::size_t i = 0; i < entries->size(); ++i) {
+    const toml::node& el = *entries->get(i);
+    const std::string at = "eval[" + std::to_string(i) + "]";
+    if (!el.is_table()) v.fail(el.source(), at, "expected a table ([[eval]]), got " + node_type_name(el) + " " + node_text(el));
+    const toml::table& entry = *el.as_table();
+    const toml::node* name = entry.get("name");
+    const std::vector<std::string> valid = registry.names(Kind::evaluator);
+    const std::string valid_text = " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")";
+    if (name == nullptr) v.fail(entry.source(), at, "missing key 'name': choose an evaluator" + valid_text);
+    if (!name->is_string()) v.fail(name->source(), at + ".name", "expected a string, got " + node_type_name(*name) + " " + node_text(*name));
+    const std::string plugin = name->as_string()->get();
+    const ComponentInfo* info = registry.find(Kind::evaluator, plugin);
+    if (info == nullptr) {
+      v.fail(name->source(), at + ".name", "unknown evaluator '" + plugin + "'" + did_you_mean(plugin, valid) + valid_text +
+                                             registry.not_loaded_note(plugin));
+    }
+    std::string label = written_eval_label(entry);
+    const std::string path = "eval." + (valid_eval_label(label) ? label : at);
+    Schema schema = eval_entry_keys();
+    schema.insert(schema.end(), info->schema.begin(), info->schema.end());
+    std::map<std::string, Value, std::less<>> keys = v.check_table(entry, schema, path, "", nullptr);
+    if (std::get<std::string>(keys["label"]).empty()) keys["label"] = plugin;
+    label = std::get<std::string>(keys["label"]);
+    const toml::node* label_node = entry.get("label");
+    const toml::source_region region = label_node ? label_node->source() : entry.source();
+    if (!valid_eval_label(label)) {
+      v.fail(region, at + ".label", "\"" + label + "\" is not a label: expected 1 to 64 lower-case letters, digits or '_' "
+                                  "(it names the metrics eval/<label>/<metric>)");
+    }
+    for (const ResolvedEval& e : out) {
+      if (e.label == label) {
+        v.fail(region, at + ".label", "\"" + label + "\" is the label of another [[eval]] too; give each its own `label`");
+      }
+    }
+    ResolvedEval r;
+    r.label = label;
+    for (auto& [k, v] : keys) (find_param(eval_entry_keys(), k) ? r.common : r.own)[k] = v;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 std::vector<std::string> section_names() {
   std::vector<std::string> out;
   for (const SectionSpec& s : section_specs()) out.push_back(s.name);
@@ -551,6 +635,46 @@ std::unique_ptr<toml::node> parse_override_value(const std::string& text, const 
   return bad();
 }
 
+// --set eval.<label>.<key>=value: the [[eval]] table of that label (its `label`, else its `name`),
+// typed by the common [[eval]] keys or its evaluator's schema.
+void apply_eval_override(toml::table& root, const std::vector<std::string>& parts, const std::string& text,
+                         const std::string& origin, const Registry& registry) {
+  toml::array* entries = root["eval"].as_array();
+  std::vector<std::string> labels;
+  toml::table* entry = nullptr;
+  for (std::size_t i = 0; entries != nullptr && i < entries->size(); ++i) {
+    toml::table* t = entries->get(i)->as_table();
+    if (t == nullptr) continue;
+    labels.push_back(written_eval_label(*t));
+    if (labels.back() == parts[1]) entry = t;
+  }
+  if (parts.size() != 3) throw_input_error(origin, "expected eval.<label>.key=value");
+  if (entry == nullptr) {
+    throw_input_error(origin, "the experiment has no [[eval]] labelled '" + parts[1] + "'" + did_you_mean(parts[1], labels) +
+                                  (labels.empty() ? std::string(" (it has no [[eval]] table: add one to the file)")
+                                                  : " (labels: " + join(labels) + ")"));
+  }
+  const ParamSpec* spec = find_param(eval_entry_keys(), parts[2]);
+  const toml::node* name = entry->get("name");
+  const ComponentInfo* info = name && name->is_string() ? registry.find(Kind::evaluator, name->as_string()->get()) : nullptr;
+  if (spec == nullptr && info != nullptr) spec = find_param(info->schema, parts[2]);
+  if (spec == nullptr) {
+    std::vector<std::string> keys = schema_names(eval_entry_keys());
+    if (info != nullptr) for (const std::string& k : schema_names(info->schema)) keys.push_back(k);
+    throw_input_error(origin, "unknown key '" + parts[2] + "' in [[eval]] '" + parts[1] + "'" + did_you_mean(parts[2], keys) +
+                                  " (valid keys: " + join(keys) + ")");
+  }
+  std::unique_ptr<toml::node> value = parse_override_value(text, *spec, origin);
+  if (auto* arr = dynamic_cast<toml::array*>(value.get())) {
+    entry->insert_or_assign(parts[2], std::move(*arr));
+  } else {
+    value->visit([&](auto&& v) {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (toml::is_value<V>) entry->insert_or_assign(parts[2], v.get());
+    });
+  }
+}
+
 void apply_override(toml::table& root, const std::string& assignment, const Registry& registry,
                     std::map<std::string, std::string>& origins) {
   const std::string origin = "--set " + assignment;
@@ -562,6 +686,11 @@ void apply_override(toml::table& root, const std::string& assignment, const Regi
   std::stringstream ss(path);
   std::string part;
   while (std::getline(ss, part, '.')) parts.push_back(part);
+  if (!parts.empty() && parts[0] == "eval") {
+    apply_eval_override(root, parts, text, origin, registry);
+    origins[path] = origin;
+    return;
+  }
   if (parts.size() < 2 || parts.size() > 3) throw_input_error(origin, "expected section.key=value or section.implementation.key=value");
   ParamSpec selector_spec;
   const ParamSpec* spec = override_spec(parts, origin, registry, selector_spec);
@@ -603,6 +732,7 @@ uint64_t fnv1a(std::string_view s) noexcept {
 struct Config::Impl {
   std::string source;
   std::map<std::string, ResolvedSection, std::less<>> sections;
+  std::vector<ResolvedEval> evals;
 };
 
 Config::Config() : impl_(std::make_unique<Impl>()) {}
@@ -634,6 +764,7 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
   // Top level: only known sections, each a table.
   for (auto&& [key, node] : root) {
     const std::string k(key.str());
+    if (k == "eval") continue;  // [[eval]] tables: checked with the evaluators loaded
     if (find_section_spec(k) == nullptr) {
       throw_input_error(validator.where(key.source(), k),
                         "unknown section [" + k + "]" + did_you_mean(k, section_names()) + " (sections: " + join(section_names()) + ")");
@@ -677,6 +808,7 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
     }
     cfg.impl_->sections[spec.name] = validator.check_section(spec, table);
   }
+  cfg.impl_->evals = check_evals(validator, registry, root.get("eval"));
   // Products of keys: a micro-batch's positions are indexed with 32 bits and every batch buffer
   // holds batch_size x seq_len of them, so a product past that is refused before anything is sized.
   if (auto it = cfg.impl_->sections.find("batching"); it != cfg.impl_->sections.end()) {
@@ -723,6 +855,19 @@ std::string Config::to_toml() const {
       out += "\n[" + spec.name + "." + impl + "]\n";
       for (const auto& [k, v] : values) out += k + " = " + format_value(v) + "\n";
     }
+  }
+  for (const ResolvedEval& e : impl_->evals) {
+    out += "\n[[eval]]\n";
+    for (const ParamSpec& p : eval_entry_keys()) out += p.name + " = " + format_value(e.common.at(p.name)) + "\n";
+    for (const auto& [k, v] : e.own) out += k + " = " + format_value(v) + "\n";
+  }
+  return out;
+}
+
+std::vector<Config::EvalEntry> Config::evals() const {
+  std::vector<EvalEntry> out;
+  for (const ResolvedEval& e : impl_->evals) {
+    out.push_back({Params("eval." + e.label, e.common), Params("eval." + e.label, e.own)});
   }
   return out;
 }

@@ -74,6 +74,8 @@ RunSpec RunSpec::from(const Config& config) {
   const Params logging = config.section("logging");
   for (const std::string& name : config.selected_list("logging")) s.loggers.push_back({"logging", true, name, logging, config.implementation("logging", name)});
 
+  for (const Config::EvalEntry& e : config.evals()) s.evals.push_back({"eval", true, e.common.get_string("name"), e.common, e.own});
+
   if (s.data.present) {
     s.data_workers = int(s.data.common.get_int("workers"));
     s.data_prefetch = int(s.data.common.get_int("prefetch"));

@@ -24,6 +24,7 @@
 #include "ablate/runtime/checkpoint.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/runtime/engine.hpp"
+#include "ablate/runtime/evaluation.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/launch_env.hpp"
@@ -242,7 +243,7 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
 
 // Every sink of [logging] sinks (rank 0 writes them; every rank checks the names).
 void open_loggers(LoggerSet& loggers, const RunSpec& spec, const Registry& registry, const RunContext& run,
-                  const fs::path& dir, int64_t start_step, const TrainerSettings& s) {
+                  const fs::path& dir, int64_t start_step, const TrainerSettings& s, const std::vector<std::string>& eval_metrics) {
   for (const Choice& sink : spec.loggers) {
     if (registry.find(Kind::logger, sink.name) == nullptr) {
       const std::vector<std::string> valid = registry.names(Kind::logger);
@@ -258,6 +259,7 @@ void open_loggers(LoggerSet& loggers, const RunSpec& spec, const Registry& regis
   lc.start_step = start_step;
   lc.total_steps = s.steps;
   lc.log_every = s.log_every;
+  lc.extra_metrics = eval_metrics;
   for (const Choice& sink : spec.loggers) {
     loggers.sinks.push_back(registry.create<Logger>(Kind::logger, sink.name, {sink.common, sink.own, run}));
     loggers.sinks.back()->open(lc);
@@ -447,6 +449,8 @@ struct TrainingSetup {
   EngineOptions eo;
   std::optional<Engine> engine;
   std::optional<Checkpointer> checkpoints;
+  std::vector<EvalTask> evals;  // the enabled [[eval]] tables
+  std::optional<ModelEvalView> eval_view;
 
   // The run's arguments and the settings read from its config; set_up builds the rest.
   TrainingSetup(const RunSpec& spec, Registry& registry, const TrainOptions& options, Communicator& comm,
@@ -473,6 +477,18 @@ struct TrainingProgress {
   int64_t profiled_steps = 0;
   double profiled_s = 0;
 };
+
+// The enabled [[eval]] tables' evaluators, their tasks read and checked against the model before
+// anything trains; they see the model through a view whose forward passes hold at most the
+// training micro-batch's positions.
+void set_up_evals(TrainingSetup& t) {
+  for (EvalTask& e : make_eval_tasks(t.spec, t.registry, t.run)) {
+    if (e.enabled) t.evals.push_back(std::move(e));
+  }
+  if (t.evals.empty()) return;
+  t.eval_view.emplace(*t.model, *t.source, t.comm, t.s.batch_size * t.s.seq_len);
+  prepare_eval_tasks(t.evals, *t.eval_view);
+}
 
 // Set-up: the run directory locked and checked, the data, the model, its optimizer, engine and checkpoints.
 void set_up(TrainingSetup& t) {
@@ -509,6 +525,7 @@ void set_up(TrainingSetup& t) {
   t.engine.emplace(model, *t.optimizer, t.comm, t.eo);
   require_memory(spec, model, *t.optimizer, t.s);
   t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.s.keep, t.eo.shard_state, t.opt_name, run.seed, t.s.steps}, spec, t.comm);
+  set_up_evals(t);
 }
 
 // Where the run starts: a checkpoint (--resume), the weights of model.init_from or a fresh
@@ -538,7 +555,11 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   Model& model = *t.model;
   // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
   // the run before config.toml and run.json are rewritten.
-  open_loggers(p.loggers, t.spec, t.registry, run, t.dir, p.start_step, s);
+  std::vector<std::string> eval_metrics;
+  for (const EvalTask& e : t.evals) {
+    for (const std::string& name : e.logged_names()) eval_metrics.push_back(name);
+  }
+  open_loggers(p.loggers, t.spec, t.registry, run, t.dir, p.start_step, s, eval_metrics);
   if (t.lead) {
     write_file_atomic(t.dir / "config.toml", t.spec.config_toml);
     write_run_json(t.dir, t.spec, t.registry, run, t.comm_name, model, s);
@@ -624,7 +645,13 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
       p.last_val = t.eval.run(model, t.comm);
       sm.extra.push_back({"val_loss", p.last_val});
     }
-    if (t.lead && (step % s.log_every == 0 || step == s.steps || do_eval)) {
+    bool evaluated = false;  // the [[eval]] tables due after this step
+    for (EvalTask& e : t.evals) {
+      if (!e.due(step, s.steps, s.eval_every)) continue;
+      run_eval_task(e, *t.eval_view, step, &sm.extra);
+      evaluated = true;
+    }
+    if (t.lead && (step % s.log_every == 0 || step == s.steps || do_eval || evaluated)) {
       sm.extra.push_back({"elapsed_s", seconds_since(p.t_run)});
       for (auto& l : p.loggers.sinks) l->log(sm);
       if (t.options.on_step) t.options.on_step(sm);
@@ -654,6 +681,7 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   t.comm.all_reduce_host(flat_view(&mem_peak, DType::f64, 1), ReduceOp::max);
   json summary = p.metrics->summary();
   summary.update(machine_load_summary(p.cpu_at_start, t.comm));
+  if (!t.evals.empty()) summary["evals"] = evals_summary(t.evals);
   summary.update({{"status", p.stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", p.start_step},

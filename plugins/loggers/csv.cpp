@@ -1,6 +1,6 @@
 // The `csv` logger: <run dir>/metrics.csv with a fixed header, docs/architecture.md's metric names in their
 // documented order followed by the columns of `extra_columns` (default: the trainer's extras
-// val_loss and elapsed_s). An extra column is empty on steps without that value; an extra metric
+// val_loss and elapsed_s) and one per metric of the run's evaluations (eval/<label>/<metric>). An extra column is empty on steps without that value; an extra metric
 // not listed there is left out (with one warning naming it). Counts are integers, other numbers
 // the shortest text that reads back exactly. A resumed run keeps the rows up to its start step,
 // rearranged under the current header.
@@ -38,12 +38,16 @@ std::string join_cells(const std::vector<std::string>& cells) {
 
 class CsvLogger final : public Logger {
  public:
-  explicit CsvLogger(std::vector<std::string> extra_columns) : extra_columns_(std::move(extra_columns)) {
-    header_ = metric_names();
-    header_.insert(header_.end(), extra_columns_.begin(), extra_columns_.end());
-  }
+  explicit CsvLogger(std::vector<std::string> extra_columns) : configured_(std::move(extra_columns)) {}
 
   void open(const LogContext& context) override {
+    // The configured extras, then the run's evaluation metrics (each gets its column).
+    extra_columns_ = configured_;
+    for (const std::string& m : context.extra_metrics) {
+      if (std::find(extra_columns_.begin(), extra_columns_.end(), m) == extra_columns_.end()) extra_columns_.push_back(m);
+    }
+    header_ = metric_names();
+    header_.insert(header_.end(), extra_columns_.begin(), extra_columns_.end());
     ensure_directory(context.run_dir);
     path_ = fs::path(context.run_dir) / "metrics.csv";
     warned_.clear();
@@ -122,7 +126,7 @@ class CsvLogger final : public Logger {
     return text;
   }
 
-  std::vector<std::string> extra_columns_;
+  std::vector<std::string> configured_, extra_columns_;
   std::vector<std::string> header_;
   fs::path path_;
   std::ofstream out_;

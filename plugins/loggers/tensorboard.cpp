@@ -1,7 +1,8 @@
 // The `tensorboard` logger: an event file <run dir>/<dir>/events.out.tfevents.<unix time>.<host>
 // holding, per logged step, one Event with every metric as a scalar. Tags: "train/<metric>" for
 // docs/architecture.md's metrics (step is the event's step, not a scalar), "val/<x>" for an extra named
-// "val_<x>" (val_loss -> val/loss), "train/<name>" for any other extra. A new run removes the
+// "val_<x>" (val_loss -> val/loss), an evaluation's eval/<label>/<metric> as it is, "train/<name>"
+// for any other extra. A new run removes the
 // event files an earlier one left in <dir>; a resumed run starts a new file that first marks a
 // restart, so TensorBoard drops what the earlier files hold after the resume step.
 // For TensorBoard's HParams dashboard the file also holds, at step 0, the run's hyperparameters
@@ -101,6 +102,7 @@ class TensorboardLogger final : public Logger {
  private:
   static std::string tag_for(const std::string& metric) {
     if (metric.rfind("val_", 0) == 0) return "val/" + metric.substr(4);
+    if (metric.rfind("eval/", 0) == 0) return metric;  // an evaluation's: eval/<label>/<metric>
     return "train/" + metric;
   }
 

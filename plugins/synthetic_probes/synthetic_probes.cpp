@@ -154,6 +154,7 @@ class SyntheticProbes final : public ablate::DataSource {
     out.index = doc;
   }
 
+  bool has_text() const override { return true; }
   std::string decode(const std::vector<int32_t>& tokens) const override {
     static const char kText[] = "0123456789 \n.-#";
     std::string out;

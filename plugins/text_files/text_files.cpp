@@ -87,6 +87,7 @@ class TextFiles final : public ablate::DataSource {
     }
     return out;
   }
+  bool has_text() const override { return true; }
   std::string decode(const std::vector<int32_t>& tokens) const override {
     std::string out;
     for (int32_t t : tokens) {

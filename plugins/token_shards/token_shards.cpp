@@ -210,6 +210,12 @@ class TokenShards final : public ablate::DataSource {
 #endif
     return vocab_text_ ? vocab_text_->decode(tokens) : DataSource::decode(tokens);
   }
+  bool has_text() const override {
+#ifdef ABLATE_HAVE_SENTENCEPIECE
+    if (spm_text_) return true;
+#endif
+    return vocab_text_ != nullptr;
+  }
 
   // One group per shard pattern, in the order the split holds their documents.
   std::vector<ablate::DocumentGroup> groups(ablate::Split split) const override {

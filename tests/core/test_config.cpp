@@ -41,6 +41,8 @@ struct Fixture {
     add(registry, Kind::attention, "naive_cpu");
     add(registry, Kind::logger, "console");
     add(registry, Kind::logger, "jsonl", {string("file", "metrics.jsonl", "name")});
+    add(registry, Kind::evaluator, "multiple_choice",
+        {string("path", "", "items"), string("normalization", "mean", "score").one_of({"mean", "sum"})});
   }
   Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
     return Config::parse(text, "exp.toml", overrides, registry);
@@ -350,4 +352,62 @@ TEST_CASE_FIXTURE(Fixture, "a chosen layer's own keys live in [model.<layer>], c
   const std::string none = error("[model.scald]\ninit = 2\n");
   CHECK(contains(none, "no layer named 'scald'"));
   CHECK(contains(none, "did you mean 'scaled'"));
+}
+
+// ---- [[eval]] tables ---------------------------------------------------------------------
+
+const char* kTwoEvals =
+    "[[eval]]\nname = \"multiple_choice\"\nlabel = \"rows\"\npath = \"a.jsonl\"\n\n"
+    "[[eval]]\nname = \"multiple_choice\"\nevery = 50\nnormalization = \"sum\"\n";
+
+TEST_CASE_FIXTURE(Fixture, "[[eval]] tables resolve in order with their labels, common keys and evaluator keys") {
+  const Config c = parse(kTwoEvals);
+  const std::vector<Config::EvalEntry> evals = c.evals();
+  REQUIRE(evals.size() == 2);
+  CHECK(evals[0].common.get_string("label") == "rows");
+  CHECK(evals[0].common.get_int("every") == 0);
+  CHECK(evals[0].common.get_bool("enabled"));
+  CHECK(evals[0].own.get_string("normalization") == "mean");
+  CHECK(evals[1].common.get_string("label") == "multiple_choice");  // the name, by default
+  CHECK(evals[1].common.get_int("every") == 50);
+  CHECK(evals[1].own.get_string("normalization") == "sum");
+  CHECK(evals[1].own.path() == "eval.multiple_choice");
+  const RunSpec spec = RunSpec::from(c);
+  REQUIRE(spec.evals.size() == 2);
+  CHECK(spec.evals[0].name == "multiple_choice");
+}
+
+TEST_CASE_FIXTURE(Fixture, "[[eval]] tables round-trip through the resolved TOML and change the hash") {
+  const Config first = parse(kTwoEvals);
+  const Config second = Config::parse(first.to_toml(), "resolved.toml", {}, registry);
+  CHECK(second.to_toml().substr(second.to_toml().find('\n')) == first.to_toml().substr(first.to_toml().find('\n')));
+  CHECK(first.hash() != parse("").hash());
+  CHECK(parse(kTwoEvals, {"eval.rows.enabled=false"}).hash() != first.hash());
+}
+
+TEST_CASE_FIXTURE(Fixture, "--set eval.LABEL.KEY is typed by the common keys or the evaluator's schema") {
+  const Config c = parse(kTwoEvals, {"eval.rows.every=7", "eval.rows.normalization=sum", "eval.multiple_choice.enabled=false"});
+  CHECK(c.evals()[0].common.get_int("every") == 7);
+  CHECK(c.evals()[0].own.get_string("normalization") == "sum");
+  CHECK_FALSE(c.evals()[1].common.get_bool("enabled"));
+  CHECK(contains(error(kTwoEvals, {"eval.rows.every=soon"}), "'soon' is not"));
+  const std::string unknown = error(kTwoEvals, {"eval.rws.every=7"});
+  CHECK(contains(unknown, "--set eval.rws.every=7"));
+  CHECK(contains(unknown, "did you mean 'rows'?"));
+  CHECK(contains(error(kTwoEvals, {"eval.rows.normalisation=sum"}), "did you mean 'normalization'?"));
+  CHECK(contains(error("", {"eval.rows.every=1"}), "no [[eval]] table"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "bad [[eval]] tables name the file, line and what was expected") {
+  CHECK(contains(error("[[eval]]\nlabel = \"x\"\n"), "missing key 'name'"));
+  const std::string unknown = error("[[eval]]\nname = \"multiple_chioce\"\n");
+  CHECK(contains(unknown, "exp.toml:2:8"));
+  CHECK(contains(unknown, "did you mean 'multiple_choice'?"));
+  CHECK(contains(error("[[eval]]\nname = \"multiple_choice\"\nlabel = \"Rows!\"\n"), "is not a label"));
+  const std::string twice = error(std::string(kTwoEvals) + "label = \"rows\"\n");
+  CHECK(contains(twice, "exp.toml:"));
+  CHECK(contains(twice, "the label of another [[eval]]"));
+  CHECK(contains(error("[[eval]]\nname = \"multiple_choice\"\nevery = -1\n"), "eval.multiple_choice.every"));
+  CHECK(contains(error("eval = 3\n"), "expected [[eval]] tables"));
+  CHECK(contains(error("[eval]\nname = \"multiple_choice\"\n"), "expected [[eval]] tables"));
 }

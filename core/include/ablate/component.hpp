@@ -14,10 +14,11 @@
 
 namespace ablate {
 
-enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, schedule, logger, communicator, device };
+enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, schedule, logger, communicator, device, evaluator };
 
 inline constexpr Kind kAllKinds[] = {Kind::data_source, Kind::sampler, Kind::batcher,      Kind::layer, Kind::attention,
-                                     Kind::optimizer,   Kind::schedule, Kind::logger, Kind::communicator, Kind::device};
+                                     Kind::optimizer,   Kind::schedule, Kind::logger, Kind::communicator, Kind::device,
+                                     Kind::evaluator};
 
 std::string_view to_string(Kind kind) noexcept;  // "data_source", "batcher", ...
 std::optional<Kind> kind_from_string(std::string_view name) noexcept;

@@ -49,6 +49,9 @@ class DataSource : public Component {
   // cannot express.
   virtual std::vector<int32_t> encode(const std::string& text) const;
   virtual std::string decode(const std::vector<int32_t>& tokens) const;
+  // Whether decode gives the text the tokens were made from (the probe logs, bytes, a tokenizer's
+  // text), so that evaluations can count its bytes (bits per byte); false for token ids.
+  virtual bool has_text() const { return false; }
   // The directory of the GPT-2 byte-level BPE files the tokens were made with (encoder.json and
   // vocab.bpe), which `ablate export` copies beside the weights; empty when the source has none.
   virtual std::filesystem::path gpt2_tokenizer_dir() const { return {}; }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ablate/component.hpp"
 #include "ablate/metrics.hpp"
@@ -20,6 +21,9 @@ struct LogContext {
   int64_t start_step = 0;    // 0 for a new run
   int64_t total_steps = 0;
   int64_t log_every = 1;
+  // The extras the run will log besides val_loss and elapsed_s: its evaluations' metrics,
+  // eval/<label>/<metric> (a sink with fixed columns gives each one).
+  std::vector<std::string> extra_metrics;
 };
 
 class Logger : public Component {

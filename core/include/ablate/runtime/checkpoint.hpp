@@ -77,6 +77,8 @@ struct LoadedModel {
 };
 // Parameters holding a NaN or an infinity are an input error naming the tensor and index unless
 // `allow_nonfinite` (eval/sample --allow-nonfinite, for looking at a diverged run), which warns.
-LoadedModel load_model(const std::filesystem::path& path, Registry& registry, bool allow_nonfinite = false);
+// `overrides` (--set) apply to the checkpoint's config as to an experiment file's.
+LoadedModel load_model(const std::filesystem::path& path, Registry& registry, bool allow_nonfinite = false,
+                       const std::vector<std::string>& overrides = {});
 
 }  // namespace ablate

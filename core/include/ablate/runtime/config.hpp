@@ -51,6 +51,8 @@ inline constexpr int64_t kMaxBatchPositions = 2147483647;
 // Core's sections, in the order they are documented and printed.
 const std::vector<SectionSpec>& section_specs();
 const SectionSpec* find_section_spec(std::string_view name);
+// The keys every [[eval]] table has (name, label, every, enabled); the rest are its evaluator's.
+const Schema& eval_entry_keys();
 
 class Config {
  public:
@@ -85,6 +87,13 @@ class Config {
   std::vector<std::string> implementations(std::string_view section) const;
   // Whether `impl` has a resolved sub-table in `section` (chosen, or given by the experiment).
   bool has_implementation(std::string_view section, std::string_view impl) const;
+  // The [[eval]] tables in order: their common keys (eval_entry_keys(), label resolved) and their
+  // evaluator's own keys, each with the path "eval.<label>".
+  struct EvalEntry {
+    Params common;
+    Params own;
+  };
+  std::vector<EvalEntry> evals() const;
 
  private:
   Config();

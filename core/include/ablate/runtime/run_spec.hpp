@@ -56,6 +56,8 @@ struct RunSpec {
   // Every batcher's own keys that the experiment resolves (the chosen one's, and any it gives).
   std::map<std::string, Params, std::less<>> batching_own;
   std::vector<Choice> loggers;  // [logging] sinks, in order
+  // [[eval]] tables, in order: `name` the evaluator, `common` its label/every/enabled, `own` its keys.
+  std::vector<Choice> evals;
   // run.communicator's own keys for every communicator it may resolve to ("auto": any loaded one).
   std::map<std::string, Params> communicator_own;
 
