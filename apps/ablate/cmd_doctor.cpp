@@ -1,8 +1,8 @@
 // `ablate doctor RUN_DIR [--json]`: reads a run's resolved config, run.json, summary.json and
 // metrics.jsonl and names what holds the run back, ranked, each finding with the numbers behind it
 // and the change to make. The finding ids are stable: noisy_timings, diverged, loss_spike,
-// above_uniform, warmup_blowup, eval_plateau, padding, input_bound, memory_headroom, memory_tight,
-// attention, precision, optimizer_memory, communication, step_jitter.
+// above_uniform, warmup_blowup, eval_plateau, eval_stalled, padding, input_bound, memory_headroom,
+// memory_tight, attention, precision, optimizer_memory, communication, step_jitter.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -578,6 +578,58 @@ std::optional<Finding> eval_plateau(const Run& run) {
   return f;
 }
 
+// An evaluation whose primary metric (summary.json's evals) has not improved over its last
+// kStallEvals evaluations while the training loss fell by kPlateauFall: what the run still learns
+// is not what the task measures. The first such evaluation, with its numbers.
+constexpr std::size_t kStallEvals = 3;
+
+std::optional<Finding> eval_stalled(const Run& run) {
+  if (!run.summary.contains("evals")) return std::nullopt;
+  const json evals = run.summary["evals"];
+  for (const auto& [label, e] : evals.items()) {
+    const std::string metric = e.value("primary", ""), key = "eval/" + label + "/" + metric;
+    const bool higher = e.value("higher_is_better", true);
+    std::vector<std::pair<int64_t, double>> points, train;
+    for (const json& m : run.steps) {
+      const int64_t step = m["step"].get<int64_t>();
+      if (m.contains(key) && m[key].is_number()) points.emplace_back(step, m[key].get<double>());
+      if (m.contains("loss") && m["loss"].is_number()) train.emplace_back(step, m["loss"].get<double>());
+    }
+    if (points.size() < kStallEvals + 2) continue;
+    const auto better = [&](double a, double b) { return higher ? a > b : a < b; };
+    auto best = points.begin();
+    for (auto it = points.begin(); it != points.end(); ++it) {
+      if (better(it->second, best->second)) best = it;
+    }
+    const std::size_t after = std::size_t(points.end() - best) - 1;
+    if (after < kStallEvals) continue;
+    const auto train_at = [&](int64_t step) {  // the median of the logged training losses up to `step`
+      std::vector<double> w;
+      for (auto it = train.rbegin(); it != train.rend() && w.size() < kPlateauWindow; ++it) {
+        if (it->first <= step) w.push_back(it->second);
+      }
+      return median_of(w);
+    };
+    const double train_best = train_at(best->first), train_last = train_at(points.back().first);
+    if (!(train_last < train_best * (1 - kPlateauFall))) continue;
+    Finding f;
+    f.id = "eval_stalled";
+    f.severity = "low";
+    f.evidence = {{"eval", label}, {"metric", metric}, {"best_step", best->first}, {"best", best->second},
+                  {"last_step", points.back().first}, {"last", points.back().second}, {"evaluations_after_best", after},
+                  {"train_loss_at_best", train_best}, {"train_loss_at_end", train_last}};
+    f.message = "the evaluation " + label + " has not improved its " + metric + fmt(" since step %.0f", double(best->first)) +
+                fmt(" (%.4g; ", best->second) + std::to_string(after) + fmt(" evaluations since, the last %.4g", points.back().second) +
+                fmt(") while the training loss fell from %.4g", train_best) + fmt(" to %.4g", train_last) +
+                ": what the run still learns is not what " + label + " measures";
+    f.change = "--set run.steps=" + std::to_string(best->first) + " reaches the same " + label + " " + metric +
+               " sooner; or look at the task (`ablate eval --checkpoint " + run.dir.string() + " --eval " + label +
+               " --details items.jsonl`) and at what the training data teaches";
+    return f;
+  }
+  return std::nullopt;
+}
+
 // The run's settings the findings below read: its config's choices and run.json's ranks and memory.
 struct Settings {
   std::string device, batching, attention, optimizer;
@@ -865,7 +917,7 @@ std::vector<Finding> diagnose(const Run& run) {
   const std::vector<LossPoint> losses = loss_points(run.steps);
   const std::optional<Finding> found[] = {
       noisy_timings(timing, s.host_memory), diverged(run, losses),         loss_spike(run, losses),
-      above_uniform(run, losses),      warmup_blowup(run, losses),    eval_plateau(run),
+      above_uniform(run, losses),      warmup_blowup(run, losses),    eval_plateau(run),            eval_stalled(run),
       padding(run, s),                 input_bound(run, s, timing),   memory_headroom(run, s, timing),
       memory_tight(run, s),            attention(s),                  precision(run, s),
       optimizer_memory(run, s),        communication(run, s, timing), step_jitter(run, s, timing)};

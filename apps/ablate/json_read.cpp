@@ -104,7 +104,7 @@ constexpr JsonField kResultsFields[] = {
 
 const JsonSchema kRunJson{"run information (run.json)", kMaxJsonBytes, kRunFields};
 const JsonSchema kSummaryJson{"run summary (summary.json)", kMaxJsonBytes, kSummaryFields};
-const JsonSchema kMetricsLine{"metrics log (metrics.jsonl)", kMaxLogBytes, kMetricsFields};
+const JsonSchema kMetricsLine{"metrics log (metrics.jsonl)", kMaxLogBytes, kMetricsFields, "eval/"};
 const JsonSchema kArmsJson{"sweep arm list (arms.json)", kMaxJsonBytes, kArmsFields};
 const JsonSchema kArmJson{"sweep arm record (arm.json)", kMaxJsonBytes, kArmFields};
 const JsonSchema kResultsJson{"sweep results (results.json)", kMaxJsonBytes, kResultsFields};
@@ -217,6 +217,11 @@ json checked_object(const std::string& where, const json& in, const JsonSchema& 
       continue;
     }
     out[key] = checked(where, field, *it, f);
+  }
+  if (!schema.number_prefix.empty()) {
+    for (const auto& [key, value] : in.items()) {
+      if (key.rfind(schema.number_prefix, 0) == 0 && value.is_number()) out[key] = value;
+    }
   }
   return out;
 }

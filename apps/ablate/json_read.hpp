@@ -58,6 +58,8 @@ struct JsonSchema {
   std::string_view what;     // what the file is, for messages ("run summary")
   std::uintmax_t max_bytes;  // the file's size cap (file_check.hpp)
   std::span<const JsonField> fields;
+  // Besides `fields`, the numbers whose names begin with this (metrics.jsonl's "eval/"), kept as they are.
+  std::string_view number_prefix = {};
 };
 
 extern const JsonSchema kRunJson;      // a run's run.json

@@ -16,6 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+constexpr std::size_t kMaxLogits = std::size_t(64) << 20;  // 256 MiB of f32
+
 struct Item {
   std::size_t line = 0;
   std::string id, prompt, answer;
@@ -105,7 +107,9 @@ class GenerateMatch final : public Evaluator {
     for (std::size_t first = 0; first < open.size();) {
       int32_t T = 0;
       for (std::size_t i = first; i < open.size(); ++i) T = std::max(T, std::min(window, int32_t(open[i]->tokens.size())));
-      const std::size_t rows = std::min<std::size_t>(std::size_t(model.max_rows(T)), open.size() - first);
+      // The logits of every position come back: at most kMaxLogits of them per forward pass.
+      const std::size_t by_logits = std::max<std::size_t>(1, kMaxLogits / (std::size_t(T) * std::size_t(stride)));
+      const std::size_t rows = std::min({std::size_t(model.max_rows(T)), by_logits, open.size() - first});
       batch.reset(int32_t(rows), T);
       std::vector<int32_t> last(rows);
       for (std::size_t r = 0; r < rows; ++r) {

@@ -131,6 +131,33 @@ TEST_CASE("2 ranks give the losses of 1 process with the same global batch, and 
   CHECK(smp.exit_code == 0);
 }
 
+TEST_CASE("evaluations under 2 ranks deal the items out and sum them: 1 process's metrics, and ablate eval's on the checkpoint") {
+  TempDir tmp;
+  const fs::path one = tmp.path() / "one", dp = tmp.path() / "dp";
+  const std::string evals = "--set eval.probe_rows.enabled=true --set eval.probe_rows.limit=41 --set eval.probe_rows.path=" +
+                            std::string(ABLATE_SOURCE_DIR) + "/configs/evals/probe-rows.jsonl ";
+  const auto r1 = one_process(evals + "--set run.grad_accum_steps=2 --run-dir " + one.string());
+  INFO(r1.output);
+  REQUIRE(r1.exit_code == 0);
+  const auto r2 = two_ranks(evals + "--run-dir " + dp.string());
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  require_same_losses(one, dp, kLossTolerance);
+  const json a = metrics(one).back(), b = metrics(dp).back();
+  // 41 items over 2 ranks: 21 and 20, every one counted once. The weights agree to ~1e-8, so an
+  // item flips only from an exact tie; one item either way is allowed.
+  CHECK(b["eval/probe_rows/items"].get<double>() == 41);
+  CHECK(std::abs(a["eval/probe_rows/acc"].get<double>() - b["eval/probe_rows/acc"].get<double>()) <= 1.0 / 41 + 1e-12);
+  const auto ev = run_ablate("eval --checkpoint " + dp.string() + " --eval probe_rows --json");
+  INFO(ev.output);
+  REQUIRE(ev.exit_code == 0);
+  const std::size_t open = ev.output.find("{\n"), close = ev.output.rfind('}');
+  REQUIRE(open != std::string::npos);
+  const json out = json::parse(ev.output.substr(open, close + 1 - open));
+  CHECK(std::abs(out["metrics"]["acc"].get<double>() - b["eval/probe_rows/acc"].get<double>()) <= 1.0 / 41 + 1e-12);
+  CHECK(read_json(dp / "summary.json")["evals"]["probe_rows"]["metrics"]["items"] == 41);
+}
+
 TEST_CASE("LoRA on an NF4 base: 2 ranks give 1 process's losses, plain and ZeRO-1, the adapters' state halved") {
   // Only the adapters train: the gradient buckets, the all-reduce, ZeRO-1's reduce-scatter and
   // all-gather and the optimizer's shards cover the trainable part of the table alone.

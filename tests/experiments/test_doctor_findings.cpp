@@ -448,3 +448,64 @@ TEST_CASE("doctor finds a validation loss that stopped improving while the train
     CHECK_FALSE(finding(doctor(run), "eval_plateau").has_value());
   }
 }
+
+TEST_CASE("doctor finds an evaluation that stopped improving while the training loss fell") {
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=100 --set run.eval_every=10");
+  const std::vector<json> rows = metrics(run);
+  json summary = read_json(run / "summary.json");
+  // summary.json as a run with an [[eval]] labelled rows writes it (accuracy: higher is better).
+  summary["evals"] = {{"rows", {{"evaluator", "multiple_choice"}, {"primary", "acc"}, {"higher_is_better", true},
+                                {"metrics", {{"acc", 0.5}}}, {"step", 100}, {"evaluations", 10}, {"time_s", 1.0}}}};
+  std::ofstream(run / "summary.json") << summary.dump();
+  // The planted accuracy where the run evaluated, the training losses on the planted curve.
+  const auto plant = [&](auto acc, auto loss) {
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      const int64_t s = r["step"].get<int64_t>();
+      r["loss"] = loss(s);
+      if (r.contains("val_loss")) r["eval/rows/acc"] = acc(s);
+      out << r.dump() << "\n";
+    }
+  };
+  // Best at step 60 (0.62), then 0.6, 0.61, 0.6, 0.5 while the training loss keeps falling.
+  const auto stalled = [](int64_t s) { return s <= 60 ? 0.25 + 0.37 * double(s) / 60.0 : s == 100 ? 0.5 : s == 80 ? 0.61 : 0.6; };
+  plant(stalled, curve);
+  const std::optional<json> f = finding(doctor(run), "eval_stalled");
+  REQUIRE(f.has_value());
+  const json& e = (*f)["evidence"];
+  CHECK(e["eval"] == "rows");
+  CHECK(e["metric"] == "acc");
+  CHECK(e["best_step"] == 60);
+  CHECK(e["best"].get<double>() == doctest::Approx(0.62));
+  CHECK(e["last"].get<double>() == doctest::Approx(0.5));
+  CHECK(e["evaluations_after_best"] == 4);
+  CHECK(e["train_loss_at_best"].get<double>() == doctest::Approx(curve(58)));
+  CHECK(contains((*f)["change"].get<std::string>(), "--set run.steps=60"));
+  CHECK((*f)["severity"] == "low");
+
+  SUBCASE("an accuracy still rising, one that stalled only lately, or a training loss flat too: no finding") {
+    plant([](int64_t s) { return 0.25 + 0.004 * double(s); }, curve);
+    CHECK_FALSE(finding(doctor(run), "eval_stalled").has_value());
+    plant([](int64_t s) { return s <= 80 ? 0.25 + 0.004 * double(s) : 0.57; }, curve);  // two evaluations since the best
+    CHECK_FALSE(finding(doctor(run), "eval_stalled").has_value());
+    plant(stalled, [](int64_t s) { return s <= 60 ? curve(s) : curve(60); });
+    CHECK_FALSE(finding(doctor(run), "eval_stalled").has_value());
+  }
+  SUBCASE("a loss-like evaluation (lower is better) that stopped falling") {
+    summary["evals"]["rows"]["primary"] = "loss";
+    summary["evals"]["rows"]["higher_is_better"] = false;
+    std::ofstream(run / "summary.json") << summary.dump();
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      const int64_t s = r["step"].get<int64_t>();
+      r["loss"] = curve(s);
+      if (r.contains("val_loss")) r["eval/rows/loss"] = s <= 50 ? 3.0 - 0.01 * double(s) : 2.6;
+      out << r.dump() << "\n";
+    }
+    out.close();
+    const std::optional<json> g = finding(doctor(run), "eval_stalled");
+    REQUIRE(g.has_value());
+    CHECK((*g)["evidence"]["best_step"] == 50);
+  }
+}

@@ -54,8 +54,12 @@ double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::a
 TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same batches)") {
   TempDir tmp;
   const fs::path cpu = tmp.path() / "cpu", gpu = tmp.path() / "gpu";
-  REQUIRE(train(kCpu + " --set run.steps=20 --set run.eval_every=10 --run-dir " + cpu.string()).exit_code == 0);
-  REQUIRE(train(kCuda + " --set run.steps=20 --set run.eval_every=10 --run-dir " + gpu.string()).exit_code == 0);
+  // The probe-grammar evaluation on its first 16 items, with the validation loss: the same trainer
+  // loop scores it through the device's forward pass.
+  const std::string evals = " --set eval.probe_rows.enabled=true --set eval.probe_rows.limit=16 --set eval.probe_rows.path=" +
+                            std::string(ABLATE_SOURCE_DIR) + "/configs/evals/probe-rows.jsonl";
+  REQUIRE(train(kCpu + evals + " --set run.steps=20 --set run.eval_every=10 --run-dir " + cpu.string()).exit_code == 0);
+  REQUIRE(train(kCuda + evals + " --set run.steps=20 --set run.eval_every=10 --run-dir " + gpu.string()).exit_code == 0);
   const auto a = metrics(cpu), b = metrics(gpu);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == 20);
@@ -70,6 +74,14 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
     INFO("step " << a[i]["step"]);
     CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
     if (a[i].contains("val_loss")) CHECK(rel(b[i]["val_loss"].get<double>(), a[i]["val_loss"].get<double>()) < 2e-3);
+    // Accuracies are counts of 16 items: the weights' 2e-3 may move an ending within that of a tie
+    // across it, so one item either way.
+    CHECK(a[i].contains("eval/probe_rows/acc") == a[i].contains("val_loss"));
+    CHECK(b[i].contains("eval/probe_rows/acc") == a[i].contains("val_loss"));
+    if (a[i].contains("eval/probe_rows/acc")) {
+      CHECK(b[i]["eval/probe_rows/items"].get<double>() == 16);
+      CHECK(std::abs(b[i]["eval/probe_rows/acc"].get<double>() - a[i]["eval/probe_rows/acc"].get<double>()) <= 1.0 / 16 + 1e-12);
+    }
   }
   // MFU is measured against the device's peak (the table's, for a known GPU); an emulated device
   // says so in run.json and has no peak, so no MFU.

@@ -22,6 +22,7 @@ from hf_tiny import SHAPES, TINY, load, run  # first: it says what is missing
 import torch
 
 ITEMS = 60
+MAX_SEQ_LEN = int(next(x for x in TINY if x.startswith("model.max_seq_len=")).split("=")[1])
 TOL = 1e-5
 
 
@@ -45,8 +46,11 @@ def load_double(directory):
     return load(directory).double().eval()
 
 
-def loglik(model, context, ending):
-    """Summed log-probability of `ending`'s tokens given `context`'s, in float64."""
+def loglik(model, context, ending, max_seq_len):
+    """Summed log-probability of `ending`'s tokens given `context`'s, in float64; the context cut
+    from the left so that context and ending minus the last token fit max_seq_len positions (as
+    docs/experiments.md says multiple_choice does)."""
+    context = context[-(max_seq_len + 1 - len(ending)):]
     ids = torch.tensor([context + ending])
     with torch.no_grad():
         logp = torch.log_softmax(model(ids[:, :-1]).logits[0].double(), dim=-1)
@@ -76,7 +80,7 @@ def main():
                 context = probe_tokens(item["context"])
                 endings = [probe_tokens(e) for e in item["endings"]]
                 bad_tokens += context != d["context_tokens"] or endings != d["ending_tokens"]
-                sums = [loglik(model, context, e) for e in endings]
+                sums = [loglik(model, context, e, MAX_SEQ_LEN) for e in endings]
                 means = [s / len(e) for s, e in zip(sums, endings)]
                 worst = max([worst] + [abs(a - b) for a, b in zip(sums, d["loglik_sum"])] +
                             [abs(a - b) for a, b in zip(means, d["loglik_mean"])])
