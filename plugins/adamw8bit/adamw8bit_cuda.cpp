@@ -57,6 +57,7 @@ class CudaAdamW8bit final : public AdamW8bitState {
   ablate::cuda::DeviceBuffer<uint8_t> d_m_codes_, d_v_codes_;
   ablate::cuda::DeviceBuffer<float> d_m_absmax_, d_v_absmax_, d_m_fp32_, d_v_fp32_;
   ablate::cuda::DeviceBuffer<float> d_m_values_, d_v_values_, d_m_thresholds_, d_v_thresholds_;
+  ablate::cuda::DeviceBuffer<uint8_t> d_m_buckets_, d_v_buckets_;
   ablate::cuda::DeviceBuffer<unsigned long long> d_skipped_;
 };
 
@@ -80,8 +81,8 @@ void CudaAdamW8bit::step(const ParamTable& table, TensorView params, TensorView 
   a.v_absmax = d_v_absmax_.data();
   a.m_fp32 = d_m_fp32_.data();
   a.v_fp32 = d_v_fp32_.data();
-  a.m_map = {d_m_values_.data(), d_m_thresholds_.data(), signed_.zero_code()};
-  a.v_map = {d_v_values_.data(), d_v_thresholds_.data(), unsigned_.zero_code()};
+  a.m_map = {d_m_values_.data(), d_m_thresholds_.data(), d_m_buckets_.data(), signed_.zero_code()};
+  a.v_map = {d_v_values_.data(), d_v_thresholds_.data(), d_v_buckets_.data(), unsigned_.zero_code()};
   a.c = c;
   a.skipped = d_skipped_.data();
   ABLATE_CUDA_CHECK(cudaMemsetAsync(d_skipped_.data(), 0, sizeof(unsigned long long), stream_));
@@ -111,6 +112,8 @@ void CudaAdamW8bit::init_device(const ParamTable& table) {
   d_v_values_.upload(unsigned_.values().data(), unsigned_.values().size());
   d_m_thresholds_.upload(signed_.thresholds().data(), signed_.thresholds().size());
   d_v_thresholds_.upload(unsigned_.thresholds().data(), unsigned_.thresholds().size());
+  d_m_buckets_.upload(signed_.bucket_first().data(), signed_.bucket_first().size());
+  d_v_buckets_.upload(unsigned_.bucket_first().data(), unsigned_.bucket_first().size());
   d_skipped_.resize(1);
   upload_state();
 }

@@ -6,10 +6,11 @@
 // Per element, the CPU implementation's arithmetic, from the same functions (adamw8bit_math.hpp:
 // decode, the adamw update, a non-finite gradient keeping the old values, encode against the new
 // absmax), spelled with round-to-nearest intrinsics (DeviceOps) so no multiply-add is contracted
-// into an FMA: the codes and parameters are the CPU's bit for bit. Encoding is DynamicCode::encode's
-// branch-free binary search (8 halvings over the thresholds in shared memory), which gives the same
-// code as the CPU's bucketed search by construction. Under bf16 products the parameters' bf16 copy
-// is written as each parameter is stored (no pass of its own).
+// into an FMA: the codes and parameters are the CPU's bit for bit. Encoding is the CPU's bucketed
+// search (adamw8bit_math.hpp's search_bucketed: the bucket table and the thresholds in shared
+// memory, one load of the value's bucket and 2 halvings, three dependent loads where a binary search
+// over every threshold takes eight). Under bf16 products the parameters' bf16 copy is written as
+// each parameter is stored (no pass of its own).
 #include "adamw8bit_kernel.hpp"
 
 #include "ablate/device_math.hpp"
@@ -130,6 +131,7 @@ __device__ __forceinline__ unsigned fp32_block(const StepArgs& a, const BlockInf
 // spilling more).
 __global__ void __launch_bounds__(kThreads, 2) step_kernel(StepArgs a) {
   __shared__ float m_values[kCodes], v_values[kCodes], m_thr[kThresholds], v_thr[kThresholds];
+  __shared__ uint8_t m_bucket[kBuckets], v_bucket[kBuckets];
   for (int i = threadIdx.x; i < kThresholds; i += kThreads) {
     if (i < kCodes) {
       m_values[i] = a.m_map.values[i];
@@ -137,6 +139,10 @@ __global__ void __launch_bounds__(kThreads, 2) step_kernel(StepArgs a) {
     }
     m_thr[i] = a.m_map.thresholds[i];
     v_thr[i] = a.v_map.thresholds[i];
+  }
+  for (int i = threadIdx.x; i < kBuckets; i += kThreads) {
+    m_bucket[i] = a.m_map.bucket_first[i];
+    v_bucket[i] = a.v_map.bucket_first[i];
   }
   __syncthreads();
 
@@ -181,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 2) step_kernel(StepArgs a) {
         if (j < b.n) {
           params[j] = p[k];
           if (a.params_bf16 != nullptr) a.params_bf16[b.param_offset + j] = device_math::bf16_bits(p[k]);
-          mc[j] = encode<DeviceOps>(m_thr, a.m_map.zero_code, m[k], m_max);
-          vc[j] = encode<DeviceOps>(v_thr, a.v_map.zero_code, v[k], v_max);
+          mc[j] = encode_bucketed<DeviceOps>(m_thr, m_bucket, a.m_map.zero_code, m[k], m_max);
+          vc[j] = encode_bucketed<DeviceOps>(v_thr, v_bucket, a.v_map.zero_code, v[k], v_max);
         }
       }
     }

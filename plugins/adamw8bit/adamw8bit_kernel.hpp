@@ -27,6 +27,7 @@ using Coefficients = ablate::adamw8bit::Coefficients;
 struct CodeMap {
   const float* values = nullptr;
   const float* thresholds = nullptr;
+  const uint8_t* bucket_first = nullptr;  // kBuckets entries: DynamicCode::bucket_first()
   uint8_t zero_code = 0;
 };
 

@@ -2,7 +2,10 @@
 // (adamw8bit_cpu.cpp) and the CUDA kernel (adamw8bit_kernel.cu) both call these functions, so they
 // compute the same values by construction. C++17, __host__ __device__ under nvcc, no CUDA headers.
 //   - The code search: the code of y is the number of thresholds (DynamicCode's table, 260 floats,
-//     [k] between values[k-1] and values[k], +inf past 255) below y, found in 8 halvings.
+//     [k] between values[k-1] and values[k], +inf past 255) below y, found in 8 halvings; or, the
+//     same code with three dependent loads instead of eight, from the bucket table (indexed by y's
+//     sign, exponent and top mantissa bits: the first code the bucket reaches) and 2 halvings over
+//     the 4 codes from there.
 //   - Block quantization: a moment is decoded as the code's value times its block's absmax and
 //     encoded as the code of value / absmax (the zero code for a block whose absmax is 0).
 //   - The per-element update: adamw's (PyTorch AdamW: decoupled weight decay on the parameter
@@ -15,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "ablate/mix.hpp"  // ABLATE_HOST_DEVICE
 
@@ -27,6 +31,12 @@ namespace ablate::adamw8bit {
 inline constexpr int kCodes = 256;
 inline constexpr int kThresholds = kCodes + 4;
 inline constexpr float kFloatMax = 3.402823466e+38f;  // FLT_MAX
+
+// The bucket table's layout: exponents below 2^-23 (values under 1.2e-7, all nearest to 0) share the
+// lowest row, those of 1 and above the highest; each row splits an octave into 2^kBucketBits.
+inline constexpr uint32_t kMinExponent = 127 - 23, kMaxExponent = 127, kBucketBits = 5;
+inline constexpr uint32_t kExponents = kMaxExponent - kMinExponent + 1;
+inline constexpr int kBuckets = int(2 * kExponents) << kBucketBits;  // 1536 one-byte entries
 
 // A step's scalars, formed in double and rounded once to float (AdamW8bitState::coefficients).
 // The gradient used is g * grad_scale (norm clipping in the same pass).
@@ -52,6 +62,25 @@ ABLATE_ADAMW8BIT_INLINE int search_code(const float* thresholds, float y) {
   return search_halving(thresholds, code, 1, y);
 }
 
+// The bucket of a float's bits: its sign, its exponent clamped to [kMinExponent, kMaxExponent], its
+// top kBucketBits mantissa bits.
+ABLATE_ADAMW8BIT_INLINE int bucket_of(float y) {
+  uint32_t bits;
+  memcpy(&bits, &y, sizeof bits);
+  const uint32_t sign = bits >> 31;
+  uint32_t e = (bits >> 23) & 0xffu;
+  e = e < kMinExponent ? kMinExponent : e > kMaxExponent ? kMaxExponent : e;
+  const uint32_t m = (bits >> (23 - kBucketBits)) & ((1u << kBucketBits) - 1);
+  return int(((sign * kExponents + (e - kMinExponent)) << kBucketBits) | m);
+}
+
+// search_code(thresholds, y) through the bucket table `first` (DynamicCode::bucket_first(): no
+// bucket reaches more than 4 codes, checked when the table is built): 3 dependent loads.
+ABLATE_ADAMW8BIT_INLINE int search_bucketed(const float* thresholds, const uint8_t* first, float y) {
+  const int code = search_halving(thresholds, int(first[bucket_of(y)]), 2, y);
+  return search_halving(thresholds, code, 1, y);
+}
+
 // A moment from its code and its block's absmax.
 template <class Ops>
 ABLATE_ADAMW8BIT_INLINE float decode(const float* values, uint8_t code, float absmax) {
@@ -63,6 +92,13 @@ ABLATE_ADAMW8BIT_INLINE float decode(const float* values, uint8_t code, float ab
 template <class Ops>
 ABLATE_ADAMW8BIT_INLINE uint8_t encode(const float* thresholds, uint8_t zero_code, float x, float absmax) {
   return absmax > 0.0f ? uint8_t(search_code(thresholds, Ops::div(x, absmax))) : zero_code;
+}
+
+// encode() through the bucket table `first`: the same code.
+template <class Ops>
+ABLATE_ADAMW8BIT_INLINE uint8_t encode_bucketed(const float* thresholds, const uint8_t* first, uint8_t zero_code, float x,
+                                                float absmax) {
+  return absmax > 0.0f ? uint8_t(search_bucketed(thresholds, first, Ops::div(x, absmax))) : zero_code;
 }
 
 // adamw's update of one element in fp32: p, m and v in and out, g the raw gradient, `decay` the

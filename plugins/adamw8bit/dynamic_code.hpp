@@ -100,7 +100,7 @@ class DynamicCode {
           const int ca = c.encode(a), cb = c.encode(b);
           const int lo = std::min(ca, cb), hi = std::max(ca, cb);
           if (hi - lo > 3) throw std::logic_error("dynamic code: a bucket reaches more than 4 codes");
-          c.bucket_first_[bucket(first_bits)] = uint8_t(lo);
+          c.bucket_first_[std::size_t(bucket_of(std::bit_cast<float>(first_bits)))] = uint8_t(lo);
         }
       }
     }
@@ -120,7 +120,7 @@ class DynamicCode {
       float y[kLanes];
       int code[kLanes];
       for (int l = 0; l < kLanes; ++l) y[l] = x[i + l] / scale;
-      for (int l = 0; l < kLanes; ++l) code[l] = bucket_first_[bucket(std::bit_cast<uint32_t>(y[l]))];
+      for (int l = 0; l < kLanes; ++l) code[l] = bucket_first_[std::size_t(bucket_of(y[l]))];
       for (int half = 2; half > 0; half >>= 1) {
         for (int l = 0; l < kLanes; ++l) code[l] = search_halving(thresholds_.data(), code[l], half, y[l]);
       }
@@ -130,33 +130,19 @@ class DynamicCode {
   }
 
   // encode(y) through the bucket table (what encode_block does for one value).
-  uint8_t encode_one(float y) const noexcept {
-    int code = bucket_first_[bucket(std::bit_cast<uint32_t>(y))];
-    for (int half = 2; half > 0; half >>= 1) code = search_halving(thresholds_.data(), code, half, y);
-    return uint8_t(code);
-  }
+  uint8_t encode_one(float y) const noexcept { return uint8_t(search_bucketed(thresholds_.data(), bucket_first_.data(), y)); }
 
   const std::array<float, kCodes>& values() const noexcept { return values_; }  // sorted ascending
   // encode()'s search table: [k] lies between values()[k-1] and values()[k]; +inf past 255.
   const std::array<float, kThresholds>& thresholds() const noexcept { return thresholds_; }
+  // encode_one()'s bucket table: per bucket (adamw8bit_math.hpp's bucket_of) the first code it reaches.
+  const std::array<uint8_t, kBuckets>& bucket_first() const noexcept { return bucket_first_; }
   uint8_t zero_code() const noexcept { return encode(0.0f); }
 
  private:
-  // Exponents below 2^-23 (values under 1.2e-7, all nearest to 0) share the lowest bucket row, those
-  // of 1 and above the highest.
-  static constexpr uint32_t kMinExponent = 127 - 23, kMaxExponent = 127, kBucketBits = 5;
-  static constexpr uint32_t kExponents = kMaxExponent - kMinExponent + 1;
-
-  static std::size_t bucket(uint32_t bits) noexcept {
-    const uint32_t sign = bits >> 31;
-    const uint32_t e = std::clamp<uint32_t>((bits >> 23) & 0xff, kMinExponent, kMaxExponent);
-    const uint32_t m = (bits >> (23 - kBucketBits)) & ((1u << kBucketBits) - 1);
-    return (std::size_t(sign) * kExponents + (e - kMinExponent)) << kBucketBits | m;
-  }
-
   std::array<float, kCodes> values_{};
   std::array<float, kThresholds> thresholds_{};  // [k]: between values_[k-1] and values_[k]; +inf past 255
-  std::array<uint8_t, 2 * kExponents << kBucketBits> bucket_first_{};
+  std::array<uint8_t, kBuckets> bucket_first_{};  // per bucket (bucket_of) the first code it reaches
 };
 
 }  // namespace ablate::adamw8bit

@@ -365,6 +365,9 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
   d_v_values.upload(unsigned_map.values().data(), unsigned_map.values().size());
   d_m_thr.upload(signed_map.thresholds().data(), signed_map.thresholds().size());
   d_v_thr.upload(unsigned_map.thresholds().data(), unsigned_map.thresholds().size());
+  cuda::DeviceBuffer<uint8_t> d_m_buckets, d_v_buckets;
+  d_m_buckets.upload(signed_map.bucket_first().data(), signed_map.bucket_first().size());
+  d_v_buckets.upload(unsigned_map.bucket_first().data(), unsigned_map.bucket_first().size());
 
   emu_test::for_each_schedule([&] {
     cuda::DeviceBuffer<float> d_p, d_g, d_ma, d_va, d_mf, d_vf;
@@ -399,8 +402,8 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
       a.v_absmax = d_va.data();
       a.m_fp32 = d_mf.data();
       a.v_fp32 = d_vf.data();
-      a.m_map = {d_m_values.data(), d_m_thr.data(), signed_map.zero_code()};
-      a.v_map = {d_v_values.data(), d_v_thr.data(), unsigned_map.zero_code()};
+      a.m_map = {d_m_values.data(), d_m_thr.data(), d_m_buckets.data(), signed_map.zero_code()};
+      a.v_map = {d_v_values.data(), d_v_thr.data(), d_v_buckets.data(), unsigned_map.zero_code()};
       a.c = coefficients<k8::Coefficients>(step_args(step));
       a.skipped = d_skipped.data();
       const uint64_t blocks_before = emu::stats().blocks;
