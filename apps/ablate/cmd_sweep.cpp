@@ -134,6 +134,12 @@ void write_arms_json(const Sweep& s, const fs::path& out, const std::vector<ArmP
   }
   order["launcher"] = s.launcher;
   for (const ArmPlan& p : plans) order["arms"].push_back(p.arm.name);
+  // Each arm group's expected speed-up over the group listed before it ([[sweep.arms]] expected).
+  json expected = json::object();
+  for (const ArmPlan& p : plans) {
+    if (p.arm.expected > 0) expected[p.arm.group] = p.arm.expected;
+  }
+  if (!expected.empty()) order["expected"] = expected;
   write_json_file(out / "arms.json", order);
 }
 

@@ -67,6 +67,7 @@ constexpr JsonField kMetricsFields[] = {
 constexpr JsonField kArmsFields[] = {
     {"name", K::string},   {"base", K::string}, {"axes", K::strings},
     {"arms", K::strings, true}, {"peak_tflops_set", K::string}, {"baseline", K::string},
+    {"expected", K::number_map},
 };
 
 constexpr JsonField kArmFields[] = {
@@ -97,7 +98,7 @@ const JsonSchema kEvalListRow{"sweep evaluation", kMaxJsonBytes, kEvalListFields
 
 constexpr JsonField kResultsFields[] = {
     {"sweep", K::string}, {"base", K::string}, {"axes", K::strings}, {"arms", K::rows, true, &kResultRow},
-    {"baseline", K::string}, {"evals", K::rows, false, &kEvalListRow},
+    {"baseline", K::string}, {"evals", K::rows, false, &kEvalListRow}, {"expected", K::number_map},
 };
 
 }  // namespace

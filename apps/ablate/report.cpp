@@ -590,6 +590,49 @@ void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& g
   if (!notes.empty()) md << "\n";
 }
 
+// One arm group's expected speed-up against what was measured, as report.md's words: whether the
+// measured ratio's 95% interval holds the expectation.
+std::string expectation_verdict(double expected, const Estimate& e) {
+  if (!std::isfinite(e.value)) return "–";
+  if (!std::isfinite(e.low)) return "no interval (one run a side: set `repeats`)";
+  if (e.high < expected) return "less than expected";
+  if (e.low > expected) return "more than expected";
+  return "as expected (the interval holds it)";
+}
+
+// "Expected against measured": for sweeps whose [[sweep.arms]] give `expected` (a claimed speed-up
+// of each arm over the one listed before it, as a table of optimisations that each add one), the
+// claim beside the measured ratio of real tokens/s with its 95% interval, step by step and
+// cumulatively from the first arm.
+void write_expected_section(std::ostringstream& md, const std::vector<ArmGroup>& groups, const json& expected,
+                            const std::vector<StatMetric>& metrics) {
+  if (expected.empty() || groups.size() < 2) return;
+  const StatMetric& rate = *std::find_if(metrics.begin(), metrics.end(), [](const StatMetric& m) { return m.key == "real_tokens_per_s"; });
+  md << "## Expected against measured\n\nEach arm's expected speed-up (`expected` in `[[sweep.arms]]`) over the arm before it, "
+        "beside the measured ratio of real tokens/s (geometric means over the repeats, with its 95% interval: Welch's t on "
+        "the log scale), and both multiplied up from the first arm `"
+     << groups.front().name << "`.\n\n| arm | expected | measured | verdict | expected from `" << groups.front().name
+     << "` | measured from `" << groups.front().name << "` |\n|---|---:|---:|---|---:|---:|\n";
+  double cumulative = 1;
+  for (std::size_t i = 1; i < groups.size(); ++i) {
+    const ArmGroup& g = groups[i];
+    const double e = expected.contains(g.name) && expected[g.name].is_number() ? expected[g.name].get<double>() : NAN;
+    cumulative *= e;
+    const Estimate step = welch_ratio(values_of(g, rate), values_of(groups[i - 1], rate));
+    const Estimate total = welch_ratio(values_of(g, rate), values_of(groups.front(), rate));
+    const auto shown = [](const Estimate& x) {
+      if (!std::isfinite(x.value)) return std::string("–");
+      std::string out = ratio_text(x.value, x.value) + "x";
+      if (std::isfinite(x.low)) out += " [" + ratio_text(x.low, x.value) + ", " + ratio_text(x.high, x.value) + "]";
+      return out;
+    };
+    md << "| " << g.name << " | " << (std::isfinite(e) ? ratio_text(e, e) + "x" : std::string("–")) << " | " << shown(step) << " | "
+       << (std::isfinite(e) ? expectation_verdict(e, step) : std::string("–")) << " | "
+       << (std::isfinite(cumulative) ? ratio_text(cumulative, cumulative) + "x" : std::string("–")) << " | " << shown(total) << " |\n";
+  }
+  md << "\n";
+}
+
 }  // namespace
 
 void add_report_options(po::options_description& desc) {
@@ -685,6 +728,7 @@ void write_sweep_results(const fs::path& sweep_dir) {
   }
   json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
   if (!baseline.empty()) results["baseline"] = baseline;
+  if (order.contains("expected")) results["expected"] = order["expected"];
   results["evals"] = eval_list;
   results["groups"] = group_rows;
   write_file_atomic(sweep_dir / "results.json", json_text(results, 2) + "\n");
@@ -834,6 +878,7 @@ Drawn write_sweep_sections(std::ostringstream& md, json& spec, const fs::path& d
   md << ". Throughput and MFU are medians over each run's steps (the first excluded); losses are the last step's "
         "training loss and the last validation loss; the best validation loss is the lowest the run logged.\n\n";
   write_group_sections(md, stats, baseline, metrics);
+  write_expected_section(md, stats, results.value("expected", json::object()), metrics);
   return write_runs_table(md, spec, dir, arms, axes);
 }
 

@@ -68,6 +68,9 @@ struct Arm {
   int repeat = 0;
   std::vector<Override> overrides;  // the arm's own (grid, list or draw), not the common ones
   Resources resources;              // from [slurm] and the arm's "slurm.*" overrides
+  // [[sweep.arms]] expected = x: the speed-up in real tokens/s over the arm listed before it that a
+  // claim being checked expects (the report sets the measured ratio beside it); 0: none.
+  double expected = 0;
 };
 
 struct RandomSearch {

@@ -286,7 +286,7 @@ std::vector<Override> overrides_of(const std::string& f, const toml::table& t, c
   std::vector<Override> out;
   for (const auto& [k, v] : t) {
     const std::string key(k.str());
-    if (allow_name && key == "name") continue;
+    if (allow_name && (key == "name" || key == "expected")) continue;
     if (std::count(key.begin(), key.end(), '.') < 1 || v.is_table()) {
       throw_input_error(where(f, v.source()) + " " + path + "." + key, "expected a quoted dotted key such as \"optimizer.lr\" = 0.001");
     }
@@ -310,6 +310,19 @@ std::vector<Arm> list_arms(const std::string& f, const toml::node& arms, int rep
     if (const toml::node* n = t.get("name")) {
       if (!n->is_string()) throw_input_error(where(f, n->source()) + " sweep.arms.name", "expected a string");
       a.name = value_label(*n);
+    }
+    if (const toml::node* n = t.get("expected")) {
+      const std::optional<double> x = n->value<double>();
+      if (!x || !(*x > 0) || !std::isfinite(*x)) {
+        throw_input_error(where(f, n->source()) + " sweep.arms.expected",
+                          "expected a number > 0: the speed-up in real tokens/s this arm is expected to give over the arm "
+                          "listed before it");
+      }
+      if (out.empty()) {
+        throw_input_error(where(f, n->source()) + " sweep.arms.expected",
+                          "the first arm has no arm before it to be faster than; give `expected` from the second arm on");
+      }
+      a.expected = *x;
     }
     for (const Override& o : a.overrides) keys.insert(o.key);
     out.push_back(a);

@@ -38,6 +38,16 @@ void flatten(const toml::table& table, const std::string& prefix, std::vector<Co
       flatten(*sub, key, out);
       continue;
     }
+    // An array of tables ([[eval]]): each table under its label (its position where it has none),
+    // so that its keys are named as --set names them: eval.<label>.<key>.
+    if (const toml::array* tables = node.as_array(); tables != nullptr && !tables->empty() && tables->is_array_of_tables()) {
+      for (std::size_t i = 0; i < tables->size(); ++i) {
+        const toml::table& t = *tables->get(i)->as_table();
+        const toml::node* label = t.get("label");
+        flatten(t, key + "." + (label && label->is_string() ? label->as_string()->get() : std::to_string(i)), out);
+      }
+      continue;
+    }
     ConfigEntry e;
     e.key = key;
     if (const auto* s = node.as_string()) {

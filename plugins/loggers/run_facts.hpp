@@ -26,7 +26,8 @@ struct ConfigEntry {
 };
 
 // Every value of `config_toml` (LogContext::config_toml), tables flattened into dotted keys, in key
-// order. An input error when the text is not TOML (core wrote it, so that is a damaged context).
+// order; an array of tables ([[eval]]) by each table's label: eval.<label>.<key>. An input error
+// when the text is not TOML (core wrote it, so that is a damaged context).
 std::vector<ConfigEntry> flatten_config(const std::string& config_toml);
 
 // The entry for `key`, or null.

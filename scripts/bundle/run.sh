@@ -6,7 +6,8 @@
 # JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
 # Usage: run.sh OUT   (or with $OUT set)
 # ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,comm) runs a part, so that
-# the whole can be split over device calls: tests,memcheck in one, bench,gpt2,comm in the next.
+# the whole can be split over device calls: tests,memcheck in one, bench,gpt2,comm in the next;
+# sweeps (the GPU sweeps with their reports) runs only when named.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-${OUT:?usage: run.sh OUT}}
@@ -248,6 +249,25 @@ elif want comm && [ -x "$here/openmpi/bin/mpirun" ]; then
   ablate_gpt2 comm ablate_gpt2_nccl_2ranks_flat "$flash" --set run.communicator=nccl --set batching.batch_size=8 --set run.bucket_mb=0
   LAUNCH=""
 fi
+
+# sweeps (only when asked: ABLATE_STAGES=sweeps): the packing sweep and the optimisations sweep
+# (configs/sweep-packing-gpu.toml, configs/sweep-optimisations-gpu.toml, each sized for a few
+# minutes), their report.md, results.json and results.csv kept; each run's final checkpoint (1.5 GB
+# of weights and moments) removed.
+for sweep in packing-gpu optimisations-gpu; do
+  want sweeps || break
+  echo "== ablate sweep configs/sweep-$sweep.toml"
+  skip_stage "sweep_$sweep" 200 && continue
+  t0=$(date +%s)
+  rm -rf "${out:?}/sweep-$sweep"
+  if timeout "$(limit 420)" "$here/bin/ablate" sweep "$here/src/configs/sweep-$sweep.toml" --out "$out/sweep-$sweep" \
+       > "$out/logs/sweep-$sweep.log" 2>&1; then status=passed; else status=failed; fi
+  find "$out/sweep-$sweep" -name checkpoints -type d -prune -exec rm -rf {} + 2>/dev/null
+  printf 'sweep_%s\tbenchmark\t%s\t0\t%d\n' "$sweep" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -5 "$out/logs/sweep-$sweep.log"
+  [ -f "$out/sweep-$sweep/report.md" ] &&
+    awk '/^## Expected against measured/ {p = 1; print; next} p && /^## / {p = 0} p' "$out/sweep-$sweep/report.md" | head -20
+done
 
 echo "== done in $(( $(date +%s) - t_start )) s"
 python3 "$here/summary.py" "$out" || echo "summary.py failed"

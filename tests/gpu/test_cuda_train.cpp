@@ -299,10 +299,11 @@ TEST_CASE("a cuda run's peak memory counts the optimizer's state, which the opti
   CHECK(peak_8bit >= state_8bit);
   // The emulated device allocates exactly what is asked (a GPU rounds allocations up to its pages):
   // the peaks differ by the states' difference less adamw8bit's larger bookkeeping beside its state
-  // (block table, code-book thresholds; adamw_fused has only its decay runs), a few KB here.
+  // (its block table, 24 bytes a block of 256; the code maps' threshold tables, 2 x 260 floats, and
+  // bucket tables, 2 x 1536 bytes; adamw_fused has only its decay runs): 12 KB here, under 16 KB.
   if (emulated()) {
     CHECK(peak_fused - peak_8bit <= state_fused - state_8bit);
-    CHECK(double(peak_fused - peak_8bit) >= 0.9 * double(state_fused - state_8bit));
+    CHECK(peak_fused - peak_8bit >= state_fused - state_8bit - 16384);
   }
 }
 

@@ -144,6 +144,9 @@ def config_entries(run_dir):
             key = f"{prefix}.{k}" if prefix else k
             if isinstance(v, dict):
                 walk(v, key)
+            elif isinstance(v, list) and v and all(isinstance(t, dict) for t in v):  # [[eval]]: by label
+                for i, t in enumerate(v):
+                    walk(t, f"{key}.{t.get('label', i)}")
             else:
                 out[key] = v
     walk(config, "")
@@ -212,13 +215,17 @@ def main():
 
             # A run, the server named by the key.
             single = os.path.join(tmp, "runs", "single")
-            train_mlflow(ablate, quickstart, tmp, single, ["run.steps=4", "run.eval_every=2", f"logging.mlflow.tracking_uri={server.url}"],
+            # With an evaluation: its metrics eval/probe_rows/<metric> go to the server like the others.
+            rows = os.path.join(os.path.dirname(os.path.dirname(quickstart)), "configs", "evals", "probe-rows.jsonl")
+            train_mlflow(ablate, quickstart, tmp, single, ["run.steps=4", "run.eval_every=2", f"logging.mlflow.tracking_uri={server.url}",
+                                                           "eval.probe_rows.enabled=true", "eval.probe_rows.limit=8",
+                                                           f"eval.probe_rows.path={rows}"],
                          environment())
             exp = client.get_experiment_by_name("quickstart")  # the experiment file's name
             run = only(client.search_runs([exp.experiment_id], "attributes.run_name = 'single'"), "single")
             steps = check_run(client, run, single, tmp)
             t_single = time.time() - t0
-            assert steps == 4 and "val_loss" in run.data.metrics
+            assert steps == 4 and "val_loss" in run.data.metrics and "eval/probe_rows/acc" in run.data.metrics, sorted(run.data.metrics)
             assert run.data.tags["ablate.status"] == "completed" and run.data.tags["mlflow.runName"] == "single", run.data.tags
 
             # A sweep, the server named by MLFLOW_TRACKING_URI: one experiment, a run per arm.

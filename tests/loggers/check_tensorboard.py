@@ -172,10 +172,33 @@ def check_hparams(ablate, quickstart):
         print(f"ok: hparams of {len(data)} arms and 2 runs, the factor filter finds the arm")
 
 
+def check_eval_tags(ablate, quickstart):
+    """A run with an evaluation: TensorBoard reads its metrics under eval/<label>/<metric>, with
+    metrics.jsonl's values (as float32) at its steps."""
+    rows_file = os.path.join(os.path.dirname(os.path.dirname(quickstart)), "configs", "evals", "probe-rows.jsonl")
+    with tempfile.TemporaryDirectory(prefix="ablate-tb-eval-") as tmp:
+        run_dir = os.path.join(tmp, "run")
+        train(ablate, quickstart, tmp, run_dir, ["run.steps=4", "logging.sinks=tensorboard,jsonl", "eval.probe_rows.enabled=true",
+                                                 "eval.probe_rows.every=2", "eval.probe_rows.limit=8", f"eval.probe_rows.path={rows_file}"])
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        names = sorted({k for r in rows for k in r if k.startswith("eval/")})
+        assert "eval/probe_rows/acc" in names and set(names) <= tags, (names, sorted(tags))
+        for name in names:
+            want = [(r["step"], as_float32(r[name])) for r in rows if name in r]
+            got = [(e.step, e.value) for e in acc.Scalars(name)]
+            assert got == want and [s for s, _ in got] == [2, 4], (name, got, want)
+        print(f"ok: {len(names)} evaluation tags (eval/probe_rows/...) match metrics.jsonl at steps 2 and 4")
+
+
 def main():
     writer, plugin, ablate, quickstart = (os.path.abspath(a) for a in sys.argv[1:5])
     check_scalars(writer, plugin)
     check_hparams(ablate, quickstart)
+    check_eval_tags(ablate, quickstart)
 
 
 if __name__ == "__main__":

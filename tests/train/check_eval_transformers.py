@@ -71,7 +71,8 @@ def main():
             run([ablate, "train", config, "--run-dir", rd, *sets])
             run([ablate, "export", "--checkpoint", rd, "--format", "hf", "--out", out])
             ours = json.loads(run([ablate, "eval", "--checkpoint", rd, "--eval", "probe_rows", "--json", "--details", det,
-                                   "--set", f"eval.probe_rows.limit={ITEMS}"]))
+                                   "--set", f"eval.probe_rows.limit={ITEMS}",
+                                   "--set", f"eval.probe_rows.path={os.path.join(root, 'configs', 'evals', 'probe-rows.jsonl')}"]))
             with open(det) as f:
                 details = [json.loads(line) for line in f]
             model = load_double(out)
