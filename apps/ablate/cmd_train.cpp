@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -32,6 +34,18 @@ namespace ablate::cli {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+std::atomic<bool> g_preempt{false};
+void on_preempt_signal(int) { g_preempt.store(true); }
+
+}  // namespace
+
+// Exit code of a run stopped by SIGUSR1 (a scheduler's warning before preemption) after writing its
+// checkpoint: EX_TEMPFAIL of sysexits.h, "try again": a job script requeues on it, and
+// `ablate train ... --resume` continues.
+constexpr int kExitPreempted = 75;
+
 int cmd_train(const Args& args) {
   po::options_description desc("ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]] [--stop-at STEP]");
   po::positional_options_description pos;
@@ -61,8 +75,12 @@ int cmd_train(const Args& args) {
   if (vm.count("stop-at")) {
     options.stop_at = vm["stop-at"].as<int64_t>();
   }
-  train(config, registry, options);
-  return 0;
+  // SIGUSR1 (Slurm's --signal=B:USR1@90 before a time limit or a preemption): a checkpoint after
+  // the step under way, then exit 75.
+  options.preempt = &g_preempt;
+  ::signal(SIGUSR1, on_preempt_signal);
+  const TrainResult result = train(config, registry, options);
+  return result.preempted ? kExitPreempted : 0;
 }
 
 namespace {

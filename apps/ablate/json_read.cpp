@@ -73,7 +73,7 @@ constexpr JsonField kArmsFields[] = {
 constexpr JsonField kArmFields[] = {
     {"name", K::string},         {"group", K::string},   {"repeat", K::count},
     {"overrides", K::string_map}, {"sets", K::strings},   {"status", K::string, true},
-    {"wall_s", K::non_negative}, {"error", K::string},
+    {"wall_s", K::non_negative}, {"error", K::string},  {"requeues", K::count},
 };
 
 // A results row's columns are null where the arm's summary has no value (an arm that did not finish).

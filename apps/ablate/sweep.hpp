@@ -49,6 +49,9 @@ struct SlurmSpec {
   std::string job_name;                  // default: ablate-<sweep name>
   std::string mpi = "pmix";              // srun --mpi=... for arms of several ranks
   int max_parallel = 0;                  // the array's %N throttle (0: none)
+  // Seconds before the time limit (or a preemption) at which Slurm sends the batch script SIGUSR1
+  // (#SBATCH --signal=B:USR1@N): the arm checkpoints after its step and is requeued. 0: none.
+  int warning_seconds = 90;
   std::vector<std::string> extra;        // lines put in the script as they are, after the #SBATCH block
   Resources resources;
 };

@@ -182,6 +182,7 @@ std::pair<std::string, std::string> finish_arm(const ArmRun& r, const ArmPlan& p
   json extra = json::object();
   if (!r.rung_values.empty()) extra["rungs"] = r.rung_values;
   if (const char* job = std::getenv("SLURM_JOB_ID")) extra["slurm_job_id"] = job;
+  if (const char* n = std::getenv("SLURM_RESTART_COUNT")) extra["requeues"] = std::strtoll(n, nullptr, 10);
   // The summary the arm's training wrote; one that does not read fails the arm, with the reason.
   std::optional<json> summary;
   std::string unreadable;
@@ -191,6 +192,13 @@ std::pair<std::string, std::string> finish_arm(const ArmRun& r, const ArmPlan& p
     unreadable = e.what();
   }
   const bool completed = code == 0 && summary && summary->value("status", "") == "completed";
+  // SIGUSR1 (a scheduler's warning) reached the training: it wrote a checkpoint and exited 75.
+  if (code == 75 && summary && summary->value("status", "") == "preempted") {
+    const std::string text = "preempted after step " + std::to_string(summary->value("steps", int64_t(0))) +
+                             " (SIGUSR1): its checkpoint is written and the arm resumes from it";
+    record_arm(p, "preempted", code, wall, text, extra);
+    return {"preempted", text};
+  }
   if (r.stopping && !completed) {  // (an arm that finished before the signal reached it completed)
     extra["stopped_at"] = std::max<int64_t>(0, r.progress.step);
     record_arm(p, "stopped", code, wall, r.stop_reason, extra);

@@ -159,7 +159,10 @@ std::size_t run_local(const Sweep& s, std::vector<ArmPlan>& plans, int parallel)
       if (word == "completed") ++view.done;
       else if (word == "stopped") ++view.stopped;
       else ++view.failed;
-      const std::string shown = word == "completed" ? "done, " : word == "stopped" ? "stopped, " : "FAILED ";
+      const std::string shown = word == "completed" ? "done, "
+                                : word == "stopped"   ? "stopped, "
+                                : word == "preempted" ? "preempted (run the sweep again to resume it), "
+                                                      : "FAILED ";
       view.event(counter(view, total) + p.arm.name + ": " + shown + text);
     }
     view.draw(running, plans);

@@ -128,6 +128,10 @@ std::string script_text(const Sweep& s, const fs::path& out, const fs::path& exe
   if (!s.slurm.account.empty()) t << "#SBATCH --account=" << s.slurm.account << "\n";
   if (!s.slurm.time.empty()) t << "#SBATCH --time=" << s.slurm.time << "\n";
   for (const std::string& o : resource_options(s.slurm.resources)) t << "#SBATCH " << o << "\n";
+  // Preemption and time limits: SIGUSR1 to this script (which passes it to the training) N seconds
+  // before; the arm checkpoints after its step, and the task is requeued and resumes from there.
+  t << "#SBATCH --requeue\n";
+  if (s.slurm.warning_seconds > 0) t << "#SBATCH --signal=B:USR1@" << s.slurm.warning_seconds << "\n";
   for (const std::string& line : s.slurm.extra) t << line << "\n";
   t << "exec " << shell_quoted(exe.string()) << " sweep-arm " << shell_quoted(out.string()) << " \"$SLURM_ARRAY_TASK_ID\"\n";
   return t.str();
@@ -289,6 +293,19 @@ Plan read_plan(const fs::path& out) {
 
 volatile sig_atomic_t g_terminated = 0;
 void on_term(int) { g_terminated = 1; }
+volatile sig_atomic_t g_warned = 0;  // SIGUSR1: 1 received, 2 passed on to the training
+void on_warning(int) {
+  if (g_warned == 0) g_warned = 1;
+}
+
+// A preempted arm's task back in Slurm's queue (scontrol requeue of this array task): it resumes
+// from the checkpoint when it runs again. "" or what went wrong.
+std::string requeue_task() {
+  const char* id = std::getenv("SLURM_JOB_ID");  // an array task's own job id
+  if (id == nullptr) return "not under Slurm (no SLURM_JOB_ID): nothing requeues it; `ablate sweep` again resumes it";
+  const Captured c = capture({"scontrol", "requeue", id});
+  return c.code == 0 ? "" : "scontrol requeue " + std::string(id) + " failed (exit " + std::to_string(c.code) + "): " + c.output;
+}
 
 }  // namespace
 
@@ -364,7 +381,7 @@ int slurm_status(const fs::path& out) {
   const std::map<std::size_t, std::string> latest = task_ids(jobs);
   std::map<std::string, std::size_t> counts;
   const auto names = order["arms"].get<std::vector<std::string>>();
-  std::printf("%-28s %-14s %-12s %-9s %s\n", "arm", "state", "step", "loss", "job");
+  std::printf("%-28s %-14s %-9s %-12s %-9s %s\n", "arm", "state", "requeues", "step", "loss", "job");
   for (std::size_t i = 0; i < names.size(); ++i) {
     const fs::path dir = out / names[i];
     const auto arm = read_json_file_if_present(dir / "arm.json", kArmJson);
@@ -383,8 +400,9 @@ int slurm_status(const fs::path& out) {
     char step[32], loss[32];
     std::snprintf(step, sizeof step, "%lld", (long long)progress.step);
     std::snprintf(loss, sizeof loss, "%.4f", progress.loss);
-    std::printf("%-28s %-14s %-12s %-9s %s\n", names[i].c_str(), state.c_str(), progress.step < 0 ? "-" : step,
-                std::isfinite(progress.loss) ? loss : "-", job.c_str());
+    const std::string requeues = arm ? std::to_string(arm->value("requeues", int64_t(0))) : "-";
+    std::printf("%-28s %-14s %-9s %-12s %-9s %s\n", names[i].c_str(), state.c_str(), requeues.c_str(),
+                progress.step < 0 ? "-" : step, std::isfinite(progress.loss) ? loss : "-", job.c_str());
   }
   std::string line;
   for (const auto& [state, n] : counts) line += (line.empty() ? "" : ", ") + std::to_string(n) + " " + state;
@@ -421,12 +439,14 @@ int cmd_sweep_arm(const Args& args) {
   fs::create_directories(p.dir);
   json job = json::object();
   if (const char* id = std::getenv("SLURM_JOB_ID")) job["slurm_job_id"] = id;
+  if (const char* n = std::getenv("SLURM_RESTART_COUNT")) job["requeues"] = std::strtoll(n, nullptr, 10);
   record_arm(p, "running", 0, 0, "", job);
   std::vector<std::string> prefix;
   if (p.arm.resources.ranks() > 1) {
     prefix = {"srun", "--mpi=" + plan.mpi, "--ntasks=" + std::to_string(p.arm.resources.ranks()), "--kill-on-bad-exit=1"};
   }
   ::signal(SIGTERM, on_term);  // scancel or the time limit: recorded, not lost
+  ::signal(SIGUSR1, on_warning);  // --signal=B:USR1@N: passed on, the arm checkpoints and is requeued
   ArmRun r;
   r.start = std::chrono::steady_clock::now();
   r.pid = spawn_train(self_exe(), plan.base, p, prefix);
@@ -443,6 +463,10 @@ int cmd_sweep_arm(const Args& args) {
       ::kill(r.pid, SIGTERM);
       g_terminated = 2;
     }
+    if (g_warned == 1) {  // pass the warning on, once
+      ::kill(r.pid, SIGUSR1);
+      g_warned = 2;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   poll_arm(r, p, plan.arms, EarlyStop{});
@@ -450,6 +474,15 @@ int cmd_sweep_arm(const Args& args) {
   if (g_terminated != 0 && word == "failed") {
     text = "cancelled or out of time (SIGTERM from Slurm) " + text;
     record_arm(p, "failed", 143, std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count(), text, job);
+  }
+  if (word == "preempted") {
+    if (const std::string err = requeue_task(); !err.empty()) {
+      record_arm(p, "failed", 75, std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count(),
+                 text + "; not requeued: " + err, job);
+      std::cout << p.arm.name << ": preempted and not requeued: " << err << "\n";
+      return 1;
+    }
+    text += "; requeued";
   }
   std::cout << p.arm.name << ": " << word << ", " << text << "\n";
   return word == "failed" ? 1 : 0;

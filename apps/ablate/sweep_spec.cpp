@@ -158,6 +158,7 @@ SlurmSpec read_slurm(const std::string& f, const toml::table* t, const std::stri
     else if (key == "time") s.time = sbatch_word(f, v, full, "^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$", "a time limit such as \"30\", \"02:00:00\" or \"1-12:00:00\"");
     else if (key == "mpi") s.mpi = sbatch_word(f, v, full, "^[a-z0-9_]+$", "srun's --mpi type, e.g. \"pmix\" or \"pmi2\"");
     else if (key == "max_parallel") s.max_parallel = int(int_in(f, v, full, 0, 10000));
+    else if (key == "warning_seconds") s.warning_seconds = int(int_in(f, v, full, 0, 65535));
     else if (key == "extra") {
       if (!v.is_array()) throw_input_error(where(f, v.source()) + " " + full, "expected a list of script lines (strings)");
       for (const toml::node& line : *v.as_array()) {
@@ -168,10 +169,10 @@ SlurmSpec read_slurm(const std::string& f, const toml::table* t, const std::stri
       }
     } else {
       const std::vector<std::string> keys = {"partition",     "account",       "time", "job_name",     "nodes", "tasks_per_node",
-                                             "gpus_per_node", "cpus_per_task", "mpi",  "max_parallel", "extra"};
+                                             "gpus_per_node", "cpus_per_task", "mpi",  "max_parallel", "extra", "warning_seconds"};
       throw_input_error(where(f, v.source()), "unknown key '" + full + "'" + did_you_mean(key, keys) +
                                                   " (expected one of partition, account, time, job_name, nodes, tasks_per_node, "
-                                                  "gpus_per_node, cpus_per_task, mpi, max_parallel, extra)");
+                                                  "gpus_per_node, cpus_per_task, mpi, max_parallel, extra, warning_seconds)");
     }
   }
   return s;

@@ -613,6 +613,15 @@ void begin_steps(TrainingSetup& t, TrainingProgress& p) {
   }
 }
 
+// Whether TrainOptions::preempt asks to stop after this step, on every rank alike: with several
+// ranks a signal reaches each at its own moment, so the flags are all-reduced (max) every step.
+bool preempt_requested(TrainingSetup& t) {
+  if (t.options.preempt == nullptr) return false;
+  double flag = t.options.preempt->load() ? 1.0 : 0.0;
+  if (t.run.world > 1) t.comm.all_reduce_host(flat_view(&flag, DType::f64, 1), ReduceOp::max);
+  return flag > 0;
+}
+
 // The step loop: per step the micro-batches, the engine step, its metrics, evaluation, logging and
 // checkpoint, until run.steps or --stop-at.
 void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule) {
@@ -656,14 +665,17 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
       for (auto& l : p.loggers.sinks) l->log(sm);
       if (t.options.on_step) t.options.on_step(sm);
     }
-    const bool stopping = t.options.stop_at > 0 && step == t.options.stop_at && step < s.steps;
+    const bool preempted = preempt_requested(t) && step < s.steps;
+    const bool stopping = (t.options.stop_at > 0 && step == t.options.stop_at && step < s.steps) || preempted;
     if ((s.ckpt_every > 0 && step % s.ckpt_every == 0) || step == s.steps || stopping) {
       t.checkpoints->save(step, model, *t.optimizer, *t.train_data, outcome.loss,
                           do_eval ? p.last_val : std::numeric_limits<double>::quiet_NaN());
     }
     if (stopping) {
       p.stopped = true;
-      spdlog::info("stopping after step {} (--stop-at); `ablate train ... --resume` continues", step);
+      p.result.preempted = preempted;
+      spdlog::info("stopping after step {} ({}); `ablate train ... --resume` continues", step,
+                   preempted ? "preempted: SIGUSR1, a checkpoint written" : "--stop-at");
       break;
     }
   }
@@ -682,7 +694,7 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   json summary = p.metrics->summary();
   summary.update(machine_load_summary(p.cpu_at_start, t.comm));
   if (!t.evals.empty()) summary["evals"] = evals_summary(t.evals);
-  summary.update({{"status", p.stopped ? "stopped" : "completed"},
+  summary.update({{"status", p.result.preempted ? "preempted" : p.stopped ? "stopped" : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", p.start_step},
                   {"parameters", model.num_params()},

@@ -232,6 +232,8 @@ def sweep(tmp):
     check("Highest probe_rows acc" in report and "probe_rows acc" in report, "report.md ranks the arms by the eval")
     with open(os.path.join(out, "results.csv")) as f:
         check(key + "_mean" in f.readline(), "results.csv has the eval's columns")
+    check(os.path.getsize(os.path.join(out, "evals.png")) > 10000 and "![Evaluations against step](evals.png)" in report,
+          "the report draws each evaluation against step (evals.png)")
 
 
 def main():

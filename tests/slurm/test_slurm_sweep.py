@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slurm_cluster import SlurmCluster, missing_reason, skip_reason  # noqa: E402
@@ -76,6 +77,23 @@ name = "hopeless"
 WAIT = ('if [ "$SLURM_ARRAY_TASK_ID" = {waiter} ]; then for i in $(seq 1000); do '
         'grep -Eqs \'"status": *"(completed|stopped|failed)"\' {arm_json} && break; sleep 0.2; done; fi')
 
+# Preemption: Slurm's warning (SIGUSR1 to the job script, as #SBATCH --signal=B:USR1@N sends it) is
+# sent by hand twice; each time the arm checkpoints after its step, the task requeues itself and
+# resumes from the checkpoint.
+PREEMPT = """
+base = "base.toml"
+[sweep]
+name = "preempt"
+launcher = "slurm"
+[sweep.set]
+"run.steps" = 1500
+"run.eval_every" = 500
+"checkpoint.every" = 0
+[[sweep.arms]]
+name = "long"
+"optimizer.lr" = 3e-3
+"""
+
 failures = []
 passes = []
 
@@ -103,6 +121,10 @@ def main():
     try:
         with SlurmCluster(work / "c", cpus=2) as cluster:
             print(f"cluster up in {cluster.startup_s:.1f} s", flush=True)
+            if os.environ.get("ABLATE_SLURM_ONLY") == "preemption":  # one part, while working on it
+                shutil.copy(BASE, work / "base.toml")
+                preemption_under_slurm(ablate, work, cluster)
+                return 1 if failures else 0
             return run_sweep(ablate, work, cluster)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -198,6 +220,7 @@ def run_sweep(ablate, work, cluster):
     check(third.returncode == 0 and "nothing to submit" in third.stdout, "a third run submits nothing", third.stdout)
 
     early_stopping_under_slurm(ablate, work, cluster)
+    preemption_under_slurm(ablate, work, cluster)
     print(f"{len(passes)} passed, {len(failures)} failed")
     if failures:
         print("failed: " + "; ".join(failures))
@@ -237,6 +260,72 @@ def early_stopping_under_slurm(ablate, work, cluster):
         status = ablate_run(ablate, cluster, work, "sweep", "--status", name)
         counts = "arms: 1 completed, 1 stopped" if expect["hopeless"] == "stopped" else "arms: 2 completed"
         check(counts in status.stdout, f"{first} first: --status counts {counts[6:]}", status.stdout)
+
+
+def last_step(path):
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    print(f"timed out waiting for {what}", flush=True)
+    return False
+
+
+def preemption_under_slurm(ablate, work, cluster):
+    """An arm warned twice (scancel --signal=USR1 --batch, what --signal=B:USR1@N does before a time
+    limit or a preemption): each time it checkpoints after its step, exits 75 and the task requeues
+    itself; the requeued task resumes from the checkpoint, --status counts the requeues, and the arm
+    ends with the losses of an uninterrupted run of the same experiment."""
+    (work / "preempt.toml").write_text(PREEMPT)
+    out = work / "preempt"
+    r = ablate_run(ablate, cluster, work, "sweep", "preempt.toml", "--out", "preempt")
+    check(r.returncode == 0, "the preemption sweep is submitted")
+    script = (out / "slurm" / "sweep.sbatch").read_text()
+    check("#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@90" in script,
+          "the job script asks for the warning signal and allows requeueing", script)
+    job = json.loads((out / "slurm" / "jobs.json").read_text())["submissions"][0]["job_id"]
+    metrics, arm_json = out / "long" / "metrics.jsonl", out / "long" / "arm.json"
+    stops = []
+    for n in (1, 2):
+        start = stops[-1] if stops else 0
+        ok = wait_for(lambda: last_step(metrics) >= start + 100, 120, f"step {start + 100}")
+        sig = subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], env=cluster.env, capture_output=True, text=True)
+        check(ok and sig.returncode == 0, f"warning {n} sent at step {last_step(metrics)} ({sig.stderr.strip()})")
+
+        def requeued_and_running():
+            try:
+                a = json.loads(arm_json.read_text())
+            except (OSError, ValueError):
+                return False
+            return a.get("status") == "running" and a.get("requeues", 0) == n
+        check(wait_for(requeued_and_running, 240, f"requeue {n}"), f"the task requeued itself and runs again (requeue {n})",
+              arm_json.read_text() if arm_json.exists() else "")
+        summary = json.loads((out / "long" / "summary.json").read_text())
+        stops.append(summary["steps"])
+        check(summary["status"] == "preempted" and (out / "long" / "checkpoints" / f"step_{summary['steps']:08d}").is_dir(),
+              f"preemption {n}: the checkpoint of step {summary['steps']}")
+    cluster.wait_jobs(job, timeout=300)
+    arm = json.loads(arm_json.read_text())
+    check(arm["status"] == "completed" and arm.get("requeues") == 2, "the arm completes after two requeues", json.dumps(arm))
+    status = ablate_run(ablate, cluster, work, "sweep", "--status", "preempt")
+    row = next((line.split() for line in status.stdout.splitlines() if line.startswith("long ")), [])
+    check(row[:3] == ["long", "completed", "2"], "--status shows the arm completed with 2 requeues", status.stdout)
+    # The same experiment uninterrupted, here: the same losses, bit for bit.
+    ref = work / "preempt-ref"
+    sets = sum((["--set", s] for s in arm["sets"]), [])
+    ablate_run(ablate, cluster, work, "train", "base.toml", *sets, "--run-dir", str(ref))
+    losses = lambda d: [(m["step"], m["loss"]) for m in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]  # noqa: E731
+    check(losses(out / "long") == losses(ref) and len(losses(ref)) == 1500 and stops[0] < stops[1],
+          f"preempted after steps {stops}: the 1500 losses are the uninterrupted run's")
 
 
 if __name__ == "__main__":
