@@ -36,6 +36,20 @@ void print_schema(const Schema& schema) {
   std::printf("\n");
 }
 
+// The [[eval]] tables: their common keys, then each evaluator's, which go in the same table.
+void print_eval_reference(const Registry& registry) {
+  std::printf("## [[eval]]\n\nEvaluations run during training (docs/experiments.md, \"Evaluations\"), one table each, "
+              "several per experiment. `name` selects the evaluator; its own keys go in the same table, beside these. "
+              "`--set eval.<label>.<key>=value` sets a key of the table with that label.\n\n");
+  print_schema(eval_entry_keys());
+  for (const std::string& name : registry.names(Kind::evaluator)) {
+    const ComponentInfo* c = registry.find(Kind::evaluator, name);
+    std::printf("### [[eval]] name = \"%s\"\n\n%s\n\n", c->name.c_str(), c->doc.c_str());
+    if (c->schema.empty()) std::printf("No keys of its own.\n\n");
+    else print_schema(c->schema);
+  }
+}
+
 int config_reference(const Args& args) {
   po::options_description desc("config reference");
   po::positional_options_description pos;
@@ -74,6 +88,7 @@ int config_reference(const Args& args) {
       else print_schema(c->schema);
     }
   }
+  print_eval_reference(registry);
   return 0;
 }
 

@@ -228,7 +228,7 @@ class SlurmInputs(Base):
         self.assertEqual(run(["sweep", "l.toml", "--out", "out"], self.dir).returncode, 0)
         r = run(["sweep", "--status", "out"], self.dir)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertRegex(r.stdout, r"0\.001 +completed +4 ")
+        self.assertRegex(r.stdout, r"0\.001 +completed +0 +4 ")
         self.assertIn("arms: 2 completed", r.stdout)
         self.assertEqual(run(["sweep", "l.toml", "--status", "--out", "out"], self.dir).stdout, r.stdout)
         bad = run(["sweep-arm", "out", "7"], self.dir)
