@@ -119,7 +119,10 @@ def main():
         return 77
     work = pathlib.Path(tempfile.mkdtemp(prefix="slurm.", dir="/tmp"))  # short: munge's socket path
     try:
-        with SlurmCluster(work / "c", cpus=2) as cluster:
+        # A requeued job waits the job credential's lifetime (AuthInfo's cred_expire, 120 s by
+        # default) before it may start again; the preemption part requeues twice, so 10 s here.
+        munge = work / "c" / "munge" / "munge.socket"
+        with SlurmCluster(work / "c", cpus=2, extra_conf=f"AuthInfo=socket={munge},cred_expire=10") as cluster:
             print(f"cluster up in {cluster.startup_s:.1f} s", flush=True)
             if os.environ.get("ABLATE_SLURM_ONLY") == "preemption":  # one part, while working on it
                 shutil.copy(BASE, work / "base.toml")
