@@ -64,6 +64,9 @@ std::vector<EvalTask> make_eval_tasks(const RunSpec& spec, const Registry& regis
     const std::string label = c.common.get_string("label");
     labels.push_back(label);
     if (!only.empty() && label != only) continue;
+    // A disabled table is not made during training: its evaluator's keys (an empty path, say) are
+    // checked only where it runs, by `ablate eval --eval LABEL`.
+    if (only.empty() && !c.common.get_bool("enabled")) continue;
     EvalTask t;
     t.label = label;
     t.name = c.name;

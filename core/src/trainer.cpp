@@ -482,9 +482,7 @@ struct TrainingProgress {
 // anything trains; they see the model through a view whose forward passes hold at most the
 // training micro-batch's positions.
 void set_up_evals(TrainingSetup& t) {
-  for (EvalTask& e : make_eval_tasks(t.spec, t.registry, t.run)) {
-    if (e.enabled) t.evals.push_back(std::move(e));
-  }
+  t.evals = make_eval_tasks(t.spec, t.registry, t.run);
   if (t.evals.empty()) return;
   t.eval_view.emplace(*t.model, *t.source, t.comm, t.s.batch_size * t.s.seq_len);
   prepare_eval_tasks(t.evals, *t.eval_view);

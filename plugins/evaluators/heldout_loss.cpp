@@ -4,7 +4,6 @@
 // form (the loss in bits over the UTF-8 bytes the targets stand for) and its token count; and the
 // loss over every domain's tokens together.
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include "ablate/data_util.hpp"
@@ -16,31 +15,6 @@ namespace ablate::evaluators {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr int32_t kShardMagic = 20240520;
-constexpr std::size_t kHeaderInts = 256;
-
-// The tokens of one llm.c shard (a header of 256 int32: magic, version 1, count; then uint16 tokens).
-std::vector<int32_t> read_shard_tokens(const fs::path& path) {
-  const MappedFile file(path);
-  if (file.size() < kHeaderInts * 4) {
-    throw_input_error(path.string(), "is " + std::to_string(file.size()) + " bytes, shorter than an llm.c shard header (1024)");
-  }
-  int32_t header[3];
-  std::memcpy(header, file.data(), sizeof header);
-  if (header[0] != kShardMagic || header[1] != 1) {
-    throw_input_error(path.string(), "is not an llm.c token shard (magic " + std::to_string(header[0]) + ", version " +
-                                         std::to_string(header[1]) + "; expected " + std::to_string(kShardMagic) + ", 1)");
-  }
-  const uint64_t count = uint64_t(uint32_t(header[2]));
-  if (file.size() != kHeaderInts * 4 + count * 2) {
-    throw_input_error(path.string(), "the header says " + std::to_string(count) + " tokens but the file holds " +
-                                         std::to_string((file.size() - kHeaderInts * 4) / 2));
-  }
-  std::vector<uint16_t> raw(count);
-  std::memcpy(raw.data(), file.data() + kHeaderInts * 4, count * 2);
-  return {raw.begin(), raw.end()};
-}
 
 struct Domain {
   std::string name;
@@ -96,7 +70,7 @@ class HeldoutLoss final : public Evaluator {
       Domain d;
       d.name = names_[i];
       for (const fs::path& f : expand_paths({paths_[i]}, where_ + ".paths")) {
-        const std::vector<int32_t> t = read_shard_tokens(f);
+        const std::vector<int32_t> t = read_token_shard(f);
         for (int32_t x : t) {
           if (x >= model.vocab_size()) {
             throw_input_error(f.string(), "token " + std::to_string(x) + " is outside the model's vocabulary of " +

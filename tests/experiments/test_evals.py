@@ -199,6 +199,11 @@ def bad_files(tmp):
                 expect=2)
         trained = os.path.exists(os.path.join(rd, "metrics.jsonl")) and os.path.getsize(os.path.join(rd, "metrics.jsonl")) > 0
         check(path + line in r.stderr and field in r.stderr and not trained, f"{name}: exit 2 naming {name}{line} and '{field}'")
+    # An evaluator's keys are checked where it runs: a disabled table with an empty path trains.
+    run([ABLATE, "train", CONFIG, "--run-dir", os.path.join(tmp, "disabled"), *sets(TINY + ["run.steps=2", "eval.probe_rows.path="])])
+    r = run([ABLATE, "train", CONFIG, "--run-dir", os.path.join(tmp, "empty-path"),
+             *sets(TINY + ["eval.probe_rows.path=", "eval.probe_rows.enabled=true"])], expect=2)
+    check("eval.probe_rows.path" in r.stderr, "an enabled table with an empty path is exit 2 naming the key")
     r = run([ABLATE, "train", CONFIG, "--run-dir", os.path.join(tmp, "bad-key"), *sets(TINY + ["eval.probe_rows.normalisation=sum"])],
             expect=2)
     check("normalization" in r.stderr, "a misspelled evaluator key is exit 2 with a suggestion")

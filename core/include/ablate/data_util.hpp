@@ -43,6 +43,13 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
+// The tokens of an llm.c token shard (a header of 256 int32: magic 20240520, version 1, token
+// count; then that many uint16 tokens), read whole (`ablate eval --tokens`, the heldout_loss
+// evaluator; token_shards maps its shards instead). Only a regular file is opened (a FIFO never
+// blocks the read); a wrong magic or version, or a size other than the header's count says, is
+// an input error naming the file.
+std::vector<int32_t> read_token_shard(const std::filesystem::path& path);
+
 // How many of `documents` go to the validation split when a fraction of them does: the last
 // round(documents * fraction) documents, at least one when fraction > 0 and documents > 1, and
 // never all of them.

@@ -282,4 +282,44 @@ void write_rows(Batch& out, int32_t rows, int32_t seq_len, const std::vector<std
   }
 }
 
+std::vector<int32_t> read_token_shard(const std::filesystem::path& path) {
+  // Checked before and after the open, which does not block on a FIFO; its size is checked
+  // against its header below.
+  const int fd = open_regular_file(path, "token shard");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uintmax_t size = check_regular_fd(fd, path, "token shard");
+  const auto read_at = [fd](uintmax_t offset, void* into, std::size_t n) {
+    auto* p = static_cast<char*>(into);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, p, n, off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      p += got;
+      offset += uintmax_t(got);
+      n -= std::size_t(got);
+    }
+    return true;
+  };
+  int32_t header[256];
+  if (!read_at(0, header, sizeof header) || header[0] != 20240520) {
+    throw_input_error(path.string(), "not an llm.c token shard (expected a 1024-byte header with magic 20240520)");
+  }
+  if (header[1] != 1) throw_input_error(path.string(), "shard version " + std::to_string(header[1]) + ", expected 1 (uint16 tokens)");
+  // The header's count is checked against the file before anything is sized by it.
+  const int64_t count = header[2];
+  if (count < 0) throw_input_error(path.string(), "the header's token count is negative (" + std::to_string(count) + ")");
+  const uintmax_t want = sizeof header + uintmax_t(count) * 2;
+  if (size != want) {
+    throw_input_error(path.string(), std::string(size < want ? "truncated" : "trailing bytes") + ": the header promises " +
+                                         std::to_string(count) + " tokens (" + std::to_string(want) + " bytes), the file has " +
+                                         std::to_string(size) + " bytes");
+  }
+  std::vector<uint16_t> raw(static_cast<std::size_t>(count));
+  if (!read_at(sizeof header, raw.data(), raw.size() * 2)) throw_input_error(path.string(), "could not read its tokens");
+  return {raw.begin(), raw.end()};
+}
+
 }  // namespace ablate

@@ -67,8 +67,9 @@ struct EvalTask {
   std::vector<std::string> logged_names() const;
 };
 
-// The experiment's [[eval]] tables made into tasks (every one; `only` = one label, or "" for all),
-// each evaluator created from the registry. An unknown label is an input error naming `where`.
+// The experiment's [[eval]] tables made into tasks, each evaluator created from the registry: the
+// enabled ones (`only` = ""), or the one labelled `only`, enabled or not. An unknown label is an
+// input error naming `where`.
 std::vector<EvalTask> make_eval_tasks(const RunSpec& spec, const Registry& registry, const RunContext& run,
                                       const std::string& only = "", const std::string& where = "--eval");
 // prepare() of each task against the model, with a log line describing it.
