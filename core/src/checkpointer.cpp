@@ -20,6 +20,7 @@
 #include "ablate/file_check.hpp"
 #include "ablate/runtime/hf_checkpoint.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/reshard.hpp"
 #include "ablate/runtime/safetensors.hpp"
 #include "ablate/runtime/trainer.hpp"
 
@@ -61,7 +62,15 @@ json cursor_json(const DataCursor& c) {
     else pending.push_back({first.document, first.begin, end, length});
     i = j;
   }
-  return {{"draw", c.draw}, {"pending", pending}};
+  json out = {{"draw", c.draw}, {"pending", pending}};
+  // A job resumed on another world size: how its ranks deal the documents (data.hpp's Reshard).
+  if (c.reshard) {
+    out["reshard"] = {{"from_world", c.reshard->from_world},
+                      {"first", c.reshard->first},
+                      {"end", c.reshard->end},
+                      {"drawn", c.reshard->drawn}};
+  }
+  return out;
 }
 
 namespace {
@@ -143,6 +152,32 @@ DataCursor cursor_from(const json& j, const std::string& name, const fs::path& f
       c.pending.push_back({piece.document, int32_t(b), int32_t(std::min<int64_t>(end, b + length))});
     }
   }
+  // Absent in a cursor of the sampler's standard deal (and in every checkpoint written before it existed).
+  if (j.contains("reshard")) {
+    const std::string at = name + ".reshard";
+    const json& r = j.at("reshard");
+    if (!r.is_object()) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + "' is " + echo_value(r.dump()) +
+                                           ", expected {\"from_world\", \"first\", \"end\", \"drawn\"}");
+    }
+    Reshard record;
+    record.from_world = whole_field<int>(r, "from_world", at + ".", file, 1, 1 << 20);
+    record.first = whole_field<uint64_t>(r, "first", at + ".", file, 0, UINT64_MAX - 1);
+    record.end = whole_field<uint64_t>(r, "end", at + ".", file, 0, UINT64_MAX - 1);
+    if (!r.contains("drawn") || !r.at("drawn").is_array()) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + ".drawn' is not an array");
+    }
+    const json& drawn = r.at("drawn");
+    if (drawn.size() > kMaxReshardDrawn) {
+      throw_input_error(file.string(), "not a valid checkpoint state: '" + at + ".drawn' holds more than " +
+                                           std::to_string(kMaxReshardDrawn) + " positions");
+    }
+    for (std::size_t i = 0; i < drawn.size(); ++i) {
+      record.drawn.push_back(whole_field<uint64_t>(drawn[i], at + ".drawn[" + std::to_string(i) + "]", file, 0, UINT64_MAX - 1));
+    }
+    check_reshard(record, at, file.string());
+    c.reshard = std::move(record);
+  }
   return c;
 }
 
@@ -156,18 +191,21 @@ namespace {
 // is a damaged checkpoint (or one of other data), refused before anything is restored.
 void check_cursor_draws(const CheckpointState& st, const DataPipeline& data, int64_t accumulation, const fs::path& state_file) {
   using u128 = unsigned __int128;
+  // The cursors' own world may be smaller than this job's (more draws an epoch per rank).
+  const uint64_t documents = data.source().size(data.options().split);
+  const uint64_t per_epoch = std::max<uint64_t>(data.draws_per_epoch(), (documents + uint64_t(st.world) - 1) / uint64_t(st.world));
   const u128 tokens = u128(uint64_t(std::max<int64_t>(st.step, 0))) * u128(uint64_t(std::max<int64_t>(accumulation, 1))) *
                       u128(uint64_t(std::max(data.batcher().max_rows(), 1))) *
                       u128(uint64_t(std::max(data.batcher().max_seq_len(), 1)));
   for (std::size_t r = 0; r < st.cursors.size(); ++r) {
     const DataCursor& c = st.cursors[r];
-    const u128 bound = (tokens + c.pending.size() + 1) * (u128(data.draws_per_epoch()) + 1);
+    const u128 bound = (tokens + c.pending.size() + 1) * (u128(per_epoch) + 1);
     if (u128(c.draw) > bound) {
       const uint64_t shown = bound > u128(UINT64_MAX) ? UINT64_MAX : uint64_t(bound);
       throw_input_error(state_file.string(), "data_cursors[" + std::to_string(r) + "].draw is " + std::to_string(c.draw) +
                                                  ", more than the " + std::to_string(shown) + " draws " + std::to_string(st.step) +
                                                  " step(s) can have taken from this data (" +
-                                                 std::to_string(data.draws_per_epoch()) +
+                                                 std::to_string(per_epoch) +
                                                  " draws an epoch): the checkpoint is damaged or was written with other data");
     }
   }
@@ -593,6 +631,79 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   comm_.barrier();  // the checkpoint is complete for every rank
 }
 
+SafetensorsFile Checkpointer::read_optimizer_file(const fs::path& file) const {
+  SafetensorsFile of;
+  try {
+    of = read_safetensors(file);
+  } catch (const Error& e) {
+    throw_input_error(file.string(), std::string("cannot read the optimizer state: ") + e.what());
+  }
+  require_finite(file, of.tensors, false);
+  return of;
+}
+
+// The optimizer state of this rank's part of the `n` trainable parameters (its shard_of under
+// ZeRO-1, all of them otherwise), cut from the checkpoint's files (the whole state, or one shard
+// per old rank): each tensor of the state must hold one value per parameter of its file, in the
+// parameters' order (adamw's moments), and this rank's tensor is the concatenation of the pieces
+// of the files that overlap its part. Only the files that overlap are read (the first one also for
+// an empty part: the names).
+std::vector<NamedTensor> Checkpointer::resplit_optimizer_state(const fs::path& cdir, const CheckpointState& st, int64_t n,
+                                                               const fs::path& state_file) const {
+  const int world = comm_.world(), rank = comm_.rank();
+  const Shard mine = s_.shard_state ? shard_of(n, world, rank) : Shard{0, n};
+  const std::string keep = "resume with " + std::to_string(st.world) + " rank(s) and optimizer.shard_state = " +
+                           (st.shard_state ? "true" : "false");
+  std::vector<NamedTensor> out;
+  bool named = false;
+  std::string named_by;  // the file the names and dtypes came from
+  for (std::size_t i = 0; i < st.optimizer_files.size(); ++i) {
+    const Shard part = st.shard_state ? shard_of(n, st.world, int(i)) : Shard{0, n};
+    const int64_t lo = std::max(part.offset, mine.offset), hi = std::min(part.offset + part.count, mine.offset + mine.count);
+    if (lo >= hi && (named || mine.count > 0)) continue;
+    const fs::path file = cdir / st.optimizer_files[i];
+    const SafetensorsFile of = read_optimizer_file(file);
+    const std::string whose = st.shard_state ? "the " + std::to_string(part.count) + " parameters of rank " + std::to_string(i) +
+                                                   "'s shard of " + std::to_string(st.world)
+                                             : "the model's " + std::to_string(n) + " trainable parameters";
+    for (const NamedTensor& t : of.tensors) {
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      if (numel != part.count || t.bytes.size() != std::size_t(part.count) * dtype_size(t.dtype)) {
+        throw_input_error(file.string(), "optimizer state tensor '" + t.name + "' holds " + std::to_string(numel) +
+                                             " values, not one for each of " + whose + ": optimizer '" + st.optimizer +
+                                             "' keeps state that cannot be cut at other shard boundaries, which resuming on " +
+                                             "another world size or optimizer.shard_state needs; " + keep);
+      }
+    }
+    if (!named) {
+      for (const NamedTensor& t : of.tensors) {
+        out.push_back({t.name, t.dtype, {mine.count}, std::vector<uint8_t>(std::size_t(mine.count) * dtype_size(t.dtype))});
+      }
+      named = true;
+      named_by = st.optimizer_files[i];
+    }
+    const auto mismatch = [&](const std::string& what) {
+      throw_input_error(file.string(), what + " than " + named_by +
+                                           ": the checkpoint's optimizer files do not belong together (" + keep + ")");
+    };
+    if (of.tensors.size() != out.size()) mismatch("holds other tensors");
+    for (NamedTensor& o : out) {
+      const auto found = std::find_if(of.tensors.begin(), of.tensors.end(), [&](const NamedTensor& t) { return t.name == o.name; });
+      if (found == of.tensors.end() || found->dtype != o.dtype) mismatch("holds other tensors or dtypes");
+      if (lo >= hi) continue;
+      const std::size_t size = dtype_size(o.dtype);
+      std::memcpy(o.bytes.data() + std::size_t(lo - mine.offset) * size, found->bytes.data() + std::size_t(lo - part.offset) * size,
+                  std::size_t(hi - lo) * size);
+    }
+  }
+  if (rank == 0) {
+    spdlog::info("{}: optimizer state of {} file(s) ({}) re-cut for {} rank(s) ({})", state_file.string(), st.optimizer_files.size(),
+                 st.shard_state ? "one shard per rank" : "whole", world, s_.shard_state ? "one shard per rank" : "whole");
+  }
+  return out;
+}
+
 // Another optimizer's state (adamw_fused's on cuda, adamw's on the cpu: the same two moments) is
 // taken when the config's optimizer accepts every tensor of it, else refused naming both.
 void Checkpointer::load_optimizer_state(Optimizer& optimizer, const CheckpointState& st, const SafetensorsFile& of,
@@ -627,18 +738,17 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
                                                " parameters) does not match the config's (" + model.options().describe() + ", " +
                                                std::to_string(model.num_params()) + ")");
   }
-  if (st.world != comm_.world()) {
+  const int world = comm_.world(), rank = comm_.rank();
+  const auto np = [](int n) { return std::to_string(n) + " rank(s)" + (n > 1 ? " (mpirun -np " + std::to_string(n) + ")" : ""); };
+  // Another world size deals the documents anew from where the old ranks stood, which needs the
+  // sampler's global sequence (Sampler::reshardable).
+  if (st.world != world && !data.sampler().reshardable()) {
     throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
-                                               " rank(s), this job has " + std::to_string(comm_.world()) +
-                                               ": every rank's place in the data is its own, so resume with " +
-                                               std::to_string(st.world) + " rank(s)" +
-                                               (st.world > 1 ? " (mpirun -np " + std::to_string(st.world) + ")" : ""));
-  }
-  if (st.shard_state != s_.shard_state) {
-    throw_input_error(state_file.string(), std::string("the checkpoint's optimizer state is ") +
-                                               (st.shard_state ? "sharded over the ranks (optimizer.shard_state = true)"
-                                                               : "whole (optimizer.shard_state = false)") +
-                                               ": resume with the same optimizer.shard_state");
+                                               " rank(s), this job has " + std::to_string(world) + ": sampler '" +
+                                               spec_.sampler.name +
+                                               "' deals no global sequence of documents (Sampler::reshardable), so its "
+                                               "ranks' places in the data cannot be dealt to another world size; resume with " +
+                                               np(st.world));
   }
   if (s_.steps > 0 && st.step > s_.steps) {
     throw_input_error(state_file.string(), "the checkpoint is at step " + std::to_string(st.step) + " but run.steps is " +
@@ -658,6 +768,27 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
     }
   }
   check_cursor_draws(st, data, spec_.run.grad_accum_steps, state_file);
+  // This rank's cursor: its own, or on another world size this rank's part of the old ranks' merged
+  // cursors (every rank merges the same cursors alike).
+  DataCursor cursor;
+  if (st.world == world) {
+    cursor = st.cursors[std::size_t(rank)];
+  } else {
+    const Sampler& sampler = data.sampler();
+    const MergedCursors merged = merge_cursors(
+        st.cursors, world, [&sampler](uint64_t draw, int r, int w) { return sampler.global_position(draw, r, w); },
+        state_file.string());
+    cursor = merged.cursor(rank);
+    std::size_t pending = 0;
+    for (const DataCursor& c : st.cursors) pending += c.pending.size();
+    if (rank == 0) {
+      spdlog::info("{}: the data cursors of {} rank(s) dealt to {}: every global position below {} was drawn and {} above it; "
+                   "{} left over, dealt round-robin before the standard deal goes on from {}; {} pending piece(s) dealt "
+                   "round-robin",
+                   state_file.string(), st.world, world, merged.record.first, merged.record.drawn.size(),
+                   leftover_count(merged.record), merged.record.end, pending);
+    }
+  }
   if (st.seed != s_.seed) {
     spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
                  "checkpoint are not the original run's", state_file.string(), st.seed, s_.seed);
@@ -669,16 +800,16 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
   std::vector<float> values(std::size_t(model.num_params()));
   load_params(cdir / "model.safetensors", model.table(), values, false);
   model.load_params_from_host(values);
-  const fs::path ofile = cdir / st.optimizer_files[std::size_t(s_.shard_state ? comm_.rank() : 0)];
   SafetensorsFile of;
-  try {
-    of = read_safetensors(ofile);
-  } catch (const Error& e) {
-    throw_input_error(ofile.string(), std::string("cannot read the optimizer state: ") + e.what());
+  if (st.shard_state == s_.shard_state && (!s_.shard_state || st.world == world)) {
+    // The file as it was written: the whole state, or this rank's shard of the same world.
+    const fs::path ofile = cdir / st.optimizer_files[std::size_t(s_.shard_state ? rank : 0)];
+    of = read_optimizer_file(ofile);
+  } else {
+    of.tensors = resplit_optimizer_state(cdir, st, model.num_trainable(), state_file);
   }
-  require_finite(ofile, of.tensors, false);
   load_optimizer_state(optimizer, st, of, state_file);
-  data.restore(st.cursors[std::size_t(comm_.rank())]);
+  data.restore(cursor);
   spdlog::info("resuming {} from step {}", cdir.string(), st.step);
   return st;
 }

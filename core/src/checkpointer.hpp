@@ -50,13 +50,19 @@ class Checkpointer {
   // `loss` is the step's training loss, `val_loss` its validation loss (NaN: not evaluated).
   void save(int64_t step, Model& model, const Optimizer& optimizer, const DataPipeline& data, double loss, double val_loss);
   // Restores the model, this rank's optimizer state and data cursor from the run directory's
-  // latest checkpoint; returns its state (step, losses). A checkpoint of another model, optimizer, world size or
-  // sharding is an input error naming state.json, before anything is changed.
+  // latest checkpoint; returns its state (step, losses). A checkpoint of another world size has its
+  // ranks' data cursors merged and dealt to this job's ranks (reshard.hpp), and its optimizer state
+  // (or one of another optimizer.shard_state) re-cut for this job's shards when the state is one
+  // value per parameter. A checkpoint of another model or optimizer, or one that cannot be dealt or
+  // re-cut, is an input error naming the file, before anything is changed.
   CheckpointState resume(Model& model, Optimizer& optimizer, DataPipeline& data);
 
  private:
   void load_optimizer_state(Optimizer& optimizer, const CheckpointState& st, const SafetensorsFile& of,
                             const std::filesystem::path& state_file) const;
+  SafetensorsFile read_optimizer_file(const std::filesystem::path& file) const;
+  std::vector<NamedTensor> resplit_optimizer_state(const std::filesystem::path& checkpoint_dir, const CheckpointState& st,
+                                                   int64_t trainable, const std::filesystem::path& state_file) const;
   std::string optimizer_file(int rank) const;
   void remove_old_checkpoints(int64_t written) const;
   Setup s_;

@@ -84,6 +84,12 @@ std::string DataSource::decode(const std::vector<int32_t>& tokens) const {
   return out;
 }
 Sampler::~Sampler() = default;
+uint64_t Sampler::global_position(uint64_t, int, int) const {
+  throw_runtime_error("sampler", "global_position called on a sampler that is not reshardable()");
+}
+uint64_t Sampler::document_at_global(uint64_t) {
+  throw_runtime_error("sampler", "document_at_global called on a sampler that is not reshardable()");
+}
 DocumentFeed::~DocumentFeed() = default;
 Batcher::~Batcher() = default;
 LayerBase::~LayerBase() = default;

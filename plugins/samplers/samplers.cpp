@@ -57,6 +57,8 @@ class KeyedPermutation {
 };
 
 // Shared by both samplers: epochs and the round-robin deal to ranks; subclasses order an epoch.
+// Rank r of w draws positions r, r + w, ... of every epoch: the global sequence (a resume on another
+// world size deals it anew) is g = epoch * documents + position.
 class RoundRobinSampler : public ablate::Sampler {
  public:
   void reset(uint64_t documents, uint64_t seed, int rank, int world) override {
@@ -80,6 +82,21 @@ class RoundRobinSampler : public ablate::Sampler {
     const uint64_t epoch = draw / per_epoch_;
     const uint64_t position = (draw % per_epoch_) * world_ + rank_;
     return order(epoch, position);
+  }
+  // The global sequence is the epochs' orders one after the other: g = epoch * documents + position.
+  bool reshardable() const override { return true; }
+  uint64_t global_position(uint64_t draw, int rank, int world) const override {
+    if (documents_ == 0 || world < 1 || rank < 0 || uint64_t(rank) >= std::min<uint64_t>(uint64_t(world), documents_)) {
+      ablate::throw_runtime_error("sampler", "global_position of rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                                                 " over " + std::to_string(documents_) + " documents");
+    }
+    const uint64_t w = uint64_t(world), r = uint64_t(rank);
+    const uint64_t per_epoch = (documents_ - r + w - 1) / w;
+    return (draw / per_epoch) * documents_ + (draw % per_epoch) * w + r;
+  }
+  uint64_t document_at_global(uint64_t g) override {
+    if (documents_ == 0) ablate::throw_runtime_error("sampler", "document_at_global before reset");
+    return order(g / documents_, g % documents_);
   }
 
  protected:
@@ -124,6 +141,8 @@ class ShuffledSampler final : public RoundRobinSampler {
 // the group's own epochs, each a seeded permutation of the group (a small group is revisited
 // sooner than a large one: the weights, not the sizes, set the mix). The state at a position is a
 // walk from 0; snapshots every 4096 positions make any position (a resumed cursor) cheap to reach.
+// The global sequence (a resume on another world size deals it anew) is the positions themselves:
+// the document at a position does not depend on the world.
 class MixtureSampler final : public ablate::Sampler {
  public:
   MixtureSampler(std::vector<double> weights, std::string where) : weights_(std::move(weights)), where_(std::move(where)) {}
@@ -165,9 +184,15 @@ class MixtureSampler final : public ablate::Sampler {
 
   uint64_t draws_per_epoch() const override { return per_epoch_; }
 
-  uint64_t document_at(uint64_t draw) override {
+  uint64_t document_at(uint64_t draw) override { return document_at_global(draw * world_ + rank_); }
+
+  // The global sequence is the sequence of positions itself.
+  bool reshardable() const override { return true; }
+  uint64_t global_position(uint64_t draw, int rank, int world) const override {
+    return draw * uint64_t(world) + uint64_t(rank);
+  }
+  uint64_t document_at_global(uint64_t position) override {
     if (share_.empty()) ablate::throw_runtime_error("sampler", "document_at before reset");
-    const uint64_t position = draw * world_ + rank_;
     seek(position);
     const std::size_t g = pick();  // the group of `position`, with counts_ as they stand before it
     const ablate::DocumentGroup& group = groups_[g];

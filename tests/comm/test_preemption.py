@@ -3,6 +3,8 @@
 under way with a checkpoint, exit 75 and summary.json status "preempted"; `--resume` then ends
 with the uninterrupted run's losses, bit for bit. Preempted twice, one process; and under mpiexec
 with 2 ranks, where the signal reaches one rank only and both stop after the same step.
+With ABLATE_PREEMPTION_ON=cuda the same on the cuda device over `nccl` (on the emulated device,
+ABLATE_EMULATE_CUDA=1, fewer steps: its kernels run interpreted).
 
 usage: test_preemption.py ABLATE_BINARY QUICKSTART_CONFIG MPIEXEC [MPIEXEC_FLAGS...]
 """
@@ -15,9 +17,13 @@ import tempfile
 import time
 
 ABLATE, CONFIG, MPIEXEC, *MPI_FLAGS = sys.argv[1:]
+ON_CUDA = os.environ.get("ABLATE_PREEMPTION_ON") == "cuda"
+STEPS = 30 if ON_CUDA else 300
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=64", "batching.seq_len=64",
-        "batching.batch_size=4", "run.steps=300", "run.eval_every=100", "run.eval_batches=1", "checkpoint.every=0",
+        "batching.batch_size=4", f"run.steps={STEPS}", f"run.eval_every={STEPS // 3}", "run.eval_batches=1", "checkpoint.every=0",
         "logging.sinks=jsonl", "data.synthetic_probes.documents=2000"]
+if ON_CUDA:
+    TINY += ["run.device=cuda", "attention.name=naive_cuda", "optimizer.name=adamw_fused"]
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 failures = []
@@ -30,7 +36,8 @@ def check(ok, what):
 
 
 def argv(run_dir, ranks, extra=()):
-    sets = sum((["--set", s] for s in TINY + [f"run.threads={1 if ranks > 1 else 2}"]), [])
+    comm = ["run.communicator=nccl"] if ON_CUDA and ranks > 1 else []
+    sets = sum((["--set", s] for s in TINY + comm + [f"run.threads={1 if ranks > 1 else 2}"]), [])
     cmd = [ABLATE, "train", CONFIG, *sets, "--run-dir", run_dir, *extra]
     return [MPIEXEC, "-n", str(ranks), *MPI_FLAGS, *cmd] if ranks > 1 else cmd
 
@@ -85,14 +92,18 @@ def preempted_then_resumed(tmp, ranks, signals):
     r = subprocess.run(argv(run, ranks, ["--resume"]), capture_output=True, text=True, env=dict(os.environ, **MPI_ENV))
     check(r.returncode == 0 and json.load(open(os.path.join(run, "summary.json")))["status"] == "completed",
           f"{tag}: --resume completes")
-    check(losses(run) == losses(ref) and len(losses(ref)) == 300 and all(a < b for a, b in zip(stops, stops[1:])),
-          f"{tag}: preempted after steps {stops}, the 300 losses are the uninterrupted run's, bit for bit")
+    check(losses(run) == losses(ref) and len(losses(ref)) == STEPS and all(a < b for a, b in zip(stops, stops[1:])),
+          f"{tag}: preempted after steps {stops}, the {STEPS} losses are the uninterrupted run's, bit for bit")
 
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        preempted_then_resumed(tmp, 1, [40, 160])
-        preempted_then_resumed(tmp, 2, [60])
+        if ON_CUDA:
+            preempted_then_resumed(tmp, 1, [4, 16])
+            preempted_then_resumed(tmp, 2, [6])
+        else:
+            preempted_then_resumed(tmp, 1, [40, 160])
+            preempted_then_resumed(tmp, 2, [60])
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -77,14 +78,19 @@ cublasStatus_t refuse(cublasStatus_t rc, const char* call, const std::string& wh
 std::size_t element_bytes(int type) {
   if (type == CUDA_R_32F) return 4;
   if (type == CUDA_R_16BF) return 2;
+  if (type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2) return 1;
   return 0;
 }
+bool is_fp8(int type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+__nv_fp8_interpretation_t fp8_kind(int type) { return type == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2; }
 const char* type_name(int type) {
   switch (type) {
     case CUDA_R_32F: return "CUDA_R_32F";
     case CUDA_R_16BF: return "CUDA_R_16BF";
     case CUDA_R_16F: return "CUDA_R_16F";
     case CUDA_R_64F: return "CUDA_R_64F";
+    case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
+    case CUDA_R_8F_E5M2: return "CUDA_R_8F_E5M2";
     default: return "an unsupported data type";
   }
 }
@@ -104,11 +110,15 @@ uint32_t pow2_floor(uint32_t v) {
 
 float load(const void* base, int type, std::size_t i) {
   if (type == CUDA_R_32F) return static_cast<const float*>(base)[i];
+  if (is_fp8(type)) return ablate_emu_fp8_to_float(static_cast<const __nv_fp8_storage_t*>(base)[i], fp8_kind(type));
   return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
+// An FP8 output saturates to its largest finite value (NaN stays NaN).
 void store(void* base, int type, std::size_t i, float v) {
   if (type == CUDA_R_32F) {
     static_cast<float*>(base)[i] = v;
+  } else if (is_fp8(type)) {
+    static_cast<__nv_fp8_storage_t*>(base)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fp8_kind(type));
   } else {
     static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
   }
@@ -230,6 +240,13 @@ struct cublasLtMatmulDescOpaque_t {
   int64_t aux_batch_stride = 0;
   int32_t bias_type = -1;  // -1: D's type
   int32_t aux_type = -1;
+  // FP8 products: device pointers to one float each (null: 1), and where amax(D) goes (null: not computed).
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  const void* c_scale = nullptr;
+  const void* d_scale = nullptr;
+  void* amax_d = nullptr;
+  int8_t fast_accum = 0;
 };
 struct cublasLtMatmulPreferenceOpaque_t {
   uint32_t tag = kPrefTag;
@@ -320,6 +337,7 @@ struct Problem {
   int64_t m, n, k;
   int32_t batch;
   Round rnd;
+  bool fp8 = false;  // FP8 operands (A and B)
   Epilogue epi;
   int64_t bias_len;  // elements of BIAS_POINTER's vector (0: none)
 };
@@ -351,6 +369,66 @@ cublasStatus_t check_layout(const cublasLtMatrixLayoutOpaque_t* l, char name, Ma
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// FP8 operands, as cuBLASLt documents them for SM 8.9 and 9.0: A and B E4M3 or E5M2 (not both
+// E5M2), the "TN" form (A transposed, B not), column order, compute and scale type 32F; D f32,
+// bf16, E4M3 or E5M2, C as D (bf16 under an FP8 D); every leading dimension a multiple of 16
+// bytes; no batch and no epilogue in this emulation. D = scale_d * (alpha * scale_a * scale_b *
+// op(A) op(B) + beta * scale_c * C), amax(D) taken before scale_d.
+cublasStatus_t resolve_fp8(const cublasLtMatmulDescOpaque_t* d, Problem* P, const char* call) {
+  const Mat &A = P->A, &B = P->B, &C = P->C, &D = P->D;
+  if (!is_fp8(A.type) || !is_fp8(B.type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an FP8 operand with a non-FP8 one");
+  if (A.type == CUDA_R_8F_E5M2 && B.type == CUDA_R_8F_E5M2) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "A and B both CUDA_R_8F_E5M2 (one must be E4M3)");
+  }
+  if (d->compute != CUBLAS_COMPUTE_32F) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8 operands under a compute type other than CUBLAS_COMPUTE_32F");
+  }
+  if (d->scale != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "scale type other than CUDA_R_32F");
+  if (d->pointer_mode != CUBLASLT_POINTER_MODE_HOST) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "pointer mode other than CUBLASLT_POINTER_MODE_HOST");
+  }
+  if (d->transa != CUBLAS_OP_T || d->transb != CUBLAS_OP_N) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8 operands need A transposed and B not (the TN form)");
+  }
+  if (d->transc != CUBLAS_OP_N) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "TRANSC other than CUBLAS_OP_N");
+  if (A.row || B.row || C.row || D.row) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an FP8 product with a row-order matrix");
+  if (D.type != CUDA_R_32F && D.type != CUDA_R_16BF && !is_fp8(D.type)) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, std::string("an FP8 product's D of ") + type_name(D.type));
+  }
+  if (is_fp8(D.type) ? C.type != CUDA_R_16BF : C.type != D.type) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "C's type: D's, or CUDA_R_16BF when D is FP8");
+  }
+  if (!is_fp8(D.type) && d->d_scale != nullptr) {
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "a D scale with a D that is not FP8");
+  }
+  for (auto [x, name] : {std::pair{&A, 'A'}, std::pair{&B, 'B'}, std::pair{&C, 'C'}, std::pair{&D, 'D'}}) {
+    if ((uint64_t(x->ld) * x->esize) % 16 != 0) {
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                    std::string("matrix ") + name + ": leading dimension " + std::to_string(x->ld) + " (" +
+                        std::to_string(x->ld * int64_t(x->esize)) + " bytes) not a multiple of 16 bytes, which FP8 products need");
+    }
+  }
+  P->ta = true;
+  P->tb = false;
+  P->m = D.rows;
+  P->n = D.cols;
+  P->k = A.rows;
+  if (A.cols != P->m || B.rows != P->k || B.cols != P->n || C.rows != D.rows || C.cols != D.cols) {
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "dimensions do not agree");
+  }
+  if (A.batch != 1 || B.batch != 1 || C.batch != 1 || D.batch != 1) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "a batched FP8 product (not emulated)");
+  }
+  P->batch = 1;
+  P->rnd = Round::none;  // FP8 values and their products are exact in fp32
+  P->epi = epilogue_of(d->epilogue);
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an epilogue on an FP8 product (not emulated)");
+  }
+  P->bias_len = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // Everything about a problem that its descriptors say (the heuristic's and cublasLtMatmul's checks
 // alike), with the bias and GELU matrix pointers the descriptor holds now.
 cublasStatus_t resolve(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrixLayoutOpaque_t* a,
@@ -374,9 +452,15 @@ cublasStatus_t resolve(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrix
   if (!op_ok(d->transa) || !op_ok(d->transb))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "TRANSA or TRANSB not an operation");
   if (d->transc != CUBLAS_OP_N) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "TRANSC other than CUBLAS_OP_N");
+  const Mat &A = P->A, &B = P->B, &C = P->C, &D = P->D;
+  P->fp8 = is_fp8(A.type) || is_fp8(B.type);
+  if (P->fp8) return resolve_fp8(d, P, call);
+  if (d->a_scale != nullptr || d->b_scale != nullptr || d->c_scale != nullptr || d->d_scale != nullptr || d->amax_d != nullptr) {
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "scale or amax pointers on a product without FP8 operands");
+  }
+  if (is_fp8(C.type) || is_fp8(D.type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an FP8 output of non-FP8 operands");
   // Types: f32 operands under any of the three compute types with f32 C and D; bf16 operands
   // under 32F with C and D both f32 or both bf16.
-  const Mat &A = P->A, &B = P->B, &C = P->C, &D = P->D;
   if (A.type != B.type) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "A and B of different types");
   if (C.type != D.type) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "C and D of different types");
   if (A.type == CUDA_R_32F && D.type != CUDA_R_32F) {
@@ -456,6 +540,23 @@ uint32_t batch_alignment(const void* base, const Mat& x) {
 }
 
 bool host_value(const void* p) { return p != nullptr && !ablate::emu::is_device_range(p, sizeof(float)); }
+
+// An FP8 product (device memory open): t = ab_scale * sum_k a b (fp32, in k order) + c_scale * C,
+// amax over t (a NaN makes it NaN), D = d_scale * t in D's type.
+void multiply_fp8(const Problem& P, float ab_scale, float c_scale, float d_scale, const void* A, const void* B, const void* C,
+                  void* D, float* amax_out) {
+  const View va = P.A.view(A, 0), vb = P.B.view(B, 0), vc = P.C.view(C, 0), vd = P.D.view(D, 0);
+  float amax = 0.0f;
+  multiply(P.m, P.n, P.k, va, true, vb, false, Round::none, [&](int64_t j, const float* acc, const float*, const float*) {
+    for (int64_t i = 0; i < P.m; ++i) {
+      float t = ab_scale * acc[i];
+      if (c_scale != 0.0f) t = t + c_scale * vc.at(i, j);
+      amax = std::isnan(t) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(t));
+      store(const_cast<void*>(vd.p), P.D.type, vd.index(i, j), is_fp8(P.D.type) ? d_scale * t : t);
+    }
+  });
+  if (amax_out != nullptr) *amax_out = amax;
+}
 
 }  // namespace
 
@@ -578,6 +679,12 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE: return put(d->aux_batch_stride, buf, size, call);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return put(d->bias_type, buf, size, call);
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return put(d->aux_type, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return put(d->a_scale, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return put(d->b_scale, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER: return put(d->c_scale, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return put(d->d_scale, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return put(d->amax_d, buf, size, call);
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return put(d->fast_accum, buf, size, call);
     default: break;
   }
   return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "matmul descriptor attribute " + std::to_string(int(attr)));
@@ -602,6 +709,12 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE: return get(d->aux_batch_stride, buf, size, written, call);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get(d->bias_type, buf, size, written, call);
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return get(d->aux_type, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return get(d->a_scale, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return get(d->b_scale, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER: return get(d->c_scale, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return get(d->d_scale, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return get(d->amax_d, buf, size, written, call);
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return get(d->fast_accum, buf, size, written, call);
     default: break;
   }
   return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "matmul descriptor attribute " + std::to_string(int(attr)));
@@ -711,6 +824,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   Problem P;
   if (const cublasStatus_t rc = resolve(desc, Adesc, Bdesc, Cdesc, Ddesc, &P, call); rc != CUBLAS_STATUS_SUCCESS) return rc;
   if (!ablate::emu::runtime::stream_live(stream)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live stream");
+  ablate::emu::runtime::finish_stream_work(stream);  // what the stream holds (a collective) runs first
   if (alpha == nullptr || beta == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "null alpha or beta");
   if (!host_value(alpha) || !host_value(beta)) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta in device memory under pointer mode host");
@@ -753,6 +867,28 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (C == D && P.C.row == P.D.row && (P.C.ld != P.D.ld || P.C.stride != P.D.stride) && reads_c) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "in place (C == D) with different layouts of C and D");
   }
+  // FP8: every matrix on 16 bytes; the scales and amax one float each in device memory.
+  float sa = 1.0f, sb = 1.0f, sc = 1.0f, sd = 1.0f;
+  if (P.fp8) {
+    for (int x = 0; x < 4; ++x) {
+      if (used[x] && alignment_of(ptrs[x]) < 16) {
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, std::string("matrix ") + "ABCD"[x] + ": FP8 products need 16-byte alignment");
+      }
+    }
+    const void* scales[4] = {desc->a_scale, desc->b_scale, desc->c_scale, desc->d_scale};
+    float* values[4] = {&sa, &sb, &sc, &sd};
+    for (int x = 0; x < 4; ++x) {
+      if (scales[x] == nullptr) continue;
+      if (!ablate::emu::is_device_range(scales[x], sizeof(float))) {
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, std::string("the ") + "ABCD"[x] + " scale is not a float in device memory");
+      }
+      const ablate::emu::DeviceAccess open;
+      std::memcpy(values[x], scales[x], sizeof(float));
+    }
+    if (desc->amax_d != nullptr && !ablate::emu::is_device_range(desc->amax_d, sizeof(float))) {
+      return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "AMAX_D_POINTER is not a float in device memory");
+    }
+  }
   // The epilogue's vectors and matrix.
   const Epilogue& e = P.epi;
   const std::size_t out_bytes = P.D.esize;
@@ -771,6 +907,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (empty) return CUBLAS_STATUS_SUCCESS;
 
   const ablate::emu::DeviceAccess access;
+  if (P.fp8) {
+    multiply_fp8(P, a * sa * sb, b * sc, sd, A, B, C, D, static_cast<float*>(desc->amax_d));
+    return CUBLAS_STATUS_SUCCESS;
+  }
   const int out = P.D.type;
   void* bias = const_cast<void*>(desc->bias);
   void* aux = const_cast<void*>(desc->aux);
@@ -870,6 +1010,7 @@ cublasStatus_t check_gemm_ex(const char* call, cublasHandle_t handle, cublasOper
   }
   if (!ablate::emu::runtime::stream_live(handle->stream))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the handle's stream was destroyed");
+  ablate::emu::runtime::finish_stream_work(handle->stream);
   if (alpha == nullptr || beta == nullptr || !host_value(alpha) || !host_value(beta)) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha and beta must be host values (pointer mode host)");
   }

@@ -526,7 +526,10 @@ bool check_config(const Where& w, const char* kernel, const detail::LaunchConfig
   else if (b.x > 1024 || b.y > 1024 || b.z > 64) why = "a block past the limits (1024, 1024, 64)";
   else if (uint64_t(b.x) * b.y * b.z > 1024) why = "a block of more than 1024 threads";
   else if (c.shared > kSharedLimit) why = "more dynamic shared memory than 48 KiB";
-  if (why.empty()) return true;
+  if (why.empty()) {
+    runtime::finish_stream_work(c.stream);  // what the stream holds (a collective) runs first
+    return true;
+  }
   runtime::launch_refused(cudaErrorInvalidConfiguration,
                           at(w) + ": launch of '" + kernel + "' with grid (" + std::to_string(g.x) + "," + std::to_string(g.y) +
                               "," + std::to_string(g.z) + ") and block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +

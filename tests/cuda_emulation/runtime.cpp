@@ -9,20 +9,35 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "runtime_internal.hpp"
 
 #ifdef ABLATE_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
+
+namespace ablate::emu {
+// Work on a stream that has not run yet (runtime::StreamWork), after the nodes in `after`; a node
+// without work joins streams (cudaStreamWaitEvent).
+struct WorkNode {
+  std::shared_ptr<runtime::StreamWork> work;
+  std::vector<std::shared_ptr<WorkNode>> after;
+  bool done = false;
+};
+}  // namespace ablate::emu
 
 struct CUstream_st {
   unsigned flags;
@@ -31,6 +46,7 @@ struct CUevent_st {
   unsigned flags;
   bool recorded = false;
   std::chrono::steady_clock::time_point at;
+  std::shared_ptr<ablate::emu::WorkNode> pending;  // the recording stream's work not yet done then
 };
 
 namespace ablate::emu {
@@ -291,6 +307,112 @@ bool stream_live(const void* stream) {
 }
 }  // namespace runtime
 
+// --- work that waits on a stream (runtime::StreamWork) ------------------------------------------
+
+namespace {
+
+std::recursive_mutex g_work_mu;
+std::map<const void*, std::shared_ptr<WorkNode>> g_tails;  // stream (null: the default) -> its last node
+
+// Runs what `n` waits for, then its work; true once all of it is done. Holds g_work_mu.
+bool advance(WorkNode& n) {
+  if (n.done) return true;
+  for (const auto& a : n.after) {
+    if (!advance(*a)) return false;
+  }
+  n.after.clear();
+  if (n.work && !n.work->progress()) return false;
+  n.work.reset();
+  n.done = true;
+  return true;
+}
+
+// The streams whose work the legacy default stream waits for: itself and every blocking stream.
+std::vector<const void*> default_stream_group() {
+  std::vector<const void*> group{nullptr};
+  std::lock_guard<std::mutex> lock(g_handles_mu);
+  for (const void* s : g_streams) {
+    if ((static_cast<const CUstream_st*>(s)->flags & cudaStreamNonBlocking) == 0) group.push_back(s);
+  }
+  return group;
+}
+
+// The node that stands for everything `s` holds now (null when nothing). Holds g_work_mu.
+std::shared_ptr<WorkNode> tail_of(const void* s) {
+  if (s != nullptr) {
+    auto it = g_tails.find(s);
+    return it == g_tails.end() ? nullptr : it->second;
+  }
+  auto join = std::make_shared<WorkNode>();
+  for (const void* m : default_stream_group()) {
+    auto it = g_tails.find(m);
+    if (it != g_tails.end()) join->after.push_back(it->second);
+  }
+  return join->after.empty() ? nullptr : join;
+}
+
+// Tries what `s` holds once; true (and the stream's queue emptied) when it is done.
+bool try_stream(const void* s) {
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  auto it = g_tails.find(s);
+  if (it == g_tails.end()) return true;
+  const std::shared_ptr<WorkNode> tail = it->second;
+  if (!advance(*tail)) return false;
+  it = g_tails.find(s);
+  if (it != g_tails.end() && it->second == tail) g_tails.erase(it);
+  return true;
+}
+
+// Waits, trying again and again, until `done()`: a peer's arrival is another process's doing.
+template <class Done>
+void wait_until(Done&& done) {
+  auto pause = std::chrono::microseconds(20);
+  while (!done()) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+bool any_work() {
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  return !g_tails.empty();
+}
+
+}  // namespace
+
+namespace runtime {
+void enqueue_stream_work(const void* s, std::shared_ptr<StreamWork> work) {
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  auto node = std::make_shared<WorkNode>();
+  node->work = std::move(work);
+  if (auto before = tail_of(s)) node->after.push_back(std::move(before));
+  g_tails[s] = node;
+  advance(*node);
+}
+void finish_stream_work(const void* s) {
+  if (!any_work()) return;
+  if (s != nullptr) {
+    wait_until([&] { return try_stream(s); });
+    return;
+  }
+  for (const void* m : default_stream_group()) wait_until([&] { return try_stream(m); });
+}
+bool poll_stream_work(const void* s) {
+  if (s != nullptr) return try_stream(s);
+  bool done = true;
+  for (const void* m : default_stream_group()) done = try_stream(m) && done;
+  return done;
+}
+void poll_all_stream_work() {
+  std::vector<const void*> streams;
+  {
+    std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+    for (const auto& [s, tail] : g_tails) streams.push_back(s);
+  }
+  for (const void* s : streams) try_stream(s);
+}
+}  // namespace runtime
+
 }  // namespace ablate::emu
 
 // --- the runtime calls -------------------------------------------------------------------------
@@ -388,7 +510,29 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   *free_bytes = kCapacity - device_bytes_in_use();
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+// Device memory (inside a live allocation), pinned host memory, or any other pointer (unregistered).
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (a == nullptr) return note(cudaErrorInvalidValue);
+  *a = cudaPointerAttributes{cudaMemoryTypeUnregistered, -1, nullptr, nullptr};
+  if (is_device_range(p, 1)) {
+    *a = cudaPointerAttributes{cudaMemoryTypeDevice, 0, const_cast<void*>(p), nullptr};
+    return cudaSuccess;
+  }
+  std::lock_guard<std::mutex> lock(g_handles_mu);
+  if (g_pinned.count(p) != 0) *a = cudaPointerAttributes{cudaMemoryTypeHost, 0, const_cast<void*>(p), const_cast<void*>(p)};
+  else a->hostPointer = const_cast<void*>(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<const void*> streams{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(g_handles_mu);
+    streams.insert(streams.end(), g_streams.begin(), g_streams.end());
+  }
+  for (const void* s : streams) runtime::finish_stream_work(s);
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (p == nullptr) return note(cudaErrorInvalidValue);
@@ -418,6 +562,7 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (any_work()) cudaDeviceSynchronize();  // as on a GPU: work that may still use it finishes first
   Heap& h = heap();
   std::size_t bytes = 0;
   {
@@ -445,10 +590,12 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  runtime::finish_stream_work(s);
   return cudaMalloc(p, bytes);
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  runtime::finish_stream_work(s);
   return cudaFree(p);
 }
 cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
@@ -469,8 +616,9 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k) {
-  if (bytes == 0) return cudaSuccess;
+namespace {
+// The copy's direction (cudaMemcpyDefault resolved), or an error when its sides are not what it says.
+cudaError_t check_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind& k) {
   if (k == cudaMemcpyDefault) {
     k = in_region(dst) ? (in_region(src) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                        : (in_region(src) ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
@@ -484,25 +632,90 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
   if (dst_dev ? !is_device_range(dst, bytes) : in_region(dst)) return note(cudaErrorInvalidValue);
   if (src_dev ? !is_device_range(src, bytes) : in_region(src)) return note(cudaErrorInvalidValue);
   if (dst == nullptr || src == nullptr) return note(cudaErrorInvalidValue);
-  const DeviceAccess access;
-  std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
-  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(dst, src, bytes, k);
+
+bool pinned(const void* p) {
+  std::lock_guard<std::mutex> lock(g_handles_mu);
+  return g_pinned.count(p) != 0;
 }
-cudaError_t cudaMemset(void* p, int v, std::size_t bytes) {
+
+// A copy or memset that its stream cannot run yet (it holds a collective): run when the stream
+// reaches it.
+class Deferred final : public runtime::StreamWork {
+ public:
+  explicit Deferred(std::function<void()> f) : f_(std::move(f)) {}
+  bool progress() override {
+    f_();
+    return true;
+  }
+
+ private:
+  std::function<void()> f_;
+};
+
+// A copy on stream `s` (null: the legacy default stream, whose copies are synchronous). When `s`
+// holds work that cannot run yet, the copy waits behind it as on a GPU: the host goes on, except
+// for a copy to pageable host memory, which CUDA completes before returning; a copy from pageable
+// host memory reads it now (CUDA stages it before returning).
+cudaError_t copy_on(cudaStream_t s, bool synchronous, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k) {
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t rc = check_copy(dst, src, bytes, k); rc != cudaSuccess) return rc;
+  const auto now = [=] {
+    const DeviceAccess access;
+    std::memmove(dst, src, bytes);
+  };
+  if (runtime::poll_stream_work(s)) {
+    now();
+    return cudaSuccess;
+  }
+  if (synchronous || ((k == cudaMemcpyDeviceToHost || k == cudaMemcpyHostToHost) && !pinned(dst))) {
+    runtime::finish_stream_work(s);
+    now();
+    return cudaSuccess;
+  }
+  std::shared_ptr<std::vector<char>> staged;
+  if (k == cudaMemcpyHostToDevice && !pinned(src)) {
+    staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+  }
+  runtime::enqueue_stream_work(s, std::make_shared<Deferred>([=] {
+    const DeviceAccess access;
+    std::memmove(dst, staged ? staged->data() : src, bytes);
+  }));
+  return cudaSuccess;
+}
+
+cudaError_t memset_on(cudaStream_t s, bool synchronous, void* p, int v, std::size_t bytes) {
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (!is_device_range(p, bytes)) return note(cudaErrorInvalidValue);
-  const DeviceAccess access;
-  std::memset(p, v, bytes);
+  const auto now = [=] {
+    const DeviceAccess access;
+    std::memset(p, v, bytes);
+  };
+  if (runtime::poll_stream_work(s)) {
+    now();
+    return cudaSuccess;
+  }
+  if (synchronous) {
+    runtime::finish_stream_work(s);
+    now();
+    return cudaSuccess;
+  }
+  runtime::enqueue_stream_work(s, std::make_shared<Deferred>(now));
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int v, std::size_t bytes, cudaStream_t s) {
-  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
-  return cudaMemset(p, v, bytes);
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k) {
+  return copy_on(nullptr, true, dst, src, bytes, k);
 }
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
+  return copy_on(s, false, dst, src, bytes, k);
+}
+cudaError_t cudaMemset(void* p, int v, std::size_t bytes) { return memset_on(nullptr, true, p, v, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int v, std::size_t bytes, cudaStream_t s) { return memset_on(s, false, p, v, bytes); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (s == nullptr || (flags & ~unsigned(cudaStreamNonBlocking)) != 0) return note(cudaErrorInvalidValue);
@@ -512,17 +725,35 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+// As on a GPU, destroying a stream does not wait for its work: what it holds is tried once more, and
+// what cannot run yet is dropped (a collective then never arrives; its peers time out).
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   {
     std::lock_guard<std::mutex> lock(g_handles_mu);
-    if (s == nullptr || g_streams.erase(s) == 0) return note(cudaErrorInvalidResourceHandle);
+    if (s == nullptr || g_streams.count(s) == 0) return note(cudaErrorInvalidResourceHandle);
+  }
+  runtime::poll_stream_work(s);
+  {
+    std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+    g_tails.erase(s);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_handles_mu);
+    g_streams.erase(s);
   }
   delete s;
   return cudaSuccess;
 }
-// Work runs when it is enqueued: a live stream has always finished.
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s) ? cudaSuccess : note(cudaErrorInvalidResourceHandle); }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+// Work runs when it is enqueued, except what waits on a stream (a collective): that runs here.
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  runtime::finish_stream_work(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  return runtime::poll_stream_work(s) ? cudaSuccess : cudaErrorNotReady;
+}
 
 namespace {
 bool event_live(cudaEvent_t e) {
@@ -533,7 +764,7 @@ bool event_live(cudaEvent_t e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (e == nullptr || (flags & ~unsigned(cudaEventBlockingSync | cudaEventDisableTiming)) != 0) return note(cudaErrorInvalidValue);
-  *e = new CUevent_st{flags, false, {}};
+  *e = new CUevent_st{flags, false, {}, nullptr};
   std::lock_guard<std::mutex> lock(g_handles_mu);
   g_events.insert(*e);
   return cudaSuccess;
@@ -547,15 +778,33 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-// The stream's earlier work has run (it ran when enqueued): the event's time is now.
+// The stream's earlier work has run (it ran when enqueued) unless it waits (a collective): the
+// event's time is now, and it completes when that work does.
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!event_live(e) || !stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
   e->recorded = true;
   e->at = std::chrono::steady_clock::now();
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  e->pending = tail_of(s);
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return event_live(e) ? cudaSuccess : note(cudaErrorInvalidResourceHandle); }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+namespace {
+bool event_done(cudaEvent_t e) {
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  if (e->pending && !advance(*e->pending)) return false;
+  e->pending.reset();
+  return true;
+}
+}  // namespace
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!event_live(e)) return note(cudaErrorInvalidResourceHandle);
+  wait_until([&] { return event_done(e); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!event_live(e)) return note(cudaErrorInvalidResourceHandle);
+  return event_done(e) ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (ms == nullptr) return note(cudaErrorInvalidValue);
   if (!event_live(start) || !event_live(end)) return note(cudaErrorInvalidResourceHandle);
@@ -566,8 +815,15 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }
+// Later work on `s` waits for what the event's stream held when it was recorded.
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (flags != 0) return note(cudaErrorInvalidValue);
   if (!stream_ok(s) || !event_live(e)) return note(cudaErrorInvalidResourceHandle);
+  if (event_done(e)) return cudaSuccess;
+  std::lock_guard<std::recursive_mutex> lock(g_work_mu);
+  auto join = std::make_shared<WorkNode>();
+  if (auto before = tail_of(s)) join->after.push_back(std::move(before));
+  join->after.push_back(e->pending);
+  g_tails[s] = std::move(join);
   return cudaSuccess;
 }

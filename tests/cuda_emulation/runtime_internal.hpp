@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 // ABLATE_EMU_ASAN: an AddressSanitizer build (GCC's macro, or clang's feature test).
@@ -41,5 +42,26 @@ inline bool guard_intact(const char* p, std::size_t bytes) {
 void launch_refused(cudaError_t rc, const std::string& message);
 // True for the default stream (null) and for a stream created and not yet destroyed.
 bool stream_live(const void* stream);
+
+// Work an emulated library puts on a stream that cannot always run when it is enqueued: a
+// collective, which runs once every rank has reached it (nccl_emu.cpp). Everything else still runs
+// when it is enqueued; what is enqueued on a stream after such work first waits for it, as on a
+// GPU. progress() never blocks: it does what it can now and answers true once the work is done
+// (or abandoned: an aborted communicator's).
+class StreamWork {
+ public:
+  virtual ~StreamWork() = default;
+  virtual bool progress() = 0;
+};
+// Puts `work` on stream `s` after what `s` holds (an event waited on included), and tries it once.
+void enqueue_stream_work(const void* s, std::shared_ptr<StreamWork> work);
+// Before new work on `s`: runs what `s` holds to its end, blocking (the null stream: every stream
+// created without cudaStreamNonBlocking too, the legacy default stream's rule).
+void finish_stream_work(const void* s);
+// Tries what `s` holds once; true when nothing is left.
+bool poll_stream_work(const void* s);
+// Tries the work of every stream once (a library's progress call: the peers' collectives wait on
+// this rank's arrivals).
+void poll_all_stream_work();
 
 }  // namespace ablate::emu::runtime

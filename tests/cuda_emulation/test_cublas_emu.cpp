@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -866,9 +867,9 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_FILL_MODE, &zero32, 4) == CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &zero32, 4) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &null, sizeof null) ==
+    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER, &null, sizeof null) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &null, sizeof null) ==
+    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER, &null, sizeof null) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_ALPHA_VECTOR_BATCH_STRIDE, &zero64, 8) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
@@ -1256,5 +1257,234 @@ TEST_CASE("cublasGemmBatchedEx and cublasGemmStridedBatchedEx round operands to 
                                        0, &zero, c.p, CUDA_R_32F, 1, 0, 1, ct, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     c.download(&got, 4);
     CHECK(got == want);
+  }
+}
+
+// --- FP8 -------------------------------------------------------------------------------------------
+
+namespace {
+
+// Every finite value of an FP8 format in increasing order, from its definition (OCP FP8 v1.0):
+// sign, exponent field, mantissa, with the format's bias and its NaN/infinity codes left out.
+std::vector<double> fp8_values(bool e4m3) {
+  const int man = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, fields = e4m3 ? 16 : 31;  // E5M2's field 31: inf/NaN
+  std::vector<double> v;
+  for (int f = 0; f < fields; ++f) {
+    for (int m = 0; m < (1 << man); ++m) {
+      if (e4m3 && f == 15 && m == 7) continue;  // NaN
+      v.push_back(f == 0 ? std::ldexp(m, 1 - bias - man) : std::ldexp((1 << man) + m, f - bias - man));
+    }
+  }
+  std::vector<double> all;
+  for (auto it = v.rbegin(); it != v.rend(); ++it) all.push_back(-*it);
+  all.insert(all.end(), v.begin() + 1, v.end());  // one zero
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("FP8 conversions: every finite value round trips, ties go to even, saturation and NaN as the OCP formats say") {
+  for (const bool e4m3 : {true, false}) {
+    CAPTURE(e4m3);
+    const __nv_fp8_interpretation_t kind = e4m3 ? __NV_E4M3 : __NV_E5M2;
+    const std::vector<double> v = fp8_values(e4m3);
+    CHECK(v.back() == (e4m3 ? 448.0 : 57344.0));
+    CHECK(v.size() == (e4m3 ? 253u : 247u));  // 256 codes less NaNs (and infinities), -0 and +0 as one
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(float(v[i]), __NV_SATFINITE, kind);
+      CHECK(double(ablate_emu_fp8_to_float(code, kind)) == v[i]);
+      if (i + 1 == v.size()) break;
+      // Between two neighbours: below the midpoint to the lower, above to the upper, on it to the
+      // one whose code is even.
+      const double lo = v[i], hi = v[i + 1], mid = (lo + hi) / 2;
+      const float below = std::nextafter(float(mid), float(lo)), above = std::nextafter(float(mid), float(hi));
+      CHECK(double(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(below, __NV_SATFINITE, kind), kind)) == lo);
+      CHECK(double(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(above, __NV_SATFINITE, kind), kind)) == hi);
+      const __nv_fp8_storage_t tie = __nv_cvt_float_to_fp8(float(mid), __NV_NOSAT, kind);
+      const __nv_fp8_storage_t clo = __nv_cvt_float_to_fp8(float(lo), __NV_NOSAT, kind);
+      CHECK(double(ablate_emu_fp8_to_float(tie, kind)) == ((clo & 1) == 0 ? lo : hi));
+    }
+    // Beyond the largest finite: SATFINITE clamps it, NOSAT makes NaN (E4M3) or infinity (E5M2).
+    const float big = float(v.back()) * 1.25f;
+    CHECK(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(big, __NV_SATFINITE, kind), kind) == float(v.back()));
+    CHECK(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(-INFINITY, __NV_SATFINITE, kind), kind) == -float(v.back()));
+    const float nosat = ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(big, __NV_NOSAT, kind), kind);
+    if (e4m3) CHECK(std::isnan(nosat));
+    else CHECK(nosat == INFINITY);
+    CHECK(std::isnan(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(NAN, __NV_SATFINITE, kind), kind)));
+    CHECK(__nv_cvt_float_to_fp8(-0.0f, __NV_SATFINITE, kind) == 0x80);
+    // Half the smallest subnormal ties to zero (even); a little more goes up to it.
+    const float tiny = float(v[v.size() / 2 + 1]);
+    CHECK(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(tiny / 2, __NV_SATFINITE, kind), kind) == 0.0f);
+    CHECK(ablate_emu_fp8_to_float(__nv_cvt_float_to_fp8(tiny * 0.75f, __NV_SATFINITE, kind), kind) == tiny);
+    // The C++ types: SATFINITE and round to nearest even.
+    CHECK(float(__nv_fp8_e4m3(1000.0f)) == 448.0f);
+    CHECK(float(__nv_fp8_e5m2(-1e6f)) == -57344.0f);
+  }
+}
+
+namespace {
+
+// An FP8 product D (m x n) = d_scale * (s * A^T B + c * C), A k x m and B k x n in FP8, column order.
+struct Fp8Case {
+  cudaDataType_t ta, tb, tc, td;
+  int64_t m, n, k;
+  float alpha, beta, sa, sb, sc, sd;
+};
+
+void run_fp8(const Fp8Case& c, std::mt19937& rng) {
+  const auto fp8_kind = [](cudaDataType_t t) { return t == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2; };
+  const auto esize = [](cudaDataType_t t) -> std::size_t { return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 1; };
+  // Random finite codes of each operand's format, from values spread over its range.
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  std::vector<unsigned char> a(std::size_t(c.k * c.m)), b(std::size_t(c.k * c.n));
+  for (auto& x : a) x = __nv_cvt_float_to_fp8(u(rng), __NV_SATFINITE, fp8_kind(c.ta));
+  for (auto& x : b) x = __nv_cvt_float_to_fp8(u(rng), __NV_SATFINITE, fp8_kind(c.tb));
+  HostMat C(c.tc, false, c.m, c.n, 0, 1);
+  C.randomize(rng);
+  DeviceBuffer da(a.size()), db(b.size()), dc(C.bytes()), dd(std::size_t(c.m * c.n) * esize(c.td)), scales(5 * sizeof(float));
+  da.upload(a.data(), a.size());
+  db.upload(b.data(), b.size());
+  dc.upload(C.data.data(), C.bytes());
+  const float s[5] = {c.sa, c.sb, c.sc, c.sd, -1.0f};
+  scales.upload(s, sizeof s);
+  Lt lt;
+  Desc desc(CUBLAS_COMPUTE_32F);
+  desc.trans(true, false);
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scales.at(0)));
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scales.at(4)));
+  desc.set(CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, static_cast<const void*>(scales.at(8)));
+  const bool fp8_out = c.td == CUDA_R_8F_E4M3 || c.td == CUDA_R_8F_E5M2;
+  if (fp8_out) desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(scales.at(12)));
+  desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(scales.at(16)));
+  Layout la(c.ta, uint64_t(c.k), uint64_t(c.m), c.k), lb(c.tb, uint64_t(c.k), uint64_t(c.n), c.k), lc(c.tc, uint64_t(c.m), uint64_t(c.n), c.m),
+      ld(c.td, uint64_t(c.m), uint64_t(c.n), c.m);
+  const cublasStatus_t rc = cublasLtMatmul(lt.h, desc.d, &c.alpha, da.p, la.l, db.p, lb.l, &c.beta, dc.p, lc.l, dd.p, ld.l, nullptr,
+                                           nullptr, 0, nullptr);
+  INFO(ablate::emu::cublas_last_refusal());
+  REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
+  std::vector<unsigned char> out(dd.bytes);
+  dd.download(out.data(), out.size());
+  float amax = 0;
+  scales.download(&amax, sizeof amax, 16);
+  // float64 reference; the bound: k + 2 fp32 roundings of sum |a b| |scale| (the products are
+  // exact), one of |beta c C|, then the output's rounding.
+  double ref_amax = 0, bound_amax = 0;
+  for (int64_t j = 0; j < c.n; ++j) {
+    for (int64_t i = 0; i < c.m; ++i) {
+      double sum = 0, mag = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = ablate_emu_fp8_to_float(a[std::size_t(p + i * c.k)], fp8_kind(c.ta)) *
+                         double(ablate_emu_fp8_to_float(b[std::size_t(p + j * c.k)], fp8_kind(c.tb)));
+        sum += x;
+        mag += std::fabs(x);
+      }
+      const double scale = double(c.alpha) * c.sa * c.sb, cterm = double(c.beta) * c.sc * C.get(i, j, 0);
+      const double t = scale * sum + cterm;
+      const double err = double(c.k + 4) * kU * (std::fabs(scale) * mag + std::fabs(cterm));
+      ref_amax = std::max(ref_amax, std::fabs(t));
+      bound_amax = std::max(bound_amax, err);
+      const std::size_t e = std::size_t(i + j * c.m);
+      if (fp8_out) {
+        // The stored code is the FP8 rounding of something within err * sd of sd * t: between the
+        // roundings of the two ends.
+        const double lo = c.sd * (t - err), hi = c.sd * (t + err);
+        const float got = ablate_emu_fp8_to_float(out[e], fp8_kind(c.td));
+        const float rlo = ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::min(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
+        const float rhi = ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::max(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
+        CHECK(got >= rlo);
+        CHECK(got <= rhi);
+      } else {
+        double got;
+        if (c.td == CUDA_R_32F) {
+          float f;
+          std::memcpy(&f, &out[e * 4], 4);
+          got = f;
+        } else {
+          __nv_bfloat16 h;
+          std::memcpy(&h, &out[e * 2], 2);
+          got = __bfloat162float(h);
+        }
+        const double tol = err + (c.td == CUDA_R_16BF ? kBf16U * (std::fabs(t) + err) : 0.0);
+        CHECK(std::fabs(got - t) <= tol);
+      }
+    }
+  }
+  // amax(D) before the D scale.
+  CHECK(std::fabs(double(amax) - ref_amax) <= bound_amax);
+}
+
+}  // namespace
+
+TEST_CASE("cublasLtMatmul with FP8 operands (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3) into f32, bf16 and FP8 with scales and amax") {
+  std::mt19937 rng(1234);
+  const Fp8Case cases[] = {
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F, CUDA_R_32F, 16, 16, 16, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 32, 16, 48, 0.5f, 1.0f, 0.125f, 3.0f, 2.0f, 1.0f},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_16BF, CUDA_R_16BF, 16, 48, 32, 1.0f, 0.0f, 0.01f, 7.5f, 1.0f, 1.0f},
+      {CUDA_R_8F_E5M2, CUDA_R_8F_E4M3, CUDA_R_32F, CUDA_R_32F, 48, 16, 16, -2.0f, 0.5f, 1.0f, 0.3f, 1.5f, 1.0f},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_8F_E4M3, 16, 32, 32, 1.0f, 0.0f, 0.5f, 0.5f, 1.0f, 4.0f},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_8F_E5M2, 32, 32, 16, 1.0f, 1.0f, 2.0f, 1.0f, 1.0f, 100.0f},
+  };
+  for (const Fp8Case& c : cases) {
+    CAPTURE(c.m);
+    CAPTURE(c.k);
+    CAPTURE(int(c.td));
+    run_fp8(c, rng);
+  }
+}
+
+TEST_CASE("FP8 products cuBLASLt turns down are turned down: not TN, both E5M2, leading dimensions, alignment, epilogues, scales elsewhere") {
+  Lt lt;
+  DeviceBuffer buf(1 << 16);
+  const float one = 1.0f, zero = 0.0f;
+  const auto matmul = [&](Desc& d, cudaDataType_t ta, cudaDataType_t tb, cudaDataType_t td, int64_t lda, std::size_t offset = 0) {
+    Layout la(ta, 16, 16, lda), lb(tb, 16, 16, 16), lc(td, 16, 16, 16), ld(td, 16, 16, 16);
+    return cublasLtMatmul(lt.h, d.d, &one, buf.at(offset), la.l, buf.at(8192), lb.l, &zero, buf.at(16384), lc.l, buf.at(16384),
+                          ld.l, nullptr, nullptr, 0, nullptr);
+  };
+  {
+    Desc d(CUBLAS_COMPUTE_32F);
+    d.trans(false, false);
+    CHECK(matmul(d, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(std::string(ablate::emu::cublas_last_refusal()).find("TN") != std::string::npos);
+  }
+  Desc tn(CUBLAS_COMPUTE_32F);
+  tn.trans(true, false);
+  CHECK(matmul(tn, CUDA_R_8F_E5M2, CUDA_R_8F_E5M2, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(matmul(tn, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(matmul(tn, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 24) == CUBLAS_STATUS_NOT_SUPPORTED);  // ld 24 bytes
+  CHECK(std::string(ablate::emu::cublas_last_refusal()).find("multiple of 16 bytes") != std::string::npos);
+  CHECK(matmul(tn, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16, 8) == CUBLAS_STATUS_NOT_SUPPORTED);  // A on 8 bytes
+  CHECK(matmul(tn, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_SUCCESS);
+  {
+    Desc tf32(CUBLAS_COMPUTE_32F_FAST_TF32);
+    tf32.trans(true, false);
+    CHECK(matmul(tf32, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {
+    Desc e(CUBLAS_COMPUTE_32F);
+    e.trans(true, false);
+    e.epilogue(CUBLASLT_EPILOGUE_GELU);
+    CHECK(matmul(e, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {
+    Desc ds(CUBLAS_COMPUTE_32F);  // a D scale with a bf16 D
+    ds.trans(true, false);
+    ds.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(buf.at(32768)));
+    CHECK(matmul(ds, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_INVALID_VALUE);
+  }
+  {
+    Desc host_scale(CUBLAS_COMPUTE_32F);  // a scale in host memory
+    host_scale.trans(true, false);
+    host_scale.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(&one));
+    CHECK(matmul(host_scale, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_INVALID_VALUE);
+  }
+  {
+    Desc f32(CUBLAS_COMPUTE_32F);  // scales on a product without FP8 operands
+    f32.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(buf.at(32768)));
+    Layout l(CUDA_R_32F, 16, 16, 16);
+    CHECK(cublasLtMatmul(lt.h, f32.d, &one, buf.at(0), l.l, buf.at(4096), l.l, &zero, buf.at(16384), l.l, buf.at(16384), l.l,
+                         nullptr, nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
   }
 }

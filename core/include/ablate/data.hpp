@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,18 @@ class Sampler : public Component {
   // The document index of this rank's draw number `draw` (0-based over all epochs). Deterministic
   // in (seed, rank, world, draw): this is what makes cursors exact.
   virtual uint64_t document_at(uint64_t draw) = 0;
+
+  // Resuming a checkpoint on another world size (docs/distributed.md) needs the deal behind the
+  // draws: one global sequence g = 0, 1, 2, ... whose document at g does not depend on the world,
+  // dealt out so that each rank's draws are an increasing subsequence of it, the ranks' subsequences
+  // disjoint and together every g. A sampler that deals so says `reshardable()` and implements the
+  // two methods below (valid after reset, which gave the documents); the defaults say it does not,
+  // and such a checkpoint then resumes only with the world that wrote it.
+  virtual bool reshardable() const { return false; }
+  // The global position of draw `draw` of rank `rank` in a world of `world` ranks.
+  virtual uint64_t global_position(uint64_t draw, int rank, int world) const;
+  // The document at global position `g`.
+  virtual uint64_t document_at_global(uint64_t g);
 };
 
 // A piece of a document a batcher holds between batches; [begin, end) are token offsets.
@@ -83,10 +96,24 @@ struct PendingPiece {
   int32_t end = 0;
 };
 
+// How a job resumed on another world size deals its documents (docs/distributed.md, "Resuming on
+// another world size"): the global positions [first, end) less `drawn` (the ones the old job's
+// ranks had drawn ahead of the others) are the leftovers, dealt round-robin to the ranks (the j-th,
+// in increasing order, to rank j % world); each rank draws its leftovers first, then goes on with
+// its world's standard deal from `end` on. Every global position below `first`, and those of
+// `drawn`, were drawn before.
+struct Reshard {
+  int from_world = 1;           // the world size of the cursors it was merged from (for messages)
+  uint64_t first = 0;           // the first global position some rank had not drawn
+  uint64_t end = 0;             // where the standard deal goes on (>= first)
+  std::vector<uint64_t> drawn;  // increasing, in [first, end)
+};
+
 // Where a rank's data stream stands. Plain numbers, so checkpoints can store it as JSON.
 struct DataCursor {
-  uint64_t draw = 0;                   // next draw number of the sampler
+  uint64_t draw = 0;                   // next draw number of the sampler (after a reshard: since it)
   std::vector<PendingPiece> pending;   // the batcher's held pieces, in its order
+  std::optional<Reshard> reshard;      // none: the sampler's standard deal for the rank
 };
 
 // What a batcher pulls documents from (implemented by core's pipeline).

@@ -15,6 +15,7 @@
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/error.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/reshard.hpp"
 #include "batch_queue.hpp"
 #include "document_ring.hpp"
 #include "pipeline_stages.hpp"
@@ -96,6 +97,59 @@ std::unique_ptr<Batcher> make_batcher(const RunSpec& spec, const Registry& regis
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// The sampler as the pipeline draws from it: the plugin's own deal for the rank, or, under a
+// cursor's Reshard record (a resume on another world size), the rank's leftovers of the record
+// first and then the plugin's deal from the record's end on (reshard.hpp). Only the consumer's
+// thread changes the record, with the stages stopped.
+class DealtSampler final : public Sampler {
+ public:
+  explicit DealtSampler(Sampler& inner) : inner_(inner) {}
+
+  void reset(uint64_t documents, uint64_t seed, int rank, int world) override {
+    inner_.reset(documents, seed, rank, world);
+    rank_ = rank;
+    world_ = world;
+  }
+  uint64_t draws_per_epoch() const override { return inner_.draws_per_epoch(); }
+  uint64_t document_at(uint64_t draw) override {
+    if (!deal_) return inner_.document_at(draw);
+    if (draw < deal_->leftovers()) return inner_.document_at_global(deal_->leftover_global(draw));
+    return inner_.document_at(deal_->standard_draw(draw));
+  }
+  bool reshardable() const override { return inner_.reshardable(); }
+  uint64_t global_position(uint64_t draw, int rank, int world) const override { return inner_.global_position(draw, rank, world); }
+  uint64_t document_at_global(uint64_t g) override { return inner_.document_at_global(g); }
+
+  // Draws from now on follow `record` (none: the plugin's deal).
+  void set_record(const std::optional<Reshard>& record, const std::string& where) {
+    if (!record) {
+      deal_.reset();
+      return;
+    }
+    if (!inner_.reshardable()) {
+      throw_input_error(where, "the data cursor was merged from a job of " + std::to_string(record->from_world) +
+                                   " rank(s) (it holds a 'reshard' record), but this sampler deals no global sequence "
+                                   "(Sampler::reshardable): resume with the sampler that wrote it");
+    }
+    const Sampler& inner = inner_;
+    deal_.emplace([&inner](uint64_t draw, int rank, int world) { return inner.global_position(draw, rank, world); }, rank_,
+                  world_, record);
+  }
+  const std::optional<Reshard>& record() const {
+    static const std::optional<Reshard> none;
+    return deal_ ? deal_->record() : none;
+  }
+
+ private:
+  Sampler& inner_;
+  int rank_ = 0, world_ = 1;
+  std::optional<RankDeal> deal_;
+};
+
+}  // namespace
+
 // Wires the stages: the ring (read), the batcher behind this feed (batch) and the queue (hand-over).
 // Impl is the batcher's DocumentFeed; next() runs on the batching thread, or on the consumer's when
 // workers = 0, and everything else on the consumer's.
@@ -104,6 +158,7 @@ struct DataPipeline::Impl final : DocumentFeed {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Batcher> batcher;
   PipelineOptions options;
+  DealtSampler dealt;  // what the ring and the feed draw from: the sampler, under the cursor's record
   StageTotals totals;
   DocumentRing ring;  // used when workers > 0
   BatchQueue queue;   // the hand-over, and the spare batches also when workers = 0
@@ -130,15 +185,16 @@ struct DataPipeline::Impl final : DocumentFeed {
         sampler(std::move(smp)),
         batcher(std::move(bat)),
         options(sanitised(opt)),
+        dealt(*sampler),
         totals(std::max(1, options.workers)),
-        ring(*source, options.split, *sampler, ring_slots(*batcher), totals),
+        ring(*source, options.split, dealt, ring_slots(*batcher), totals),
         queue(options.prefetch, totals) {
     const uint64_t documents = source->size(options.split);
     if (documents == 0) {
       throw_input_error(source->describe(), std::string("the ") + to_string(options.split) + " split has no documents");
     }
     sampler->set_groups(source->groups(options.split));
-    sampler->reset(documents, options.seed, options.rank, options.world);
+    dealt.reset(documents, options.seed, options.rank, options.world);
   }
 
   ~Impl() override { stop_stages(); }
@@ -170,7 +226,7 @@ struct DataPipeline::Impl final : DocumentFeed {
   const Document& next() override {
     const uint64_t draw = draws_taken;
     if (options.workers == 0) {
-      const uint64_t index = sampler->document_at(draw);
+      const uint64_t index = dealt.document_at(draw);
       const auto start = Clock::now();
       source->read(options.split, index, current);
       const double took = seconds_since(start);
@@ -197,6 +253,7 @@ struct DataPipeline::Impl final : DocumentFeed {
     batcher->next(*this, out.batch);
     out.cursor.draw = draws_taken;
     out.cursor.pending = batcher->pending();
+    out.cursor.reshard = dealt.record();
     totals.add_batch(seconds_since(start) - feed_wait_in_batch);  // less reading (workers = 0) or waiting for it
   }
 
@@ -258,6 +315,7 @@ struct DataPipeline::Impl final : DocumentFeed {
     stop_stages();
     failure = nullptr;
     handed.reset();
+    dealt.set_record(cursor.reshard, source->describe());
     draws_taken = cursor.draw;
     batcher->restore(cursor.pending, *this);
     fetched = Document();  // a long document is not kept beyond the restore
@@ -292,5 +350,6 @@ const DataSource& DataPipeline::source() const { return *impl_->source; }
 const Batcher& DataPipeline::batcher() const { return *impl_->batcher; }
 const PipelineOptions& DataPipeline::options() const { return impl_->options; }
 uint64_t DataPipeline::draws_per_epoch() const { return impl_->sampler->draws_per_epoch(); }
+const Sampler& DataPipeline::sampler() const { return *impl_->sampler; }
 
 }  // namespace ablate

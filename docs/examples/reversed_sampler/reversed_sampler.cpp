@@ -21,9 +21,20 @@ class ReversedSampler final : public ablate::Sampler {
   uint64_t draws_per_epoch() const override { return per_epoch_; }
   uint64_t document_at(uint64_t draw) override {
     if (per_epoch_ == 0) throw std::runtime_error("reversed sampler: no documents for this rank");
-    const uint64_t position = ((draw % per_epoch_) * world_ + rank_) * stride_ % documents_;
-    return documents_ - 1 - position;
+    return document_at_global((draw % per_epoch_) * world_ + rank_);
   }
+
+  // Resuming on another world size: every epoch is the same sequence of documents_ positions, so
+  // the global sequence is g = epoch * documents_ + position, and rank r of w takes positions
+  // r, r + w, ... of each epoch.
+  bool reshardable() const override { return true; }
+  uint64_t global_position(uint64_t draw, int rank, int world) const override {
+    const uint64_t w = uint64_t(world), r = uint64_t(rank);
+    const uint64_t per_epoch = documents_ / w + (r < documents_ % w ? 1 : 0);
+    if (per_epoch == 0) throw std::runtime_error("reversed sampler: no documents for this rank");
+    return (draw / per_epoch) * documents_ + (draw % per_epoch) * w + r;
+  }
+  uint64_t document_at_global(uint64_t g) override { return documents_ - 1 - (g % documents_) * stride_ % documents_; }
 
  private:
   uint64_t stride_ = 1, documents_ = 0, rank_ = 0, world_ = 1, per_epoch_ = 0;

@@ -45,6 +45,19 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMinor = 76,
 };
 
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00
@@ -93,6 +106,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);
 cudaError_t cudaMallocHost(void** p, std::size_t bytes);
 cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaEventCreate(cudaEvent_t* e);

@@ -91,7 +91,8 @@ class DataPipeline {
   double next_into(Batch& out);
   // The cursor after the last batch next() returned ({0, {}} at the start, or what was restored).
   DataCursor cursor() const;
-  // Continues the stream from `cursor` (drops whatever was prefetched).
+  // Continues the stream from `cursor` (drops whatever was prefetched). A cursor with a Reshard
+  // record draws its rank's leftovers first (reshard.hpp), and so do the cursors after it.
   void restore(const DataCursor& cursor);
 
   PipelineStats stats() const;
@@ -100,6 +101,9 @@ class DataPipeline {
   const PipelineOptions& options() const;
   // The sampler's draws in one epoch of this rank's order.
   uint64_t draws_per_epoch() const;
+  // The sampler (reset for this rank and world): its global sequence merges the cursors of a job
+  // of another world size (reshard.hpp).
+  const Sampler& sampler() const;
 
  private:
   struct Impl;
