@@ -4,6 +4,11 @@
 // computes the loss and overwrites z with the logit gradient (layer_kernels.cu), then
 // d_x = dz W and dW += dz^T x. Only (kChunk, out) logits live at once, never (B*T, vocab): at GPT-2's
 // vocabulary 1024 rows are 206 MB of f32 and products large enough to keep the GPU busy.
+// Under bf16 products, when no caller asks for the logits (training), the product writes them in
+// bf16, kChunkBf16 rows at a time (4096: 412 MB at GPT-2's vocabulary, 16 chunks for a 64 x 1024
+// batch instead of 64), the row kernel reads them twice and writes the gradient in place in bf16,
+// and that is the bf16 operand of the two products: no f32 logits, no rounding copy. The loss is
+// then the one of the bf16-rounded logits, as under PyTorch's autocast.
 #include <algorithm>
 
 #include "ablate/layer_params.hpp"
@@ -14,6 +19,7 @@ namespace ablate::cuda_layers {
 namespace {
 
 constexpr int64_t kChunk = 1024;
+constexpr int64_t kChunkBf16 = 4096;
 
 class CrossEntropy final : public LossLayer {
  public:
@@ -23,9 +29,13 @@ class CrossEntropy final : public LossLayer {
     layer_params::classifier(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
+  // f32 logits (kChunk rows), or under bf16 products bf16 ones (kChunkBf16 rows, two to an element).
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override {
+    const int64_t f32 = std::min(rows, kChunk) * s.out;
+    return mode_ == MatmulMode::bf16 ? std::max(f32, (std::min(rows, kChunkBf16) * s.out + 1) / 2) : f32;
+  }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, std::min(rows, kChunk), s.in, s.out);
+    return gemm_workspace_bytes(mode_, std::min(rows, mode_ == MatmulMode::bf16 ? kChunkBf16 : kChunk), s.in, s.out);
   }
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
@@ -38,7 +48,7 @@ class CrossEntropy final : public LossLayer {
     const Operand x = require_product_input(kName, call.x, "x", rows * in, mode_);
     require_f32(kName, call.params, "params", out * in);
     require_f32(kName, call.losses, "losses", rows);
-    require_f32(kName, call.scratch, "scratch", std::min(rows, kChunk) * out);
+    require_f32(kName, call.scratch, "scratch", scratch_elements(s, rows));
     if (call.logits.data != nullptr) require_f32(kName, call.logits, "logits", rows * out);
     if (with_grad) {
       require_f32(kName, call.d_x, "d_x", rows * in);
@@ -48,6 +58,11 @@ class CrossEntropy final : public LossLayer {
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
     const cudaStream_t st = stream_of(call);
     const Weight W{call.params.as<const float>(), call.params_bf16.data};
+    if (mode_ == MatmulMode::bf16 && call.logits.data == nullptr) {
+      loss_bf16_logits(call, x, W, targets, with_grad, st);
+      check_launch(kName);
+      return;
+    }
     float* z = call.scratch.as<float>();
     for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
       const int64_t n = std::min(kChunk, rows - r0);
@@ -69,6 +84,24 @@ class CrossEntropy final : public LossLayer {
   }
 
  private:
+  // The bf16 chunks: logits written in bf16, the gradient in place, read by both products as it is.
+  void loss_bf16_logits(const LayerCall& call, const Operand& x, const Weight& W, const int32_t* targets, bool with_grad,
+                        cudaStream_t st) const {
+    const LayerSpec& s = *call.spec;
+    const int64_t rows = call.rows, in = s.in, out = s.out;
+    uint16_t* z = reinterpret_cast<uint16_t*>(call.scratch.as<float>());
+    for (int64_t r0 = 0; r0 < rows; r0 += kChunkBf16) {
+      const int64_t n = std::min(kChunkBf16, rows - r0);
+      gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st);
+      launch_cross_entropy_rows_bf16(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
+                                     float(call.grad_scale), st);
+      if (!with_grad) continue;
+      const Operand dz{nullptr, z};
+      gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
+      if (call.grads.data != nullptr) gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
+    }
+  }
+
   static constexpr const char* kName = "cross_entropy";
   MatmulMode mode_;
 };

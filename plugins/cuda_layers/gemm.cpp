@@ -31,7 +31,8 @@ std::string shape_of(const GemmCall& g) {
          (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) +
          "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") +
          (g.act == Activation::gelu_aux ? ", gelu" : g.act == Activation::dgelu ? ", dgelu" : "") +
-         (g.d_column_sums != nullptr || g.a_sums != nullptr ? ", bias gradient" : "") + ", " + to_string(g.mode);
+         (g.d_column_sums != nullptr || g.a_sums != nullptr ? ", bias gradient" : "") + ", " + to_string(g.mode) +
+         (g.d_bf16 ? ", bf16 out" : "");
 }
 
 
@@ -248,8 +249,9 @@ class Context {
     // A's memory, column-major: (K, M) when not transposed (row-major (M, K)), else (M, K).
     check_lt(cublasLtMatrixLayoutCreate(&p->b, in_type, u(g.ta ? g.M : g.K), u(g.ta ? g.K : g.M), ops.lda),
              "cublasLtMatrixLayoutCreate(A)", g);
-    check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
-    check_lt(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
+    const cudaDataType_t out_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    check_lt(cublasLtMatrixLayoutCreate(&p->c, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
+    check_lt(cublasLtMatrixLayoutCreate(&p->d, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", g);
     const uint64_t ws = kWorkspaceBytes;
@@ -410,6 +412,12 @@ void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, 
   g.bias = bias;
   g.act = Activation::gelu_aux;
   g.aux = pre;
+  gemm(g, stream);
+}
+
+void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
+  g.d_bf16 = true;
   gemm(g, stream);
 }
 

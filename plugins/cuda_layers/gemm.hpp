@@ -73,6 +73,8 @@ struct GemmCall {
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
   float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it
+  bool d_bf16 = false;           // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
+                                 // nearest even from the fp32 sums; no epilogue, beta 0 (the classifier's logits)
   float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
   float* a_sums = nullptr;         // ta only: (M) += sums of A's rows over K (a weight-gradient product's
                                    // bias gradient, dy summed over the batch's rows)
@@ -102,6 +104,8 @@ void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const
 //   y(rows, out)  = gelu(pre), pre = x W^T + bias written too (the first product of a GELU MLP)
 void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
                     float* y, cudaStream_t stream, MatmulMode mode);
+//   y(rows, out)  = x(rows, in) W^T in bf16 (bf16 products only: the fp32 sums rounded to nearest even)
+void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);

@@ -81,7 +81,8 @@ std::string gemm_key(const GemmCall& g) {
          (epi.empty() ? std::string("unfused") : epi) + " " + to_string(g.mode) + " align " +
          (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) +
          "," + al(g.C != nullptr ? g.C : g.D) +
-         (g.bias != nullptr ? "," + al(g.bias) : "") + (g.act != Activation::none ? "," + al(g.aux) : "");
+         (g.bias != nullptr ? "," + al(g.bias) : "") + (g.act != Activation::none ? "," + al(g.aux) : "") +
+         (g.d_bf16 ? " out bf16" : "");
 }
 
 std::string gemm_refusal(const GemmCall& g) {
@@ -103,6 +104,10 @@ std::string gemm_refusal(const GemmCall& g) {
   if (g.bias != nullptr && g.ldc != g.N) return "a bias needs D packed (ldc == N)";
   if (g.a_sums != nullptr && (!g.ta || g.act != Activation::none)) {
     return "sums of A are served for a transposed A without an activation only (a weight-gradient product)";
+  }
+  if (g.d_bf16 && (!bf16 || g.bias != nullptr || g.act != Activation::none || g.a_sums != nullptr || g.beta != 0.0f ||
+                   (g.C != nullptr && g.C != g.D))) {
+    return "a bf16 D is written by bf16 products without an epilogue and with beta 0 only";
   }
   return "";
 }

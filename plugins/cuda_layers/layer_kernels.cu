@@ -249,6 +249,52 @@ __global__ void cross_entropy_rows_kernel(float* z, int64_t out, int64_t real_ou
   }
 }
 
+// A thread's running max of its columns and sum of exp(z - max) over them (-FLT_MAX: none seen).
+struct MaxSum {
+  float m;
+  double s;
+};
+
+__global__ void cross_entropy_rows_bf16_kernel(uint16_t* z, int64_t out, int64_t real_out, const int32_t* targets,
+                                               float* losses, bool with_grad, float scale) {
+  __shared__ double sd[kRowThreads];
+  __shared__ float sf[kRowThreads];
+  const int64_t row = blockIdx.x;
+  uint16_t* zr = z + row * out;
+  const int32_t target = targets[row];
+  if (target < 0 || target >= real_out) {
+    if (threadIdx.x == 0) losses[row] = target == -1 ? 0.0f : CUDART_NAN_F;
+    if (with_grad) {
+      for (int64_t c = threadIdx.x; c < out; c += blockDim.x) zr[c] = 0;
+    }
+    return;
+  }
+  MaxSum t{-FLT_MAX, 0.0};
+  for (int64_t c = threadIdx.x; c < real_out; c += blockDim.x) {
+    const float v = device_math::bf16_value(zr[c]);
+    if (v > t.m) {
+      t.s = (t.m == -FLT_MAX ? 0.0 : t.s * double(expf(t.m - v))) + 1.0;
+      t.m = v;
+    } else {
+      t.s += double(expf(v - t.m));
+    }
+  }
+  // The block's max, then each thread's sum rescaled to it and added.
+  const float mx = block_reduce(t.m, sf, [](float a, float b) { return fmaxf(a, b); });
+  const double mine = t.m == -FLT_MAX ? 0.0 : t.s * double(expf(t.m - mx));
+  const double sum = block_reduce(mine, sd, [](double a, double b) { return a + b; });
+  const double lse = double(mx) + log(sum);
+  const float z_target = device_math::bf16_value(zr[target]);
+  if (threadIdx.x == 0) losses[row] = ce_loss(lse, z_target);
+  if (!with_grad) return;
+  __syncthreads();  // every thread has read z[target] before it is overwritten
+  const float lse_f = float(lse);
+  for (int64_t c = threadIdx.x; c < out; c += blockDim.x) {
+    const float g = c < real_out ? ce_dz(device_math::bf16_value(zr[c]), lse_f, scale) : 0.0f;
+    zr[c] = device_math::bf16_bits(c == target ? g - scale : g);
+  }
+}
+
 }  // namespace
 
 void launch_dropout_residual(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d, cudaStream_t stream) {
@@ -383,6 +429,13 @@ void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cuda
 void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
                                bool with_grad, float scale, cudaStream_t stream) {
   if (n > 0) cross_entropy_rows_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(z, out, real_out, targets, losses, with_grad, scale);
+}
+
+void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets,
+                                    float* losses, bool with_grad, float scale, cudaStream_t stream) {
+  if (n > 0) {
+    cross_entropy_rows_bf16_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(z, out, real_out, targets, losses, with_grad, scale);
+  }
 }
 
 }  // namespace ablate::cuda_layers

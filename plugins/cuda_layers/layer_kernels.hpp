@@ -66,5 +66,12 @@ void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cuda
 // and, with_grad, overwrites z with scale (softmax - onehot) (0 on padded columns and ignored rows).
 void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
                                bool with_grad, float scale, cudaStream_t stream);
+// The same on logits held in bf16 (the classifier under bf16 products): one pass keeps each
+// thread's running max and the sum of exp(z - max) (rescaled when the max grows, summed in double),
+// the block combines them into the log-sum-exp, and with_grad a second pass overwrites z with the
+// gradient rounded to bf16 (nearest even). Two passes over 2-byte logits where the f32 rows take
+// three over 4-byte ones, and the gradient is the bf16 operand of the two products after it.
+void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets,
+                                    float* losses, bool with_grad, float scale, cudaStream_t stream);
 
 }  // namespace ablate::cuda_layers

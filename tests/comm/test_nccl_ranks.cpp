@@ -59,8 +59,9 @@ std::string config(const std::string& device = "cuda") {
 
 CommandResult one_process(const std::string& args) { return run_ablate("train " + config() + " " + args, "ABLATE_EMULATE_CUDA=1"); }
 
+// `env` comes last, so it may set TMPDIR (where the emulated NCCL's ranks meet) to a test's directory.
 CommandResult n_ranks(int n, const std::string& args, const std::string& env = "") {
-  return run_command(kEnv + " " + env + " TMPDIR=" + fs::temp_directory_path().string() + " " + ABLATE_MPIEXEC_BIN + " " +
+  return run_command(kEnv + " TMPDIR=" + fs::temp_directory_path().string() + " " + env + " " + ABLATE_MPIEXEC_BIN + " " +
                      ABLATE_MPIEXEC_FLAGS + " " + ABLATE_MPIEXEC_NP + " " + std::to_string(n) + " " + ABLATE_BINARY + " train " +
                      args + " 2>&1");
 }
@@ -222,9 +223,10 @@ TEST_CASE("a rank killed inside a collective, or stopped in one, ends every rank
     INFO("fault " << fault);
     const fs::path dir = tmp.path() / fault;
     const auto start = std::chrono::steady_clock::now();
-    // Rank 1 ends (SIGKILL) or stops answering when its stream reaches collective #9, step 2's gradient all-reduce.
+    // Rank 1 ends (SIGKILL) or stops answering when its stream reaches collective #9, step 2's
+    // gradient all-reduce. What the failed collective leaves of the ranks' meeting place is in tmp.
     const auto r = n_ranks(2, config() + " --set run.communicator=nccl --set run.nccl.timeout_s=10 --run-dir " + dir.string(),
-                           "ABLATE_EMU_NCCL_FAULT=1:9:" + fault);
+                           "ABLATE_EMU_NCCL_FAULT=1:9:" + fault + " TMPDIR=" + tmp.path().string());
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     INFO(r.output);
     CHECK(r.exit_code != 0);

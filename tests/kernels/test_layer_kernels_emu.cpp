@@ -290,11 +290,16 @@ struct CrossEntropyCase {
 
 // One shape of the classifier rows, with and/or without the gradient; `ignored` the fraction of
 // rows whose target is -1.
+// bf16: the logits are bf16 (the values below rounded first, and the reference computed from the
+// rounded values), the bf16 kernel runs, and its gradient is the bf16 rounding of its f32 one (half
+// a bf16 step more, 2^-8 of the value); its one-pass sum rescales as its max grows (one float exp
+// more per column a thread reads).
 void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initializer_list<bool> grads, Worst& worst_loss,
-                         Worst& worst_grad) {
+                         Worst& worst_grad, bool bf16 = false) {
   const int64_t n = cc.n, out = cc.out, real = cc.real_out;
   std::mt19937_64 rng(uint64_t(n * out + real));
   std::vector<float> z = normals(sz(n * out), 3.0, uint64_t(n + out));
+  const double rescales = bf16 ? double((real + 511) / 512) : 0.0;
   std::vector<int32_t> targets(sz(n));
   for (auto& t : targets) t = std::uniform_real_distribution<double>(0, 1)(rng) < ignored ? -1 : int32_t(rng() % uint64_t(real));
   // Special rows: ignored (-1), bad targets (-2, in the padding, past the row, INT32_MAX), a
@@ -317,6 +322,11 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = real; c < out; ++c) z[sz(r * out + c)] = 150.0f + float(c);
   }
+  std::vector<uint16_t> zb;
+  if (bf16) {
+    for (float& v : z) zb.push_back(bf16_nearest(double(v)));
+    for (std::size_t i = 0; i < z.size(); ++i) z[i] = bf16_to_float(zb[i]);
+  }
   const float scale = 0.37f;
   // float64: lse = max + log(sum exp(z - max)), loss = lse - z_t, dz = scale (p - onehot). The
   // kernel's exps are float (~1u each, and z - max one rounding): the lse within
@@ -338,7 +348,7 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
     }
     const double lse = mx + std::log(sum);
     loss[sz(r)] = lse - double(zr[t]);
-    tol_loss[sz(r)] = kU * (4 + std::fabs(lse) + spread + std::fabs(loss[sz(r)]));
+    tol_loss[sz(r)] = kU * (4 + 2 * rescales + std::fabs(lse) + spread + std::fabs(loss[sz(r)]));
     for (int64_t c = 0; c < out; ++c) {
       const std::size_t k = sz(r * out + c);
       if (c >= real) {
@@ -347,8 +357,9 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
       }
       const double p = std::exp(double(zr[c]) - lse);
       dz[k] = scale * (p - (c == t ? 1.0 : 0.0));
-      tol_dz[k] = 8 * kU * scale * (p * (2 + std::fabs(lse) + std::fabs(double(zr[c]) - lse) + spread) + (c == t ? 1.0 : 0.0)) +
-                 1e-38;  // float underflow
+      tol_dz[k] = 8 * kU * scale * (p * (2 + 2 * rescales + std::fabs(lse) + std::fabs(double(zr[c]) - lse) + spread) +
+                                    (c == t ? 1.0 : 0.0)) +
+                 (bf16 ? 0x1p-8 * std::fabs(dz[k]) * 1.01 + 1e-38 : 1e-38);  // the bf16 rounding; float underflow
     }
   }
   const std::string shape = "n " + std::to_string(n) + " out " + std::to_string(out) + " real_out " + std::to_string(real);
@@ -357,8 +368,21 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
       auto dz_dev = to_device(with_tail(z));
       auto dt = to_device(targets);
       auto dl = to_device(with_tail(std::vector<float>(sz(n), kSentinel)));
-      launch_cross_entropy_rows(dz_dev.data(), n, out, real, dt.data(), dl.data(), with_grad, scale, nullptr);
-      const std::vector<float> got_z = to_host(dz_dev), got_l = to_host(dl);
+      std::vector<float> got_z;
+      if (bf16) {
+        std::vector<uint16_t> tailed = zb;
+        tailed.insert(tailed.end(), kTail, uint16_t(0x7FED));
+        auto zb_dev = to_device(tailed);
+        launch_cross_entropy_rows_bf16(zb_dev.data(), n, out, real, dt.data(), dl.data(), with_grad, scale, nullptr);
+        const std::vector<uint16_t> got_b = to_host(zb_dev);
+        for (std::size_t i = n * out; i < got_b.size(); ++i) CHECK(got_b[i] == 0x7FED);  // nothing past the rows
+        for (std::size_t i = 0; i < sz(n * out); ++i) got_z.push_back(bf16_to_float(got_b[i]));
+        got_z.insert(got_z.end(), kTail, kSentinel);
+      } else {
+        launch_cross_entropy_rows(dz_dev.data(), n, out, real, dt.data(), dl.data(), with_grad, scale, nullptr);
+        got_z = to_host(dz_dev);
+      }
+      const std::vector<float> got_l = to_host(dl);
       Failures fl, fz;
       for (int64_t r = 0; r < n; ++r) {
         const std::size_t k = sz(r);
@@ -867,6 +891,17 @@ TEST_CASE("cross_entropy_rows over 1100 rows, most of them ignored as in a padde
   check_cross_entropy({1100, 45, 45}, 0.75, {true}, worst_loss, worst_grad);
   emu_test::report_worst("cross_entropy_rows loss (1100 rows)", worst_loss.abs, worst_loss.rel);
   emu_test::report_worst("cross_entropy_rows dz (1100 rows)", worst_grad.abs, worst_grad.rel);
+}
+
+TEST_CASE("cross_entropy_rows_bf16: bf16 logits in one pass for max and sum, the gradient in place in bf16") {
+  Worst worst_loss, worst_grad;
+  for (const CrossEntropyCase& cc :
+       std::vector<CrossEntropyCase>{{1, 45, 45}, {7, 48, 45}, {257, 1000, 1000}, {7, 1024, 1000}, {3, 2049, 2000}}) {
+    check_cross_entropy(cc, 0.0, {false, true}, worst_loss, worst_grad, /*bf16=*/true);
+  }
+  check_cross_entropy({300, 45, 45}, 0.75, {true}, worst_loss, worst_grad, /*bf16=*/true);
+  emu_test::report_worst("cross_entropy_rows_bf16 loss", worst_loss.abs, worst_loss.rel);
+  emu_test::report_worst("cross_entropy_rows_bf16 dz (with its bf16 rounding)", worst_grad.abs, worst_grad.rel);
 }
 
 TEST_CASE("add_column_sums fills its ones vector over the whole grid before refusing the cuBLASLt product") {
