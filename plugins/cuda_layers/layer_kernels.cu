@@ -216,6 +216,18 @@ __device__ T block_reduce(T v, T* shared, Op op) {
   return out;
 }
 
+// A row whose target is -1 (no loss, no gradient) or out of range (a bad target, shown as a
+// non-finite loss): its loss written, and with_grad its gradient row zeroed; true for such a row.
+template <class T>
+__device__ bool row_without_target(T* zr, int64_t out, int64_t real_out, int32_t target, float* loss, bool with_grad) {
+  if (target >= 0 && target < real_out) return false;
+  if (threadIdx.x == 0) *loss = target == -1 ? 0.0f : CUDART_NAN_F;
+  if (with_grad) {
+    for (int64_t c = threadIdx.x; c < out; c += blockDim.x) zr[c] = T(0);
+  }
+  return true;
+}
+
 __global__ void cross_entropy_rows_kernel(float* z, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
                                           bool with_grad, float scale) {
   __shared__ double sd[kRowThreads];
@@ -223,14 +235,7 @@ __global__ void cross_entropy_rows_kernel(float* z, int64_t out, int64_t real_ou
   const int64_t row = blockIdx.x;
   float* zr = z + row * out;
   const int32_t target = targets[row];
-  if (target < 0 || target >= real_out) {
-    // -1: no loss and no gradient; anything else is a bad target, shown as a non-finite loss.
-    if (threadIdx.x == 0) losses[row] = target == -1 ? 0.0f : CUDART_NAN_F;
-    if (with_grad) {
-      for (int64_t c = threadIdx.x; c < out; c += blockDim.x) zr[c] = 0.0f;
-    }
-    return;
-  }
+  if (row_without_target(zr, out, real_out, target, losses + row, with_grad)) return;
   float mx = -FLT_MAX;
   for (int64_t c = threadIdx.x; c < real_out; c += blockDim.x) mx = fmaxf(mx, zr[c]);
   mx = block_reduce(mx, sf, [](float a, float b) { return fmaxf(a, b); });
@@ -262,13 +267,7 @@ __global__ void cross_entropy_rows_bf16_kernel(uint16_t* z, int64_t out, int64_t
   const int64_t row = blockIdx.x;
   uint16_t* zr = z + row * out;
   const int32_t target = targets[row];
-  if (target < 0 || target >= real_out) {
-    if (threadIdx.x == 0) losses[row] = target == -1 ? 0.0f : CUDART_NAN_F;
-    if (with_grad) {
-      for (int64_t c = threadIdx.x; c < out; c += blockDim.x) zr[c] = 0;
-    }
-    return;
-  }
+  if (row_without_target(zr, out, real_out, target, losses + row, with_grad)) return;
   MaxSum t{-FLT_MAX, 0.0};
   for (int64_t c = threadIdx.x; c < real_out; c += blockDim.x) {
     const float v = device_math::bf16_value(zr[c]);

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data_parallel_support.hpp"
 #include "run_files.hpp"
 #include "test_support.hpp"
 
@@ -25,20 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// |loss difference| allowed per step. The per-step losses are means of ~500 float terms over
-// 20 steps of AdamW, and the gradients sum in another order: measured differences are ~1e-8.
-constexpr double kLossTolerance = 1e-6;
-// Relative grad_norm difference allowed per step. Each gradient element is an fp32 sum over the
-// B*T = 4*64 = 256 positions of a micro-batch, which 2 ranks add in another order than one
-// process. A recursive fp32 sum of n terms of one sign is exact to about n*u relative (u = 2^-24,
-// the unit roundoff), so the norm of such elements may differ by up to 256 * 2^-24 = 1.5e-5
-// relative (measured: 1e-8 on one Intel machine, 1.4e-6 on an AMD EPYC, whose BLAS blocks the
-// sums differently).
-constexpr double kGradNormRelTolerance = 256.0 / double(1 << 24);
-
-const std::string kEnv =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none";
+constexpr double kLossTolerance = kDpLossTolerance;
+constexpr double kGradNormRelTolerance = kDpGradNormRelTolerance;
+const std::string& kEnv = kMpiTestEnv;
 
 std::string config(int threads) {
   return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml" +

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data_parallel_support.hpp"
 #include "run_files.hpp"
 #include "test_support.hpp"
 
@@ -33,16 +34,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// As test_data_parallel.cpp: the losses are means of float terms and the gradients sum in another
-// order (per rank, then across ranks); a recursive fp32 sum of the 2*32 = 64 positions of a
-// micro-batch is exact to about 64 * 2^-24 relative, so the gradient norm bound is
-// test_data_parallel.cpp's 256 * 2^-24 with a margin of 4.
-constexpr double kLossTolerance = 1e-6;
-constexpr double kGradNormRelTolerance = 256.0 / double(1 << 24);
+// data_parallel_support.hpp's bounds: the micro-batches here hold 2*32 = 64 positions, so the
+// gradient norm's bound has a margin of 4.
+constexpr double kLossTolerance = kDpLossTolerance;
+constexpr double kGradNormRelTolerance = kDpGradNormRelTolerance;
 
-const std::string kEnv =
-    "ABLATE_EMULATE_CUDA=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none";
+const std::string kEnv = "ABLATE_EMULATE_CUDA=1 " + kMpiTestEnv;
 
 // A tiny GPT-2 on cuda: one document per row (padded, truncated), so N ranks' global batch is one
 // process's N micro-batches.

@@ -15,6 +15,7 @@
 // memory of this process's emulated device, streams live. Reductions: sum, prod, max, min over
 // every NCCL type (integers wrap; f16 and bf16 are rounded after each addition, as each hop of a
 // ring rounds); ncclAvg is refused.
+#include <cuda_bf16.h>
 #include <fcntl.h>
 #include <nccl.h>
 #include <signal.h>
@@ -197,19 +198,6 @@ bool read_whole(const std::string& p, std::vector<char>& out) {
 
 // --- reductions -------------------------------------------------------------------------------
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays a quiet NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 template <class T>
 T apply(ncclRedOp_t op, T a, T b) {
   switch (op) {
@@ -243,12 +231,13 @@ void combine_float(char* acc, const char* in, std::size_t n, ncclRedOp_t op) {
     std::memcpy(acc + i * sizeof(T), &r, sizeof(T));
   }
 }
+// bf16: each addition in float, rounded back to nearest even (cuda_bf16.h's conversions).
 void combine_bf16(char* acc, const char* in, std::size_t n, ncclRedOp_t op) {
   for (std::size_t i = 0; i < n; ++i) {
-    uint16_t a, b;
+    __nv_bfloat16 a, b;
     std::memcpy(&a, acc + 2 * i, 2);
     std::memcpy(&b, in + 2 * i, 2);
-    const uint16_t r = float_to_bf16(apply<float>(op, bf16_to_float(a), bf16_to_float(b)));
+    const __nv_bfloat16 r = __float2bfloat16_rn(apply<float>(op, __bfloat162float(a), __bfloat162float(b)));
     std::memcpy(acc + 2 * i, &r, 2);
   }
 }
@@ -746,6 +735,7 @@ ncclResult_t ncclGroupEnd() {
     State& st = *i.st;
     if (st.aborted) continue;
     i.op->number(st);
+    outstanding_done(st);  // drops the finished ones: the list holds what is still pending
     st.outstanding.push_back(i.op);
     ablate::emu::runtime::enqueue_stream_work(i.stream, std::move(i.op));
   }

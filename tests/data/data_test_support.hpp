@@ -90,6 +90,13 @@ inline std::unique_ptr<Batcher> batcher_from(const std::string& toml) {
   return make_batcher(ablate::RunSpec::from(cfg), data_registry(), run);
 }
 
+// The sampler `name`, with `own` as its [sampler.<name>] keys.
+inline std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
+  const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
+  RunContext run;
+  return make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
+}
+
 // Checks the batch contract on a batch built from an EncodedFeed and records every placed token
 // (document, offset) into `placed` (failing on a token placed twice).
 inline void check_batch(const Batch& b, int32_t max_t, int32_t final_target, const EncodedFeed& feed,

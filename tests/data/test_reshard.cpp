@@ -19,12 +19,6 @@ using namespace ablate::test;
 
 namespace {
 
-std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
-  const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
-  RunContext run;
-  return make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
-}
-
 const std::vector<DocumentGroup> kTwoGroups = {{"a", 0, 150}, {"b", 150, 250}};
 
 // The samplers of the tests, each reset for `rank` of `world` over `documents` documents.

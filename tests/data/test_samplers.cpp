@@ -10,12 +10,6 @@ using namespace ablate::test;
 
 namespace {
 
-std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
-  const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
-  RunContext run;
-  return make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
-}
-
 // Every document of every epoch drawn exactly once across the ranks.
 void check_disjoint_and_complete(const std::string& name, const std::string& own) {
   for (uint64_t documents : {1ull, 7ull, 64ull, 101ull}) {
