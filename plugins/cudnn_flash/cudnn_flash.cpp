@@ -10,16 +10,21 @@
 // bf16 q, k, v and out beside f32 gradients (AttentionProblem::bf16_qkv, bf16_out: the model holds
 // them in bf16 under run.dtype = "bf16"), which saves their conversions and workspace.
 //
-// Layouts. Padded rows (one document per row, from position 0) use cuDNN's padding mask with each
-// row's length. Packed rows use the ragged (THD) layout: every segment is its own sequence, placed
-// by ragged offsets that a kernel computes on the device from the batch's segments (ragged.hpp,
-// ragged_kernels.cu). Positions outside every segment are never written by cuDNN; the plugin writes
-// their zeros (outputs, gradients and statistics) itself.
+// Layouts, chosen per batch from its host copy (graph_key.hpp). Dense rows (every row one document
+// filling it, padded or packed problem alike) are plain causal attention: no mask, no metadata, and
+// no kernel around the call for a bf16 problem. Padded rows (one document per row, from position 0,
+// some shorter) use cuDNN's padding mask with each row's length. Packed rows use the ragged (THD)
+// layout: every segment is its own sequence, placed by ragged offsets that a kernel computes on the
+// device from the batch's segments (ragged.hpp, ragged_kernels.cu), the graph's sequence dimension
+// the batch's longest segment rounded up to a power of two. Positions outside every segment are never
+// written by cuDNN; the plugin writes their zeros (outputs, gradients and statistics) itself.
 //
-// Graphs. A graph is built once per GraphKey (graph_key.hpp: shape, layout, segment bound, dtype,
-// pass, device, SM version, cuDNN version) and kept; graph_builds() counts builds. The cuDNN
-// workspace is sized from the chosen plan and grown on the stream (never shrunk), like the bf16
-// workspaces.
+// Graphs. A graph is built once per GraphKey (graph_key.hpp: shape, layout, segment and length
+// bounds, dtype, pass, device, SM version, cuDNN version) and kept; graph_builds() counts builds.
+// With `plan = "measured"` (the default) every plan cuDNN offers is built and, at the graph's first
+// call, timed on that call's data; the fastest serves every later call (graphs_tuned() counts them).
+// `plan = "heuristic"` takes cuDNN's heuristics' first choice untimed. The cuDNN workspace is sized
+// from the plans and grown on the stream (never shrunk), like the bf16 workspaces.
 //
 // Loading. cuDNN is opened at run time (cudnn_library.hpp), and nothing of CUDA or cuDNN is created
 // when the plugin loads or the backend is constructed: the handle is made on the first forward or
@@ -148,7 +153,7 @@ class Carver {
 
 class CudnnFlash final : public Attention {
  public:
-  CudnnFlash() = default;
+  explicit CudnnFlash(bool measure) : measure_(measure) {}
   ~CudnnFlash() override {
     graphs_.clear();  // execution plans before the handles they were built with
     for (auto& [device, handle] : handles_) destroy_cudnn_handle(handle);
@@ -193,8 +198,8 @@ class CudnnFlash final : public Attention {
       ABLATE_CUDA_CHECK(cudaMemsetAsync(saved.data, 0, std::size_t(saved.numel()) * sizeof(float), stream));
       return;
     }
-    const GraphKey key = make_graph_key(p, batch.num_segments, Pass::forward, ctx.device, ctx.sm, ctx.cudnn_version);
-    const SdpaGraph& graph = graph_for(key, ctx.handle);
+    const GraphKey key = make_graph_key(p, layout_of(p, batch), Pass::forward, ctx.device, ctx.sm, ctx.cudnn_version);
+    SdpaGraph& graph = graph_for(key, ctx.handle);
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
@@ -203,13 +208,15 @@ class CudnnFlash final : public Attention {
     run(graph, ctx, ptr);
 
     const int64_t positions = int64_t(p.batch) * p.seq_len, per_q = int64_t(p.heads) * p.head_dim;
+    const int32_t* ids = batch.segment_ids.as<const int32_t>();
     if (out.dtype == DType::f32) {
-      launch_store_f32(ptr[kO], out.as<float>(), positions, per_q, batch.segment_ids.as<const int32_t>(), stream);
-    } else {
-      launch_zero_padding_bf16(out.data, positions, per_q, batch.segment_ids.as<const int32_t>(), stream);
+      launch_store_f32(ptr[kO], out.as<float>(), positions, per_q, ids, stream);
+    } else if (key.masked()) {
+      launch_zero_padding_bf16(out.data, positions, per_q, ids, stream);
     }
-    launch_zero_padding_stats(saved.as<float>(), batch.segment_ids.as<const int32_t>(), p.batch, p.seq_len, p.heads,
-                              p.packed, stream);
+    if (key.masked()) {
+      launch_zero_padding_stats(saved.as<float>(), ids, p.batch, p.seq_len, p.heads, key.ragged(), stream);
+    }
   }
 
   void backward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
@@ -228,8 +235,8 @@ class CudnnFlash final : public Attention {
       ABLATE_CUDA_CHECK(cudaMemsetAsync(d_v.data, 0, std::size_t(n.kv) * width, stream));
       return;
     }
-    const GraphKey key = make_graph_key(p, batch.num_segments, Pass::backward, ctx.device, ctx.sm, ctx.cudnn_version);
-    const SdpaGraph& graph = graph_for(key, ctx.handle);
+    const GraphKey key = make_graph_key(p, layout_of(p, batch), Pass::backward, ctx.device, ctx.sm, ctx.cudnn_version);
+    SdpaGraph& graph = graph_for(key, ctx.handle);
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
@@ -246,16 +253,18 @@ class CudnnFlash final : public Attention {
       launch_store_f32(ptr[kDQ], d_q.as<float>(), positions, per_q, ids, stream);
       launch_store_f32(ptr[kDK], d_k.as<float>(), positions, per_kv, ids, stream);
       launch_store_f32(ptr[kDV], d_v.as<float>(), positions, per_kv, ids, stream);
-    } else {
+    } else if (key.masked()) {
       launch_zero_padding_bf16(d_q.data, positions, per_q, ids, stream);
       launch_zero_padding_bf16(d_k.data, positions, per_kv, ids, stream);
       launch_zero_padding_bf16(d_v.data, positions, per_kv, ids, stream);
     }
   }
 
-  // Graphs built since construction: one per distinct GraphKey met.
+  // Graphs built since construction: one per distinct GraphKey met; those whose plan was chosen by
+  // timing more than one.
   int64_t graph_builds() const noexcept { return builds_; }
   int64_t graphs_cached() const noexcept { return int64_t(graphs_.size()); }
+  int64_t graphs_tuned() const noexcept { return tuned_; }
 
  private:
   struct Context {
@@ -293,19 +302,25 @@ class CudnnFlash final : public Attention {
     return c;
   }
 
-  const SdpaGraph& graph_for(const GraphKey& key, void* handle) {
+  // What the batch decides of the graph; the padded problem's rows are checked by check_call.
+  static BatchLayout layout_of(const AttentionProblem& p, const BatchViews& batch) {
+    return batch_layout(batch.host, batch.num_segments, p.batch, p.seq_len);
+  }
+
+  SdpaGraph& graph_for(const GraphKey& key, void* handle) {
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
-    SdpaGraph::Built built = SdpaGraph::build(key, handle);
+    SdpaGraph::Built built = SdpaGraph::build(key, handle, measure_);
     if (!built.graph) throw_runtime_error(kWhere, "cuDNN SDPA graph for " + key.describe() + ": " + built.error);
     ++builds_;
     return *graphs_.emplace(key, std::move(built.graph)).first->second;
   }
 
-  // Sequence lengths (both sides of the padding mask read the same array) and, for packed rows, the
-  // ragged offsets, computed on the device from the batch's layout.
+  // Sequence lengths (both sides of the padding mask read the same array) and, for ragged rows, the
+  // ragged offsets, computed on the device from the batch's layout. Dense rows need none.
   void set_metadata(const AttentionProblem& p, const BatchViews& batch, const GraphKey& key, Pointers& ptr,
                     cudaStream_t stream) {
+    if (!key.masked()) return;
     const int64_t n = key.sequences();
     Carver c;
     const int64_t at_len = c.take(n * 4), at_q = c.take((n + 1) * 4), at_kv = c.take((n + 1) * 4),
@@ -316,7 +331,7 @@ class CudnnFlash final : public Attention {
     ptr[kSeqLenKV] = lengths;
     const int32_t* segments = batch.segments.as<const int32_t>();
     const int32_t* row_segments = batch.row_segments.as<const int32_t>();
-    if (p.packed) {
+    if (key.ragged()) {
       ptr[kOffsetQ] = base + at_q;
       ptr[kOffsetKV] = base + at_kv;
       ptr[kOffsetStats] = base + at_st;
@@ -329,8 +344,14 @@ class CudnnFlash final : public Attention {
     }
   }
 
-  void run(const SdpaGraph& graph, const Context& ctx, Pointers& ptr) {
+  // The first call of a measured graph times its plans on this call's data (the outputs are simply
+  // written again); a failed timing leaves heuristics' first choice, which still runs.
+  void run(SdpaGraph& graph, const Context& ctx, Pointers& ptr) {
     void* workspace = nullptr;
+    if (graph.needs_tuning()) {
+      if (graph.workspace_bytes() > 0) workspace = workspace_.get(std::size_t(graph.workspace_bytes()), ctx.stream);
+      if (graph.tune(ctx.handle, ptr, workspace).empty()) ++tuned_;
+    }
     if (graph.workspace_bytes() > 0) workspace = workspace_.get(std::size_t(graph.workspace_bytes()), ctx.stream);
     const std::string error = graph.execute(ctx.handle, ptr, workspace);
     if (!error.empty()) throw_runtime_error(kWhere, "cuDNN SDPA " + graph.key().describe() + ": " + error);
@@ -399,8 +420,9 @@ class CudnnFlash final : public Attention {
 
   mutable std::once_flag facts_once_;
   mutable Facts facts_;
+  bool measure_ = true;  // plan = "measured"
   std::unordered_map<GraphKey, std::unique_ptr<SdpaGraph>, GraphKeyHash> graphs_;
-  int64_t builds_ = 0;
+  int64_t builds_ = 0, tuned_ = 0;
   std::unordered_map<int32_t, void*> handles_;  // cuDNN handle per device ordinal
   cuda::StreamScratch data_;       // bf16 copies of an f32 problem's tensors
   cuda::StreamScratch meta_;       // sequence lengths and ragged offsets
@@ -415,7 +437,15 @@ void register_components(Registrar& r) {
   info.doc = "cuDNN's fused flash attention on a CUDA device (bf16 compute; f32 tensors converted; padded rows and "
              "packed rows as ragged sequences, GQA, head_dim <= 128): the fast backend";
   info.devices = {"cuda"};
-  info.factory = [](const ComponentArgs&) -> std::unique_ptr<Component> { return std::make_unique<CudnnFlash>(); };
+  info.schema = {param::string("plan", "measured",
+                               "how each graph's execution plan is chosen: \"measured\" builds every plan cuDNN offers "
+                               "and times them on the graph's first call (once per shape and layout), \"heuristic\" "
+                               "takes cuDNN's heuristics' first choice untimed")
+                     .one_of({"measured", "heuristic"})};
+  info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
+    // A table made from the config has every key; one made in code may leave `plan` to its default.
+    return std::make_unique<CudnnFlash>(!a.own.has("plan") || a.own.get_string("plan") == "measured");
+  };
   r.add(std::move(info));
 }
 
@@ -436,4 +466,9 @@ extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_gra
     const ablate::Attention* attention) {
   const auto* self = dynamic_cast<const ablate::cudnn_flash::CudnnFlash*>(attention);
   return self != nullptr ? self->graphs_cached() : -1;
+}
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graphs_tuned(
+    const ablate::Attention* attention) {
+  const auto* self = dynamic_cast<const ablate::cudnn_flash::CudnnFlash*>(attention);
+  return self != nullptr ? self->graphs_tuned() : -1;
 }

@@ -48,10 +48,10 @@ Tensor data_tensor(fe::graph::Graph& g, const char* name, Slot slot, int64_t bat
   return g.tensor(a);
 }
 
-// Softmax statistics: (B, H, T, 1) head-major for padded rows; token-major with ragged offsets for
-// packed rows (cuDNN's ragged statistics layout).
+// Softmax statistics: (B, H, T, 1) head-major for dense and padded rows; token-major with ragged
+// offsets for ragged rows (cuDNN's ragged statistics layout).
 void shape_stats(fe::graph::Tensor_attributes& t, const GraphKey& k, const Tensor& offsets) {
-  const int64_t n = k.sequences(), h = k.heads, s = k.seq_len;
+  const int64_t n = k.sequences(), h = k.heads, s = k.sequence_dim();
   t.set_data_type(fe::DataType_t::FLOAT).set_dim({n, h, s, 1});
   if (offsets) {
     t.set_stride({s * h, 1, h, 1}).set_ragged_offset(offsets);
@@ -66,31 +66,32 @@ struct Common {
 
 Common common_tensors(fe::graph::Graph& g, const GraphKey& k) {
   Common c;
-  const int64_t n = k.sequences();
-  if (k.packed) {
+  const int64_t n = k.sequences(), s = k.sequence_dim();
+  if (k.ragged()) {
     c.off_q = index_tensor(g, "offset_q", kOffsetQ, n + 1);
     c.off_kv = index_tensor(g, "offset_kv", kOffsetKV, n + 1);
     c.off_stats = index_tensor(g, "offset_stats", kOffsetStats, n + 1);
   }
-  c.q = data_tensor(g, "q", kQ, n, k.heads, k.seq_len, k.head_dim, c.off_q);
-  c.k = data_tensor(g, "k", kK, n, k.kv_heads, k.seq_len, k.head_dim, c.off_kv);
-  c.v = data_tensor(g, "v", kV, n, k.kv_heads, k.seq_len, k.head_dim, c.off_kv);
-  c.seq_q = index_tensor(g, "seq_len_q", kSeqLenQ, n);
-  c.seq_kv = index_tensor(g, "seq_len_kv", kSeqLenKV, n);
+  c.q = data_tensor(g, "q", kQ, n, k.heads, s, k.head_dim, c.off_q);
+  c.k = data_tensor(g, "k", kK, n, k.kv_heads, s, k.head_dim, c.off_kv);
+  c.v = data_tensor(g, "v", kV, n, k.kv_heads, s, k.head_dim, c.off_kv);
+  if (k.masked()) {
+    c.seq_q = index_tensor(g, "seq_len_q", kSeqLenQ, n);
+    c.seq_kv = index_tensor(g, "seq_len_kv", kSeqLenKV, n);
+  }
   return c;
 }
 
-// Masking and scale shared by both passes: every sequence's length through the padding mask, causal
-// from the top left of each sequence. For packed rows the token total bounds cuDNN's internal
-// buffers by the real data (B * T tokens) rather than by sequences * T.
+// Masking and scale shared by both passes: every sequence's length through the padding mask (not for
+// dense rows, which have no padding), causal from the top left of each sequence. For ragged rows the
+// token total bounds cuDNN's internal buffers by the real data (B * T tokens) rather than by
+// sequences * the longest.
 template <class Attributes>
 void configure(Attributes& a, const GraphKey& k, const Common& c) {
-  a.set_attn_scale(1.0f / std::sqrt(float(k.head_dim)))
-      .set_padding_mask(true)
-      .set_seq_len_q(c.seq_q)
-      .set_seq_len_kv(c.seq_kv);
+  a.set_attn_scale(1.0f / std::sqrt(float(k.head_dim)));
+  if (k.masked()) a.set_padding_mask(true).set_seq_len_q(c.seq_q).set_seq_len_kv(c.seq_kv);
   if (k.causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  if (k.packed) {
+  if (k.ragged()) {
     const int64_t tokens = int64_t(k.batch) * k.seq_len;
     a.set_max_total_seq_len_q(tokens).set_max_total_seq_len_kv(tokens);
   }
@@ -115,7 +116,7 @@ std::shared_ptr<fe::graph::Graph> describe_forward(const GraphKey& k) {
   configure(attributes, k, c);
   auto [o, stats] = g->sdpa(c.q, c.k, c.v, attributes);
   o->set_output(true).set_uid(uid(kO));
-  shape_data(*o, k.sequences(), k.heads, k.seq_len, k.head_dim, c.off_q);
+  shape_data(*o, k.sequences(), k.heads, k.sequence_dim(), k.head_dim, c.off_q);
   stats->set_output(true).set_uid(uid(kStats));
   shape_stats(*stats, k, c.off_stats);
   return g;
@@ -124,9 +125,9 @@ std::shared_ptr<fe::graph::Graph> describe_forward(const GraphKey& k) {
 std::shared_ptr<fe::graph::Graph> describe_backward(const GraphKey& k) {
   auto g = new_graph(k);
   const Common c = common_tensors(*g, k);
-  const int64_t n = k.sequences();
-  const Tensor o = data_tensor(*g, "o", kO, n, k.heads, k.seq_len, k.head_dim, c.off_q);
-  const Tensor d_o = data_tensor(*g, "d_o", kDO, n, k.heads, k.seq_len, k.head_dim, c.off_q);
+  const int64_t n = k.sequences(), s = k.sequence_dim();
+  const Tensor o = data_tensor(*g, "o", kO, n, k.heads, s, k.head_dim, c.off_q);
+  const Tensor d_o = data_tensor(*g, "d_o", kDO, n, k.heads, s, k.head_dim, c.off_q);
   fe::graph::Tensor_attributes stats_attributes;
   stats_attributes.set_name("stats").set_uid(uid(kStats));
   shape_stats(stats_attributes, k, c.off_stats);
@@ -135,11 +136,11 @@ std::shared_ptr<fe::graph::Graph> describe_backward(const GraphKey& k) {
   configure(attributes, k, c);
   auto [d_q, d_k, d_v] = g->sdpa_backward(c.q, c.k, c.v, o, d_o, stats, attributes);
   d_q->set_output(true).set_uid(uid(kDQ));
-  shape_data(*d_q, n, k.heads, k.seq_len, k.head_dim, c.off_q);
+  shape_data(*d_q, n, k.heads, s, k.head_dim, c.off_q);
   d_k->set_output(true).set_uid(uid(kDK));
-  shape_data(*d_k, n, k.kv_heads, k.seq_len, k.head_dim, c.off_kv);
+  shape_data(*d_k, n, k.kv_heads, s, k.head_dim, c.off_kv);
   d_v->set_output(true).set_uid(uid(kDV));
-  shape_data(*d_v, n, k.kv_heads, k.seq_len, k.head_dim, c.off_kv);
+  shape_data(*d_v, n, k.kv_heads, s, k.head_dim, c.off_kv);
   return g;
 }
 
@@ -153,7 +154,7 @@ std::string failed(const char* stage, fe::error_t e) {
 SdpaGraph::SdpaGraph(const GraphKey& key) : key_(key), impl_(std::make_unique<Impl>()) {}
 SdpaGraph::~SdpaGraph() = default;
 
-SdpaGraph::Built SdpaGraph::build(const GraphKey& key, void* handle) {
+SdpaGraph::Built SdpaGraph::build(const GraphKey& key, void* handle, bool measure) {
   Built out;
   // The frontend reports through error_t, but a backend descriptor it cannot create (or a cuDNN
   // symbol missing from the loaded library) reaches us as an exception: both become the error text.
@@ -170,12 +171,22 @@ SdpaGraph::Built SdpaGraph::build(const GraphKey& key, void* handle) {
       if (e.is_bad()) return {nullptr, failed("create_execution_plans", e)};
       e = g->check_support();
       if (e.is_bad()) return {nullptr, failed("check_support", e)};
-      e = g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+      e = g->build_plans(measure ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
       if (e.is_bad()) return {nullptr, failed("build_plans", e)};
-      int64_t bytes = 0;
-      e = g->get_workspace_size(bytes);
-      if (e.is_bad()) return {nullptr, failed("get_workspace_size", e)};
-      self->workspace_bytes_ = bytes;
+      self->plans_ = 0;
+      for (int64_t i = 0; i < g->get_execution_plan_count(); ++i) {
+        int64_t bytes = 0;
+        if (g->get_workspace_size_plan_at_index(i, bytes).is_good()) ++self->plans_;
+      }
+      self->untuned_ = measure && self->plans_ > 1;
+      if (self->untuned_) {
+        self->workspace_bytes_ = g->get_autotune_workspace_size();
+      } else {
+        int64_t bytes = 0;
+        e = g->get_workspace_size(bytes);
+        if (e.is_bad()) return {nullptr, failed("get_workspace_size", e)};
+        self->workspace_bytes_ = bytes;
+      }
     }
     self->impl_->graph = std::move(g);
     out.graph = std::move(self);
@@ -186,11 +197,34 @@ SdpaGraph::Built SdpaGraph::build(const GraphKey& key, void* handle) {
   return out;
 }
 
-std::string SdpaGraph::execute(void* handle, const Pointers& pointers, void* workspace) const {
+namespace {
+std::unordered_map<int64_t, void*> variant_pack(const Pointers& pointers) {
   std::unordered_map<int64_t, void*> pack;
   for (int s = 0; s < kSlotCount; ++s) {
-    if (pointers[std::size_t(s)] != nullptr) pack.emplace(uid(Slot(s)), pointers[std::size_t(s)]);
+    if (pointers[std::size_t(s)] != nullptr) pack.emplace(int64_t(s) + 1, pointers[std::size_t(s)]);
   }
+  return pack;
+}
+}  // namespace
+
+std::string SdpaGraph::tune(void* handle, const Pointers& pointers, void* workspace) {
+  if (!untuned_) return "";
+  untuned_ = false;  // one attempt: a plan that failed to time is not retried on every call
+  std::unordered_map<int64_t, void*> pack = variant_pack(pointers);
+  std::string error;
+  try {
+    const fe::error_t e = impl_->graph->autotune(static_cast<cudnnHandle_t>(handle), pack, workspace);
+    if (e.is_bad()) error = failed("autotune", e);
+  } catch (const std::exception& e) {
+    error = std::string("autotune threw: ") + e.what();
+  }
+  int64_t bytes = 0;
+  if (impl_->graph->get_workspace_size(bytes).is_good()) workspace_bytes_ = bytes;
+  return error;
+}
+
+std::string SdpaGraph::execute(void* handle, const Pointers& pointers, void* workspace) const {
+  std::unordered_map<int64_t, void*> pack = variant_pack(pointers);
   try {
     const fe::error_t e = impl_->graph->execute(static_cast<cudnnHandle_t>(handle), pack, workspace);
     return e.is_bad() ? failed("execute", e) : std::string();

@@ -1,9 +1,10 @@
 // `cudnn_flash` without a GPU: its graph keys (every field that changes a graph changes the key,
-// equal problems give equal keys, packed batches share a graph within a segment bound), the host
+// equal problems give equal keys, packed batches share a graph within a segment bound and a length
+// bound, a batch without padding takes the unmasked graph whatever the problem says), the host
 // twin of its ragged-offset kernel against a direct walk of random packed layouts, the padded
 // lengths, its supports() answers through the Registry, and cuDNN SDPA graphs (bf16, THD with GQA,
-// causal, padding mask; forward and backward) described, validated and lowered to cuDNN operation
-// graphs for SM90 with no device. Execution plans need a device and are left to tests/gpu.
+// causal, padding mask; dense without a mask; ragged with a sequence dimension below T; forward and
+// backward) described, validated and lowered to cuDNN operation graphs for SM90 with no device. Execution plans need a device and are left to tests/gpu.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -89,22 +90,43 @@ Expected walk(const std::vector<RowLayout>& rows, int32_t T, int32_t H, int32_t 
   return e;
 }
 
+// A batch of `n` segments that may hold padding and a T-long segment.
+BatchLayout segments(int32_t n, int32_t longest = 77) { return BatchLayout{n, longest, false}; }
+
 }  // namespace
 
 TEST_CASE("graph keys: equal problems give one key, every field that changes the graph another") {
   const AttentionProblem p = problem(4, 77, 6, 2, 64, true);
-  const GraphKey base = make_graph_key(p, 10, Pass::forward, 0, 90, 91900);
-  CHECK(base == make_graph_key(p, 10, Pass::forward, 0, 90, 91900));
-  CHECK(GraphKeyHash{}(base) == GraphKeyHash{}(make_graph_key(p, 10, Pass::forward, 0, 90, 91900)));
-  // 9..16 segments in 4 rows share the bound 16, so the graph.
-  CHECK(base.segment_bound == 16);
-  CHECK(make_graph_key(p, 9, Pass::forward, 0, 90, 91900) == base);
-  CHECK(make_graph_key(p, 16, Pass::forward, 0, 90, 91900) == base);
-  CHECK(make_graph_key(p, 17, Pass::forward, 0, 90, 91900) != base);
+  const GraphKey base = make_graph_key(p, segments(10), Pass::forward, 0, 90, 91900);
+  CHECK(base == make_graph_key(p, segments(10), Pass::forward, 0, 90, 91900));
+  CHECK(GraphKeyHash{}(base) == GraphKeyHash{}(make_graph_key(p, segments(10), Pass::forward, 0, 90, 91900)));
+  // 9 and 10 segments in 4 rows share the bound 10, so the graph; 11 does not.
+  CHECK(base.segment_bound == 10);
+  CHECK(base.max_len == 77);  // a segment may fill the row: the length bound is T
+  CHECK(make_graph_key(p, segments(9), Pass::forward, 0, 90, 91900) == base);
+  CHECK(make_graph_key(p, segments(11), Pass::forward, 0, 90, 91900) != base);
+  // So do batches whose longest segments round to the same power of two (at least 64).
+  CHECK(make_graph_key(p, segments(10, 70), Pass::forward, 0, 90, 91900) == base);
+  const GraphKey short_docs = make_graph_key(p, segments(10, 40), Pass::forward, 0, 90, 91900);
+  CHECK(short_docs.max_len == 64);
+  CHECK(short_docs.sequence_dim() == 64);
+  CHECK(short_docs == make_graph_key(p, segments(10, 1), Pass::forward, 0, 90, 91900));
+  CHECK(short_docs != base);
+  // Rows without padding: the dense graph for a packed and a padded problem alike, no mask.
+  const BatchLayout full{4, 77, true};
+  const GraphKey dense = make_graph_key(p, full, Pass::forward, 0, 90, 91900);
+  CHECK(dense.layout == Layout::dense);
+  CHECK(!dense.masked());
+  CHECK(dense.sequences() == 4);
+  CHECK(dense.sequence_dim() == 77);
+  CHECK(dense == make_graph_key(problem(4, 77, 6, 2, 64, false), full, Pass::forward, 0, 90, 91900));
+  CHECK(dense.describe() == "forward dense B 4 T 77 H 6 Hkv 2 D 64 f32 causal sm90 device 0 cuDNN 91900");
   // Padded rows: the segment count plays no part.
   const AttentionProblem padded = problem(4, 77, 6, 2, 64, false);
-  CHECK(make_graph_key(padded, 3, Pass::forward, 0, 90, 91900) == make_graph_key(padded, 4, Pass::forward, 0, 90, 91900));
-  CHECK(make_graph_key(padded, 4, Pass::forward, 0, 90, 91900).segment_bound == 0);
+  CHECK(make_graph_key(padded, segments(3), Pass::forward, 0, 90, 91900) == make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900));
+  CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).segment_bound == 0);
+  CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).layout == Layout::padded);
+  CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).masked());
 
   std::vector<GraphKey> changed;
   const auto with = [&](auto change) {
@@ -117,8 +139,10 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
   with([](GraphKey& k) { k.heads = 8; });
   with([](GraphKey& k) { k.kv_heads = 3; });
   with([](GraphKey& k) { k.head_dim = 128; });
-  with([](GraphKey& k) { k.packed = false; });
-  with([](GraphKey& k) { k.segment_bound = 32; });
+  with([](GraphKey& k) { k.layout = Layout::padded; });
+  with([](GraphKey& k) { k.layout = Layout::dense; });
+  with([](GraphKey& k) { k.segment_bound = 12; });
+  with([](GraphKey& k) { k.max_len = 64; });
   with([](GraphKey& k) { k.dtype = DType::bf16; });
   with([](GraphKey& k) { k.causal = false; });
   with([](GraphKey& k) { k.pass = Pass::backward; });
@@ -133,7 +157,8 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
   }
   std::sort(hashes.begin(), hashes.end());
   CHECK(std::adjacent_find(hashes.begin(), hashes.end()) == hashes.end());
-  CHECK(base.describe() == "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 16 f32 causal sm90 device 0 cuDNN 91900");
+  CHECK(base.describe() ==
+        "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 10 longest 77 f32 causal sm90 device 0 cuDNN 91900");
 }
 
 TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's are not, and no T x T block") {
@@ -165,23 +190,74 @@ TEST_CASE("the frontend's own CUDA runtime is pinned to the one the plugin was b
   CHECK(std::string(after) == (preset.empty() ? "libcudart.so." + std::to_string(CUDART_VERSION / 1000) : preset));
 }
 
-TEST_CASE("segment_bound: the rows doubled until every segment fits") {
-  for (int32_t rows : {1, 3, 4, 8}) {
+TEST_CASE("segment_bound: the count (at least the rows) rounded up to its top three bits") {
+  // Brute force: the smallest value >= max(n, rows) whose binary form has at most three significant
+  // bits (values under 8 are themselves).
+  const auto top_three_bits = [](int64_t v) {
+    int64_t bits = 0;
+    while (v >= 8) {
+      if (v & 1) return false;
+      v >>= 1;
+      ++bits;
+    }
+    return true;
+  };
+  for (int32_t rows : {1, 3, 4, 8, 64}) {
     int32_t previous = 0;
-    for (int32_t n = 0; n <= 300; ++n) {
+    std::vector<int32_t> distinct;
+    for (int32_t n = 0; n <= 3000; ++n) {
       const int32_t b = segment_bound(n, rows);
       INFO("rows " << rows << " segments " << n << " bound " << b);
-      CHECK(b >= n);
-      CHECK(b >= rows);
+      int64_t want = std::max({n, rows, 1});
+      while (!top_three_bits(want)) ++want;
+      CHECK(b == want);
       CHECK(b >= previous);
-      int32_t m = b;
-      while (m > rows && m % 2 == 0) m /= 2;
-      CHECK(m == rows);                        // rows * 2^k
-      CHECK((b == rows || b < 2 * n));         // never twice what is needed
+      CHECK(4 * int64_t(b) <= 5 * int64_t(std::max({n, rows, 8})));  // at most 25% empty entries past 8
+      if (distinct.empty() || distinct.back() != b) distinct.push_back(b);
       previous = b;
     }
+    // Four graphs per doubling: between 1000 and 2000 segments, five bounds.
+    CHECK(std::count_if(distinct.begin(), distinct.end(), [](int32_t b) { return b >= 1000 && b <= 2048; }) <= 5);
   }
   CHECK(segment_bound(0, 0) == 1);
+  CHECK(segment_bound(220, 64) == 224);
+  CHECK(segment_bound(257, 64) == 320);
+}
+
+TEST_CASE("length_bound: the longest segment rounded up to a power of two, at least 64, at most T") {
+  CHECK(length_bound(1, 1024) == 64);
+  CHECK(length_bound(64, 1024) == 64);
+  CHECK(length_bound(65, 1024) == 128);
+  CHECK(length_bound(300, 1024) == 512);
+  CHECK(length_bound(1024, 1024) == 1024);
+  CHECK(length_bound(600, 1000) == 1000);
+  CHECK(length_bound(10, 40) == 40);
+  for (int32_t T : {2, 40, 77, 1024}) {
+    for (int32_t longest = 1; longest <= T; ++longest) {
+      const int32_t b = length_bound(longest, T);
+      CHECK(b >= longest);
+      CHECK(b <= T);
+      CHECK((b == T || (b >= 64 && (b & (b - 1)) == 0)));
+    }
+  }
+}
+
+TEST_CASE("batch_layout: full rows only when every row is one segment of length T") {
+  const auto layout = [](const Batch& b) {
+    return batch_layout(&b, int32_t(b.segments.size()), b.rows, b.seq_len);
+  };
+  const Batch dense = make_batch(8, {{{0, 8}}, {{0, 8}}, {{0, 8}}});
+  CHECK(layout(dense).full_rows);
+  CHECK(layout(dense).longest == 8);
+  CHECK(layout(dense).segments == 3);
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 7}}})).full_rows);           // a short row
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {}})).full_rows);                 // an empty row
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 3}, {3, 5}}})).full_rows);   // two documents in a row
+  CHECK(layout(make_batch(8, {{{0, 3}, {3, 5}}, {{0, 2}}})).longest == 5);
+  // Without the host copy nothing is assumed.
+  const BatchLayout unknown = batch_layout(nullptr, 3, 3, 8);
+  CHECK(!unknown.full_rows);
+  CHECK(unknown.longest == 8);
 }
 
 TEST_CASE("ragged offsets: the kernel's host twin against a direct walk of random packed layouts") {
@@ -318,7 +394,7 @@ TEST_CASE("forward without a device fails with an ablate error, not a crash") {
                        doctest::Contains("d_out is bf16 but the problem's gradients are f32"), Error);
 }
 
-TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, forward and backward, lowered for SM90 without a GPU") {
+TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, dense, short ragged; forward and backward, lowered for SM90 without a GPU") {
   const CudnnLibrary& lib = cudnn_library();
   if (!lib.loaded) {
     MESSAGE("cuDNN could not be loaded here (" << lib.error << "): graph lowering not checked");
@@ -328,20 +404,25 @@ TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, forward and bac
   for (Pass pass : {Pass::forward, Pass::backward}) {
     for (bool packed : {true, false}) {
       for (auto [H, Hkv, D] : {std::tuple{6, 2, 64}, std::tuple{8, 2, 128}, std::tuple{4, 4, 64}}) {
-        const AttentionProblem p = problem(3, 77, H, Hkv, D, packed);
-        const GraphKey key = make_graph_key(p, 11, pass, 0, 90, lib.version);
-        INFO(key.describe());
-        const SdpaGraph::Built built = SdpaGraph::build(key, nullptr);
-        CHECK_MESSAGE(built.error.empty(), built.error);
-        REQUIRE(built.graph != nullptr);
-        CHECK(built.graph->key() == key);
-        CHECK(built.graph->workspace_bytes() == 0);  // no plan without a device
+        const AttentionProblem p = problem(3, 256, H, Hkv, D, packed);
+        // A batch that may hold T-long segments, one of short ones (sequence dimension 64 < T), and
+        // one without padding (the dense graph: no mask, no sequence lengths).
+        for (const BatchLayout& b : {segments(11, 256), segments(11, 50), BatchLayout{3, 256, true}}) {
+          const GraphKey key = make_graph_key(p, b, pass, 0, 90, lib.version);
+          INFO(key.describe());
+          const SdpaGraph::Built built = SdpaGraph::build(key, nullptr);
+          CHECK_MESSAGE(built.error.empty(), built.error);
+          REQUIRE(built.graph != nullptr);
+          CHECK(built.graph->key() == key);
+          CHECK(built.graph->workspace_bytes() == 0);  // no plan without a device
+          CHECK(built.graph->plans() == 0);
+        }
       }
     }
   }
   // A head count that is no multiple of the kv heads is refused by validation.
   for (Pass pass : {Pass::forward, Pass::backward}) {
-    const GraphKey key = make_graph_key(problem(2, 64, 5, 2, 64, true), 4, pass, 0, 90, lib.version);
+    const GraphKey key = make_graph_key(problem(2, 64, 5, 2, 64, true), segments(4, 64), pass, 0, 90, lib.version);
     const SdpaGraph::Built built = SdpaGraph::build(key, nullptr);
     INFO(built.error);
     CHECK(built.graph == nullptr);

@@ -2,7 +2,9 @@
 // with random segments (length 1 and empty rows included), GQA ratios 1, 3 and 4, head_dim 64 and
 // 128, T = 7, 77 and 130 (none a multiple of 64); outputs and all three gradients, outputs poisoned
 // with NaN first so that a position cuDNN never writes shows; and one graph build per distinct key
-// over repeated calls. Exits 77 (CTest: skipped) without a CUDA device.
+// over repeated calls; rows without padding (the unmasked dense graph, for padded and packed
+// problems); the measured plan against heuristics' choice. Exits 77 (CTest: skipped) without a CUDA
+// device.
 //
 // Both backends get the same inputs, already representable in bf16, so cudnn_flash's conversion of
 // its f32 inputs is exact and what remains is cuDNN's own bf16 arithmetic (see the tolerances).
@@ -41,11 +43,11 @@ struct Fixture {
   Registry registry;
   std::unique_ptr<Device> device;
   std::unique_ptr<Attention> flash, naive;
-  Counter builds = nullptr, cached = nullptr;
-  Fixture() {
+  Counter builds = nullptr, cached = nullptr, tuned = nullptr;
+  explicit Fixture(const char* plan = "measured") {
     registry.load_directories({ABLATE_PLUGIN_DIR});
-    static const Params run_params{"run", {}}, common{"attention", {}}, flash_own{"attention.cudnn_flash", {}},
-        naive_own{"attention.naive_cuda", {}};
+    static const Params run_params{"run", {}}, common{"attention", {}}, naive_own{"attention.naive_cuda", {}};
+    const Params flash_own{"attention.cudnn_flash", {{"plan", std::string(plan)}}};
     RunContext on_gpu;
     on_gpu.device = "cuda";
     device = registry.create<Device>(Kind::device, "cuda", {run_params, run_params, on_gpu});
@@ -58,7 +60,8 @@ struct Fixture {
     REQUIRE_MESSAGE(plugin != nullptr, "the registry did not load " << library);
     builds = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cudnn_flash_graph_builds"));
     cached = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cudnn_flash_graphs_cached"));
-    REQUIRE_MESSAGE((builds != nullptr && cached != nullptr), "the plugin exports no build counters");
+    tuned = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cudnn_flash_graphs_tuned"));
+    REQUIRE_MESSAGE((builds != nullptr && cached != nullptr && tuned != nullptr), "the plugin exports no build counters");
   }
 };
 
@@ -112,12 +115,27 @@ bool zero_at_padding(const std::vector<float>& x, const Batch& batch, int64_t pe
   return true;
 }
 
+// (B, T, heads, D) values drawn from `n`, each exactly representable in bf16.
+std::vector<float> random_bf16(const AttentionProblem& p, int64_t heads, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(std::size_t(p.batch) * p.seq_len * heads * p.head_dim);
+  for (float& e : x) e = to_bf16(n(rng));
+  return x;
+}
+
+// The output within out_rtol and the three gradients within grad_rtol of the reference (see worst).
+void check_close(const Outputs& got, const Outputs& want, double out_rtol, double grad_rtol) {
+  CHECK(worst(got.out, want.out, out_rtol) <= 1.0);
+  CHECK(worst(got.d_q, want.d_q, grad_rtol) <= 1.0);
+  CHECK(worst(got.d_k, want.d_k, grad_rtol) <= 1.0);
+  CHECK(worst(got.d_v, want.d_v, grad_rtol) <= 1.0);
+}
+
 }  // namespace
 
 TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, head_dim 64 and 128, odd T") {
   Fixture f;
   std::mt19937 rng(43);
-  std::normal_distribution<float> n(0.0f, 1.0f);
   // Tolerances for bf16 (8 significant bits, unit roundoff u = 2^-9), relative to each tensor's
   // largest reference value plus the element's own: the inputs are exact in bf16, so the errors are
   // cuDNN's: the probabilities rounded to bf16 before they meet V (about u relative per term), O
@@ -147,20 +165,13 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
       }
       ++ran;
       REQUIRE(f.naive->supports(p).empty());
-      const auto make = [&](int64_t heads) {
-        std::vector<float> x(std::size_t(p.batch) * T * heads * D);
-        for (float& e : x) e = to_bf16(n(rng));
-        return x;
-      };
+      const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
       const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads),
                                d_out = make(p.heads);
       const Outputs want = run(f, *f.naive, p, batch, q, k, v, d_out);
       const int64_t builds_before = f.builds(f.flash.get());
       const Outputs got = run(f, *f.flash, p, batch, q, k, v, d_out);
-      CHECK(worst(got.out, want.out, out_rtol) <= 1.0);
-      CHECK(worst(got.d_q, want.d_q, grad_rtol) <= 1.0);
-      CHECK(worst(got.d_k, want.d_k, grad_rtol) <= 1.0);
-      CHECK(worst(got.d_v, want.d_v, grad_rtol) <= 1.0);
+      check_close(got, want, out_rtol, grad_rtol);
       CHECK(zero_at_padding(got.out, batch, int64_t(p.heads) * D));
       CHECK(zero_at_padding(got.d_q, batch, int64_t(p.heads) * D));
       CHECK(zero_at_padding(got.d_k, batch, int64_t(p.kv_heads) * D));
@@ -187,7 +198,6 @@ TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out ex
   // here are exact in bf16, so holding them in bf16 changes nothing cuDNN reads.
   Fixture f;
   std::mt19937 rng(17);
-  std::normal_distribution<float> n(0.0f, 1.0f);
   for (bool packed : {false, true}) {
     INFO((packed ? "packed" : "padded"));
     const int32_t T = 77, D = 64;
@@ -199,11 +209,7 @@ TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out ex
       REQUIRE(device_refusal(why));
       continue;
     }
-    const auto make = [&](int64_t heads) {
-      std::vector<float> x(std::size_t(p.batch) * T * heads * D);
-      for (float& e : x) e = to_bf16(n(rng));
-      return x;
-    };
+    const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
     const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
     const Outputs f32_out = run(f, *f.flash, p, batch, q, k, v, d_out);
     for (bool qkv : {false, true}) {
@@ -232,26 +238,91 @@ TEST_CASE("cudnn_flash: packed batches with different segment counts share a gra
     return;
   }
   std::mt19937 rng(5);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  const auto make = [&](int64_t heads) {
-    std::vector<float> x(std::size_t(p.batch) * T * heads * p.head_dim);
-    for (float& e : x) e = to_bf16(n(rng));
-    return x;
-  };
+  const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
   const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
-  // 3 and 4 segments in 2 rows: both within the bound 4, so one forward and one backward graph.
-  const Batch three = test::make_batch(T, {{{0, 40}, {40, 50}}, {{0, 96}}});
-  const Batch four = test::make_batch(T, {{{0, 10}, {10, 1}, {11, 80}}, {{0, 95}}});
-  const Outputs a = run(f, *f.flash, p, three, q, k, v, d_out);
+  // 9 and 10 segments in 2 rows share the bound 10, and their longest (96, 95) the length bound 96:
+  // one forward and one backward graph.
+  const Batch nine = test::make_batch(T, {{{0, 12}, {12, 12}, {24, 12}, {36, 12}, {48, 12}, {60, 12}, {72, 12},
+                                           {84, 12}},
+                                          {{0, 96}}});
+  const Batch ten = test::make_batch(T, {{{0, 10}, {10, 10}, {20, 10}, {30, 10}, {40, 10}, {50, 10}, {60, 10},
+                                          {70, 10}, {80, 1}},
+                                         {{0, 95}}});
+  const Outputs a = run(f, *f.flash, p, nine, q, k, v, d_out);
   CHECK(f.builds(f.flash.get()) == 2);
-  const Outputs b = run(f, *f.flash, p, four, q, k, v, d_out);
+  const Outputs b = run(f, *f.flash, p, ten, q, k, v, d_out);
   CHECK(f.builds(f.flash.get()) == 2);
-  const Outputs want = run(f, *f.naive, p, four, q, k, v, d_out);
-  CHECK(worst(b.out, want.out, 1.0 / 64) <= 1.0);
-  CHECK(worst(b.d_q, want.d_q, 1.0 / 32) <= 1.0);
-  CHECK(worst(b.d_k, want.d_k, 1.0 / 32) <= 1.0);
-  CHECK(worst(b.d_v, want.d_v, 1.0 / 32) <= 1.0);
+  const Outputs want = run(f, *f.naive, p, ten, q, k, v, d_out);
+  check_close(b, want, 1.0 / 64, 1.0 / 32);
+  // Short documents only (longest 20): a graph whose sequence dimension is 64, not T = 96.
+  const Batch short_docs = test::make_batch(T, {{{0, 20}, {20, 20}, {40, 20}, {60, 20}, {80, 16}}, {{0, 7}}});
+  const Outputs c = run(f, *f.flash, p, short_docs, q, k, v, d_out);
+  CHECK(f.builds(f.flash.get()) == 4);
+  const Outputs want_c = run(f, *f.naive, p, short_docs, q, k, v, d_out);
+  check_close(c, want_c, 1.0 / 64, 1.0 / 32);
+  CHECK(zero_at_padding(c.out, short_docs, int64_t(p.heads) * p.head_dim));
+  CHECK(zero_at_padding(c.d_k, short_docs, int64_t(p.kv_heads) * p.head_dim));
   (void)a;
+}
+
+TEST_CASE("cudnn_flash on rows without padding: the unmasked graph for padded and packed problems, held in bf16 or not") {
+  Fixture f;
+  std::mt19937 rng(29);
+  for (auto [T, D, ratio] : {std::tuple{77, 64, 3}, std::tuple{128, 128, 1}}) {
+    const Batch batch = test::make_batch(T, {{{0, T}}, {{0, T}}, {{0, T}}});
+    for (bool packed : {false, true}) {
+      for (bool held : {false, true}) {
+        INFO("T " << T << " D " << D << (packed ? " packed" : " padded") << (held ? ", q k v out in bf16" : ""));
+        AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
+                           .dtype = DType::f32, .device = DeviceType::cuda, .packed = packed};
+        if (const std::string why = f.flash->supports(p); !why.empty()) {
+          REQUIRE(device_refusal(why));
+          continue;
+        }
+        const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
+        const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
+        const Outputs want = run(f, *f.naive, p, batch, q, k, v, d_out);
+        p.bf16_out = p.bf16_qkv = held;
+        const Outputs got = run(f, *f.flash, p, batch, q, k, v, d_out);
+        check_close(got, want, 1.0 / 64, 1.0 / 32);
+      }
+    }
+  }
+  // Padded and packed problems on the same rows share the dense graphs: one forward and one backward
+  // per shape.
+  CHECK(f.builds(f.flash.get()) == f.cached(f.flash.get()));
+  CHECK(f.cached(f.flash.get()) <= 2 * 2);
+}
+
+TEST_CASE("cudnn_flash's measured plan computes what heuristics' choice computes") {
+  Fixture measured("measured"), heuristic("heuristic");
+  std::mt19937 rng(31);
+  const int32_t T = 256, D = 64;
+  const Batch batch = test::make_batch(T, {{{0, T}}, {{0, 100}, {100, 156}}, {{0, 30}}});
+  const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 4, .kv_heads = 2, .head_dim = D,
+                           .dtype = DType::f32, .device = DeviceType::cuda, .packed = true};
+  if (const std::string why = measured.flash->supports(p); !why.empty()) {
+    REQUIRE(device_refusal(why));
+    return;
+  }
+  const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
+  const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
+  const Outputs want = run(measured, *measured.naive, p, batch, q, k, v, d_out);
+  const Outputs timed = run(measured, *measured.flash, p, batch, q, k, v, d_out);
+  const Outputs chosen = run(heuristic, *heuristic.flash, p, batch, q, k, v, d_out);
+  for (const Outputs* got : {&timed, &chosen}) {
+    check_close(*got, want, 1.0 / 64, 1.0 / 32);
+    CHECK(zero_at_padding(got->out, batch, int64_t(p.heads) * D));
+  }
+  CHECK(heuristic.tuned(heuristic.flash.get()) == 0);
+  CHECK(measured.tuned(measured.flash.get()) <= measured.builds(measured.flash.get()));
+  MESSAGE("measured: " << measured.tuned(measured.flash.get()) << " of " << measured.builds(measured.flash.get())
+                       << " graphs had more than one plan to time");
+  // Timed once: a second call builds and times nothing more.
+  const int64_t tuned = measured.tuned(measured.flash.get()), built = measured.builds(measured.flash.get());
+  (void)run(measured, *measured.flash, p, batch, q, k, v, d_out);
+  CHECK(measured.tuned(measured.flash.get()) == tuned);
+  CHECK(measured.builds(measured.flash.get()) == built);
 }
 
 int main(int argc, char** argv) {
