@@ -36,7 +36,8 @@ void register_components(Registrar& r) {
   add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_gelu_mlp);
   add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
-                 "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows, softmax cross-entropy and its gradients",
+                 "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in chunks of 4096 "
+                 "under bf16 products), softmax cross-entropy and its gradients",
                  make_cross_entropy);
   ComponentInfo lora;
   lora.kind = Kind::layer;

@@ -116,7 +116,7 @@ else
   echo "  compute-sanitizer not found: skipped"
 fi
 want bench && echo "== benchmarks"
-for b in bench_optim bench_attention bench_epilogues; do
+for b in bench_optim bench_attention bench_epilogues bench_layers; do
   want bench || continue
   [ -x "$here/bin/$b" ] || continue
   skip_stage "$b" 60 && continue

@@ -47,6 +47,7 @@ def headline(name, data):
         "pytorch_sdpa": ["device", "torch"],
         "pytorch_gemm": ["device", "torch", "rows"],
         "bench_nccl": ["device", "world", "elements"],
+        "bench_layers": ["device", "dtype", "rows", "product_tflops", "copy_gbs"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -60,6 +61,14 @@ def headline(name, data):
                 picked[f"{row.get('op')}/{row.get('dtype')} algbw GB/s"] = row.get("algbw_gbs")
             else:
                 picked[f"{row.get('shape')}/{row.get('backend')}/{row.get('dtype')} f+b TF/s"] = row.get("fwd_bwd_tflops")
+        return picked
+    results = data.get("results") if isinstance(data, dict) else None
+    if isinstance(results, list) and name == "bench_layers":
+        # Each layer's pass: measured time over the time its FLOPs and bytes predict.
+        picked = {k: data[k] for k in (keys or []) if k in data}
+        for row in results:
+            if isinstance(row, dict) and row.get("status") == "ok":
+                picked[f"{row.get('label')}/{row.get('pass')} measured/predicted"] = round(row["measured_over_predicted"], 2)
         return picked
     products = data.get("products") if isinstance(data, dict) else None
     if isinstance(products, list) and name == "pytorch_gemm":
