@@ -135,6 +135,7 @@ class Linear final : public Layer {
     const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_, /*bf16_y=*/true);
     const cudaStream_t st = stream_of(call);
     const bool y_bf16 = call.y.dtype == DType::bf16;
+    if (y_bf16 && write_bf16_y(call, x, p)) return;
     float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
     dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y,
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0), st, mode_);
@@ -155,6 +156,26 @@ class Linear final : public Layer {
   }
 
  private:
+  // q, k or v in bf16 straight from the product (the bias, from the model's bf16 copy, in its
+  // epilogue): no f32 product in scratch and no rounding pass. False when there is no bf16 copy of
+  // a bias or cuBLASLt serves no such epilogue: the caller rounds from scratch instead, to the same
+  // values save the bias (there in f32).
+  bool write_bf16_y(const LayerCall& call, const Operand& x, const lp::Dense& p) const {
+    const LayerSpec& s = *call.spec;
+    const Weight W = weight_at(call, p.weight);
+    auto* y = call.y.as<uint16_t>();
+    if (p.bias < 0) {
+      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call));
+      check_launch(kName);
+      return true;
+    }
+    if (call.params_bf16.data == nullptr) return false;
+    const Weight b = weight_at(call, p.bias);
+    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call));
+    check_launch(kName);
+    return done;
+  }
+
   static constexpr const char* kName = "linear";
   MatmulMode mode_;
 };

@@ -126,7 +126,9 @@ class Context {
     float* bias_grad =
         grad_n > 0 ? reinterpret_cast<float*>(aligned256(set.bias_grad.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
                    : nullptr;
-    const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad) : static_cast<const void*>(g.bias);
+    const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad)
+                       : g.bias_bf16 != nullptr ? g.bias_bf16
+                                                : static_cast<const void*>(g.bias);
     if (bias != nullptr) {
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
@@ -223,13 +225,14 @@ class Context {
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
                "cublasLtMatmulDescSetAttribute(EPILOGUE)", g);
     }
-    if (g.bias != nullptr || bias_grad_elements(g) > 0) {
-      const cudaDataType_t bias_type = CUDA_R_32F;  // the output's type, as a bias gradient must be
+    if (g.bias != nullptr || g.bias_bf16 != nullptr || bias_grad_elements(g) > 0) {
+      // The output's type, as cuBLASLt's bias and a bias gradient must be.
+      const cudaDataType_t bias_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
       // The heuristic reads the pointers' alignment: the real ones are set before each run, these
       // (the bias, or the 256-byte aligned scratch a gradient goes to) align alike.
-      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : set.workspace;
+      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : g.bias_bf16 != nullptr ? g.bias_bf16 : set.workspace;
       check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
     }
@@ -419,6 +422,17 @@ void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
   g.d_bf16 = true;
   gemm(g, stream);
+}
+
+bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                             uint16_t* y, cudaStream_t stream) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
+  g.d_bf16 = true;
+  g.bias_bf16 = bias_bf16;
+  if (g.M == 0 || g.N == 0) return true;
+  if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
+  // No pass to fall back on here (a bias added after rounding would round twice): the caller's.
+  return !fused_epilogue(g).empty() && context().run(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,

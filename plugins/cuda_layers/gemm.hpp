@@ -74,7 +74,10 @@ struct GemmCall {
   Activation act = Activation::none;
   float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it
   bool d_bf16 = false;           // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
-                                 // nearest even from the fp32 sums; no epilogue, beta 0 (the classifier's logits)
+                                 // nearest even from the fp32 sums; beta 0, no epilogue but a bf16 bias (the
+                                 // classifier's logits; q, k, v)
+  const void* bias_bf16 = nullptr;  // d_bf16 only: a bias in bf16 (cuBLASLt's bias has D's type), added to the
+                                    // fp32 sums before they are rounded
   float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
   float* a_sums = nullptr;         // ta only: (M) += sums of A's rows over K (a weight-gradient product's
                                    // bias gradient, dy summed over the batch's rows)
@@ -106,6 +109,10 @@ void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, 
                     float* y, cudaStream_t stream, MatmulMode mode);
 //   y(rows, out)  = x(rows, in) W^T in bf16 (bf16 products only: the fp32 sums rounded to nearest even)
 void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream);
+//   y(rows, out)  = x W^T + bias in bf16, the bias (bf16) in the product's epilogue (bf16 products only):
+//   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
+bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                             uint16_t* y, cudaStream_t stream);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);

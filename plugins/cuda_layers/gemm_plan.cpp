@@ -26,7 +26,7 @@ bool bf16_in_place(const void* bf16, const float* f32, int64_t ld) {
 
 // cuBLASLt's epilogue for a call whose layout allows fusing it (fused_epilogue() says when).
 cublasLtEpilogue_t epilogue_of(const GemmCall& g) {
-  const bool bias = g.bias != nullptr;
+  const bool bias = g.bias != nullptr || g.bias_bf16 != nullptr;
   switch (g.act) {
     case Activation::gelu_aux: return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     case Activation::dgelu: return g.d_column_sums != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
@@ -81,7 +81,8 @@ std::string gemm_key(const GemmCall& g) {
          (epi.empty() ? std::string("unfused") : epi) + " " + to_string(g.mode) + " align " +
          (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) +
          "," + al(g.C != nullptr ? g.C : g.D) +
-         (g.bias != nullptr ? "," + al(g.bias) : "") + (g.act != Activation::none ? "," + al(g.aux) : "") +
+         (g.bias != nullptr ? "," + al(g.bias) : "") + (g.bias_bf16 != nullptr ? ",bf16 bias " + al(g.bias_bf16) : "") +
+         (g.act != Activation::none ? "," + al(g.aux) : "") +
          (g.d_bf16 ? " out bf16" : "");
 }
 
@@ -107,8 +108,10 @@ std::string gemm_refusal(const GemmCall& g) {
   }
   if (g.d_bf16 && (!bf16 || g.bias != nullptr || g.act != Activation::none || g.a_sums != nullptr || g.beta != 0.0f ||
                    (g.C != nullptr && g.C != g.D))) {
-    return "a bf16 D is written by bf16 products without an epilogue and with beta 0 only";
+    return "a bf16 D is written by bf16 products with beta 0 and no epilogue but a bf16 bias only";
   }
+  if (g.bias_bf16 != nullptr && !g.d_bf16) return "a bf16 bias is added to a bf16 D only";
+  if (g.bias_bf16 != nullptr && g.ldc != g.N) return "a bias needs D packed (ldc == N)";
   return "";
 }
 
@@ -119,7 +122,7 @@ std::string fused_epilogue(const GemmCall& g) {
   // True fp32 products keep the GELU and its gradient in dense_math.hpp's arithmetic (the f32
   // path is the one held within fp32 rounding of the CPU; cuBLASLt's GELU is its own).
   if (g.act != Activation::none && g.mode == MatmulMode::f32) return "";
-  if (!aligned16(g.bias)) return "";
+  if (!aligned16(g.bias) || !aligned16(g.bias_bf16)) return "";
   switch (epilogue_of(g)) {
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
     case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
