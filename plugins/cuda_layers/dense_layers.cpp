@@ -182,10 +182,17 @@ class Linear final : public Layer {
 
 // --- gelu_mlp -------------------------------------------------------------------------------------
 
-// saved: pre-activation and activation (rows, H) each, the activation in bf16 under bf16 products
-// (the projection's products are all that read it); scratch: (rows, H) for their gradient (forward:
-// the f32 activation before it is rounded), then (rows, C) for the output's dropout (forward and
-// backward).
+// saved: the pre-activation and the activation (rows, H) each: f32, or under bf16 products both in
+// bf16, pre then post (the projection's products read the activation as it is; the GELU gradient
+// reads the pre-activation). scratch, f32 and bf16 products alike: (rows, H) f32 for a product
+// before its GELU or its gradient, then (bf16 products) (rows, H) bf16 for the gradient below the
+// GELU, then (rows, C) for the output's dropout (forward and backward).
+//
+// Under bf16 products fc's product writes pre and post in bf16 itself, the GELU and the bias (from
+// the model's bf16 copy) in cuBLASLt's epilogue, and backward's product writes the bf16 gradient
+// below the GELU with fc's bias gradient in its epilogue, which fc's two products read as it is.
+// Where cuBLASLt serves no such epilogue (or there is no bf16 copy of the bias), the product goes
+// to scratch in f32 and a kernel writes the same bf16 values (the bias then added in f32).
 class GeluMLP final : public Layer {
  public:
   explicit GeluMLP(MatmulMode mode) : mode_(mode) {}
@@ -195,9 +202,9 @@ class GeluMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override {
     const int64_t n = rows * s.out;
-    return bf16_post() ? bf16_after(n) + bf16_elements(n) : 2 * n;
+    return bf16_hidden() ? bf16_elements(2 * n) : 2 * n;
   }
-  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out + rows * s.in; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return dropout_at(s, rows) + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
   }
@@ -209,17 +216,19 @@ class GeluMLP final : public Layer {
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
     const Operand x = check_forward(kName, call, C, C, proj.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
-    if (bf16_post()) require_f32(kName, call.scratch, "scratch", rows * H);  // the f32 activation before rounding
+    if (bf16_hidden()) require_f32(kName, call.scratch, "scratch", scratch_elements(s, rows));  // the fallback's product
     const cudaStream_t st = stream_of(call);
-    float* pre = call.saved.as<float>();
     const Operand post = post_of(call, rows * H);
-    // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue; under bf16 the f32
-    // activation goes to scratch and is kept rounded to bf16.
-    float* post_f32 = bf16_post() ? call.scratch.as<float>() : const_cast<float*>(post.f32);
-    if (rows > 0) gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, post_f32, st, mode_);
-    if (bf16_post()) launch_to_bf16(post_f32, rows, H, H, static_cast<uint16_t*>(const_cast<void*>(post.bf16)), st);
+    if (bf16_hidden()) {
+      hidden_bf16(call, x, fc);
+    } else if (rows > 0) {
+      // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue.
+      float* pre = call.saved.as<float>();
+      gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32),
+                     st, mode_);
+    }
     dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, rows * H), st, mode_);
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, dropout_at(s, rows)), st, mode_);
     check_launch(kName);
   }
 
@@ -230,35 +239,83 @@ class GeluMLP final : public Layer {
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
     const Operand x = check_backward(kName, call, C, C, proj.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
-    const float* pre = call.saved.as<const float>();
     const Operand post = post_of(call, rows * H);
-    float* d_pre = call.scratch.as<float>();
+    Operand d_pre{call.scratch.as<float>()};
     if (rows > 0) {
-      // The projection's gradients; then d_pre = (dy' W_proj) * gelu'(pre) and fc's bias gradient
-      // from one product's epilogue.
+      // The projection's gradients; then the gradient below the GELU and fc's bias gradient.
       const float* dy = call.d_y.as<const float>();
       const DropoutArgs drop = dropout_of(kName, call);
       if (drop.p > 0.0) {
-        float* masked = scratch_at(call, rows * H);
+        float* masked = scratch_at(call, dropout_at(s, rows));
         launch_dropout_grad(dy, masked, rows * C, drop, st);
         dy = masked;
       }
       const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
       if (call.grads.data != nullptr) gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
-      gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), pre, d_pre, at_mut(call.grads, fc.bias), st, mode_);
+      if (bf16_hidden()) {
+        d_pre = d_pre_bf16(call, d, proj, fc);
+      } else {
+        gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), call.saved.as<const float>(), call.scratch.as<float>(),
+                        at_mut(call.grads, fc.bias), st, mode_);
+      }
     }
-    dense_backward(d_pre, rows, C, H, x, weight_at(call, fc.weight), at_mut(call.grads, fc.weight), nullptr,
-                   call.d_x.as<float>(), call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
+    // fc's gradients from d_pre (read as it is: bf16 under bf16 products); its bias gradient came above.
+    if (rows > 0 && call.d_x.data != nullptr) {
+      gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st, mode_);
+    }
+    if (rows > 0 && call.grads.data != nullptr) gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_);
     check_launch(kName);
   }
 
  private:
-  bool bf16_post() const { return mode_ == MatmulMode::bf16; }
-  // The activation (n values) in the saved values, after the pre-activation: f32 or bf16.
-  Operand post_of(const LayerCall& call, int64_t n) const {
-    if (!bf16_post()) return {call.saved.as<const float>() + n, nullptr};
-    return {nullptr, reinterpret_cast<const uint16_t*>(call.saved.as<const float>() + bf16_after(n))};
+  bool bf16_hidden() const { return mode_ == MatmulMode::bf16; }
+  // Where the output's dropout scratch starts: after the f32 (rows, H) and, under bf16 products, the
+  // bf16 (rows, H) gradient below the GELU.
+  int64_t dropout_at(const LayerSpec& s, int64_t rows) const {
+    const int64_t n = rows * s.out;
+    return bf16_hidden() ? bf16_after(bf16_after(n) + bf16_elements(n)) : n;
   }
+  // The activation (n values) in the saved values, after the pre-activation: f32, or bf16 after the
+  // bf16 pre-activation.
+  Operand post_of(const LayerCall& call, int64_t n) const {
+    if (!bf16_hidden()) return {call.saved.as<const float>() + n, nullptr};
+    return {nullptr, static_cast<const uint16_t*>(call.saved.data) + n};
+  }
+  uint16_t* pre_bf16(const LayerCall& call) const { return static_cast<uint16_t*>(call.saved.data); }
+
+  // Under bf16 products: pre and post in bf16 from fc's product (see the class comment).
+  void hidden_bf16(const LayerCall& call, const Operand& x, const lp::Dense& fc) const {
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows;
+    const cudaStream_t st = stream_of(call);
+    uint16_t* pre = pre_bf16(call);
+    auto* post = static_cast<uint16_t*>(const_cast<void*>(post_of(call, rows * H).bf16));
+    const Weight W = weight_at(call, fc.weight);
+    const void* bias = fc.bias < 0 ? nullptr : weight_at(call, fc.bias).bf16;
+    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st)) return;
+    float* t = call.scratch.as<float>();
+    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_);
+    launch_gelu_forward_bf16(t, pre, post, rows * H, st);
+  }
+
+  // Under bf16 products: the gradient below the GELU in bf16 (in scratch, after the f32 region) and
+  // fc's bias gradient, from the projection's input-gradient product.
+  Operand d_pre_bf16(const LayerCall& call, const Operand& d, const lp::Dense& proj, const lp::Dense& fc) const {
+    const LayerSpec& s = *call.spec;
+    const int64_t C = s.in, H = s.out, rows = call.rows, n = rows * H;
+    const cudaStream_t st = stream_of(call);
+    auto* out = reinterpret_cast<uint16_t*>(call.scratch.as<float>() + bf16_after(n));
+    const Weight W = weight_at(call, proj.weight);
+    float* db = at_mut(call.grads, fc.bias);
+    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st)) {
+      float* dh = call.scratch.as<float>();
+      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_);
+      launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
+      if (db != nullptr) add_column_sums(dh, db, rows, H, st);
+    }
+    return {nullptr, out};
+  }
+
   static constexpr const char* kName = "gelu_mlp";
   MatmulMode mode_;
 };

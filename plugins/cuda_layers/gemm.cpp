@@ -122,6 +122,7 @@ class Context {
       return false;
     }
     // A bias gradient is written, not added: into scratch, then added to the caller's vector.
+    // (In D's type: bf16 for a bf16 D.)
     const int64_t grad_n = bias_grad_elements(g);
     float* bias_grad =
         grad_n > 0 ? reinterpret_cast<float*>(aligned256(set.bias_grad.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
@@ -151,7 +152,9 @@ class Context {
       return false;
     }
     check_lt(rc, "cublasLtMatmul", g);
-    if (grad_n > 0) launch_copy_or_add(bias_grad, g.act == Activation::dgelu ? g.d_column_sums : g.a_sums, grad_n, true, stream);
+    float* grad_to = g.act == Activation::dgelu ? g.d_column_sums : g.a_sums;
+    if (grad_n > 0 && g.d_bf16) launch_add_bf16(reinterpret_cast<const uint16_t*>(bias_grad), grad_to, grad_n, stream);
+    if (grad_n > 0 && !g.d_bf16) launch_copy_or_add(bias_grad, grad_to, grad_n, true, stream);
     return true;
   }
 
@@ -335,8 +338,23 @@ void gemm(const GemmCall& g, cudaStream_t stream) {
   if (g.M == 0 || g.N == 0) return;
   if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
   if (!fused_epilogue(g).empty() && context().run(g, stream)) return;
+  // The passes work in f32: a bf16 D's epilogue is fused or done by its caller (gemm_fused_only).
+  if (g.d_bf16 && !no_epilogue(g)) throw_runtime_error("cuda_layers gemm", "no fallback for the epilogue of " + shape_of(g));
   gemm_unfused(g, stream);
 }
+
+namespace {
+
+// A call whose epilogue has no pass to fall back on here (a bf16 D: the passes would round twice):
+// true when cuBLASLt ran it with the epilogue fused, false (nothing written) when it serves no such
+// epilogue, and the caller computes the result another way.
+bool gemm_fused_only(const GemmCall& g, cudaStream_t stream) {
+  if (g.M == 0 || g.N == 0) return true;
+  if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
+  return !fused_epilogue(g).empty() && context().run(g, stream);
+}
+
+}  // namespace
 
 Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream, MatmulMode mode) {
   // Rows that are not 16-byte multiples are packed by each product anyway (bf16_in_place).
@@ -429,10 +447,27 @@ bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, W
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
-  if (g.M == 0 || g.N == 0) return true;
-  if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
-  // No pass to fall back on here (a bias added after rounding would round twice): the caller's.
-  return !fused_epilogue(g).empty() && context().run(g, stream);
+  return gemm_fused_only(g, stream);
+}
+
+bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                         uint16_t* pre, uint16_t* post, cudaStream_t stream) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), MatmulMode::bf16);
+  g.d_bf16 = true;
+  g.bias_bf16 = bias_bf16;
+  g.act = Activation::gelu_aux;
+  g.aux = reinterpret_cast<float*>(pre);
+  return gemm_fused_only(g, stream);
+}
+
+bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre,
+                          uint16_t* dpre, float* db, cudaStream_t stream) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dpre), MatmulMode::bf16);
+  g.d_bf16 = true;
+  g.act = Activation::dgelu;
+  g.aux = const_cast<float*>(reinterpret_cast<const float*>(pre));  // read only under dgelu
+  g.d_column_sums = db;
+  return gemm_fused_only(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,

@@ -72,10 +72,12 @@ struct GemmCall {
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
-  float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it
+  float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it (bf16
+                                 // values when d_bf16: cuBLASLt's GELU matrix has D's type)
   bool d_bf16 = false;           // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
-                                 // nearest even from the fp32 sums; beta 0, no epilogue but a bf16 bias (the
-                                 // classifier's logits; q, k, v)
+                                 // nearest even from the fp32 sums; beta 0, and of the epilogues only a bf16
+                                 // bias and the GELU ones (the classifier's logits; q, k, v; a GELU MLP's
+                                 // hidden activation and its gradient)
   const void* bias_bf16 = nullptr;  // d_bf16 only: a bias in bf16 (cuBLASLt's bias has D's type), added to the
                                     // fp32 sums before they are rounded
   float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
@@ -113,6 +115,15 @@ void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight
 //   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
                              uint16_t* y, cudaStream_t stream);
+//   pre = x W^T + bias and post = gelu(pre), both (rows, out) in bf16, from one product with the GELU
+//   (and the bf16 bias, if any) in its epilogue (bf16 products only): false when cuBLASLt serves no
+//   such epilogue here, nothing written (the caller computes them another way)
+bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                         uint16_t* pre, uint16_t* post, cudaStream_t stream);
+//   dpre(rows, in) = (dy W) * gelu'(pre) in bf16, pre in bf16; db(in) += its column sums (cuBLASLt sums
+//   them in fp32 and writes them in bf16) when db is not null: false when not served, as above
+bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre,
+                          uint16_t* dpre, float* db, cudaStream_t stream);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
                cudaStream_t stream, MatmulMode mode);

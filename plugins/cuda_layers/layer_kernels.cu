@@ -62,6 +62,26 @@ __global__ void gelu_backward_kernel(const float* pre, float* dh, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) dh[i] *= gelu_grad(pre[i]);
 }
 
+__global__ void gelu_forward_bf16_kernel(const float* t, uint16_t* pre, uint16_t* post, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) {
+    const float x = t[i];
+    pre[i] = device_math::bf16_bits(x);
+    post[i] = device_math::bf16_bits(gelu_out(x));
+  }
+}
+
+__global__ void gelu_backward_bf16_kernel(const uint16_t* pre, float* dh, uint16_t* dpre, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) {
+    const float g = dh[i] * gelu_grad(device_math::bf16_value(pre[i]));
+    dh[i] = g;
+    dpre[i] = device_math::bf16_bits(g);
+  }
+}
+
+__global__ void add_bf16_kernel(const uint16_t* src, float* dst, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) dst[i] += device_math::bf16_value(src[i]);
+}
+
 template <class Out>  // f32, or bf16 where the layer keeps h in bf16
 __global__ void swiglu_forward_kernel(const float* g, const float* u, Out* h, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) device_math::store_value(h + i, swiglu_out(g[i], u[i]));
@@ -383,6 +403,18 @@ void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, ui
 
 void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream) {
   if (n > 0) copy_or_add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, accumulate);
+}
+
+void launch_add_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n > 0) add_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n);
+}
+
+void launch_gelu_forward_bf16(const float* t, uint16_t* pre, uint16_t* post, int64_t n, cudaStream_t stream) {
+  if (n > 0) gelu_forward_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(t, pre, post, n);
+}
+
+void launch_gelu_backward_bf16(const uint16_t* pre, float* dh, uint16_t* dpre, int64_t n, cudaStream_t stream) {
+  if (n > 0) gelu_backward_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pre, dh, dpre, n);
 }
 
 void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,

@@ -23,6 +23,12 @@ void launch_dropout_grad(const float* dy, float* out, int64_t n, DropoutArgs d, 
 void launch_gelu_forward(const float* pre, float* post, int64_t n, cudaStream_t stream);
 // dh *= gelu'(pre)
 void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t stream);
+// A GELU MLP's hidden activation kept in bf16 (bf16 products), from the f32 pre-activation t:
+// pre = bf16(t), post = bf16(gelu(t)), as cuBLASLt's GELU_AUX epilogue writes them into bf16.
+void launch_gelu_forward_bf16(const float* t, uint16_t* pre, uint16_t* post, int64_t n, cudaStream_t stream);
+// Its gradient: dh *= gelu'(pre) with pre in bf16 (dh keeps the f32 values, for the bias gradient's
+// column sums) and dpre = bf16(dh), as cuBLASLt's DGELU epilogue writes a bf16 output.
+void launch_gelu_backward_bf16(const uint16_t* pre, float* dh, uint16_t* dpre, int64_t n, cudaStream_t stream);
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream);
 // The same with h kept in bf16 (device_math::bf16_bits of each value).
 void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream);
@@ -48,6 +54,8 @@ void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_
 void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, cudaStream_t stream);
 // dst = src, or dst += src (accumulate).
 void launch_copy_or_add(const float* src, float* dst, int64_t n, bool accumulate, cudaStream_t stream);
+// dst += the bf16 values src (a bias gradient cuBLASLt wrote in a bf16 output's type).
+void launch_add_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 
 // Rotary embedding of (rows, heads, D) in place or into dst (see dense_math.hpp); inverse for
 // backward; accumulate adds into dst.

@@ -320,14 +320,20 @@ std::vector<double> from_device_bf16(const cuda::DeviceBuffer<uint16_t>& b) {
 // values before it, or -1 where the layer keeps all its saved values in f32.
 int64_t f32_saved_before_bf16(const std::string& layer, const Mode& mode, int64_t hidden_values) {
   if (std::string(mode.dtype) != "bf16") return -1;
-  if (layer == "gelu_mlp") return hidden_values;
+  if (layer == "gelu_mlp") return 0;  // pre-activation and activation both in bf16
   if (layer == "swiglu_mlp") return 2 * hidden_values;
   return -1;
 }
 
+// The values after those that a layer keeps in bf16 under bf16 products: the GELU MLP's
+// pre-activation and activation, the SwiGLU MLP's h.
+int64_t bf16_saved_values(const std::string& layer, int64_t hidden_values) {
+  return layer == "gelu_mlp" ? 2 * hidden_values : hidden_values;
+}
+
 int64_t saved_elements(const std::string& layer, const Mode& mode, int64_t cpu_elements, int64_t hidden_values) {
   const int64_t f32 = f32_saved_before_bf16(layer, mode, hidden_values);
-  return f32 < 0 ? cpu_elements : (f32 + 63) / 64 * 64 + (hidden_values + 1) / 2;
+  return f32 < 0 ? cpu_elements : (f32 + 63) / 64 * 64 + (bf16_saved_values(layer, hidden_values) + 1) / 2;
 }
 
 // The saved values as the CPU twin lays them out (all f32), from the GPU's bits.
@@ -549,7 +555,7 @@ Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mod
   layer.forward(call);
   Results r;
   r.y = held_y ? from_device_bf16(y16) : held.y ? from_device_bf16(x16) : from_device(y);
-  r.saved = saved_as_cpu(bits_from_device(saved), f32_saved_before_bf16(p.layer, mode, hidden), hidden);
+  r.saved = saved_as_cpu(bits_from_device(saved), f32_saved_before_bf16(p.layer, mode, hidden), bf16_saved_values(p.layer, hidden));
 
   poison(scratch);
   DeviceFloats dx = to_device(v.d_x), grads = to_device(v.grads);  // d_x: NaN unless accumulating

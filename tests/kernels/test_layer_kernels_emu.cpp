@@ -1,7 +1,7 @@
 // The CUDA layers' kernels other than the norms (plugins/cuda_layers/layer_kernels.cu, the bf16
 // conversion of ablate/cuda_launch.cuh and epilogue_kernels.cu's bias pass), run by the kernel
 // interpreter through their launch helpers under every test schedule, on odd shapes: dropout and
-// its gradient, gelu, swiglu (f32 and bf16 h), copies, the table lookups and the deterministic
+// its gradient, gelu (f32, and bf16 pre and post), swiglu (f32 and bf16 h), copies, the table lookups and the deterministic
 // scatter-add, the bf16 conversions, rope (f32 and bf16) and the classifier's softmax rows. The
 // references are float64 loops written here: the dropout mask drawn from mix64 per flat element,
 // the formulas of dense_math.hpp's header in double with tolerances from the float arithmetic;
@@ -521,6 +521,65 @@ TEST_CASE("gelu forward and backward follow the tanh approximation") {
   }
   emu_test::report_worst("gelu_forward", worst_fwd.abs, worst_fwd.rel);
   emu_test::report_worst("gelu_backward", worst_bwd.abs, worst_bwd.rel);
+}
+
+TEST_CASE("gelu with its hidden activation in bf16: pre and post the f32 kernel's values rounded, the gradient from bf16 pre") {
+  // The f32 kernels are checked against float64 above; the bf16 ones must give their values bit
+  // for bit, rounded to the nearest bf16 where they write bf16: pre = bf16(t), post = bf16 of the
+  // f32 kernel's gelu(t) (from t itself, not from its rounding), and backward the f32 kernel's
+  // dh * gelu'(p) for p = bf16(t) as its input, kept in f32 and written rounded. add_bf16 adds
+  // bf16 values exactly (each one widened, then one f32 sum).
+  for (const int64_t n : kCounts) {
+    std::vector<float> t = normals(sz(n), 2.5, uint64_t(n) + 40);
+    for (float& v : t) v = std::clamp(v, -9.0f, 9.0f);
+    const std::vector<float> dh = normals(sz(n), 1.0, uint64_t(n) + 41), dst0 = normals(sz(n), 1.0, uint64_t(n) + 42);
+    std::vector<float> t_rounded(sz(n));
+    std::vector<uint16_t> t_bits(sz(n));
+    for (int64_t i = 0; i < n; ++i) {
+      t_bits[sz(i)] = bf16_nearest(t[sz(i)]);
+      t_rounded[sz(i)] = bf16_to_float(t_bits[sz(i)]);
+    }
+    emu_test::for_each_schedule([&] {
+      auto dt = to_device(t), dtr = to_device(t_rounded);
+      auto post32 = to_device(with_tail(std::vector<float>(sz(n), kSentinel)));
+      launch_gelu_forward(dt.data(), post32.data(), n, nullptr);
+      auto dh32 = to_device(with_tail(dh));
+      launch_gelu_backward(dtr.data(), dh32.data(), n, nullptr);  // from the rounded pre-activation
+      const std::vector<uint16_t> tail(sz(n) + kTail, kSentinelBits);
+      auto pre16 = to_device(tail), post16 = to_device(tail), dpre16 = to_device(tail);
+      launch_gelu_forward_bf16(dt.data(), pre16.data(), post16.data(), n, nullptr);
+      auto dh_kept = to_device(with_tail(dh));
+      launch_gelu_backward_bf16(pre16.data(), dh_kept.data(), dpre16.data(), n, nullptr);
+      auto src16 = to_device(t_bits);
+      auto sum = to_device(with_tail(dst0));
+      launch_add_bf16(src16.data(), sum.data(), n, nullptr);
+      const std::vector<float> want_post = to_host(post32), want_dh = to_host(dh32), got_dh = to_host(dh_kept), got_sum = to_host(sum);
+      const std::vector<uint16_t> got_pre = to_host(pre16), got_post = to_host(post16), got_dpre = to_host(dpre16);
+      Failures fp, fq, fd, fr, fs, ft;
+      for (int64_t i = 0; i < n; ++i) {
+        const std::size_t k = sz(i);
+        fp.expect(got_pre[k] == t_bits[k], [&] { return "pre at " + std::to_string(i); });
+        fq.expect(got_post[k] == bf16_nearest(want_post[k]), [&] { return "post at " + std::to_string(i); });
+        fd.expect(same_bits(got_dh[k], want_dh[k]), [&] { return at(i, got_dh[k], want_dh[k]); });
+        fr.expect(got_dpre[k] == bf16_nearest(want_dh[k]), [&] { return "dpre at " + std::to_string(i); });
+        const float want_sum = dst0[k] + t_rounded[k];
+        fs.expect(same_bits(got_sum[k], want_sum), [&] { return at(i, got_sum[k], want_sum); });
+      }
+      for (std::size_t k = sz(n); k < tail.size(); ++k) {
+        ft.expect(got_pre[k] == kSentinelBits && got_post[k] == kSentinelBits && got_dpre[k] == kSentinelBits,
+                  [&] { return std::to_string(k); });
+      }
+      const std::string shape = " n " + std::to_string(n);
+      expect_none(fp, "gelu_forward_bf16 pre" + shape);
+      expect_none(fq, "gelu_forward_bf16 post" + shape);
+      expect_none(fd, "gelu_backward_bf16 dh" + shape);
+      expect_none(fr, "gelu_backward_bf16 dpre" + shape);
+      expect_none(fs, "add_bf16" + shape);
+      expect_none(ft, "gelu bf16 (sentinel tails)" + shape);
+      expect_tail(got_dh, sz(n), "gelu_backward_bf16 dh");
+      expect_tail(got_sum, sz(n), "add_bf16");
+    });
+  }
 }
 
 TEST_CASE("swiglu forward (f32 and bf16 h) and backward") {
