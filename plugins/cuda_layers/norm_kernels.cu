@@ -1,7 +1,11 @@
 // The norms on a CUDA device, f32 (see norm_math.hpp for the arithmetic). Forward and the input
 // gradient: one warp per row, statistics by warp shuffles. Parameter gradients: a two-stage column
 // sum in a fixed order (no atomics), so they are the same every run: chunks of rows summed in row
-// order into partials, then the partials of each column summed in chunk order.
+// order into partials, then the partials of each column summed in chunk order. Where a row is at
+// most 1024 wide and both gradients are asked for, backward is one pass over x and dy: each warp
+// writes the input gradient of its 32 consecutive rows and keeps their parameter-gradient terms in
+// registers (its lane's columns), one partial per warp; the partials are then summed as the
+// chunks' are.
 #include <cstddef>
 #include <mutex>
 
@@ -121,6 +125,56 @@ __global__ void norm_param_chunk_kernel(bool rms, const In* x, const float* dy, 
   }
 }
 
+// The one-pass backward (rows of at most kFusedCols): block b's warp w takes rows
+// [(b * kRowsPerBlock + w) * kFusedRows, + kFusedRows) in order; for each it computes the row's
+// means, writes dx, and adds dy xhat (dw's term) and dy (db's) for its lane's columns c = lane +
+// 32 j into registers; then writes them as partial row (b * kRowsPerBlock + w) of `partials`
+// (dw's terms at [0, in), db's at [in, 2 in) where width is 2 in).
+constexpr int kFusedRows = 32;
+constexpr int64_t kFusedCols = 1024;
+constexpr int kFusedPerLane = int(kFusedCols / kWarp);
+
+template <class In>
+__global__ void norm_backward_fused_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved,
+                                           float* dx, bool accumulate, int64_t rows, int64_t in, float* partials,
+                                           int64_t width, bool with_db) {
+  const int64_t part = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  float sw[kFusedPerLane], sb[kFusedPerLane];
+  for (int j = 0; j < kFusedPerLane; ++j) sw[j] = sb[j] = 0.0f;
+  const int64_t lo = part * kFusedRows, hi = rows - lo < kFusedRows ? rows : lo + kFusedRows;
+  for (int64_t row = lo; row < hi; ++row) {
+    const float mean = rms ? 0.0f : saved[row];
+    const float rstd = rms ? saved[row] : saved[rows + row];
+    const In* xr = x + row * in;
+    const float* dyr = dy + row * in;
+    float s_dxhat = 0.0f, s_dxhat_xhat = 0.0f;
+    for (int64_t c = lane; c < in; c += kWarp) {
+      const float xhat = (load_value(xr[c]) - mean) * rstd, dxhat = dyr[c] * w[c];
+      s_dxhat += dxhat;
+      s_dxhat_xhat += dxhat * xhat;
+    }
+    const float m_dxhat = rms ? 0.0f : warp_sum(s_dxhat) / float(in);
+    const float m_dxhat_xhat = warp_sum(s_dxhat_xhat) / float(in);
+    float* dxr = dx + row * in;
+    int j = 0;
+    for (int64_t c = lane; c < in; c += kWarp, ++j) {
+      const float xhat = (load_value(xr[c]) - mean) * rstd, g = dyr[c];
+      const float d = norm_dx(g * w[c], xhat, m_dxhat, m_dxhat_xhat, rstd);
+      dxr[c] = accumulate ? dxr[c] + d : d;
+      sw[j] += g * xhat;
+      sb[j] += g;
+    }
+  }
+  if (lo >= rows) return;
+  float* p = partials + part * width;
+  int j = 0;
+  for (int64_t c = lane; c < in; c += kWarp, ++j) {
+    p[c] = sw[j];
+    if (with_db) p[in + c] = sb[j];
+  }
+}
+
 // Stage 2: block (kSumCols columns, kSumLanes lanes) over `width` partial columns; lane l sums the
 // chunks [l * per, (l + 1) * per) in chunk order, then lane 0 adds the lanes' sums in lane order
 // (so the chunks in order, grouped) and adds the total into dw (column j < in) or db (j - in).
@@ -183,6 +237,21 @@ void norm_backward(bool rms, const In* x, const float* w, const float* dy, const
   const auto* dy_lo = reinterpret_cast<const char*>(dy);
   if (dx != nullptr && dx_lo < dy_lo + bytes && dy_lo < dx_lo + bytes) {
     throw_runtime_error("cuda_layers norm backward", "d_x overlaps d_y: the parameter gradients read d_y after d_x is written");
+  }
+  if (dx != nullptr && dw != nullptr && in <= kFusedCols) {
+    // One pass over x and dy: the input gradient and a partial per warp of kFusedRows rows, then
+    // the partials summed in order.
+    const int64_t parts = (rows + kFusedRows - 1) / kFusedRows;
+    const int64_t width = db != nullptr ? 2 * in : in;
+    PartialsScratch& scratch = partials_scratch();
+    std::lock_guard<std::mutex> lock(scratch.mu);  // the buffer is not regrown under the two launches
+    auto* partials = static_cast<float*>(scratch.partials.get(std::size_t(parts * width) * sizeof(float), stream));
+    const unsigned blocks = unsigned((parts + kRowsPerBlock - 1) / kRowsPerBlock);
+    norm_backward_fused_kernel<<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate, rows, in,
+                                                                            partials, width, db != nullptr);
+    sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
+        partials, parts, width, in, dw, db);
+    return;
   }
   if (dx != nullptr) {
     norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,

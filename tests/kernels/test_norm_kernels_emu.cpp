@@ -2,8 +2,10 @@
 // interpreter through their launchers (norm_kernels.hpp) under every test schedule, against
 // float64 norms written here: the forward (layernorm with and without a bias, rmsnorm; x -> y in
 // f32 -> f32, f32 -> bf16 and bf16 -> bf16) with its saved statistics, the input gradient (x in f32
-// or bf16, written or added into dx) and the parameter gradients (up to 256 rows added straight
-// into dw and db; more rows summed by chunks into partials, then the partials by lanes of chunks),
+// or bf16, written or added into dx) with the parameter gradients in the same pass (rows of at most
+// 1024: a partial per warp of 32 rows; wider rows in two passes), and the parameter gradients alone
+// (up to 256 rows added straight into dw and db; more rows summed by chunks into partials, then the
+// partials by lanes of chunks),
 // on odd row counts and widths. A bf16 output is checked bit for bit as the round-to-nearest-even
 // of the kernel's own f32 output from the same input, and every output is checked where the
 // kernels must not write (NaN sentinels past the end, dw and db pre-filled and added into).
@@ -546,11 +548,15 @@ TEST_CASE("the norms' forward matches float64, and a bf16 y is the f32 y rounded
   emu_test::report_worst("norm_forward_kernel", worst.abs, worst.rel);
 }
 
-TEST_CASE("the norms' input gradient matches float64, written or added into dx, x in f32 or bf16") {
+TEST_CASE("the norms' input gradient matches float64, written or added into dx, x in f32 or bf16, the parameter gradients with it") {
+  // Up to 1024 wide in one pass with the parameter gradients (1100 rows: 35 partials of 32 rows,
+  // the last short); 1030 wide in two passes.
   const LargeCase large[] = {
       {257, 45, Norm::layernorm_bias, 0, false, true},
       {257, 257, Norm::rmsnorm, 0, true, false},
       {1100, 100, Norm::layernorm, 0, false, false},
+      {33, 1024, Norm::layernorm_bias, 0, true, true},
+      {9, 1030, Norm::layernorm_bias, 0, false, true},
   };
   Worst worst, params;
   emu_test::for_each_schedule([&] {
