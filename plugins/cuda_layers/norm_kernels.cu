@@ -64,28 +64,42 @@ __global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const
   }
 }
 
+// What the input gradient of one row needs, computed by its warp: the saved statistics and the
+// row's means of dxhat (0 for rmsnorm) and of dxhat * xhat.
+struct RowGrad {
+  float mean, rstd, m_dxhat, m_dxhat_xhat;
+};
+
+template <class In>
+__device__ RowGrad row_grad(bool rms, const In* xr, const float* w, const float* dyr, const float* saved, int64_t row,
+                            int64_t rows, int64_t in, int lane) {
+  RowGrad r;
+  r.mean = rms ? 0.0f : saved[row];
+  r.rstd = rms ? saved[row] : saved[rows + row];
+  float s_dxhat = 0.0f, s_dxhat_xhat = 0.0f;
+  for (int64_t c = lane; c < in; c += kWarp) {
+    const float xhat = (load_value(xr[c]) - r.mean) * r.rstd, dxhat = dyr[c] * w[c];
+    s_dxhat += dxhat;
+    s_dxhat_xhat += dxhat * xhat;
+  }
+  r.m_dxhat = rms ? 0.0f : warp_sum(s_dxhat) / float(in);
+  r.m_dxhat_xhat = warp_sum(s_dxhat_xhat) / float(in);
+  return r;
+}
+
 template <class In>
 __global__ void norm_input_grad_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved,
                                        float* dx, bool accumulate, int64_t rows, int64_t in) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
-  const float mean = rms ? 0.0f : saved[row];
-  const float rstd = rms ? saved[row] : saved[rows + row];
   const In* xr = x + row * in;
   const float* dyr = dy + row * in;
-  float s_dxhat = 0.0f, s_dxhat_xhat = 0.0f;
-  for (int64_t c = lane; c < in; c += kWarp) {
-    const float xhat = (load_value(xr[c]) - mean) * rstd, dxhat = dyr[c] * w[c];
-    s_dxhat += dxhat;
-    s_dxhat_xhat += dxhat * xhat;
-  }
-  const float m_dxhat = rms ? 0.0f : warp_sum(s_dxhat) / float(in);
-  const float m_dxhat_xhat = warp_sum(s_dxhat_xhat) / float(in);
+  const RowGrad r = row_grad(rms, xr, w, dyr, saved, row, rows, in, lane);
   float* dxr = dx + row * in;
   for (int64_t c = lane; c < in; c += kWarp) {
-    const float xhat = (load_value(xr[c]) - mean) * rstd;
-    const float g = norm_dx(dyr[c] * w[c], xhat, m_dxhat, m_dxhat_xhat, rstd);
+    const float xhat = (load_value(xr[c]) - r.mean) * r.rstd;
+    const float g = norm_dx(dyr[c] * w[c], xhat, r.m_dxhat, r.m_dxhat_xhat, r.rstd);
     dxr[c] = accumulate ? dxr[c] + g : g;
   }
 }
@@ -144,23 +158,14 @@ __global__ void norm_backward_fused_kernel(bool rms, const In* x, const float* w
   for (int j = 0; j < kFusedPerLane; ++j) sw[j] = sb[j] = 0.0f;
   const int64_t lo = part * kFusedRows, hi = rows - lo < kFusedRows ? rows : lo + kFusedRows;
   for (int64_t row = lo; row < hi; ++row) {
-    const float mean = rms ? 0.0f : saved[row];
-    const float rstd = rms ? saved[row] : saved[rows + row];
     const In* xr = x + row * in;
     const float* dyr = dy + row * in;
-    float s_dxhat = 0.0f, s_dxhat_xhat = 0.0f;
-    for (int64_t c = lane; c < in; c += kWarp) {
-      const float xhat = (load_value(xr[c]) - mean) * rstd, dxhat = dyr[c] * w[c];
-      s_dxhat += dxhat;
-      s_dxhat_xhat += dxhat * xhat;
-    }
-    const float m_dxhat = rms ? 0.0f : warp_sum(s_dxhat) / float(in);
-    const float m_dxhat_xhat = warp_sum(s_dxhat_xhat) / float(in);
+    const RowGrad r = row_grad(rms, xr, w, dyr, saved, row, rows, in, lane);
     float* dxr = dx + row * in;
     int j = 0;
     for (int64_t c = lane; c < in; c += kWarp, ++j) {
-      const float xhat = (load_value(xr[c]) - mean) * rstd, g = dyr[c];
-      const float d = norm_dx(g * w[c], xhat, m_dxhat, m_dxhat_xhat, rstd);
+      const float xhat = (load_value(xr[c]) - r.mean) * r.rstd, g = dyr[c];
+      const float d = norm_dx(g * w[c], xhat, r.m_dxhat, r.m_dxhat_xhat, r.rstd);
       dxr[c] = accumulate ? dxr[c] + d : d;
       sw[j] += g * xhat;
       sb[j] += g;
