@@ -133,16 +133,22 @@ class AdamWFused final : public ablate::Optimizer {
   ablate::cuda::DeviceBuffer<float> m_, v_;
 };
 
+std::unique_ptr<ablate::Component> make(const ablate::ComponentArgs& a) {
+  return std::make_unique<AdamWFused>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
+                                            a.common.get_float("beta2"), a.common.get_float("eps")});
+}
+
+// One algorithm, one name on every device: `adamw` on cuda is this kernel (the cpu's `adamw` is the
+// adamw plugin, whose results it gives bit for bit), so a run moves to the GPU by run.device alone.
+// `adamw_fused` is its former name, kept so that old experiments still run.
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::optimizer, kName, "1.0.0",
-         "AdamW on a CUDA device in one kernel per step (fp32 state, 8 bytes per parameter; the CPU adamw's results bit "
+  r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
+         "AdamW (on a CUDA device: one kernel per step, fp32 state, 8 bytes per parameter, the CPU adamw's results bit "
          "for bit)",
-         {},
-         [](const ablate::ComponentArgs& a) {
-           return std::make_unique<AdamWFused>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
-                                                     a.common.get_float("beta2"), a.common.get_float("eps")});
-         },
-         "", {"cuda"}});
+         {}, make, "", {"cuda"}});
+  r.add({ablate::Kind::optimizer, kName, "1.0.0",
+         "deprecated name of adamw on a CUDA device (the same kernel), kept for old experiments: write adamw", {}, make, "",
+         {"cuda"}});
 }
 
 }  // namespace

@@ -395,10 +395,15 @@ class NaiveCpu final : public ablate::Attention {
   int threads_;
 };
 
+// Registered as `naive` too, the exact backend's name on every device (naive_cuda serves it on cuda).
 void register_components(ablate::Registrar& r) {
+  const auto make = [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
+    return std::make_unique<NaiveCpu>(a.run.threads);
+  };
   r.add({ablate::Kind::attention, "naive_cpu", "1.0.0",
-         "exact causal softmax attention on the CPU (f32/f64, segments, GQA): the reference backend", {},
-         [](const ablate::ComponentArgs& a) { return std::make_unique<NaiveCpu>(a.run.threads); }, "", {"cpu"}});
+         "exact causal softmax attention on the CPU (f32/f64, segments, GQA): the reference backend", {}, make, "", {"cpu"}});
+  r.add({ablate::Kind::attention, "naive", "1.0.0",
+         "exact causal softmax attention on every device (naive_cpu on the cpu, naive_cuda on cuda): the reference backend", {}, make, "", {"cpu"}});
 }
 
 }  // namespace

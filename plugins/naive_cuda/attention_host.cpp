@@ -262,7 +262,12 @@ void register_components(Registrar& r) {
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
     return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || a.run.dtype == "bf16");
   };
+  ComponentInfo everywhere = info;  // `naive`, the exact backend's name on every device (naive_cpu on the cpu)
+  everywhere.name = "naive";
+  everywhere.doc = "exact causal softmax attention on every device (naive_cpu on the cpu, naive_cuda on cuda): the "
+                   "reference backend";
   r.add(std::move(info));
+  r.add(std::move(everywhere));
 }
 
 }  // namespace

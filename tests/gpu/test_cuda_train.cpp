@@ -94,6 +94,29 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
   }
 }
 
+TEST_CASE("one name on every device: adamw and naive train on cuda as adamw_fused and naive_cuda do, on the cpu as adamw and naive_cpu") {
+  // `adamw` on cuda is adamw_fused's kernel and `naive` each device's exact backend: the same runs
+  // bit for bit, so moving an experiment to the GPU takes run.device alone.
+  TempDir tmp;
+  const std::string steps = " --set run.steps=3 --run-dir ";
+  const std::string plain = " --set attention.name=naive --set optimizer.name=adamw";
+  for (const char* device : {"cuda", "cpu"}) {
+    INFO("run.device = " << device);
+    const std::string on = std::string(" --set run.device=") + device;
+    const fs::path named = tmp.path() / (std::string(device) + "-named"), plain_dir = tmp.path() / (std::string(device) + "-plain");
+    const std::string old_names = std::string(device) == "cuda" ? kCuda : kCpu;
+    REQUIRE(train(old_names + steps + named.string()).exit_code == 0);
+    REQUIRE(train(on + plain + steps + plain_dir.string()).exit_code == 0);
+    const auto a = metrics(named), b = metrics(plain_dir);
+    REQUIRE(a.size() == 3);
+    REQUIRE(b.size() == 3);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
+      CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
+    }
+  }
+}
+
 TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with an fp32 base, Llama style with an NF4 base") {
   // The frozen base's layers (embedding, learned, layernorm or rmsnorm, gelu_mlp or swiglu_mlp,
   // linear, cross_entropy) compute input gradients only, the lora adapters on q and v train
