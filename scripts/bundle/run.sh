@@ -5,7 +5,7 @@
 # one-screen summary. Everything goes to OUT: run.log, summary.txt, summary.json, the benchmarks'
 # JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
 # Usage: run.sh OUT   (or with $OUT set)
-# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,comm) runs a part, so that
+# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,comm,numerics) runs a part, so that
 # the whole can be split over device calls: tests,memcheck in one, bench,gpt2,comm in the next;
 # sweeps (the GPU sweeps with their reports) runs only when named.
 set -uo pipefail
@@ -63,7 +63,7 @@ call_seconds=${ABLATE_CALL_SECONDS:-570}
 left() { echo $(( call_seconds - ($(date +%s) - t_start) )); }
 # A command's own limit: at most $1 seconds, and never past the call's end.
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
-stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,comm},"
+stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,comm,numerics},"
 want() { [[ "$stages" == *",$1,"* ]]; }
 skip_stage() {  # name seconds_needed
   if [ "$(left)" -lt "$2" ]; then
@@ -248,6 +248,35 @@ elif want comm && [ -x "$here/openmpi/bin/mpirun" ]; then
   ablate_gpt2 comm ablate_gpt2_nccl_2ranks "$flash" --set run.communicator=nccl --set batching.batch_size=8
   ablate_gpt2 comm ablate_gpt2_nccl_2ranks_flat "$flash" --set run.communicator=nccl --set batching.batch_size=8 --set run.bucket_mb=0
   LAUNCH=""
+fi
+
+# numerics: the bf16 plan against fp32 on real text (configs/shakespeare-gpt2.toml on cuda, 300 steps,
+# validation at 100, 200 and 300): the mean training loss of the last 100 steps within 0.02 nats and
+# the validation loss within 1% (bench/numerics_pair.py); both curves in numerics.json and
+# numerics.png. About a minute: the model is 7.2M parameters.
+numerics_run() {  # name dtype attention
+  (cd "$here" && timeout "$(limit 150)" "$here/bin/ablate" train "$here/src/configs/shakespeare-gpt2.toml" --set run.device=cuda \
+     --set run.dtype="$2" --set attention.name="$3" --set optimizer.name=adamw --set run.steps=300 --set run.eval_every=100 \
+     --set run.threads=4 --set checkpoint.every=1000 --run-dir "$out/$1") > "$out/logs/$1.log" 2>&1
+}
+if want numerics; then
+  echo "== numerics: the bf16 plan against fp32 on Shakespeare (300 steps)"
+  if [ ! -f "$here/data/shakespeare/gpt2_train_000000.bin" ]; then
+    echo "  no data/shakespeare in the bundle (scripts/device-bundle.sh could not prepare it): skipped"
+    printf 'numerics\tbenchmark\tskipped\t0\t0\n' >> "$results"
+  elif ! skip_stage numerics 150; then
+    t0=$(date +%s)
+    flash=naive
+    [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash=cudnn_flash
+    rm -rf "${out:?}/numerics_fp32" "${out:?}/numerics_bf16"
+    status=failed
+    if numerics_run numerics_fp32 fp32 naive && numerics_run numerics_bf16 bf16 "$flash"; then
+      python3 "$here/src/bench/numerics_pair.py" --reference "$out/numerics_fp32" --candidate "$out/numerics_bf16" \
+        --json "$out/numerics.json" --plot "$out/numerics.png" && status=passed
+    fi
+    rm -rf "$out/numerics_fp32/checkpoints" "$out/numerics_bf16/checkpoints"
+    printf 'numerics\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  fi
 fi
 
 # sweeps (only when asked: ABLATE_STAGES=sweeps): the packing sweep and the optimisations sweep

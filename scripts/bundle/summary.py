@@ -48,6 +48,7 @@ def headline(name, data):
         "pytorch_gemm": ["device", "torch", "rows"],
         "bench_nccl": ["device", "world", "elements"],
         "bench_layers": ["device", "dtype", "rows", "product_tflops", "copy_gbs"],
+        "numerics": ["verdict", "steps", "last", "mean_loss_gap", "max_loss_gap", "val_rel_gap", "max_val_rel"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
     }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
     rows = data.get("rows") if isinstance(data, dict) else None

@@ -42,7 +42,7 @@ cleanup() {
   rm -rf "$rootfs$inside" "$rootfs/tmp/ablate-bundle-"* "$rootfs/tmp/cpu-check" "$work"
 }
 trap cleanup EXIT
-ABLATE_BUILD_DIR="$build" ABLATE_BUNDLE_NO_BUILD=1 "$src/scripts/device-bundle.sh" "$work/bundle"
+ABLATE_BUILD_DIR="$build" ABLATE_BUNDLE_NO_BUILD=1 ABLATE_BUNDLE_NO_DATA=1 "$src/scripts/device-bundle.sh" "$work/bundle"
 rm -rf "$rootfs$inside"
 cp -a "$work/bundle" "$rootfs$inside"
 mountpoint -q "$rootfs/proc" || mount -t proc proc "$rootfs/proc"
