@@ -21,9 +21,9 @@ def check(ok, what):
         failures.append(what)
 
 
-def train(run_dir, *sets, steps=40):
+def train(run_dir, *sets, steps=20):
     argv = [ablate, "train", str(source / "configs" / "quickstart.toml"), "--run-dir", str(run_dir),
-            "--set", f"run.steps={steps}", "--set", "run.eval_every=20", "--set", "run.eval_batches=2",
+            "--set", f"run.steps={steps}", "--set", "run.eval_every=10", "--set", "run.eval_batches=2",
             "--set", "run.threads=2", "--set", "checkpoint.every=1000"]
     for s in sets:
         argv += ["--set", s]
@@ -50,30 +50,30 @@ with tempfile.TemporaryDirectory() as tmp:
     train(tmp / "a")
     train(tmp / "b")
     train(tmp / "slow", "optimizer.lr=0.0003")
-    train(tmp / "short", steps=20)
+    train(tmp / "short", steps=10)
 
-    r, d = pair(tmp / "a", tmp / "b", "--last", "20")
+    r, d = pair(tmp / "a", tmp / "b", "--last", "10")
     check(r.returncode == 0, f"a run against its repeat: exit {r.returncode}: {r.stdout} {r.stderr}")
     check(d is not None and d["verdict"] == "pass" and d["mean_loss_gap"] == 0.0 and d["val_rel_gap"] == 0.0,
           f"a run against its repeat: {d and {k: d[k] for k in ('verdict', 'mean_loss_gap', 'val_rel_gap')}}")
 
-    r, d = pair(tmp / "a", tmp / "slow", "--last", "20")
+    r, d = pair(tmp / "a", tmp / "slow", "--last", "10")
     la, va = losses(tmp / "a")
     ls, vs = losses(tmp / "slow")
-    want_gap = sum(ls[-20:]) / 20 - sum(la[-20:]) / 20
+    want_gap = sum(ls[-10:]) / 10 - sum(la[-10:]) / 10
     check(r.returncode == 1, f"a tenth of the learning rate: exit {r.returncode} (expected 1, a fail)")
     check(d is not None and d["verdict"] == "fail" and not d["loss_ok"] and not d["val_ok"],
           f"a tenth of the learning rate: {d and {k: d[k] for k in ('verdict', 'loss_ok', 'val_ok')}}")
     check(d is not None and abs(d["mean_loss_gap"] - want_gap) <= 1e-12 * max(1.0, abs(want_gap)) and want_gap > 0.02,
-          f"the gap of the last 20 means: {d and d['mean_loss_gap']} against {want_gap} computed here")
+          f"the gap of the last 10 means: {d and d['mean_loss_gap']} against {want_gap} computed here")
     check(d is not None and abs(d["val_rel_gap"] - (vs[-1] - va[-1]) / va[-1]) <= 1e-12,
           f"the validation gap: {d and d['val_rel_gap']} against {(vs[-1] - va[-1]) / va[-1]}")
-    check(d is not None and len(d["curves"]["reference"]) == 40 and d["curves"]["candidate"][-1][1] == ls[-1],
+    check(d is not None and len(d["curves"]["reference"]) == 20 and d["curves"]["candidate"][-1][1] == ls[-1],
           "the curves hold every step of both runs")
 
-    for what, args in (("no metrics.jsonl", (tmp / "a", tmp / "nothing", "--last", "20")),
-                       ("runs of 40 and 20 steps", (tmp / "a", tmp / "short", "--last", "10")),
-                       ("a window longer than the runs", (tmp / "a", tmp / "b", "--last", "41"))):
+    for what, args in (("no metrics.jsonl", (tmp / "a", tmp / "nothing", "--last", "10")),
+                       ("runs of 20 and 10 steps", (tmp / "a", tmp / "short", "--last", "5")),
+                       ("a window longer than the runs", (tmp / "a", tmp / "b", "--last", "21"))):
         r, _ = pair(*args)
         check(r.returncode == 2 and "numerics_pair:" in r.stderr, f"{what}: exit {r.returncode}, {r.stderr.strip()}")
 
