@@ -8,8 +8,9 @@
 // 8192 x 8192 x 8192 product in the run's precision, and the copy bandwidth by a 1 GiB device copy.
 // The bytes are the least a pass must move: each input read once, each output (and what forward
 // keeps for backward) written once, in the dtypes the model holds them in under --dtype (bf16: the
-// norms' outputs, q, k, v and every product's input in bf16, products reading the bf16 copy of the
-// weights; the residual stream, gradients and parameter gradients f32). A layer far above its
+// norms' outputs, q, k, v, the MLP's hidden activation and its gradient, and every product's input
+// in bf16, products reading the bf16 copy of the weights; the residual stream, the other gradients
+// and the parameter gradients f32). A layer far above its
 // prediction moves more than it must or computes below the card's rate; that is where the step's
 // time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA).
 //
@@ -171,13 +172,13 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16) {
     c.spec.out = w.hidden;
     c.x_bf16 = bf16;
     c.residual = true;
-    // fc: x read, the pre-activation kept (f32) and the activation written (as the proj reads it);
+    // fc: x read, the pre-activation and the activation written (both held: bf16 under bf16);
     // proj: the activation read, the stream read and written.
-    c.fwd = {4 * N * d * h, N * d * act + 2 * d * h * wt + N * h * 4 + 2 * N * h * act + N * d * 8};
-    // proj: dy read, d_act written, dW_proj from the activation; GELU': pre read, d_pre written;
-    // fc: d_pre read twice (dx and dW_fc), x read, dx written; the weight gradients read and written.
-    c.bwd = {8 * N * d * h, N * d * 4 + N * h * 4 * 2 + N * h * act + N * h * 4 + N * h * 4 * 2 + N * d * act +
-                                N * d * 4 + 2 * d * h * (wt + 8)};
+    c.fwd = {4 * N * d * h, N * d * act + 2 * d * h * wt + 3 * N * h * act + N * d * 8};
+    // proj: dy read, dW_proj from the activation; the gradient below the GELU written from the
+    // pre-activation (held like it); fc: that gradient read twice (dx and dW_fc), x read, dx written;
+    // the weight gradients read and written.
+    c.bwd = {8 * N * d * h, N * d * 4 + N * h * act * 5 + N * d * act + N * d * 4 + 2 * d * h * (wt + 8)};
     cs.push_back(c);
   }
   {
@@ -229,7 +230,7 @@ class Bench {
     LayerBase& layer = make(c.layer);
     ParamTable table;
     layer.declare_params(c.spec, "bench", table);
-    const int64_t n_in = rows * c.spec.in, n_out = rows * (c.loss ? 0 : c.layer == "gelu_mlp" ? c.spec.in : out_width(c));
+    const int64_t n_in = rows * c.spec.in, n_out = c.loss ? 0 : rows * out_width(c);
     Buffer params = filled(DType::f32, std::max<int64_t>(1, table.total), 0.02f);
     Buffer grads = filled(DType::f32, std::max<int64_t>(1, table.total), 0.0f);
     Buffer copy;
@@ -282,7 +283,7 @@ class Bench {
  private:
   static int64_t out_width(const Case& c) {
     if (c.layer == "linear") return c.spec.out;
-    return c.spec.in;  // lookups, norms: d wide
+    return c.spec.in;  // lookups, norms, the MLP: d wide
   }
 
   LayerBase& make(const std::string& name) {
