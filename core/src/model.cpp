@@ -247,6 +247,7 @@ struct Model::Impl {
     }
     s.attention = attn->saved_elements(problem(rows, T));
     s.mlp = mlp->activation_elements(specs.mlp, N);
+    s.mlp_bf16 = mlp->activation_bf16_elements(specs.mlp, N);
     for (const Site& site : sched.sites) {
       if (site.op == Op::layer) s.scratch = std::max(s.scratch, site.layer->scratch_elements(*site.spec, N * site.row_heads));
     }
@@ -729,7 +730,7 @@ ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len, const std::
   for (const Site& s : m.sched.sites) {
     if (s.op == Op::layer) layers = std::max(layers, s.layer->workspace_bytes(*s.spec, N * s.row_heads));
   }
-  return {rows, seq_len, p.elements + adapters, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
+  return {rows, seq_len, p.elements + adapters, p.bf16_elements, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
 }
 
 double Model::measure_matmul_tflops() {

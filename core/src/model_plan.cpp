@@ -38,22 +38,25 @@ struct Layout {
   const Bf16Policy& bf16;
   const std::string& recompute;
 
-  void keep(Ref r, int64_t n) {
+  // `bf16_held`: of a slot typed f32, the elements a layer keeps bf16 values in (its saved values).
+  void keep(Ref r, int64_t n, int64_t bf16_held = 0) {
     const DType t = bf16.slot_dtype(r.slot);
     p.offsets[ArenaPlan::index(r)] = p.elements;
     p.dtypes[ArenaPlan::index(r)] = t;
     const int64_t values = std::max<int64_t>(n, 0);
     // 256 bytes apart: every slot as aligned as the packed copies bf16 products would otherwise
     // make of it, so reading a held slot in place plans (and rounds) exactly like the copy.
-    p.elements += round_up(t == DType::bf16 ? (values + 1) / 2 : values, 64);
+    const int64_t size = round_up(t == DType::bf16 ? (values + 1) / 2 : values, 64);
+    p.elements += size;
+    p.bf16_elements += t == DType::bf16 ? size : std::min(size, std::max<int64_t>(bf16_held, 0));
   }
   void alias(Ref r, Ref to) {
     p.offsets[ArenaPlan::index(r)] = p.at(to);
     p.dtypes[ArenaPlan::index(r)] = p.dtype(to);
   }
-  void take(Ref r, int64_t n) {
+  void take(Ref r, int64_t n, int64_t bf16_held = 0) {
     if (r.block > 0 && recomputed(r.slot, recompute)) alias(r, in_block(0, r.slot));
-    else keep(r, n);
+    else keep(r, n, bf16_held);
   }
 };
 
@@ -91,7 +94,7 @@ ArenaPlan plan_arena(const PlanShape& shape, const Bf16Policy& bf16, const std::
     a.take(B(Slot::mid), N * C);
     a.take(B(Slot::ln2), N * C);
     a.take(B(Slot::ln2_s), saved.norm);
-    a.take(B(Slot::mlp_s), saved.mlp);
+    a.take(B(Slot::mlp_s), saved.mlp, saved.mlp_bf16);
   }
   a.keep(in_block(shape.n_layers, Slot::res), N * C);
   a.keep(shared(Slot::lnf), N * C);

@@ -46,6 +46,7 @@ struct SavedSizes {
   int64_t k_norm = 0;     // qk-norm over N * n_kv_heads rows
   int64_t attention = 0;  // the attention backend
   int64_t mlp = 0;
+  int64_t mlp_bf16 = 0;   // of `mlp`, the elements holding bf16 values (Layer::activation_bf16_elements)
   int64_t scratch = 0;
 };
 

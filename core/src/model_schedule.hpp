@@ -72,6 +72,7 @@ inline Ref in_block(int64_t l, Slot s) { return {int32_t(l), s}; }
 struct ArenaPlan {
   int64_t rows = 0, seq_len = 0;
   int64_t elements = 0;
+  int64_t bf16_elements = 0;  // of `elements`, those holding bf16 values (two to an element)
   int64_t scratch_elements = 0;
   std::vector<int64_t> offsets;  // (n_layers + 2) * kSlots; index (block + 1) * kSlots + slot
   std::vector<DType> dtypes;     // likewise

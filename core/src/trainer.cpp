@@ -201,6 +201,12 @@ json capabilities_json(const DeviceCapabilities& c) {
           {"collective", c.collective}};
 }
 
+// The activation plan's bytes by what holds them: f32 and bf16 values of the arena, and the
+// plugins' own workspace (activation_bytes is their sum).
+json bytes_by_dtype(const ActivationPlan& p) {
+  return {{"f32", p.f32_bytes()}, {"bf16", p.bf16_bytes()}, {"workspace", p.workspace_bytes}};
+}
+
 // run.json: what the run is, for reproduction.
 void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& registry, const RunContext& run,
                     const std::string& comm_name, Model& model, const TrainerSettings& s) {
@@ -230,6 +236,7 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
                                      {"param_bytes", int64_t(model.num_params()) * 4},
                                      {"grad_bytes", int64_t(model.num_trainable()) * 4},
                                      {"activation_bytes", model.activation_bytes(s.batch_size, s.seq_len)},
+                                     {"activation_bytes_by_dtype", bytes_by_dtype(model.activation_plan(s.batch_size, s.seq_len))},
                                      {"activation_bytes_by_recompute",
                                       {{"none", model.activation_plan(s.batch_size, s.seq_len, "none").bytes()},
                                        {"mlp", model.activation_plan(s.batch_size, s.seq_len, "mlp").bytes()},

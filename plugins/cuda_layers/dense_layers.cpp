@@ -204,6 +204,9 @@ class GeluMLP final : public Layer {
     const int64_t n = rows * s.out;
     return bf16_hidden() ? bf16_elements(2 * n) : 2 * n;
   }
+  int64_t activation_bf16_elements(const LayerSpec& s, int64_t rows) const override {
+    return bf16_hidden() ? activation_elements(s, rows) : 0;
+  }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return dropout_at(s, rows) + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
     return gemm_workspace_bytes(mode_, rows, s.in, s.out);
@@ -335,6 +338,9 @@ class SwiGLUMLP final : public Layer {
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override {
     const int64_t n = rows * s.out;
     return bf16_h() ? bf16_after(2 * n) + bf16_elements(n) : 3 * n;
+  }
+  int64_t activation_bf16_elements(const LayerSpec& s, int64_t rows) const override {
+    return bf16_h() ? bf16_elements(rows * s.out) : 0;  // h; g and u stay f32
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {

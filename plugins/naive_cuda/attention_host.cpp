@@ -16,7 +16,10 @@
 // cuBLAS is column-major: a row-major X (r x c, leading dimension ld) is the column-major X^T, so
 // each product below is written for the transposes (the comment at each call gives the row-major
 // product it computes). run.dtype = "tf32" runs the products on TF32 tensor cores, and so does
-// "bf16" (its operands stay f32; cudnn_flash is the bf16 backend).
+// "bf16". Under "bf16" the model may hold q, k, v and the output in bf16 (bf16_activations): they
+// are widened to f32 copies in the workspace (exactly) and the output rounded to bf16 once at the
+// end (device_math::bf16_bits), so the arithmetic is the f32 one on the bf16 values; the gradients
+// stay f32.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -49,10 +52,10 @@ class Workspace {
   void* get(int slot, std::size_t bytes, cudaStream_t stream) { return slots_[slot].get(bytes, stream); }
 
  private:
-  cuda::StreamScratch slots_[6];
+  cuda::StreamScratch slots_[7];
 };
 
-enum Slot { kSegStart, kScores, kGradScores, kRowD, kPointers, kGroupTmp };
+enum Slot { kSegStart, kScores, kGradScores, kRowD, kPointers, kGroupTmp, kWide };
 enum Ptr { kQ, kK, kV, kO, kS, kDO, kDS, kDQ, kDK, kDV, kPtrCount };
 
 class NaiveCuda final : public Attention {
@@ -64,9 +67,9 @@ class NaiveCuda final : public Attention {
 
   std::string supports(const AttentionProblem& p) const override {
     if (p.device != DeviceType::cuda) return "naive_cuda runs on a CUDA device (run.device = \"cuda\")";
-    if (p.dtype != DType::f32 || p.bf16_out || p.bf16_qkv) {
-      return std::string("naive_cuda computes in f32 on f32 tensors (cudnn_flash is the bf16 backend); the problem is ") +
-             to_string(p.dtype) + (p.bf16_out ? " with out in bf16" : "") + (p.bf16_qkv ? " with q, k, v in bf16" : "");
+    if (p.dtype != DType::f32) {
+      return std::string("naive_cuda computes in f32 with f32 gradients (q, k, v and out may be bf16); the problem is ") +
+             to_string(p.dtype);
     }
     if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) return "heads, kv_heads and head_dim must be positive";
     if (p.heads % p.kv_heads != 0) {
@@ -84,14 +87,16 @@ class NaiveCuda final : public Attention {
   int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
 
   // The workspace slots at their largest (backward's): scores and their gradients (B*H*T*T each),
-  // a row value per (b, h, t), with GQA the per-query-head dK and dV, the segment starts and the
-  // batched products' pointer arrays.
+  // a row value per (b, h, t), with GQA the per-query-head dK and dV, the segment starts, the
+  // batched products' pointer arrays, and the f32 copies of the tensors held in bf16.
   int64_t workspace_bytes(const AttentionProblem& p) const override {
     const int64_t z = int64_t(p.batch) * p.heads, T = p.seq_len, positions = int64_t(p.batch) * T;
     int64_t bytes = 2 * z * T * T * 4 + z * T * 4 + positions * 4 + int64_t(kPtrCount) * z * 8;
     if (p.kv_heads > 0 && p.heads / p.kv_heads > 1) bytes += 2 * positions * p.heads * p.head_dim * 4;
-    return bytes;
+    return bytes + wide_elements(p) * 4;
   }
+
+  bool bf16_activations() const override { return true; }
 
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
                TensorView saved) override {
@@ -102,16 +107,19 @@ class NaiveCuda final : public Attention {
     if (d.z == 0 || d.T == 0) return;
     const cudaStream_t st = prepare(p, batch);
     float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
-    fill(kQ, q.data, d.qb, d.D, 1, st);
-    fill(kK, k.data, d.kb, d.D, d.group, st);
-    fill(kV, v.data, d.kb, d.D, d.group, st);
-    fill(kO, out.data, d.qb, d.D, 1, st);
+    const Wide w = widen(p, q, k, v, TensorView{}, st);
+    float* o = p.bf16_out ? w.out : out.as<float>();
+    fill(kQ, w.q, d.qb, d.D, 1, st);
+    fill(kK, w.k, d.kb, d.D, d.group, st);
+    fill(kV, w.v, d.kb, d.D, d.group, st);
+    fill(kO, o, d.qb, d.D, 1, st);
     fill(kS, scores, d.H * d.T * d.T, d.T * d.T, 1, st);
     // S (T_q x T_k) = scale Q K^T
     batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, d.scale, kK, d.kld, kQ, d.qld, 0.0f, kS, d.T, d.z);
     launch_softmax_rows(scores, saved.as<float>(), seg_start_, d.B, d.H, d.T, st);
     // O (T_q x D) = P V
     batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, 1.0f, kV, d.kld, kS, d.T, 0.0f, kO, d.qld, d.z);
+    if (p.bf16_out) launch_round_bf16(o, static_cast<uint16_t*>(out.data), d.B * d.qb, st);
     check_launch();
   }
 
@@ -138,9 +146,10 @@ class NaiveCuda final : public Attention {
       kv_head_ld = d.qld;
       kv_head_b = d.qb;
     }
-    fill(kQ, q.data, d.qb, d.D, 1, st);
-    fill(kK, k.data, d.kb, d.D, d.group, st);
-    fill(kV, v.data, d.kb, d.D, d.group, st);
+    const Wide w = widen(p, q, k, v, out, st);
+    fill(kQ, w.q, d.qb, d.D, 1, st);
+    fill(kK, w.k, d.kb, d.D, d.group, st);
+    fill(kV, w.v, d.kb, d.D, d.group, st);
     fill(kS, probs, d.H * d.T * d.T, d.T * d.T, 1, st);
     fill(kDO, d_out.data, d.qb, d.D, 1, st);
     fill(kDS, grads, d.H * d.T * d.T, d.T * d.T, 1, st);
@@ -152,7 +161,7 @@ class NaiveCuda final : public Attention {
     launch_recompute_p(probs, saved.as<const float>(), seg_start_, d.B, d.H, d.T, st);
     // dP (T_q x T_k) = dO V^T
     batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, 1.0f, kV, d.kld, kDO, d.qld, 0.0f, kDS, d.T, d.z);
-    launch_row_dot(d_out.as<const float>(), out.as<const float>(), d_row, d.B, d.T, d.H, d.D, st);
+    launch_row_dot(d_out.as<const float>(), w.out, d_row, d.B, d.T, d.H, d.D, st);
     launch_softmax_backward(probs, grads, d_row, d.B, d.H, d.T, st);  // dP -> dS
     // dQ (T_q x D) = scale dS K
     batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, d.scale, kK, d.kld, kDS, d.T, 0.0f, kDQ, d.qld, d.z);
@@ -190,6 +199,41 @@ class NaiveCuda final : public Attention {
     d.kb = d.T * d.kld;
     d.scale = float(1.0 / std::sqrt(double(d.D)));
     return d;
+  }
+
+  // Values (f32) of the copies the tensors held in bf16 take: q and out (B T H D), k and v
+  // (B T Hkv D) each.
+  static int64_t wide_elements(const AttentionProblem& p) {
+    const int64_t positions = int64_t(p.batch) * p.seq_len, nq = positions * p.heads * p.head_dim,
+                  nkv = positions * p.kv_heads * p.head_dim;
+    return (p.bf16_qkv ? nq + 2 * nkv : 0) + (p.bf16_out ? nq : 0);
+  }
+
+  // The f32 q, k, v and out the products read: the tensors themselves, or for those held in bf16
+  // their exact f32 copies in the workspace (out copied only when given: backward reads it; forward
+  // writes its f32 result there and rounds it into out).
+  struct Wide {
+    float *q, *k, *v, *out;
+  };
+  Wide widen(const AttentionProblem& p, TensorView q, TensorView k, TensorView v, TensorView out, cudaStream_t st) {
+    Wide w{static_cast<float*>(q.data), static_cast<float*>(k.data), static_cast<float*>(v.data), static_cast<float*>(out.data)};
+    if (!p.bf16_qkv && !p.bf16_out) return w;
+    float* at = static_cast<float*>(ws_.get(kWide, std::size_t(wide_elements(p)) * sizeof(float), st));
+    const auto copy = [&](TensorView t, int64_t n) {
+      float* dst = at;
+      at += n;
+      if (t.data != nullptr) launch_widen_bf16(static_cast<const uint16_t*>(t.data), dst, n, st);
+      return dst;
+    };
+    const int64_t positions = int64_t(p.batch) * p.seq_len, nq = positions * p.heads * p.head_dim,
+                  nkv = positions * p.kv_heads * p.head_dim;
+    if (p.bf16_qkv) {
+      w.q = copy(q, nq);
+      w.k = copy(k, nkv);
+      w.v = copy(v, nkv);
+    }
+    if (p.bf16_out) w.out = copy(out, nq);
+    return w;
   }
 
   // The problem, the batch's layout and saved; the tensors are check_attention_*_tensors'.
@@ -256,8 +300,8 @@ void register_components(Registrar& r) {
   info.kind = Kind::attention;
   info.name = "naive_cuda";
   info.version = "1.0.0";
-  info.doc = "exact causal attention on a CUDA device (f32; scores materialised, batched cuBLAS products; packed rows "
-             "block-diagonal, GQA): the baseline and fallback";
+  info.doc = "exact causal attention on a CUDA device (f32 arithmetic, q, k, v and out in bf16 under run.dtype = bf16; "
+             "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
     return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || a.run.dtype == "bf16");

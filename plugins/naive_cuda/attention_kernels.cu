@@ -143,4 +143,12 @@ void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_
   if (count > 0) fill_pointers_kernel<<<blocks_for(count), kThreads, 0, stream>>>(ptrs, base, count, H, stride_b, stride_h, group);
 }
 
+void launch_widen_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  cuda::launch_bf16_to_f32(src, dst, n, stream);
+}
+
+void launch_round_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
+  cuda::launch_f32_to_bf16(src, dst, n, stream);
+}
+
 }  // namespace ablate::naive_cuda

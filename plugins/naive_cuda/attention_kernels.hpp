@@ -37,4 +37,9 @@ void launch_group_sum(const float* tmp, float* out, int64_t B, int64_t T, int64_
 void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h,
                           int64_t group, cudaStream_t stream);
 
+// dst[i] = the f32 value of the bf16 src[i] (exact); dst[i] = the nearest bf16 of src[i]
+// (device_math::bf16_bits): q, k, v and out where the model holds them in bf16.
+void launch_widen_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
+void launch_round_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
+
 }  // namespace ablate::naive_cuda

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "ablate/cuda_check.hpp"
 #include "ablate/runtime/model.hpp"
@@ -48,6 +49,37 @@ bool emulated() {
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
+
+// A GPT-2-shaped model's options (learned positions, LayerNorm, GELU MLP, heads of d_model / heads).
+ablate::ModelOptions gpt_shape(int64_t d_model, int64_t layers, int64_t heads, int64_t vocab, int64_t seq, int64_t hidden) {
+  ablate::ModelOptions o;
+  o.d_model = d_model;
+  o.n_layers = layers;
+  o.n_heads = o.n_kv_heads = heads;
+  o.head_dim = d_model / heads;
+  o.vocab_size = o.vocab_padded = vocab;
+  o.max_seq_len = seq;
+  o.mlp_hidden = hidden;
+  o.attention = "naive_cuda";
+  return o;
+}
+
+// The activation plan a model of options `o` makes on cuda under a run.dtype (the model is built,
+// its arena never allocated).
+struct PlanProbe {
+  ablate::Registry registry;
+  ablate::ModelOptions o;
+  explicit PlanProbe(ablate::ModelOptions options) : o(std::move(options)) { registry.load_directories({plugin_dir()}); }
+  bool has(const char* attention) const { return registry.find(ablate::Kind::attention, attention, "cuda") != nullptr; }
+  ablate::ActivationPlan plan(const char* dtype, int64_t rows, int64_t seq_len) {
+    ablate::RunContext run;
+    run.device = "cuda";
+    run.dtype = dtype;
+    run.threads = 2;
+    ablate::Model m(o, registry, run);
+    return m.activation_plan(rows, seq_len);
+  }
+};
 
 }  // namespace
 
@@ -149,42 +181,60 @@ TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with 
   }
 }
 
-TEST_CASE("run.dtype = bf16 holds the norms' outputs and the MLP's hidden activation in bf16: the plan's saving, exactly") {
+TEST_CASE("run.dtype = bf16 holds the norms' outputs, q, k, v, the attention output and the MLP's hidden activation in bf16: the plan's saving, exactly") {
   // d_model 32, mlp hidden 128, 2 blocks; one row of 64 positions: every slot a multiple of the
   // plan's 64-element (256-byte) rounding, so the saving is exact. Per block ln1 and ln2 (N*C
   // values each) take N*C/2 f32 elements instead of N*C, the MLP keeps pre and post in bf16 (N*H/2
   // each) instead of 2*N*H; lnf likewise once. The scratch (the MLP's, the largest here) grows by
   // the bf16 gradient below the GELU (N*H/2), which backward's product writes beside the f32 region
   // its fallback uses.
-  ablate::Registry registry;
-  registry.load_directories({plugin_dir()});
-  ablate::ModelOptions o;
-  o.d_model = 32;
-  o.n_layers = 2;
-  o.n_heads = o.n_kv_heads = 2;
-  o.head_dim = 16;
-  o.vocab_size = o.vocab_padded = 64;
-  o.max_seq_len = 64;
-  o.mlp_hidden = 128;
-  o.attention = "naive_cuda";
-  const auto plan_elements = [&](const char* dtype) {
-    ablate::RunContext run;
-    run.device = "cuda";
-    run.dtype = dtype;
-    run.threads = 2;
-    ablate::Model m(o, registry, run);
-    return m.activation_plan(1, 64).elements;
-  };
+  PlanProbe probe(gpt_shape(32, 2, 2, 64, 64, 128));
+  ablate::ModelOptions& o = probe.o;
+  const auto plan = [&](const char* dtype) { return probe.plan(dtype, 1, 64); };
+  const auto plan_elements = [&](const char* dtype) { return plan(dtype).elements; };
   const int64_t N = 64, C = 32, H = 128;
-  const int64_t saving = o.n_layers * (2 * (N * C / 2) + (2 * N * H - N * H)) + N * C / 2 - N * H / 2;
-  CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
-  CHECK(plan_elements("fp32") == plan_elements("tf32"));
-  // cudnn_flash takes q, k, v and writes the attention output in bf16 too
+  // Both attention backends take q, k, v and write the attention output in bf16 too
   // (Attention::bf16_activations): q_lin, k_lin, v and att, N * C each, per block at half the bytes
   // (q and k are q_lin and k_lin without the qk-norm).
-  if (registry.find(ablate::Kind::attention, "cudnn_flash", "cuda") != nullptr) {
+  const int64_t saving = o.n_layers * (2 * (N * C / 2) + (2 * N * H - N * H) + 4 * (N * C / 2)) + N * C / 2 - N * H / 2;
+  CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
+  CHECK(plan_elements("fp32") == plan_elements("tf32"));
+  // What holds bf16 (run.json's activation_bytes_by_dtype): per block ln1, ln2, q_lin, k_lin, v and
+  // att at N * C / 2 elements each and the MLP's pre and post at N * H / 2 each; lnf once.
+  const ablate::ActivationPlan bf16 = plan("bf16"), fp32 = plan("fp32");
+  CHECK(bf16.bf16_elements == o.n_layers * (6 * (N * C / 2) + N * H) + N * C / 2);
+  CHECK(bf16.bf16_bytes() + bf16.f32_bytes() + bf16.workspace_bytes == bf16.bytes());
+  CHECK(fp32.bf16_elements == 0);
+  CHECK(fp32.f32_bytes() == fp32.elements * 4);
+  if (probe.has("cudnn_flash")) {
     o.attention = "cudnn_flash";
-    CHECK(plan_elements("fp32") - plan_elements("bf16") == saving + o.n_layers * 4 * (N * C / 2));
+    CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
+  }
+}
+
+TEST_CASE("GPT-2 124M under run.dtype = bf16 holds at most 0.6x the activation bytes of fp32") {
+  // The real shape (12 blocks of d_model 768, 12 heads, hidden 3072, vocabulary 50304) at the
+  // micro-batch the GPU runs train (64 rows of 1024): the plan is a pure function of the layers'
+  // answers, so only the parameters are allocated. The arena (every slot the plan holds) is
+  // compared with naive_cuda, whose T x T score workspace is the same in both precisions and no
+  // part of what bf16 changes; with cudnn_flash (a GPU with cuDNN) the whole of activation_bytes,
+  // workspace included.
+  PlanProbe probe(gpt_shape(768, 12, 12, 50304, 1024, 3072));
+  probe.o.vocab_size = 50257;
+  const auto plan = [&](const char* attention, const char* dtype) {
+    probe.o.attention = attention;
+    return probe.plan(dtype, 64, 1024);
+  };
+  const ablate::ActivationPlan fp32 = plan("naive_cuda", "fp32"), bf16 = plan("naive_cuda", "bf16");
+  const double arena = double(bf16.elements) / double(fp32.elements);
+  MESSAGE("GPT-2 124M arena, bf16 / fp32: " << arena << " (" << bf16.elements * 4 / (1 << 20) << " / "
+                                            << fp32.elements * 4 / (1 << 20) << " MiB at 64 x 1024)");
+  CHECK(arena <= 0.6);
+  CHECK(double(bf16.bf16_bytes()) > 0.5 * double(bf16.f32_bytes()));
+  if (probe.has("cudnn_flash")) {
+    const ablate::ActivationPlan f = plan("cudnn_flash", "fp32"), b = plan("cudnn_flash", "bf16");
+    MESSAGE("with cudnn_flash, activation_bytes bf16 / fp32: " << double(b.bytes()) / double(f.bytes()));
+    CHECK(double(b.bytes()) <= 0.6 * double(f.bytes()));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ablate/attention.hpp"
@@ -72,6 +73,33 @@ Outputs run_gpu(Fixture& f, AttentionProblem p, const Batch& batch, const std::v
   return {widen(o.out), widen(o.d_q), widen(o.d_k), widen(o.d_v)};
 }
 
+// The f32 problem's backward alone, given out (and the saved statistics of its own forward).
+test::AttentionOutputs f32_backward_with_out(Fixture& f, const AttentionProblem& p, const Batch& batch, const std::vector<float>& q,
+                                             const std::vector<float>& k, const std::vector<float>& v,
+                                             const std::vector<float>& out, const std::vector<float>& d_out) {
+  Device& dev = *f.device;
+  const auto up = [&](const std::vector<float>& x) {
+    Buffer b = dev.alloc(DType::f32, int64_t(x.size()));
+    dev.upload(b.view(), x.data());
+    return b;
+  };
+  const auto down = [&](const Buffer& b) {
+    std::vector<float> h(std::size_t(b.count()));
+    dev.download(h.data(), b.view());
+    return h;
+  };
+  DeviceBatch db;
+  dev.upload_batch(batch, db);
+  Buffer bq = up(q), bk = up(k), bv = up(v), bo = up(out), bdo = up(d_out), scratch_out = up(out);
+  Buffer dq = up(q), dk = up(k), dv = up(k), saved = dev.alloc(DType::f32, f.gpu->saved_elements(p));
+  const auto hv = [&](Buffer& b) { return test::shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
+  const auto kv = [&](Buffer& b) { return test::shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
+  f.gpu->forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(scratch_out), saved.view());  // the statistics
+  f.gpu->backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(bo), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
+  dev.synchronize();
+  return {out, down(dq), down(dk), down(dv)};
+}
+
 }  // namespace
 
 TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 1/3/4, head_dim 64 and 128, odd T") {
@@ -124,6 +152,51 @@ TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 
       }
     }
   }
+}
+
+TEST_CASE("naive_cuda with q, k, v and out held in bf16: the f32 run on the bf16 values, out rounded once, bit for bit") {
+  // Widening bf16 to f32 is exact, so the bf16 problem must compute exactly what the f32 problem
+  // computes on inputs already rounded to bf16: out the bf16 rounding of the f32 out
+  // (device_math::bf16_bits), and the gradients the same bits as the f32 backward given the out
+  // the problem holds, whichever of q/k/v and out is held in bf16.
+  Fixture f;
+  std::mt19937 rng(7);
+  std::normal_distribution<double> n(0.0, 1.0);
+  CHECK(f.gpu->bf16_activations());
+  const int32_t T = 77, D = 64;
+  const Batch batch = test::make_batch(T, {{{0, 40}}, test::random_packed_row(T, rng)});
+  const AttentionProblem base{.batch = batch.rows, .seq_len = T, .heads = 6, .kv_heads = 2, .head_dim = D, .dtype = DType::f32,
+                              .device = DeviceType::cuda, .packed = true};
+  const auto make = [&](int64_t heads, bool round) {
+    std::vector<float> x(std::size_t(base.batch) * T * heads * D);
+    for (float& e : x) e = float(n(rng));
+    if (round) for (float& e : x) e = device_math::bf16_value(device_math::bf16_bits(e));
+    return x;
+  };
+  const std::vector<float> q = make(6, true), k = make(2, true), v = make(2, true), d_out = make(6, false);
+  const test::AttentionOutputs want = test::run_attention_on(*f.device, *f.gpu, base, batch, q, k, v, d_out);
+  std::vector<float> rounded_out = want.out;
+  for (float& e : rounded_out) e = device_math::bf16_value(device_math::bf16_bits(e));
+  // With out held in bf16, backward reads the rounded out (its row dots dO . O): the f32 problem's
+  // backward given the rounded out is the reference for the gradients there.
+  const test::AttentionOutputs want_rounded = f32_backward_with_out(f, base, batch, q, k, v, rounded_out, d_out);
+  CHECK(want_rounded.d_v == want.d_v);  // dV = P^T dO reads no out
+  for (const auto [bf16_qkv, bf16_out] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    INFO("q, k, v in bf16 " << bf16_qkv << ", out in bf16 " << bf16_out);
+    AttentionProblem p = base;
+    p.bf16_qkv = bf16_qkv;
+    p.bf16_out = bf16_out;
+    REQUIRE(f.gpu->supports(p).empty());
+    const test::AttentionOutputs got = test::run_attention_on(*f.device, *f.gpu, p, batch, q, k, v, d_out);
+    const test::AttentionOutputs& ref = bf16_out ? want_rounded : want;
+    CHECK(got.d_q == ref.d_q);
+    CHECK(got.d_k == ref.d_k);
+    CHECK(got.d_v == ref.d_v);
+    CHECK(got.out == (bf16_out ? rounded_out : want.out));
+  }
+  AttentionProblem bf16 = base;
+  bf16.dtype = DType::bf16;  // bf16 gradients are cudnn_flash's
+  CHECK(f.gpu->supports(bf16).find("f32") != std::string::npos);
 }
 
 int main(int argc, char** argv) {

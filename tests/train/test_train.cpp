@@ -528,6 +528,12 @@ TEST_CASE("run.recompute = mlp and block give the same losses, gradients and wei
     }
     CHECK(bytes("mlp") < bytes("none"));
     CHECK(bytes("block") < bytes("mlp"));
+    // By dtype: an f32 run holds no bf16, and the three parts add up to activation_bytes.
+    const auto info = read_json(runs["none"] / "run.json");
+    const auto& by = info["activation_bytes_by_dtype"];
+    CHECK(by["bf16"].get<int64_t>() == 0);
+    CHECK(by["f32"].get<int64_t>() > 0);
+    CHECK(by["f32"].get<int64_t>() + by["bf16"].get<int64_t>() + by["workspace"].get<int64_t>() == bytes("none"));
   }
   // A value outside the three is refused naming the key.
   const auto bad = run_ablate(common + " --set run.recompute=all --run-dir " + (tmp.path() / "bad").string());

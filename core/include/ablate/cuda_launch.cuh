@@ -31,12 +31,20 @@ namespace detail {
 static __global__ void to_bf16_kernel(const float* src, uint16_t* dst, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) dst[i] = device_math::bf16_bits(src[i]);
 }
+static __global__ void from_bf16_kernel(const uint16_t* src, float* dst, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) dst[i] = device_math::bf16_value(src[i]);
+}
 }  // namespace detail
 
 // dst[i] = the nearest bf16 of src[i] (device_math::bf16_bits), i < n, enqueued on `stream`: the
 // one f32 -> bf16 conversion of the CUDA plugins (the device's weight copy, operands, cuDNN's inputs).
 inline void launch_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
   if (n > 0) detail::to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n);
+}
+
+// dst[i] = the f32 value of the bf16 src[i] (exact), i < n, enqueued on `stream`.
+inline void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n > 0) detail::from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n);
 }
 
 }  // namespace ablate::cuda

@@ -103,6 +103,9 @@ class LayerBase : public Component {
   virtual void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const = 0;
   // Values (of the call's dtype) the layer keeps from forward to backward, and scratch it needs.
   virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
+  // Of activation_elements, how many hold bf16 values (two to an element) rather than f32: what
+  // the memory report counts as bf16 (a GELU MLP's hidden activation under bf16 products).
+  virtual int64_t activation_bf16_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
   virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
   // Device memory the layer's plugin holds for a call of `rows` beyond its arguments (buffers of
   // its own, grown to the largest call and kept), in bytes. The memory plan counts the largest of

@@ -77,8 +77,11 @@ struct ModelOptions {
 struct ActivationPlan {
   int64_t rows = 0, seq_len = 0;
   int64_t elements = 0;         // f32 elements of the arena (a slot held in bf16 takes one per two values)
+  int64_t bf16_elements = 0;    // of those, the elements holding bf16 values
   int64_t workspace_bytes = 0;  // the plugins' own buffers: the attention backend's and the largest layer's
   int64_t bytes() const noexcept { return elements * int64_t(sizeof(float)) + workspace_bytes; }
+  int64_t bf16_bytes() const noexcept { return bf16_elements * int64_t(sizeof(float)); }
+  int64_t f32_bytes() const noexcept { return (elements - bf16_elements) * int64_t(sizeof(float)); }
 };
 
 // Where a step's time goes, op by op (run.profile_steps): each op is bracketed by synchronisations
