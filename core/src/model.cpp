@@ -15,6 +15,7 @@
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "model_layers.hpp"
 #include "model_plan.hpp"
 #include "model_nf4.hpp"
 #include "model_schedule.hpp"
@@ -163,10 +164,10 @@ void check_batch(const ModelOptions& o, const Batch& b) {
 
 }  // namespace
 
-// The assembled model: its layers, the schedule they were wired into, its buffers, and the two
-// passes over the schedule. What the schedule, the arena layout and the bf16 policy are lives in
-// model_schedule.hpp and model_plan.hpp.
-struct Model::Impl {
+// The assembled model: its device, layers and activation arena (model_layers.hpp), the schedule they were
+// wired into, its parameter buffers, and the two passes over the schedule. What the schedule, the
+// arena layout and the bf16 policy are lives in model_schedule.hpp and model_plan.hpp.
+struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   OpTimes* op_times = nullptr;  // per-op timing (run.profile_steps), else null
   // Runs f, timed as `op` with the device synchronised on both sides when profiling.
   template <class F>
@@ -183,11 +184,6 @@ struct Model::Impl {
   }
   ModelOptions o;
   RunContext run;
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Layer> emb, pos, norm, lin, mlp, qkn;
-  std::unique_ptr<LossLayer> cls;
-  std::unique_ptr<Attention> attn;
-  std::unique_ptr<Layer> adapter;  // [adapter], else null
   schedule::LayerSpecs specs;
   ParamTable table;
   ParamTable trainable;  // the adapters' slices, offsets from sched.adapter_begin (no adapter: unused)
@@ -196,24 +192,10 @@ struct Model::Impl {
   std::function<void(std::size_t)> gradient_hook;  // called after each gradient write in forward_backward
   schedule::Bf16Policy bf16;  // which activations are held in bf16
 
-  Buffer params, grads, act;  // (P, less the NF4 tensors) f32, (P - frozen) f32, the arena
-  Buffer adapter_act;         // the adapters' saved values (one region per adapter) and their scratch
-  std::vector<int64_t> adapter_at;  // offsets into adapter_act: adapter i's saved values, then the scratch
+  Buffer params, grads;       // (P, less the NF4 tensors) f32, (P - frozen) f32
   Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   schedule::Nf4Base nf4;  // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
-  ArenaPlan plan;             // of the shape the arena was last laid out for
   DeviceBatch batch;          // the micro-batch on the device
-
-  template <class L = Layer>
-  std::unique_ptr<L> make_layer(const Registry& registry, const std::string& name, const char* key) {
-    const auto it = o.layer_own.find(name);
-    const Params own = it != o.layer_own.end() ? it->second : Params{"model." + name, {}};
-    return registry.create<L>(Kind::layer, name, {o.model_common, own, run}, key);
-  }
-
-  schedule::ModelLayers layers() const {
-    return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get(), adapter.get()};
-  }
 
   // The adapters' region for N rows: offsets of each adapter's saved values, then of the scratch
   // they share, then the end (elements of the call's dtype, f32).
@@ -261,38 +243,14 @@ struct Model::Impl {
     return schedule::plan_arena(shape, bf16, recompute, rows, T, saved_sizes(rows, T));
   }
 
-  // Lays the arena out for a shape. The arena only grows: bucketed batches change T from batch to
-  // batch, and it is allocated (and zeroed) once for the largest.
+  // Lays the arena out for a shape (ActivationArena::lay_out: it only grows).
   void prepare(int64_t rows, int64_t T) {
     if (plan.rows == rows && plan.seq_len == T) return;
-    plan = make_plan(rows, T, o.recompute);
-    if (act.count() < plan.elements) act = device->alloc(DType::f32, plan.elements);
-    if (adapter) {
-      adapter_at = adapter_layout(rows * T);
-      if (adapter_act.count() < adapter_at.back()) adapter_act = device->alloc(DType::f32, adapter_at.back());
-    }
+    lay_out(*device, make_plan(rows, T, o.recompute), adapter ? adapter_layout(rows * T) : std::vector<int64_t>{});
   }
 
   // ---- views ----
 
-  TensorView arena(Ref r, int64_t rows, int64_t cols) const {
-    if (!r.set()) return {};
-    TensorView t = act.view(plan.at(r), rows * cols);
-    t.dtype = plan.dtype(r);  // the same first byte; a bf16 slot's values are two bytes each
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    return t;
-  }
-  // From a slot to the end of the arena: a layer reads as many saved values as it declared.
-  TensorView arena_tail(Ref r) const { return r.set() ? act.view(plan.at(r), plan.elements - plan.at(r)) : TensorView{}; }
-  TensorView heads4(Ref r, int64_t heads) const {
-    TensorView t = act.view(plan.at(r), plan.rows * plan.seq_len * heads * o.head_dim);
-    t.dtype = plan.dtype(r);
-    t.ndim = 4;
-    t.shape = {plan.rows, plan.seq_len, heads, o.head_dim};
-    return t;
-  }
   TensorView param_tail(const Buffer& b, int64_t off) const { return b.view(off, table.total - off); }
 
   // The parameters from table offset `off` on, as a layer reads them (past an NF4 base's tensors).
@@ -370,7 +328,6 @@ struct Model::Impl {
 
   void run_backward(uint64_t key);
 
-  void make_layers(const Registry& registry);
   void allocate();
 };
 
@@ -447,9 +404,8 @@ LayerCall Model::Impl::adapter_call(const Site& s, bool backward, bool train, ui
   c.x = arena(s.x, N, s.x_cols);
   c.y = arena(s.y, N, s.y_cols);
   c.params = param_view(s.adapter_param);
-  c.saved = adapter_act.view(adapter_at[i], adapter_at[i + 1] - adapter_at[i]);
-  const int64_t scratch = adapter_at[adapter_at.size() - 2];
-  c.scratch = adapter_act.view(scratch, adapter_at.back() - scratch);
+  c.saved = adapter_saved(i);
+  c.scratch = adapter_scratch();
   c.stream = device->stream();
   if (train && o.adapter_dropout > 0) {
     c.dropout = o.adapter_dropout;
@@ -486,38 +442,6 @@ void Model::Impl::run_backward(uint64_t key) {
       timed("adapter", " bwd", [&] { adapter->backward(adapter_call(s, true, true, key)); });
       if (gradient_hook) gradient_hook(write);
       ++write;
-    }
-  }
-}
-
-// Every layer the model calls, each checked to be of the role it is asked for.
-void Model::Impl::make_layers(const Registry& registry) {
-  emb = make_layer(registry, "embedding", "embedding");
-  pos = make_layer(registry, o.position, "model.position");
-  norm = make_layer(registry, o.norm, "model.norm");
-  lin = make_layer(registry, "linear", "linear");
-  mlp = make_layer(registry, o.mlp, "model.mlp");
-  cls = make_layer<LossLayer>(registry, "cross_entropy", "cross_entropy");
-  if (o.qk_norm) qkn = make_layer(registry, "rmsnorm", "model.qk_norm");
-  attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
-  attn->set_stream(device->stream());
-  if (!o.adapter.empty()) {
-    adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
-    if (adapter->role() != LayerRole::adapter) {
-      throw_input_error("adapter.name", "the layer '" + o.adapter + "' has role '" + to_string(adapter->role()) + "', expected 'adapter'");
-    }
-  }
-  const struct {
-    LayerBase* layer;
-    LayerRole role;
-    const char* key;
-  } roles[] = {{emb.get(), LayerRole::embedding, "embedding"}, {pos.get(), LayerRole::position, "model.position"},
-               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "linear"},
-               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "cross_entropy"}};
-  for (const auto& r : roles) {
-    if (r.layer->role() != r.role) {
-      throw_input_error(r.key, std::string("the layer found has role '") + to_string(r.layer->role()) + "', expected '" +
-                                   to_string(r.role) + "'");
     }
   }
 }
@@ -566,21 +490,12 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.o = options;
   m.run = run;
   m.device = std::move(device);
-  m.make_layers(registry);
+  m.head_dim = m.o.head_dim;
+  m.make(registry, m.o, run, *m.device);
   const PositionSite site = m.pos->position_site();
   m.specs = schedule::make_specs(m.o, site);
-  schedule::Bf16Policy::Answers answers;
-  answers.products_take_bf16 = m.norm->bf16_product_inputs() && m.lin->bf16_product_inputs() &&
-                               m.mlp->bf16_product_inputs() && m.cls->bf16_product_inputs();
-  answers.attention_writes_bf16 = m.attn->bf16_activations();
-  answers.qkv_layers_take_bf16 = m.lin->bf16_attention_inputs() && (site != PositionSite::qk || m.pos->bf16_attention_inputs()) &&
-                                 (!m.o.qk_norm || m.qkn->bf16_attention_inputs());
-  if (m.adapter) {  // an adapter reads the projections' x and adds to their y: both stay f32 unless it takes bf16
-    answers.products_take_bf16 = answers.products_take_bf16 && m.adapter->bf16_product_inputs();
-    answers.qkv_layers_take_bf16 = answers.qkv_layers_take_bf16 && m.adapter->bf16_attention_inputs();
-  }
-  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", answers);
-  m.sched = schedule::build_schedule(m.o, m.layers(), m.specs, m.table);
+  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, site));
+  m.sched = schedule::build_schedule(m.o, m.view(), m.specs, m.table);
   if (m.adapter) {
     m.frozen = m.sched.adapter_begin;
     for (const ParamSlice& s : m.table.slices) {

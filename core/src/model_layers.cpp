@@ -1,0 +1,95 @@
+// The layers a model is made of and its activation arena (model_layers.hpp).
+#include "model_layers.hpp"
+
+#include "ablate/error.hpp"
+#include "ablate/runtime/registry.hpp"
+
+namespace ablate {
+
+namespace {
+
+template <class L = Layer>
+std::unique_ptr<L> make_layer(const Registry& registry, const ModelOptions& o, const RunContext& run, const std::string& name,
+                              const char* key) {
+  const auto it = o.layer_own.find(name);
+  const Params own = it != o.layer_own.end() ? it->second : Params{"model." + name, {}};
+  return registry.create<L>(Kind::layer, name, {o.model_common, own, run}, key);
+}
+
+}  // namespace
+
+void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const RunContext& run, Device& device) {
+  emb = make_layer(registry, o, run, "embedding", "embedding");
+  pos = make_layer(registry, o, run, o.position, "model.position");
+  norm = make_layer(registry, o, run, o.norm, "model.norm");
+  lin = make_layer(registry, o, run, "linear", "linear");
+  mlp = make_layer(registry, o, run, o.mlp, "model.mlp");
+  cls = make_layer<LossLayer>(registry, o, run, "cross_entropy", "cross_entropy");
+  if (o.qk_norm) qkn = make_layer(registry, o, run, "rmsnorm", "model.qk_norm");
+  attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
+  attn->set_stream(device.stream());
+  if (!o.adapter.empty()) {
+    adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
+    if (adapter->role() != LayerRole::adapter) {
+      throw_input_error("adapter.name", "the layer '" + o.adapter + "' has role '" + to_string(adapter->role()) + "', expected 'adapter'");
+    }
+  }
+  const struct {
+    LayerBase* layer;
+    LayerRole role;
+    const char* key;
+  } roles[] = {{emb.get(), LayerRole::embedding, "embedding"}, {pos.get(), LayerRole::position, "model.position"},
+               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "linear"},
+               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "cross_entropy"}};
+  for (const auto& r : roles) {
+    if (r.layer->role() != r.role) {
+      throw_input_error(r.key, std::string("the layer found has role '") + to_string(r.layer->role()) + "', expected '" +
+                                   to_string(r.role) + "'");
+    }
+  }
+}
+
+schedule::Bf16Policy::Answers ModelLayerSet::bf16_answers(const ModelOptions& o, PositionSite site) const {
+  schedule::Bf16Policy::Answers a;
+  a.products_take_bf16 =
+      norm->bf16_product_inputs() && lin->bf16_product_inputs() && mlp->bf16_product_inputs() && cls->bf16_product_inputs();
+  a.attention_writes_bf16 = attn->bf16_activations();
+  a.qkv_layers_take_bf16 = lin->bf16_attention_inputs() && (site != PositionSite::qk || pos->bf16_attention_inputs()) &&
+                           (!o.qk_norm || qkn->bf16_attention_inputs());
+  if (adapter) {  // an adapter reads the projections' x and adds to their y: both stay f32 unless it takes bf16
+    a.products_take_bf16 = a.products_take_bf16 && adapter->bf16_product_inputs();
+    a.qkv_layers_take_bf16 = a.qkv_layers_take_bf16 && adapter->bf16_attention_inputs();
+  }
+  return a;
+}
+
+TensorView ActivationArena::arena(schedule::Ref r, int64_t rows, int64_t cols) const {
+  if (!r.set()) return {};
+  TensorView t = act.view(plan.at(r), rows * cols);
+  t.dtype = plan.dtype(r);  // the same first byte; a bf16 slot's values are two bytes each
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  return t;
+}
+
+TensorView ActivationArena::arena_tail(schedule::Ref r) const {
+  return r.set() ? act.view(plan.at(r), plan.elements - plan.at(r)) : TensorView{};
+}
+
+TensorView ActivationArena::heads4(schedule::Ref r, int64_t heads) const {
+  TensorView t = act.view(plan.at(r), plan.rows * plan.seq_len * heads * head_dim);
+  t.dtype = plan.dtype(r);
+  t.ndim = 4;
+  t.shape = {plan.rows, plan.seq_len, heads, head_dim};
+  return t;
+}
+
+void ActivationArena::lay_out(Device& device, schedule::ArenaPlan next, std::vector<int64_t> adapters) {
+  plan = std::move(next);
+  if (act.count() < plan.elements) act = device.alloc(DType::f32, plan.elements);
+  adapter_at = std::move(adapters);
+  if (!adapter_at.empty() && adapter_act.count() < adapter_at.back()) adapter_act = device.alloc(DType::f32, adapter_at.back());
+}
+
+}  // namespace ablate
