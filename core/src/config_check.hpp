@@ -1,0 +1,85 @@
+// Checking an experiment file against the schemas (config_check.cpp): each value against its spec,
+// each table against its schema, each section with its selected implementations and sub-tables,
+// the [[eval]] tables; and --set overrides typed by the same specs (config_override.cpp). Every
+// failure is an input error naming the file, line and column (or the --set) and the key.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "ablate/runtime/config.hpp"
+#include "ablate/runtime/registry.hpp"
+
+namespace ablate::config_check {
+
+struct ResolvedEval {
+  std::string label;
+  std::map<std::string, Value, std::less<>> common, own;
+};
+
+struct ResolvedSection {
+  std::map<std::string, Value, std::less<>> keys;
+  std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
+  std::set<std::string, std::less<>> written;  // implementations whose sub-table the experiment gave
+};
+
+// The kind whose registrations' keys a section's sub-tables hold: the section's own kind, or for
+// [model] the layers its keys name.
+std::optional<Kind> sub_table_kind(const SectionSpec& spec);
+// The label of an [[eval]] table as written (its `label`, else its `name`), "" when neither is a string.
+std::string written_eval_label(const toml::table& entry);
+const ParamSpec* find_param(const Schema& schema, std::string_view key);
+std::vector<std::string> schema_names(const Schema& schema);
+std::vector<std::string> section_names();
+std::string node_type_name(const toml::node& n);
+std::string node_text(const toml::node& n);
+
+class Validator {
+ public:
+  Validator(std::string source, Registry& registry, const std::map<std::string, std::string>& origins)
+      : source_(std::move(source)), registry_(registry), origins_(origins) {}
+
+  std::string where(const toml::source_region& region, const std::string& path) const {
+    auto it = origins_.find(path);
+    if (it != origins_.end()) return it->second;
+    if (region.begin.line == 0) return source_;
+    return source_ + ":" + std::to_string(region.begin.line) + ":" + std::to_string(region.begin.column);
+  }
+
+  [[noreturn]] void fail(const toml::source_region& region, const std::string& path, const std::string& msg) const {
+    throw_input_error(where(region, path), path.empty() ? msg : path + ": " + msg);
+  }
+
+  // One value against its spec: the type, the range or choices; a path made absolute.
+  Value check(const toml::node& node, const ParamSpec& spec, const std::string& path) const;
+  // Validates one table against a schema; unknown keys are errors with suggestions.
+  std::map<std::string, Value, std::less<>> check_table(const toml::table& table, const Schema& schema,
+                                                         const std::string& path, const std::string& hint_impl,
+                                                         const Schema* hint_schema, bool skip_tables = false) const;
+  // A section: core's keys, the selected implementation(s) against the registry, every sub-table.
+  ResolvedSection check_section(const SectionSpec& spec, const toml::table* table) const;
+
+ private:
+  void check_sub_tables(const SectionSpec& spec, const toml::table* table, ResolvedSection& res) const;
+
+  std::string source_;
+  Registry& registry_;
+  const std::map<std::string, std::string>& origins_;
+};
+
+// The [[eval]] tables: each names a registered evaluator, has a label no other has, and its other
+// keys are the evaluator's (checked against its schema, defaults filled in).
+std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& registry, const toml::node* node);
+
+// One --set section.key=value (or section.implementation.key=value, eval.<label>.key=value) into
+// `root`, typed by its spec; `origins` records where the value came from for error messages.
+void apply_override(toml::table& root, const std::string& assignment, const Registry& registry,
+                    std::map<std::string, std::string>& origins);
+
+}  // namespace ablate::config_check
