@@ -132,7 +132,7 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
   }
   const std::string_view n(name);
   const bool is_out = n == "out", is_qkv = n == "q" || n == "k" || n == "v";
-  const DType want_dtype = is_out ? p.out_dtype() : is_qkv ? p.qkv_dtype() : p.dtype;
+  const DType want_dtype = is_out ? p.out_dtype() : is_qkv ? p.qkv_dtype() : p.grad_dtype();
   if (t.dtype != want_dtype) {
     throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem's " +
                                    (is_out ? "out is " : is_qkv ? "q, k, v are " : "gradients are ") + to_string(want_dtype));

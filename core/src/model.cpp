@@ -213,6 +213,7 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
     p.packed = true;
     p.bf16_out = bf16.attention_out;
     p.bf16_qkv = bf16.qkv;
+    p.bf16_grads = bf16.grads;
     return p;
   }
 

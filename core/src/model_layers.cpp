@@ -56,9 +56,13 @@ schedule::Bf16Policy::Answers ModelLayerSet::bf16_answers(const ModelOptions& o,
   a.attention_writes_bf16 = attn->bf16_activations();
   a.qkv_layers_take_bf16 = lin->bf16_attention_inputs() && (site != PositionSite::qk || pos->bf16_attention_inputs()) &&
                            (!o.qk_norm || qkn->bf16_attention_inputs());
+  a.attention_grads_bf16 = attn->bf16_gradients();
+  a.grad_layers_take_bf16 = lin->bf16_attention_grads() && (site != PositionSite::qk || pos->bf16_attention_grads()) &&
+                            (!o.qk_norm || qkn->bf16_attention_grads());
   if (adapter) {  // an adapter reads the projections' x and adds to their y: both stay f32 unless it takes bf16
     a.products_take_bf16 = a.products_take_bf16 && adapter->bf16_product_inputs();
     a.qkv_layers_take_bf16 = a.qkv_layers_take_bf16 && adapter->bf16_attention_inputs();
+    a.grad_layers_take_bf16 = a.grad_layers_take_bf16 && adapter->bf16_attention_grads();
   }
   return a;
 }

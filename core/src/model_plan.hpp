@@ -13,11 +13,13 @@ namespace ablate::schedule {
 // Which activations a run holds in bf16 (run.dtype = "bf16"). Each level needs the one before:
 // the norms' outputs (ln1, ln2, lnf) when every reader of them takes bf16 product inputs; then the
 // attention output when the backend writes it so; then q, k, v (q_lin, k_lin, v, q, k) when the
-// layers that write or rotate them take bf16 too.
+// layers that write or rotate them take bf16 too; then the attention's gradients when the backend
+// and those layers take them in bf16.
 struct Bf16Policy {
   bool norm_outputs = false;
   bool attention_out = false;
   bool qkv = false;
+  bool grads = false;  // the attention's gradients (d_q, d_k, d_v, d_att and the projections' d_qlin, d_klin)
 
   // What the chosen layers answer (LayerBase::bf16_product_inputs, Attention::bf16_activations,
   // LayerBase::bf16_attention_inputs).
@@ -25,6 +27,8 @@ struct Bf16Policy {
     bool products_take_bf16 = false;    // the norm, linear, MLP and classifier layers all do
     bool attention_writes_bf16 = false;  // the attention backend
     bool qkv_layers_take_bf16 = false;   // linear, and rope and qk-norm where the model has them
+    bool attention_grads_bf16 = false;   // the backend (Attention::bf16_gradients)
+    bool grad_layers_take_bf16 = false;  // the same layers (LayerBase::bf16_attention_grads)
   };
   static Bf16Policy decide(bool bf16_run, const Answers& a);
 

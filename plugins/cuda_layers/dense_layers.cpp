@@ -48,19 +48,26 @@ void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, c
 }
 
 // Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
-// skipped when null), dW += dy'^T x and db += colsum(dy') (both skipped when dW is null: frozen
-// parameters), dy' = dy masked by the forward's dropout
-// (into `tmp`, (rows, out), when dropout is on).
-void dense_backward(const float* dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db,
-                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
+// skipped when null; written in bf16 into dx_bf16 instead when that is given), dW += dy'^T x and
+// db += colsum(dy') (both skipped when dW is null: frozen parameters), dy' = dy masked by the
+// forward's dropout (into `tmp`, (rows, out), when dropout is on). A dy held in bf16 (the
+// gradient of q, k or v the model holds so) is read as it is: it has no dropout.
+void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db,
+                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode,
+                    uint16_t* dx_bf16 = nullptr) {
   if (rows == 0) return;
-  if (drop.p > 0.0) {
-    launch_dropout_grad(dy, tmp, rows * out, drop, s);
-    dy = tmp;
+  Operand d = dy;
+  if (dy.f32 != nullptr) {
+    const float* g = dy.f32;
+    if (drop.p > 0.0) {
+      launch_dropout_grad(g, tmp, rows * out, drop, s);
+      g = tmp;
+    }
+    // Both products read dy: rounded to bf16 once for both under bf16 products.
+    d = dx != nullptr || dx_bf16 != nullptr ? gemm_bf16_once(g, rows, out, s, mode) : Operand{g};
   }
-  // Both products read dy: rounded to bf16 once for both under bf16 products.
-  const Operand d = dx != nullptr ? gemm_bf16_once(dy, rows, out, s, mode) : Operand{dy};
-  if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
+  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s);
+  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
   if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
 
@@ -87,16 +94,29 @@ Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64
   return x;
 }
 
+// `bf16_grads`: the layer may read d_y and write d_x in bf16 (a linear under bf16 products, where
+// the model holds the attention's gradients so).
 Operand check_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
-                       int64_t scratch, MatmulMode mode) {
+                       int64_t scratch, MatmulMode mode, bool bf16_grads = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
-  require_f32(name, call.d_y, "d_y", call.rows * out);
+  const bool held = bf16_grads && mode == MatmulMode::bf16;
+  const bool dy_bf16 = held && call.d_y.dtype == DType::bf16, dx_bf16 = held && call.d_x.dtype == DType::bf16;
+  if (dy_bf16) {
+    require_bf16(name, call.d_y, "d_y", call.rows * out);
+    if (call.dropout > 0.0) throw_runtime_error(name, "a bf16 d_y takes no dropout (q, k and v have none)");
+  } else {
+    require_f32(name, call.d_y, "d_y", call.rows * out);
+  }
+  if (dx_bf16 && call.input_grad != GradMode::overwrite) {
+    throw_runtime_error(name, "a bf16 d_x is written, never added to (the attention output's gradient has one writer)");
+  }
   require_f32(name, call.params, "params", params);
   if (call.grads.data != nullptr) require_f32(name, call.grads, "grads", params);  // none: frozen parameters
   require_f32(name, call.saved, "saved", saved);
   require_f32(name, call.scratch, "scratch", scratch);
   if (call.d_x.data != nullptr) {
-    require_f32(name, call.d_x, "d_x", call.rows * in);
+    if (dx_bf16) require_bf16(name, call.d_x, "d_x", call.rows * in);
+    else require_f32(name, call.d_x, "d_x", call.rows * in);
     if (same(call.d_x, call.d_y) || same(call.d_x, call.x)) throw_runtime_error(name, "d_x must not alias d_y or x");
   }
   return x;
@@ -127,6 +147,8 @@ class Linear final : public Layer {
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
   // Under bf16 products: y in bf16 (q, k, v held so), the product rounded from scratch.
   bool bf16_attention_inputs() const override { return mode_ == MatmulMode::bf16; }
+  // Under bf16 products: d_y in bf16 (read as it is) and d_x in bf16 (the product's output).
+  bool bf16_attention_grads() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -148,10 +170,13 @@ class Linear final : public Layer {
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DropoutArgs drop = dropout_of(kName, call);
-    const Operand x = check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0, mode_);
-    dense_backward(call.d_y.as<const float>(), call.rows, s.in, s.out, x, weight_at(call, p.weight),
-                   at_mut(call.grads, p.weight), at_mut(call.grads, p.bias), call.d_x.as<float>(),
-                   call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0), stream_of(call), mode_);
+    const Operand x = check_backward(kName, call, s.in, s.out, p.end, 0, drop.p > 0.0 ? call.rows * s.out : 0, mode_,
+                                     /*bf16_grads=*/true);
+    const bool dy_bf16 = call.d_y.dtype == DType::bf16, dx_bf16 = call.d_x.data != nullptr && call.d_x.dtype == DType::bf16;
+    const Operand dy = dy_bf16 ? Operand{nullptr, call.d_y.data} : Operand{call.d_y.as<const float>()};
+    dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight),
+                   at_mut(call.grads, p.bias), dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate,
+                   drop, scratch_at(call, 0), stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr);
     check_launch(kName);
   }
 

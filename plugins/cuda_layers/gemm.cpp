@@ -329,7 +329,8 @@ void gemm_unfused(const GemmCall& g, cudaStream_t stream) {
   if (g.act == Activation::gelu_aux) launch_gelu_forward(g.aux, g.D, n, stream);
   if (g.act == Activation::dgelu) launch_gelu_backward(g.aux, g.D, n, stream);
   if (g.d_column_sums != nullptr) add_column_sums(g.D, g.d_column_sums, g.M, g.N, stream);
-  if (g.a_sums != nullptr) add_column_sums(g.A, g.a_sums, g.K, g.M, stream);
+  if (g.a_sums != nullptr && g.A != nullptr) add_column_sums(g.A, g.a_sums, g.K, g.M, stream);
+  if (g.a_sums != nullptr && g.A == nullptr) add_column_sums_bf16(static_cast<const uint16_t*>(g.A_bf16), g.a_sums, g.K, g.M, stream);
 }
 
 }  // namespace
@@ -468,6 +469,12 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
   g.aux = const_cast<float*>(reinterpret_cast<const float*>(pre));  // read only under dgelu
   g.d_column_sums = db;
   return gemm_fused_only(g, stream);
+}
+
+void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), MatmulMode::bf16);
+  g.d_bf16 = true;
+  gemm(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,

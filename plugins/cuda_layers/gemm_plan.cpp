@@ -95,7 +95,9 @@ std::string gemm_refusal(const GemmCall& g) {
   if (g.M < 0 || g.N < 0 || g.K < 0 || g.D == nullptr || (g.K > 0 && (!has_a || !has_b))) {
     return "invalid problem (negative size or missing operand)";
   }
-  if (g.a_sums != nullptr && g.A == nullptr) return "sums of A need A's f32 values";
+  if (g.a_sums != nullptr && g.A == nullptr && !(bf16 && g.A_bf16 != nullptr)) {
+    return "sums of A need A's values (f32, or bf16 under bf16 products)";
+  }
   if (g.K == 0 && g.M > 0 && g.N > 0) return "a product over K = 0 (an empty sum) is not served";
   if (g.act != Activation::none && g.aux == nullptr) return "a GELU epilogue needs its pre-activation matrix (aux)";
   if (g.d_column_sums != nullptr && g.act != Activation::dgelu) return "column sums of D are served under dgelu only";

@@ -432,28 +432,43 @@ void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, i
   if (n > 0) rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, 1.0, false);
 }
 
-void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
+namespace {
+
+// db(1, cols) += ones(1, rows) m(rows, cols): a product with a ones vector kept in the workspace.
+GemmCall column_sums_call(float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
   Workspace& ws = workspace();
-  const float* ones = nullptr;
+  GemmCall g;
   {
     std::lock_guard<std::mutex> lock(ws.mu);
     auto* p = static_cast<float*>(ws.bytes(kOnes, std::size_t(rows) * sizeof(float), stream));
     if (ws.grown(kOnes)) fill_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(p, rows, 1.0f);
-    ones = p;
+    g.A = p;
   }
-  // db(1, cols) += ones(1, rows) m(rows, cols)
-  GemmCall g;
   g.M = 1;
   g.N = cols;
   g.K = rows;
-  g.A = ones;
   g.lda = rows;
-  g.B = m;
   g.ldb = cols;
   g.beta = 1.0f;
   g.D = db;
   g.ldc = cols;
+  return g;
+}
+
+}  // namespace
+
+void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  GemmCall g = column_sums_call(db, rows, cols, stream);
+  g.B = m;
+  gemm(g, stream);
+}
+
+void add_column_sums_bf16(const uint16_t* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  GemmCall g = column_sums_call(db, rows, cols, stream);
+  g.mode = MatmulMode::bf16;  // the ones rounded to bf16 by the product: exactly
+  g.B_bf16 = m;
   gemm(g, stream);
 }
 

@@ -68,6 +68,8 @@ void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, i
 // db(cols) += column sums of m(rows, cols), as a cuBLASLt product with a ones vector (a fixed
 // order, so the same every run).
 void add_column_sums(const float* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream);
+// The same of bf16 values (a bf16 product of ones and m: each value exact, the sums in fp32).
+void add_column_sums_bf16(const uint16_t* m, float* db, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // The classifier's rows: for each of `n` rows of logits z (n, out), the softmax over the first
 // real_out columns gives losses[i] (0 where targets[i] is -1, NaN where a target is out of range)

@@ -172,18 +172,20 @@ class CudnnFlash final : public Attention {
   // packed rows; zero at padding positions.
   int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
 
-  // An f32 problem's bf16 copies (backward's eight: q, k, v, o, dO, dQ, dK, dV) and the sequence
-  // metadata; cuDNN's own workspace is known once a plan is built (flash SDPA asks for little or
-  // none) and is not counted.
+  // An f32 problem's bf16 copies (backward's eight: q, k, v, o, dO, dQ, dK, dV, less those the
+  // model holds in bf16) and the sequence metadata; cuDNN's own workspace is known once a plan is
+  // built (flash SDPA asks for little or none) and is not counted.
   int64_t workspace_bytes(const AttentionProblem& p) const override {
     const Sizes n = sizes(p);
-    // Backward's: dO, dQ (and o, q unless held in bf16); dK, dV (and k, v likewise).
-    const int64_t q_copies = 2 + (p.bf16_out ? 0 : 1) + (p.bf16_qkv ? 0 : 1), kv_copies = 2 + (p.bf16_qkv ? 0 : 2);
+    // Backward's: dO, dQ (unless held in bf16) and o, q (likewise); dK, dV and k, v (likewise).
+    const int64_t grads = p.bf16_grads ? 0 : 2;
+    const int64_t q_copies = grads + (p.bf16_out ? 0 : 1) + (p.bf16_qkv ? 0 : 1), kv_copies = grads + (p.bf16_qkv ? 0 : 2);
     const int64_t copies = p.dtype == DType::f32 ? (q_copies * n.q + kv_copies * n.kv) * 2 : 0;
     return copies + 4 * (2 * int64_t(p.batch) * p.seq_len + 4) * 4;
   }
 
   bool bf16_activations() const override { return true; }
+  bool bf16_gradients() const override { return true; }
 
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
                TensorView out, TensorView saved) override {
@@ -228,7 +230,7 @@ class CudnnFlash final : public Attention {
     const Context ctx = context();
     const cudaStream_t stream = ctx.stream;
     const Sizes n = sizes(p);
-    const std::size_t width = dtype_size(p.dtype);
+    const std::size_t width = dtype_size(p.grad_dtype());
     if (p.packed && batch.num_segments == 0) {
       ABLATE_CUDA_CHECK(cudaMemsetAsync(d_q.data, 0, std::size_t(n.q) * width, stream));
       ABLATE_CUDA_CHECK(cudaMemsetAsync(d_k.data, 0, std::size_t(n.kv) * width, stream));
@@ -249,7 +251,7 @@ class CudnnFlash final : public Attention {
     const int64_t positions = int64_t(p.batch) * p.seq_len;
     const int64_t per_q = int64_t(p.heads) * p.head_dim, per_kv = int64_t(p.kv_heads) * p.head_dim;
     const int32_t* ids = batch.segment_ids.as<const int32_t>();
-    if (p.dtype == DType::f32) {
+    if (p.grad_dtype() == DType::f32) {
       launch_store_f32(ptr[kDQ], d_q.as<float>(), positions, per_q, ids, stream);
       launch_store_f32(ptr[kDK], d_k.as<float>(), positions, per_kv, ids, stream);
       launch_store_f32(ptr[kDV], d_v.as<float>(), positions, per_kv, ids, stream);

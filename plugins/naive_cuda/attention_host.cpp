@@ -16,10 +16,10 @@
 // cuBLAS is column-major: a row-major X (r x c, leading dimension ld) is the column-major X^T, so
 // each product below is written for the transposes (the comment at each call gives the row-major
 // product it computes). run.dtype = "tf32" runs the products on TF32 tensor cores, and so does
-// "bf16". Under "bf16" the model may hold q, k, v and the output in bf16 (bf16_activations): they
-// are widened to f32 copies in the workspace (exactly) and the output rounded to bf16 once at the
-// end (device_math::bf16_bits), so the arithmetic is the f32 one on the bf16 values; the gradients
-// stay f32.
+// "bf16". Under "bf16" the model may hold q, k, v, the output and the gradients in bf16
+// (bf16_activations, bf16_gradients): they are widened to f32 copies in the workspace (exactly)
+// and the outputs (out, d_q, d_k, d_v) rounded to bf16 once at the end (device_math::bf16_bits),
+// so the arithmetic is the f32 one on the bf16 values.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -97,6 +97,7 @@ class NaiveCuda final : public Attention {
   }
 
   bool bf16_activations() const override { return true; }
+  bool bf16_gradients() const override { return true; }
 
   void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
                TensorView saved) override {
@@ -107,7 +108,7 @@ class NaiveCuda final : public Attention {
     if (d.z == 0 || d.T == 0) return;
     const cudaStream_t st = prepare(p, batch);
     float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
-    const Wide w = widen(p, q, k, v, TensorView{}, st);
+    const Wide w = widen(p, {q, k, v, {}, {}, {}, {}, {}}, st);
     float* o = p.bf16_out ? w.out : out.as<float>();
     fill(kQ, w.q, d.qb, d.D, 1, st);
     fill(kK, w.k, d.kb, d.D, d.group, st);
@@ -136,8 +137,9 @@ class NaiveCuda final : public Attention {
     float* grads = static_cast<float*>(ws_.get(kGradScores, block, st));
     float* d_row = static_cast<float*>(ws_.get(kRowD, std::size_t(d.z * d.T) * sizeof(float), st));
     // With GQA, dK and dV of each query head first (B, T, H, D each), then their group sums.
-    float* dk_heads = d_k.as<float>();
-    float* dv_heads = d_v.as<float>();
+    const Wide w = widen(p, {q, k, v, out, d_out, d_q, d_k, d_v}, st);
+    float* dk_heads = w.d_k;
+    float* dv_heads = w.d_v;
     int64_t kv_head_ld = d.kld, kv_head_b = d.kb;
     if (d.group > 1) {
       float* tmp = static_cast<float*>(ws_.get(kGroupTmp, 2 * std::size_t(d.B * d.T * d.H * d.D) * sizeof(float), st));
@@ -146,14 +148,13 @@ class NaiveCuda final : public Attention {
       kv_head_ld = d.qld;
       kv_head_b = d.qb;
     }
-    const Wide w = widen(p, q, k, v, out, st);
     fill(kQ, w.q, d.qb, d.D, 1, st);
     fill(kK, w.k, d.kb, d.D, d.group, st);
     fill(kV, w.v, d.kb, d.D, d.group, st);
     fill(kS, probs, d.H * d.T * d.T, d.T * d.T, 1, st);
-    fill(kDO, d_out.data, d.qb, d.D, 1, st);
+    fill(kDO, w.d_out, d.qb, d.D, 1, st);
     fill(kDS, grads, d.H * d.T * d.T, d.T * d.T, 1, st);
-    fill(kDQ, d_q.data, d.qb, d.D, 1, st);
+    fill(kDQ, w.d_q, d.qb, d.D, 1, st);
     fill(kDK, dk_heads, kv_head_b, d.D, 1, st);
     fill(kDV, dv_heads, kv_head_b, d.D, 1, st);
     // S = scale Q K^T, then P from the saved lse (in place).
@@ -161,7 +162,7 @@ class NaiveCuda final : public Attention {
     launch_recompute_p(probs, saved.as<const float>(), seg_start_, d.B, d.H, d.T, st);
     // dP (T_q x T_k) = dO V^T
     batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, 1.0f, kV, d.kld, kDO, d.qld, 0.0f, kDS, d.T, d.z);
-    launch_row_dot(d_out.as<const float>(), w.out, d_row, d.B, d.T, d.H, d.D, st);
+    launch_row_dot(w.d_out, w.out, d_row, d.B, d.T, d.H, d.D, st);
     launch_softmax_backward(probs, grads, d_row, d.B, d.H, d.T, st);  // dP -> dS
     // dQ (T_q x D) = scale dS K
     batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, d.scale, kK, d.kld, kDS, d.T, 0.0f, kDQ, d.qld, d.z);
@@ -170,8 +171,13 @@ class NaiveCuda final : public Attention {
     // dV (T_k x D) = P^T dO, per query head
     batched(CUBLAS_OP_N, CUBLAS_OP_T, d.D, d.T, d.T, 1.0f, kDO, d.qld, kS, d.T, 0.0f, kDV, kv_head_ld, d.z);
     if (d.group > 1) {
-      launch_group_sum(dk_heads, d_k.as<float>(), d.B, d.T, d.H, d.Hkv, d.D, st);
-      launch_group_sum(dv_heads, d_v.as<float>(), d.B, d.T, d.H, d.Hkv, d.D, st);
+      launch_group_sum(dk_heads, w.d_k, d.B, d.T, d.H, d.Hkv, d.D, st);
+      launch_group_sum(dv_heads, w.d_v, d.B, d.T, d.H, d.Hkv, d.D, st);
+    }
+    if (p.bf16_grads) {  // the f32 gradients rounded once into the problem's bf16 ones
+      launch_round_bf16(w.d_q, static_cast<uint16_t*>(d_q.data), d.B * d.qb, st);
+      launch_round_bf16(w.d_k, static_cast<uint16_t*>(d_k.data), d.B * d.kb, st);
+      launch_round_bf16(w.d_v, static_cast<uint16_t*>(d_v.data), d.B * d.kb, st);
     }
     check_launch();
   }
@@ -202,22 +208,27 @@ class NaiveCuda final : public Attention {
   }
 
   // Values (f32) of the copies the tensors held in bf16 take: q and out (B T H D), k and v
-  // (B T Hkv D) each.
+  // (B T Hkv D) each; with bf16 gradients d_out and d_q (B T H D), d_k and d_v (B T Hkv D).
   static int64_t wide_elements(const AttentionProblem& p) {
     const int64_t positions = int64_t(p.batch) * p.seq_len, nq = positions * p.heads * p.head_dim,
                   nkv = positions * p.kv_heads * p.head_dim;
-    return (p.bf16_qkv ? nq + 2 * nkv : 0) + (p.bf16_out ? nq : 0);
+    return (p.bf16_qkv ? nq + 2 * nkv : 0) + (p.bf16_out ? nq : 0) + (p.bf16_grads ? 2 * nq + 2 * nkv : 0);
   }
 
-  // The f32 q, k, v and out the products read: the tensors themselves, or for those held in bf16
-  // their exact f32 copies in the workspace (out copied only when given: backward reads it; forward
-  // writes its f32 result there and rounds it into out).
-  struct Wide {
-    float *q, *k, *v, *out;
+  // The tensors of a pass (forward passes none for out and the gradients: it rounds its own out).
+  struct Tensors {
+    TensorView q, k, v, out, d_out, d_q, d_k, d_v;
   };
-  Wide widen(const AttentionProblem& p, TensorView q, TensorView k, TensorView v, TensorView out, cudaStream_t st) {
-    Wide w{static_cast<float*>(q.data), static_cast<float*>(k.data), static_cast<float*>(v.data), static_cast<float*>(out.data)};
-    if (!p.bf16_qkv && !p.bf16_out) return w;
+  // The f32 tensors the products read and write: the problem's own, or for those held in bf16
+  // their f32 copies in the workspace. Inputs given are widened (exactly); forward's out and
+  // backward's d_q, d_k, d_v are only given room (the caller rounds them into the bf16 tensors).
+  struct Wide {
+    float *q, *k, *v, *out, *d_out, *d_q, *d_k, *d_v;
+  };
+  Wide widen(const AttentionProblem& p, const Tensors& in, cudaStream_t st) {
+    const auto f = [](const TensorView& t) { return static_cast<float*>(t.data); };
+    Wide w{f(in.q), f(in.k), f(in.v), f(in.out), f(in.d_out), f(in.d_q), f(in.d_k), f(in.d_v)};
+    if (!p.bf16_qkv && !p.bf16_out && !p.bf16_grads) return w;
     float* at = static_cast<float*>(ws_.get(kWide, std::size_t(wide_elements(p)) * sizeof(float), st));
     const auto copy = [&](TensorView t, int64_t n) {
       float* dst = at;
@@ -228,11 +239,17 @@ class NaiveCuda final : public Attention {
     const int64_t positions = int64_t(p.batch) * p.seq_len, nq = positions * p.heads * p.head_dim,
                   nkv = positions * p.kv_heads * p.head_dim;
     if (p.bf16_qkv) {
-      w.q = copy(q, nq);
-      w.k = copy(k, nkv);
-      w.v = copy(v, nkv);
+      w.q = copy(in.q, nq);
+      w.k = copy(in.k, nkv);
+      w.v = copy(in.v, nkv);
     }
-    if (p.bf16_out) w.out = copy(out, nq);
+    if (p.bf16_out) w.out = copy(in.out, nq);
+    if (p.bf16_grads) {
+      w.d_out = copy(in.d_out, nq);
+      w.d_q = copy(TensorView{}, nq);
+      w.d_k = copy(TensorView{}, nkv);
+      w.d_v = copy(TensorView{}, nkv);
+    }
     return w;
   }
 

@@ -994,6 +994,103 @@ TEST_CASE("linear: bias, residual, dropout, d_x written and accumulated") {
   run_dense_grid("linear", {{37, 61}, {100, 37}}, 1, 106);
 }
 
+namespace {
+
+// The linear layer's backward under bf16 products with the attention's gradients held in bf16: d_y
+// in bf16 (q, k, v's gradients) and d_x written in bf16 (the attention output's). `dy_bf16`: d_y
+// given as a bf16 buffer, else as f32; `dx_bf16` likewise for d_x. The x is held in bf16 and the
+// weights' bf16 copy given, as the model calls it; d_x accumulates where input_grad says.
+struct LinearGrads {
+  std::vector<double> d_x, grads;
+};
+LinearGrads linear_backward_bf16(const Problem& p, const Values& v, bool dy_bf16, bool dx_bf16) {
+  Layer& gpu = suite().layer<Layer>("linear", "cuda", "bf16");
+  const DeviceIds ids(p.batch);
+  cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params), dy16 = bf16_copy(v.d_y);
+  cuda::DeviceBuffer<uint16_t> dx16(dx_bf16 ? std::size_t(p.nx()) : 0);
+  if (dx_bf16) ABLATE_CUDA_CHECK(cudaMemsetAsync(dx16.data(), 0xFF, dx16.size() * 2, suite().stream));
+  DeviceFloats params = to_device(v.params), dy = to_device(v.d_y), dx = to_device(v.d_x), grads = to_device(v.grads);
+  DeviceFloats scratch = poisoned(gpu.scratch_elements(p.spec, p.rows));
+  LayerCall call = base_call(p, ids.views);
+  call.stream = ablate::Stream(suite().stream);
+  call.x = bf16_view(x16);
+  call.params = device_view(params);
+  call.params_bf16 = bf16_view(copy);
+  call.scratch = device_view(scratch);
+  call.grads = device_view(grads);
+  call.d_y = dy_bf16 ? bf16_view(dy16) : device_view(dy);
+  call.d_x = dx_bf16 ? bf16_view(dx16) : device_view(dx);
+  call.input_grad = p.input_grad;
+  gpu.backward(call);
+  return {dx_bf16 ? from_device_bf16(dx16) : from_device(dx), from_device(grads)};
+}
+
+}  // namespace
+
+TEST_CASE("linear: the attention's gradients held in bf16, d_y read as it is and d_x written in bf16") {
+  // A d_y held in bf16 is what the products' own bf16 copy of an f32 d_y was: given the same
+  // (bf16-representable) values either way, d_x and the weight gradient are the same bits; the
+  // bias gradient sums the same values, in fp32, perhaps in another order (cuBLASLt's epilogue or
+  // a product with ones). A d_x written in bf16 is the f32 product's sums rounded once: within half
+  // a bf16 unit of the f32 d_x, beside fp32's reordering of the K = out sums.
+  std::mt19937_64 rng(2718);
+  Layer& cpu = suite().layer<Layer>("linear", "cpu");
+  Layer& gpu = suite().layer<Layer>("linear", "cuda", "bf16");
+  REQUIRE(gpu.bf16_attention_grads());
+  CHECK_FALSE(suite().layer<Layer>("linear", "cuda", "fp32").bf16_attention_grads());
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 96}, {100, 37}}) {
+    for (bool bias : {false, true}) {
+      for (GradMode mode : {GradMode::overwrite, GradMode::accumulate}) {
+        Problem p;
+        p.layer = "linear";
+        p.spec.in = in;
+        p.spec.out = out;
+        p.spec.bias = bias;
+        p.rows = 45;
+        p.x_width = in;
+        p.y_width = out;
+        p.batch = make_batch(p.rows, 1, 1, rng);
+        p.input_grad = mode;
+        INFO("in " << in << " out " << out << (bias ? " bias " : " no bias ") << grad_name(mode));
+        Values v = random_values(p, cpu, gpu, rng, 0.0);
+        for (float& e : v.d_y) e = device_math::bf16_value(device_math::bf16_bits(e));
+        const LinearGrads f32 = linear_backward_bf16(p, v, false, false);
+        const LinearGrads held_dy = linear_backward_bf16(p, v, true, false);
+        CHECK(same_bits(held_dy.d_x, f32.d_x));
+        const int64_t weights = in * out;
+        const std::vector<double> w_f32(f32.grads.begin(), f32.grads.begin() + weights),
+            w_held(held_dy.grads.begin(), held_dy.grads.begin() + weights);
+        CHECK(same_bits(w_held, w_f32));
+        for (int64_t j = weights; j < int64_t(f32.grads.size()); ++j) {  // the bias gradient: p.rows terms of order one
+          CHECK(std::abs(held_dy.grads[std::size_t(j)] - f32.grads[std::size_t(j)]) <= 1e-5 * double(p.rows));
+        }
+        if (mode == GradMode::accumulate) continue;  // a bf16 d_x is written, never added to
+        const LinearGrads held_dx = linear_backward_bf16(p, v, false, true);
+        CHECK(same_bits(held_dx.grads, f32.grads));
+        double scale = 0.0;
+        for (double e : f32.d_x) scale = std::max(scale, std::abs(e));
+        for (std::size_t i = 0; i < f32.d_x.size(); ++i) {
+          CHECK(std::abs(held_dx.d_x[i] - f32.d_x[i]) <= 0x1p-8 * std::abs(f32.d_x[i]) + 1e-5 * scale);
+        }
+      }
+    }
+  }
+  // What the model never asks: a bf16 d_x added to, a bf16 d_y with dropout.
+  Problem p;
+  p.layer = "linear";
+  p.spec.in = 16;
+  p.spec.out = 16;
+  p.rows = 4;
+  p.x_width = p.y_width = 16;
+  p.batch = make_batch(p.rows, 1, 1, rng);
+  p.input_grad = GradMode::accumulate;
+  const Values v = random_values(p, cpu, gpu, rng, 0.0);
+  CHECK_THROWS_AS(linear_backward_bf16(p, v, false, true), Error);
+  p.input_grad = GradMode::overwrite;
+  p.dropout = 0.1;
+  CHECK_THROWS_AS(linear_backward_bf16(p, v, true, false), Error);
+}
+
 TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {
   // pre-activation, gelu, projection; backward through both products and gelu' of the first.
   // (in, hidden): hidden 100 and 37 take the unfused GELU passes; 96, a multiple of 8, cuBLASLt's

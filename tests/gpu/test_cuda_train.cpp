@@ -181,7 +181,7 @@ TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with 
   }
 }
 
-TEST_CASE("run.dtype = bf16 holds the norms' outputs, q, k, v, the attention output and the MLP's hidden activation in bf16: the plan's saving, exactly") {
+TEST_CASE("run.dtype = bf16 holds the norms' outputs, q, k, v, the attention output, their gradients and the MLP's hidden activation in bf16: the plan's saving, exactly") {
   // d_model 32, mlp hidden 128, 2 blocks; one row of 64 positions: every slot a multiple of the
   // plan's 64-element (256-byte) rounding, so the saving is exact. Per block ln1 and ln2 (N*C
   // values each) take N*C/2 f32 elements instead of N*C, the MLP keeps pre and post in bf16 (N*H/2
@@ -195,14 +195,17 @@ TEST_CASE("run.dtype = bf16 holds the norms' outputs, q, k, v, the attention out
   const int64_t N = 64, C = 32, H = 128;
   // Both attention backends take q, k, v and write the attention output in bf16 too
   // (Attention::bf16_activations): q_lin, k_lin, v and att, N * C each, per block at half the bytes
-  // (q and k are q_lin and k_lin without the qk-norm).
-  const int64_t saving = o.n_layers * (2 * (N * C / 2) + (2 * N * H - N * H) + 4 * (N * C / 2)) + N * C / 2 - N * H / 2;
+  // (q and k are q_lin and k_lin without the qk-norm); and their gradients d_q, d_k, d_v and d_att
+  // (Attention::bf16_gradients, LayerBase::bf16_attention_grads), N * C each, once.
+  const int64_t saving =
+      o.n_layers * (2 * (N * C / 2) + (2 * N * H - N * H) + 4 * (N * C / 2)) + N * C / 2 - N * H / 2 + 4 * (N * C / 2);
   CHECK(plan_elements("fp32") - plan_elements("bf16") == saving);
   CHECK(plan_elements("fp32") == plan_elements("tf32"));
   // What holds bf16 (run.json's activation_bytes_by_dtype): per block ln1, ln2, q_lin, k_lin, v and
-  // att at N * C / 2 elements each and the MLP's pre and post at N * H / 2 each; lnf once.
+  // att at N * C / 2 elements each and the MLP's pre and post at N * H / 2 each; lnf and the four
+  // attention gradients once.
   const ablate::ActivationPlan bf16 = plan("bf16"), fp32 = plan("fp32");
-  CHECK(bf16.bf16_elements == o.n_layers * (6 * (N * C / 2) + N * H) + N * C / 2);
+  CHECK(bf16.bf16_elements == o.n_layers * (6 * (N * C / 2) + N * H) + N * C / 2 + 4 * (N * C / 2));
   CHECK(bf16.bf16_bytes() + bf16.f32_bytes() + bf16.workspace_bytes == bf16.bytes());
   CHECK(fp32.bf16_elements == 0);
   CHECK(fp32.f32_bytes() == fp32.elements * 4);

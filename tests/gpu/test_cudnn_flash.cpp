@@ -214,11 +214,13 @@ TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out ex
     const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
     const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
     const Outputs f32_out = run(f, *f.flash, p, batch, q, k, v, d_out);
-    for (bool qkv : {false, true}) {
-      INFO((qkv ? "q, k, v and out in bf16" : "out in bf16"));
+    for (int level : {0, 1, 2}) {
+      const bool qkv = level >= 1, grads = level == 2;
+      INFO((grads ? "q, k, v, out and the gradients in bf16" : qkv ? "q, k, v and out in bf16" : "out in bf16"));
       AttentionProblem held = p;
       held.bf16_out = true;
       held.bf16_qkv = qkv;
+      held.bf16_grads = grads;  // d_out's values are bf16 ones: cuDNN reads the same either way
       REQUIRE(f.flash->supports(held).empty());
       const Outputs bf16_out = run(f, *f.flash, held, batch, q, k, v, d_out);
       CHECK(bf16_out.out == f32_out.out);

@@ -154,7 +154,7 @@ TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 
   }
 }
 
-TEST_CASE("naive_cuda with q, k, v and out held in bf16: the f32 run on the bf16 values, out rounded once, bit for bit") {
+TEST_CASE("naive_cuda with q, k, v, out and the gradients held in bf16: the f32 run on the bf16 values, outputs rounded once, bit for bit") {
   // Widening bf16 to f32 is exact, so the bf16 problem must compute exactly what the f32 problem
   // computes on inputs already rounded to bf16: out the bf16 rounding of the f32 out
   // (device_math::bf16_bits), and the gradients the same bits as the f32 backward given the out
@@ -173,7 +173,7 @@ TEST_CASE("naive_cuda with q, k, v and out held in bf16: the f32 run on the bf16
     if (round) for (float& e : x) e = device_math::bf16_value(device_math::bf16_bits(e));
     return x;
   };
-  const std::vector<float> q = make(6, true), k = make(2, true), v = make(2, true), d_out = make(6, false);
+  const std::vector<float> q = make(6, true), k = make(2, true), v = make(2, true), d_out = make(6, true);
   const test::AttentionOutputs want = test::run_attention_on(*f.device, *f.gpu, base, batch, q, k, v, d_out);
   std::vector<float> rounded_out = want.out;
   for (float& e : rounded_out) e = device_math::bf16_value(device_math::bf16_bits(e));
@@ -181,18 +181,29 @@ TEST_CASE("naive_cuda with q, k, v and out held in bf16: the f32 run on the bf16
   // backward given the rounded out is the reference for the gradients there.
   const test::AttentionOutputs want_rounded = f32_backward_with_out(f, base, batch, q, k, v, rounded_out, d_out);
   CHECK(want_rounded.d_v == want.d_v);  // dV = P^T dO reads no out
-  for (const auto [bf16_qkv, bf16_out] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
-    INFO("q, k, v in bf16 " << bf16_qkv << ", out in bf16 " << bf16_out);
+  // With the gradients held in bf16 too (d_out's values are bf16 ones already), d_q, d_k and d_v
+  // are the reference's rounded once.
+  const auto rounded = [](std::vector<float> x) {
+    for (float& e : x) e = device_math::bf16_value(device_math::bf16_bits(e));
+    return x;
+  };
+  CHECK(f.gpu->bf16_gradients());
+  const struct {
+    bool qkv, out, grads;
+  } held[] = {{true, false, false}, {false, true, false}, {true, true, false}, {true, true, true}};
+  for (const auto& h : held) {
+    INFO("q, k, v in bf16 " << h.qkv << ", out in bf16 " << h.out << ", gradients in bf16 " << h.grads);
     AttentionProblem p = base;
-    p.bf16_qkv = bf16_qkv;
-    p.bf16_out = bf16_out;
+    p.bf16_qkv = h.qkv;
+    p.bf16_out = h.out;
+    p.bf16_grads = h.grads;
     REQUIRE(f.gpu->supports(p).empty());
     const test::AttentionOutputs got = test::run_attention_on(*f.device, *f.gpu, p, batch, q, k, v, d_out);
-    const test::AttentionOutputs& ref = bf16_out ? want_rounded : want;
-    CHECK(got.d_q == ref.d_q);
-    CHECK(got.d_k == ref.d_k);
-    CHECK(got.d_v == ref.d_v);
-    CHECK(got.out == (bf16_out ? rounded_out : want.out));
+    const test::AttentionOutputs& ref = h.out ? want_rounded : want;
+    CHECK(got.d_q == (h.grads ? rounded(ref.d_q) : ref.d_q));
+    CHECK(got.d_k == (h.grads ? rounded(ref.d_k) : ref.d_k));
+    CHECK(got.d_v == (h.grads ? rounded(ref.d_v) : ref.d_v));
+    CHECK(got.out == (h.out ? rounded_out : want.out));
   }
   AttentionProblem bf16 = base;
   bf16.dtype = DType::bf16;  // bf16 gradients are cudnn_flash's

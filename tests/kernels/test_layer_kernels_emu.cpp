@@ -963,7 +963,7 @@ TEST_CASE("cross_entropy_rows_bf16: bf16 logits in one pass for max and sum, the
   emu_test::report_worst("cross_entropy_rows_bf16 dz (with its bf16 rounding)", worst_grad.abs, worst_grad.rel);
 }
 
-TEST_CASE("add_column_sums fills its ones vector over the whole grid before refusing the cuBLASLt product") {
+TEST_CASE("add_column_sums (and its bf16 twin) fills its ones vector over the whole grid before refusing the cuBLASLt product") {
   // fill_kernel writes only the workspace's ones, which only the product (cuBLASLt, not run by the
   // interpreter) reads: what is checked is that it runs over blocks_for(rows) blocks of 256
   // threads, within its allocation's guard, exactly when the ones vector grows.
@@ -980,6 +980,10 @@ TEST_CASE("add_column_sums fills its ones vector over the whole grid before refu
       const uint64_t blocks = uint64_t((rows + 255) / 256);
       CHECK(after.launches - before.launches == (grows ? 1u : 0u));
       CHECK(after.threads - before.threads == (grows ? blocks * 256 : 0u));
+      // Its bf16 twin shares the ones vector: no fill when it is large enough, then the product.
+      cuda::DeviceBuffer<uint16_t> m16(sz(rows * 45));
+      CHECK_THROWS_WITH(add_column_sums_bf16(m16.data(), db.data(), rows, 45, nullptr), doctest::Contains("cuBLASLt"));
+      CHECK(emu::stats().launches == after.launches);
     }
     step += 2;
   });

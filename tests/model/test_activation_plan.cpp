@@ -115,7 +115,17 @@ TEST_CASE("the bf16 policy: each level needs the one before, and a bf16 slot tak
   CHECK(norms_only.slot_dtype(Slot::att) == DType::f32);
   CHECK(full.slot_dtype(Slot::q_lin) == DType::bf16);
   CHECK(full.slot_dtype(Slot::res) == DType::f32);
-  CHECK(full.slot_dtype(Slot::d_q) == DType::f32);  // gradients stay f32
+  CHECK(full.slot_dtype(Slot::d_q) == DType::f32);  // gradients stay f32 unless the backend and the layers say so
+  const Bf16Policy grads = Bf16Policy::decide(true, {true, true, true, true, true});
+  CHECK(grads.grads);
+  for (Slot g : {Slot::d_q, Slot::d_k, Slot::d_v, Slot::d_att, Slot::d_qlin, Slot::d_klin}) CHECK(grads.slot_dtype(g) == DType::bf16);
+  CHECK(grads.slot_dtype(Slot::d_res) == DType::f32);  // the residual stream's and the norms' stay f32
+  CHECK(grads.slot_dtype(Slot::d_ln) == DType::f32);
+  CHECK_FALSE(Bf16Policy::decide(true, {true, true, false, true, true}).grads);  // needs q, k, v held in bf16
+  CHECK_FALSE(Bf16Policy::decide(true, {true, true, true, false, true}).grads);  // and the backend
+  CHECK_FALSE(Bf16Policy::decide(true, {true, true, true, true, false}).grads);  // and the layers
+  // d_q and d_att halve (1024 -> 512), d_k and d_v (512 -> 256): 1536 once.
+  CHECK(plan_arena(kShape, grads, "none", 2, 8, saved()).elements == plan_arena(kShape, full, "none", 2, 8, saved()).elements - 1536);
 
   // Per block ln1, ln2, q_lin, att halve (1024 -> 512) and k_lin, v (512 -> 256): 2560 each;
   // lnf 512 once.

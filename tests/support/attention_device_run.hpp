@@ -2,7 +2,8 @@
 // uploaded, every output poisoned with NaN first (a position the backend never writes shows), the
 // batch uploaded as the trainer uploads it, results downloaded after a synchronize. A problem with
 // bf16_out gets out as a bf16 buffer, returned widened to f32 (exactly); one with bf16_qkv gets q,
-// k and v rounded to bf16 (device_math::bf16_bits).
+// k and v rounded to bf16 (device_math::bf16_bits); one with bf16_grads d_out rounded likewise and
+// d_q, d_k, d_v as bf16 buffers, returned widened.
 #pragma once
 
 #include <cstdint>
@@ -56,30 +57,33 @@ inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, cons
     return b;
   };
   const auto up_qkv = [&](const std::vector<float>& x) { return p.bf16_qkv ? up_bf16(x) : up(x); };
+  const auto poisoned_as = [&](bool bf16, int64_t n) {
+    if (!bf16) return poisoned(n);
+    Buffer b = dev.alloc(DType::bf16, n);
+    const std::vector<uint16_t> nan(std::size_t(n), uint16_t(0xFFFF));  // all bits set: a bf16 NaN
+    dev.upload(b.view(), nan.data());
+    return b;
+  };
+  const auto down_as = [&](const Buffer& b) {
+    if (b.view().dtype != DType::bf16) return down(b);
+    std::vector<uint16_t> bits(std::size_t(b.count()));
+    dev.download(bits.data(), b.view());
+    std::vector<float> values;
+    for (uint16_t e : bits) values.push_back(device_math::bf16_value(e));
+    return values;
+  };
   DeviceBatch db;
   dev.upload_batch(batch, db);
-  Buffer bq = up_qkv(q), bk = up_qkv(k), bv = up_qkv(v), bdo = up(d_out);
-  Buffer out = p.bf16_out ? dev.alloc(DType::bf16, int64_t(q.size())) : poisoned(int64_t(q.size()));
-  if (p.bf16_out) {
-    const std::vector<uint16_t> nan(q.size(), uint16_t(0xFFFF));  // all bits set: a bf16 NaN
-    dev.upload(out.view(), nan.data());
-  }
-  Buffer dq = poisoned(int64_t(q.size())), dk = poisoned(int64_t(k.size())), dv = poisoned(int64_t(k.size())),
-         saved = poisoned(attention.saved_elements(p));
+  Buffer bq = up_qkv(q), bk = up_qkv(k), bv = up_qkv(v), bdo = p.bf16_grads ? up_bf16(d_out) : up(d_out);
+  Buffer out = poisoned_as(p.bf16_out, int64_t(q.size()));
+  Buffer dq = poisoned_as(p.bf16_grads, int64_t(q.size())), dk = poisoned_as(p.bf16_grads, int64_t(k.size())),
+         dv = poisoned_as(p.bf16_grads, int64_t(k.size())), saved = poisoned(attention.saved_elements(p));
   const auto hv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
   const auto kv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
   attention.forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view());
   attention.backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
   dev.synchronize();
-  std::vector<float> out_values;
-  if (p.bf16_out) {
-    std::vector<uint16_t> bits(q.size());
-    dev.download(bits.data(), out.view());
-    for (uint16_t b : bits) out_values.push_back(device_math::bf16_value(b));
-  } else {
-    out_values = down(out);
-  }
-  return {out_values, down(dq), down(dk), down(dv)};
+  return {down_as(out), down_as(dq), down_as(dk), down_as(dv)};
 }
 
 }  // namespace ablate::test

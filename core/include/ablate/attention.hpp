@@ -26,8 +26,13 @@ struct AttentionProblem {
   // q, k and v (the inputs of both passes) are bf16 while the gradients are `dtype` (likewise,
   // when the layers that write them can, LayerBase::bf16_attention_inputs).
   bool bf16_qkv = false;
+  // d_out, d_q, d_k and d_v are bf16 while `dtype` is f32: the model holds the attention's
+  // gradients in bf16 (run.dtype = "bf16", a backend whose bf16_gradients() says yes, projections
+  // that read and write them so: LayerBase::bf16_attention_grads).
+  bool bf16_grads = false;
   DType out_dtype() const noexcept { return bf16_out ? DType::bf16 : dtype; }
   DType qkv_dtype() const noexcept { return bf16_qkv ? DType::bf16 : dtype; }
+  DType grad_dtype() const noexcept { return bf16_grads ? DType::bf16 : dtype; }
 };
 
 // Gradients of q, k, v are written (=), never accumulated.
@@ -44,6 +49,9 @@ class Attention : public Component {
   // Whether the backend serves problems with bf16_out or bf16_qkv set (those tensors in bf16
   // beside f32 gradients).
   virtual bool bf16_activations() const { return false; }
+  // Whether the backend serves problems with bf16_grads set (d_out read, d_q, d_k, d_v written in
+  // bf16; q, k, v and out held in bf16 too).
+  virtual bool bf16_gradients() const { return false; }
   // `batch` holds the segment layout on the problem's device (segments, row_segments, segment_ids).
   virtual void forward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
                        TensorView v, TensorView out, TensorView saved) = 0;

@@ -122,6 +122,12 @@ class LayerBase : public Component {
   // that takes bf16 q, k, v (Attention::bf16_activations), the model holds them in bf16 when every
   // layer that touches them says yes.
   virtual bool bf16_attention_inputs() const { return false; }
+  // Whether the layer takes the attention's gradients as bf16 views: a linear reads d_y in bf16
+  // where its y is q, k or v, and writes d_x in bf16 (overwriting) where its x is the attention
+  // output. Under run.dtype = "bf16" with q, k, v and the output held in bf16 and a backend that
+  // takes bf16 gradients (Attention::bf16_gradients), the model holds d_q, d_k, d_v and the
+  // attention output's gradient in bf16 when every layer that touches them says yes.
+  virtual bool bf16_attention_grads() const { return false; }
   // A position layer: where the model applies it (PositionSite above). Other roles: unused.
   virtual PositionSite position_site() const { return PositionSite::stream; }
 };
