@@ -510,6 +510,24 @@ void write_initial_checkpoint(const fs::path& run_dir, const RunSpec& spec, Mode
   write_file_atomic(root / "latest", step_name(0) + "\n");
 }
 
+namespace {
+
+// Where two model descriptions (ModelOptions::describe) part: the first of their space-separated
+// "key=value" words that differs, as "<checkpoint's> where this experiment's [model] has <experiment's>".
+std::string first_difference(const std::string& checkpoint, const std::string& experiment) {
+  std::istringstream a(checkpoint), b(experiment);
+  std::string x, y;
+  while (true) {
+    const bool more_a = bool(a >> x), more_b = bool(b >> y);
+    if (!more_a && !more_b) return "a different shape";
+    if (!more_a) return "nothing where this experiment's [model] has " + y;
+    if (!more_b) return x + " where this experiment's [model] has nothing";
+    if (x != y) return x + " where this experiment's [model] has " + y;
+  }
+}
+
+}  // namespace
+
 void init_from_weights(Model& model, const fs::path& from) {
   // The base's parameters come from the directory; an adapter's (after the base) keep the fresh
   // initialisation the model has already.
@@ -536,8 +554,10 @@ void init_from_weights(Model& model, const fs::path& from) {
     // The same model up to its attention backend (every backend computes the same function).
     const auto shape_of = [](std::string d) { return d.substr(0, d.find(" attention=")); };
     if (shape_of(st.model) != shape_of(model.options().describe())) {
-      throw_input_error("model.init_from", "'" + from.string() + "' holds a model of " + st.model + "; this experiment's [model] is " +
-                                               model.options().describe());
+      throw_input_error("model.init_from", "'" + from.string() + "' holds a model with " +
+                                               first_difference(shape_of(st.model), shape_of(model.options().describe())) +
+                                               " (leave the key out of [model] to take the checkpoint's); its model is " + st.model +
+                                               ", this experiment's " + model.options().describe());
     }
     load_params(dir / "model.safetensors", base, values, false);
   }

@@ -106,6 +106,7 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
     }
   }
   for (const std::string& o : deferred) apply_override(root, o, registry, origins);
+  config_check::take_model_shape(root, origins);
 
   Config cfg;
   cfg.impl_->source = source_name;

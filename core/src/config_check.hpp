@@ -77,6 +77,11 @@ class Validator {
 // keys are the evaluator's (checked against its schema, defaults filled in).
 std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& registry, const toml::node* node);
 
+// [model] init_from names a checkpoint: the [model] keys that fix the model's shape and the
+// experiment leaves out are the checkpoint's (its config.json, or its config.toml's [model]);
+// `origins` records them as coming from model.init_from.
+void take_model_shape(toml::table& root, std::map<std::string, std::string>& origins);
+
 // One --set section.key=value (or section.implementation.key=value, eval.<label>.key=value) into
 // `root`, typed by its spec; `origins` records where the value came from for error messages.
 void apply_override(toml::table& root, const std::string& assignment, const Registry& registry,

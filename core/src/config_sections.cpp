@@ -18,8 +18,9 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
       integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
       string("device", "cpu", "where to train").one_of({"cpu", "cuda"}),
       string("dtype", "fp32", "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
-             "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations only products read "
-             "held in bf16, fp32 master weights, gradients, optimizer state and residual stream; MFU against the bf16 peak)")
+             "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations and attention "
+             "gradients only products read held in bf16, fp32 master weights, weight gradients, optimizer state and "
+             "residual stream; MFU against the bf16 peak)")
           .one_of({"fp32", "tf32", "bf16"}),
       integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
       string("recompute", "none", "activations backward recomputes instead of keeping them from forward: none; mlp "

@@ -329,6 +329,12 @@ bool is_hf_checkpoint_dir(const fs::path& dir) {
 }
 
 HfCheckpoint read_hf_checkpoint(const fs::path& dir) {
+  HfCheckpoint hf = read_hf_config(dir);
+  read_weights(hf);
+  return hf;
+}
+
+HfCheckpoint read_hf_config(const fs::path& dir) {
   HfCheckpoint hf;
   hf.dir = dir;
   const fs::path cfg = dir / "config.json";
@@ -345,7 +351,6 @@ HfCheckpoint read_hf_checkpoint(const fs::path& dir) {
     throw_input_error(cfg.string(), "'model_type' is \"" + echo_value(hf.model_type) +
                                         "\"; ablate reads gpt2, llama and qwen3 checkpoints (the architectures it exports)");
   }
-  read_weights(hf);
   return hf;
 }
 
@@ -381,7 +386,7 @@ void require_hf_model_matches(const HfCheckpoint& hf, const ModelOptions& o) {
     if (have != expect) {
       throw_input_error("model." + key, "is " + have + " in this experiment, but model.init_from names a " + hf.model_type +
                                             " checkpoint (" + hf.dir.string() + ") with " + key + " = " + expect +
-                                            ": set it so (`ablate import hf` prints the checkpoint's [model])");
+                                            ": set it so, or leave it out of [model] to take the checkpoint's");
     }
   }
 }

@@ -317,7 +317,7 @@ void register_components(Registrar& r) {
   info.kind = Kind::attention;
   info.name = "naive_cuda";
   info.version = "1.0.0";
-  info.doc = "exact causal attention on a CUDA device (f32 arithmetic, q, k, v and out in bf16 under run.dtype = bf16; "
+  info.doc = "exact causal attention on a CUDA device (f32 arithmetic; q, k, v, out and their gradients in bf16 under run.dtype = bf16; "
              "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {

@@ -7,7 +7,7 @@ check_import_hf.py compares with transformers itself):
   checkpoints saved in bf16 and in f16 (written here) import as their exact fp32 widenings;
 - training with model.init_from = the Hugging Face directory (or the ablate run) and learning rate
   0 keeps those weights exactly (its export equals the source's); a differing [model] key is exit
-  2 naming the key;
+  2 naming the key; an experiment that sets no shape key takes the checkpoint's;
 - bad checkpoints are exit 2 naming the file and the tensor or key: a missing tensor, a tensor of
   the wrong shape, an unknown model_type, RoPE scaling, pytorch_model.bin only, a shard index
   naming a tensor its shard lacks; a run directory that holds a run is refused.
@@ -172,15 +172,18 @@ class ImportHF(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn(names[0], r.stderr)
 
+    def train_at_lr_zero_exports_qwen3(self, base, out, source, extra):
+        """Two steps at learning rate 0 from `source` with `base` and `extra` --sets: the export is hf-qwen3's, byte for byte."""
+        run("train", base, "--run-dir", out,
+            *sets(["run.steps=2", "optimizer.lr=0", "schedule.warmup_steps=0", f"model.init_from={source}", *extra]))
+        run("export", "--checkpoint", out, "--out", out + "-hf", "--no-tokenizer")
+        with open(self.p("hf-qwen3", "model.safetensors"), "rb") as a, open(out + "-hf/model.safetensors", "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
     def test_init_from_keeps_the_weights_with_learning_rate_zero(self):
         for source in (self.p("hf-qwen3"), self.p("run-qwen3")):
             with self.subTest(source=source):
-                out = self.p("ft-" + os.path.basename(source))
-                run("train", BASE, "--run-dir", out,
-                    *sets(["run.steps=2", "optimizer.lr=0", "schedule.warmup_steps=0", f"model.init_from={source}", *SHAPES["qwen3"]]))
-                run("export", "--checkpoint", out, "--out", out + "-hf", "--no-tokenizer")
-                with open(self.p("hf-qwen3", "model.safetensors"), "rb") as a, open(out + "-hf/model.safetensors", "rb") as b:
-                    self.assertEqual(a.read(), b.read())
+                self.train_at_lr_zero_exports_qwen3(BASE, self.p("ft-" + os.path.basename(source)), source, SHAPES["qwen3"])
         r = run("train", BASE, "--run-dir", self.p("ft-bad"),
                 *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", *SHAPES["qwen3"], "model.rope_theta=10000"]), ok=False)
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -189,6 +192,37 @@ class ImportHF(unittest.TestCase):
         r = run("train", BASE, "--run-dir", self.p("ft-bad2"), *sets(["run.steps=2", f"model.init_from={self.p('run-gpt2')}", *SHAPES["llama"]]), ok=False)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("model.init_from", r.stderr)
+
+    def test_init_from_takes_the_model_shape_from_the_checkpoint(self):
+        # An experiment whose [model] sets no shape key: each comes from the checkpoint (its
+        # config.json, or the ablate checkpoint's config.toml), so the Qwen3-shaped weights load
+        # and, at learning rate 0, export unchanged; the resolved config says where they came from.
+        with open(BASE) as f:
+            text = f.read()
+        start = text.index("[model]")
+        bare = self.p("bare.toml")
+        with open(bare, "w") as f:
+            f.write(text[:start] + "[model]\n" + text[text.index("[data]"):])
+        for source in (self.p("hf-qwen3"), self.p("run-qwen3")):
+            with self.subTest(source=source):
+                out = self.p("bare-" + os.path.basename(source))
+                self.train_at_lr_zero_exports_qwen3(bare, out, source, [])
+                with open(os.path.join(out, "config.toml")) as f:
+                    resolved = f.read()
+                for line in ("qk_norm = true", 'position = "rope"', "n_kv_heads = 2", "d_model = 32"):
+                    self.assertIn(line, resolved)
+        # A key the experiment sets stays set: one that differs from the checkpoint is exit 2 naming it.
+        r = run("train", bare, "--run-dir", self.p("bare-bad"),
+                *sets(["run.steps=2", f"model.init_from={self.p('run-qwen3')}", "model.d_model=64"]), ok=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("d_model=32 where this experiment's [model] has d_model=64", r.stderr)
+        r = run("train", bare, "--run-dir", self.p("bare-bad-hf"),
+                *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", "model.rope_theta=10000"]), ok=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("model.rope_theta", r.stderr)
+        # `ablate config show` prints the checkpoint's keys too.
+        r = run("config", "show", bare, "--set", f"model.init_from={self.p('hf-qwen3')}")
+        self.assertIn("qk_norm = true", r.stdout)
 
     def broken(self, name, edit_config=None, edit_tensors=None):
         d = self.p("broken-" + name)

@@ -41,6 +41,8 @@ bool is_hf_checkpoint_dir(const std::filesystem::path& dir);
 // Reads config.json and every weight file. Throws ablate::Error (input) naming the file and key or
 // tensor for anything missing, malformed or not computable by ablate's model.
 HfCheckpoint read_hf_checkpoint(const std::filesystem::path& dir);
+// The same without the weights: model_type, architecture and model_keys from config.json alone.
+HfCheckpoint read_hf_config(const std::filesystem::path& dir);
 
 // The [model] table for the checkpoint: "[model]\nd_model = 64\n...".
 std::string hf_model_toml(const HfCheckpoint& hf);
