@@ -22,6 +22,7 @@
 #include "ablate/communicator.hpp"
 #include "ablate/runtime/checkpoint.hpp"
 #include "ablate/runtime/evaluation.hpp"
+#include "ablate/runtime/hf_checkpoint.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/safetensors.hpp"
@@ -354,6 +355,13 @@ struct Exporter {
     std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
     out.tensors.push_back(std::move(t));
   }
+  // Every tensor of the name table (hf_tensors), zeros for a GPT-2 bias the model has not.
+  void put_all(const std::vector<HfTensor>& tensors) {
+    for (const HfTensor& t : tensors) {
+      if (t.zeros > 0 && !has(t.ours[0])) zeros(t.hf, t.zeros);
+      else put(t.hf, t.ours, t.transpose, t.rows);
+    }
+  }
   void zeros(const std::string& hf, int64_t n) {
     NamedTensor t;
     t.name = hf;
@@ -434,31 +442,7 @@ static void write_gpt2_tokenizer(const fs::path& from, int64_t max_len, const fs
 json export_gpt2(Exporter& ex, const ModelOptions& o) {
   const int64_t V = o.vocab_size, L = o.n_layers;
   json cfg;
-  ex.put("transformer.wte.weight", {"wte.weight"}, false, V);
-  ex.put("transformer.wpe.weight", {"wpe.weight"});
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "blocks." + std::to_string(l), h = "transformer.h." + std::to_string(l);
-    const auto put_or_zero = [&](const std::string& hf, const std::vector<std::string>& ours, int64_t n) {
-      if (ex.has(ours[0])) ex.put(hf, ours);
-      else ex.zeros(hf, n);
-    };
-    ex.put(h + ".ln_1.weight", {p + ".ln1.weight"});
-    put_or_zero(h + ".ln_1.bias", {p + ".ln1.bias"}, o.d_model);
-    ex.put(h + ".attn.c_attn.weight", {p + ".attn.q.weight", p + ".attn.k.weight", p + ".attn.v.weight"}, true);
-    put_or_zero(h + ".attn.c_attn.bias", {p + ".attn.q.bias", p + ".attn.k.bias", p + ".attn.v.bias"}, 3 * o.d_model);
-    ex.put(h + ".attn.c_proj.weight", {p + ".attn.o.weight"}, true);
-    put_or_zero(h + ".attn.c_proj.bias", {p + ".attn.o.bias"}, o.d_model);
-    ex.put(h + ".ln_2.weight", {p + ".ln2.weight"});
-    put_or_zero(h + ".ln_2.bias", {p + ".ln2.bias"}, o.d_model);
-    ex.put(h + ".mlp.c_fc.weight", {p + ".mlp.fc.weight"}, true);
-    put_or_zero(h + ".mlp.c_fc.bias", {p + ".mlp.fc.bias"}, o.mlp_hidden);
-    ex.put(h + ".mlp.c_proj.weight", {p + ".mlp.proj.weight"}, true);
-    put_or_zero(h + ".mlp.c_proj.bias", {p + ".mlp.proj.bias"}, o.d_model);
-  }
-  ex.put("transformer.ln_f.weight", {"ln_f.weight"});
-  if (ex.has("ln_f.bias")) ex.put("transformer.ln_f.bias", {"ln_f.bias"});
-  else ex.zeros("transformer.ln_f.bias", o.d_model);
-  if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+  ex.put_all(hf_tensors("gpt2", o));
   cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
          {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
          {"activation_function", "gelu_new"}, {"layer_norm_epsilon", o.norm_epsilon()}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
@@ -471,26 +455,7 @@ json export_gpt2(Exporter& ex, const ModelOptions& o) {
 json export_llama(Exporter& ex, const ModelOptions& o) {
   const int64_t V = o.vocab_size, L = o.n_layers;
   json cfg;
-  ex.put("model.embed_tokens.weight", {"wte.weight"}, false, V);
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
-    ex.put(h + ".input_layernorm.weight", {p + ".ln1.weight"});
-    for (const char* n : {"q", "k", "v", "o"}) {
-      ex.put(h + ".self_attn." + n + "_proj.weight", {p + ".attn." + n + ".weight"});
-      if (o.bias) ex.put(h + ".self_attn." + n + "_proj.bias", {p + ".attn." + n + ".bias"});
-    }
-    if (o.qk_norm) {
-      ex.put(h + ".self_attn.q_norm.weight", {p + ".attn.q_norm.weight"});
-      ex.put(h + ".self_attn.k_norm.weight", {p + ".attn.k_norm.weight"});
-    }
-    ex.put(h + ".post_attention_layernorm.weight", {p + ".ln2.weight"});
-    for (const char* n : {"gate", "up", "down"}) {
-      ex.put(h + ".mlp." + n + "_proj.weight", {p + ".mlp." + n + ".weight"});
-      if (o.bias) ex.put(h + ".mlp." + n + "_proj.bias", {p + ".mlp." + n + ".bias"});
-    }
-  }
-  ex.put("model.norm.weight", {"ln_f.weight"});
-  if (!o.tie_embeddings) ex.put("lm_head.weight", {"lm_head.weight"}, false, V);
+  ex.put_all(hf_tensors("llama", o));
   cfg = {{"architectures", {o.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
          {"model_type", o.qk_norm ? "qwen3" : "llama"},
          {"vocab_size", V},

@@ -267,61 +267,73 @@ struct Importer {
       filled.insert(o);
     }
   }
-  void gpt2(const ModelOptions& o) {
-    const std::string p = hf.tensors.count("transformer.wte.weight") > 0 ? "transformer." : "";
-    take(p + "wte.weight", {"wte.weight"}, false, o.vocab_size);
-    take(p + "wpe.weight", {"wpe.weight"});
+  // Every tensor of the shared name table, then the checkpoint's buffers that are no weights.
+  void fill(const std::string& family, const ModelOptions& o) {
+    const std::string p = family == "gpt2" && hf.tensors.count("transformer.wte.weight") == 0 ? "" : "transformer.";
+    for (const HfTensor& t : hf_tensors(family, o, p)) take(t.hf, t.ours, t.transpose, t.rows);
     for (int64_t l = 0; l < o.n_layers; ++l) {
-      const std::string b = "blocks." + std::to_string(l), h = p + "h." + std::to_string(l);
-      take(h + ".ln_1.weight", {b + ".ln1.weight"});
-      take(h + ".ln_1.bias", {b + ".ln1.bias"});
-      take(h + ".attn.c_attn.weight", {b + ".attn.q.weight", b + ".attn.k.weight", b + ".attn.v.weight"}, true);
-      take(h + ".attn.c_attn.bias", {b + ".attn.q.bias", b + ".attn.k.bias", b + ".attn.v.bias"});
-      take(h + ".attn.c_proj.weight", {b + ".attn.o.weight"}, true);
-      take(h + ".attn.c_proj.bias", {b + ".attn.o.bias"});
-      take(h + ".ln_2.weight", {b + ".ln2.weight"});
-      take(h + ".ln_2.bias", {b + ".ln2.bias"});
-      take(h + ".mlp.c_fc.weight", {b + ".mlp.fc.weight"}, true);
-      take(h + ".mlp.c_fc.bias", {b + ".mlp.fc.bias"});
-      take(h + ".mlp.c_proj.weight", {b + ".mlp.proj.weight"}, true);
-      take(h + ".mlp.c_proj.bias", {b + ".mlp.proj.bias"});
-      for (const char* buffer : {".attn.bias", ".attn.masked_bias"}) {
-        if (hf.tensors.count(h + buffer) > 0) used.insert(h + buffer);  // the causal mask, not a weight
+      const std::string gpt2 = p + "h." + std::to_string(l), llama = "model.layers." + std::to_string(l);
+      for (const std::string& buffer : {gpt2 + ".attn.bias", gpt2 + ".attn.masked_bias", llama + ".self_attn.rotary_emb.inv_freq"}) {
+        if (hf.tensors.count(buffer) > 0) used.insert(buffer);  // the causal mask and RoPE's frequencies, not weights
       }
     }
-    take(p + "ln_f.weight", {"ln_f.weight"});
-    take(p + "ln_f.bias", {"ln_f.bias"});
-    if (!o.tie_embeddings) take("lm_head.weight", {"lm_head.weight"}, false, o.vocab_size);
-    else if (hf.tensors.count("lm_head.weight") > 0) used.insert("lm_head.weight");  // tied: the embedding again
-  }
-
-  void llama(const ModelOptions& o) {
-    take("model.embed_tokens.weight", {"wte.weight"}, false, o.vocab_size);
-    for (int64_t l = 0; l < o.n_layers; ++l) {
-      const std::string b = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
-      take(h + ".input_layernorm.weight", {b + ".ln1.weight"});
-      for (const std::string n : {"q", "k", "v", "o"}) {
-        take(h + ".self_attn." + n + "_proj.weight", {b + ".attn." + n + ".weight"});
-        if (o.bias) take(h + ".self_attn." + n + "_proj.bias", {b + ".attn." + n + ".bias"});
-      }
-      if (o.qk_norm) {
-        take(h + ".self_attn.q_norm.weight", {b + ".attn.q_norm.weight"});
-        take(h + ".self_attn.k_norm.weight", {b + ".attn.k_norm.weight"});
-      }
-      take(h + ".post_attention_layernorm.weight", {b + ".ln2.weight"});
-      for (const std::string n : {"gate", "up", "down"}) {
-        take(h + ".mlp." + n + "_proj.weight", {b + ".mlp." + n + ".weight"});
-        if (o.bias) take(h + ".mlp." + n + "_proj.bias", {b + ".mlp." + n + ".bias"});
-      }
-      if (hf.tensors.count(h + ".self_attn.rotary_emb.inv_freq") > 0) used.insert(h + ".self_attn.rotary_emb.inv_freq");
-    }
-    take("model.norm.weight", {"ln_f.weight"});
-    if (!o.tie_embeddings) take("lm_head.weight", {"lm_head.weight"}, false, o.vocab_size);
-    else if (hf.tensors.count("lm_head.weight") > 0) used.insert("lm_head.weight");
+    if (o.tie_embeddings && hf.tensors.count("lm_head.weight") > 0) used.insert("lm_head.weight");  // tied: the embedding again
   }
 };
 
 }  // namespace
+
+std::vector<HfTensor> hf_tensors(const std::string& family, const ModelOptions& o, const std::string& gpt2_prefix) {
+  std::vector<HfTensor> t;
+  const int64_t V = o.vocab_size, C = o.d_model;
+  const auto add = [&](std::string hf, std::vector<std::string> ours, bool transpose = false, int64_t rows = -1, int64_t zeros = 0) {
+    t.push_back({std::move(hf), std::move(ours), transpose, rows, zeros});
+  };
+  if (family == "gpt2") {
+    const std::string& p = gpt2_prefix;
+    add(p + "wte.weight", {"wte.weight"}, false, V);
+    add(p + "wpe.weight", {"wpe.weight"});
+    for (int64_t l = 0; l < o.n_layers; ++l) {
+      const std::string b = "blocks." + std::to_string(l), h = p + "h." + std::to_string(l);
+      add(h + ".ln_1.weight", {b + ".ln1.weight"});
+      add(h + ".ln_1.bias", {b + ".ln1.bias"}, false, -1, C);
+      add(h + ".attn.c_attn.weight", {b + ".attn.q.weight", b + ".attn.k.weight", b + ".attn.v.weight"}, true);
+      add(h + ".attn.c_attn.bias", {b + ".attn.q.bias", b + ".attn.k.bias", b + ".attn.v.bias"}, false, -1, 3 * C);
+      add(h + ".attn.c_proj.weight", {b + ".attn.o.weight"}, true);
+      add(h + ".attn.c_proj.bias", {b + ".attn.o.bias"}, false, -1, C);
+      add(h + ".ln_2.weight", {b + ".ln2.weight"});
+      add(h + ".ln_2.bias", {b + ".ln2.bias"}, false, -1, C);
+      add(h + ".mlp.c_fc.weight", {b + ".mlp.fc.weight"}, true);
+      add(h + ".mlp.c_fc.bias", {b + ".mlp.fc.bias"}, false, -1, o.mlp_hidden);
+      add(h + ".mlp.c_proj.weight", {b + ".mlp.proj.weight"}, true);
+      add(h + ".mlp.c_proj.bias", {b + ".mlp.proj.bias"}, false, -1, C);
+    }
+    add(p + "ln_f.weight", {"ln_f.weight"});
+    add(p + "ln_f.bias", {"ln_f.bias"}, false, -1, C);
+  } else {
+    add("model.embed_tokens.weight", {"wte.weight"}, false, V);
+    for (int64_t l = 0; l < o.n_layers; ++l) {
+      const std::string b = "blocks." + std::to_string(l), h = "model.layers." + std::to_string(l);
+      add(h + ".input_layernorm.weight", {b + ".ln1.weight"});
+      for (const std::string n : {"q", "k", "v", "o"}) {
+        add(h + ".self_attn." + n + "_proj.weight", {b + ".attn." + n + ".weight"});
+        if (o.bias) add(h + ".self_attn." + n + "_proj.bias", {b + ".attn." + n + ".bias"});
+      }
+      if (o.qk_norm) {
+        add(h + ".self_attn.q_norm.weight", {b + ".attn.q_norm.weight"});
+        add(h + ".self_attn.k_norm.weight", {b + ".attn.k_norm.weight"});
+      }
+      add(h + ".post_attention_layernorm.weight", {b + ".ln2.weight"});
+      for (const std::string n : {"gate", "up", "down"}) {
+        add(h + ".mlp." + n + "_proj.weight", {b + ".mlp." + n + ".weight"});
+        if (o.bias) add(h + ".mlp." + n + "_proj.bias", {b + ".mlp." + n + ".bias"});
+      }
+    }
+    add("model.norm.weight", {"ln_f.weight"});
+  }
+  if (!o.tie_embeddings) add("lm_head.weight", {"lm_head.weight"}, false, V);
+  return t;
+}
 
 bool is_hf_checkpoint_dir(const fs::path& dir) {
   std::error_code ec;
@@ -393,8 +405,7 @@ void require_hf_model_matches(const HfCheckpoint& hf, const ModelOptions& o) {
 
 std::vector<float> hf_parameters(const HfCheckpoint& hf, const Model& model) {
   Importer im{hf, model, std::vector<float>(std::size_t(model.num_params()), 0.0f), {}, {}};
-  if (hf.model_type == "gpt2") im.gpt2(model.options());
-  else im.llama(model.options());
+  im.fill(hf.model_type == "gpt2" ? "gpt2" : "llama", model.options());
   const int64_t base_end = model.frozen_params() > 0 ? model.frozen_params() : model.num_params();
   for (const ParamSlice& s : model.table().slices) {
     if (s.offset >= base_end) continue;  // an adapter's: not in a base checkpoint

@@ -47,6 +47,24 @@ HfCheckpoint read_hf_config(const std::filesystem::path& dir);
 // The [model] table for the checkpoint: "[model]\nd_model = 64\n...".
 std::string hf_model_toml(const HfCheckpoint& hf);
 
+// One tensor of a Hugging Face checkpoint and the model's parameters it holds: `ours` stacked
+// along their first dimension (the first `rows` rows of each where rows >= 0: the vocabulary
+// without its padding), transposed where `transpose` (GPT-2's Conv1D matrices). `zeros` > 0: a
+// GPT-2 bias, which an export writes as that many zeros where the model has none (bias = false).
+struct HfTensor {
+  std::string hf;
+  std::vector<std::string> ours;
+  bool transpose = false;
+  int64_t rows = -1;
+  int64_t zeros = 0;
+};
+
+// The one name table of import and export: the tensors of a "gpt2" (GPT2LMHeadModel, under
+// `gpt2_prefix`: "transformer." as transformers saves it, or "" as some checkpoints do) or "llama"
+// (LlamaForCausalLM, and Qwen3ForCausalLM with the qk-norm) checkpoint for a model of `o`, in
+// the order an export writes them.
+std::vector<HfTensor> hf_tensors(const std::string& family, const ModelOptions& o, const std::string& gpt2_prefix = "transformer.");
+
 // Checks that `model` (built from an experiment's [model]) is the checkpoint's: each of the
 // checkpoint's [model] keys against the experiment's resolved value; an input error naming the
 // key, both values and `init_from` otherwise.
