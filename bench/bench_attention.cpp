@@ -101,7 +101,6 @@ class Bench {
       static const Params common{"attention", {}};
       const Params own{std::string("attention.") + name, {}};
       auto a = registry_.create<Attention>(Kind::attention, name, {common, own, on_gpu});
-      a->set_stream(device_->stream());
       backends_[name] = std::move(a);
     }
   }
@@ -153,11 +152,12 @@ class Bench {
         t.shape[3] = D;
         return t;
       };
-      const auto forward = [&] { attn.forward(p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view()); };
+      const auto forward = [&] { test::attention_forward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(),
+                                                         device_->stream()); };
       const auto both = [&] {
         forward();
-        attn.backward(p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(), shaped(dout), shaped(dq),
-                      shaped(dk), shaped(dv));
+        test::attention_backward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(), shaped(dout), shaped(dq),
+                      shaped(dk), shaped(dv), device_->stream());
       };
       r.fwd_ms = time_ms(forward);
       r.fwd_bwd_ms = time_ms(both);

@@ -143,23 +143,30 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
   }
   if (t.data == nullptr && t.numel() > 0) throw_runtime_error(where, std::string(name) + " has no data");
 }
-void check_attention_forward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
-                                     const TensorView& k, const TensorView& v, const TensorView& out) {
-  check_attention_tensor(where, "q", q, p, p.heads, device);
-  check_attention_tensor(where, "k", k, p, p.kv_heads, device);
-  check_attention_tensor(where, "v", v, p, p.kv_heads, device);
-  check_attention_tensor(where, "out", out, p, p.heads, device);
+namespace {
+
+const AttentionProblem& problem_of(const char* where, const AttentionCall& call) {
+  if (call.problem == nullptr || call.batch == nullptr) throw_runtime_error(where, "the call has no problem or no batch");
+  return *call.problem;
 }
 
-void check_attention_backward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
-                                      const TensorView& k, const TensorView& v, const TensorView& out,
-                                      const TensorView& d_out, const TensorView& d_q, const TensorView& d_k,
-                                      const TensorView& d_v) {
-  check_attention_forward_tensors(where, p, device, q, k, v, out);
-  check_attention_tensor(where, "d_out", d_out, p, p.heads, device);
-  check_attention_tensor(where, "d_q", d_q, p, p.heads, device);
-  check_attention_tensor(where, "d_k", d_k, p, p.kv_heads, device);
-  check_attention_tensor(where, "d_v", d_v, p, p.kv_heads, device);
+}  // namespace
+
+void check_attention_forward_tensors(const char* where, const AttentionCall& call, DeviceType device) {
+  const AttentionProblem& p = problem_of(where, call);
+  check_attention_tensor(where, "q", call.q, p, p.heads, device);
+  check_attention_tensor(where, "k", call.k, p, p.kv_heads, device);
+  check_attention_tensor(where, "v", call.v, p, p.kv_heads, device);
+  check_attention_tensor(where, "out", call.out, p, p.heads, device);
+}
+
+void check_attention_backward_tensors(const char* where, const AttentionCall& call, DeviceType device) {
+  check_attention_forward_tensors(where, call, device);
+  const AttentionProblem& p = *call.problem;
+  check_attention_tensor(where, "d_out", call.d_out, p, p.heads, device);
+  check_attention_tensor(where, "d_q", call.d_q, p, p.heads, device);
+  check_attention_tensor(where, "d_k", call.d_k, p, p.kv_heads, device);
+  check_attention_tensor(where, "d_v", call.d_v, p, p.kv_heads, device);
 }
 
 Optimizer::~Optimizer() = default;

@@ -277,17 +277,22 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   }
 
   void attention_site(const Site& s, const AttentionProblem& prob, bool backward, const char* pass) {
-    const TensorView saved = act.view(plan.at(s.attn.saved), attn->saved_elements(prob));
-    const TensorView q = heads4(s.attn.q, o.n_heads), k = heads4(s.attn.k, o.n_kv_heads), v = heads4(s.attn.v, o.n_kv_heads),
-                     out = heads4(s.attn.out, o.n_heads);
-    timed("attention", pass, [&] {
-      if (!backward) {
-        attn->forward(prob, batch.views, q, k, v, out, saved);
-        return;
-      }
-      attn->backward(prob, batch.views, q, k, v, out, saved, heads4(s.attn.d_out, o.n_heads), heads4(s.attn.d_q, o.n_heads),
-                     heads4(s.attn.d_k, o.n_kv_heads), heads4(s.attn.d_v, o.n_kv_heads));
-    });
+    AttentionCall c;
+    c.problem = &prob;
+    c.batch = &batch.views;
+    c.q = heads4(s.attn.q, o.n_heads);
+    c.k = heads4(s.attn.k, o.n_kv_heads);
+    c.v = heads4(s.attn.v, o.n_kv_heads);
+    c.out = heads4(s.attn.out, o.n_heads);
+    c.saved = act.view(plan.at(s.attn.saved), attn->saved_elements(prob));
+    c.stream = device->stream();
+    if (backward) {
+      c.d_out = heads4(s.attn.d_out, o.n_heads);
+      c.d_q = heads4(s.attn.d_q, o.n_heads);
+      c.d_k = heads4(s.attn.d_k, o.n_kv_heads);
+      c.d_v = heads4(s.attn.d_v, o.n_kv_heads);
+    }
+    timed("attention", pass, [&] { backward ? attn->backward(c) : attn->forward(c); });
   }
 
   // One site's forward call (`pass` names it in the op profile: " fwd", or " recompute").
@@ -492,7 +497,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.run = run;
   m.device = std::move(device);
   m.head_dim = m.o.head_dim;
-  m.make(registry, m.o, run, *m.device);
+  m.make(registry, m.o, run);
   const PositionSite site = m.pos->position_site();
   m.specs = schedule::make_specs(m.o, site);
   m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, site));

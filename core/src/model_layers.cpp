@@ -18,7 +18,7 @@ std::unique_ptr<L> make_layer(const Registry& registry, const ModelOptions& o, c
 
 }  // namespace
 
-void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const RunContext& run, Device& device) {
+void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const RunContext& run) {
   emb = make_layer(registry, o, run, "embedding", "embedding");
   pos = make_layer(registry, o, run, o.position, "model.position");
   norm = make_layer(registry, o, run, o.norm, "model.norm");
@@ -27,7 +27,6 @@ void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const 
   cls = make_layer<LossLayer>(registry, o, run, "cross_entropy", "cross_entropy");
   if (o.qk_norm) qkn = make_layer(registry, o, run, "rmsnorm", "model.qk_norm");
   attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
-  attn->set_stream(device.stream());
   if (!o.adapter.empty()) {
     adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
     if (adapter->role() != LayerRole::adapter) {

@@ -35,8 +35,8 @@ struct ModelLayerSet {
   std::unique_ptr<Layer> adapter;  // [adapter], else null
 
   // Every layer the model calls, each checked to be of the role it is asked for (exit 2 naming the
-  // key otherwise); the backend on `device`'s queue.
-  void make(const Registry& registry, const ModelOptions& o, const RunContext& run, Device& device);
+  // key otherwise), and the attention backend.
+  void make(const Registry& registry, const ModelOptions& o, const RunContext& run);
   schedule::ModelLayers view() const {
     return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get(), adapter.get()};
   }

@@ -28,7 +28,7 @@
 //
 // Loading. cuDNN is opened at run time (cudnn_library.hpp), and nothing of CUDA or cuDNN is created
 // when the plugin loads or the backend is constructed: the handle is made on the first forward or
-// backward, for the current device, and bound to stream() on every call. supports() works on any
+// backward, for the current device, and bound to the call's stream on every call. supports() works on any
 // machine; the checks that need the device (SM version, cuDNN's version) run only where one is.
 #include <cuda_runtime.h>
 
@@ -187,12 +187,14 @@ class CudnnFlash final : public Attention {
   bool bf16_activations() const override { return true; }
   bool bf16_gradients() const override { return true; }
 
-  void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
-               TensorView out, TensorView saved) override {
+  void forward(const AttentionCall& c) override {
+    check_attention_forward_tensors(kWhere, c, DeviceType::cuda);
+    const AttentionProblem& p = *c.problem;
+    const BatchViews& batch = *c.batch;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved;
     check_call(p, batch, saved);
-    check_attention_forward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out);
     if (int64_t(p.batch) * p.seq_len == 0) return;
-    const Context ctx = context();
+    const Context ctx = context(c.stream);
     const cudaStream_t stream = ctx.stream;
     const Sizes n = sizes(p);
     if (p.packed && batch.num_segments == 0) {  // nothing but padding
@@ -221,13 +223,15 @@ class CudnnFlash final : public Attention {
     }
   }
 
-  void backward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
-                TensorView out, TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k,
-                TensorView d_v) override {
+  void backward(const AttentionCall& c) override {
+    check_attention_backward_tensors(kWhere, c, DeviceType::cuda);
+    const AttentionProblem& p = *c.problem;
+    const BatchViews& batch = *c.batch;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
+                     &d_k = c.d_k, &d_v = c.d_v;
     check_call(p, batch, saved);
-    check_attention_backward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out, d_out, d_q, d_k, d_v);
     if (int64_t(p.batch) * p.seq_len == 0) return;
-    const Context ctx = context();
+    const Context ctx = context(c.stream);
     const cudaStream_t stream = ctx.stream;
     const Sizes n = sizes(p);
     const std::size_t width = dtype_size(p.grad_dtype());
@@ -284,8 +288,8 @@ class CudnnFlash final : public Attention {
     return {positions * p.heads * p.head_dim, positions * p.kv_heads * p.head_dim};
   }
 
-  // The current device, its cuDNN handle (made on first use) bound to stream().
-  Context context() {
+  // The current device, its cuDNN handle (made on first use) bound to the call's stream.
+  Context context(Stream stream) {
     Context c;
     const CudnnLibrary& lib = cudnn_library();
     if (!lib.loaded) throw_runtime_error(kWhere, lib.error);
@@ -299,7 +303,7 @@ class CudnnFlash final : public Attention {
     void*& handle = handles_[device];
     if (handle == nullptr) handle = create_cudnn_handle();
     c.handle = handle;
-    c.stream = stream().as<cudaStream_t>();
+    c.stream = stream.as<cudaStream_t>();
     set_cudnn_stream(handle, c.stream);
     return c;
   }

@@ -351,11 +351,12 @@ class NaiveCpu final : public ablate::Attention {
     return int64_t(p.batch) * p.heads * p.seq_len;
   }
 
-  void forward(const AttentionProblem& p, const ablate::BatchViews& views, TensorView q, TensorView k, TensorView v,
-               TensorView out, TensorView saved) override {
-    const SegmentLayout batch = layout_of(views);
+  void forward(const ablate::AttentionCall& c) override {
+    ablate::check_attention_forward_tensors(kWhere, c, DeviceType::cpu);
+    const AttentionProblem& p = *c.problem;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved;
+    const SegmentLayout batch = layout_of(*c.batch);
     check_problem(p, batch);
-    ablate::check_attention_forward_tensors(kWhere, p, DeviceType::cpu, q, k, v, out);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
       forward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<float>(),
@@ -369,12 +370,13 @@ class NaiveCpu final : public ablate::Attention {
     }
   }
 
-  void backward(const AttentionProblem& p, const ablate::BatchViews& views, TensorView q, TensorView k, TensorView v,
-                TensorView out, TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k,
-                TensorView d_v) override {
-    const SegmentLayout batch = layout_of(views);
+  void backward(const ablate::AttentionCall& c) override {
+    ablate::check_attention_backward_tensors(kWhere, c, DeviceType::cpu);
+    const AttentionProblem& p = *c.problem;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
+                     &d_k = c.d_k, &d_v = c.d_v;
+    const SegmentLayout batch = layout_of(*c.batch);
     check_problem(p, batch);
-    ablate::check_attention_backward_tensors(kWhere, p, DeviceType::cpu, q, k, v, out, d_out, d_q, d_k, d_v);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
       backward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<const float>(),

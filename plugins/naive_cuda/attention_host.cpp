@@ -99,14 +99,16 @@ class NaiveCuda final : public Attention {
   bool bf16_activations() const override { return true; }
   bool bf16_gradients() const override { return true; }
 
-  void forward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
-               TensorView saved) override {
+  void forward(const AttentionCall& c) override {
     std::lock_guard<std::mutex> lock(mu_);
+    check_attention_forward_tensors(kWhere, c, DeviceType::cuda);
+    const AttentionProblem& p = *c.problem;
+    const BatchViews& batch = *c.batch;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved;
     check(p, batch, saved);
-    check_attention_forward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out);
     const Dims d = dims(p);
     if (d.z == 0 || d.T == 0) return;
-    const cudaStream_t st = prepare(p, batch);
+    const cudaStream_t st = prepare(p, batch, c.stream);
     float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
     const Wide w = widen(p, {q, k, v, {}, {}, {}, {}, {}}, st);
     float* o = p.bf16_out ? w.out : out.as<float>();
@@ -124,14 +126,17 @@ class NaiveCuda final : public Attention {
     check_launch();
   }
 
-  void backward(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v, TensorView out,
-                TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k, TensorView d_v) override {
+  void backward(const AttentionCall& c) override {
     std::lock_guard<std::mutex> lock(mu_);
+    check_attention_backward_tensors(kWhere, c, DeviceType::cuda);
+    const AttentionProblem& p = *c.problem;
+    const BatchViews& batch = *c.batch;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
+                     &d_k = c.d_k, &d_v = c.d_v;
     check(p, batch, saved);
-    check_attention_backward_tensors(kWhere, p, DeviceType::cuda, q, k, v, out, d_out, d_q, d_k, d_v);
     const Dims d = dims(p);
     if (d.z == 0 || d.T == 0) return;
-    const cudaStream_t st = prepare(p, batch);
+    const cudaStream_t st = prepare(p, batch, c.stream);
     const std::size_t block = std::size_t(d.z * d.T * d.T) * sizeof(float);
     float* probs = static_cast<float*>(ws_.get(kScores, block, st));
     float* grads = static_cast<float*>(ws_.get(kGradScores, block, st));
@@ -265,8 +270,8 @@ class NaiveCuda final : public Attention {
   }
 
   // The handle, the stream and the per-position segment starts of this batch.
-  cudaStream_t prepare(const AttentionProblem& p, const BatchViews& batch) {
-    const cudaStream_t st = stream().as<cudaStream_t>();
+  cudaStream_t prepare(const AttentionProblem& p, const BatchViews& batch, Stream stream) {
+    const cudaStream_t st = stream.as<cudaStream_t>();
     if (handle_ == nullptr) ABLATE_CUBLAS_CHECK(cublasCreate(&handle_));
     ABLATE_CUBLAS_CHECK(cublasSetStream(handle_, st));
     seg_start_ = static_cast<int32_t*>(ws_.get(kSegStart, std::size_t(p.batch) * p.seq_len * sizeof(int32_t), st));

@@ -374,23 +374,23 @@ TEST_CASE("forward without a device fails with an ablate error, not a crash") {
     return t;
   };
   TensorView saved = flat_view(fake, DType::f32, f.attention->saved_elements(p), DeviceType::cuda);
-  CHECK_THROWS_AS(f.attention->forward(p, views, tensor(2), tensor(1), tensor(1), tensor(2), saved), Error);
+  CHECK_THROWS_AS(test::attention_forward(*f.attention, p, views, tensor(2), tensor(1), tensor(1), tensor(2), saved), Error);
   // Wrong shapes are named before anything else; so is an out of another dtype than the problem's.
-  CHECK_THROWS_WITH_AS(f.attention->forward(p, views, tensor(2), tensor(2), tensor(1), tensor(2), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, p, views, tensor(2), tensor(2), tensor(1), tensor(2), saved),
                        doctest::Contains("k has shape"), Error);
-  CHECK_THROWS_WITH_AS(f.attention->forward(p, views, tensor(2), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, p, views, tensor(2), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
                        doctest::Contains("out is bf16 but the problem's out is f32"), Error);
   AttentionProblem held = p;
   held.bf16_out = true;  // out must then be bf16, the rest f32
-  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2), tensor(1), tensor(1), tensor(2), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2), tensor(1), tensor(1), tensor(2), saved),
                        doctest::Contains("out is f32 but the problem's out is bf16"), Error);
-  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
                        doctest::Contains("q is bf16 but the problem's q, k, v are f32"), Error);
   held.bf16_qkv = true;  // q, k, v bf16 too; the gradients stay f32
-  CHECK_THROWS_WITH_AS(f.attention->forward(held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
                        doctest::Contains("k is f32 but the problem's q, k, v are bf16"), Error);
   const TensorView q16 = tensor(2, DType::bf16), kv16 = tensor(1, DType::bf16);
-  CHECK_THROWS_WITH_AS(f.attention->backward(held, views, q16, kv16, kv16, q16, saved, q16, tensor(2), tensor(1), tensor(1)),
+  CHECK_THROWS_WITH_AS(test::attention_backward(*f.attention, held, views, q16, kv16, kv16, q16, saved, q16, tensor(2), tensor(1), tensor(1)),
                        doctest::Contains("d_out is bf16 but the problem's gradients are f32"), Error);
 }
 

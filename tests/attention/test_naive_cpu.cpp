@@ -103,11 +103,11 @@ struct Run {
     return flat(saved32);
   }
   void forward(Attention& a, const Batch& batch) {
-    a.forward(problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), saved(a));
+    test::attention_forward(a, problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), saved(a));
   }
   void backward(Attention& a, const Batch& batch) {
     TensorView s = saved_f64 ? flat(saved64) : flat(saved32);
-    a.backward(problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), s, hv(d_out), hv(d_q), kv(d_k), kv(d_v));
+    test::attention_backward(a, problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), s, hv(d_out), hv(d_q), kv(d_k), kv(d_v));
   }
 };
 
@@ -406,18 +406,18 @@ TEST_CASE("naive_cpu refuses other devices and dtypes with a reason, counts FLOP
   // k with the query head count instead of the kv head count.
   std::vector<double> wrong(r.q.size(), 0.0);
   std::vector<float> saved(std::size_t(attn->saved_elements(p)));
-  CHECK_THROWS_AS(attn->forward(p, host_batch_views(batch), r.qv(), r.hv(wrong), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.hv(wrong), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
   // A saved buffer of the wrong size.
   std::vector<float> short_saved(saved.size() - 1);
-  CHECK_THROWS_AS(attn->forward(p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(short_saved)), Error);
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(short_saved)), Error);
   // A batch of another shape than the problem.
   const Batch other = make_batch(9, {{{0, 9}}, {{0, 9}}});
-  CHECK_THROWS_AS(attn->forward(p, host_batch_views(other), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(other), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
   // f32 tensors for an f64 problem.
   std::vector<float> q32(r.q.begin(), r.q.end());
-  CHECK_THROWS_AS(attn->forward(p, host_batch_views(batch), view(q32, 2, 10, 4, 8), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)),
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), view(q32, 2, 10, 4, 8), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)),
                   Error);
-  CHECK_NOTHROW(attn->forward(p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)));
+  CHECK_NOTHROW(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)));
 }
 
 TEST_CASE("naive_cpu gives bitwise identical results on repeated runs and across thread counts") {

@@ -157,8 +157,8 @@ Result reference(Registry& registry, const Problem& p, const Batch& batch) {
   const auto hv = [&](std::vector<double>& x) { return view4(x, p.B, p.T, p.H, p.D); };
   const auto kv = [&](std::vector<double>& x) { return view4(x, p.B, p.T, p.Hkv, p.D); };
   TensorView sv = flat_view(saved.data(), DType::f64, int64_t(saved.size()));
-  a->forward(ap, views, hv(q), kv(k), kv(v), hv(r.out), sv);
-  a->backward(ap, views, hv(q), kv(k), kv(v), hv(r.out), sv, hv(d_out), hv(r.d_q), kv(r.d_k), kv(r.d_v));
+  test::attention_forward(*a, ap, views, hv(q), kv(k), kv(v), hv(r.out), sv);
+  test::attention_backward(*a, ap, views, hv(q), kv(k), kv(v), hv(r.out), sv, hv(d_out), hv(r.d_q), kv(r.d_k), kv(r.d_v));
   return r;
 }
 

@@ -55,8 +55,6 @@ struct Fixture {
     device = registry.create<Device>(Kind::device, "cuda", {run_params, run_params, on_gpu});
     flash = registry.create<Attention>(Kind::attention, "cudnn_flash", {common, flash_own, on_gpu});
     naive = registry.create<Attention>(Kind::attention, "naive_cuda", {common, naive_own, on_gpu});
-    flash->set_stream(device->stream());
-    naive->set_stream(device->stream());
     const std::string library = std::string(ABLATE_PLUGIN_DIR) + "/libablate_cudnn_flash.so";
     void* plugin = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
     REQUIRE_MESSAGE(plugin != nullptr, "the registry did not load " << library);

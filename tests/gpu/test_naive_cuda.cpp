@@ -38,7 +38,6 @@ struct Fixture {
     on_cpu.threads = 2;
     device = registry.create<Device>(Kind::device, "cuda", {run_params, run_params, on_gpu});
     gpu = registry.create<Attention>(Kind::attention, "naive_cuda", {common, gpu_own, on_gpu});
-    gpu->set_stream(device->stream());
     cpu = registry.create<Attention>(Kind::attention, "naive_cpu", {common, cpu_own, on_cpu});
   }
 };
@@ -59,8 +58,8 @@ Outputs run_cpu(Fixture& f, AttentionProblem p, const Batch& batch, std::vector<
   const auto kv = [&](std::vector<double>& x) { return shaped(flat_view(x.data(), DType::f64, int64_t(x.size())), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
   const BatchViews views = host_batch_views(batch);
   TensorView s = flat_view(saved.data(), DType::f64, int64_t(saved.size()));
-  f.cpu->forward(p, views, hv(q), kv(k), kv(v), hv(o.out), s);
-  f.cpu->backward(p, views, hv(q), kv(k), kv(v), hv(o.out), s, hv(d_out), hv(o.d_q), kv(o.d_k), kv(o.d_v));
+  test::attention_forward(*f.cpu, p, views, hv(q), kv(k), kv(v), hv(o.out), s);
+  test::attention_backward(*f.cpu, p, views, hv(q), kv(k), kv(v), hv(o.out), s, hv(d_out), hv(o.d_q), kv(o.d_k), kv(o.d_v));
   return o;
 }
 
@@ -94,8 +93,10 @@ test::AttentionOutputs f32_backward_with_out(Fixture& f, const AttentionProblem&
   Buffer dq = up(q), dk = up(k), dv = up(k), saved = dev.alloc(DType::f32, f.gpu->saved_elements(p));
   const auto hv = [&](Buffer& b) { return test::shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
   const auto kv = [&](Buffer& b) { return test::shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
-  f.gpu->forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(scratch_out), saved.view());  // the statistics
-  f.gpu->backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(bo), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
+  test::attention_forward(*f.gpu, p, db.views, hv(bq), kv(bk), kv(bv), hv(scratch_out), saved.view(),
+                          dev.stream());  // the statistics
+  test::attention_backward(*f.gpu, p, db.views, hv(bq), kv(bk), kv(bv), hv(bo), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv),
+                           dev.stream());
   dev.synchronize();
   return {out, down(dq), down(dk), down(dv)};
 }

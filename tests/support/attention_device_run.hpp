@@ -14,6 +14,7 @@
 #include "ablate/batch.hpp"
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
+#include "attention_support.hpp"
 
 namespace ablate::test {
 
@@ -80,8 +81,9 @@ inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, cons
          dv = poisoned_as(p.bf16_grads, int64_t(k.size())), saved = poisoned(attention.saved_elements(p));
   const auto hv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.heads, p.head_dim); };
   const auto kv = [&](Buffer& b) { return shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
-  attention.forward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view());
-  attention.backward(p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv));
+  attention_forward(attention, p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), dev.stream());
+  attention_backward(attention, p, db.views, hv(bq), kv(bk), kv(bv), hv(out), saved.view(), hv(bdo), hv(dq), kv(dk), kv(dv),
+                     dev.stream());
   dev.synchronize();
   return {down_as(out), down_as(dq), down_as(dk), down_as(dv)};
 }

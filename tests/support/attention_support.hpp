@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "ablate/attention.hpp"
 #include "ablate/batch.hpp"
 
 namespace ablate::test {
@@ -89,6 +90,27 @@ inline double scaled_diff(const std::vector<double>& a, const std::vector<double
     scale = std::max(scale, std::abs(b[i]));
   }
   return worst / scale;
+}
+
+// One forward or backward of `a` as the model calls it (an AttentionCall), from the tensors in the
+// order the tests name them; `stream`: the device's queue (null on the cpu).
+inline AttentionCall attention_call(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
+                                    TensorView v, TensorView out, TensorView saved, Stream stream) {
+  return AttentionCall{&p, &batch, q, k, v, out, saved, {}, {}, {}, {}, stream};
+}
+inline void attention_forward(Attention& a, const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
+                              TensorView v, TensorView out, TensorView saved, Stream stream = nullptr) {
+  a.forward(attention_call(p, batch, q, k, v, out, saved, stream));
+}
+inline void attention_backward(Attention& a, const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
+                               TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
+                               TensorView d_k, TensorView d_v, Stream stream = nullptr) {
+  AttentionCall c = attention_call(p, batch, q, k, v, out, saved, stream);
+  c.d_out = d_out;
+  c.d_q = d_q;
+  c.d_k = d_k;
+  c.d_v = d_v;
+  a.backward(c);
 }
 
 }  // namespace ablate::test

@@ -35,7 +35,19 @@ struct AttentionProblem {
   DType grad_dtype() const noexcept { return bf16_grads ? DType::bf16 : dtype; }
 };
 
-// Gradients of q, k, v are written (=), never accumulated.
+// One call of a backend, as a layer's is one LayerCall: the problem, the batch's segment layout
+// on the problem's device (segments, row_segments, segment_ids), the tensors, and the queue to
+// enqueue on (the model's Device::stream(): cuda a cudaStream_t, null on the cpu). forward reads q,
+// k, v and writes out and saved; backward reads q, k, v, out, saved and d_out and writes d_q, d_k,
+// d_v (=, never accumulated). Both return without waiting for the device.
+struct AttentionCall {
+  const AttentionProblem* problem = nullptr;
+  const BatchViews* batch = nullptr;
+  TensorView q, k, v, out, saved;
+  TensorView d_out, d_q, d_k, d_v;  // backward only
+  Stream stream;
+};
+
 class Attention : public Component {
  public:
   ~Attention() override;
@@ -52,21 +64,8 @@ class Attention : public Component {
   // Whether the backend serves problems with bf16_grads set (d_out read, d_q, d_k, d_v written in
   // bf16; q, k, v and out held in bf16 too).
   virtual bool bf16_gradients() const { return false; }
-  // `batch` holds the segment layout on the problem's device (segments, row_segments, segment_ids).
-  virtual void forward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
-                       TensorView v, TensorView out, TensorView saved) = 0;
-  virtual void backward(const AttentionProblem& problem, const BatchViews& batch, TensorView q, TensorView k,
-                        TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
-                        TensorView d_k, TensorView d_v) = 0;
-
-  // The queue a device backend enqueues its work on: the model's Device::stream() (cuda: a
-  // cudaStream_t; null on the cpu), set by the model before the first call. forward and backward
-  // return without waiting for the device.
-  void set_stream(Stream stream) noexcept { stream_ = stream; }
-  Stream stream() const noexcept { return stream_; }
-
- private:
-  Stream stream_;
+  virtual void forward(const AttentionCall& call) = 0;
+  virtual void backward(const AttentionCall& call) = 0;
 };
 
 // Throws (naming `where`, the tensor and what was expected) unless `t` is a (batch, seq_len, heads,
@@ -76,11 +75,8 @@ void check_attention_tensor(const char* where, const char* name, const TensorVie
                             int64_t heads, DeviceType device);
 // That check on every tensor of a forward call (q, k, v, out), or of a backward call (and d_out,
 // d_q, d_k, d_v): q-like tensors have p.heads heads, k- and v-like ones p.kv_heads.
-void check_attention_forward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
-                                     const TensorView& k, const TensorView& v, const TensorView& out);
-void check_attention_backward_tensors(const char* where, const AttentionProblem& p, DeviceType device, const TensorView& q,
-                                      const TensorView& k, const TensorView& v, const TensorView& out,
-                                      const TensorView& d_out, const TensorView& d_q, const TensorView& d_k,
-                                      const TensorView& d_v);
+// Also throws when the call has no problem or no batch.
+void check_attention_forward_tensors(const char* where, const AttentionCall& call, DeviceType device);
+void check_attention_backward_tensors(const char* where, const AttentionCall& call, DeviceType device);
 
 }  // namespace ablate

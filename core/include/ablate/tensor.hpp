@@ -15,7 +15,7 @@ enum class DType { f32, bf16, f16, i32, u16, u8, f64 };
 enum class DeviceType { cpu, cuda };
 
 // A device's queue, as every component that launches work on the model's device receives it
-// (layers through LayerCall, attention backends and communicators through set_stream, optimizers
+// (layers through LayerCall, attention backends through AttentionCall, communicators through set_stream, optimizers
 // through StepArgs): calls launched on one queue run in order. cuda: a cudaStream_t (as<cudaStream_t>());
 // the cpu has none, and its queue is null.
 class Stream {
