@@ -1,5 +1,6 @@
 // The norms on a CUDA device, f32 (see norm_math.hpp for the arithmetic). Forward and the input
-// gradient: one warp per row, statistics by warp shuffles. Parameter gradients: a two-stage column
+// gradient: one warp per row, statistics by warp shuffles; a forward row of at most 1024 values is
+// read once, into registers. Parameter gradients: a two-stage column
 // sum in a fixed order (no atomics), so they are the same every run: chunks of rows summed in row
 // order into partials, then the partials of each column summed in chunk order. Where a row is at
 // most 1024 wide and both gradients are asked for, backward is one pass over x and dy: each warp
@@ -28,14 +29,33 @@ __device__ float warp_sum(float v) {
 
 using device_math::load_value;
 
+// The row a warp takes (kRowsPerBlock warps a block), and a thread's lane in it.
+__device__ int64_t warp_row() { return int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp; }
+__device__ int lane_of_thread() { return int(threadIdx.x % kWarp); }
+
+// y of one element from the row's statistics.
+__device__ float norm_out(bool rms, float x, float mean, float rstd, const float* w, const float* b, int64_t c) {
+  return rms ? rmsnorm_out(x, rstd, w[c]) : layernorm_out(x, mean, rstd, w[c], b != nullptr ? b[c] : 0.0f);
+}
+
+// A row's statistics as backward reads them: rstd (rmsnorm), or mean then rstd in the second half.
+__device__ void store_row_stats(bool rms, float* saved, int64_t row, int64_t rows, float mean, float rstd) {
+  if (rms) {
+    saved[row] = rstd;
+  } else {
+    saved[row] = mean;
+    saved[rows + row] = rstd;
+  }
+}
+
 // x and y are f32 or, where the model holds them in bf16, bf16 (device_math::load_value and
 // store_value): y a norm's output only products read, x and y the qk-norm's q and k.
 template <class In, class Out>
 __global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved,
                                     int64_t rows, int64_t in, float eps) {
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
+  const int64_t row = warp_row();
   if (row >= rows) return;
+  const int lane = lane_of_thread();
   const In* xr = x + row * in;
   float mean = 0.0f;
   if (!rms) {
@@ -51,17 +71,53 @@ __global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const
   const float rstd = norm_rstd(warp_sum(s2) / float(in), eps);
   Out* yr = y + row * in;
   for (int64_t c = lane; c < in; c += kWarp) {
-    const float xc = load_value(xr[c]);
-    device_math::store_value(yr + c, rms ? rmsnorm_out(xc, rstd, w[c]) : layernorm_out(xc, mean, rstd, w[c], b != nullptr ? b[c] : 0.0f));
+    device_math::store_value(yr + c, norm_out(rms, load_value(xr[c]), mean, rstd, w, b, c));
   }
-  if (lane == 0) {
-    if (rms) {
-      saved[row] = rstd;
-    } else {
-      saved[row] = mean;
-      saved[rows + row] = rstd;
+  if (lane == 0) store_row_stats(rms, saved, row, rows, mean, rstd);
+}
+
+// The same for rows of at most kWarp * kPerLane values, in one read of x: each lane keeps its
+// values (columns lane, lane + 32, ...) in registers for the mean, the variance and y, in the
+// order the kernel above sums them: the same arithmetic, one read of x instead of three.
+constexpr int kPerLane = 32;  // rows up to 1024 wide
+template <class In, class Out>
+__global__ void norm_forward_resident_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved,
+                                             int64_t rows, int64_t in, float eps) {
+  const int64_t row = warp_row();
+  if (row >= rows) return;
+  const int lane = lane_of_thread();
+  const In* xr = x + row * in;
+  float v[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = lane + int64_t(j) * kWarp;
+    v[j] = c < in ? load_value(xr[c]) : 0.0f;
+  }
+  float mean = 0.0f;
+  if (!rms) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + int64_t(j) * kWarp < in) s += v[j];
     }
+    mean = warp_sum(s) / float(in);
   }
+  float s2 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    if (lane + int64_t(j) * kWarp >= in) continue;
+    const float d = v[j] - mean;
+    s2 += d * d;
+  }
+  const float rstd = norm_rstd(warp_sum(s2) / float(in), eps);
+  Out* yr = y + row * in;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = lane + int64_t(j) * kWarp;
+    if (c >= in) continue;
+    device_math::store_value(yr + c, norm_out(rms, v[j], mean, rstd, w, b, c));
+  }
+  if (lane == 0) store_row_stats(rms, saved, row, rows, mean, rstd);
 }
 
 // What the input gradient of one row needs, computed by its warp: the saved statistics and the
@@ -229,6 +285,10 @@ template <class In, class Out>
 void norm_forward(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows, int64_t in,
                   float eps, cudaStream_t stream) {
   if (rows == 0) return;
+  if (in <= int64_t(kWarp) * kPerLane) {
+    norm_forward_resident_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
+    return;
+  }
   norm_forward_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
 }
 

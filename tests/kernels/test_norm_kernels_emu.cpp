@@ -527,6 +527,10 @@ TEST_CASE("the norms' forward matches float64, and a bf16 y is the f32 y rounded
       {257, 100, Norm::layernorm, f32_bf16, false, false},
       {257, 257, Norm::rmsnorm, bf16_bf16, false, false},
       {1100, 45, Norm::layernorm_bias, f32_f32, false, false},
+      // Past 1024 values a row is read three times instead of held in registers.
+      {9, 1024, Norm::layernorm_bias, all_io, false, false},
+      {9, 1025, Norm::layernorm_bias, all_io, false, false},
+      {9, 1500, Norm::rmsnorm, all_io, false, false},
   };
   Worst worst;
   emu_test::for_each_schedule([&] {
