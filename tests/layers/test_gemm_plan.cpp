@@ -210,8 +210,9 @@ TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products 
   wgrad.a_sums = at_mut(0x60000);
   CHECK(gemm_refusal(wgrad).empty());
   CHECK(gemm_key(wgrad).find("align 256,16,") != std::string::npos);
-  // Refused: a bf16-only operand under f32 or tf32 products, a missing one, and the sums of an A
-  // that has no f32 values (the unfused bias gradient reads them).
+  // Refused: a bf16-only operand under f32 or tf32 products, and a missing one. The sums of an A
+  // held in bf16 only (a gradient the model holds in bf16) are served under bf16 products (the
+  // unfused bias gradient sums its bf16 values with a bf16 product of ones), under no other mode.
   for (MatmulMode mode : {MatmulMode::f32, MatmulMode::tf32}) {
     GemmCall g = held;
     g.mode = mode;
@@ -223,7 +224,12 @@ TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products 
   GemmCall sums = wgrad;
   sums.A_bf16 = sums.A;
   sums.A = nullptr;
-  CHECK(gemm_refusal(sums).find("f32 values") != std::string::npos);
+  CHECK(gemm_refusal(sums).empty());
+  sums.mode = MatmulMode::tf32;
+  CHECK_FALSE(gemm_refusal(sums).empty());
+  sums.A_bf16 = nullptr;
+  sums.mode = MatmulMode::bf16;
+  CHECK(gemm_refusal(sums).find("missing operand") != std::string::npos);
 }
 
 TEST_CASE("gemm plan: a bf16 weight copy is read in place only where it and its rows are 16-byte aligned") {
