@@ -67,33 +67,13 @@ std::vector<double> bf16_values(std::size_t n, std::mt19937& rng) {
   return v;
 }
 
-double largest(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-// The worst |got - want| over the tensor's largest reference value (infinite where got is not finite).
+// The worst |got - want| over the reference's largest value (test::scaled_diff; infinite where got is not finite).
 double scaled_error(const std::vector<float>& got, const std::vector<double>& want) {
   REQUIRE(got.size() == want.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, std::abs(double(got[i]) - want[i]));
-  }
-  return worst / std::max(largest(want), 1e-30);
+  return test::scaled_diff(std::vector<double>(got.begin(), got.end()), want);
 }
 
-// Whether every value of the padding positions (segment id 0) is exactly zero; `width` values a position.
-bool zero_at_padding(const std::vector<float>& v, const Batch& batch, int64_t width) {
-  for (std::size_t pos = 0; pos < batch.segment_ids.size(); ++pos) {
-    if (batch.segment_ids[pos] != 0) continue;
-    for (int64_t i = 0; i < width; ++i) {
-      if (v[pos * std::size_t(width) + std::size_t(i)] != 0.0f) return false;
-    }
-  }
-  return true;
-}
+using test::zero_at_padding;
 
 std::vector<float> narrow(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 

@@ -105,15 +105,7 @@ double worst(const std::vector<float>& got, const std::vector<float>& ref, doubl
   return ratio;
 }
 
-bool zero_at_padding(const std::vector<float>& x, const Batch& batch, int64_t per_position) {
-  for (std::size_t at = 0; at < batch.segment_ids.size(); ++at) {
-    if (batch.segment_ids[at] != 0) continue;
-    for (int64_t j = 0; j < per_position; ++j) {
-      if (x[at * std::size_t(per_position) + std::size_t(j)] != 0.0f) return false;
-    }
-  }
-  return true;
-}
+using test::zero_at_padding;
 
 // (B, T, heads, D) values drawn from `n`, each exactly representable in bf16.
 std::vector<float> random_bf16(const AttentionProblem& p, int64_t heads, std::mt19937& rng) {

@@ -92,6 +92,18 @@ inline double scaled_diff(const std::vector<double>& a, const std::vector<double
   return worst / scale;
 }
 
+// Whether every value at the batch's padding positions (segment id 0) is exactly zero, for a
+// (B, T, ...) tensor of `per_position` values a position: the attention contract's padding rule.
+inline bool zero_at_padding(const std::vector<float>& x, const Batch& batch, int64_t per_position) {
+  for (std::size_t at = 0; at < batch.segment_ids.size(); ++at) {
+    if (batch.segment_ids[at] != 0) continue;
+    for (int64_t j = 0; j < per_position; ++j) {
+      if (x[at * std::size_t(per_position) + std::size_t(j)] != 0.0f) return false;
+    }
+  }
+  return true;
+}
+
 // One forward or backward of `a` as the model calls it (an AttentionCall), from the tensors in the
 // order the tests name them; `stream`: the device's queue (null on the cpu).
 inline AttentionCall attention_call(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
