@@ -35,6 +35,7 @@
 #include "ablate/error.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/session.hpp"
 #include "attention_support.hpp"
 #include "cuda_timing.hpp"
 
@@ -206,8 +207,8 @@ class Bench {
 // T; and the same documents one per row, padded.
 std::pair<Batch, Batch> probe_batches(Registry& registry, int32_t T, int32_t rows) {
   const Config cfg = Config::parse("[data]\nname = \"synthetic_probes\"\n", "bench_attention", {}, registry);
-  RunContext run;
-  auto source = make_data_source(ablate::RunSpec::from(cfg), registry, run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  auto source = ablate::Session(spec, registry, RunContext{}).data_source();
   Rows packed(static_cast<std::size_t>(rows)), padded;
   std::vector<int32_t> used(static_cast<std::size_t>(rows), 0);
   Document d;

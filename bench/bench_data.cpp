@@ -27,6 +27,7 @@
 #include "ablate/error.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/session.hpp"
 
 namespace fs = std::filesystem;
 
@@ -109,7 +110,8 @@ Measurement measure(ablate::Registry& registry, const std::string& source_toml, 
   const ablate::Config cfg = ablate::Config::parse(toml, "bench_data", {}, registry);
   ablate::RunContext run;
   run.seed = 1;
-  auto pipeline = ablate::DataPipeline::from_spec(ablate::RunSpec::from(cfg), registry, run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  auto pipeline = ablate::Session(spec, registry, run).pipeline();
   for (int i = 0; i < 5; ++i) pipeline->next();  // warm up: threads started, pages mapped in
   int64_t positions = 0, real = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -218,7 +220,8 @@ int main(int argc, char** argv) {
                                std::to_string(b) + "\nseq_len = " + std::to_string(t) + "\n";
       ablate::RunContext run;
       run.seed = 1;
-      auto pipeline = ablate::DataPipeline::from_spec(ablate::RunSpec::from(ablate::Config::parse(toml, "bench_data", {}, registry)), registry, run);
+      const ablate::RunSpec spec = ablate::RunSpec::from(ablate::Config::parse(toml, "bench_data", {}, registry));
+      auto pipeline = ablate::Session(spec, registry, run).pipeline();
       ablate::Batch taken;
       pipeline->next_into(taken);
       handovers.push_back(measure_handover(taken, int(std::max<int64_t>(50, 20'000'000 / (int64_t(b) * t)))));

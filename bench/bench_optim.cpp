@@ -33,6 +33,7 @@
 #include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/session.hpp"
 
 #ifdef ABLATE_BENCH_CUDA
 #include "ablate/cuda_check.hpp"
@@ -94,7 +95,7 @@ std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Option
   ablate::RunContext run;
   run.device = device;
   const ablate::RunSpec spec = ablate::RunSpec::from(config);
-  return registry.create<ablate::Optimizer>(ablate::Kind::optimizer, arm.optimizer, {spec.optimizer.common, spec.optimizer.own, run});
+  return ablate::Session(spec, registry, run).optimizer();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -164,9 +165,9 @@ int main(int argc, char** argv) {
     ablate::Registry registry;
     registry.load_directories(ablate::Registry::default_search_path());
     const ablate::Config config = ablate::Config::load(o.config, {}, registry);
-    const ablate::ModelOptions mo = ablate::ModelOptions::from(ablate::RunSpec::from(config), 50257);
-    ablate::RunContext run;
-    ablate::Model model(mo, registry, run);
+    const ablate::RunSpec spec = ablate::RunSpec::from(config);
+    const std::unique_ptr<ablate::Model> made = ablate::Session(spec, registry, ablate::RunContext{}).model(50257);
+    ablate::Model& model = *made;
     model.init_params(1337);
     const ablate::ParamTable& table = model.table();
     const int64_t n = table.total;

@@ -14,6 +14,7 @@
 #include "ablate/error.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/registry.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
@@ -119,12 +120,13 @@ DataAnalysis analyze(const RunSpec& spec, Registry& registry, int64_t max_docume
   require_batch_memory(spec, 1, "the batcher being simulated");
   RunContext run;
   run.seed = spec.run.seed;
-  a.source = make_data_source(spec, registry, run);
+  const Session session(spec, registry, run);
+  a.source = session.data_source();
   a.available = a.source->size(Split::train);
   if (a.available == 0) throw_input_error(a.source->describe(), "the train split has no documents");
   a.wanted = std::min<uint64_t>(a.available, uint64_t(max_documents));
 
-  auto sampler = make_sampler(spec, registry, run);
+  auto sampler = session.sampler();
   sampler->reset(a.available, run.seed, 0, 1);
   std::vector<Document> documents(a.wanted);
   for (uint64_t k = 0; k < a.wanted; ++k) {

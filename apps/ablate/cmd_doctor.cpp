@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include "ablate/runtime/defaults.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
 #include "ablate/metrics.hpp"
@@ -646,8 +647,8 @@ struct Settings {
 Settings settings_of(const Run& run) {
   Settings s;
   s.device = run.cfg("run", "device", std::string("cpu"));
-  s.batching = run.cfg("batching", "name", std::string("packed"));
-  s.attention = run.cfg("attention", "name", std::string("naive_cpu"));
+  s.batching = run.cfg("batching", "name", std::string(defaults::batcher));
+  s.attention = run.cfg("attention", "name", std::string(defaults::attention));
   if (const auto it = run.info.find("device_capabilities"); it != run.info.end() && it->is_object()) {
     s.host_memory = it->value("host_memory", true);
     s.reduced_precision = it->value("reduced_precision_products", false);
@@ -664,7 +665,7 @@ Settings settings_of(const Run& run) {
       }
     }
   }
-  s.optimizer = run.cfg("optimizer", "name", std::string("adamw"));
+  s.optimizer = run.cfg("optimizer", "name", std::string(defaults::optimizer));
   s.B = run.cfg("batching", "batch_size", int64_t(1));
   s.accum = run.cfg("run", "grad_accum_steps", int64_t(1));
   s.world = run.info.value("world", int64_t(1));  // data-parallel ranks

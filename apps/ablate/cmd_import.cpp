@@ -16,6 +16,7 @@
 #include "ablate/file_check.hpp"
 #include "ablate/runtime/checkpoint.hpp"
 #include "ablate/runtime/hf_checkpoint.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
@@ -118,9 +119,10 @@ int import_hf(const Args& args) {
     config = load();
     spec = RunSpec::from(config);
   }
-  RunContext run;
+  RunContext run;  // the model is only written out: on run.device's default, with the config's seed
   run.seed = spec.run.seed;
-  Model model(ModelOptions::from(spec, 0), registry, run, make_device(registry, run));
+  const std::unique_ptr<Model> made = Session(spec, registry, run).model(0);
+  Model& model = *made;
   model.load_params_from_host(hf_parameters(hf, model));
   fs::create_directories(run_dir);
   const std::string tokenizer = keep_tokenizer(dir, run_dir);

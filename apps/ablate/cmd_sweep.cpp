@@ -18,6 +18,7 @@
 #include "ablate/file_check.hpp"
 #include "ablate/runtime/model.hpp"
 #include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
@@ -111,10 +112,10 @@ std::string set_common_peak(const Sweep& s, const fs::path& out, std::vector<Arm
   if (earlier && earlier->contains("peak_tflops_set")) {
     peak_text = peak_tflops_text(out / "arms.json", (*earlier)["peak_tflops_set"].get<std::string>());
   } else {
-    auto source = make_data_source(spec, registry, run);
-    Model model(ModelOptions::from(spec, source->vocab_size()), registry, run, make_device(registry, run));
+    const Session session(spec, registry, run);
+    const std::unique_ptr<Model> model = session.model(session.data_source()->vocab_size());
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", model.measure_matmul_tflops());
+    std::snprintf(buf, sizeof buf, "%.6g", model->measure_matmul_tflops());
     peak_text = buf;
   }
   for (ArmPlan& p : plans) {

@@ -26,6 +26,7 @@
 #include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
@@ -174,9 +175,10 @@ static int eval_task(LoadedModel& lm, Registry& registry, const po::variables_ma
   RunContext run = lm.spec->context();
   run.threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>()) : lm.spec->run.threads);
   const std::string label = vm["eval"].as<std::string>();
-  std::vector<EvalTask> tasks = make_eval_tasks(*lm.spec, registry, run, label, "--eval");
-  auto source = make_data_source(*lm.spec, registry, run);
-  auto single = registry.create<Communicator>(Kind::communicator, "single", {lm.spec->run_keys, Params("run.single", {}), run});
+  const Session session(*lm.spec, registry, run);
+  std::vector<EvalTask> tasks = session.evals(label, "--eval");
+  auto source = session.data_source();
+  auto single = session.one_process_communicator();
   ModelEvalView view(*lm.model, *source, *single, lm.spec->batch_size * lm.spec->seq_len);
   EvalTask& task = tasks.front();
   task.enabled = true;
@@ -379,8 +381,7 @@ struct Exporter {
 static fs::path describe_tokens(const RunSpec& spec, Registry& registry, json& cfg, bool with_tokenizer) {
   std::shared_ptr<DataSource> source;
   try {
-    RunContext run;
-    source = make_data_source(spec, registry, run);
+    source = Session(spec, registry, RunContext{}).data_source();
   } catch (const Error& e) {
     if (with_tokenizer) {
       // Moved or damaged data, or tokenizer files that do not belong together (the source checks
@@ -714,8 +715,7 @@ int cmd_sample(const Args& args) {
   Registry registry;
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0);
-  RunContext run;
-  auto source = make_data_source(*lm.spec, registry, run);
+  auto source = Session(*lm.spec, registry, RunContext{}).data_source();
   std::vector<int32_t> ctx = source->encode(vm["prompt"].as<std::string>());
   const bool from_start = ctx.empty();
   if (ctx.empty() && source->eot_token() >= 0) ctx.push_back(source->eot_token());

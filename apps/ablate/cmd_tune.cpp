@@ -20,6 +20,7 @@
 #include "ablate/runtime/model.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/runtime/pipeline.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/trainer.hpp"
 #include "commands.hpp"
 #include "json_read.hpp"
@@ -121,7 +122,7 @@ std::vector<Trial> run_trials(const po::variables_map& vm, Registry& registry, c
     std::vector<std::string> all = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
     all.insert(all.end(), sets.begin(), sets.end());
     const RunSpec at_b = RunSpec::from(Config::load(vm["config"].as<std::string>(), all, registry));
-    auto pipe = DataPipeline::from_spec(at_b, registry, run, Split::train, source);
+    auto pipe = Session(at_b, registry, run).pipeline(Split::train, source);
     time_trial(t, engine, model, *pipe, tu, opt_step);
     trials.push_back(t);
     spdlog::info("micro-batch {:>4}: {:.1f} ms/step, {:.0f} tokens/s ({:.0f} real), estimated {:.1f} MiB", b, t.step_ms,
@@ -237,17 +238,17 @@ int tune_batch_size(const Args& args) {
   }
   Registry registry;
   const RunSpec spec = RunSpec::from(load_experiment(vm, registry));
-  const RunContext run = spec.context();
+  const Session session(spec, registry);
+  const RunContext& run = session.run();
   const Tuning tu = tuning_of(vm, spec);
 
-  auto source = make_data_source(spec, registry, run);
-  const ModelOptions mo = ModelOptions::from(spec, source->vocab_size());
-  Model model(mo, registry, run, make_device(registry, run));
+  auto source = session.data_source();
+  const std::unique_ptr<Model> made = session.model(source->vocab_size());
+  Model& model = *made;
   model.init_params(run.seed);
-  const Choice& opt = spec.require(spec.optimizer);
-  auto optimizer = registry.create<Optimizer>(Kind::optimizer, opt.name, {opt.common, opt.own, run});
-  // One process, one micro-batch per step: the trainer's engine with the single communicator.
-  auto single = registry.create<Communicator>(Kind::communicator, "single", {spec.run_keys, Params("run.single", {}), run});
+  auto optimizer = session.optimizer();
+  // One process, one micro-batch per step: the trainer's engine with the one-process communicator.
+  auto single = session.one_process_communicator();
   EngineOptions eo = EngineOptions::from(spec);
   eo.accum = 1;
   eo.shard_state = false;

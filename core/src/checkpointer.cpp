@@ -22,6 +22,8 @@
 #include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/reshard.hpp"
 #include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/session.hpp"
+#include "ablate/runtime/defaults.hpp"
 #include "ablate/runtime/trainer.hpp"
 
 namespace ablate {
@@ -466,17 +468,18 @@ LoadedModel load_model(const fs::path& path, Registry& registry, bool allow_nonf
   const std::string cfg_text = read_regular_file(cfg, "checkpoint config", kMaxRunTomlBytes);
   lm.config = std::make_unique<Config>(Config::parse(cfg_text, cfg.string(), overrides, registry, lm.dir));
   lm.spec = std::make_unique<RunSpec>(RunSpec::from(*lm.config));
+  // Read on the cpu in fp32, whatever device the run trained on (the process's threads as they are).
   RunContext run;
   run.seed = lm.state.seed;
-  run.device = "cpu";
-  ModelOptions mo = ModelOptions::from(*lm.spec, lm.state.vocab_size);
+  const Session session(*lm.spec, registry, run);
+  ModelOptions mo = session.model_options(lm.state.vocab_size);
   // A checkpoint of a GPU run names a GPU attention backend; every backend computes the same
   // function, so the CPU reads it with the CPU reference.
   if (registry.find(Kind::attention, mo.attention, "cpu") == nullptr) {
-    spdlog::info("attention '{}' does not run on the cpu: {} is read with naive_cpu", mo.attention, lm.dir.string());
-    mo.attention = "naive_cpu";
+    spdlog::info("attention '{}' does not run on the cpu: {} is read with {}", mo.attention, lm.dir.string(), defaults::cpu_attention);
+    mo.attention = defaults::cpu_attention;
   }
-  lm.model = std::make_unique<Model>(mo, registry, run);
+  lm.model = session.model(mo);
   std::vector<float> values(std::size_t(lm.model->num_params()));
   load_params(lm.dir / "model.safetensors", lm.model->table(), values, allow_nonfinite);
   lm.model->load_params_from_host(values);

@@ -99,6 +99,12 @@ Value Validator::check(const toml::node& node, const ParamSpec& spec, const std:
       fail(at.source(), path, "\"" + v + "\" is not allowed" + did_you_mean(v, spec.choices) + " (expected " +
                                   spec.expectation() + ")");
     }
+    const std::optional<Kind> kind = kind_from_string(spec.registration_kind);
+    if (kind && registry_.find(*kind, v) == nullptr) {
+      const std::vector<std::string> valid = registry_.names(*kind);
+      fail(at.source(), path, "unknown " + spec.registration_kind + " '" + v + "'" + did_you_mean(v, valid) + " (valid: " +
+                                  (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + registry_.not_loaded_note(v));
+    }
   };
   switch (spec.type) {
     case ParamType::boolean:

@@ -24,7 +24,8 @@ namespace {
 // compute (not dropout, init_from itself or recomputation).
 constexpr const char* kShapeKeys[] = {"d_model",    "n_layers", "n_heads",  "n_kv_heads", "vocab_size", "vocab_multiple",
                                       "max_seq_len", "norm",     "mlp",      "mlp_hidden", "position",   "rope_theta",
-                                      "qk_norm",    "bias",     "tie_embeddings", "norm_eps"};
+                                      "qk_norm",    "bias",     "tie_embeddings", "norm_eps", "embedding_layer",
+                                      "projection_layer", "classifier_layer", "qk_norm_layer"};
 
 using Keys = std::vector<std::pair<std::string, std::string>>;  // key, its value as TOML text
 

@@ -14,6 +14,7 @@
 #include "ablate/nf4.hpp"
 #include "ablate/error.hpp"
 #include "host_memory.hpp"
+#include "ablate/runtime/defaults.hpp"
 
 namespace ablate {
 
@@ -144,7 +145,11 @@ class CpuDevice final : public Device {
   ~CpuDevice() override = default;
 
   DeviceType type() const noexcept override { return DeviceType::cpu; }
-  DeviceCapabilities capabilities() const override { return {}; }  // host memory, fp32, mpi
+  DeviceCapabilities capabilities() const override {  // host memory, fp32 products, mpi
+    DeviceCapabilities c;
+    c.collective = defaults::host_collective;
+    return c;
+  }
   std::string describe() const override { return "cpu (" + std::to_string(threads_) + " threads)"; }
 
   Buffer alloc(DType dtype, int64_t count) override {

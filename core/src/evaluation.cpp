@@ -56,32 +56,9 @@ std::vector<std::string> EvalTask::logged_names() const {
   return out;
 }
 
-std::vector<EvalTask> make_eval_tasks(const RunSpec& spec, const Registry& registry, const RunContext& run,
-                                      const std::string& only, const std::string& where) {
-  std::vector<EvalTask> tasks;
-  std::vector<std::string> labels;
-  for (const Choice& c : spec.evals) {
-    const std::string label = c.common.get_string("label");
-    labels.push_back(label);
-    if (!only.empty() && label != only) continue;
-    // A disabled table is not made during training: its evaluator's keys (an empty path, say) are
-    // checked only where it runs, by `ablate eval --eval LABEL`.
-    if (only.empty() && !c.common.get_bool("enabled")) continue;
-    EvalTask t;
-    t.label = label;
-    t.name = c.name;
-    t.every = c.common.get_int("every");
-    t.enabled = c.common.get_bool("enabled");
-    t.evaluator = registry.create<Evaluator>(Kind::evaluator, c.name, {c.common, c.own, run}, "eval." + label + ".name");
-    t.primary = t.evaluator->primary_metric();
-    t.higher_is_better = t.evaluator->higher_is_better();
-    tasks.push_back(std::move(t));
-  }
-  if (!only.empty() && tasks.empty()) {
-    throw_input_error(where, "the run's experiment has no [[eval]] labelled '" + only + "'" +
-                                 (labels.empty() ? std::string(" (it has no [[eval]] table)") : " (labels: " + join(labels) + ")"));
-  }
-  return tasks;
+void throw_unknown_eval_label(const std::string& label, const std::vector<std::string>& labels, const std::string& where) {
+  throw_input_error(where, "the run's experiment has no [[eval]] labelled '" + label + "'" +
+                               (labels.empty() ? std::string(" (it has no [[eval]] table)") : " (labels: " + join(labels) + ")"));
 }
 
 void prepare_eval_tasks(std::vector<EvalTask>& tasks, EvalModel& model) {

@@ -89,21 +89,21 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
   o.tie_embeddings = m.get_bool("tie_embeddings");
   o.dropout = m.get_float("dropout");
   o.norm_eps = m.get_float("norm_eps");
-  o.mlp_hidden = m.get_int("mlp_hidden");
-  if (o.mlp_hidden == 0) {
-    o.mlp_hidden = o.mlp == "swiglu_mlp" ? round_up((8 * o.d_model + 2) / 3, 64) : 4 * o.d_model;
-  }
+  o.embedding = m.get_string("embedding_layer");
+  o.linear = m.get_string("projection_layer");
+  o.classifier = m.get_string("classifier_layer");
+  o.qk_norm_layer = m.get_string("qk_norm_layer");
+  o.mlp_hidden = m.get_int("mlp_hidden");  // 0: the MLP layer's default, filled in by the model
   // Each key is bounded by its schema; their products are checked here, in floating point, before
-  // any plan multiplies them in 64-bit integers: nothing near 2^50 values fits any machine.
+  // any plan multiplies them in 64-bit integers: nothing near 2^50 values fits any machine (an
+  // MLP of unset width counted as 4 x d_model, the default's order).
   const double width = double(o.d_model), blocks = double(o.n_layers);
-  const double params = 2.0 * double(o.vocab_padded) * width + blocks * (4.0 * width * width + 3.0 * width * double(o.mlp_hidden));
+  const double hidden = o.mlp_hidden > 0 ? double(o.mlp_hidden) : 4.0 * width;
+  const double params = 2.0 * double(o.vocab_padded) * width + blocks * (4.0 * width * width + 3.0 * width * hidden);
   if (params > 0x1p50) {
     throw_input_error("model", "d_model " + std::to_string(o.d_model) + ", n_layers " + std::to_string(o.n_layers) + ", vocabulary " +
-                                   std::to_string(o.vocab_padded) + " and mlp_hidden " + std::to_string(o.mlp_hidden) +
+                                   std::to_string(o.vocab_padded) + " and mlp_hidden " + std::to_string(int64_t(hidden)) +
                                    " make about " + std::to_string(params) + " parameters: more than any device holds");
-  }
-  if (o.position == "rope" && o.head_dim % 2 != 0) {
-    throw_input_error("model.position", "rope needs an even head_dim; d_model/n_heads = " + std::to_string(o.head_dim));
   }
   if (spec.model.adapter.present) read_adapter(spec.model.adapter, o);
   if (spec.model.has_attention) {
@@ -468,27 +468,13 @@ void Model::Impl::allocate() {
   if (run.dtype == "bf16") params_bf16 = device->alloc(DType::bf16, table.total);
 }
 
-std::unique_ptr<Device> make_device(const Registry& registry, const RunContext& run) {
-  static const Params empty{"run", {}};
-  auto device = registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
-  // tf32 and bf16 are modes of tensor-core products: a device computing in fp32 would train in
-  // fp32 and report itself against a bf16 or tf32 peak.
-  if (run.dtype != "fp32" && !device->capabilities().reduced_precision_products) {
-    throw_input_error("run.dtype", "\"" + run.dtype + "\" is a mode of tensor-core products (" +
-                                       (run.dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
-                                       "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
-  }
-  return device;
-}
-
-// Tools and tests: the device as make_device makes it, without its run.dtype check (a model's own
+// Tests: the device run.device names, without Session::device's run.dtype check (a model's own
 // bf16 handling is tested on the cpu).
 Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run)
-    : Model(options, registry, run, make_device(registry, [run] {
-        RunContext fp32 = run;
-        fp32.dtype = "fp32";
-        return fp32;
-      }())) {}
+    : Model(options, registry, run, [&] {
+        static const Params empty{"run", {}};
+        return registry.create<Device>(Kind::device, run.device, {empty, empty, run}, "run.device");
+      }()) {}
 
 Model::Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device)
     : impl_(new Impl) {
@@ -498,8 +484,10 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.device = std::move(device);
   m.head_dim = m.o.head_dim;
   m.make(registry, m.o, run);
+  m.answer_defaults(m.o);
   const PositionSite site = m.pos->position_site();
   m.specs = schedule::make_specs(m.o, site);
+  m.require_supported(m.o, m.specs);
   m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, site));
   m.sched = schedule::build_schedule(m.o, m.view(), m.specs, m.table);
   if (m.adapter) {
@@ -520,6 +508,18 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
 }
 
 Model::~Model() = default;
+
+int64_t Model::count_params(const ModelOptions& options, const Registry& registry, const RunContext& run) {
+  ModelLayerSet layers;
+  ModelOptions o = options;
+  layers.make(registry, o, run);
+  layers.answer_defaults(o);
+  const schedule::LayerSpecs specs = schedule::make_specs(o, layers.pos->position_site());
+  layers.require_supported(o, specs);
+  ParamTable table;
+  schedule::build_schedule(o, layers.view(), specs, table);
+  return table.total;
+}
 
 const ModelOptions& Model::options() const noexcept { return impl_->o; }
 const ParamTable& Model::table() const noexcept { return impl_->table; }

@@ -19,13 +19,13 @@ std::unique_ptr<L> make_layer(const Registry& registry, const ModelOptions& o, c
 }  // namespace
 
 void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const RunContext& run) {
-  emb = make_layer(registry, o, run, "embedding", "embedding");
+  emb = make_layer(registry, o, run, o.embedding, "model.embedding_layer");
   pos = make_layer(registry, o, run, o.position, "model.position");
   norm = make_layer(registry, o, run, o.norm, "model.norm");
-  lin = make_layer(registry, o, run, "linear", "linear");
+  lin = make_layer(registry, o, run, o.linear, "model.projection_layer");
   mlp = make_layer(registry, o, run, o.mlp, "model.mlp");
-  cls = make_layer<LossLayer>(registry, o, run, "cross_entropy", "cross_entropy");
-  if (o.qk_norm) qkn = make_layer(registry, o, run, "rmsnorm", "model.qk_norm");
+  cls = make_layer<LossLayer>(registry, o, run, o.classifier, "model.classifier_layer");
+  if (o.qk_norm) qkn = make_layer(registry, o, run, o.qk_norm_layer, "model.qk_norm_layer");
   attn = registry.create<Attention>(Kind::attention, o.attention, {o.attention_common, o.attention_own, run}, "attention.name");
   if (!o.adapter.empty()) {
     adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
@@ -37,13 +37,39 @@ void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const 
     LayerBase* layer;
     LayerRole role;
     const char* key;
-  } roles[] = {{emb.get(), LayerRole::embedding, "embedding"}, {pos.get(), LayerRole::position, "model.position"},
-               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "linear"},
-               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "cross_entropy"}};
+  } roles[] = {{emb.get(), LayerRole::embedding, "model.embedding_layer"}, {pos.get(), LayerRole::position, "model.position"},
+               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "model.projection_layer"},
+               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "model.classifier_layer"},
+               {qkn.get(), LayerRole::norm, "model.qk_norm_layer"}};
   for (const auto& r : roles) {
-    if (r.layer->role() != r.role) {
+    if (r.layer != nullptr && r.layer->role() != r.role) {
       throw_input_error(r.key, std::string("the layer found has role '") + to_string(r.layer->role()) + "', expected '" +
                                    to_string(r.role) + "'");
+    }
+  }
+}
+
+void ModelLayerSet::answer_defaults(ModelOptions& o) const {
+  if (o.mlp_hidden == 0) o.mlp_hidden = mlp->default_hidden(o.d_model);
+  o.norm_eps_default = norm->default_epsilon();
+  if (qkn) o.qk_norm_eps_default = qkn->default_epsilon();
+}
+
+void ModelLayerSet::require_supported(const ModelOptions& o, const schedule::LayerSpecs& s) const {
+  const struct {
+    const LayerBase* layer;
+    const LayerSpec& spec;
+    const char* key;
+    const std::string& name;
+  } uses[] = {{emb.get(), s.emb, "model.embedding_layer", o.embedding}, {pos.get(), s.pos, "model.position", o.position},
+              {norm.get(), s.norm, "model.norm", o.norm},                 {lin.get(), s.q, "model.projection_layer", o.linear},
+              {lin.get(), s.kv, "model.projection_layer", o.linear},     {lin.get(), s.o, "model.projection_layer", o.linear},
+              {mlp.get(), s.mlp, "model.mlp", o.mlp},                     {cls.get(), s.cls, "model.classifier_layer", o.classifier},
+              {qkn.get(), s.qkn, "model.qk_norm_layer", o.qk_norm_layer}};
+  for (const auto& u : uses) {
+    if (u.layer == nullptr) continue;
+    if (const std::string why = u.layer->unsupported(u.spec); !why.empty()) {
+      throw_input_error(u.key, "'" + u.name + "' cannot serve this model: " + why);
     }
   }
 }

@@ -40,6 +40,12 @@ struct ModelLayerSet {
   schedule::ModelLayers view() const {
     return {emb.get(), pos.get(), norm.get(), lin.get(), mlp.get(), qkn.get(), cls.get(), adapter.get()};
   }
+  // The keys [model] leaves at 0 filled in with the layers' answers: the MLP's hidden width, the
+  // norms' epsilons.
+  void answer_defaults(ModelOptions& o) const;
+  // Each layer asked whether it can serve its use (LayerBase::unsupported): exit 2 naming the key
+  // that chose it otherwise (rope and an odd head_dim), before any parameter is declared.
+  void require_supported(const ModelOptions& o, const schedule::LayerSpecs& s) const;
   // What they answer for the bf16 policy (Bf16Policy::Answers), the position layer applied at `site`.
   schedule::Bf16Policy::Answers bf16_answers(const ModelOptions& o, PositionSite site) const;
 };

@@ -24,12 +24,11 @@ Choice choice(const Config& config, std::string_view section) {
 ModelKeys model_keys(const Config& config) {
   ModelKeys m;
   m.keys = config.section("model");
-  // The chosen layers' own tables; qk_norm uses rmsnorm whatever model.norm says.
-  for (const std::string key : {"norm", "mlp", "position"}) {
+  // The chosen layers' own tables ([model.<layer name>]).
+  for (const std::string key : {"embedding_layer", "norm", "mlp", "position", "projection_layer", "classifier_layer", "qk_norm_layer"}) {
     const std::string name = m.keys.get_string(key);
     if (config.has_implementation("model", name)) m.layer_own.insert_or_assign(name, config.implementation("model", name));
   }
-  if (config.has_implementation("model", "rmsnorm")) m.layer_own.insert_or_assign("rmsnorm", config.implementation("model", "rmsnorm"));
   m.init_from = m.keys.get_string("init_from");
   if (config.has_section("attention")) {
     m.has_attention = true;
@@ -85,7 +84,7 @@ RunSpec RunSpec::from(const Config& config) {
   if (s.batching.present) {
     s.batch_size = s.batching.common.get_int("batch_size");
     s.seq_len = s.batching.common.get_int("seq_len");
-    if (s.batching.name == "bucketed" && s.batching.own.has("token_budget")) s.token_budget = s.batching.own.get_int("token_budget");
+    if (s.batching.own.has("token_budget")) s.token_budget = s.batching.own.get_int("token_budget");
   }
   if (s.optimizer.present) {
     s.lr = s.optimizer.common.get_float("lr");

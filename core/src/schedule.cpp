@@ -8,11 +8,4 @@ namespace ablate {
 
 Schedule::~Schedule() = default;
 
-std::unique_ptr<Schedule> make_schedule(const RunSpec& spec, const Registry& registry, const RunContext& run) {
-  const Choice& c = spec.require(spec.schedule);
-  auto schedule = registry.create<Schedule>(Kind::schedule, c.name, {c.common, c.own, run}, "schedule.name");
-  schedule->plan(spec.lr, spec.run.steps);
-  return schedule;
-}
-
 }  // namespace ablate

@@ -107,6 +107,7 @@ std::string ParamSpec::expectation() const {
     for (std::size_t i = 0; i < choices.size(); ++i) list += (i ? ", " : "") + quote(choices[i]);
     what = type == ParamType::string ? "one of " + list : what + " with elements from " + list;
   }
+  if (!registration_kind.empty()) what += " naming a loaded " + registration_kind + " (`ablate plugins list`)";
   if (min && max) {
     what += " in [" + format_number(*min) + ", " + format_number(*max) + "]";
   } else if (min) {
@@ -119,25 +120,25 @@ std::string ParamSpec::expectation() const {
 
 namespace param {
 ParamSpec boolean(std::string name, bool def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::boolean, def, std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::boolean, def, std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec integer(std::string name, int64_t def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::integer, def, std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::integer, def, std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec floating(std::string name, double def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::floating, def, std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::floating, def, std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec string(std::string name, std::string def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::string, std::move(def), std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::string, std::move(def), std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec int_list(std::string name, std::vector<int64_t> def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::int_list, std::move(def), std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::int_list, std::move(def), std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec float_list(std::string name, std::vector<double> def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::float_list, std::move(def), std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::float_list, std::move(def), std::move(doc), {}, {}, {}, false, {}, {}};
 }
 ParamSpec string_list(std::string name, std::vector<std::string> def, std::string doc) {
-  return ParamSpec{std::move(name), ParamType::string_list, std::move(def), std::move(doc), {}, {}, {}, false, {}};
+  return ParamSpec{std::move(name), ParamType::string_list, std::move(def), std::move(doc), {}, {}, {}, false, {}, {}};
 }
 }  // namespace param
 

@@ -2,6 +2,9 @@
 #include "ablate/batch.hpp"
 #include "ablate/tensor.hpp"
 
+#include <deque>
+#include <mutex>
+#include <stdexcept>
 #include <algorithm>
 
 namespace ablate {
@@ -32,7 +35,38 @@ const char* to_string(DType dtype) noexcept {
   return "unknown";
 }
 
-const char* to_string(DeviceType device) noexcept { return device == DeviceType::cpu ? "cpu" : "cuda"; }
+namespace {
+
+// The interned names, in the order they were first asked for: the built-in two first.
+struct DeviceNames {
+  std::mutex mutex;
+  std::deque<std::string> names{"cpu", "cuda"};  // a deque: a name's storage never moves
+};
+DeviceNames& device_names() {
+  static DeviceNames n;
+  return n;
+}
+
+}  // namespace
+
+DeviceType DeviceType::named(std::string_view name) {
+  DeviceNames& n = device_names();
+  const std::lock_guard lock(n.mutex);
+  for (std::size_t i = 0; i < n.names.size(); ++i) {
+    if (n.names[i] == name) return DeviceType(uint16_t(i));
+  }
+  if (n.names.size() >= 0xffff) throw std::length_error("more than 65535 device names");
+  n.names.emplace_back(name);
+  return DeviceType(uint16_t(n.names.size() - 1));
+}
+
+const char* DeviceType::name() const noexcept {
+  DeviceNames& n = device_names();
+  const std::lock_guard lock(n.mutex);
+  return n.names[id_].c_str();
+}
+
+const char* to_string(DeviceType device) noexcept { return device.name(); }
 
 const ParamSlice* ParamTable::find(const std::string& name) const {
   for (const ParamSlice& s : slices) {

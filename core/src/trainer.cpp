@@ -31,6 +31,7 @@
 #include "ablate/runtime/pipeline.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/safetensors.hpp"
+#include "ablate/runtime/session.hpp"
 #include "ablate/schedule.hpp"
 #include "ablate/version.hpp"
 #include "checkpointer.hpp"
@@ -75,31 +76,6 @@ std::string si(double x) {
   return buf;
 }
 
-
-// The keys of [run], [checkpoint] and [logging] the loop needs.
-struct TrainerSettings {
-  int64_t steps = 0, eval_every = 0, eval_batches = 0, ckpt_every = 0, keep = 1, log_every = 1, profile_steps = 0;
-  int64_t batch_size = 0, seq_len = 0, accum = 1;
-  int64_t memory_bytes = 0;
-  std::string memory_source;
-
-  static TrainerSettings from(const RunSpec& spec) {
-    TrainerSettings s;
-    s.steps = spec.run.steps;
-    s.accum = spec.run.grad_accum_steps;
-    s.eval_every = spec.run.eval_every;
-    s.profile_steps = spec.run.profile_steps;
-    s.eval_batches = spec.run.eval_batches;
-    s.ckpt_every = spec.checkpoint_every;
-    s.keep = spec.checkpoint_keep;
-    s.log_every = spec.log_every;
-    s.batch_size = spec.batch_size;
-    s.seq_len = spec.seq_len;
-    s.memory_bytes = spec.memory_budget_bytes();
-    s.memory_source = spec.memory_budget_source();
-    return s;
-  }
-};
 
 // Refuses to start over a run that already has checkpoints (or to resume one that has none);
 // rank 0 creates the directory once every rank has looked.
@@ -209,7 +185,8 @@ json bytes_by_dtype(const ActivationPlan& p) {
 
 // run.json: what the run is, for reproduction.
 void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& registry, const RunContext& run,
-                    const std::string& comm_name, Model& model, const TrainerSettings& s) {
+                    const std::string& comm_name, Model& model) {
+  const int64_t B = spec.batch_size, T = spec.seq_len;
   json plugins = json::array();
   for (const ComponentInfo* info : registry.all()) {
     plugins.push_back({{"kind", std::string(to_string(info->kind))}, {"name", info->name}, {"version", info->version},
@@ -231,46 +208,39 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
                                      {"model", model.options().describe()},
                                      {"vocab_size", model.options().vocab_size},
                                      {"config_hash", spec.config_hash},
-                                     {"memory_bytes", s.memory_bytes},
-                                     {"memory_source", s.memory_source},
+                                     {"memory_bytes", spec.memory_budget_bytes()},
+                                     {"memory_source", spec.memory_budget_source()},
                                      {"param_bytes", int64_t(model.num_params()) * 4},
                                      {"grad_bytes", int64_t(model.num_trainable()) * 4},
-                                     {"activation_bytes", model.activation_bytes(s.batch_size, s.seq_len)},
-                                     {"activation_bytes_by_dtype", bytes_by_dtype(model.activation_plan(s.batch_size, s.seq_len))},
+                                     {"activation_bytes", model.activation_bytes(B, T)},
+                                     {"activation_bytes_by_dtype", bytes_by_dtype(model.activation_plan(B, T))},
                                      {"activation_bytes_by_recompute",
-                                      {{"none", model.activation_plan(s.batch_size, s.seq_len, "none").bytes()},
-                                       {"mlp", model.activation_plan(s.batch_size, s.seq_len, "mlp").bytes()},
-                                       {"block", model.activation_plan(s.batch_size, s.seq_len, "block").bytes()}}},
+                                      {{"none", model.activation_plan(B, T, "none").bytes()},
+                                       {"mlp", model.activation_plan(B, T, "mlp").bytes()},
+                                       {"block", model.activation_plan(B, T, "block").bytes()}}},
                                      {"recompute", model.options().recompute},
-                                     {"batch_size", s.batch_size},
-                                     {"seq_len", s.seq_len},
-                                     {"grad_accum_steps", s.accum},
+                                     {"batch_size", B},
+                                     {"seq_len", T},
+                                     {"grad_accum_steps", spec.run.grad_accum_steps},
                                      {"plugins", plugins}});
 }
 
 // Every sink of [logging] sinks (rank 0 writes them; every rank checks the names).
-void open_loggers(LoggerSet& loggers, const RunSpec& spec, const Registry& registry, const RunContext& run,
-                  const fs::path& dir, int64_t start_step, const TrainerSettings& s, const std::vector<std::string>& eval_metrics) {
-  for (const Choice& sink : spec.loggers) {
-    if (registry.find(Kind::logger, sink.name) == nullptr) {
-      const std::vector<std::string> valid = registry.names(Kind::logger);
-      throw_input_error("logging.sinks", "unknown logger '" + sink.name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
-    }
-  }
-  if (run.rank != 0) return;
+void open_loggers(LoggerSet& loggers, const Session& session, const fs::path& dir, int64_t start_step,
+                  const std::vector<std::string>& eval_metrics) {
+  const RunSpec& spec = session.spec();
+  loggers.sinks = session.loggers();
+  if (loggers.sinks.empty()) return;
   LogContext lc;
   lc.run_dir = dir.string();
   lc.config_toml = spec.config_toml;
   lc.run_name = fs::absolute(dir).lexically_normal().filename().string();
   if (lc.run_name.empty()) lc.run_name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
   lc.start_step = start_step;
-  lc.total_steps = s.steps;
-  lc.log_every = s.log_every;
+  lc.total_steps = spec.run.steps;
+  lc.log_every = spec.log_every;
   lc.extra_metrics = eval_metrics;
-  for (const Choice& sink : spec.loggers) {
-    loggers.sinks.push_back(registry.create<Logger>(Kind::logger, sink.name, {sink.common, sink.own, run}));
-    loggers.sinks.back()->open(lc);
-  }
+  for (auto& sink : loggers.sinks) sink->open(lc);
 }
 
 // The op profile of run.profile_steps: profile.json (ms per step and share of the profiled step
@@ -298,21 +268,6 @@ void write_profile(const fs::path& dir, const OpTimes& times, int64_t steps, dou
   }
 }
 
-// The model of [model] for the data's vocabulary, refused before training when a micro-batch
-// shape cannot be served.
-std::unique_ptr<Model> make_model(const RunSpec& spec, const Registry& registry, const RunContext& run,
-                                  int64_t data_vocab, const TrainerSettings& s, std::unique_ptr<Device> device) {
-  const ModelOptions mo = ModelOptions::from(spec, data_vocab);
-  auto model = std::make_unique<Model>(mo, registry, run, std::move(device));
-  if (s.seq_len > mo.max_seq_len) {
-    throw_input_error("batching.seq_len", std::to_string(s.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
-  }
-  if (const std::string why = model->attention_supports(s.batch_size, s.seq_len); !why.empty()) {
-    throw_input_error("attention.name", "'" + mo.attention + "' cannot serve this model: " + why);
-  }
-  return model;
-}
-
 // What a frozen base does not keep: the gradients and optimizer state its parameters would have if
 // they trained with this optimizer (its state per trainable parameter), 0 when everything trains.
 int64_t frozen_state_bytes(Model& model, const Optimizer& optimizer) {
@@ -324,13 +279,13 @@ int64_t frozen_state_bytes(Model& model, const Optimizer& optimizer) {
 // The run's memory, planned before step 1: parameters, gradients, optimizer state, the activation
 // arena of the largest micro-batch and the plugins' workspaces for it (attention scores, bf16 copies). A run that cannot fit is refused with both numbers
 // before anything is trained (the arena is only planned, never allocated, to know it).
-void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimizer, const TrainerSettings& s) {
+void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimizer) {
   const int64_t grads = model.num_trainable() * 4, params = model.state_bytes() - grads, state = optimizer.state_bytes();
-  const int64_t acts = model.activation_bytes(s.batch_size, s.seq_len);
+  const int64_t acts = model.activation_bytes(spec.batch_size, spec.seq_len);
   const int64_t needed = params + grads + state + acts;
   const int64_t capacity = model.device().memory_capacity();
   const bool configured = spec.memory_budget_configured();
-  int64_t budget = configured ? s.memory_bytes : capacity;
+  int64_t budget = configured ? spec.memory_budget_bytes() : capacity;
   if (configured && capacity > 0) budget = std::min(budget, capacity);
   if (budget <= 0 || needed <= budget) return;
   const auto mib = [](int64_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); };
@@ -338,47 +293,34 @@ void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimize
                     fmt::format("a micro-batch of {} x {} needs {} ({} parameters, {} gradients, {} optimizer state, {} "
                                 "activations and workspaces) but {} has {} ({}); lower batching.batch_size (`ablate tune batch-size` "
                                 "finds the largest that fits) or batching.seq_len",
-                                s.batch_size, s.seq_len, mib(needed), mib(params), mib(grads), mib(state), mib(acts),
+                                spec.batch_size, spec.seq_len, mib(needed), mib(params), mib(grads), mib(state), mib(acts),
                                 model.device().describe(), mib(budget),
                                 configured ? "run.memory_budget_gib" : "the device's memory"));
 }
 
-// Before anything is allocated: the host memory the config's sizes certainly need (a lower bound
-// from the keys alone) must fit the budget, so that a product like batch_size x seq_len that no
-// machine holds is an input error naming the keys rather than a bad_alloc or the OOM killer.
-// require_memory checks the exact plan once the model exists.
-// The model's parameter tables counted from its keys before anything is allocated: the embedding
-// (and an untied head), learned positions, each block's attention projections (grouped k/v
-// narrower) and MLP. A lower bound: norms and biases are left out.
-double parameters_at_least(const Params& m, int64_t vocab) {
-  const double d = double(m.get_int("d_model"));
-  const double heads = double(std::max<int64_t>(m.get_int("n_heads"), 1));
-  const double kv_heads = m.get_int("n_kv_heads") > 0 ? double(m.get_int("n_kv_heads")) : heads;
-  double params = double(std::max<int64_t>(vocab, 1)) * d * (m.get_bool("tie_embeddings") ? 1.0 : 2.0);
-  if (m.get_string("position") == "learned") params += double(m.get_int("max_seq_len")) * d;
-  const double hidden = m.get_int("mlp_hidden") > 0 ? double(m.get_int("mlp_hidden")) : 0.0;
-  const double mlp = hidden > 0 ? (m.get_string("mlp") == "swiglu_mlp" ? 3.0 : 2.0) * d * hidden : 8.0 * d * d;
-  params += double(m.get_int("n_layers")) * (2.0 * d * d + 2.0 * d * d * kv_heads / heads + mlp);
-  return params;
-}
-
-void require_host_memory(const RunSpec& spec, const TrainerSettings& s, const DeviceCapabilities& device, int64_t vocab) {
-  if (s.memory_bytes <= 0) return;
+// Before anything is allocated: the host memory the config's sizes certainly need (the batches in
+// flight, and the parameters the model's layers declare, with their gradients) must fit the budget,
+// so that a product like batch_size x seq_len that no machine holds is an input error naming the
+// keys rather than a bad_alloc or the OOM killer. require_memory checks the whole plan once the
+// model exists.
+void require_host_memory(const Session& session, const DeviceCapabilities& device, int64_t vocab) {
+  const RunSpec& spec = session.spec();
+  const int64_t budget = spec.memory_budget_bytes();
+  if (budget <= 0) return;
   const double gib = double(1ll << 30);
   // Every batch in flight (queued, being built by each worker, held by the trainer).
   require_batch_memory(spec, spec.data_prefetch + spec.data_workers + 2, "data.prefetch + data.workers + 2");
   if (!device.host_memory) return;  // the parameters live in the device's memory, checked by require_memory
-  // Parameters and gradients in fp32 (optimizer state comes on top).
+  // Parameters and gradients in fp32 (optimizer state comes on top), counted by the layers.
   const Params& m = spec.model.keys;
-  const double params = parameters_at_least(m, m.get_int("vocab_size") > 0 ? m.get_int("vocab_size") : vocab);
-  if (params * 8.0 > double(s.memory_bytes)) {
+  const double params = double(Model::count_params(session.model_options(vocab), session.registry(), session.run()));
+  if (params * 8.0 > double(budget)) {
     throw_input_error("model.d_model",
                       fmt::format("the model needs at least {:.1f} GiB for its parameters and gradients (d_model {}, "
-                                  "n_layers {}, max_seq_len {}{}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
+                                  "n_layers {}, max_seq_len {}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
                                   "model.n_layers or model.max_seq_len",
                                   params * 8.0 / gib, m.get_int("d_model"), m.get_int("n_layers"), m.get_int("max_seq_len"),
-                                  m.get_string("position") == "learned" ? ", learned positions" : "",
-                                  double(s.memory_bytes) / gib, s.memory_source));
+                                  double(budget) / gib, spec.memory_budget_source()));
   }
 }
 
@@ -411,38 +353,17 @@ void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::str
                                 spec.memory_budget_source()));
 }
 
-std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device) {
-  const std::string& chosen = spec.run.communicator;
-  launch::LaunchEnv env;
-  try {
-    env = launch::read_launch_env();
-  } catch (const std::invalid_argument& e) {
-    throw_input_error("launcher environment", e.what());
-  }
-  if (chosen == kAutoCommunicator) {
-    if (env.world <= 1) return "single";
-    return device.collective;
-  }
-  if (chosen == "single" && env.world > 1) {
-    throw_input_error("run.communicator", "is \"single\" but the " + env.launcher + " launcher started " +
-                                              std::to_string(env.world) + " ranks: each would train alone into the same "
-                                              "run directory; set communicator = \"mpi\" (CPU), \"nccl\" (GPU) or \"auto\"");
-  }
-  return chosen;
-}
-
 namespace {
 
 // What a run is built from, in the order it is built and so destroyed in the reverse order (the
 // run directory's lock last): its settings, data, model, optimizer, engine and checkpoints.
 struct TrainingSetup {
+  const Session& session;
   const RunSpec& spec;
-  Registry& registry;
   const TrainOptions& options;
   Communicator& comm;
   const RunContext& run;
   const std::string& comm_name;
-  const TrainerSettings s;
   const bool lead;
   const fs::path dir;
   std::optional<DirectoryLock> lock;
@@ -459,11 +380,10 @@ struct TrainingSetup {
   std::vector<EvalTask> evals;  // the enabled [[eval]] tables
   std::optional<ModelEvalView> eval_view;
 
-  // The run's arguments and the settings read from its config; set_up builds the rest.
-  TrainingSetup(const RunSpec& spec, Registry& registry, const TrainOptions& options, Communicator& comm,
-                const RunContext& run, const std::string& comm_name)
-      : spec(spec), registry(registry), options(options), comm(comm), run(run), comm_name(comm_name),
-        s(TrainerSettings::from(spec)), lead(run.rank == 0), dir(options.run_dir) {}
+  // The run's session and arguments; set_up builds the rest.
+  TrainingSetup(const Session& session, const TrainOptions& options, Communicator& comm, const std::string& comm_name)
+      : session(session), spec(session.spec()), options(options), comm(comm), run(session.run()), comm_name(comm_name),
+        lead(run.rank == 0), dir(options.run_dir) {}
 };
 
 // Where a run stands, shared by the phases after set-up: the step it starts from, its loggers, the
@@ -489,47 +409,44 @@ struct TrainingProgress {
 // anything trains; they see the model through a view whose forward passes hold at most the
 // training micro-batch's positions.
 void set_up_evals(TrainingSetup& t) {
-  t.evals = make_eval_tasks(t.spec, t.registry, t.run);
+  t.evals = t.session.evals();
   if (t.evals.empty()) return;
-  t.eval_view.emplace(*t.model, *t.source, t.comm, t.s.batch_size * t.s.seq_len);
+  t.eval_view.emplace(*t.model, *t.source, t.comm, t.spec.batch_size * t.spec.seq_len);
   prepare_eval_tasks(t.evals, *t.eval_view);
 }
 
 // Set-up: the run directory locked and checked, the data, the model, its optimizer, engine and checkpoints.
 void set_up(TrainingSetup& t) {
   const RunSpec& spec = t.spec;
-  const RunContext& run = t.run;
+  const Session& session = t.session;
   // One run per directory, held until train_ranks returns (rank 0 writes there; the others wait
   // for its verdict in prepare_run_dir's barrier).
   if (t.lead) t.lock.emplace(t.dir, "the run directory");
-  prepare_run_dir(t.options, t.comm, t.s.steps);
+  prepare_run_dir(t.options, t.comm, spec.run.steps);
 
-  // Data: each rank draws its own share of the training documents (the sampler deals them out).
-  t.source = make_data_source(spec, t.registry, run);
-  require_host_memory(spec, t.s, t.device->capabilities(), t.source->vocab_size());
-  t.train_data = DataPipeline::from_spec(spec, t.registry, run, Split::train, t.source);
-  t.eval.batches = t.s.eval_batches;
+  // Data: each rank draws its own share of the training documents (the sampler deals them out);
+  // the validation batches are those of a world of one, split among the ranks by Evaluator::run.
+  t.source = session.data_source();
+  require_host_memory(session, t.device->capabilities(), t.source->vocab_size());
+  t.train_data = session.pipeline(Split::train, t.source);
+  t.eval.batches = spec.run.eval_batches;
   t.eval.available = t.source->size(Split::validation) > 0 && t.eval.batches > 0;
-  if (t.eval.available) {
-    RunContext one = run;  // the validation batches of a world of one, split among the ranks
-    one.rank = 0;
-    one.world = 1;
-    t.eval.pipeline = DataPipeline::from_spec(spec, t.registry, one, Split::validation, t.source);
-  }
+  if (t.eval.available) t.eval.pipeline = session.pipeline(Split::validation, t.source);
 
-  // Model, optimizer, engine, checkpoints.
-  t.model = make_model(spec, t.registry, run, t.source->vocab_size(), t.s, std::move(t.device));
+  // Model (refused before training when a micro-batch cannot be served), optimizer, engine, checkpoints.
+  t.model = session.model(t.source->vocab_size(), std::move(t.device));
   Model& model = *t.model;
-  if (run.world > 1) {
+  session.require_serves_batches(model);
+  if (t.run.world > 1) {
     require_same_experiment(t.comm, spec.config_hash, t.source->describe() + "; " + model.options().describe(), spec.config_source);
   }
-  const Choice& opt = spec.require(spec.optimizer);
-  t.opt_name = opt.name;
-  t.optimizer = t.registry.create<Optimizer>(Kind::optimizer, t.opt_name, {opt.common, opt.own, run}, "optimizer.name");
+  t.opt_name = spec.require(spec.optimizer).name;
+  t.optimizer = session.optimizer();
   t.eo = EngineOptions::from(spec);
   t.engine.emplace(model, *t.optimizer, t.comm, t.eo);
-  require_memory(spec, model, *t.optimizer, t.s);
-  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.s.keep, t.eo.shard_state, t.opt_name, run.seed, t.s.steps}, spec, t.comm);
+  require_memory(spec, model, *t.optimizer);
+  t.checkpoints.emplace(Checkpointer::Setup{t.dir, spec.checkpoint_keep, t.eo.shard_state, t.opt_name, t.run.seed, spec.run.steps},
+                        spec, t.comm);
   set_up_evals(t);
 }
 
@@ -555,8 +472,9 @@ void resume_or_init(TrainingSetup& t, TrainingProgress& p) {
 // The run's outputs opened and its set-up announced: the loggers, config.toml and run.json, the
 // peak FLOP/s, and the log lines that say what is trained where.
 void open_outputs(TrainingSetup& t, TrainingProgress& p) {
-  const TrainerSettings& s = t.s;
+  const RunSpec& spec = t.spec;
   const RunContext& run = t.run;
+  const int64_t B = spec.batch_size, T = spec.seq_len, accum = spec.run.grad_accum_steps;
   Model& model = *t.model;
   // The loggers first: a resumed run's logs are checked as they are opened, and a damaged one stops
   // the run before config.toml and run.json are rewritten.
@@ -564,15 +482,15 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   for (const EvalTask& e : t.evals) {
     for (const std::string& name : e.logged_names()) eval_metrics.push_back(name);
   }
-  open_loggers(p.loggers, t.spec, t.registry, run, t.dir, p.start_step, s, eval_metrics);
+  open_loggers(p.loggers, t.session, t.dir, p.start_step, eval_metrics);
   if (t.lead) {
     write_file_atomic(t.dir / "config.toml", t.spec.config_toml);
-    write_run_json(t.dir, t.spec, t.registry, run, t.comm_name, model, s);
+    write_run_json(t.dir, spec, t.session.registry(), run, t.comm_name, model);
   }
   p.peak = resolve_peak(t.spec, model, t.comm);
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
                "device {}",
-               model.num_params(), model.options().describe(), double(model.activation_bytes(s.batch_size, s.seq_len)) / (1 << 20),
+               model.num_params(), model.options().describe(), double(model.activation_bytes(B, T)) / (1 << 20),
                t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), t.eo.shard_state ? " per rank: ZeRO-1" : "",
                model.device().describe());
   if (model.frozen_params() > 0) {
@@ -588,7 +506,7 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   }
   if (run.world > 1) {
     spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
-                 t.comm_name, run.threads, run.world, s.accum, s.batch_size, s.seq_len);
+                 t.comm_name, run.threads, run.world, accum, B, T);
   }
   if (!t.engine->buckets().empty()) {
     spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
@@ -596,8 +514,8 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   }
   const std::string peak = p.peak.rank_tflops > 0 ? fmt::format("peak {:.3f} TFLOP/s ({})", p.peak.rank_tflops, p.peak.source)
                                                    : "no peak, no MFU (" + p.peak.source + ")";
-  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); {}; run dir {}", s.steps, s.accum, s.batch_size,
-               s.seq_len, run.world > 1 ? " per rank" : "", run.threads, peak, t.dir.string());
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); {}; run dir {}", spec.run.steps, accum, B,
+               T, run.world > 1 ? " per rank" : "", run.threads, peak, t.dir.string());
 }
 
 // Before the first step: the result and metrics started, the run's clock and CPU times taken; a run
@@ -605,16 +523,17 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
 void begin_steps(TrainingSetup& t, TrainingProgress& p) {
   p.result.run_dir = t.dir;
   p.result.steps = p.start_step;
-  p.metrics.emplace(p.start_step, t.s.steps, p.peak, t.run.world > 1 || t.comm.moves_data());
-  p.micro.resize(static_cast<std::size_t>(t.s.accum));
+  const int64_t steps = t.spec.run.steps;
+  p.metrics.emplace(p.start_step, steps, p.peak, t.run.world > 1 || t.comm.moves_data());
+  p.micro.resize(static_cast<std::size_t>(t.spec.run.grad_accum_steps));
   p.t_run = Clock::now();
   p.cpu_at_start = read_cpu_times();
-  if (p.start_step == t.s.steps && t.options.resume) {
+  if (p.start_step == steps && t.options.resume) {
     // Stopped after its last checkpoint but before summary.json: the summary is completed from
     // that checkpoint (its losses; the validation loss evaluated again where it does not hold one).
     p.result.final_loss = std::isfinite(p.resumed.loss) ? p.resumed.loss : std::numeric_limits<double>::quiet_NaN();
     p.last_val = std::isfinite(p.resumed.val_loss) ? p.resumed.val_loss : t.eval.available ? t.eval.run(*t.model, t.comm) : -1;
-    spdlog::info("step {} of {} is already trained: completing the run's summary", p.start_step, t.s.steps);
+    spdlog::info("step {} of {} is already trained: completing the run's summary", p.start_step, steps);
   }
 }
 
@@ -630,11 +549,12 @@ bool preempt_requested(TrainingSetup& t) {
 // The step loop: per step the micro-batches, the engine step, its metrics, evaluation, logging and
 // checkpoint, until run.steps or --stop-at.
 void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule) {
-  const TrainerSettings& s = t.s;
+  const RunSpec& spec = t.spec;
+  const int64_t steps = spec.run.steps, eval_every = spec.run.eval_every;
   Model& model = *t.model;
   Engine& engine = *t.engine;
-  for (int64_t step = p.start_step + 1; step <= s.steps; ++step) {
-    const bool profiling = step > s.steps - s.profile_steps;
+  for (int64_t step = p.start_step + 1; step <= steps; ++step) {
+    const bool profiling = step > steps - spec.run.profile_steps;
     engine.set_op_times(profiling ? &p.op_times : nullptr);
     const auto t0 = Clock::now();
     double wait_ms = 0;
@@ -654,25 +574,25 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
     p.result.final_loss = outcome.loss;
     p.result.steps = step;
 
-    const bool do_eval = t.eval.available && ((s.eval_every > 0 && step % s.eval_every == 0) || step == s.steps);
+    const bool do_eval = t.eval.available && ((eval_every > 0 && step % eval_every == 0) || step == steps);
     if (do_eval) {
       p.last_val = t.eval.run(model, t.comm);
       sm.extra.push_back({"val_loss", p.last_val});
     }
     bool evaluated = false;  // the [[eval]] tables due after this step
     for (EvalTask& e : t.evals) {
-      if (!e.due(step, s.steps, s.eval_every)) continue;
+      if (!e.due(step, steps, eval_every)) continue;
       run_eval_task(e, *t.eval_view, step, &sm.extra);
       evaluated = true;
     }
-    if (t.lead && (step % s.log_every == 0 || step == s.steps || do_eval || evaluated)) {
+    if (t.lead && (step % spec.log_every == 0 || step == steps || do_eval || evaluated)) {
       sm.extra.push_back({"elapsed_s", seconds_since(p.t_run)});
       for (auto& l : p.loggers.sinks) l->log(sm);
       if (t.options.on_step) t.options.on_step(sm);
     }
-    const bool preempted = preempt_requested(t) && step < s.steps;
-    const bool stopping = (t.options.stop_at > 0 && step == t.options.stop_at && step < s.steps) || preempted;
-    if ((s.ckpt_every > 0 && step % s.ckpt_every == 0) || step == s.steps || stopping) {
+    const bool preempted = preempt_requested(t) && step < steps;
+    const bool stopping = (t.options.stop_at > 0 && step == t.options.stop_at && step < steps) || preempted;
+    if ((spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0) || step == steps || stopping) {
       t.checkpoints->save(step, model, *t.optimizer, *t.train_data, outcome.loss,
                           do_eval ? p.last_val : std::numeric_limits<double>::quiet_NaN());
     }
@@ -728,12 +648,12 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
 }
 
 // The run on this rank, phase by phase: set-up, the starting point, the outputs, the steps, the end.
-TrainResult train_ranks(const RunSpec& spec, Registry& registry, const TrainOptions& options, Communicator& comm,
-                        const RunContext& run, const std::string& comm_name, std::unique_ptr<Device> device) {
-  TrainingSetup t(spec, registry, options, comm, run, comm_name);
+TrainResult train_ranks(const Session& session, const TrainOptions& options, Communicator& comm, const std::string& comm_name,
+                        std::unique_ptr<Device> device) {
+  TrainingSetup t(session, options, comm, comm_name);
   t.device = std::move(device);
   set_up(t);
-  const std::unique_ptr<Schedule> schedule = make_schedule(spec, registry, run);
+  const std::unique_ptr<Schedule> schedule = session.schedule();
   TrainingProgress p;
   resume_or_init(t, p);
   open_outputs(t, p);
@@ -746,28 +666,23 @@ TrainResult train_ranks(const RunSpec& spec, Registry& registry, const TrainOpti
 
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options) {
   const RunSpec spec = RunSpec::from(config);  // the config's one reading
-  RunContext run = spec.context();
+  Session session(spec, registry);
   // The device first: a communicator that serves it (nccl) needs it there, and a missing one is
   // an input error naming run.device, not the communicator's failure to find it. Made once: the
   // model takes it.
-  std::unique_ptr<Device> device = make_device(registry, run);
+  std::unique_ptr<Device> device = session.device();
   // The ranks of the job. Every rank runs this function; rank 0 alone writes the run directory.
-  const std::string comm_name = resolve_communicator(spec, device->capabilities());
-  const Choice chosen = spec.communicator(comm_name);
-  auto comm = registry.create<Communicator>(Kind::communicator, comm_name, {chosen.common, chosen.own, run});
-  run.rank = comm->rank();
-  run.world = comm->world();
+  const std::string comm_name = session.communicator_name(device->capabilities());
+  auto comm = session.communicator(comm_name);
+  session.set_ranks(comm->rank(), comm->world());
   if (spec.run.threads == 0 && comm->local_world() > 1) {  // the machine's cores, shared
-    run.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world());
-#ifdef _OPENMP
-    omp_set_num_threads(run.threads);
-#endif
+    session.set_threads(use_cpu_threads(std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / comm->local_world())));
   }
-  if (run.rank != 0) spdlog::set_level(spdlog::level::warn);  // one voice: rank 0's
+  if (session.run().rank != 0) spdlog::set_level(spdlog::level::warn);  // one voice: rank 0's
   // A rank that leaves with an error ends the job: the others would wait in their next collective
   // until the timeout. (Errors every rank meets alike end every rank alike, with the same code.)
   try {
-    return train_ranks(spec, registry, options, *comm, run, comm_name, std::move(device));
+    return train_ranks(session, options, *comm, comm_name, std::move(device));
   } catch (const Error& e) {
     comm->abort_job_at_exit(e.exit_code(), e.what());
     throw;

@@ -189,6 +189,7 @@ T sigmoid(T x) {
 class SwiGLUMLP final : public Layer {
  public:
   LayerRole role() const override { return LayerRole::mlp; }
+  int64_t default_hidden(int64_t d_model) const override { return lp::swiglu_hidden(d_model); }
 
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::swiglu_mlp(s, prefix, table);

@@ -175,6 +175,7 @@ class Rope final : public Layer {
  public:
   LayerRole role() const override { return LayerRole::position; }
   PositionSite position_site() const override { return PositionSite::qk; }
+  std::string unsupported(const LayerSpec& spec) const override { return layer_params::rope_problem(spec); }
 
   void declare_params(const LayerSpec& spec, const std::string&, ParamTable&) const override { check_dim(spec); }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }

@@ -163,6 +163,7 @@ class LayerNorm final : public NormBase {
 
 class RMSNorm final : public NormBase {
  public:
+  double default_epsilon() const override { return layer_params::kRmsnormEpsilon; }
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
     layer_params::norm(true, spec, prefix, table);
   }

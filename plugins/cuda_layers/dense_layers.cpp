@@ -357,6 +357,7 @@ class SwiGLUMLP final : public Layer {
  public:
   explicit SwiGLUMLP(MatmulMode mode) : mode_(mode) {}
   LayerRole role() const override { return LayerRole::mlp; }
+  int64_t default_hidden(int64_t d_model) const override { return lp::swiglu_hidden(d_model); }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::swiglu_mlp(s, prefix, table);
   }

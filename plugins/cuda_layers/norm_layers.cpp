@@ -13,6 +13,7 @@ class Norm final : public Layer {
  public:
   Norm(bool rms, const char* name) : rms_(rms), name_(name) {}
   LayerRole role() const override { return LayerRole::norm; }
+  double default_epsilon() const override { return rms_ ? layer_params::kRmsnormEpsilon : Layer::default_epsilon(); }
 
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
     layer_params::norm(rms_, spec, prefix, table);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
@@ -84,6 +85,18 @@ TEST_CASE_FIXTURE(Fixture, "a misspelled key is refused with file:line:col, the 
   CHECK(contains(msg, "exp.toml:6:1"));
   CHECK(contains(msg, "optimizer.lrr"));
   CHECK(contains(msg, "did you mean 'lr'?"));
+}
+
+TEST_CASE_FIXTURE(Fixture, "run.device names a loaded device registration: the list is the registry's, not the schema's") {
+  CHECK(parse("[run]\ndevice = \"cpu\"\n").section("run").get_string("device") == "cpu");
+  const std::string msg = error("[run]\ndevice = \"cpy\"\n");
+  CHECK(contains(msg, "exp.toml:2:"));
+  CHECK(contains(msg, "run.device"));
+  CHECK(contains(msg, "unknown device 'cpy'; did you mean 'cpu'?"));
+  // A plugin's device is served as soon as it is registered: nothing in the schema names it.
+  CHECK(contains(error("[run]\ndevice = \"rocm\"\n"), "unknown device 'rocm'"));
+  add(registry, Kind::device, "rocm");
+  CHECK(parse("[run]\ndevice = \"rocm\"\n").section("run").get_string("device") == "rocm");
 }
 
 TEST_CASE_FIXTURE(Fixture, "a wrong type names what was expected and what was given") {
@@ -277,10 +290,16 @@ class ScopedEnv {
 
 }  // namespace
 
-const DeviceCapabilities kCpu;  // the cpu device's answers: mpi for several ranks
+const DeviceCapabilities kCpu = [] {  // the cpu device's answers: mpi for several ranks
+  DeviceCapabilities c;
+  c.collective = "mpi";
+  return c;
+}();
 
 std::string resolve_communicator_of(const Config& config, const DeviceCapabilities& device) {
-  return resolve_communicator(RunSpec::from(config), device);
+  static const Registry none;
+  const RunSpec spec = RunSpec::from(config);
+  return Session(spec, none, RunContext{}).communicator_name(device);
 }
 
 TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment, and single under a launcher is refused") {
@@ -294,6 +313,13 @@ TEST_CASE_FIXTURE(Fixture, "communicator auto follows the launcher's environment
     DeviceCapabilities gpu;
     gpu.collective = "nccl";
     CHECK(resolve_communicator_of(parse(""), gpu) == "nccl");
+    try {  // a device that names no collective: the job must name its communicator
+      resolve_communicator_of(parse(""), DeviceCapabilities{});
+      FAIL("expected an input error");
+    } catch (const Error& e) {
+      CHECK(e.exit_code() == 2);
+      CHECK(contains(e.what(), "names no collective; set run.communicator"));
+    }
     try {
       resolve_communicator_of(parse("[run]\ncommunicator = \"single\"\n"), kCpu);
       FAIL("expected an input error");

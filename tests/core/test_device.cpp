@@ -107,6 +107,22 @@ TEST_CASE("the registry picks a registration by (name, device) and names the dev
   CHECK(registry.find(Kind::layer, "everywhere", "cuda") != nullptr);
 }
 
+TEST_CASE("a device's identity is its name, interned: the built-in two and any plugin's") {
+  CHECK(DeviceType::named("cpu") == DeviceType::cpu);
+  CHECK(DeviceType::named("cuda") == DeviceType::cuda);
+  CHECK(DeviceType{} == DeviceType::cpu);
+  const DeviceType rocm = DeviceType::named("rocm_test_device");
+  CHECK(rocm != DeviceType::cpu);
+  CHECK(rocm != DeviceType::cuda);
+  CHECK(DeviceType::named("rocm_test_device") == rocm);
+  CHECK(DeviceType::named("another_test_device") != rocm);
+  CHECK(std::string(rocm.name()) == "rocm_test_device");
+  CHECK(std::string(to_string(DeviceType::cuda)) == "cuda");
+  TensorView v;
+  v.device = rocm;
+  CHECK(v.device == DeviceType::named("rocm_test_device"));
+}
+
 TEST_CASE("core registers the cpu device") {
   Registry registry;
   const ComponentInfo* cpu = registry.find(Kind::device, "cpu", "cpu");

@@ -1,4 +1,4 @@
-// The learning-rate schedules of plugins/schedules, made as the trainer makes them (make_schedule
+// The learning-rate schedules of plugins/schedules, made as the trainer makes them (Session::schedule
 // from an experiment's [schedule], [optimizer] lr and [run] steps): the shapes at hand-computed
 // points; constant, cosine and linear give bit for bit what ablate computed before schedules were
 // plugins (the formulas of that version, kept here as the reference); wsd's stable phase, decay
@@ -10,6 +10,7 @@
 #include <numbers>
 #include <string>
 
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
@@ -34,7 +35,8 @@ std::unique_ptr<Schedule> make(const std::string& schedule_toml, int64_t steps, 
   const std::string text = "[run]\nsteps = " + std::to_string(steps) + "\n[optimizer]\nlr = " + std::to_string(lr) + "\n[schedule]\n" +
                            schedule_toml;
   const Config c = Config::parse(text, "test.toml", {}, registry());
-  return ablate::make_schedule(ablate::RunSpec::from(c), registry(), ablate::RunContext{});
+  const ablate::RunSpec spec = ablate::RunSpec::from(c);
+  return ablate::Session(spec, registry(), ablate::RunContext{}).schedule();
 }
 
 // The schedule as ablate computed it before it became a plugin kind (LrSchedule::at).

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ablate/runtime/session.hpp"
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/config.hpp"
 #include "ablate/data.hpp"
@@ -87,14 +88,16 @@ class EncodedFeed final : public DocumentFeed {
 inline std::unique_ptr<Batcher> batcher_from(const std::string& toml) {
   const Config cfg = data_config(toml);
   RunContext run;
-  return make_batcher(ablate::RunSpec::from(cfg), data_registry(), run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  return ablate::Session(spec, data_registry(), run).batcher();
 }
 
 // The sampler `name`, with `own` as its [sampler.<name>] keys.
 inline std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
   const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
   RunContext run;
-  return make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  return ablate::Session(spec, data_registry(), run).sampler();
 }
 
 // Checks the batch contract on a batch built from an EncodedFeed and records every placed token

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "ablate/runtime/session.hpp"
 #include "data_test_support.hpp"
 
 using namespace ablate;
@@ -25,7 +26,8 @@ std::unique_ptr<DataPipeline> pipeline_for(const std::string& toml) {
   const Config cfg = data_config(toml);
   RunContext run;
   run.seed = 5;
-  return DataPipeline::from_spec(ablate::RunSpec::from(cfg), data_registry(), run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  return ablate::Session(spec, data_registry(), run).pipeline();
 }
 
 bool same_batch(const Batch& a, const Batch& b) {
@@ -63,8 +65,8 @@ std::unique_ptr<DataPipeline> failing_pipeline(int workers) {
   RunContext run;
   PipelineOptions o;
   o.workers = workers;
-  return std::make_unique<DataPipeline>(std::make_shared<FailingSource>(25), make_sampler(ablate::RunSpec::from(cfg), data_registry(), run),
-                                        make_batcher(ablate::RunSpec::from(cfg), data_registry(), run), o);
+  return std::make_unique<DataPipeline>(std::make_shared<FailingSource>(25), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(),
+                                        ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
 }
 
 }  // namespace
@@ -208,6 +210,6 @@ TEST_CASE("a split whose documents are all empty is an input error, not a hang")
   RunContext run;
   PipelineOptions o;
   o.workers = 1;
-  DataPipeline p(std::make_shared<EmptySource>(), make_sampler(ablate::RunSpec::from(cfg), data_registry(), run), make_batcher(ablate::RunSpec::from(cfg), data_registry(), run), o);
+  DataPipeline p(std::make_shared<EmptySource>(), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
   CHECK_THROWS_AS(p.next(), Error);
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "ablate/runtime/session.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 #include "ablate/runtime/reshard.hpp"
@@ -278,7 +279,7 @@ std::unique_ptr<DataPipeline> rank_pipeline(const std::shared_ptr<const DataSour
   o.rank = rank;
   o.world = world;
   const RunSpec spec = ablate::RunSpec::from(cfg);
-  return std::make_unique<DataPipeline>(source, make_sampler(spec, data_registry(), run), make_batcher(spec, data_registry(), run), o);
+  return std::make_unique<DataPipeline>(source, ablate::Session(spec, data_registry(), run).sampler(), ablate::Session(spec, data_registry(), run).batcher(), o);
 }
 
 // Every token the batch places, as (document, offset); fails on one placed twice.
@@ -380,7 +381,7 @@ TEST_CASE("a cursor merged from another world size, restored with a sampler that
   PipelineOptions o;
   o.workers = 0;
   DataPipeline p(std::make_shared<const EncodedSource>(10), std::make_unique<PlainSampler>(),
-                 make_batcher(ablate::RunSpec::from(cfg), data_registry(), run), o);
+                 ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
   CHECK_FALSE(p.sampler().reshardable());
   CHECK_THROWS_AS(p.sampler().global_position(0, 0, 1), Error);
   DataCursor c;

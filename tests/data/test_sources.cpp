@@ -9,6 +9,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "ablate/runtime/session.hpp"
 #include "data_test_support.hpp"
 
 using namespace ablate;
@@ -18,8 +19,8 @@ namespace {
 
 std::shared_ptr<DataSource> source_from(const std::string& toml, const std::vector<std::string>& overrides = {}) {
   const Config cfg = data_config(toml, overrides);
-  RunContext run;
-  return make_data_source(ablate::RunSpec::from(cfg), data_registry(), run);
+  const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
+  return ablate::Session(spec, data_registry(), RunContext{}).data_source();
 }
 
 std::string shards_toml(const std::string& paths, const std::string& extra = "") {
@@ -298,7 +299,7 @@ TEST_CASE("token_shards reports one group per paths pattern, and a mixture over 
   // Through the pipeline: half of the draws from the 2 code documents.
   const Config cfg = data_config(shards_toml(paths, "[sampler]\nname = \"mixture\"\n[sampler.mixture]\nweights = [1.0, 1.0]\n"));
   RunContext run;
-  auto sampler = make_sampler(ablate::RunSpec::from(cfg), data_registry(), run);
+  auto sampler = ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler();
   sampler->set_groups(groups);
   sampler->reset(src->size(Split::train), 3, 0, 1);
   int code = 0;

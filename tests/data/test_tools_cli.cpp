@@ -3,6 +3,7 @@
 // every kind of bad shard input).
 #include <nlohmann/json.hpp>
 
+#include "ablate/runtime/session.hpp"
 #include "data_test_support.hpp"
 
 using namespace ablate;
@@ -44,7 +45,7 @@ TEST_CASE("shards written by tokenize_shards.py in bytes mode read back as the o
   REQUIRE_MESSAGE(result.exit_code == 0, result.output);
   const Config cfg = data_config("[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\"" +
                                  (dir.path() / "out" / "s_train_*.bin").string() + "\"]\neot = 256\nvocab_size = 257\n");
-  const auto src = make_data_source(ablate::RunSpec::from(cfg), data_registry(), RunContext{});
+  const auto src = ablate::Session(ablate::RunSpec::from(cfg), data_registry(), RunContext{}).data_source();
   // The long paragraph (eot + 46 bytes) is cut at shard boundaries: 19 bytes, 20, then 7.
   const std::string long_para = "para two, longer than a shard of twenty tokens";
   const std::vector<std::vector<int32_t>> expected = {bytes_of("hello world"), bytes_of("caf\xc3\xa9"), bytes_of("third one"),
@@ -103,7 +104,7 @@ TEST_CASE("token_shards encodes prompt text with the shards' GPT-2 tokenizer to 
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const Config cfg = data_config("[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\"" +
                                  (dir.path() / "out" / "s_train_*.bin").string() + "\"]\n");
-  const auto src = make_data_source(ablate::RunSpec::from(cfg), data_registry(), RunContext{});
+  const auto src = ablate::Session(ablate::RunSpec::from(cfg), data_registry(), RunContext{}).data_source();
   REQUIRE(src->size(Split::train) == texts.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
     Document d;
@@ -128,7 +129,7 @@ TEST_CASE("shards written by tokenize_shards.py with GPT-2 BPE hold one document
   REQUIRE_MESSAGE(result.exit_code == 0, result.output);
   const Config cfg = data_config("[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\"" +
                                  (dir.path() / "g_train_*.bin").string() + "\"]\n");
-  const auto src = make_data_source(ablate::RunSpec::from(cfg), data_registry(), RunContext{});
+  const auto src = ablate::Session(ablate::RunSpec::from(cfg), data_registry(), RunContext{}).data_source();
   CHECK(src->size(Split::train) == 2);
   Document d;
   src->read(Split::train, 0, d);

@@ -94,8 +94,9 @@ struct DeviceCapabilities {
   // Matrix products in run.dtype's reduced-precision modes ("tf32", "bf16"); a device without them
   // computes in fp32 and refuses those modes rather than report itself against their peaks.
   bool reduced_precision_products = false;
-  // The communicator run.communicator = "auto" picks when a launcher starts several ranks.
-  std::string collective = "mpi";
+  // The communicator run.communicator = "auto" picks when a launcher starts several ranks ("": the
+  // device has none, and such a job must name run.communicator).
+  std::string collective;
 };
 
 class Device : public Component {

@@ -130,6 +130,15 @@ class LayerBase : public Component {
   virtual bool bf16_attention_grads() const { return false; }
   // A position layer: where the model applies it (PositionSite above). Other roles: unused.
   virtual PositionSite position_site() const { return PositionSite::stream; }
+  // What the layer answers for [model] keys left at 0, so that the model names no layer: a norm's
+  // epsilon (model.norm_eps = 0; 1e-6 for rmsnorm), an MLP's hidden width for the model width
+  // (model.mlp_hidden = 0; 8/3 d rounded up to 64 for swiglu_mlp). Other roles: unused.
+  virtual double default_epsilon() const { return 1e-5; }
+  virtual int64_t default_hidden(int64_t d_model) const { return 4 * d_model; }
+  // Why the layer cannot serve `spec` ("" = it can): asked by the model for every use before any
+  // parameter is declared, and refused (exit 2) naming the [model] key that chose the layer (rope:
+  // an odd head_dim).
+  virtual std::string unsupported(const LayerSpec& spec) const { (void)spec; return ""; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.

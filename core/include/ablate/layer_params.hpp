@@ -37,7 +37,7 @@ inline void embedding(const LayerSpec& s, const std::string& prefix, ParamTable&
 
 // learned positions: weight (max_positions, in).
 inline void learned(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
-  if (s.max_positions <= 0) throw_input_error("learned", "spec.max_positions must be positive");
+  if (s.max_positions <= 0) throw_input_error("position", "spec.max_positions must be positive");
   t.add(name(prefix, "weight"), {s.max_positions, s.in}, true, s.init_std);
 }
 
@@ -93,7 +93,7 @@ inline SwigluMlp swiglu_mlp_offsets(const LayerSpec& s) {
 // base. Its saved values: u = dropout(x) A^T, (rows, rank); its scratch: dropout(x) and t, rows x
 // (in + rank).
 inline void lora(int64_t rank, const LayerSpec& s, const std::string& prefix, ParamTable& t) {
-  if (s.in <= 0 || s.out <= 0) throw_input_error("lora", "the adapted linear needs positive in and out widths");
+  if (s.in <= 0 || s.out <= 0) throw_input_error("adapter", "the adapted linear needs positive in and out widths");
   t.add(name(prefix, "lora_A"), {rank, s.in}, true, 1.0 / std::sqrt(3.0 * double(s.in)));
   t.add(name(prefix, "lora_B"), {s.out, rank}, true, 0.0, 0.0);
 }
@@ -101,16 +101,26 @@ inline int64_t lora_saved(int64_t rank, int64_t rows) { return rows * rank; }
 inline int64_t lora_scratch(int64_t rank, const LayerSpec& s, int64_t rows) { return rows * (s.in + rank); }
 
 // rope has no parameters; its spec is checked where the others declare: head_dim (spec.in)
-// positive and even, theta positive.
-inline void rope(const LayerSpec& s) {
-  if (s.in <= 0 || s.in % 2 != 0) throw_input_error("rope", "head_dim (spec.in) must be positive and even, got " + std::to_string(s.in));
-  if (!(s.rope_theta > 0.0)) throw_input_error("rope", "rope_theta must be positive");
+// positive and even, theta positive (rope_problem: why not, "" when it is).
+inline std::string rope_problem(const LayerSpec& s) {
+  if (s.in <= 0 || s.in % 2 != 0) return "rope needs a positive, even head_dim (d_model / n_heads), got " + std::to_string(s.in);
+  if (!(s.rope_theta > 0.0)) return "rope_theta must be positive";
+  return "";
 }
+inline void rope(const LayerSpec& s) {
+  if (const std::string why = rope_problem(s); !why.empty()) throw_input_error("position", why);
+}
+
+// The hidden width of swiglu_mlp when model.mlp_hidden is 0: 8/3 of the model width rounded up
+// to a multiple of 64 (the parameter count of a 4 d GELU MLP, in three matrices).
+inline int64_t swiglu_hidden(int64_t d_model) { return ((8 * d_model + 2) / 3 + 63) / 64 * 64; }
+// rmsnorm's epsilon when model.norm_eps is 0 (layernorm's is LayerBase::default_epsilon's 1e-5).
+inline constexpr double kRmsnormEpsilon = 1e-6;
 
 // The classifier's columns: 0 < real_out <= out (padded columns never enter the softmax).
 inline void check_classifier(const LayerSpec& s) {
   if (s.out <= 0 || s.real_out <= 0 || s.real_out > s.out) {
-    throw_input_error("cross_entropy", "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
+    throw_input_error("classifier", "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
                                            std::to_string(s.out));
   }
 }

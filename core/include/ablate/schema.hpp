@@ -36,12 +36,17 @@ struct ParamSpec {
   // any directory. `path_words` are values that are not paths ("auto", "none") and stay as they are.
   bool is_path = false;
   std::vector<std::string> path_words;
+  // Strings naming a component: the value must be the name of a loaded registration of this kind
+  // ("device": run.device), checked against the registry as the config is read, so the list stays
+  // open to plugins rather than fixed in the schema.
+  std::string registration_kind;
 
   ParamSpec& at_least(double v) { min = v; return *this; }
   ParamSpec& at_most(double v) { max = v; return *this; }
   ParamSpec& within(double lo, double hi) { min = lo; max = hi; return *this; }
   ParamSpec& one_of(std::vector<std::string> values) { choices = std::move(values); return *this; }
   ParamSpec& path(std::vector<std::string> words = {}) { is_path = true; path_words = std::move(words); return *this; }
+  ParamSpec& registration_of(std::string kind) { registration_kind = std::move(kind); return *this; }
 
   // "an int >= 1", "one of "first_fit", "best_fit"", "a list of float in [0, 1]"
   std::string expectation() const;

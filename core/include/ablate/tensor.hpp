@@ -7,12 +7,31 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ablate {
 
 enum class DType { f32, bf16, f16, i32, u16, u8, f64 };
-enum class DeviceType { cpu, cuda };
+// Which device a buffer lives on: the name of a device registration (run.device), interned to a
+// small id so that comparing two is one integer compare. The list is open: the built-in devices
+// have the constants DeviceType::cpu and DeviceType::cuda, and a plugin's own device gets its
+// identity from its name (DeviceType::named("rocm")), the same id for the same name wherever it is
+// asked for in the process.
+class DeviceType {
+ public:
+  static const DeviceType cpu, cuda;
+  constexpr DeviceType() = default;  // the cpu
+  static DeviceType named(std::string_view name);
+  const char* name() const noexcept;
+  constexpr bool operator==(const DeviceType&) const = default;
+
+ private:
+  constexpr explicit DeviceType(uint16_t id) : id_(id) {}
+  uint16_t id_ = 0;
+};
+inline constexpr DeviceType DeviceType::cpu{0};
+inline constexpr DeviceType DeviceType::cuda{1};
 
 // A device's queue, as every component that launches work on the model's device receives it
 // (layers through LayerCall, attention backends through AttentionCall, communicators through set_stream, optimizers

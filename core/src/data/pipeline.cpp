@@ -80,21 +80,6 @@ std::string PipelineStats::table() const {
   return out;
 }
 
-std::shared_ptr<DataSource> make_data_source(const RunSpec& spec, const Registry& registry, const RunContext& run) {
-  const Choice& c = spec.require(spec.data);
-  return registry.create<DataSource>(Kind::data_source, c.name, {c.common, c.own, run});
-}
-
-std::unique_ptr<Sampler> make_sampler(const RunSpec& spec, const Registry& registry, const RunContext& run) {
-  const Choice& c = spec.require(spec.sampler);
-  return registry.create<Sampler>(Kind::sampler, c.name, {c.common, c.own, run});
-}
-
-std::unique_ptr<Batcher> make_batcher(const RunSpec& spec, const Registry& registry, const RunContext& run) {
-  const Choice& c = spec.require(spec.batching);
-  return registry.create<Batcher>(Kind::batcher, c.name, {c.common, c.own, run});
-}
-
 // ---------------------------------------------------------------------------------------------
 
 namespace {
@@ -327,13 +312,6 @@ struct DataPipeline::Impl final : DocumentFeed {
 DataPipeline::DataPipeline(std::shared_ptr<const DataSource> source, std::unique_ptr<Sampler> sampler,
                            std::unique_ptr<Batcher> batcher, PipelineOptions options)
     : impl_(std::make_unique<Impl>(std::move(source), std::move(sampler), std::move(batcher), options)) {}
-
-std::unique_ptr<DataPipeline> DataPipeline::from_spec(const RunSpec& spec, const Registry& registry, const RunContext& run,
-                                                      Split split, std::shared_ptr<const DataSource> source) {
-  if (!source) source = make_data_source(spec, registry, run);
-  return std::make_unique<DataPipeline>(std::move(source), make_sampler(spec, registry, run),
-                                        make_batcher(spec, registry, run), PipelineOptions::from(spec, run, split));
-}
 
 DataPipeline::~DataPipeline() = default;
 

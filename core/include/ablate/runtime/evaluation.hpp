@@ -67,11 +67,9 @@ struct EvalTask {
   std::vector<std::string> logged_names() const;
 };
 
-// The experiment's [[eval]] tables made into tasks, each evaluator created from the registry: the
-// enabled ones (`only` = ""), or the one labelled `only`, enabled or not. An unknown label is an
-// input error naming `where`.
-std::vector<EvalTask> make_eval_tasks(const RunSpec& spec, const Registry& registry, const RunContext& run,
-                                      const std::string& only = "", const std::string& where = "--eval");
+// The experiment's [[eval]] tasks are made by Session::evals. An input error naming `where`: the
+// experiment has no [[eval]] labelled `label` (`labels`: those it has).
+[[noreturn]] void throw_unknown_eval_label(const std::string& label, const std::vector<std::string>& labels, const std::string& where);
 // prepare() of each task against the model, with a log line describing it.
 void prepare_eval_tasks(std::vector<EvalTask>& tasks, EvalModel& model);
 // Runs one task after `step`: its result kept, a log line on rank 0, and its metrics appended to

@@ -25,6 +25,7 @@
 #include "ablate/component.hpp"
 #include "ablate/device.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/runtime/defaults.hpp"
 #include "ablate/tensor.hpp"
 
 namespace ablate {
@@ -38,9 +39,15 @@ struct ModelOptions {
   int64_t vocab_size = 0;    // real vocabulary (targets and sampling never exceed it)
   int64_t vocab_padded = 0;  // rows of the embedding (vocab_size rounded up to vocab_multiple)
   int64_t max_seq_len = 0, mlp_hidden = 0;
-  std::string norm = "layernorm", mlp = "gelu_mlp", position = "learned", attention = "naive_cpu";
+  // The layers by registration name (model.norm, model.mlp, model.position, model.embedding_layer,
+  // model.projection_layer, model.classifier_layer, model.qk_norm_layer) and the attention backend.
+  std::string norm = defaults::norm, mlp = defaults::mlp, position = defaults::position, attention = defaults::attention;
+  std::string embedding = defaults::embedding, linear = defaults::linear, classifier = defaults::classifier;
+  std::string qk_norm_layer = defaults::qk_norm_layer;
   double rope_theta = 10000.0, dropout = 0.0;
-  double norm_eps = 0.0;  // 0: 1e-5 for layernorm, 1e-6 for rmsnorm (and qk_norm)
+  // 0: each norm layer's own default (LayerBase::default_epsilon), which the model fills in below.
+  double norm_eps = 0.0;
+  double norm_eps_default = 1e-5, qk_norm_eps_default = 1e-6;
   bool qk_norm = false, bias = true, tie_embeddings = true;
   // [run] recompute: which activations backward recomputes instead of keeping them from forward
   // ("none"; "mlp": the MLP's saved values; "block": everything inside a block but its input).
@@ -68,8 +75,8 @@ struct ModelOptions {
   // The [model] table as TOML-ish key = value lines (for checkpoints and exports).
   std::string describe() const;
   // The epsilon of the block and final norms, and of qk_norm.
-  double norm_epsilon() const { return norm_eps > 0 ? norm_eps : norm == "rmsnorm" ? 1e-6 : 1e-5; }
-  double qk_norm_epsilon() const { return norm_eps > 0 ? norm_eps : 1e-6; }
+  double norm_epsilon() const { return norm_eps > 0 ? norm_eps : norm_eps_default; }
+  double qk_norm_epsilon() const { return norm_eps > 0 ? norm_eps : qk_norm_eps_default; }
 };
 
 // Bytes of activations and scratch one micro-batch shape needs: a pure plan (offsets into one
@@ -99,19 +106,19 @@ struct OpTimes {
   }
 };
 
-// The run's device ([run] device, the registration of that name), refused (exit 2, naming
-// run.dtype) when run.dtype asks for products the device does not have.
-std::unique_ptr<Device> make_device(const Registry& registry, const RunContext& run);
-
 class Model {
  public:
-  // The model on the device [run] device names (the registry's `device` component of that name),
-  // its layers and attention backend the registrations that serve that device.
+  // Tests: the model on the device run.device names (the registry's `device` component of that
+  // name), its layers and attention backend the registrations that serve that device. Everything
+  // else builds a model through Session::model.
   Model(const ModelOptions& options, const Registry& registry, const RunContext& run);
-  // The same on a device made already (make_device): the model owns it from here on.
+  // The same on a device made already (Session::device): the model owns it from here on.
   Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device);
   ~Model();
   Model(const Model&) = delete;
+  // The parameters a model of `options` declares, counted by its layers without a device or any
+  // allocation: what the memory checks weigh before a model is made.
+  static int64_t count_params(const ModelOptions& options, const Registry& registry, const RunContext& run);
   Model& operator=(const Model&) = delete;
 
   const ModelOptions& options() const noexcept;

@@ -64,19 +64,11 @@ struct PipelineBatch {
   double wait_ms = 0;     // how long the consumer waited for it
 };
 
-// Constructs the components a config selects ([data] name, [sampler] name, [batching] name).
-std::shared_ptr<DataSource> make_data_source(const RunSpec& spec, const Registry& registry, const RunContext& run);
-std::unique_ptr<Sampler> make_sampler(const RunSpec& spec, const Registry& registry, const RunContext& run);
-std::unique_ptr<Batcher> make_batcher(const RunSpec& spec, const Registry& registry, const RunContext& run);
-
 class DataPipeline {
  public:
   DataPipeline(std::shared_ptr<const DataSource> source, std::unique_ptr<Sampler> sampler, std::unique_ptr<Batcher> batcher,
                PipelineOptions options);
-  // A pipeline over `split` of the experiment's data; pass `source` to share one between splits.
-  static std::unique_ptr<DataPipeline> from_spec(const RunSpec& spec, const Registry& registry, const RunContext& run,
-                                                   Split split = Split::train,
-                                                   std::shared_ptr<const DataSource> source = nullptr);
+  // The experiment's pipelines are made by Session::pipeline.
   // Stops and joins its threads, also in the middle of a stream.
   ~DataPipeline();
   DataPipeline(const DataPipeline&) = delete;

@@ -95,11 +95,4 @@ struct RunSpec {
   std::string memory_budget_source() const;
 };
 
-class Registry;
-class Schedule;
-
-// The schedule [schedule] name selects (with its common and own keys), planned for optimizer.lr
-// and run.steps.
-std::unique_ptr<Schedule> make_schedule(const RunSpec& spec, const Registry& registry, const RunContext& run);
-
 }  // namespace ablate

@@ -61,15 +61,9 @@ struct TrainResult {
   std::filesystem::path run_dir;
 };
 
-// The builder: reads `config` once into a RunSpec and assembles the run from it (data pipelines,
-// model, optimizer, schedule, communicator, loggers, engine, checkpoints).
+// Reads `config` once into a RunSpec and trains the run its Session builds (data pipelines, model,
+// optimizer, schedule, communicator, loggers; the engine and checkpoints on top).
 TrainResult train(const Config& config, Registry& registry, const TrainOptions& options);
-
-// [run] communicator with "auto" resolved: the device's collective (DeviceCapabilities: mpi on the
-// cpu, nccl on cuda) when the launcher's environment (OMPI_COMM_WORLD_SIZE, or SLURM_NTASKS under
-// srun) says the job has several ranks, else single. An explicit "single" in a job of several
-// ranks is an input error: every rank would train alone into the same run directory.
-std::string resolve_communicator(const RunSpec& spec, const DeviceCapabilities& device);
 
 // The CPU threads the model's work uses from now on (0 = every core); returns the number.
 int use_cpu_threads(int threads);
