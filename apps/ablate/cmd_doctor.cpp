@@ -575,7 +575,7 @@ std::optional<Finding> eval_plateau(const Run& run) {
               " at step " + std::to_string(last.first) + fmt(") while the training loss fell from %.4g", train_best) +
               fmt(" to %.4g", train_last) + ": the model fits its training data, not what it is evaluated on";
   f.change = "--set run.steps=" + std::to_string(best->first) + " (where the validation loss was best), or more data or "
-             "regularisation (--set model.dropout=0.1, a larger optimizer.weight_decay)";
+             "regularisation (--set model.dropout=0.1, a larger optimizer.adamw.weight_decay)";
   return f;
 }
 

@@ -92,7 +92,10 @@ def run(args, cfg, shape, B, T, device):
     model = GPT(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["max_seq_len"],
                 shape["vocab_multiple"]).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    opt_cfg = cfg.get("optimizer", {})
+    opt_cfg = dict(cfg.get("optimizer", {}))
+    # The AdamW family's keys live in [optimizer.adamw] (older experiments wrote them in [optimizer]).
+    family = opt_cfg.get("adamw", {})
+    opt_cfg.update({k: v for k, v in family.items() if k in ("weight_decay", "beta1", "beta2", "eps")})
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.param_groups(opt_cfg.get("weight_decay", 0.1)), lr=opt_cfg.get("lr", 6e-4),
                             betas=(opt_cfg.get("beta1", 0.9), opt_cfg.get("beta2", 0.95)),

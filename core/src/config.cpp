@@ -106,6 +106,7 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
     }
   }
   for (const std::string& o : deferred) apply_override(root, o, registry, origins);
+  config_check::move_keys(root, validator, origins);
   config_check::take_model_shape(root, origins);
 
   Config cfg;
@@ -243,7 +244,12 @@ Params Config::implementation(std::string_view section, std::string_view impl) c
   if (jt == it->second.impls.end()) {
     throw_runtime_error(impl_->source, "no resolved [" + std::string(section) + "." + std::string(impl) + "]");
   }
-  return Params(std::string(section) + "." + std::string(impl), jt->second);
+  std::map<std::string, Value, std::less<>> keys = jt->second;
+  if (auto f = it->second.family_of.find(impl); f != it->second.family_of.end()) {  // the family's keys, shared
+    const auto& family = it->second.impls.at(f->second);
+    keys.insert(family.begin(), family.end());
+  }
+  return Params(std::string(section) + "." + std::string(impl), std::move(keys));
 }
 
 }  // namespace ablate

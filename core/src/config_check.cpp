@@ -260,11 +260,35 @@ ResolvedSection Validator::check_section(const SectionSpec& spec, const toml::ta
     selected = registry_.names(*spec.kind);  // any of them may be chosen: resolve every one's keys
   }
   for (const std::string& name : selected) {
-    if (res.impls.find(name) == res.impls.end()) {
-      res.impls[name] = check_table(toml::table{}, registry_.find(*spec.kind, name)->schema, path + "." + name, "", nullptr);
+    // A default list's names are checked when the components are made (a config may be read where
+    // those plugins are not loaded): nothing to resolve for one that is not.
+    const ComponentInfo* info = registry_.find(*spec.kind, name);
+    if (info != nullptr && res.impls.find(name) == res.impls.end()) {
+      res.impls[name] = check_table(toml::table{}, info->schema, path + "." + name, "", nullptr);
     }
   }
+  if (spec.kind) resolve_families(spec, table, res);
   return res;
+}
+
+// Each resolved implementation that shares a family's keys (ComponentInfo::family): the family's
+// table resolved too, its defaults where the experiment gives none.
+void Validator::resolve_families(const SectionSpec& spec, const toml::table* table, ResolvedSection& res) const {
+  std::vector<std::string> names;
+  for (const auto& [name, keys] : res.impls) names.push_back(name);
+  for (const std::string& name : names) {
+    const std::string of = registry_.family(*spec.kind, name);
+    if (of.empty() || of == name) continue;
+    const ComponentInfo* family = registry_.find(*spec.kind, of);
+    if (family == nullptr) {
+      fail(table != nullptr ? table->source() : toml::source_region{}, spec.name + "." + name,
+           "'" + name + "' shares the keys of '" + of + "', which is not loaded" + registry_.not_loaded_note(of));
+    }
+    res.family_of[name] = of;
+    if (res.impls.find(of) == res.impls.end()) {
+      res.impls[of] = check_table(toml::table{}, family->schema, spec.name + "." + of, "", nullptr);
+    }
+  }
 }
 
 // Sub-tables: one per implementation (or per layer of [model]), every one present validated; and
@@ -289,6 +313,17 @@ void Validator::check_sub_tables(const SectionSpec& spec, const toml::table* tab
                           "[" + ipath + "]: no " + std::string(to_string(*sub_kind)) + " named '" + impl + "'" +
                               did_you_mean(impl, valid) + " (valid: " +
                               (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+      }
+      // A key of the family this implementation shares keys with belongs in the family's table.
+      if (const std::string family = registry_.family(*sub_kind, impl); !family.empty() && family != impl) {
+        const ComponentInfo* head = registry_.find(*sub_kind, family);
+        for (auto&& [k, v] : *node.as_table()) {
+          if (head != nullptr && find_param(info->schema, k.str()) == nullptr && find_param(head->schema, k.str()) != nullptr) {
+            fail(k.source(), ipath + "." + std::string(k.str()),
+                 "'" + impl + "' reads '" + std::string(k.str()) + "' from [" + path + "." + family + "] (the keys it shares with " +
+                     family + "): write it there");
+          }
+        }
       }
       res.impls[impl] = check_table(*node.as_table(), info->schema, ipath, "", nullptr);
       res.written.insert(impl);

@@ -27,6 +27,7 @@ struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
   std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
   std::set<std::string, std::less<>> written;  // implementations whose sub-table the experiment gave
+  std::map<std::string, std::string, std::less<>> family_of;  // implementation -> the one whose keys it shares
 };
 
 // The kind whose registrations' keys a section's sub-tables hold: the section's own kind, or for
@@ -64,9 +65,11 @@ class Validator {
                                                          const Schema* hint_schema, bool skip_tables = false) const;
   // A section: core's keys, the selected implementation(s) against the registry, every sub-table.
   ResolvedSection check_section(const SectionSpec& spec, const toml::table* table) const;
+  const Registry& registry() const noexcept { return registry_; }
 
  private:
   void check_sub_tables(const SectionSpec& spec, const toml::table* table, ResolvedSection& res) const;
+  void resolve_families(const SectionSpec& spec, const toml::table* table, ResolvedSection& res) const;
 
   std::string source_;
   Registry& registry_;
@@ -82,9 +85,17 @@ std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& regist
 // `origins` records them as coming from model.init_from.
 void take_model_shape(toml::table& root, std::map<std::string, std::string>& origins);
 
+// Keys that were a section's own and now belong to its implementations ([optimizer] weight_decay,
+// beta1, beta2 and eps: the AdamW family's, in [optimizer.adamw]). moved_key: the key's type for
+// --set, or null when (section, key) is not one. move_keys: each such key written in [section]
+// itself (by the file or --set) moved, with a warning, into the table of the chosen implementation
+// (or of its family, ComponentInfo::family) when that declares it; otherwise an input error.
+const ParamSpec* moved_key(std::string_view section, std::string_view key);
+
 // One --set section.key=value (or section.implementation.key=value, eval.<label>.key=value) into
 // `root`, typed by its spec; `origins` records where the value came from for error messages.
 void apply_override(toml::table& root, const std::string& assignment, const Registry& registry,
                     std::map<std::string, std::string>& origins);
+void move_keys(toml::table& root, const Validator& v, std::map<std::string, std::string>& origins);
 
 }  // namespace ablate::config_check

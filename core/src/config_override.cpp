@@ -2,6 +2,8 @@
 // typed by it, written into the parsed file before it is checked.
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "ablate/error.hpp"
 #include "config_check.hpp"
 
@@ -19,6 +21,7 @@ const ParamSpec* override_spec(const std::vector<std::string>& parts, const std:
   }
   if (parts.size() == 2) {
     const ParamSpec* p = find_param(sec->keys, parts[1]);
+    if (p == nullptr) p = moved_key(parts[0], parts[1]);  // written where it was; move_keys moves it
     if (p == nullptr) {
       throw_input_error(origin, "unknown key '" + parts[1] + "' in [" + parts[0] + "]" +
                                     did_you_mean(parts[1], schema_names(sec->keys)) +
@@ -180,5 +183,68 @@ void apply_override(toml::table& root, const std::string& assignment, const Regi
   origins[path] = origin;
 }
 
+
+namespace {
+
+struct MovedKey {
+  const char* section;
+  ParamSpec spec;  // the type --set reads it as; the implementation's schema checks it
+};
+const std::vector<MovedKey>& moved_keys() {
+  static const std::vector<MovedKey> keys = {
+      {"optimizer", param::floating("weight_decay", 0, "")}, {"optimizer", param::floating("beta1", 0, "")},
+      {"optimizer", param::floating("beta2", 0, "")},        {"optimizer", param::floating("eps", 0, "")}};
+  return keys;
+}
+
+}  // namespace
+
+const ParamSpec* moved_key(std::string_view section, std::string_view key) {
+  for (const MovedKey& m : moved_keys()) {
+    if (m.section == section && m.spec.name == key) return &m.spec;
+  }
+  return nullptr;
+}
+
+void move_keys(toml::table& root, const Validator& v, std::map<std::string, std::string>& origins) {
+  for (const MovedKey& m : moved_keys()) {
+    toml::table* section = root[m.section].as_table();
+    const toml::node* value = section != nullptr ? section->get(m.spec.name) : nullptr;
+    if (value == nullptr) continue;
+    const SectionSpec* spec = find_section_spec(m.section);
+    const toml::node* selector = section->get(spec->selector);
+    const std::string chosen = selector != nullptr && selector->is_string() ? selector->as_string()->get() : spec->default_selection;
+    const ComponentInfo* info = spec->kind ? v.registry().find(*spec->kind, chosen) : nullptr;
+    if (info == nullptr) continue;  // an unknown implementation: the section's check names it
+    const std::string family = v.registry().family(*spec->kind, chosen);
+    const std::string owner = family.empty() ? chosen : family;
+    const ComponentInfo* owner_info = v.registry().find(*spec->kind, owner);
+    const std::string from = std::string(m.section) + "." + m.spec.name, to = std::string(m.section) + "." + owner + "." + m.spec.name;
+    if (owner_info == nullptr || find_param(owner_info->schema, m.spec.name) == nullptr) {
+      v.fail(value->source(), from, "'" + chosen + "' has no key '" + m.spec.name + "': " + m.spec.name + " is an optimizer's own key (in [" +
+                                        m.section + "." + owner + "]) for the optimizers that declare it, no longer one of [" + m.section + "]");
+    }
+    const std::string where = v.where(value->source(), from);
+    toml::node* own = section->get(owner);
+    if (own == nullptr) {
+      section->insert(owner, toml::table{});
+      own = section->get(owner);
+    }
+    if (!own->is_table()) continue;  // the section's check names the malformed table
+    toml::table& own_table = *own->as_table();
+    if (own_table.contains(m.spec.name)) v.fail(value->source(), from, "is given twice: here and as " + to + "; keep " + to);
+    value->visit([&](auto&& x) {
+      using V = std::decay_t<decltype(x)>;
+      if constexpr (toml::is_value<V>) own_table.insert(m.spec.name, x.get());
+      else own_table.insert(m.spec.name, x);
+    });
+    section->erase(m.spec.name);
+    if (const auto origin = origins.find(from); origin != origins.end()) {
+      origins[to] = origin->second;
+      origins.erase(origin);
+    }
+    spdlog::warn("{}: {} is now {} (the optimizer's own key): read there", where, from, to);
+  }
+}
 
 }  // namespace ablate::config_check

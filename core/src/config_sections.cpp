@@ -99,10 +99,6 @@ static void add_training_sections(std::vector<SectionSpec>& s) {
   s.push_back({"optimizer", "the optimizer and its common hyper-parameters", {
       string("name", defaults::optimizer, "the optimizer (an optimizer plugin)"),
       floating("lr", 6e-4, "peak learning rate").at_least(0.0),
-      floating("weight_decay", 0.1, "decoupled weight decay (matrices and embeddings)").at_least(0.0),
-      floating("beta1", 0.9, "first moment decay").within(0.0, 0.999999),
-      floating("beta2", 0.95, "second moment decay").within(0.0, 0.999999),
-      floating("eps", 1e-8, "added to the square root of the second moment").at_least(0.0),
       floating("grad_clip", 1.0, "clip the global gradient norm to this (0 = off)").at_least(0.0),
       boolean("shard_state", false, "ZeRO-1 in data parallel: each rank keeps and updates only its shard of the "
               "optimizer state (gradients reduce-scattered, parameters all-gathered)"),

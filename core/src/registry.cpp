@@ -35,6 +35,7 @@ void keep_loaded_forever(boost::dll::shared_library lib) {
 struct Registry::Impl {
   // One (kind, name) may have several registrations, each serving its own devices.
   std::multimap<std::pair<Kind, std::string>, ComponentInfo, std::less<>> components;
+  std::map<std::pair<Kind, std::string>, std::string, std::less<>> families;  // Registrar::share_keys
 
   // A registration of (kind, name) that serves a device `info` also serves, if any.
   const ComponentInfo* clash(const ComponentInfo& info) const {
@@ -59,7 +60,15 @@ namespace {
 class CollectingRegistrar final : public Registrar {
  public:
   void add(ComponentInfo info) override { collected.push_back(std::move(info)); }
+  void share_keys(Kind kind, const std::string& name, const std::string& family) override {
+    families.push_back({kind, name, family});
+  }
   std::vector<ComponentInfo> collected;
+  struct Family {
+    Kind kind;
+    std::string name, family;
+  };
+  std::vector<Family> families;
 };
 
 std::string fingerprint_part(const std::string& fp, int index) {
@@ -240,6 +249,7 @@ bool Registry::load_file(const fs::path& file) {
     auto key = std::make_pair(info.kind, info.name);
     impl_->components.emplace(std::move(key), std::move(info));
   }
+  for (const CollectingRegistrar::Family& f : reg.families) impl_->families[std::make_pair(f.kind, f.name)] = f.family;
   impl_->plugins.push_back({path, desc->name ? desc->name : "", desc->version ? desc->version : "", fp});
   impl_->loaded_files.push_back(path);
   keep_loaded_forever(std::move(lib));
@@ -308,6 +318,15 @@ std::vector<const ComponentInfo*> Registry::all() const {
     for (const ComponentInfo* c : list(k)) out.push_back(c);
   }
   return out;
+}
+
+std::string Registry::family(Kind kind, std::string_view name) const {
+  const auto it = impl_->families.find(std::make_pair(kind, std::string(name)));
+  return it != impl_->families.end() ? it->second : std::string();
+}
+
+void Registry::share_keys(Kind kind, const std::string& name, const std::string& family) {
+  impl_->families[std::make_pair(kind, name)] = family;
 }
 
 std::vector<std::string> Registry::names(Kind kind) const {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ablate/adamw_keys.hpp"
 #include "ablate/error.hpp"
 #include "ablate/optimizer.hpp"
 #include "ablate/plugin.hpp"
@@ -104,10 +105,10 @@ class AdamW final : public ablate::Optimizer {
 
 void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
-         "AdamW on the CPU as PyTorch defines it (fp32 state, 8 bytes per parameter)", {},
+         "AdamW on the CPU as PyTorch defines it (fp32 state, 8 bytes per parameter)", ablate::adamw_keys::schema(),
          [](const ablate::ComponentArgs& a) {
-           return std::make_unique<AdamW>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
-                                                a.common.get_float("beta2"), a.common.get_float("eps")});
+           const ablate::adamw_keys::Hyper k = ablate::adamw_keys::read(a.own);
+           return std::make_unique<AdamW>(Hyper{k.weight_decay, k.beta1, k.beta2, k.eps});
          },
          "", {"cpu"}});
 }

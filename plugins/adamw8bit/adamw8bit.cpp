@@ -22,6 +22,7 @@
 #include <regex>
 #include <string>
 
+#include "ablate/adamw_keys.hpp"
 #include "ablate/error.hpp"
 #include "ablate/plugin.hpp"
 #include "adamw8bit_state.hpp"
@@ -53,8 +54,8 @@ ablate::ComponentInfo implementation(const char* device, Make make) {
   return {ablate::Kind::optimizer, ablate::adamw8bit::kName, "1.0.0",
           "AdamW with block-wise 8-bit moments (about 2 bytes of state per parameter), on the CPU or a CUDA device", schema(),
           [make](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
-            Hyper h{a.common.get_float("weight_decay"), a.common.get_float("beta1"), a.common.get_float("beta2"),
-                    a.common.get_float("eps"),          a.own.get_int("block_size"), a.own.get_int("min_8bit_size"),
+            const ablate::adamw_keys::Hyper k = ablate::adamw_keys::read(a.own);  // [optimizer.adamw]'s
+            Hyper h{k.weight_decay,        k.beta1, k.beta2, k.eps, a.own.get_int("block_size"), a.own.get_int("min_8bit_size"),
                     a.own.get_string("fp32_state_pattern")};
             try {
               return make(std::move(h));
@@ -69,6 +70,9 @@ ablate::ComponentInfo implementation(const char* device, Make make) {
 
 void register_components(ablate::Registrar& r) {
   r.add(implementation("cpu", ablate::adamw8bit::make_cpu));
+  // A member of the AdamW family: its keys are read from [optimizer.adamw] (adamw_keys.hpp), its
+  // own from [optimizer.adamw8bit].
+  r.share_keys(ablate::Kind::optimizer, ablate::adamw8bit::kName, ablate::adamw_keys::kFamily);
   if constexpr (kWithCuda) r.add(implementation("cuda", ablate::adamw8bit::make_cuda));
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ablate/adamw_keys.hpp"
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
 #include "ablate/optimizer.hpp"
@@ -134,8 +135,8 @@ class AdamWFused final : public ablate::Optimizer {
 };
 
 std::unique_ptr<ablate::Component> make(const ablate::ComponentArgs& a) {
-  return std::make_unique<AdamWFused>(Hyper{a.common.get_float("weight_decay"), a.common.get_float("beta1"),
-                                            a.common.get_float("beta2"), a.common.get_float("eps")});
+  const ablate::adamw_keys::Hyper k = ablate::adamw_keys::read(a.own);
+  return std::make_unique<AdamWFused>(Hyper{k.weight_decay, k.beta1, k.beta2, k.eps});
 }
 
 // One algorithm, one name on every device: `adamw` on cuda is this kernel (the cpu's `adamw` is the
@@ -145,10 +146,11 @@ void register_components(ablate::Registrar& r) {
   r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
          "AdamW (on a CUDA device: one kernel per step, fp32 state, 8 bytes per parameter, the CPU adamw's results bit "
          "for bit)",
-         {}, make, "", {"cuda"}});
+         ablate::adamw_keys::schema(), make, "", {"cuda"}});
   r.add({ablate::Kind::optimizer, kName, "1.0.0",
          "deprecated name of adamw on a CUDA device (the same kernel), kept for old experiments: write adamw", {}, make, "",
          {"cuda"}});
+  r.share_keys(ablate::Kind::optimizer, kName, ablate::adamw_keys::kFamily);  // its keys are adamw's, in [optimizer.adamw]
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Core names no plugin: outside core/include/ablate/runtime/defaults.hpp (the components an
 experiment gets when it names none, and those core falls back on), no source of core/src or
-core/include/ablate holds a string literal that is a plugin's registration name. Core knows plugins
+core/include/ablate holds a string literal that is a plugin's registration name. The SDK headers
+that are a plugin family's shared face (adamw_keys.hpp: the AdamW family's keys) name their family
+and are left out, provided no source of core includes them. Core knows plugins
 through the registry and the experiment's keys; a layer answers its own defaults and checks
 (LayerBase::default_epsilon, default_hidden, unsupported), so a new plugin never needs a line of
 core.
@@ -26,6 +28,9 @@ names = {c["name"] for c in listing["components"] if c["kind"] != "device"}
 assert {"naive_cpu", "swiglu_mlp", "rmsnorm", "single", "adamw"} <= names, f"the plugin listing looks wrong: {sorted(names)}"
 
 ALLOWED = {"core/include/ablate/runtime/defaults.hpp"}
+# SDK headers that are a plugin family's shared face, for the plugins of that family alone: they
+# may name the family, and no source of core includes them (checked below).
+PLUGIN_FACES = {"core/include/ablate/adamw_keys.hpp"}
 LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 ROLE_CASE = re.compile(r'case\s+LayerRole::(\w+)\s*:\s*return\s+"(\w+)"')
 
@@ -66,8 +71,12 @@ files = sorted(p for d in ("core/src", "core/include/ablate") for p in (root / d
 assert files, f"no sources under {root}/core"
 for path in files:
     rel = str(path.relative_to(root))
-    if rel in ALLOWED:
+    if rel in ALLOWED or rel in PLUGIN_FACES:
         continue
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for face in PLUGIN_FACES:
+        if re.search(r'#\s*include\s*"ablate/' + re.escape(Path(face).name) + '"', text):
+            failures.append(f"{rel} includes {face}, a plugin family's face that core must not use")
     for lineno, line in enumerate(code_of(path.read_text(encoding="utf-8", errors="replace")).splitlines(), 1):
         roles = {m.group(2) for m in ROLE_CASE.finditer(line) if m.group(1) == m.group(2)}
         for m in LITERAL.finditer(line):

@@ -99,6 +99,56 @@ TEST_CASE_FIXTURE(Fixture, "run.device names a loaded device registration: the l
   CHECK(parse("[run]\ndevice = \"rocm\"\n").section("run").get_string("device") == "rocm");
 }
 
+TEST_CASE("a family's keys live in one table its members share; the old [optimizer] spelling is moved there") {
+  using namespace param;
+  Registry registry;
+  add(registry, Kind::optimizer, "adamw", {floating("beta2", 0.95, "b2"), floating("weight_decay", 0.1, "wd")});
+  add(registry, Kind::optimizer, "adamw8bit", {integer("block_size", 256, "block")});
+  add(registry, Kind::optimizer, "sgd", {floating("momentum", 0.0, "m")});
+  registry.share_keys(Kind::optimizer, "adamw8bit", "adamw");
+  add(registry, Kind::data_source, "synthetic_probes");  // the other sections' defaults
+  add(registry, Kind::sampler, "shuffled");
+  add(registry, Kind::batcher, "packed");
+  add(registry, Kind::attention, "naive_cpu");
+  add(registry, Kind::schedule, "cosine");
+  const auto parse = [&](const std::string& text, const std::vector<std::string>& sets = {}) {
+    return Config::parse(text, "exp.toml", sets, registry);
+  };
+  const auto error = [&](const std::string& text, const std::vector<std::string>& sets = {}) -> std::string {
+    try {
+      parse(text, sets);
+    } catch (const Error& e) {
+      CHECK(e.exit_code() == 2);
+      return e.what();
+    }
+    FAIL("expected an input error");
+    return "";
+  };
+  // A member reads the family's table with its own: its defaults, or what the experiment gives.
+  Config c = parse("[optimizer]\nname = \"adamw8bit\"\n[optimizer.adamw]\nbeta2 = 0.99\n");
+  Params own = c.implementation("optimizer", "adamw8bit");
+  CHECK(own.get_float("beta2") == 0.99);
+  CHECK(own.get_float("weight_decay") == 0.1);
+  CHECK(own.get_int("block_size") == 256);
+  CHECK(parse("[optimizer]\nname = \"adamw8bit\"\n").implementation("optimizer", "adamw8bit").get_float("beta2") == 0.95);
+  // The same experiment moved to the family's head keeps its values.
+  CHECK(parse("[optimizer]\nname = \"adamw\"\n[optimizer.adamw]\nbeta2 = 0.99\n").implementation("optimizer", "adamw").get_float("beta2") == 0.99);
+  // Written where it used to be, in the file or by --set: moved into the family's table.
+  c = parse("[optimizer]\nname = \"adamw8bit\"\nweight_decay = 0.0\n", {"optimizer.beta2=0.9"});
+  own = c.implementation("optimizer", "adamw8bit");
+  CHECK(own.get_float("weight_decay") == 0.0);
+  CHECK(own.get_float("beta2") == 0.9);
+  CHECK(contains(c.to_toml(), "[optimizer.adamw]"));
+  // Refused: a family key in the member's own table, a key given twice, and the old spelling for
+  // an optimizer that has no such key.
+  CHECK(contains(error("[optimizer]\nname = \"adamw8bit\"\n[optimizer.adamw8bit]\nbeta2 = 0.9\n"),
+                 "'adamw8bit' reads 'beta2' from [optimizer.adamw]"));
+  CHECK(contains(error("[optimizer]\nbeta2 = 0.9\n[optimizer.adamw]\nbeta2 = 0.8\n"), "given twice"));
+  const std::string msg = error("[optimizer]\nname = \"sgd\"\nweight_decay = 0.1\n");
+  CHECK(contains(msg, "exp.toml:3:"));
+  CHECK(contains(msg, "'sgd' has no key 'weight_decay'"));
+}
+
 TEST_CASE_FIXTURE(Fixture, "a wrong type names what was expected and what was given") {
   const std::string msg = error("[run]\nsteps = \"ten\"\n");
   CHECK(contains(msg, "exp.toml:2:9"));

@@ -121,7 +121,7 @@ samples = 12
 seed = {seed}
 [sweep.random]
 "optimizer.lr" = {{ log_uniform = [1e-4, 1e-2] }}
-"optimizer.weight_decay" = {{ uniform = [0.0, 0.2] }}
+"optimizer.adamw.weight_decay" = {{ uniform = [0.0, 0.2] }}
 "batching.name" = ["padded", "packed"]
 "model.n_layers" = {{ int_uniform = [1, 3] }}
 """
@@ -129,8 +129,8 @@ seed = {seed}
 RANGES = [  # in key order, as the sweep file's table is walked
     ("batching.name", "choice", ["'padded'", "'packed'"]),
     ("model.n_layers", "int_uniform", (1, 3)),
+    ("optimizer.adamw.weight_decay", "uniform", (0.0, 0.2)),
     ("optimizer.lr", "log_uniform", (1e-4, 1e-2)),
-    ("optimizer.weight_decay", "uniform", (0.0, 0.2)),
 ]
 
 
@@ -154,7 +154,7 @@ class RandomSearch(Base):
         self.assertNotEqual(self.draws(8), got)  # another seed, other draws
         for s in got.values():
             self.assertTrue(1e-4 <= float(s["optimizer.lr"]) <= 1e-2)
-            self.assertTrue(0.0 <= float(s["optimizer.weight_decay"]) <= 0.2)
+            self.assertTrue(0.0 <= float(s["optimizer.adamw.weight_decay"]) <= 0.2)
             self.assertIn(s["model.n_layers"], {"1", "2", "3"})
         # Over 12 draws of a log-uniform range both decades are visited.
         self.assertTrue(any(float(s["optimizer.lr"]) < 1e-3 for s in got.values()))

@@ -43,8 +43,7 @@ ParamTable make_table() {
 
 struct Setup {
   Registry registry;
-  Params common{"optimizer", {{"lr", 1e-3}, {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8},
-                              {"grad_clip", 0.0}}};
+  Params common{"optimizer", {{"lr", 1e-3}, {"grad_clip", 0.0}}};
   RunContext run;
   cudaStream_t stream = nullptr;  // non-blocking, as the cuda device's
   Setup() {
@@ -57,9 +56,10 @@ struct Setup {
   // The registration of `name` for `device`: adamw serves "cpu", adamw_fused "cuda", adamw8bit has
   // one implementation for each.
   std::unique_ptr<Optimizer> make(const std::string& name, const std::string& device) {
-    std::map<std::string, Value, std::less<>> own;
+    // The AdamW family's keys ([optimizer.adamw]), which every member reads with its own.
+    std::map<std::string, Value, std::less<>> own{{"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}};
     if (name == "adamw8bit") {
-      own = {{"block_size", int64_t(256)}, {"min_8bit_size", int64_t(4096)}, {"fp32_state_pattern", std::string()}};
+      own.insert({{"block_size", int64_t(256)}, {"min_8bit_size", int64_t(4096)}, {"fp32_state_pattern", std::string()}});
     }
     RunContext at = run;
     at.device = device;

@@ -196,9 +196,10 @@ TEST_CASE("LoRA: the base is frozen, only the adapters train, and B = 0 starts a
   CHECK(m.forward(b) == plain.forward(b));  // B = 0: the same bits as the base
   // Engine steps: the optimizer sees the adapters only; the base does not move, the adapters do.
   auto opt = f.registry.create<Optimizer>(Kind::optimizer, "adamw",
-                                          {Params("optimizer", {{"lr", Value{1e-2}}, {"weight_decay", Value{0.0}}, {"beta1", Value{0.9}},
-                                                                {"beta2", Value{0.95}}, {"eps", Value{1e-8}}}),
-                                           Params("optimizer.adamw", {}), f.run},
+                                          {Params("optimizer", {{"lr", Value{1e-2}}}),
+                                           Params("optimizer.adamw", {{"weight_decay", Value{0.0}}, {"beta1", Value{0.9}},
+                                                                      {"beta2", Value{0.95}}, {"eps", Value{1e-8}}}),
+                                           f.run},
                                           "optimizer.name");
   auto comm = f.registry.create<Communicator>(Kind::communicator, "single", {Params("run", {}), Params("run.single", {}), f.run}, "run.communicator");
   Engine engine(m, *opt, *comm, EngineOptions{});

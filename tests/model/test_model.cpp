@@ -168,10 +168,9 @@ void check_case(const std::string& name) {
 
   // Three AdamW steps (weight decay on matrices only, as the reference).
   const auto& oc = g.config["optimizer"];
-  Params common{"optimizer", {{"lr", double(oc["lr"])}, {"weight_decay", double(oc["weight_decay"])},
-                              {"beta1", double(oc["beta1"])}, {"beta2", double(oc["beta2"])}, {"eps", double(oc["eps"])},
-                              {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
-  Params own{"optimizer.adamw", {}};
+  Params common{"optimizer", {{"lr", double(oc["lr"])}, {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
+  Params own{"optimizer.adamw", {{"weight_decay", double(oc["weight_decay"])}, {"beta1", double(oc["beta1"])},
+                                 {"beta2", double(oc["beta2"])}, {"eps", double(oc["eps"])}}};
   auto opt = f.registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, f.run});
   opt->init(m.table(), DeviceType::cpu);
   const std::vector<double> want_losses = g.f64("losses");

@@ -18,9 +18,8 @@ namespace {
 
 struct Setup {
   Registry registry;
-  Params common{"optimizer", {{"lr", 0.1}, {"weight_decay", 0.01}, {"beta1", 0.9}, {"beta2", 0.999},
-                              {"eps", 1e-8}, {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
-  Params own{"optimizer.adamw", {}};
+  Params common{"optimizer", {{"lr", 0.1}, {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
+  Params own{"optimizer.adamw", {{"weight_decay", 0.01}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}}};
   RunContext run;
   Setup() { registry.load_directories({test::plugin_dir()}); }
   std::unique_ptr<Optimizer> make() { return registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, run}); }

@@ -34,17 +34,19 @@ struct Keys {
 struct Setup {
   Registry registry;
   double lr = 1e-3;
-  Params common{"optimizer", {{"lr", 1e-3}, {"weight_decay", 0.01}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
-                              {"grad_clip", 0.0}, {"name", std::string("adamw8bit")}}};
+  Params common{"optimizer", {{"lr", 1e-3}, {"grad_clip", 0.0}, {"name", std::string("adamw8bit")}}};
+  // The AdamW family's keys ([optimizer.adamw]), which every member reads with its own.
+  std::map<std::string, Value, std::less<>> adamw{{"weight_decay", 0.01}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}};
   RunContext run;
   Setup() { registry.load_directories({test::plugin_dir()}); }
   std::unique_ptr<Optimizer> make8(const Keys& k = {}) {
-    const Params own{"optimizer.adamw8bit", {{"block_size", k.block_size}, {"min_8bit_size", k.min_8bit_size},
-                                             {"fp32_state_pattern", k.pattern}}};
+    std::map<std::string, Value, std::less<>> keys = adamw;
+    keys.insert({{"block_size", k.block_size}, {"min_8bit_size", k.min_8bit_size}, {"fp32_state_pattern", k.pattern}});
+    const Params own{"optimizer.adamw8bit", keys};
     return registry.create<Optimizer>(Kind::optimizer, "adamw8bit", {common, own, run});
   }
   std::unique_ptr<Optimizer> make32() {
-    const Params own{"optimizer.adamw", {}};
+    const Params own{"optimizer.adamw", adamw};
     return registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, run});
   }
 };

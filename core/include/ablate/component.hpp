@@ -70,6 +70,11 @@ class Registrar {
  public:
   virtual ~Registrar();
   virtual void add(ComponentInfo info) = 0;
+  // The component (kind, name) shares the keys of `family`, another registration of its kind: the
+  // family's keys live in that one's table ([optimizer.adamw] for adamw8bit), and a member's `own`
+  // holds them with its own table's (which declares only what the family has not). So a family's
+  // members read one table, and an experiment moving between them keeps its values.
+  virtual void share_keys(Kind kind, const std::string& name, const std::string& family) = 0;
 };
 
 }  // namespace ablate

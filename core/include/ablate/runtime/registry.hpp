@@ -60,6 +60,10 @@ class Registry {
   std::vector<const ComponentInfo*> list(Kind kind) const;  // sorted by name
   std::vector<const ComponentInfo*> all() const;            // sorted by kind, name
   std::vector<std::string> names(Kind kind) const;  // distinct names, sorted
+  // The registration whose keys (kind, name) shares (Registrar::share_keys), "" when none; and
+  // the same declared directly (tests, core's own components).
+  std::string family(Kind kind, std::string_view name) const;
+  void share_keys(Kind kind, const std::string& name, const std::string& family);
 
   const std::vector<LoadedPlugin>& plugins() const noexcept;
   const std::vector<LoadFailure>& failures() const noexcept;
