@@ -20,6 +20,7 @@
 #include "ablate/file_check.hpp"
 #include "ablate/atomic_file.hpp"
 #include "ablate/communicator.hpp"
+#include "ablate/runtime/defaults.hpp"
 #include "ablate/runtime/checkpoint.hpp"
 #include "ablate/runtime/evaluation.hpp"
 #include "ablate/runtime/hf_checkpoint.hpp"
@@ -659,9 +660,13 @@ int cmd_export(const Args& args) {
   }
   std::vector<float> values;
   lm.model->copy_params_to_host(values);
-  const bool gpt2 = o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
+  // The Hugging Face families have the built-in embedding, projections and classifier (and, for
+  // Qwen3's qk-norm, rmsnorm): a model with a plugin's in their place has no family to go to.
+  const bool builtin = o.embedding == defaults::embedding && o.linear == defaults::linear && o.classifier == defaults::classifier &&
+                       (!o.qk_norm || o.qk_norm_layer == defaults::qk_norm_layer);
+  const bool gpt2 = builtin && o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
                     o.n_kv_heads == o.n_heads;
-  const bool llama = o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
+  const bool llama = builtin && o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
   if (format == "peft" && (gpt2 || llama)) {
     auto [cfg, file] = peft_adapter(*lm.model, values, gpt2, lm.spec->model.init_from);
     fs::create_directories(out);
@@ -681,8 +686,10 @@ int cmd_export(const Args& args) {
   } else {
     throw_input_error(lm.dir.string(), "this model (" + o.describe() +
                                            ") is neither GPT-2-shaped (layernorm, gelu_mlp, learned positions, no GQA or "
-                                           "qk_norm) nor Llama/Qwen3-shaped (rmsnorm, swiglu_mlp, rope): no Hugging Face "
-                                           "architecture loads it as it is");
+                                           "qk_norm) nor Llama/Qwen3-shaped (rmsnorm, swiglu_mlp, rope), each with the "
+                                           "built-in embedding_layer, projection_layer and classifier_layer (its are " +
+                                           o.embedding + ", " + o.linear + ", " + o.classifier +
+                                           "): no Hugging Face architecture loads it as it is");
   }
   const fs::path tokenizer = describe_tokens(*lm.spec, registry, cfg, vm.count("no-tokenizer") == 0);
   fs::create_directories(out);
