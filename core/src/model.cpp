@@ -483,13 +483,8 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.run = run;
   m.device = std::move(device);
   m.head_dim = m.o.head_dim;
-  m.make(registry, m.o, run);
-  m.answer_defaults(m.o);
-  const PositionSite site = m.pos->position_site();
-  m.specs = schedule::make_specs(m.o, site);
-  m.require_supported(m.o, m.specs);
-  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, site));
-  m.sched = schedule::build_schedule(m.o, m.view(), m.specs, m.table);
+  m.sched = m.declare(registry, m.o, run, m.specs, m.table);
+  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, m.pos->position_site()));
   if (m.adapter) {
     m.frozen = m.sched.adapter_begin;
     for (const ParamSlice& s : m.table.slices) {
@@ -512,12 +507,9 @@ Model::~Model() = default;
 int64_t Model::count_params(const ModelOptions& options, const Registry& registry, const RunContext& run) {
   ModelLayerSet layers;
   ModelOptions o = options;
-  layers.make(registry, o, run);
-  layers.answer_defaults(o);
-  const schedule::LayerSpecs specs = schedule::make_specs(o, layers.pos->position_site());
-  layers.require_supported(o, specs);
+  schedule::LayerSpecs specs;
   ParamTable table;
-  schedule::build_schedule(o, layers.view(), specs, table);
+  layers.declare(registry, o, run, specs, table);
   return table.total;
 }
 

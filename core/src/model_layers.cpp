@@ -74,6 +74,15 @@ void ModelLayerSet::require_supported(const ModelOptions& o, const schedule::Lay
   }
 }
 
+schedule::Schedule ModelLayerSet::declare(const Registry& registry, ModelOptions& o, const RunContext& run,
+                                          schedule::LayerSpecs& specs, ParamTable& table) {
+  make(registry, o, run);
+  answer_defaults(o);
+  specs = schedule::make_specs(o, pos->position_site());
+  require_supported(o, specs);
+  return schedule::build_schedule(o, view(), specs, table);
+}
+
 schedule::Bf16Policy::Answers ModelLayerSet::bf16_answers(const ModelOptions& o, PositionSite site) const {
   schedule::Bf16Policy::Answers a;
   a.products_take_bf16 =

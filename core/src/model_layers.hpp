@@ -46,6 +46,11 @@ struct ModelLayerSet {
   // Each layer asked whether it can serve its use (LayerBase::unsupported): exit 2 naming the key
   // that chose it otherwise (rope and an odd head_dim), before any parameter is declared.
   void require_supported(const ModelOptions& o, const schedule::LayerSpecs& s) const;
+  // make, answer_defaults, the layers' specs and require_supported in that order, then every
+  // parameter declared into `table` (the block schedule): what a model of `o` is, before any device
+  // memory. The model's constructor and Model::count_params share it.
+  schedule::Schedule declare(const Registry& registry, ModelOptions& o, const RunContext& run, schedule::LayerSpecs& specs,
+                             ParamTable& table);
   // What they answer for the bf16 policy (Bf16Policy::Answers), the position layer applied at `site`.
   schedule::Bf16Policy::Answers bf16_answers(const ModelOptions& o, PositionSite site) const;
 };

@@ -24,8 +24,8 @@ Choice choice(const Config& config, std::string_view section) {
 ModelKeys model_keys(const Config& config) {
   ModelKeys m;
   m.keys = config.section("model");
-  // The chosen layers' own tables ([model.<layer name>]).
-  for (const std::string key : {"embedding_layer", "norm", "mlp", "position", "projection_layer", "classifier_layer", "qk_norm_layer"}) {
+  // The chosen layers' own tables ([model.<layer name>]), for every key of [model] naming a layer.
+  for (const std::string& key : find_section_spec("model")->layer_keys) {
     const std::string name = m.keys.get_string(key);
     if (config.has_implementation("model", name)) m.layer_own.insert_or_assign(name, config.implementation("model", name));
   }

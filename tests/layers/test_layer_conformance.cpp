@@ -31,6 +31,7 @@
 #include "ablate/runtime/registry.hpp"
 #include "ablate/runtime/run_spec.hpp"
 #include "ablate/runtime/session.hpp"
+#include "attention_support.hpp"
 #include "conformance_devices.hpp"
 #include "test_support.hpp"
 
@@ -156,15 +157,6 @@ std::vector<float> forward_output(Device& device, LayerBase& base) {
   return y;
 }
 
-double scaled_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? worst / scale : worst;
-}
-
 }  // namespace
 
 TEST_CASE("every layer registration keeps the layer contract, and a name has one face on every device") {
@@ -217,7 +209,8 @@ TEST_CASE("every layer registration keeps the layer contract, and a name has one
       ++shared;
       const auto out = outputs.find(name);
       if (out != outputs.end() && out->second.count("cpu") && out->second.count(device_name)) {
-        const double diff = scaled_diff(out->second.at(device_name), out->second.at("cpu"));
+        const std::vector<float>&got = out->second.at(device_name), &want = out->second.at("cpu");
+        const double diff = test::scaled_diff({got.begin(), got.end()}, {want.begin(), want.end()});
         MESSAGE(name << " forward on " << device_name << ": " << diff << " of the cpu output's largest value from it");
         CHECK(diff <= 1e-4);
       }
