@@ -7,6 +7,7 @@
 
 #include "ablate/runtime/config.hpp"
 #include "ablate/error.hpp"
+#include "ablate/layer.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "ablate/version.hpp"
 #include "commands.hpp"
@@ -37,6 +38,23 @@ void print_schema(const Schema& schema) {
 }
 
 // The [[eval]] tables: their common keys, then each evaluator's, which go in the same table.
+// Whether a layer registration serves adapters (role adapter), asked of its cpu twin made with its
+// defaults: [model.<layer>] lists the model's layers, [adapter.<layer>] the adapters.
+bool is_adapter(const Registry& registry, const std::string& name) {
+  const ComponentInfo* cpu = registry.find(Kind::layer, name, "cpu");
+  if (cpu == nullptr || !cpu->factory) return false;
+  const ComponentInfo& c = *cpu;
+  const Params none("layer", {});
+  const RunContext run;
+  try {
+    const std::unique_ptr<Component> made = c.factory({none, none, run});
+    const auto* layer = dynamic_cast<const LayerBase*>(made.get());
+    return layer != nullptr && layer->role() == LayerRole::adapter;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void print_eval_reference(const Registry& registry) {
   std::printf("## [[eval]]\n\nEvaluations run during training (docs/experiments.md, \"Evaluations\"), one table each, "
               "several per experiment. `name` selects the evaluator; its own keys go in the same table, beside these. "
@@ -83,6 +101,7 @@ int config_reference(const Args& args) {
       const ComponentInfo* c = registry.find(*sub_kind, name);
       // [model] and [adapter] (layers): only the layers that have keys of their own.
       if ((!s.kind || *s.kind == Kind::layer) && c->schema.empty()) continue;
+      if (*sub_kind == Kind::layer && is_adapter(registry, name) != (s.name == "adapter")) continue;
       std::printf("### [%s.%s]\n\n%s\n\n", s.name.c_str(), c->name.c_str(), c->doc.c_str());
       if (c->schema.empty()) std::printf("No keys of its own.\n\n");
       else print_schema(c->schema);

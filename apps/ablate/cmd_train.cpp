@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ablate/layer_params.hpp"
 #include "ablate/data_util.hpp"
 #include "ablate/error.hpp"
 #include "ablate/file_check.hpp"
@@ -456,6 +457,8 @@ json export_gpt2(Exporter& ex, const ModelOptions& o) {
 // LlamaForCausalLM, or Qwen3ForCausalLM for a model with qk_norm: the tensors and config.json.
 json export_llama(Exporter& ex, const ModelOptions& o) {
   const int64_t V = o.vocab_size, L = o.n_layers;
+  const auto rope = o.layer_own.find(o.position);  // [model.rope] theta
+  const double theta = layer_params::read_rope_theta(rope != o.layer_own.end() ? rope->second : Params{});
   json cfg;
   ex.put_all(hf_tensors("llama", o));
   cfg = {{"architectures", {o.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
@@ -469,7 +472,7 @@ json export_llama(Exporter& ex, const ModelOptions& o) {
          {"head_dim", o.head_dim},
          {"max_position_embeddings", o.max_seq_len},
          {"rms_norm_eps", o.norm_epsilon()},
-         {"rope_theta", o.rope_theta},
+         {"rope_theta", theta},
          {"hidden_act", "silu"},
          {"attention_bias", o.bias},
          {"mlp_bias", o.bias},
@@ -517,7 +520,8 @@ std::vector<LoraSite> lora_sites(const Model& model) {
 // W += scale * B A for every adapted projection (what PEFT's merge_and_unload computes).
 void merge_lora(const Model& model, std::vector<float>& values) {
   const ModelOptions& o = model.options();
-  const double scale = o.adapter_alpha / double(o.adapter_rank);
+  const layer_params::LoraKeys k = layer_params::read_lora_keys(o.adapter_own);
+  const double scale = k.alpha / double(k.rank);
   for (const LoraSite& s : lora_sites(model)) {
     const int64_t r = s.a->shape[0], in = s.a->shape[1], out = s.b->shape[0];
     const float* A = values.data() + s.a->offset;
@@ -555,7 +559,8 @@ std::vector<float> rows_of(const std::vector<float>& values, const ParamSlice& s
 std::pair<json, SafetensorsFile> peft_adapter(const Model& model, const std::vector<float>& values, bool gpt2,
                                               const std::string& base) {
   const ModelOptions& o = model.options();
-  const int64_t r = o.adapter_rank, C = o.d_model;
+  const layer_params::LoraKeys k = layer_params::read_lora_keys(o.adapter_own);
+  const int64_t r = k.rank, C = o.d_model;
   SafetensorsFile f;
   f.metadata["format"] = "pt";
   const std::vector<LoraSite> sites = lora_sites(model);
@@ -613,8 +618,8 @@ std::pair<json, SafetensorsFile> peft_adapter(const Model& model, const std::vec
   json cfg = {{"peft_type", "LORA"},
               {"task_type", "CAUSAL_LM"},
               {"r", R},
-              {"lora_alpha", o.adapter_alpha * double(R) / double(r)},
-              {"lora_dropout", o.adapter_dropout},
+              {"lora_alpha", k.alpha * double(R) / double(r)},
+              {"lora_dropout", k.dropout},
               {"bias", "none"},
               {"fan_in_fan_out", gpt2},
               {"use_rslora", false},

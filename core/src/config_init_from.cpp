@@ -23,7 +23,7 @@ namespace {
 // The [model] keys that fix what a checkpoint's weights are: their shapes and the function they
 // compute (not dropout, init_from itself or recomputation).
 constexpr const char* kShapeKeys[] = {"d_model",    "n_layers", "n_heads",  "n_kv_heads", "vocab_size", "vocab_multiple",
-                                      "max_seq_len", "norm",     "mlp",      "mlp_hidden", "position",   "rope_theta",
+                                      "max_seq_len", "norm",     "mlp",      "mlp_hidden", "position",
                                       "qk_norm",    "bias",     "tie_embeddings", "norm_eps", "embedding_layer",
                                       "projection_layer", "classifier_layer", "qk_norm_layer"};
 
@@ -48,7 +48,41 @@ Keys ablate_checkpoint_shape(const fs::path& from) {
       out.emplace_back(key, os.str());
     }
   }
+  // An older checkpoint's [model] rope_theta is its position layer's theta now (as config_override
+  // moves it in an experiment). Resolved configs wrote it for every model: at its default (the
+  // layer's default too) it says nothing.
+  const toml::node* old_theta = m->get("rope_theta");
+  const toml::node* position = m->get("position");
+  if (old_theta != nullptr && old_theta->value<double>().value_or(10000.0) != 10000.0 && position != nullptr && position->is_string()) {
+    std::ostringstream os;
+    old_theta->visit([&](auto&& v) { os << toml::toml_formatter{v}; });
+    out.emplace_back(position->as_string()->get() + ".theta", os.str());
+  }
+  // The chosen layers' own keys ([model.<layer>]: rope's theta) as "layer.key".
+  for (auto&& [layer, node] : *m) {
+    if (!node.is_table()) continue;
+    for (auto&& [key, value] : *node.as_table()) {
+      std::ostringstream os;
+      value.visit([&](auto&& v) { os << toml::toml_formatter{v}; });
+      out.emplace_back(std::string(layer.str()) + "." + std::string(key.str()), os.str());
+    }
+  }
   return out;
+}
+
+// The [model] table's node at a key of the checkpoint's ("theta" of [model.rope] for "rope.theta"),
+// and the table it goes in, made where missing.
+toml::table& table_for(toml::table& model, const std::string& key, std::string& leaf) {
+  const std::size_t dot = key.find('.');
+  if (dot == std::string::npos) {
+    leaf = key;
+    return model;
+  }
+  leaf = key.substr(dot + 1);
+  const std::string sub = key.substr(0, dot);
+  if (!model.contains(sub)) model.insert(sub, toml::table{});
+  toml::table* t = model.get(sub)->as_table();
+  return t != nullptr ? *t : model;  // a non-table there: the section's check names it
 }
 
 }  // namespace
@@ -64,9 +98,11 @@ void take_model_shape(toml::table& root, std::map<std::string, std::string>& ori
   if (complete) return;  // a resolved config (a checkpoint's own): nothing to read
   const Keys keys = is_hf_checkpoint_dir(from) ? read_hf_config(from).model_keys : ablate_checkpoint_shape(from);
   for (const auto& [key, text] : keys) {
-    if (model->contains(key)) continue;  // the experiment's (or --set's) value
+    std::string leaf;
+    toml::table& into = table_for(*model, key, leaf);
+    if (into.contains(leaf)) continue;  // the experiment's (or --set's) value
     toml::table parsed = toml::parse("v = " + text);
-    model->insert(key, *parsed.get("v"));
+    into.insert(leaf, *parsed.get("v"));
     origins["model." + key] = "model.init_from (" + from + ")";
   }
 }

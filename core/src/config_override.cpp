@@ -186,14 +186,22 @@ void apply_override(toml::table& root, const std::string& assignment, const Regi
 
 namespace {
 
+// A key that was core's and is now an implementation's own: [section] key moves to
+// [section.<chosen>] (renamed to `to` where given), the chosen implementation being the one the
+// section's selector names, or for [model] the layer the key `selector` names.
 struct MovedKey {
   const char* section;
   ParamSpec spec;  // the type --set reads it as; the implementation's schema checks it
+  const char* selector = nullptr;
+  const char* to = nullptr;
 };
 const std::vector<MovedKey>& moved_keys() {
   static const std::vector<MovedKey> keys = {
       {"optimizer", param::floating("weight_decay", 0, "")}, {"optimizer", param::floating("beta1", 0, "")},
-      {"optimizer", param::floating("beta2", 0, "")},        {"optimizer", param::floating("eps", 0, "")}};
+      {"optimizer", param::floating("beta2", 0, "")},        {"optimizer", param::floating("eps", 0, "")},
+      {"adapter", param::integer("rank", 0, "")},            {"adapter", param::floating("alpha", 0, "")},
+      {"adapter", param::floating("dropout", 0, "")},
+      {"model", param::floating("rope_theta", 0, ""), "position", "theta"}};
   return keys;
 }
 
@@ -212,17 +220,23 @@ void move_keys(toml::table& root, const Validator& v, std::map<std::string, std:
     const toml::node* value = section != nullptr ? section->get(m.spec.name) : nullptr;
     if (value == nullptr) continue;
     const SectionSpec* spec = find_section_spec(m.section);
-    const toml::node* selector = section->get(spec->selector);
-    const std::string chosen = selector != nullptr && selector->is_string() ? selector->as_string()->get() : spec->default_selection;
-    const ComponentInfo* info = spec->kind ? v.registry().find(*spec->kind, chosen) : nullptr;
+    const std::string selector_key = m.selector != nullptr ? m.selector : spec->selector;
+    const Kind kind = m.selector != nullptr ? Kind::layer : *spec->kind;
+    const ParamSpec* selector_spec = find_param(spec->keys, selector_key);
+    const toml::node* selector = section->get(selector_key);
+    const std::string chosen = selector != nullptr && selector->is_string() ? selector->as_string()->get()
+                               : m.selector != nullptr && selector_spec != nullptr ? std::get<std::string>(selector_spec->default_value)
+                                                                                   : spec->default_selection;
+    const ComponentInfo* info = v.registry().find(kind, chosen);
     if (info == nullptr) continue;  // an unknown implementation: the section's check names it
-    const std::string family = v.registry().family(*spec->kind, chosen);
+    const std::string family = v.registry().family(kind, chosen);
     const std::string owner = family.empty() ? chosen : family;
-    const ComponentInfo* owner_info = v.registry().find(*spec->kind, owner);
-    const std::string from = std::string(m.section) + "." + m.spec.name, to = std::string(m.section) + "." + owner + "." + m.spec.name;
-    if (owner_info == nullptr || find_param(owner_info->schema, m.spec.name) == nullptr) {
-      v.fail(value->source(), from, "'" + chosen + "' has no key '" + m.spec.name + "': " + m.spec.name + " is an optimizer's own key (in [" +
-                                        m.section + "." + owner + "]) for the optimizers that declare it, no longer one of [" + m.section + "]");
+    const ComponentInfo* owner_info = v.registry().find(kind, owner);
+    const std::string new_name = m.to != nullptr ? m.to : m.spec.name;
+    const std::string from = std::string(m.section) + "." + m.spec.name, to = std::string(m.section) + "." + owner + "." + new_name;
+    if (owner_info == nullptr || find_param(owner_info->schema, new_name) == nullptr) {
+      v.fail(value->source(), from, "'" + chosen + "' has no key '" + new_name + "': " + from + " is now [" + m.section + ".<name>] " +
+                                        new_name + ", an own key of the " + std::string(to_string(kind)) + "s that declare it");
     }
     const std::string where = v.where(value->source(), from);
     toml::node* own = section->get(owner);
@@ -232,18 +246,18 @@ void move_keys(toml::table& root, const Validator& v, std::map<std::string, std:
     }
     if (!own->is_table()) continue;  // the section's check names the malformed table
     toml::table& own_table = *own->as_table();
-    if (own_table.contains(m.spec.name)) v.fail(value->source(), from, "is given twice: here and as " + to + "; keep " + to);
+    if (own_table.contains(new_name)) v.fail(value->source(), from, "is given twice: here and as " + to + "; keep " + to);
     value->visit([&](auto&& x) {
       using V = std::decay_t<decltype(x)>;
-      if constexpr (toml::is_value<V>) own_table.insert(m.spec.name, x.get());
-      else own_table.insert(m.spec.name, x);
+      if constexpr (toml::is_value<V>) own_table.insert(new_name, x.get());
+      else own_table.insert(new_name, x);
     });
     section->erase(m.spec.name);
     if (const auto origin = origins.find(from); origin != origins.end()) {
       origins[to] = origin->second;
       origins.erase(origin);
     }
-    spdlog::warn("{}: {} is now {} (the optimizer's own key): read there", where, from, to);
+    spdlog::warn("{}: {} is now {} ({}'s own key): read there", where, from, to, owner);
   }
 }
 

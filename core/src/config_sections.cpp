@@ -52,7 +52,6 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
       string("mlp", defaults::mlp, "feed-forward layer: a layer component of role mlp (gelu_mlp, swiglu_mlp, or a plugin's)"),
       integer("mlp_hidden", 0, "MLP hidden size (0 = the MLP layer's default for d_model: 4*d for gelu_mlp, 8/3*d rounded up to 64 for swiglu_mlp)").within(0, 1048576),
       string("position", defaults::position, "position encoding: a layer component of role position (learned, rope, or a plugin's)"),
-      floating("rope_theta", 10000.0, "RoPE base").at_least(1.0),
       boolean("qk_norm", false, "per-head norm of q and k before RoPE (the layer model.qk_norm_layer names)"),
       string("embedding_layer", defaults::embedding, "token embedding: a layer component of role embedding"),
       string("projection_layer", defaults::linear, "the attention's q, k, v and output projections: a layer component of role linear"),
@@ -113,10 +112,7 @@ static void add_training_sections(std::vector<SectionSpec>& s) {
       integer("every", 1, "log every N steps").within(1, 1e12),
     }, Kind::logger, "sinks", true, ""});
   s.push_back({"adapter", "fine-tuning with adapters: the base model frozen, only the adapters train (docs/finetuning.md)", {
-      string("name", "", "the adapter (a layer plugin of role adapter: lora)"),
-      integer("rank", 8, "LoRA rank r: A is (r, in), B (out, r)").within(1, 65536),
-      floating("alpha", 16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank").at_least(0.0),
-      floating("dropout", 0.0, "dropout on the adapter's input while training").within(0.0, 0.99),
+      string("name", "", "the adapter (a layer plugin of role adapter: lora); its own keys in [adapter.<name>]"),
       string_list("targets", {"q", "v"}, "the linear layers that get an adapter: q, k, v, o (the attention's projections)"),
       string("base_dtype", "fp32", "how the frozen base's linear and MLP weights are held: fp32, or nf4 (4-bit NormalFloat, "
              "blocks of 64 with an fp32 scale each, dequantized for each product)").one_of({"fp32", "nf4"}),

@@ -136,7 +136,7 @@ Keys llama_keys(const ConfigReader& c, bool qwen3) {
           {"norm", "\"rmsnorm\""},
           {"mlp", "\"swiglu_mlp\""},
           {"position", "\"rope\""},
-          {"rope_theta", toml_number(c.number_or("rope_theta", 10000.0))},
+          {"rope.theta", toml_number(c.number_or("rope_theta", 10000.0))},  // [model.rope] theta
           {"qk_norm", qwen3 ? "true" : "false"},
           {"bias", attn_bias ? "true" : "false"},
           {"tie_embeddings", c.flag_or("tie_word_embeddings", false) ? "true" : "false"},
@@ -384,11 +384,17 @@ void require_hf_model_matches(const HfCheckpoint& hf, const ModelOptions& o) {
     if (key == "norm") return "\"" + o.norm + "\"";
     if (key == "mlp") return "\"" + o.mlp + "\"";
     if (key == "position") return "\"" + o.position + "\"";
-    if (key == "rope_theta") return toml_number(o.rope_theta);
     if (key == "qk_norm") return o.qk_norm ? "true" : "false";
     if (key == "bias") return o.bias ? "true" : "false";
     if (key == "tie_embeddings") return o.tie_embeddings ? "true" : "false";
     if (key == "norm_eps") return toml_number(o.norm_epsilon());
+    // "layer.key": a chosen layer's own key ([model.<layer>]).
+    if (const std::size_t dot = key.find('.'); dot != std::string::npos) {
+      const auto own = o.layer_own.find(key.substr(0, dot));
+      if (own == o.layer_own.end() || !own->second.has(key.substr(dot + 1))) return "(not set)";
+      const Value& v = own->second.values().find(key.substr(dot + 1))->second;
+      return std::holds_alternative<double>(v) ? toml_number(std::get<double>(v)) : format_value(v);
+    }
     return "?";
   };
   for (const auto& [key, want] : hf.model_keys) {

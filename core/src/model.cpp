@@ -31,9 +31,6 @@ void read_adapter(const Choice& a, ModelOptions& o) {
   o.adapter = a.name;
   o.adapter_common = a.common;
   o.adapter_own = a.own;
-  o.adapter_rank = a.common.get_int("rank");
-  o.adapter_alpha = a.common.get_float("alpha");
-  o.adapter_dropout = a.common.get_float("dropout");
   o.adapter_targets = a.common.get_string_list("targets");
   o.base_dtype = a.common.get_string("base_dtype");
   if (o.adapter_targets.empty()) throw_input_error("adapter.targets", "names no layer: give one or more of q, k, v, o");
@@ -83,7 +80,6 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
   o.norm = m.get_string("norm");
   o.mlp = m.get_string("mlp");
   o.position = m.get_string("position");
-  o.rope_theta = m.get_float("rope_theta");
   o.qk_norm = m.get_bool("qk_norm");
   o.bias = m.get_bool("bias");
   o.tie_embeddings = m.get_bool("tie_embeddings");
@@ -122,7 +118,7 @@ std::string ModelOptions::describe() const {
     << " tie=" << tie_embeddings << " attention=" << attention;
   if (norm_eps > 0) s << " norm_eps=" << norm_eps;  // only when set: the text older checkpoints hold stays the same
   if (!adapter.empty()) {  // after attention: init_from compares the text before it (the base's shape)
-    s << " adapter=" << adapter << "(rank=" << adapter_rank << ",alpha=" << adapter_alpha << ",targets=";
+    s << " adapter=" << adapter << "(" << adapter_keys_text << (adapter_keys_text.empty() ? "" : ",") << "targets=";
     for (std::size_t i = 0; i < adapter_targets.size(); ++i) s << (i ? "+" : "") << adapter_targets[i];
     if (base_dtype != "fp32") s << ",base=" << base_dtype;
     s << ")";
@@ -413,8 +409,8 @@ LayerCall Model::Impl::adapter_call(const Site& s, bool backward, bool train, ui
   c.saved = adapter_saved(i);
   c.scratch = adapter_scratch();
   c.stream = device->stream();
-  if (train && o.adapter_dropout > 0) {
-    c.dropout = o.adapter_dropout;
+  if (train && adapter->input_dropout() > 0) {
+    c.dropout = adapter->input_dropout();
     c.dropout_key = mix64(key, kAdapterDropoutSites + i);
   }
   if (backward) {

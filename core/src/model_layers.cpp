@@ -53,6 +53,7 @@ void ModelLayerSet::answer_defaults(ModelOptions& o) const {
   if (o.mlp_hidden == 0) o.mlp_hidden = mlp->default_hidden(o.d_model);
   o.norm_eps_default = norm->default_epsilon();
   if (qkn) o.qk_norm_eps_default = qkn->default_epsilon();
+  if (adapter) o.adapter_keys_text = adapter->describe_keys();
 }
 
 void ModelLayerSet::require_supported(const ModelOptions& o, const schedule::LayerSpecs& s) const {

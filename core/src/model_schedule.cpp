@@ -17,7 +17,6 @@ LayerSpecs make_specs(const ModelOptions& o, PositionSite position) {
   s.emb.out = o.vocab_padded;
   s.pos.in = position == PositionSite::qk ? D : C;
   s.pos.max_positions = o.max_seq_len;
-  s.pos.rope_theta = o.rope_theta;
   s.norm.in = C;
   s.norm.bias = o.bias;
   s.norm.eps = o.norm_epsilon();

@@ -26,7 +26,7 @@ namespace ablate::cpu_layers {
 // Factories, one per component (defined next to each layer).
 std::unique_ptr<Layer> make_embedding();
 std::unique_ptr<Layer> make_learned();
-std::unique_ptr<Layer> make_rope();
+std::unique_ptr<Layer> make_rope(double theta);  // [model.rope] theta
 std::unique_ptr<Layer> make_layernorm();
 std::unique_ptr<Layer> make_rmsnorm();
 std::unique_ptr<Layer> make_linear();

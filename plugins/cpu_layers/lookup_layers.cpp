@@ -173,6 +173,7 @@ class Learned final : public Layer {
 
 class Rope final : public Layer {
  public:
+  explicit Rope(double theta) : theta_(theta) {}
   LayerRole role() const override { return LayerRole::position; }
   PositionSite position_site() const override { return PositionSite::qk; }
   std::string unsupported(const LayerSpec& spec) const override { return layer_params::rope_problem(spec); }
@@ -208,7 +209,7 @@ class Rope final : public Layer {
     const int64_t D = s.in, half = D / 2, heads = call.heads;
     // theta^(-2i/D) for each pair.
     std::vector<double> freq(static_cast<std::size_t>(half));
-    for (int64_t i = 0; i < half; ++i) freq[i] = std::pow(s.rope_theta, -2.0 * double(i) / double(D));
+    for (int64_t i = 0; i < half; ++i) freq[i] = std::pow(theta_, -2.0 * double(i) / double(D));
     // The inverse rotation is the rotation by -angle.
     const double sign = inverse ? -1.0 : 1.0;
     dispatch(dt, [&](auto tag) {
@@ -247,12 +248,14 @@ class Rope final : public Layer {
       }
     });
   }
+
+  double theta_;
 };
 
 }  // namespace
 
 std::unique_ptr<Layer> make_embedding() { return std::make_unique<Embedding>(); }
 std::unique_ptr<Layer> make_learned() { return std::make_unique<Learned>(); }
-std::unique_ptr<Layer> make_rope() { return std::make_unique<Rope>(); }
+std::unique_ptr<Layer> make_rope(double theta) { return std::make_unique<Rope>(theta); }
 
 }  // namespace ablate::cpu_layers

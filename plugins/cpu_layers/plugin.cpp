@@ -1,4 +1,5 @@
-// Registers the CPU layers: one component per layer, no keys of their own, serving device "cpu".
+// Registers the CPU layers: one component per layer, serving device "cpu"; rope has a key of its own
+// ([model.rope] theta, layer_params::rope_keys), the others none.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -16,7 +17,12 @@ void register_components(ablate::Registrar& r) {
   using namespace ablate::cpu_layers;
   add(r, "embedding", "token embedding table lookup on the CPU (f32/f64), optional output dropout", make_embedding);
   add(r, "learned", "learned position table added to the stream on the CPU (f32/f64)", make_learned);
-  add(r, "rope", "rotary position embedding, rotate-half convention, on the CPU (f32/f64)", make_rope);
+  r.add({ablate::Kind::layer, "rope", "1.0.0", "rotary position embedding, rotate-half convention, on the CPU (f32/f64)",
+         ablate::layer_params::rope_keys(),
+         [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
+           return make_rope(ablate::layer_params::read_rope_theta(a.own));
+         },
+         "", {"cpu"}});
   add(r, "layernorm", "layer norm with weight and optional bias on the CPU (f32/f64)", make_layernorm);
   add(r, "rmsnorm", "RMS norm with weight on the CPU (f32/f64)", make_rmsnorm);
   add(r, "linear", "y = x W^T + b (+ residual), OpenBLAS, on the CPU (f32/f64)", make_linear);

@@ -22,13 +22,13 @@ namespace ablate::cuda_layers {
 std::unique_ptr<Layer> make_norm(bool rms, const char* name);
 std::unique_ptr<Layer> make_embedding();
 std::unique_ptr<Layer> make_learned();
-std::unique_ptr<Layer> make_rope();
+std::unique_ptr<Layer> make_rope(double theta);  // [model.rope] theta
 // The layers with matrix products take the run's math mode (gemm.hpp: fp32, tf32 or bf16 products).
 std::unique_ptr<Layer> make_linear(MatmulMode mode);
 std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode);
 std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode);
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode);
-std::unique_ptr<Layer> make_lora(const Params& adapter_keys);
+std::unique_ptr<Layer> make_lora(const Params& own);  // [adapter.lora]
 
 // A view of `dtype` on the cuda device holding at least `elements` values (none needed: any view).
 inline void require_view(const char* layer, const TensorView& t, const char* what, int64_t elements, DType dtype) {

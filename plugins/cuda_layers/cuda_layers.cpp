@@ -5,11 +5,27 @@
 // tests/gpu/test_cuda_layers.cpp (fp32, tf32, bf16) run each against the CPU layers in float64,
 // and tests/layers/test_cuda_layers_math.cpp checks the arithmetic of their kernels (the
 // __host__ __device__ headers) here on the CPU.
+#include "ablate/layer_params.hpp"
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
 namespace ablate::cuda_layers {
 namespace {
+
+// A layer with its own keys (`schema`, read from [model.<name>] or [adapter.<name>]): `make`
+// receives them.
+void add_keyed(Registrar& r, const char* name, const char* version, const char* doc, Schema schema,
+               std::function<std::unique_ptr<Layer>(const Params& own)> make) {
+  ComponentInfo info;
+  info.kind = Kind::layer;
+  info.name = name;
+  info.version = version;
+  info.doc = doc;
+  info.schema = std::move(schema);
+  info.devices = {"cuda"};
+  info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(a.own); };
+  r.add(std::move(info));
+}
 
 // `make` receives how the run computes its products (run.dtype: fp32, tf32 or bf16; gemm.hpp).
 template <class L>
@@ -28,7 +44,8 @@ void register_components(Registrar& r) {
   add<Layer>(r, "embedding", "token embedding lookup on a CUDA device (f32), optional output dropout; sorted scatter-add backward",
              [](MatmulMode) { return make_embedding(); });
   add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", [](MatmulMode) { return make_learned(); });
-  add<Layer>(r, "rope", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", [](MatmulMode) { return make_rope(); });
+  add_keyed(r, "rope", "1.1.0", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", layer_params::rope_keys(),
+            [](const Params& own) { return make_rope(layer_params::read_rope_theta(own)); });
   add<Layer>(r, "layernorm", "layer norm with weight and optional bias on a CUDA device (f32; warp per row)",
              [](MatmulMode) { return make_norm(false, "layernorm"); });
   add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [](MatmulMode) { return make_norm(true, "rmsnorm"); });
@@ -39,14 +56,8 @@ void register_components(Registrar& r) {
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in chunks of 4096 "
                  "under bf16 products), softmax cross-entropy and its gradients",
                  make_cross_entropy);
-  ComponentInfo lora;
-  lora.kind = Kind::layer;
-  lora.name = "lora";
-  lora.version = "1.0.0";
-  lora.doc = "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products";
-  lora.devices = {"cuda"};
-  lora.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> { return make_lora(a.common); };
-  r.add(std::move(lora));
+  add_keyed(r, "lora", "1.0.0", "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products",
+            layer_params::lora_keys(), make_lora);
 }
 
 }  // namespace

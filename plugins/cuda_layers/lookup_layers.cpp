@@ -98,6 +98,7 @@ class Learned final : public Layer {
 
 class Rope final : public Layer {
  public:
+  explicit Rope(double theta) : theta_(theta) {}
   LayerRole role() const override { return LayerRole::position; }
   PositionSite position_site() const override { return PositionSite::qk; }
   std::string unsupported(const LayerSpec& spec) const override { return layer_params::rope_problem(spec); }
@@ -125,7 +126,7 @@ class Rope final : public Layer {
     if (!inverse && src.dtype == DType::bf16) {  // then y too
       require_bf16(kName, src, "x", n);
       require_bf16(kName, dst, "y", n);
-      launch_rope(positions, src.as<const uint16_t>(), dst.as<uint16_t>(), call.rows, call.heads, s.in, s.rope_theta,
+      launch_rope(positions, src.as<const uint16_t>(), dst.as<uint16_t>(), call.rows, call.heads, s.in, theta_,
                   stream_of(call));
       check_launch(kName);
       return;
@@ -134,16 +135,18 @@ class Rope final : public Layer {
     require_f32(kName, dst, inverse ? "d_x" : "y", n);
     const bool accumulate = inverse && call.input_grad == GradMode::accumulate;
     if (accumulate && same(src, dst)) throw_runtime_error(kName, "d_x cannot both alias d_y and accumulate");
-    launch_rope(positions, src.as<const float>(), dst.as<float>(), call.rows, call.heads, s.in, s.rope_theta, inverse, accumulate,
+    launch_rope(positions, src.as<const float>(), dst.as<float>(), call.rows, call.heads, s.in, theta_, inverse, accumulate,
                 stream_of(call));
     check_launch(kName);
   }
+
+  double theta_;
 };
 
 }  // namespace
 
 std::unique_ptr<Layer> make_embedding() { return std::make_unique<Embedding>(); }
 std::unique_ptr<Layer> make_learned() { return std::make_unique<Learned>(); }
-std::unique_ptr<Layer> make_rope() { return std::make_unique<Rope>(); }
+std::unique_ptr<Layer> make_rope(double theta) { return std::make_unique<Rope>(theta); }
 
 }  // namespace ablate::cuda_layers

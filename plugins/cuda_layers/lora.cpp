@@ -36,7 +36,9 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 
 class Lora final : public Layer {
  public:
-  Lora(int64_t rank, double alpha) : rank_(rank), scale_(float(alpha / double(rank))) {}
+  explicit Lora(const layer_params::LoraKeys& k) : keys_(k), rank_(k.rank), scale_(float(k.alpha / double(k.rank))) {}
+  double input_dropout() const override { return keys_.dropout; }
+  std::string describe_keys() const override { return layer_params::lora_text(keys_); }
   LayerRole role() const override { return LayerRole::adapter; }
   void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
     layer_params::lora(rank_, spec, prefix, table);
@@ -111,15 +113,14 @@ class Lora final : public Layer {
     return d;
   }
 
+  layer_params::LoraKeys keys_;
   int64_t rank_;
   float scale_;
 };
 
 }  // namespace
 
-// [adapter] rank and alpha (the defaults of its schema, 8 and 16, where a caller gives no keys).
-std::unique_ptr<Layer> make_lora(const Params& keys) {
-  return std::make_unique<Lora>(keys.has("rank") ? keys.get_int("rank") : 8, keys.has("alpha") ? keys.get_float("alpha") : 16.0);
-}
+// [adapter.lora] rank, alpha and dropout (layer_params::lora_keys; its defaults where a caller gives none).
+std::unique_ptr<Layer> make_lora(const Params& own) { return std::make_unique<Lora>(layer_params::read_lora_keys(own)); }
 
 }  // namespace ablate::cuda_layers

@@ -11,8 +11,9 @@
 // The parameters' layout and initialisation (A random, B zero: the adapted model starts as the base)
 // are layer_params::lora, shared with the cuda registration. The parameter names are the linear's prefix with `lora_A` and
 // `lora_B`, the shapes PEFT stores (`ablate export --format peft` writes them under PEFT's names).
-// Keys: [adapter] rank and alpha (the model reads targets and dropout). The cuda registration of the
-// same name is plugins/cuda_layers/lora.cpp.
+// Keys: its own, [adapter.lora] rank, alpha and dropout (layer_params::lora_keys, the same schema on
+// every device; the model applies the dropout it answers); [adapter] targets and base_dtype are the
+// model's. The cuda registration of the same name is plugins/cuda_layers/lora.cpp.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -26,7 +27,9 @@ constexpr const char* kName = "lora";
 
 class Lora final : public Layer {
  public:
-  Lora(int64_t rank, double alpha) : rank_(rank), scale_(alpha / double(rank)) {}
+  explicit Lora(const layer_params::LoraKeys& k) : keys_(k), rank_(k.rank), scale_(k.alpha / double(k.rank)) {}
+  double input_dropout() const override { return keys_.dropout; }
+  std::string describe_keys() const override { return layer_params::lora_text(keys_); }
 
   LayerRole role() const override { return LayerRole::adapter; }
 
@@ -109,6 +112,7 @@ class Lora final : public Layer {
     return d;
   }
 
+  layer_params::LoraKeys keys_;
   int64_t rank_;
   double scale_;
 };
@@ -116,12 +120,10 @@ class Lora final : public Layer {
 void register_components(Registrar& r) {
   r.add({Kind::layer, kName, "1.0.0",
          "LoRA adapter on a linear layer: y += (alpha/rank) dropout(x) A^T B^T, A (rank, in), B (out, rank) trainable, "
-         "the base frozen ([adapter] rank, alpha, dropout, targets), on the CPU (f32/f64)",
-         {},
+         "the base frozen ([adapter.lora] rank, alpha, dropout; [adapter] targets), on the CPU (f32/f64)",
+         layer_params::lora_keys(),
          [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-           // [adapter] rank and alpha (the defaults of its schema, 8 and 16, where a caller gives no keys).
-           return std::make_unique<Lora>(a.common.has("rank") ? a.common.get_int("rank") : 8,
-                                         a.common.has("alpha") ? a.common.get_float("alpha") : 16.0);
+           return std::make_unique<Lora>(layer_params::read_lora_keys(a.own));
          },
          "", {"cpu"}});
 }

@@ -152,7 +152,7 @@ TEST_CASE("evaluations under 2 ranks deal the items out and sum them: 1 process'
 TEST_CASE("LoRA on an NF4 base: 2 ranks give 1 process's losses, plain and ZeRO-1, the adapters' state halved") {
   // Only the adapters train: the gradient buckets, the all-reduce, ZeRO-1's reduce-scatter and
   // all-gather and the optimizer's shards cover the trainable part of the table alone.
-  const std::string lora = "--set adapter.name=lora --set adapter.rank=4 --set adapter.base_dtype=nf4 ";
+  const std::string lora = "--set adapter.name=lora --set adapter.lora.rank=4 --set adapter.base_dtype=nf4 ";
   TempDir tmp;
   const fs::path one = tmp.path() / "one", dp = tmp.path() / "dp", zero = tmp.path() / "zero";
   const auto r1 = one_process(lora + "--set run.grad_accum_steps=2 --run-dir " + one.string());

@@ -149,6 +149,51 @@ TEST_CASE("a family's keys live in one table its members share; the old [optimiz
   CHECK(contains(msg, "'sgd' has no key 'weight_decay'"));
 }
 
+TEST_CASE("a layer's own keys live in its table: [model] rope_theta and [adapter] rank, alpha, dropout are moved there") {
+  using namespace param;
+  Registry registry;
+  add(registry, Kind::layer, "rope", {floating("theta", 10000.0, "base")});
+  add(registry, Kind::layer, "learned");
+  add(registry, Kind::layer, "lora", {integer("rank", 8, "r"), floating("alpha", 16.0, "a"), floating("dropout", 0.0, "p")});
+  add(registry, Kind::data_source, "synthetic_probes");  // the other sections' defaults
+  add(registry, Kind::sampler, "shuffled");
+  add(registry, Kind::batcher, "packed");
+  add(registry, Kind::attention, "naive_cpu");
+  add(registry, Kind::optimizer, "adamw");
+  add(registry, Kind::schedule, "cosine");
+  const auto parse = [&](const std::string& text, const std::vector<std::string>& sets = {}) {
+    return Config::parse(text, "exp.toml", sets, registry);
+  };
+  const auto error = [&](const std::string& text) -> std::string {
+    try {
+      parse(text);
+    } catch (const Error& e) {
+      CHECK(e.exit_code() == 2);
+      return e.what();
+    }
+    FAIL("expected an input error");
+    return "";
+  };
+  // The new spelling, and the chosen layer's default where the experiment gives none.
+  CHECK(parse("[model]\nposition = \"rope\"\n[model.rope]\ntheta = 500.0\n").implementation("model", "rope").get_float("theta") == 500.0);
+  CHECK(parse("[model]\nposition = \"rope\"\n").implementation("model", "rope").get_float("theta") == 10000.0);
+  // The old one, in the file or by --set: moved (and renamed) into the position layer's table.
+  Config c = parse("[model]\nposition = \"rope\"\nrope_theta = 500000.0\n");
+  CHECK(c.implementation("model", "rope").get_float("theta") == 500000.0);
+  CHECK(contains(c.to_toml(), "[model.rope]"));
+  CHECK_FALSE(contains(c.to_toml(), "rope_theta"));
+  c = parse("[adapter]\nname = \"lora\"\nrank = 4\n", {"adapter.alpha=8", "adapter.dropout=0.1"});
+  const Params lora = c.implementation("adapter", "lora");
+  CHECK(lora.get_int("rank") == 4);
+  CHECK(lora.get_float("alpha") == 8.0);
+  CHECK(lora.get_float("dropout") == 0.1);
+  // Refused: the old key for a layer without it, and a key given in both places.
+  const std::string msg = error("[model]\nposition = \"learned\"\nrope_theta = 500.0\n");
+  CHECK(contains(msg, "exp.toml:3:"));
+  CHECK(contains(msg, "'learned' has no key 'theta': model.rope_theta is now [model.<name>] theta"));
+  CHECK(contains(error("[adapter]\nname = \"lora\"\nrank = 4\n[adapter.lora]\nrank = 8\n"), "given twice"));
+}
+
 TEST_CASE_FIXTURE(Fixture, "a wrong type names what was expected and what was given") {
   const std::string msg = error("[run]\nsteps = \"ten\"\n");
   CHECK(contains(msg, "exp.toml:2:9"));

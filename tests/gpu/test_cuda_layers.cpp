@@ -230,11 +230,13 @@ struct Suite {
 
   // The registration of `name` for `device`, made once per (name, device, dtype).
   template <class L>
-  L& layer(const std::string& name, const std::string& device, const std::string& dtype = "fp32") {
-    const std::string key = name + "/" + device + "/" + dtype;
+  // `own`: the layer's own keys ([model.<name>]; rope's theta), none by default.
+  L& layer(const std::string& name, const std::string& device, const std::string& dtype = "fp32", const Params& own = {}) {
+    std::string key = name + "/" + device + "/" + dtype;
+    for (const auto& [k, v] : own.values()) key += "/" + k + "=" + format_value(v);
     auto it = made.find(key);
     if (it == made.end()) {
-      const Params common{"model", {}}, own{"model." + name, {}};
+      const Params common{"model", {}};
       RunContext run;
       run.device = device;
       run.dtype = dtype;
@@ -432,6 +434,7 @@ struct Problem {
   uint64_t key = 0;
   GradMode input_grad = GradMode::overwrite;
   bool qk = false;  // a norm as the qk-norm: its x (q or k) is held in bf16 too
+  Params own;       // the layer's own keys (rope's theta)
   int64_t K = 1;   // tolerance: the reductions' lengths, added
   int stages = 0;  // tolerance: chained reduced-precision products (0: the layer has none)
   int64_t nx() const { return rows * x_width; }
@@ -576,8 +579,8 @@ Results run_gpu(Layer& layer, const Problem& p, const Values& v, const Mode& mod
 // One problem: the CPU reference once, then the CUDA layer in every mode against it.
 void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, double x_mean = 0.0) {
   INFO(p.label);
-  Layer& cpu = suite().layer<Layer>(p.layer, "cpu");
-  Layer& first = suite().layer<Layer>(p.layer, "cuda", kModes[0].dtype);
+  Layer& cpu = suite().layer<Layer>(p.layer, "cpu", "fp32", p.own);
+  Layer& first = suite().layer<Layer>(p.layer, "cuda", kModes[0].dtype, p.own);
   const Values v = random_values(p, cpu, first, rng, x_mean);
   const Results want = run_cpu(cpu, p, v);
   REQUIRE(all_finite(want.y));
@@ -589,7 +592,7 @@ void run_problem(const Problem& p, std::mt19937_64& rng, Margins& margins, doubl
   Results before;  // the results of the mode before, which a `held` mode must equal bit for bit
   for (const Mode& mode : kModes) {
     INFO("run.dtype " << std::string(mode.name));
-    Layer& gpu = suite().layer<Layer>(p.layer, "cuda", mode.dtype);
+    Layer& gpu = suite().layer<Layer>(p.layer, "cuda", mode.dtype, p.own);
     if (mode.held && !gpu.bf16_product_inputs() && !gpu.bf16_attention_inputs()) continue;
     // The same saved values on both devices (the contract: a recomputed forward means the same on
     // either), but for the MLPs' hidden activation, which bf16 products keep in bf16.
@@ -867,7 +870,7 @@ TEST_CASE("rope: rotate-half on (rows, heads, head_dim), inverse in backward, in
           Problem p;
           p.layer = "rope";
           p.spec.in = head_dim;
-          p.spec.rope_theta = head_dim == 38 ? 500000.0 : 10000.0;
+          p.own = Params("model.rope", {{"theta", Value{head_dim == 38 ? 500000.0 : 10000.0}}});
           p.rows = rows;
           p.heads = heads;
           p.x_width = p.y_width = heads * head_dim;
@@ -1106,7 +1109,7 @@ TEST_CASE("swiglu_mlp: bias, residual, dropout, d_x written and accumulated") {
 TEST_CASE("lora: adds to y and to d_x, A and B gradients, dropout on its input") {
   // The adapter adds s u B^T to the projection's y (here y starts as a random "projection output")
   // and its part of the input gradient to d_x (which starts random: the projection's part);
-  // rank 8 (the [adapter] default), alpha 16, B random so that every product matters.
+  // rank 8 (the [adapter.lora] default), alpha 16, B random so that every product matters.
   Margins margins("lora");
   std::mt19937_64 rng(109);
   for (int64_t rows : kRows) {

@@ -154,7 +154,7 @@ TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with 
   // linear, cross_entropy) compute input gradients only, the lora adapters on q and v train
   // (dropout 0.1 on their input: the same mask on both devices), NF4 weights are dequantized by
   // the cuda device's kernel. Tolerances as for the f32 run above.
-  const std::string lora = " --set adapter.name=lora --set adapter.rank=4 --set adapter.alpha=8 --set adapter.dropout=0.1"
+  const std::string lora = " --set adapter.name=lora --set adapter.lora.rank=4 --set adapter.lora.alpha=8 --set adapter.lora.dropout=0.1"
                            " --set run.steps=6 --set run.eval_every=3";
   const std::string llama = " --set model.norm=rmsnorm --set model.mlp=swiglu_mlp --set model.position=rope --set model.bias=false"
                             " --set model.tie_embeddings=false --set adapter.base_dtype=nf4";

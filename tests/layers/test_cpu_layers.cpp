@@ -39,14 +39,13 @@ Plugins& plugins() {
 }
 
 template <class L = Layer>
-std::unique_ptr<L> make_as(const std::string& name) {
+std::unique_ptr<L> make_as(const std::string& name, const Params& own = {}) {
   Params common{"model", {}};
-  Params own{"model." + name, {}};
   RunContext run;
   return plugins().registry.create<L>(Kind::layer, name, {common, own, run});
 }
 
-std::unique_ptr<Layer> make(const std::string& name) { return make_as<Layer>(name); }
+std::unique_ptr<Layer> make(const std::string& name, const Params& own = {}) { return make_as<Layer>(name, own); }
 std::unique_ptr<LossLayer> make_loss(const std::string& name) { return make_as<LossLayer>(name); }
 
 template <class T>
@@ -675,8 +674,7 @@ TEST_CASE("layernorm and rmsnorm match the direct formulas") {
 
 TEST_CASE("rope matches a complex-number rotation, restarts with positions, and inverts") {
   Case c = rope_case(false);
-  c.spec.rope_theta = 500.0;
-  auto layer = make("rope");
+  auto layer = make("rope", Params("model.rope", {{"theta", Value{500.0}}}));  // [model.rope] theta
   std::mt19937_64 rng(6);
   State<double> s = random_state(*layer, c, rng);
   // Rows 0 and 4 both sit at position 0 (a new document starts at row 4): identical inputs there.

@@ -213,7 +213,6 @@ TEST_CASE("rope_angle and rope_rotate reproduce the cpu_layers rope exactly (for
   const int64_t rows = 9, heads = 3, D = 14;
   LayerSpec spec;
   spec.in = D;
-  spec.rope_theta = 10000.0;
   Batch b;
   b.reset(1, int32_t(rows));
   for (int64_t r = 0; r < rows; ++r) b.positions[std::size_t(r)] = int32_t(r * 37 % 101);
@@ -237,7 +236,7 @@ TEST_CASE("rope_angle and rope_rotate reproduce the cpu_layers rope exactly (for
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < half; ++i) {
         const std::size_t base = std::size_t((r * heads + h) * D);
-        const double angle = cuda_layers::rope_angle(b.positions[std::size_t(r)], i, D, spec.rope_theta);
+        const double angle = cuda_layers::rope_angle(b.positions[std::size_t(r)], i, D, 10000.0);  // rope's default theta
         const cuda_layers::RopePair f = cuda_layers::rope_rotate(x[base + i], x[base + i + half], angle, 1.0);
         const cuda_layers::RopePair g = cuda_layers::rope_rotate(x[base + i], x[base + i + half], angle, -1.0);
         CHECK(f.a == y[base + i]);

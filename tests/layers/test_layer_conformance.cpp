@@ -111,7 +111,7 @@ std::unique_ptr<LayerBase> make(const Registry& registry, const ModelOptions& o,
   run.threads = 2;
   const ComponentInfo* info = registry.find(Kind::layer, name, device);
   REQUIRE(info != nullptr);
-  // The adapter's keys are [adapter]'s, every other layer's [model]'s and its own table.
+  // The adapter's keys are [adapter]'s and [adapter.<name>], every other layer's [model]'s and its own table.
   if (name == o.adapter) return registry.create<LayerBase>(Kind::layer, name, {o.adapter_common, o.adapter_own, run});
   const auto it = o.layer_own.find(name);
   const Params own = it != o.layer_own.end() ? it->second : Params{"model." + name, {}};
@@ -162,7 +162,7 @@ std::vector<float> forward_output(Device& device, LayerBase& base) {
 TEST_CASE("every layer registration keeps the layer contract, and a name has one face on every device") {
   Registry registry;
   registry.load_directories({test::plugin_dir()});
-  const Config config = Config::parse("[model]\nd_model = 40\nn_heads = 4\n[adapter]\nname = \"lora\"\nrank = 4\n", "layers.toml", {}, registry);
+  const Config config = Config::parse("[model]\nd_model = 40\nn_heads = 4\n[adapter]\nname = \"lora\"\n[adapter.lora]\nrank = 4\n", "layers.toml", {}, registry);
   const RunSpec spec = RunSpec::from(config);
   const ModelOptions o = Session(spec, registry, RunContext{}).model_options(kVocab);
 

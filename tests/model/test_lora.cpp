@@ -54,9 +54,7 @@ ModelOptions options(bool llama, const std::vector<std::string>& targets, int64_
   if (!targets.empty()) {
     o.adapter = "lora";
     o.adapter_targets = targets;
-    o.adapter_rank = rank;
-    o.adapter_alpha = alpha;
-    o.adapter_common = Params("adapter", {{"rank", Value{rank}}, {"alpha", Value{alpha}}});
+    o.adapter_own = Params("adapter.lora", {{"rank", Value{rank}}, {"alpha", Value{alpha}}});
     o.base_dtype = base_dtype;
   }
   return o;

@@ -63,7 +63,7 @@ struct Golden {
     o.norm = config["norm"];
     o.mlp = config["mlp"];
     o.position = config["position"];
-    o.rope_theta = config["rope_theta"];
+    o.layer_own.insert_or_assign("rope", Params("model.rope", {{"theta", Value{double(config["rope_theta"])}}}));
     o.qk_norm = config["qk_norm"];
     o.bias = config["bias"];
     o.tie_embeddings = config["tie_embeddings"];

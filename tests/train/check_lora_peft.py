@@ -75,7 +75,7 @@ def main():
             sets = model_sets(probe)
             ft = os.path.join(tmp, name + "-lora")
             run([ablate, "train", BASE, "--run-dir", ft, *sets, "--set", f"model.init_from={hf_dir}",
-                 "--set", "adapter.name=lora", "--set", "adapter.rank=4", "--set", "adapter.alpha=8",
+                 "--set", "adapter.name=lora", "--set", "adapter.lora.rank=4", "--set", "adapter.lora.alpha=8",
                  "--set", f"adapter.targets={targets}", "--set", "data.name=token_shards",
                  "--set", f"data.token_shards.paths=[\"{tmp}/train.bin\"]", "--set", f"data.token_shards.val_paths=[\"{tmp}/val.bin\"]",
                  "--set", f"data.token_shards.vocab_size={V}", "--set", f"data.token_shards.eot={EOT}",

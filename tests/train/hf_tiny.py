@@ -17,7 +17,7 @@ TINY = ["model.d_model=48", "model.n_layers=2", "model.max_seq_len=64", "batchin
 SHAPES = {
     "gpt2": ["model.n_heads=4"],
     "qwen3": ["model.n_heads=6", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
-              "model.qk_norm=true", "model.bias=false", "model.tie_embeddings=false", "model.rope_theta=500"],
+              "model.qk_norm=true", "model.bias=false", "model.tie_embeddings=false", "model.rope.theta=500"],
     "llama": ["model.n_heads=4", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
               "model.bias=false"],
 }

@@ -31,7 +31,7 @@ SHAPES = {
     "llama": ["model.n_heads=4", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
               "model.bias=false", "model.tie_embeddings=false"],
     "qwen3": ["model.n_heads=4", "model.n_kv_heads=2", "model.norm=rmsnorm", "model.mlp=swiglu_mlp", "model.position=rope",
-              "model.bias=false", "model.tie_embeddings=false", "model.qk_norm=true", "model.rope_theta=500"],
+              "model.bias=false", "model.tie_embeddings=false", "model.qk_norm=true", "model.rope.theta=500"],
 }
 
 
@@ -185,9 +185,9 @@ class ImportHF(unittest.TestCase):
             with self.subTest(source=source):
                 self.train_at_lr_zero_exports_qwen3(BASE, self.p("ft-" + os.path.basename(source)), source, SHAPES["qwen3"])
         r = run("train", BASE, "--run-dir", self.p("ft-bad"),
-                *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", *SHAPES["qwen3"], "model.rope_theta=10000"]), ok=False)
+                *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", *SHAPES["qwen3"], "model.rope.theta=10000"]), ok=False)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("model.rope_theta", r.stderr)
+        self.assertIn("model.rope.theta", r.stderr)
         self.assertIn("500", r.stderr)
         r = run("train", BASE, "--run-dir", self.p("ft-bad2"), *sets(["run.steps=2", f"model.init_from={self.p('run-gpt2')}", *SHAPES["llama"]]), ok=False)
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -209,7 +209,7 @@ class ImportHF(unittest.TestCase):
                 self.train_at_lr_zero_exports_qwen3(bare, out, source, [])
                 with open(os.path.join(out, "config.toml")) as f:
                     resolved = f.read()
-                for line in ("qk_norm = true", 'position = "rope"', "n_kv_heads = 2", "d_model = 32"):
+                for line in ("qk_norm = true", 'position = "rope"', "n_kv_heads = 2", "d_model = 32", "[model.rope]\ntheta = 500.0"):
                     self.assertIn(line, resolved)
         # A key the experiment sets stays set: one that differs from the checkpoint is exit 2 naming it.
         r = run("train", bare, "--run-dir", self.p("bare-bad"),
@@ -217,9 +217,9 @@ class ImportHF(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("d_model=32 where this experiment's [model] has d_model=64", r.stderr)
         r = run("train", bare, "--run-dir", self.p("bare-bad-hf"),
-                *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", "model.rope_theta=10000"]), ok=False)
+                *sets(["run.steps=2", f"model.init_from={self.p('hf-qwen3')}", "model.rope.theta=10000"]), ok=False)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("model.rope_theta", r.stderr)
+        self.assertIn("model.rope.theta", r.stderr)
         # `ablate config show` prints the checkpoint's keys too.
         r = run("config", "show", bare, "--set", f"model.init_from={self.p('hf-qwen3')}")
         self.assertIn("qk_norm = true", r.stdout)

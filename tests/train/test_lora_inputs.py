@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "tiny_sweep_base.toml")
-LORA = ["--set", "adapter.name=lora", "--set", "adapter.rank=2", "--set", "run.steps=6", "--set", "run.eval_every=0"]
+LORA = ["--set", "adapter.name=lora", "--set", "adapter.lora.rank=2", "--set", "run.steps=6", "--set", "run.eval_every=0"]
 
 
 def call(cmd):
@@ -44,7 +44,16 @@ def main():
                 "adapter.targets", "twice")
         refused("a linear as the adapter", train + ["--run-dir", f"{tmp}/d", *LORA, "--set", "adapter.name=linear"],
                 "adapter.name", "role")
-        refused("rank 0", train + ["--run-dir", f"{tmp}/f", *LORA, "--set", "adapter.rank=0"], "adapter.rank")
+        refused("rank 0", train + ["--run-dir", f"{tmp}/f", *LORA, "--set", "adapter.lora.rank=0"], "adapter.lora.rank")
+        # The old spelling, [adapter] rank, is lora's own key now: moved there with a warning, and used.
+        old = call(train + ["--run-dir", f"{tmp}/old", "--set", "adapter.name=lora", "--set", "adapter.rank=3", "--set", "run.steps=1"])
+        moved = old.returncode == 0 and "adapter.rank is now adapter.lora.rank" in old.stdout + old.stderr
+        with open(f"{tmp}/old/config.toml") as f:
+            moved = moved and "[adapter.lora]\nalpha = 16.0\ndropout = 0.0\nrank = 3\n" in f.read()
+        print(f"[adapter] rank moved to [adapter.lora]: exit {old.returncode}: {'ok' if moved else 'WRONG'}")
+        if not moved:
+            print(old.stdout, old.stderr)
+        failures += not moved
         refused("base_dtype int4", train + ["--run-dir", f"{tmp}/g", *LORA, "--set", "adapter.base_dtype=int4"], "adapter.base_dtype")
 
         plain, lora = f"{tmp}/plain", f"{tmp}/lora"
@@ -80,7 +89,7 @@ def main():
         failures += not ok
         # An NF4 base: stopped at step 3 and resumed, the losses are the uninterrupted run's bit for bit
         # (the checkpoint's dequantized weights quantize back to the same codes).
-        nf4 = [*LORA, "--set", "adapter.base_dtype=nf4", "--set", "adapter.dropout=0.1"]
+        nf4 = [*LORA, "--set", "adapter.base_dtype=nf4", "--set", "adapter.lora.dropout=0.1"]
         whole, parts = f"{tmp}/nf4-whole", f"{tmp}/nf4-parts"
         runs = [train + ["--run-dir", whole, *nf4], train + ["--run-dir", parts, *nf4, "--stop-at", "3"],
                 train + ["--run-dir", parts, *nf4, "--resume"]]

@@ -64,7 +64,6 @@ struct LayerSpec {
   int64_t max_positions = 0;   // learned positions: rows of the table
   bool bias = true;            // linear, mlp, layernorm: with bias parameters
   double eps = 1e-5;           // norms
-  double rope_theta = 10000.0; // rope
   double init_std = 0.02;      // weights (residual output projections: 0.02/sqrt(2*n_layers))
   bool declare = true;         // classifier: false when tied to the embedding (no own params)
 };
@@ -139,6 +138,11 @@ class LayerBase : public Component {
   // parameter is declared, and refused (exit 2) naming the [model] key that chose the layer (rope:
   // an odd head_dim).
   virtual std::string unsupported(const LayerSpec& spec) const { (void)spec; return ""; }
+  // An adapter: the dropout the model applies to its input while training (LayerCall::dropout),
+  // from the adapter's own keys (0 = none); and what the model's description says of it, the
+  // values its weights depend on ("rank=8,alpha=16"), which a checkpoint compares on resume.
+  virtual double input_dropout() const { return 0.0; }
+  virtual std::string describe_keys() const { return ""; }
 };
 
 // A layer of the residual stream: an explicit forward/backward pair.

@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/schema.hpp"
 #include "ablate/tensor.hpp"
 
 namespace ablate::layer_params {
@@ -98,15 +100,50 @@ inline void lora(int64_t rank, const LayerSpec& s, const std::string& prefix, Pa
   t.add(name(prefix, "lora_B"), {s.out, rank}, true, 0.0, 0.0);
 }
 inline int64_t lora_saved(int64_t rank, int64_t rows) { return rows * rank; }
+
+// lora's own keys, [adapter.lora], one schema for its registration on every device: rank, alpha and
+// the dropout on its input. A caller that builds the layer without keys (a test) gets the defaults.
+inline Schema lora_keys() {
+  using namespace param;
+  return {
+      integer("rank", 8, "LoRA rank r: A is (r, in), B (out, r)").within(1, 65536),
+      floating("alpha", 16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank").at_least(0.0),
+      floating("dropout", 0.0, "dropout on the adapter's input while training").within(0.0, 0.99),
+  };
+}
+struct LoraKeys {
+  int64_t rank = 8;
+  double alpha = 16.0, dropout = 0.0;
+};
+inline LoraKeys read_lora_keys(const Params& own) {
+  LoraKeys k;
+  if (own.has("rank")) k.rank = own.get_int("rank");
+  if (own.has("alpha")) k.alpha = own.get_float("alpha");
+  if (own.has("dropout")) k.dropout = own.get_float("dropout");
+  return k;
+}
+// What the model's description says of a lora adapter (what its weights depend on; the checkpoint
+// compares it on resume): "rank=8,alpha=16".
+inline std::string lora_text(const LoraKeys& k) {
+  std::ostringstream s;
+  s << "rank=" << k.rank << ",alpha=" << k.alpha;
+  return s.str();
+}
 inline int64_t lora_scratch(int64_t rank, const LayerSpec& s, int64_t rows) { return rows * (s.in + rank); }
 
 // rope has no parameters; its spec is checked where the others declare: head_dim (spec.in)
-// positive and even, theta positive (rope_problem: why not, "" when it is).
+// positive and even (rope_problem: why not, "" when it is). Its one key, [model.rope] theta, is
+// the same schema on every device (rope_keys); a caller without keys (a test) gets the default.
 inline std::string rope_problem(const LayerSpec& s) {
   if (s.in <= 0 || s.in % 2 != 0) return "rope needs a positive, even head_dim (d_model / n_heads), got " + std::to_string(s.in);
-  if (!(s.rope_theta > 0.0)) return "rope_theta must be positive";
   return "";
 }
+inline constexpr double kRopeTheta = 10000.0;
+inline Schema rope_keys() {
+  return {param::floating("theta", kRopeTheta, "RoPE base: pair i of a head of D values turns by position * theta^(-2i/D)")
+              .at_least(1.0)};
+}
+inline double read_rope_theta(const Params& own) { return own.has("theta") ? own.get_float("theta") : kRopeTheta; }
 inline void rope(const LayerSpec& s) {
   if (const std::string why = rope_problem(s); !why.empty()) throw_input_error("position", why);
 }

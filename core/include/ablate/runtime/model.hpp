@@ -44,7 +44,7 @@ struct ModelOptions {
   std::string norm = defaults::norm, mlp = defaults::mlp, position = defaults::position, attention = defaults::attention;
   std::string embedding = defaults::embedding, linear = defaults::linear, classifier = defaults::classifier;
   std::string qk_norm_layer = defaults::qk_norm_layer;
-  double rope_theta = 10000.0, dropout = 0.0;
+  double dropout = 0.0;
   // 0: each norm layer's own default (LayerBase::default_epsilon), which the model fills in below.
   double norm_eps = 0.0;
   double norm_eps_default = 1e-5, qk_norm_eps_default = 1e-6;
@@ -61,11 +61,11 @@ struct ModelOptions {
   Params attention_common{"attention", {}}, attention_own{"attention", {}};
   // [adapter]: "" = none (every parameter trains); else the adapter layer (role adapter) on the
   // projections adapter_targets names ("q", "k", "v", "o"), the base model frozen. Its keys are
-  // [adapter]'s (adapter_common) and [adapter.<name>] (adapter_own).
+  // [adapter]'s (adapter_common) and [adapter.<name>] (adapter_own: lora's rank, alpha, dropout).
+  // adapter_keys_text is the adapter's answer (LayerBase::describe_keys), filled in by the model.
   std::string adapter;
   std::vector<std::string> adapter_targets;
-  int64_t adapter_rank = 0;
-  double adapter_alpha = 0.0, adapter_dropout = 0.0;
+  std::string adapter_keys_text;
   std::string base_dtype = "fp32";  // "nf4": the frozen base's linear and MLP weights held in 4 bits
   Params adapter_common{"adapter", {}}, adapter_own{"adapter", {}};
 
