@@ -1,4 +1,4 @@
-// `naive_cuda`'s kernels (plugins/naive_cuda/attention_kernels.cu), run by the kernel interpreter
+// `naive_cuda`'s kernels (plugins/naive/attention_kernels.cu), run by the kernel interpreter
 // through the plugin's own launch helpers under every test schedule, against float64 loops written
 // here: the segment starts of packed, padded and empty rows, 1 to 1100 of them, and of segments no
 // batcher makes (cut at the row's end, or outside the row) (fill_i32 and segment_starts_kernel); the

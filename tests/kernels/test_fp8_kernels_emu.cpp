@@ -1,4 +1,4 @@
-// The FP8 scaling kernels of the CUDA layers (plugins/cuda_layers/fp8_kernels.cu), run by the kernel
+// The FP8 scaling kernels of the CUDA layers (plugins/layers/cuda/fp8_kernels.cu), run by the kernel
 // interpreter through their launchers under every test schedule, against definitions written here:
 // FP8 rounding as the nearest value of the format's table (built from the OCP FP8 definition: sign,
 // exponent field, mantissa; ties to the even code; beyond the largest finite value, that value),

@@ -1,4 +1,4 @@
-// The CUDA layers' kernels other than the norms (plugins/cuda_layers/layer_kernels.cu, the bf16
+// The CUDA layers' kernels other than the norms (plugins/layers/cuda/layer_kernels.cu, the bf16
 // conversion of ablate/cuda_launch.cuh and epilogue_kernels.cu's bias pass), run by the kernel
 // interpreter through their launch helpers under every test schedule, on odd shapes: dropout and
 // its gradient, gelu (f32, and bf16 pre and post), swiglu (f32 and bf16 h), copies, the table lookups and the deterministic

@@ -1,4 +1,4 @@
-// The norm kernels of the CUDA layers (plugins/cuda_layers/norm_kernels.cu), run by the kernel
+// The norm kernels of the CUDA layers (plugins/layers/norm/norm_kernels.cu), run by the kernel
 // interpreter through their launchers (norm_kernels.hpp) under every test schedule, against
 // float64 norms written here: the forward (layernorm with and without a bias, rmsnorm; x -> y in
 // f32 -> f32, f32 -> bf16 and bf16 -> bf16) with its saved statistics, the input gradient (x in f32

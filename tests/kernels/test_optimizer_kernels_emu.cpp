@@ -1,7 +1,7 @@
 // The optimizers' CUDA step kernels, run by the kernel interpreter through their launch helpers
 // under every test schedule, several steps in a row from a random state, bit for bit against the
 // CPU optimizers (loaded through the registry) given the same parameters, state and gradients:
-//   adamw_fused (plugins/adamw_fused): parameters and both moments == the CPU `adamw`'s, over
+//   adamw_fused (plugins/adamw/adamw_cuda.cpp): parameters and both moments == the CPU `adamw`'s, over
 //   n = 1, 7, 1100, 70001 (not multiples of a thread block's tile of 2048) cut into
 //   decay and no-decay runs, with the bf16 copy on odd steps and without it on even ones;
 //   adamw8bit (plugins/adamw8bit): parameters, codes, absmax and fp32 moments == the CPU

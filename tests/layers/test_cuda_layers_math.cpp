@@ -1,5 +1,5 @@
 // The host half of the CUDA layers: the per-element arithmetic their kernels use
-// (plugins/cuda_layers/norm_math.hpp and dense_math.hpp, __host__ __device__), applied here on the CPU row by row as
+// (plugins/layers/norm/norm_math.hpp and dense/dense_math.hpp, __host__ __device__), applied here on the CPU row by row as
 // the kernels apply it (float statistics), against the cpu_layers norms (double statistics) on
 // random rows of odd widths, forward and input gradient. The kernels themselves run on a GPU
 // (test_cpu_layers' device cases); this checks that what they compute per element is the norm.

@@ -1,4 +1,4 @@
-// The host side of the CUDA layers' cuBLASLt products, without a GPU (plugins/cuda_layers/
+// The host side of the CUDA layers' cuBLASLt products, without a GPU (plugins/layers/cuda/
 // gemm_plan.cpp): which epilogue each dense-layer product gets at GPT-2's sizes and at sizes that
 // rule fusing out, that the plan-cache key tells apart every call whose plan differs (epilogue,
 // bias and GELU-matrix alignment, mode), and the calls gemm() refuses.

@@ -14,14 +14,11 @@
 // Keys: its own, [adapter.lora] rank, alpha and dropout (layer_params::lora_keys, the same schema on
 // every device; the model applies the dropout it answers); [adapter] targets and base_dtype are the
 // model's. The cuda registration of the same name is plugins/cuda_layers/lora.cpp.
-#include "ablate/plugin.hpp"
 #include "common.hpp"
 
-namespace ablate::lora {
+namespace ablate::cpu_layers {
 
 namespace {
-
-using namespace ablate::cpu_layers;
 
 constexpr const char* kName = "lora";
 
@@ -117,18 +114,8 @@ class Lora final : public Layer {
   double scale_;
 };
 
-void register_components(Registrar& r) {
-  r.add({Kind::layer, kName, "1.0.0",
-         "LoRA adapter on a linear layer: y += (alpha/rank) dropout(x) A^T B^T, A (rank, in), B (out, rank) trainable, "
-         "the base frozen ([adapter.lora] rank, alpha, dropout; [adapter] targets), on the CPU (f32/f64)",
-         layer_params::lora_keys(),
-         [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-           return std::make_unique<Lora>(layer_params::read_lora_keys(a.own));
-         },
-         "", {"cpu"}});
-}
-
 }  // namespace
-}  // namespace ablate::lora
 
-ABLATE_PLUGIN("lora", "1.0.0", ablate::lora::register_components)
+std::unique_ptr<Layer> make_lora(const Params& own) { return std::make_unique<Lora>(layer_params::read_lora_keys(own)); }
+
+}  // namespace ablate::cpu_layers

@@ -1,5 +1,6 @@
-// Registers the CPU layers: one component per layer, serving device "cpu"; rope has a key of its own
-// ([model.rope] theta, layer_params::rope_keys), the others none.
+// Registers the CPU layers, one component per layer, serving device "cpu": each layer's folder in
+// plugins/layers/ holds its CPU file (here) and its CUDA file (cuda/cuda_layers.cpp registers those).
+// rope and lora have keys of their own (layer_params::rope_keys, lora_keys), the others none.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -30,6 +31,11 @@ void register_components(ablate::Registrar& r) {
   add(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual) on the CPU (f32/f64)", make_swiglu_mlp);
   add(r, "cross_entropy", "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
       make_cross_entropy);
+  r.add({ablate::Kind::layer, "lora", "1.0.0",
+         "LoRA adapter on a linear layer: y += (alpha/rank) dropout(x) A^T B^T, A (rank, in), B (out, rank) trainable, "
+         "the base frozen ([adapter.lora] rank, alpha, dropout; [adapter] targets), on the CPU (f32/f64)",
+         ablate::layer_params::lora_keys(),
+         [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> { return make_lora(a.own); }, "", {"cpu"}});
 }
 
 }  // namespace
