@@ -249,10 +249,10 @@ int tune_batch_size(const Args& args) {
   auto optimizer = session.optimizer();
   // One process, one micro-batch per step: the trainer's engine with the one-process communicator.
   auto single = session.one_process_communicator();
-  EngineOptions eo = EngineOptions::from(spec);
-  eo.accum = 1;
-  eo.shard_state = false;
-  Engine engine(model, *optimizer, *single, eo);
+  RunSpec one_process = spec;
+  one_process.run.grad_accum_steps = 1;
+  one_process.shard_state = false;
+  Engine engine(model, *optimizer, *single, one_process);
   // What does not grow with the micro-batch, measured now: the process as it stands (parameters,
   // gradients, optimizer state, libraries: a host device's memory) or what the model's device holds
   // (its buffers) with the optimizer's state, whichever is more: the second is what a GPU fills.

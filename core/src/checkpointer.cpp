@@ -587,7 +587,7 @@ void Checkpointer::remove_old_checkpoints(int64_t written) const {
   }
   std::sort(older.begin(), older.end());
   // `written` itself is one of the `keep` newest.
-  const std::size_t keep_older = s_.keep > 0 ? std::size_t(s_.keep - 1) : 0;
+  const std::size_t keep_older = spec_.checkpoint_keep > 0 ? std::size_t(spec_.checkpoint_keep - 1) : 0;
   for (std::size_t i = 0; i + keep_older < older.size(); ++i) fs::remove_all(older[i].second);
 }
 
@@ -595,7 +595,7 @@ Checkpointer::Checkpointer(const Setup& setup, const RunSpec& spec, Communicator
     : s_(setup), spec_(spec), comm_(comm), root_(setup.run_dir / "checkpoints") {}
 
 std::string Checkpointer::optimizer_file(int rank) const {
-  if (!s_.shard_state) return "optimizer.safetensors";
+  if (!spec_.shard_state) return "optimizer.safetensors";
   char buf[64];
   std::snprintf(buf, sizeof buf, "optimizer.rank_%05d-of-%05d.safetensors", rank, comm_.world());
   return buf;
@@ -613,7 +613,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
   char cname[48];
   std::snprintf(cname, sizeof cname, "cursor.rank_%05d.json", comm_.rank());
   write_json_file(tmp / cname, cursor_json(data.cursor()));
-  if (s_.shard_state || comm_.rank() == 0) {
+  if (spec_.shard_state || comm_.rank() == 0) {
     SafetensorsFile of;
     of.tensors = optimizer.save_state();
     write_safetensors(tmp / optimizer_file(comm_.rank()), of);
@@ -629,7 +629,7 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
       fs::remove(tmp / cname);
     }
     json ofiles = json::array();
-    for (int r = 0; r < (s_.shard_state ? comm_.world() : 1); ++r) ofiles.push_back(optimizer_file(r));
+    for (int r = 0; r < (spec_.shard_state ? comm_.world() : 1); ++r) ofiles.push_back(optimizer_file(r));
     const auto number_or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
     write_json_file(tmp / "state.json", {{"step", step},
                                            {"loss", number_or_null(loss)},
@@ -637,9 +637,9 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
                                            {"data_cursor", cursors[0]},
                                            {"data_cursors", cursors},
                                            {"world", comm_.world()},
-                                           {"shard_state", s_.shard_state},
+                                           {"shard_state", spec_.shard_state},
                                            {"optimizer_files", ofiles},
-                                           {"seed", s_.seed},
+                                           {"seed", spec_.run.seed},
                                            {"rng", {{"dropout_key", "mix64(seed, step * 4096 + rank * accum + micro-batch)"}}},
                                            {"config_hash", spec_.config_hash},
                                            {"model", model.options().describe()},
@@ -674,7 +674,7 @@ SafetensorsFile Checkpointer::read_optimizer_file(const fs::path& file) const {
 std::vector<NamedTensor> Checkpointer::resplit_optimizer_state(const fs::path& cdir, const CheckpointState& st, int64_t n,
                                                                const fs::path& state_file) const {
   const int world = comm_.world(), rank = comm_.rank();
-  const Shard mine = s_.shard_state ? shard_of(n, world, rank) : Shard{0, n};
+  const Shard mine = spec_.shard_state ? shard_of(n, world, rank) : Shard{0, n};
   const std::string keep = "resume with " + std::to_string(st.world) + " rank(s) and optimizer.shard_state = " +
                            (st.shard_state ? "true" : "false");
   std::vector<NamedTensor> out;
@@ -722,7 +722,7 @@ std::vector<NamedTensor> Checkpointer::resplit_optimizer_state(const fs::path& c
   }
   if (rank == 0) {
     spdlog::info("{}: optimizer state of {} file(s) ({}) re-cut for {} rank(s) ({})", state_file.string(), st.optimizer_files.size(),
-                 st.shard_state ? "one shard per rank" : "whole", world, s_.shard_state ? "one shard per rank" : "whole");
+                 st.shard_state ? "one shard per rank" : "whole", world, spec_.shard_state ? "one shard per rank" : "whole");
   }
   return out;
 }
@@ -773,9 +773,9 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
                                                "ranks' places in the data cannot be dealt to another world size; resume with " +
                                                np(st.world));
   }
-  if (s_.steps > 0 && st.step > s_.steps) {
+  if (spec_.run.steps > 0 && st.step > spec_.run.steps) {
     throw_input_error(state_file.string(), "the checkpoint is at step " + std::to_string(st.step) + " but run.steps is " +
-                                               std::to_string(s_.steps) + ": nothing to resume (set run.steps to " +
+                                               std::to_string(spec_.run.steps) + ": nothing to resume (set run.steps to " +
                                                std::to_string(st.step) + " or more)");
   }
   const Split split = data.options().split;
@@ -812,9 +812,9 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
                    leftover_count(merged.record), merged.record.end, pending);
     }
   }
-  if (st.seed != s_.seed) {
+  if (st.seed != spec_.run.seed) {
     spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
-                 "checkpoint are not the original run's", state_file.string(), st.seed, s_.seed);
+                 "checkpoint are not the original run's", state_file.string(), st.seed, spec_.run.seed);
   }
   if (st.config_hash != spec_.config_hash) {
     spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
@@ -824,9 +824,9 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
   load_params(cdir / "model.safetensors", model.table(), values, false);
   model.load_params_from_host(values);
   SafetensorsFile of;
-  if (st.shard_state == s_.shard_state && (!s_.shard_state || st.world == world)) {
+  if (st.shard_state == spec_.shard_state && (!spec_.shard_state || st.world == world)) {
     // The file as it was written: the whole state, or this rank's shard of the same world.
-    const fs::path ofile = cdir / st.optimizer_files[std::size_t(s_.shard_state ? rank : 0)];
+    const fs::path ofile = cdir / st.optimizer_files[std::size_t(spec_.shard_state ? rank : 0)];
     of = read_optimizer_file(ofile);
   } else {
     of.tensors = resplit_optimizer_state(cdir, st, model.num_trainable(), state_file);

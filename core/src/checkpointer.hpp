@@ -35,13 +35,12 @@ DataCursor cursor_from(const nlohmann::json& j, const std::string& name, const s
 
 class Checkpointer {
  public:
+  // Where it writes and the optimizer's name; the rest it reads from the RunSpec: [checkpoint] keep,
+  // [optimizer] shard_state (ZeRO-1: one optimizer file per rank), run.seed and run.steps (a
+  // checkpoint past it is refused by resume).
   struct Setup {
     std::filesystem::path run_dir;
-    int64_t keep = 1;           // [checkpoint] keep: complete checkpoints kept
-    bool shard_state = false;   // ZeRO-1: one optimizer file per rank
-    std::string optimizer;      // the optimizer's name
-    uint64_t seed = 0;
-    int64_t steps = 0;          // run.steps: a checkpoint past it is refused by resume
+    std::string optimizer;
   };
   Checkpointer(const Setup& setup, const RunSpec& spec, Communicator& comm);
 

@@ -23,16 +23,6 @@ TensorView host_f64(double* data, int64_t n) { return flat_view(data, DType::f64
 
 }  // namespace
 
-EngineOptions EngineOptions::from(const RunSpec& spec) {
-  EngineOptions o;
-  o.accum = spec.run.grad_accum_steps;
-  o.grad_clip = spec.grad_clip;
-  o.shard_state = spec.shard_state;
-  o.seed = spec.run.seed;
-  o.bucket_mb = spec.run.bucket_mb;
-  return o;
-}
-
 ParamTable shard_table(const ParamTable& table, Shard shard) {
   ParamTable out;
   out.total = shard.count;
@@ -48,16 +38,16 @@ ParamTable shard_table(const ParamTable& table, Shard shard) {
   return out;
 }
 
-Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const EngineOptions& options)
-    : model_(model), optimizer_(optimizer), comm_(comm), o_(options) {
+Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const RunSpec& spec)
+    : model_(model), optimizer_(optimizer), comm_(comm), spec_(spec) {
   // What trains: every parameter, or with an adapter the adapters alone (the base has no gradient).
   const int64_t n = model.num_trainable();
-  shard_ = o_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
-  opt_table_ = o_.shard_state ? shard_table(model.trainable_table(), shard_) : model.trainable_table();
+  shard_ = spec_.shard_state ? shard_of(n, comm.world(), comm.rank()) : Shard{0, n};
+  opt_table_ = spec_.shard_state ? shard_table(model.trainable_table(), shard_) : model.trainable_table();
   optimizer_.init(opt_table_, model.device().type());
   comm_.set_stream(model.device().stream());
-  if (comm.moves_data() && o_.bucket_mb > 0) {
-    const int64_t elements = std::max<int64_t>(1, int64_t(o_.bucket_mb * 1e6 / double(sizeof(float))));
+  if (comm.moves_data() && spec_.run.bucket_mb > 0) {
+    const int64_t elements = std::max<int64_t>(1, int64_t(spec_.run.bucket_mb * 1e6 / double(sizeof(float))));
     buckets_ = plan_buckets(n, model.gradient_writes(), elements);
   }
 }
@@ -66,7 +56,7 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Eng
 // a rank's shard to that rank (ZeRO-1: the owner alone needs the sum).
 void Engine::reduce_bucket(const GradBucket& b) {
   const TensorView grads = model_.grads();
-  if (!o_.shard_state) {
+  if (!spec_.shard_state) {
     comm_.all_reduce(slice(grads, Shard{b.begin, b.end - b.begin}), ReduceOp::sum);
     return;
   }
@@ -89,7 +79,7 @@ namespace {
 struct StepContext {
   Model& model;
   Communicator& comm;
-  const EngineOptions& o;
+  const RunSpec& spec;
   Shard shard;
   OpTimes* op_times;
   Device& device;
@@ -151,7 +141,7 @@ double forward_backward(StepContext& c, std::span<const Batch> micro, int64_t st
     ~HookGuard() { m.set_gradient_hook({}); }
   } guard{c.model};
   for (std::size_t m = 0; m < micro.size(); ++m) {
-    const uint64_t key = mix64(c.o.seed, uint64_t(step) * 4096 + first_key + m);
+    const uint64_t key = mix64(c.spec.run.seed, uint64_t(step) * 4096 + first_key + m);
     if (!buckets.empty() && m + 1 == micro.size()) c.model.set_gradient_hook(reduce_ready);
     loss_sum += c.model.forward_backward(micro[m], scale, key);
   }
@@ -168,7 +158,7 @@ void reduce_gradients(StepContext& c, bool reduced, double (&sums)[2]) {
   // the timing (the norm below waits for it anyway), so the collectives' time is communication
   // alone, not the compute queued before it.
   if (c.comm.moves_data()) c.device.synchronize();
-  if (c.o.shard_state) {
+  if (c.spec.shard_state) {
     if (!reduced) c.timed([&] { c.comm.reduce_scatter(c.model.grads(), ReduceOp::sum); });
     c.timed([&] { c.comm.join(); });
     c.profiled("gradient norm", [&] { sums[1] = c.device.squared_norm(slice(c.model.grads(), c.shard)); });
@@ -196,18 +186,18 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
   }
   // Norm clipping is a factor the optimizer applies as it reads each gradient (no pass of its own).
   StepArgs args{lr, step, 1.0f, c.device.stream()};
-  if (c.o.grad_clip > 0 && c.out.grad_norm > c.o.grad_clip) args.grad_scale = float(c.o.grad_clip / (c.out.grad_norm + 1e-6));
+  if (c.spec.grad_clip > 0 && c.out.grad_norm > c.spec.grad_clip) args.grad_scale = float(c.spec.grad_clip / (c.out.grad_norm + 1e-6));
 
   // Where the products read a bf16 copy of the weights, an optimizer that can writes it in its own
   // pass; under ZeRO-1 the copy is made after the all-gather (the step sees only this rank's shard).
   const TensorView copy = c.model.params_bf16();
   const bool all_train = c.model.frozen_params() == 0;  // the copy's offsets are the whole table's
-  if (copy.data != nullptr && !c.o.shard_state && all_train && optimizer.writes_bf16()) args.params_bf16 = copy.data;
+  if (copy.data != nullptr && !c.spec.shard_state && all_train && optimizer.writes_bf16()) args.params_bf16 = copy.data;
 
   c.profiled("optimizer", [&] {
     optimizer.step(table, slice(c.model.trainable_params(), c.shard), slice(c.model.grads(), c.shard), args);
   });
-  if (c.o.shard_state) {
+  if (c.spec.shard_state) {
     c.timed([&] {
       c.comm.all_gather(c.model.trainable_params());
       c.comm.join();
@@ -219,7 +209,7 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
 }  // namespace
 
 StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
-  StepContext c{model_, comm_, o_, shard_, op_times_, model_.device(), {}};
+  StepContext c{model_, comm_, spec_, shard_, op_times_, model_.device(), {}};
   count_targets(c, micro);
   double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
   sums[0] = forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });

@@ -374,7 +374,6 @@ struct TrainingSetup {
   std::unique_ptr<Model> model;
   std::string opt_name;
   std::unique_ptr<Optimizer> optimizer;
-  EngineOptions eo;
   std::optional<Engine> engine;
   std::optional<Checkpointer> checkpoints;
   std::vector<EvalTask> evals;  // the enabled [[eval]] tables
@@ -442,10 +441,9 @@ void set_up(TrainingSetup& t) {
   }
   t.opt_name = spec.require(spec.optimizer).name;
   t.optimizer = session.optimizer();
-  t.eo = EngineOptions::from(spec);
-  t.engine.emplace(model, *t.optimizer, t.comm, t.eo);
+  t.engine.emplace(model, *t.optimizer, t.comm, spec);
   require_memory(spec, model, *t.optimizer);
-  t.checkpoints.emplace(Checkpointer::Setup{t.dir, spec.checkpoint_keep, t.eo.shard_state, t.opt_name, t.run.seed, spec.run.steps},
+  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.opt_name},
                         spec, t.comm);
   set_up_evals(t);
 }
@@ -491,7 +489,7 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
                "device {}",
                model.num_params(), model.options().describe(), double(model.activation_bytes(B, T)) / (1 << 20),
-               t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), t.eo.shard_state ? " per rank: ZeRO-1" : "",
+               t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), spec.shard_state ? " per rank: ZeRO-1" : "",
                model.device().describe());
   if (model.frozen_params() > 0) {
     spdlog::info("adapter: {} trainable parameters of {} ({:.3f}%); the frozen base's gradients and optimizer state, "
@@ -510,7 +508,7 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   }
   if (!t.engine->buckets().empty()) {
     spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
-                 t.engine->buckets().size(), t.eo.bucket_mb, t.eo.shard_state ? " (each shard's part to its owner)" : "");
+                 t.engine->buckets().size(), spec.run.bucket_mb, spec.shard_state ? " (each shard's part to its owner)" : "");
   }
   const std::string peak = p.peak.rank_tflops > 0 ? fmt::format("peak {:.3f} TFLOP/s ({})", p.peak.rank_tflops, p.peak.source)
                                                    : "no peak, no MFU (" + p.peak.source + ")";

@@ -200,7 +200,7 @@ TEST_CASE("LoRA: the base is frozen, only the adapters train, and B = 0 starts a
                                            f.run},
                                           "optimizer.name");
   auto comm = f.registry.create<Communicator>(Kind::communicator, "single", {Params("run", {}), Params("run.single", {}), f.run}, "run.communicator");
-  Engine engine(m, *opt, *comm, EngineOptions{});
+  Engine engine(m, *opt, *comm, RunSpec{});
   CHECK(engine.optimizer_table().total == m.num_trainable());
   CHECK(opt->state_bytes() == 2 * 4 * m.num_trainable());
   const double first = engine.step(std::span<const Batch>(&b, 1), 1, 1e-2).loss;

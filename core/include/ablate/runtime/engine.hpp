@@ -26,20 +26,11 @@
 #include "ablate/batch.hpp"
 #include "ablate/communicator.hpp"
 #include "ablate/runtime/model.hpp"
+#include "ablate/runtime/run_spec.hpp"
 #include "ablate/optimizer.hpp"
 
 namespace ablate {
 
-struct RunSpec;
-
-struct EngineOptions {
-  int64_t accum = 1;         // [run] grad_accum_steps: micro-batches per step
-  double grad_clip = 0.0;    // [optimizer] grad_clip (0 = off)
-  bool shard_state = false;  // [optimizer] shard_state: ZeRO-1
-  uint64_t seed = 0;         // [run] seed (dropout keys)
-  double bucket_mb = 0.0;    // [run] bucket_mb: gradient buckets reduced during the backward pass (0 = off)
-  static EngineOptions from(const RunSpec& spec);
-};
 
 struct StepOutcome {
   double loss = 0;            // mean over the job's real targets
@@ -56,7 +47,9 @@ ParamTable shard_table(const ParamTable& table, Shard shard);
 class Engine {
  public:
   // Initialises `optimizer` on this rank's part of the parameters (all of them without ZeRO-1).
-  Engine(Model& model, Optimizer& optimizer, Communicator& comm, const EngineOptions& options);
+  // What it reads of `spec` (kept by value): run.seed (dropout keys), run.bucket_mb (gradient buckets
+  // reduced during the backward pass; 0 = off), optimizer grad_clip (0 = off) and shard_state (ZeRO-1).
+  Engine(Model& model, Optimizer& optimizer, Communicator& comm, const RunSpec& spec);
 
   // One optimizer step: `micro` holds this rank's accum micro-batches, `step` counts from 1.
   // A non-finite loss is a runtime error naming the step.
@@ -75,7 +68,7 @@ class Engine {
   Model& model_;
   Optimizer& optimizer_;
   Communicator& comm_;
-  EngineOptions o_;
+  RunSpec spec_;
   Shard shard_;
   ParamTable opt_table_;
   OpTimes* op_times_ = nullptr;
