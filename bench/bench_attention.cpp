@@ -153,12 +153,13 @@ class Bench {
         t.shape[3] = D;
         return t;
       };
-      const auto forward = [&] { test::attention_forward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(),
-                                                         device_->stream()); };
+      const auto forward = [&] {
+        test::attention_forward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(), device_->stream());
+      };
       const auto both = [&] {
         forward();
-        test::attention_backward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(), shaped(dout), shaped(dq),
-                      shaped(dk), shaped(dv), device_->stream());
+        test::attention_backward(attn, p, db.views, shaped(q), shaped(k), shaped(v), shaped(out), saved.view(), shaped(dout),
+                                 shaped(dq), shaped(dk), shaped(dv), device_->stream());
       };
       r.fwd_ms = time_ms(forward);
       r.fwd_bwd_ms = time_ms(both);
@@ -256,8 +257,8 @@ int main(int argc, char** argv) {
     const std::vector<Arm> arms = {{"cudnn_flash", DType::bf16}, {"cudnn_flash", DType::f32}, {"naive_cuda", DType::f32}};
     for (const Shape& s : shapes) {
       const Batch b = make_batch(s.T, Rows(std::size_t(s.B), {{0, s.T}}));
-      const std::string label = "B" + std::to_string(s.B) + " H" + std::to_string(s.H) + " T" + std::to_string(s.T) + " D" +
-                                std::to_string(s.D);
+      const std::string label =
+          "B" + std::to_string(s.B) + " H" + std::to_string(s.H) + " T" + std::to_string(s.T) + " D" + std::to_string(s.D);
       for (const Arm& a : arms) results.push_back(bench.run(label, a, b, s.H, s.D, false));
     }
     for (const Arm& a : arms) {
@@ -265,19 +266,28 @@ int main(int argc, char** argv) {
       results.push_back(bench.run("probes padded", a, padded, 12, 64, false));
     }
 
-    std::printf("%-22s %-12s %-5s %6s %10s %10s %10s %10s  %s\n", "shape", "backend", "dtype", "real%", "fwd ms",
-                "fwd TF/s", "f+b ms", "f+b TF/s", "status");
+    std::printf("%-22s %-12s %-5s %6s %10s %10s %10s %10s  %s\n", "shape", "backend", "dtype", "real%", "fwd ms", "fwd TF/s", "f+b ms",
+                "f+b TF/s", "status");
     json out = json::object();
     out["device"] = bench.device().describe();
     out["rows"] = json::array();
     for (const Result& r : results) {
-      std::printf("%-22s %-12s %-5s %6.1f %10.3f %10.1f %10.3f %10.1f  %s\n", r.label.c_str(), r.backend.c_str(),
-                  r.dtype.c_str(), 100 * r.real_fraction, r.fwd_ms, r.fwd_tflops, r.fwd_bwd_ms, r.fwd_bwd_tflops,
-                  r.status.c_str());
-      out["rows"].push_back({{"shape", r.label}, {"backend", r.backend}, {"dtype", r.dtype}, {"B", r.B}, {"H", r.H},
-                             {"T", r.T}, {"D", r.D}, {"packed", r.packed}, {"real_fraction", r.real_fraction},
-                             {"fwd_ms", r.fwd_ms}, {"fwd_tflops", r.fwd_tflops}, {"fwd_bwd_ms", r.fwd_bwd_ms},
-                             {"fwd_bwd_tflops", r.fwd_bwd_tflops}, {"status", r.status}});
+      std::printf("%-22s %-12s %-5s %6.1f %10.3f %10.1f %10.3f %10.1f  %s\n", r.label.c_str(), r.backend.c_str(), r.dtype.c_str(),
+                  100 * r.real_fraction, r.fwd_ms, r.fwd_tflops, r.fwd_bwd_ms, r.fwd_bwd_tflops, r.status.c_str());
+      out["rows"].push_back({{"shape", r.label},
+                             {"backend", r.backend},
+                             {"dtype", r.dtype},
+                             {"B", r.B},
+                             {"H", r.H},
+                             {"T", r.T},
+                             {"D", r.D},
+                             {"packed", r.packed},
+                             {"real_fraction", r.real_fraction},
+                             {"fwd_ms", r.fwd_ms},
+                             {"fwd_tflops", r.fwd_tflops},
+                             {"fwd_bwd_ms", r.fwd_bwd_ms},
+                             {"fwd_bwd_tflops", r.fwd_bwd_tflops},
+                             {"status", r.status}});
     }
     // The headline: cudnn_flash (bf16) over naive_cuda at T = 2048, and packed over padded time.
     const auto find = [&](const std::string& label, const std::string& backend, const std::string& dtype) -> const Result* {
@@ -286,11 +296,11 @@ int main(int argc, char** argv) {
       }
       return nullptr;
     };
-    if (const Result *f = find("B8 H16 T2048 D128", "cudnn_flash", "bf16"), *n = find("B8 H16 T2048 D128", "naive_cuda", "f32");
+    if (const Result* f = find("B8 H16 T2048 D128", "cudnn_flash", "bf16"), *n = find("B8 H16 T2048 D128", "naive_cuda", "f32");
         f && n) {
       out["flash_over_naive_t2048"] = n->fwd_bwd_ms / f->fwd_bwd_ms;
     }
-    if (const Result *p = find("probes packed", "cudnn_flash", "bf16"), *d = find("probes padded", "cudnn_flash", "bf16"); p && d) {
+    if (const Result* p = find("probes packed", "cudnn_flash", "bf16"), *d = find("probes padded", "cudnn_flash", "bf16"); p && d) {
       out["padded_over_packed_time"] = d->fwd_bwd_ms / p->fwd_bwd_ms;
       out["packed_real_fraction"] = p->real_fraction;
       out["padded_real_fraction"] = d->real_fraction;

@@ -85,9 +85,10 @@ int main(int argc, char** argv) {
     ablate::Registry registry;
     registry.load_directories(ablate::Registry::default_search_path());
     const ablate::Params common{"run", {}};
-    const ablate::Params own{"run.mpi", {{"timeout_s", ablate::Value(600.0)},
-                                          {"ring_min_bytes", ablate::Value(opt.ring_min_bytes)},
-                                          {"segment_bytes", ablate::Value(opt.segment_bytes)}}};
+    const ablate::Params own{"run.mpi",
+                             {{"timeout_s", ablate::Value(600.0)},
+                              {"ring_min_bytes", ablate::Value(opt.ring_min_bytes)},
+                              {"segment_bytes", ablate::Value(opt.segment_bytes)}}};
     const ablate::RunContext run;
     auto comm = registry.create<ablate::Communicator>(ablate::Kind::communicator, "mpi", {common, own, run});
     const int rank = comm->rank();
@@ -120,10 +121,10 @@ int main(int argc, char** argv) {
 
     std::vector<Row> rows;
     const double n = world;
-    rows.push_back(measure("all_reduce (mpi communicator)", 2 * (n - 1) / n, fill,
-                           [&] { comm->all_reduce(view, ablate::ReduceOp::sum); }));
-    const bool all_reduce_ok = buffer.front() == expected_sum && buffer.back() == expected_sum &&
-                               buffer[buffer.size() / 2] == expected_sum;
+    rows.push_back(
+        measure("all_reduce (mpi communicator)", 2 * (n - 1) / n, fill, [&] { comm->all_reduce(view, ablate::ReduceOp::sum); }));
+    const bool all_reduce_ok =
+        buffer.front() == expected_sum && buffer.back() == expected_sum && buffer[buffer.size() / 2] == expected_sum;
     rows.push_back(measure("MPI_Allreduce (blocking, reference)", 2 * (n - 1) / n, fill, [&] {
       MPI_Allreduce(MPI_IN_PLACE, buffer.data(), int(opt.elements), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }));
@@ -142,18 +143,20 @@ int main(int argc, char** argv) {
       counts[r] = int(s.count);
       offsets[r] = int(s.offset);
     }
-    rows.push_back(measure("reduce_scatter (mpi communicator)", (n - 1) / n, fill,
-                           [&] { comm->reduce_scatter(view, ablate::ReduceOp::sum); }));
+    rows.push_back(
+        measure("reduce_scatter (mpi communicator)", (n - 1) / n, fill, [&] { comm->reduce_scatter(view, ablate::ReduceOp::sum); }));
     rows.push_back(measure("MPI_Ireduce_scatter + MPI_Test (reference)", (n - 1) / n, fill, [&] {
       MPI_Request request;
       MPI_Ireduce_scatter(MPI_IN_PLACE, buffer.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request);
       test_until_done(request);
     }));
-    rows.push_back(measure("all_gather (mpi communicator)", (n - 1) / n, [] {}, [&] { comm->all_gather(view); }));
-    rows.push_back(measure("MPI_Allgatherv (blocking, reference)", (n - 1) / n, [] {}, [&] {
-      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(), offsets.data(), MPI_FLOAT,
-                     MPI_COMM_WORLD);
-    }));
+    rows.push_back(measure(
+        "all_gather (mpi communicator)", (n - 1) / n, [] {}, [&] { comm->all_gather(view); }));
+    rows.push_back(measure(
+        "MPI_Allgatherv (blocking, reference)", (n - 1) / n, [] {},
+        [&] {
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(), offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+        }));
 
     if (rank == 0) {
       const double bytes = double(opt.elements) * sizeof(float);
@@ -187,8 +190,7 @@ int main(int argc, char** argv) {
         const double med = median(r.seconds);
         const double best = *std::min_element(r.seconds.begin(), r.seconds.end());
         const double algbw = bytes / med / 1e9;
-        std::printf("%-44s %10.1f %10.1f %12.2f %12.2f\n", r.op.c_str(), med * 1e3, best * 1e3, algbw,
-                    algbw * r.bus_factor);
+        std::printf("%-44s %10.1f %10.1f %12.2f %12.2f\n", r.op.c_str(), med * 1e3, best * 1e3, algbw, algbw * r.bus_factor);
         j["results"].push_back({{"op", r.op},
                                 {"median_ms", med * 1e3},
                                 {"best_ms", best * 1e3},

@@ -102,8 +102,8 @@ struct Measurement {
   std::string bottleneck;
 };
 
-Measurement measure(ablate::Registry& registry, const std::string& source_toml, const std::string& source,
-                    const std::string& batcher, int workers, const Options& o) {
+Measurement measure(ablate::Registry& registry, const std::string& source_toml, const std::string& source, const std::string& batcher,
+                    int workers, const Options& o) {
   const std::string toml = source_toml + "\n[data]\nname = \"" + source + "\"\nworkers = " + std::to_string(workers) +
                            "\nprefetch = 4\n[sampler]\nname = \"shuffled\"\n[batching]\nname = \"" + batcher +
                            "\"\nbatch_size = " + std::to_string(o.batch_size) + "\nseq_len = " + std::to_string(o.seq_len) + "\n";
@@ -121,8 +121,15 @@ Measurement measure(ablate::Registry& registry, const std::string& source_toml, 
     real += b.real_tokens();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  Measurement m{source, batcher, workers, o.batches, seconds, double(positions) / seconds, double(real) / seconds,
-                1.0 - double(real) / double(positions), pipeline->stats().bottleneck()};
+  Measurement m{source,
+                batcher,
+                workers,
+                o.batches,
+                seconds,
+                double(positions) / seconds,
+                double(real) / seconds,
+                1.0 - double(real) / double(positions),
+                pipeline->stats().bottleneck()};
   return m;
 }
 
@@ -173,8 +180,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--batches") o.batches = std::stoi(value());
     else if (a == "--seq-len") o.seq_len = std::stoi(value());
     else if (a == "--batch-size") o.batch_size = std::stoi(value());
-    else throw ablate::Error(ablate::ErrorKind::input, "bench_data", "unknown argument " + a +
-                                                                         " (--json FILE --batches N --seq-len T --batch-size B)");
+    else
+      throw ablate::Error(ablate::ErrorKind::input, "bench_data",
+                          "unknown argument " + a + " (--json FILE --batches N --seq-len T --batch-size B)");
   }
   return o;
 }
@@ -196,16 +204,16 @@ int main(int argc, char** argv) {
         {"synthetic_probes", "[data.synthetic_probes]\ndocuments = 1000000"},
     };
     std::vector<Measurement> results;
-    std::printf("data pipeline throughput, T = %d, B = %d, %d batches per cell (%u hardware threads)\n\n", o.seq_len,
-                o.batch_size, o.batches, std::thread::hardware_concurrency());
+    std::printf("data pipeline throughput, T = %d, B = %d, %d batches per cell (%u hardware threads)\n\n", o.seq_len, o.batch_size,
+                o.batches, std::thread::hardware_concurrency());
     std::printf("%-17s %-9s %7s %14s %16s %9s  %s\n", "source", "batcher", "workers", "tokens/s", "real tokens/s", "padding",
                 "bottleneck");
     for (const auto& [source, toml] : sources) {
       for (const char* batcher : {"padded", "bucketed", "packed"}) {
         for (int workers : {1, 2}) {
           const Measurement m = measure(registry, toml, source, batcher, workers, o);
-          std::printf("%-17s %-9s %7d %14.3e %16.3e %8.1f%%  %s\n", m.source.c_str(), m.batcher.c_str(), m.workers,
-                      m.tokens_per_s, m.real_tokens_per_s, 100.0 * m.padding_fraction, m.bottleneck.c_str());
+          std::printf("%-17s %-9s %7d %14.3e %16.3e %8.1f%%  %s\n", m.source.c_str(), m.batcher.c_str(), m.workers, m.tokens_per_s,
+                      m.real_tokens_per_s, 100.0 * m.padding_fraction, m.bottleneck.c_str());
           std::fflush(stdout);
           results.push_back(m);
         }
@@ -216,8 +224,9 @@ int main(int argc, char** argv) {
     // The hand-over: a packed batch of synthetic probes at the run's (B, T) and at the quickstart's.
     std::vector<Handover> handovers;
     for (const auto& [b, t] : {std::pair{o.batch_size, o.seq_len}, std::pair{8, 256}}) {
-      const std::string toml = "[data]\nname = \"synthetic_probes\"\nworkers = 0\n[batching]\nname = \"packed\"\nbatch_size = " +
-                               std::to_string(b) + "\nseq_len = " + std::to_string(t) + "\n";
+      const std::string toml =
+          "[data]\nname = \"synthetic_probes\"\nworkers = 0\n[batching]\nname = \"packed\"\nbatch_size = " + std::to_string(b) +
+          "\nseq_len = " + std::to_string(t) + "\n";
       ablate::RunContext run;
       run.seed = 1;
       const ablate::RunSpec spec = ablate::RunSpec::from(ablate::Config::parse(toml, "bench_data", {}, registry));
@@ -248,8 +257,8 @@ int main(int argc, char** argv) {
                                 {"bottleneck", m.bottleneck}});
       }
       for (const Handover& h : handovers) {
-        j["handover"].push_back({{"rows", h.rows}, {"seq_len", h.seq_len}, {"bytes", h.bytes}, {"copy_us", h.copy_us},
-                                 {"swap_us", h.swap_us}});
+        j["handover"].push_back(
+            {{"rows", h.rows}, {"seq_len", h.seq_len}, {"bytes", h.bytes}, {"copy_us", h.copy_us}, {"swap_us", h.swap_us}});
       }
       std::ofstream(o.json_path) << j.dump(2) << "\n";
       std::printf("\nwrote %s\n", o.json_path.c_str());

@@ -131,15 +131,15 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16) {
     Case c = named("wte lookup", "embedding");
     c.spec.in = w.d;
     c.spec.out = w.vocab;
-    c.fwd = {0, N * 4 + N * d * 4 + N * d * 4};          // ids; rows of the table read; y written
-    c.bwd = {0, N * 4 + N * d * 4 + N * d * 4 * 2};      // ids; dy read; the gradient rows read and written
+    c.fwd = {0, N * 4 + N * d * 4 + N * d * 4};      // ids; rows of the table read; y written
+    c.bwd = {0, N * 4 + N * d * 4 + N * d * 4 * 2};  // ids; dy read; the gradient rows read and written
     cs.push_back(c);
   }
   {
     Case c = named("wpe add", "learned");
     c.spec.in = w.d;
     c.spec.max_positions = w.positions;
-    c.fwd = {N * d, N * 4 + N * d * 4 * 3};              // positions; x, the table's rows read, y written
+    c.fwd = {N * d, N * 4 + N * d * 4 * 3};                  // positions; x, the table's rows read, y written
     c.bwd = {N * d, N * 4 + N * d * 4 * 2 + N * d * 4 * 2};  // dy read, d_x written; the gradient rows read and written
     cs.push_back(c);
   }
@@ -147,8 +147,8 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16) {
     Case c = named("ln (d)", "layernorm");
     c.spec.in = w.d;
     c.y_bf16 = bf16;
-    c.fwd = {8 * N * d, N * d * 4 + N * d * act + N * 8};       // x read, y written, mean and rstd kept
-    c.bwd = {12 * N * d, N * d * 4 * 3 + N * 8};                // x, dy read, dx written; the statistics
+    c.fwd = {8 * N * d, N * d * 4 + N * d * act + N * 8};  // x read, y written, mean and rstd kept
+    c.bwd = {12 * N * d, N * d * 4 * 3 + N * 8};           // x, dy read, dx written; the statistics
     cs.push_back(c);
   }
   const auto product = [&](const char* label, int64_t in, int64_t out, bool residual) {
@@ -370,26 +370,31 @@ int main(int argc, char** argv) {
       results.push_back(measure(bench, c, o.rows, false, rate, bandwidth));
       if (!c.loss) results.push_back(measure(bench, c, o.rows, true, rate, bandwidth));
     }
-    std::printf("%-32s %-8s %10s %10s %12s %12s %8s\n", "layer", "pass", "GFLOP", "MB", "predicted ms", "measured ms",
-                "ratio");
+    std::printf("%-32s %-8s %10s %10s %12s %12s %8s\n", "layer", "pass", "GFLOP", "MB", "predicted ms", "measured ms", "ratio");
     json rows = json::array();
     bool all_ok = true;
     for (const Result& r : results) {
       const double ratio = r.predicted_ms > 0 ? r.measured_ms / r.predicted_ms : 0.0;
       if (r.status == "ok") {
-        std::printf("%-32s %-8s %10.1f %10.1f %12.3f %12.3f %8.2f\n", r.label.c_str(), r.pass.c_str(), r.flops / 1e9,
-                    r.bytes / 1e6, r.predicted_ms, r.measured_ms, ratio);
+        std::printf("%-32s %-8s %10.1f %10.1f %12.3f %12.3f %8.2f\n", r.label.c_str(), r.pass.c_str(), r.flops / 1e9, r.bytes / 1e6,
+                    r.predicted_ms, r.measured_ms, ratio);
       } else {
         all_ok = false;
         std::printf("%-32s %-8s %s\n", r.label.c_str(), r.pass.c_str(), r.status.c_str());
       }
-      rows.push_back({{"label", r.label}, {"layer", r.layer}, {"pass", r.pass}, {"status", r.status}, {"flops", r.flops},
-                      {"bytes", r.bytes}, {"predicted_ms", r.predicted_ms}, {"measured_ms", r.measured_ms},
+      rows.push_back({{"label", r.label},
+                      {"layer", r.layer},
+                      {"pass", r.pass},
+                      {"status", r.status},
+                      {"flops", r.flops},
+                      {"bytes", r.bytes},
+                      {"predicted_ms", r.predicted_ms},
+                      {"measured_ms", r.measured_ms},
                       {"measured_over_predicted", ratio}});
     }
     if (!o.json_path.empty()) {
-      const json out = {{"device", bench.device().describe()}, {"dtype", o.dtype}, {"rows", o.rows},
-                        {"product_tflops", rate / 1e12}, {"copy_gbs", bandwidth / 1e9}, {"results", rows}};
+      const json out = {{"device", bench.device().describe()}, {"dtype", o.dtype}, {"rows", o.rows}, {"product_tflops", rate / 1e12},
+                        {"copy_gbs", bandwidth / 1e9},         {"results", rows}};
       std::ofstream(o.json_path) << out.dump(2) << "\n";
     }
     return all_ok ? 0 : 1;

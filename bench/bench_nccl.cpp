@@ -115,11 +115,16 @@ int main(int argc, char** argv) {
                    best = *std::min_element(r.seconds.begin(), r.seconds.end());
       const double algbw = bytes / med / 1e9;
       if (comm->rank() == 0) {
-        std::printf("%-15s %-5s %12.1f %10.3f %10.3f %12.1f %12.1f\n", r.op.c_str(), to_string(r.dtype), bytes / 1e6,
-                    med * 1e3, best * 1e3, algbw, algbw * r.bus_factor);
+        std::printf("%-15s %-5s %12.1f %10.3f %10.3f %12.1f %12.1f\n", r.op.c_str(), to_string(r.dtype), bytes / 1e6, med * 1e3,
+                    best * 1e3, algbw, algbw * r.bus_factor);
       }
-      out["rows"].push_back({{"op", r.op}, {"dtype", to_string(r.dtype)}, {"bytes", bytes}, {"median_ms", med * 1e3},
-                             {"best_ms", best * 1e3}, {"algbw_gbs", algbw}, {"busbw_gbs", algbw * r.bus_factor}});
+      out["rows"].push_back({{"op", r.op},
+                             {"dtype", to_string(r.dtype)},
+                             {"bytes", bytes},
+                             {"median_ms", med * 1e3},
+                             {"best_ms", best * 1e3},
+                             {"algbw_gbs", algbw},
+                             {"busbw_gbs", algbw * r.bus_factor}});
     }
     if (comm->rank() == 0 && !o.json_path.empty()) std::ofstream(o.json_path) << out.dump(2) << "\n";
     return 0;

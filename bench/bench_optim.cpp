@@ -61,8 +61,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::max(1, std::stoi(value()));
     else if (a == "--config") o.config = value();
     else if (a == "--copy-mib") o.copy_mib = std::max(1, std::stoi(value()));
-    else throw ablate::Error(ablate::ErrorKind::input, "bench_optim",
-                             "unknown argument " + a + " (--json FILE --steps N --config FILE --copy-mib N)");
+    else
+      throw ablate::Error(ablate::ErrorKind::input, "bench_optim",
+                          "unknown argument " + a + " (--json FILE --steps N --config FILE --copy-mib N)");
   }
   return o;
 }
@@ -87,8 +88,7 @@ struct TimeRow {
 
 // The optimizer registered for `device` (adamw8bit has a cpu and a cuda registration; adamw_fused
 // only a cuda one).
-std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Options& o, const Arm& arm,
-                                        const std::string& device) {
+std::unique_ptr<ablate::Optimizer> make(ablate::Registry& registry, const Options& o, const Arm& arm, const std::string& device) {
   std::vector<std::string> overrides = {"optimizer.name=" + arm.optimizer};
   overrides.insert(overrides.end(), arm.overrides.begin(), arm.overrides.end());
   const ablate::Config config = ablate::Config::load(o.config, overrides, registry);
@@ -134,7 +134,8 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
     const ablate::TensorView pv = ablate::flat_view(p.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
     const ablate::TensorView gv = ablate::flat_view(g.data(), ablate::DType::f32, n, ablate::DeviceType::cuda);
     int64_t step = 0;  // one untimed step, then o.steps timed, each the next step number
-    const double ms = ablate::bench::median_event_ms(nullptr, o.steps, [&] { opt->step(table, pv, gv, 6e-4, ++step); }, 1);
+    const double ms = ablate::bench::median_event_ms(
+        nullptr, o.steps, [&] { opt->step(table, pv, gv, 6e-4, ++step); }, 1);
     // Traffic: parameters read and written, gradients read, the state read and written.
     const double state = double(opt->state_bytes());
     rows.push_back({arm.label, ms, 12.0 * double(n) + 2.0 * state});
@@ -145,8 +146,11 @@ nlohmann::json gpu_part(ablate::Registry& registry, const Options& o, const abla
   for (const GpuRow& r : rows) {
     const double gbs = r.bytes / (r.median_ms * 1e-3) / 1e9;
     std::printf("%-18s %12.3f %14.3e %12.0f %11.1f%%\n", r.label.c_str(), r.median_ms, r.bytes, gbs, 100.0 * gbs / copy_gbs);
-    j["results"].push_back({{"label", r.label}, {"step_median_ms", r.median_ms}, {"bytes_moved", r.bytes},
-                            {"achieved_gbs", gbs}, {"fraction_of_copy_bandwidth", gbs / copy_gbs}});
+    j["results"].push_back({{"label", r.label},
+                            {"step_median_ms", r.median_ms},
+                            {"bytes_moved", r.bytes},
+                            {"achieved_gbs", gbs},
+                            {"fraction_of_copy_bandwidth", gbs / copy_gbs}});
   }
   const double ratio = rows[1].median_ms / rows[0].median_ms;
   std::printf("adamw8bit / adamw_fused step time: %.3fx (target <= 1.1x: %s)\n", ratio, ratio <= 1.1 ? "met" : "NOT met");
@@ -271,8 +275,8 @@ int main(int argc, char** argv) {
                             {"step_min_s", times[i].min_s},
                             {"parameters_per_s", double(n) / times[i].median_s}};
         if (arms[i].optimizer == "adamw8bit") {
-          r["state_parts"] = {{"codes", states[i].codes}, {"absmax", states[i].absmax}, {"fp32_moments", states[i].fp32},
-                              {"maps", states[i].maps}};
+          r["state_parts"] = {
+              {"codes", states[i].codes}, {"absmax", states[i].absmax}, {"fp32_moments", states[i].fp32}, {"maps", states[i].maps}};
         }
         j["results"].push_back(r);
       }

@@ -84,9 +84,8 @@ int config_reference(const Args& args) {
     if (!doc.empty()) doc[0] = char(std::toupper(static_cast<unsigned char>(doc[0])));
     std::printf("## [%s]\n\n%s.", s.name.c_str(), doc.c_str());
     if (s.kind) {
-      std::printf(" `%s` selects the %s implementation%s; each implementation's own keys go in `[%s.<name>]`.",
-                  s.selector.c_str(), std::string(to_string(*s.kind)).c_str(), s.selector_is_list ? "s" : "",
-                  s.name.c_str());
+      std::printf(" `%s` selects the %s implementation%s; each implementation's own keys go in `[%s.<name>]`.", s.selector.c_str(),
+                  std::string(to_string(*s.kind)).c_str(), s.selector_is_list ? "s" : "", s.name.c_str());
     }
     if (!s.layer_keys.empty()) {
       std::printf(" The layer each of %s names takes its own keys, if it declares any, in `[%s.<layer name>]`.",

@@ -171,10 +171,14 @@ void print_analysis_json(const DataAnalysis& a) {
   len["longer_than_seq_len"] = a.histogram.back();
   out["lengths"] = len;
   for (const BatchingResult& r : a.results) {
-    out[r.name] = {{"real_fraction", r.real_fraction()},         {"padding_fraction", r.padding_fraction()},
-                   {"rows_per_batch", r.rows_per_batch()},       {"segments_per_row", r.segments_per_row()},
-                   {"batches", r.batches},                       {"real_tokens", r.real_tokens},
-                   {"positions", r.positions},                   {"speedup_over_padded", a.padded_real > 0 ? r.real_fraction() / a.padded_real : 0.0}};
+    out[r.name] = {{"real_fraction", r.real_fraction()},
+                   {"padding_fraction", r.padding_fraction()},
+                   {"rows_per_batch", r.rows_per_batch()},
+                   {"segments_per_row", r.segments_per_row()},
+                   {"batches", r.batches},
+                   {"real_tokens", r.real_tokens},
+                   {"positions", r.positions},
+                   {"speedup_over_padded", a.padded_real > 0 ? r.real_fraction() / a.padded_real : 0.0}};
   }
   std::cout << json_text(out, 2) << "\n";
 }
@@ -193,7 +197,9 @@ void print_analysis_tables(const DataAnalysis& a) {
   const int64_t most = *std::max_element(a.histogram.begin(), a.histogram.end());
   for (int b = 0; b < bins; ++b) {
     char label[64];
-    if (b < bins - 1) std::snprintf(label, sizeof label, "%5lld-%-5lld", static_cast<long long>(b * a.width + 1), static_cast<long long>(b == 7 ? seq_len : (b + 1) * a.width));
+    if (b < bins - 1)
+      std::snprintf(label, sizeof label, "%5lld-%-5lld", static_cast<long long>(b * a.width + 1),
+                    static_cast<long long>(b == 7 ? seq_len : (b + 1) * a.width));
     else std::snprintf(label, sizeof label, "  > %-7d", seq_len);
     const int bar = most ? int(std::lround(50.0 * double(a.histogram[std::size_t(b)]) / double(most))) : 0;
     std::printf("  %s %8lld %5.1f%% %s\n", label, static_cast<long long>(a.histogram[std::size_t(b)]),
@@ -213,9 +219,9 @@ int data_analyze(const Args& args) {
   po::options_description desc("data analyze");
   po::positional_options_description pos;
   add_experiment_options(desc, pos);
-  desc.add_options()(
-      "documents", int_option("documents", 1, 1000000000000)->default_value(20000), "analyze at most this many documents (in the sampler's order)")(
-      "json", po::bool_switch(), "print one JSON object instead of tables");
+  desc.add_options()("documents", int_option("documents", 1, 1000000000000)->default_value(20000),
+                     "analyze at most this many documents (in the sampler's order)")("json", po::bool_switch(),
+                                                                                     "print one JSON object instead of tables");
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate data analyze CONFIG [--set section.key=value ...] [--documents N] [--json]")) {
     return 0;

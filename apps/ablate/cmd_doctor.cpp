@@ -32,7 +32,7 @@ struct Finding {
   std::string id;
   std::string severity;  // high | medium | low
   std::string message;
-  std::string change;    // the change to make, as the user would type it
+  std::string change;  // the change to make, as the user would type it
   json evidence = json::object();
   std::optional<double> expected_speedup;
 };
@@ -189,13 +189,15 @@ std::optional<Finding> noisy_timings(const Timing& t, bool host_device) {
   Finding f;
   f.id = "noisy_timings";
   f.severity = "high";
-  f.evidence = {{"step_time_cv", t.cv ? json(*t.cv) : json(nullptr)}, {"cv_of", t.cv_of},
-                {"machine_load", t.load ? json(*t.load) : json(nullptr)}, {"cpu_steal", t.steal ? json(*t.steal) : json(nullptr)},
-                {"cv_limit", kNoisyCv}, {"machine_load_limit", kBusyMachine}};
+  f.evidence = {{"step_time_cv", t.cv ? json(*t.cv) : json(nullptr)},
+                {"cv_of", t.cv_of},
+                {"machine_load", t.load ? json(*t.load) : json(nullptr)},
+                {"cpu_steal", t.steal ? json(*t.steal) : json(nullptr)},
+                {"cv_limit", kNoisyCv},
+                {"machine_load_limit", kBusyMachine}};
   std::vector<std::string> why;
   if (t.cv && *t.cv > kNoisyCv) {
-    why.push_back("the " + t.cv_of + fmt(" varies by a coefficient of variation of %.2f", *t.cv) +
-                  fmt(" (over %.2f)", kNoisyCv));
+    why.push_back("the " + t.cv_of + fmt(" varies by a coefficient of variation of %.2f", *t.cv) + fmt(" (over %.2f)", kNoisyCv));
   }
   if (t.load && *t.load > kBusyMachine) {
     why.push_back(fmt("other processes used %.0f%% of the machine's CPU time during the run", 100 * *t.load) +
@@ -247,8 +249,7 @@ std::vector<LossPoint> loss_points(const std::vector<json>& steps) {
 // reach 19% and 7 spreads above the level with the gradient norm at 2-30x its median (small
 // batches of hard documents), but no two steps in a row come within 60% of these thresholds.
 constexpr std::size_t kSpikeWindow = 20, kSpikeHistory = 10;
-constexpr double kSpikeSigmas = 6, kSpikeRise = 0.10, kHoldSigmas = 3, kHoldRise = 0.05, kSpreadFloor = 0.005,
-                 kGradJump = 2;
+constexpr double kSpikeSigmas = 6, kSpikeRise = 0.10, kHoldSigmas = 3, kHoldRise = 0.05, kSpreadFloor = 0.005, kGradJump = 2;
 
 struct Spike {
   int64_t first_step = 0, last_step = 0;  // the logged steps it held over the level
@@ -398,14 +399,19 @@ std::optional<Finding> loss_spike(const Run& run, const std::vector<LossPoint>& 
   json list = json::array();
   for (std::size_t i = 0; i < spikes.size() && i < 5; ++i) {
     const Spike& x = spikes[i];
-    list.push_back({{"first_step", x.first_step}, {"last_step", x.last_step}, {"loss_before", x.level}, {"loss", x.loss},
+    list.push_back({{"first_step", x.first_step},
+                    {"last_step", x.last_step},
+                    {"loss_before", x.level},
+                    {"loss", x.loss},
                     {"sigmas", (x.loss - x.level) / x.spread},
                     {"grad_norm", std::isfinite(x.grad_norm) ? json(x.grad_norm) : json(nullptr)},
-                    {"grad_norm_before", x.usual_grad_norm}, {"lr_at_spike", std::isfinite(x.lr) ? json(x.lr) : json(nullptr)}});
+                    {"grad_norm_before", x.usual_grad_norm},
+                    {"lr_at_spike", std::isfinite(x.lr) ? json(x.lr) : json(nullptr)}});
   }
   f.evidence = {{"spikes", list}, {"spike_count", spikes.size()}, {"loss_at_end", end_level}};
-  const std::string where = s.first_step == s.last_step ? "at step " + std::to_string(s.first_step)
-                                                        : "over steps " + std::to_string(s.first_step) + "-" + std::to_string(s.last_step);
+  const std::string where = s.first_step == s.last_step
+                                ? "at step " + std::to_string(s.first_step)
+                                : "over steps " + std::to_string(s.first_step) + "-" + std::to_string(s.last_step);
   f.message = fmt("the loss jumped from %.4g", s.level) + fmt(" to %.4g ", s.loss) + where +
               fmt(" (%.0f standard deviations above its level over the previous logged steps)", (s.loss - s.level) / s.spread);
   if (std::isfinite(s.grad_norm)) {
@@ -416,8 +422,8 @@ std::optional<Finding> loss_spike(const Run& run, const std::vector<LossPoint>& 
   if (spikes.size() > 1) {
     f.message += "; " + std::to_string(spikes.size()) + " spikes in all, the first at step " + std::to_string(spikes[0].first_step);
   }
-  f.message += recovered ? fmt("; it came back (%.4g at the end)", end_level)
-                         : fmt("; it has not come back (%.4g at the end)", end_level);
+  f.message +=
+      recovered ? fmt("; it came back (%.4g at the end)", end_level) : fmt("; it has not come back (%.4g at the end)", end_level);
   f.change = steadier(run, f.evidence);
   return f;
 }
@@ -481,12 +487,16 @@ std::optional<Finding> above_uniform(const Run& run, const std::vector<LossPoint
   Finding f;
   f.id = "above_uniform";
   f.severity = still ? "high" : "medium";
-  f.evidence = {{"uniform_loss", uniform},      {"vocab_size", vocab},           {"worst_step", worst->step},
-                {"worst_loss", worst->loss},    {"steps_above", over},           {"loss_at_end", end},
+  f.evidence = {{"uniform_loss", uniform},
+                {"vocab_size", vocab},
+                {"worst_step", worst->step},
+                {"worst_loss", worst->loss},
+                {"steps_above", over},
+                {"loss_at_end", end},
                 {"grad_norm_at_worst", std::isfinite(worst->grad_norm) ? json(worst->grad_norm) : json(nullptr)}};
   f.message = fmt("the loss rose to %.4g", worst->loss) + " at step " + std::to_string(worst->step) +
-              fmt(", above ln %.0f", double(vocab)) + fmt(" = %.4g, the loss of predicting every token uniformly", uniform) +
-              " (" + std::to_string(over) + " logged step(s) over it)" +
+              fmt(", above ln %.0f", double(vocab)) + fmt(" = %.4g, the loss of predicting every token uniformly", uniform) + " (" +
+              std::to_string(over) + " logged step(s) over it)" +
               (std::isfinite(worst->grad_norm) ? fmt(", gradient norm %.3g", worst->grad_norm) : std::string()) +
               ": those updates undid what the model had learned; " +
               (still ? fmt("it ends at %.4g, still above it", end) : fmt("it ends at %.4g", end));
@@ -520,7 +530,9 @@ std::optional<Finding> warmup_blowup(const Run& run, const std::vector<LossPoint
   Finding f;
   f.id = "warmup_blowup";
   f.severity = end > first ? "high" : "medium";
-  f.evidence = {{"first_loss", first},           {"peak_step", peak->step},     {"peak_loss", peak->loss},
+  f.evidence = {{"first_loss", first},
+                {"peak_step", peak->step},
+                {"peak_loss", peak->loss},
                 {"lr_at_peak", std::isfinite(peak->lr) ? json(peak->lr) : json(nullptr)},
                 {"grad_norm_at_peak", std::isfinite(peak->grad_norm) ? json(peak->grad_norm) : json(nullptr)},
                 {"loss_at_end", end}};
@@ -529,7 +541,8 @@ std::optional<Finding> warmup_blowup(const Run& run, const std::vector<LossPoint
               (std::isfinite(peak->lr) ? fmt(" with the learning rate at %.3g", peak->lr) : std::string()) +
               (std::isfinite(peak->grad_norm) ? fmt(" and the gradient norm at %.3g", peak->grad_norm) : std::string()) +
               ": a warm-up only lowers the loss from where the initialisation puts it, so the rate reached there is too "
-              "large" + fmt("; the loss ends at %.4g", end);
+              "large" +
+              fmt("; the loss ends at %.4g", end);
   f.change = steadier(run, f.evidence);
   return f;
 }
@@ -567,14 +580,15 @@ std::optional<Finding> eval_plateau(const Run& run) {
   Finding f;
   f.id = "eval_plateau";
   f.severity = "medium";
-  f.evidence = {{"best_val_step", best->first}, {"best_val_loss", best->second}, {"last_val_step", last.first},
-                {"last_val_loss", last.second}, {"train_loss_at_best", train_best}, {"train_loss_at_end", train_last},
+  f.evidence = {{"best_val_step", best->first},   {"best_val_loss", best->second},    {"last_val_step", last.first},
+                {"last_val_loss", last.second},   {"train_loss_at_best", train_best}, {"train_loss_at_end", train_last},
                 {"evaluations_after_best", after}};
-  f.message = fmt("the validation loss has not improved since step %.0f", double(best->first)) +
-              fmt(" (%.4g; ", best->second) + std::to_string(after) + fmt(" evaluations since, the last %.4g", last.second) +
-              " at step " + std::to_string(last.first) + fmt(") while the training loss fell from %.4g", train_best) +
-              fmt(" to %.4g", train_last) + ": the model fits its training data, not what it is evaluated on";
-  f.change = "--set run.steps=" + std::to_string(best->first) + " (where the validation loss was best), or more data or "
+  f.message = fmt("the validation loss has not improved since step %.0f", double(best->first)) + fmt(" (%.4g; ", best->second) +
+              std::to_string(after) + fmt(" evaluations since, the last %.4g", last.second) + " at step " +
+              std::to_string(last.first) + fmt(") while the training loss fell from %.4g", train_best) + fmt(" to %.4g", train_last) +
+              ": the model fits its training data, not what it is evaluated on";
+  f.change = "--set run.steps=" + std::to_string(best->first) +
+             " (where the validation loss was best), or more data or "
              "regularisation (--set model.dropout=0.1, a larger optimizer.adamw.weight_decay)";
   return f;
 }
@@ -616,11 +630,18 @@ std::optional<Finding> eval_stalled(const Run& run) {
     Finding f;
     f.id = "eval_stalled";
     f.severity = "low";
-    f.evidence = {{"eval", label}, {"metric", metric}, {"best_step", best->first}, {"best", best->second},
-                  {"last_step", points.back().first}, {"last", points.back().second}, {"evaluations_after_best", after},
-                  {"train_loss_at_best", train_best}, {"train_loss_at_end", train_last}};
+    f.evidence = {{"eval", label},
+                  {"metric", metric},
+                  {"best_step", best->first},
+                  {"best", best->second},
+                  {"last_step", points.back().first},
+                  {"last", points.back().second},
+                  {"evaluations_after_best", after},
+                  {"train_loss_at_best", train_best},
+                  {"train_loss_at_end", train_last}};
     f.message = "the evaluation " + label + " has not improved its " + metric + fmt(" since step %.0f", double(best->first)) +
-                fmt(" (%.4g; ", best->second) + std::to_string(after) + fmt(" evaluations since, the last %.4g", points.back().second) +
+                fmt(" (%.4g; ", best->second) + std::to_string(after) +
+                fmt(" evaluations since, the last %.4g", points.back().second) +
                 fmt(") while the training loss fell from %.4g", train_best) + fmt(" to %.4g", train_last) +
                 ": what the run still learns is not what " + label + " measures";
     f.change = "--set run.steps=" + std::to_string(best->first) + " reaches the same " + label + " " + metric +
@@ -685,16 +706,19 @@ std::optional<Finding> padding(const Run& run, const Settings& s) {
   f.id = "padding";
   f.severity = pad > 0.5 ? "high" : "medium";
   f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - pad);
-  f.evidence = {{"padding_fraction", pad}, {"real_fraction", 1.0 - pad}, {"batching", s.batching},
-                {"mfu", run.summary.value("mfu", json(nullptr))}, {"effective_mfu", run.summary.value("effective_mfu", json(nullptr))}};
+  f.evidence = {{"padding_fraction", pad},
+                {"real_fraction", 1.0 - pad},
+                {"batching", s.batching},
+                {"mfu", run.summary.value("mfu", json(nullptr))},
+                {"effective_mfu", run.summary.value("effective_mfu", json(nullptr))}};
   if (s.batching != "packed") {
     f.message = fmt("%.1f%% of the positions computed are padding with `", 100 * pad) + s.batching +
                 "` batching: packing documents into rows turns them into real tokens, " +
                 fmt("about %.2fx the real tokens/s at the same step time", *f.expected_speedup);
     f.change = "--set batching.name=packed";
   } else {
-    f.message = fmt("%.1f%% of the positions are padding even with `packed` batching: rows end with space no document fits",
-                    100 * pad);
+    f.message =
+        fmt("%.1f%% of the positions are padding even with `packed` batching: rows end with space no document fits", 100 * pad);
     f.change = "raise batching.packed.max_segments_per_row, or a shorter batching.seq_len";
   }
   return f;
@@ -710,8 +734,10 @@ std::optional<Finding> input_bound(const Run& run, const Settings& s, const Timi
   f.expected_speedup = 1.0 / std::max(1e-6, 1.0 - wait / 100.0);
   const std::string stage = run.summary.value("data_bottleneck", std::string("read"));
   f.evidence = {{"data_wait_pct", wait}, {"slowest_stage", stage}, {"workers", s.workers}, {"prefetch", s.prefetch}};
-  f.message = fmt("the trainer waits for data %.1f%% of each step (median); the slowest pipeline stage is `", wait) + stage +
-              "`" + (stage == "read" ? " (reading or generating documents)" : stage == "batch" ? " (forming batches)" : "");
+  f.message = fmt("the trainer waits for data %.1f%% of each step (median); the slowest pipeline stage is `", wait) + stage + "`" +
+              (stage == "read"    ? " (reading or generating documents)"
+               : stage == "batch" ? " (forming batches)"
+                                  : "");
   f.change = "--set data.workers=" + std::to_string(std::max<int64_t>(2, s.workers * 2)) +
              " --set data.prefetch=" + std::to_string(std::max<int64_t>(8, s.prefetch * 2));
   if (timing.unusable) qualify(f);
@@ -740,16 +766,21 @@ std::optional<Finding> memory_headroom(const Run& run, const Settings& s, const 
   f.id = "memory_headroom";
   f.severity = "low";
   const int64_t new_accum = std::max<int64_t>(1, (B * accum + nb - 1) / nb);
-  f.evidence = {{"mem_peak_bytes", peak},         {"memory_bytes", mem},
+  f.evidence = {{"mem_peak_bytes", peak},
+                {"memory_bytes", mem},
                 {"memory_source", run.info.value("memory_source", std::string())},
-                {"peak_fraction", peak / mem},    {"activation_bytes_per_row", per_row},
-                {"batch_size", B},                {"suggested_batch_size", nb},
-                {"grad_accum_steps", accum},      {"lr", s.lr},
-                {"mfu", mfu},                     {"memory_bound_below_mfu", kMemoryBoundMfu}};
+                {"peak_fraction", peak / mem},
+                {"activation_bytes_per_row", per_row},
+                {"batch_size", B},
+                {"suggested_batch_size", nb},
+                {"grad_accum_steps", accum},
+                {"lr", s.lr},
+                {"mfu", mfu},
+                {"memory_bound_below_mfu", kMemoryBoundMfu}};
   f.message = fmt("the GPU reaches %.1f%% of its peak (MFU) at this micro-batch, and peak memory ", 100 * mfu) + gib(peak) +
-              fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
-              run.info.value("memory_source", std::string("memory")) + "): micro-batch " + std::to_string(nb) +
-              " instead of " + std::to_string(B) + " fits (estimated from " + fmt("%.1f MiB", per_row / (1 << 20)) +
+              fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" + run.info.value("memory_source", std::string("memory")) +
+              "): micro-batch " + std::to_string(nb) + " instead of " + std::to_string(B) + " fits (estimated from " +
+              fmt("%.1f MiB", per_row / (1 << 20)) +
               " of activations per row) and spreads each step's fixed costs over more rows; `ablate tune batch-size` "
               "measures the gain";
   const std::string bs = "--set batching.batch_size=" + std::to_string(nb);
@@ -758,8 +789,8 @@ std::optional<Finding> memory_headroom(const Run& run, const Settings& s, const 
                std::to_string(world * B * accum) + " rows: the lr stays)";
   } else {
     const double lr_global = s.lr * std::sqrt(double(nb) / double(B * accum));
-    f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) +
-               " (the global batch grows from " + std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
+    f.change = bs + " --set run.grad_accum_steps=1 --set optimizer.lr=" + fmt("%.3g", lr_global) + " (the global batch grows from " +
+               std::to_string(world * B * accum) + " to " + std::to_string(world * nb) +
                " rows: this lr is the square-root rule's suggestion, to verify with a short run at it and at the "
                "current lr, not a rule)";
     f.evidence["sqrt_scaled_lr"] = lr_global;
@@ -778,8 +809,11 @@ std::optional<Finding> memory_tight(const Run& run, const Settings& s) {
   Finding f;
   f.id = "memory_tight";
   f.severity = peak > 0.95 * mem ? "high" : "medium";
-  f.evidence = {{"mem_peak_bytes", peak}, {"memory_bytes", mem}, {"peak_fraction", peak / mem},
-                {"recompute", recompute}, {"activation_bytes", now}};
+  f.evidence = {{"mem_peak_bytes", peak},
+                {"memory_bytes", mem},
+                {"peak_fraction", peak / mem},
+                {"recompute", recompute},
+                {"activation_bytes", now}};
   f.message = "peak memory " + gib(peak) + fmt(" is %.1f%% of ", 100 * peak / mem) + gib(mem) + " (" +
               run.info.value("memory_source", std::string("memory")) + ")";
   if (!next.empty() && then > 0 && then < now) {
@@ -787,8 +821,7 @@ std::optional<Finding> memory_tight(const Run& run, const Settings& s) {
     f.evidence["activation_bytes_suggested"] = then;
     f.message += ": recomputing " + std::string(next == "mlp" ? "the MLPs' hidden activations" : "each block") +
                  " in backward frees " + fmt("%.1f MiB", (now - then) / (1 << 20)) + fmt(" of %.1f MiB", now / (1 << 20)) +
-                 " of activations for about " + (next == "mlp" ? "a sixth" : "a fifth") +
-                 " more time per token (docs/training.md)";
+                 " of activations for about " + (next == "mlp" ? "a sixth" : "a fifth") + " more time per token (docs/training.md)";
     f.change = "--set run.recompute=" + next;
   } else {
     f.message += ": lower batching.batch_size, with run.grad_accum_steps keeping the global batch";
@@ -872,14 +905,19 @@ std::optional<Finding> communication(const Run& run, const Settings& s, const Ti
   f.severity = comm > 30 ? "high" : "medium";
   f.expected_speedup = double(k) * (c + w) / (c + double(k) * w);
   const double lr_new = s.lr * std::sqrt(double(k));
-  f.evidence = {{"comm_pct", comm},     {"step_ms", step_ms}, {"world", s.world},
+  f.evidence = {{"comm_pct", comm},
+                {"step_ms", step_ms},
+                {"world", s.world},
                 {"communicator", run.info.value("communicator", std::string())},
-                {"grad_accum_steps", s.accum}, {"accumulation_factor", k}, {"sqrt_scaled_lr", lr_new}};
+                {"grad_accum_steps", s.accum},
+                {"accumulation_factor", k},
+                {"sqrt_scaled_lr", lr_new}};
   f.message = fmt("%.1f%% of each step (median) is spent in collectives across ", comm) + std::to_string(s.world) +
               " ranks: the gradient exchange, and waiting there for the slowest rank. Its cost is fixed per step, so "
               "more micro-batches per exchange amortise it";
   f.change = "--set run.grad_accum_steps=" + std::to_string(s.accum * k) + " --set optimizer.lr=" + fmt("%.3g", lr_new) +
-             " (the global batch grows " + std::to_string(k) + "x: the square-root rule's lr, a suggestion to verify "
+             " (the global batch grows " + std::to_string(k) +
+             "x: the square-root rule's lr, a suggestion to verify "
              "with a short run), or fewer ranks with more threads each";
   if (timing.unusable) qualify(f);
   return f;
@@ -899,14 +937,14 @@ std::optional<Finding> step_jitter(const Run& run, const Settings& s, const Timi
   f.id = "step_jitter";
   f.severity = cv > 0.5 ? "medium" : "low";
   if (mean > p50 * 1.01) f.expected_speedup = mean / p50;
-  f.evidence = {{"step_ms_p50", p50}, {"step_ms_p90", p90}, {"step_ms_max", mx}, {"step_ms_mean", mean}, {"cv", cv},
-                {"steps", ms.size()}};
+  f.evidence = {{"step_ms_p50", p50},   {"step_ms_p90", p90}, {"step_ms_max", mx},
+                {"step_ms_mean", mean}, {"cv", cv},           {"steps", ms.size()}};
   f.message = fmt("step time is unstable: median %.1f ms, ", p50) + fmt("p90 %.1f ms, ", p90) + fmt("max %.1f ms ", mx) +
               fmt("(coefficient of variation %.2f)", cv);
   f.change = s.host_memory ? "give the run the machine (other processes share its cores), or --set run.threads=N below "
-                                 "the core count; batching by similar lengths (bucketed) steadies padded step times"
-                               : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
-                                 "steadies step times";
+                             "the core count; batching by similar lengths (bucketed) steadies padded step times"
+                           : "look for host synchronisation and data waits in slow steps; bucketed or packed batching "
+                             "steadies step times";
   return f;
 }
 
@@ -916,12 +954,22 @@ std::vector<Finding> diagnose(const Run& run) {
   // Whether the timings can be trusted; the training's stability; then the run's speed and memory.
   const Timing timing = judge_timing(run);
   const std::vector<LossPoint> losses = loss_points(run.steps);
-  const std::optional<Finding> found[] = {
-      noisy_timings(timing, s.host_memory), diverged(run, losses),         loss_spike(run, losses),
-      above_uniform(run, losses),      warmup_blowup(run, losses),    eval_plateau(run),            eval_stalled(run),
-      padding(run, s),                 input_bound(run, s, timing),   memory_headroom(run, s, timing),
-      memory_tight(run, s),            attention(s),                  precision(run, s),
-      optimizer_memory(run, s),        communication(run, s, timing), step_jitter(run, s, timing)};
+  const std::optional<Finding> found[] = {noisy_timings(timing, s.host_memory),
+                                          diverged(run, losses),
+                                          loss_spike(run, losses),
+                                          above_uniform(run, losses),
+                                          warmup_blowup(run, losses),
+                                          eval_plateau(run),
+                                          eval_stalled(run),
+                                          padding(run, s),
+                                          input_bound(run, s, timing),
+                                          memory_headroom(run, s, timing),
+                                          memory_tight(run, s),
+                                          attention(s),
+                                          precision(run, s),
+                                          optimizer_memory(run, s),
+                                          communication(run, s, timing),
+                                          step_jitter(run, s, timing)};
   std::vector<Finding> out;
   for (const std::optional<Finding>& f : found) {
     if (f) out.push_back(*f);
@@ -954,8 +1002,8 @@ int cmd_doctor(const Args& args) {
     std::cout << json_text(arr, 2) << "\n";
     return 0;
   }
-  std::cout << "doctor: " << run.dir.string() << " (" << run.cfg("run", "device", std::string("cpu")) << ", "
-            << run.steps.size() << " logged steps, batching " << run.cfg("batching", "name", std::string("?")) << ", attention "
+  std::cout << "doctor: " << run.dir.string() << " (" << run.cfg("run", "device", std::string("cpu")) << ", " << run.steps.size()
+            << " logged steps, batching " << run.cfg("batching", "name", std::string("?")) << ", attention "
             << run.cfg("attention", "name", std::string("?")) << ", optimizer " << run.cfg("optimizer", "name", std::string("?"))
             << ")\n";
   if (findings.empty()) {

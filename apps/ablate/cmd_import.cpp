@@ -93,13 +93,15 @@ int import_hf(const Args& args) {
   if (parse_or_help(args, desc, pos, vm, "ablate import hf DIR --run-dir OUT [--config EXPERIMENT.toml] [--set KEY=VALUE]")) return 0;
   const fs::path dir = vm["dir"].as<std::string>(), run_dir = vm["run-dir"].as<std::string>();
   check_output_directory(run_dir, "the run directory");
-  if (has_checkpoint(run_dir)) throw_input_error(run_dir.string(), "already holds a run with checkpoints; import into a new --run-dir");
+  if (has_checkpoint(run_dir))
+    throw_input_error(run_dir.string(), "already holds a run with checkpoints; import into a new --run-dir");
   const HfCheckpoint hf = read_hf_checkpoint(dir);
   // The checkpoint's [model] keys come last: they are what the weights are.
   std::vector<std::string> sets = vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>();
   for (const std::string& s : sets) {
     for (const auto& [k, v] : hf.model_keys) {
-      if (s.rfind("model." + k + "=", 0) == 0) throw_input_error("--set " + echo_value(s), "model." + k + " is the checkpoint's (" + v + ")");
+      if (s.rfind("model." + k + "=", 0) == 0)
+        throw_input_error("--set " + echo_value(s), "model." + k + " is the checkpoint's (" + v + ")");
     }
   }
   for (const auto& [k, v] : hf.model_keys) sets.push_back("model." + k + "=" + v);
@@ -113,7 +115,8 @@ int import_hf(const Args& args) {
   RunSpec spec = RunSpec::from(config);
   // Windows no longer than the model's positions, unless the command line chose them.
   const int64_t positions = spec.model.keys.get_int("max_seq_len");
-  const bool seq_len_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("batching.seq_len=", 0) == 0; });
+  const bool seq_len_set =
+      std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("batching.seq_len=", 0) == 0; });
   if (!seq_len_set && spec.seq_len > positions) {
     sets.push_back("batching.seq_len=" + std::to_string(positions));
     config = load();
@@ -127,19 +130,24 @@ int import_hf(const Args& args) {
   fs::create_directories(run_dir);
   const std::string tokenizer = keep_tokenizer(dir, run_dir);
   write_initial_checkpoint(run_dir, spec, model,
-                           {{"format", "huggingface"}, {"dir", fs::absolute(dir).lexically_normal().string()},
-                            {"model_type", hf.model_type}, {"architecture", hf.architecture}, {"tokenizer", tokenizer}});
+                           {{"format", "huggingface"},
+                            {"dir", fs::absolute(dir).lexically_normal().string()},
+                            {"model_type", hf.model_type},
+                            {"architecture", hf.architecture},
+                            {"tokenizer", tokenizer}});
   write_file_atomic(run_dir / "config.toml", spec.config_toml);
   std::cout << "imported " << dir.string() << " (" << (hf.architecture.empty() ? hf.model_type : hf.architecture) << ", "
             << model.num_params() << " parameters) into " << run_dir.string() << "\n"
-            << hf_model_toml(hf) << (tokenizer.empty() ? "" : "tokenizer: " + tokenizer + " -> " + (run_dir / "tokenizer").string() + "\n");
+            << hf_model_toml(hf)
+            << (tokenizer.empty() ? "" : "tokenizer: " + tokenizer + " -> " + (run_dir / "tokenizer").string() + "\n");
   return 0;
 }
 
 }  // namespace
 
 int cmd_import(const Args& args) {
-  return dispatch("import", args, {{"hf", import_hf, "ablate import hf DIR --run-dir OUT [--config EXPERIMENT.toml] [--set KEY=VALUE]"}});
+  return dispatch("import", args,
+                  {{"hf", import_hf, "ablate import hf DIR --run-dir OUT [--config EXPERIMENT.toml] [--set KEY=VALUE]"}});
 }
 
 }  // namespace ablate::cli

@@ -29,8 +29,12 @@ int plugins_list(const Args& args) {
     nlohmann::json out;
     out["components"] = nlohmann::json::array();
     for (const ComponentInfo* c : registry.all()) {
-      out["components"].push_back({{"kind", to_string(c->kind)}, {"name", c->name}, {"version", c->version},
-                                   {"library", c->library}, {"doc", c->doc}, {"devices", c->devices}});
+      out["components"].push_back({{"kind", to_string(c->kind)},
+                                   {"name", c->name},
+                                   {"version", c->version},
+                                   {"library", c->library},
+                                   {"doc", c->doc},
+                                   {"devices", c->devices}});
     }
     out["failed"] = nlohmann::json::array();
     for (const LoadFailure& f : registry.failures()) out["failed"].push_back({{"file", f.file}, {"reason", f.reason}});
@@ -74,12 +78,11 @@ int plugins_describe(const Args& args) {
     if (c->name == name && (!only || *only == c->kind)) found.push_back(c);
   }
   if (found.empty()) {
-    throw_input_error("", "no plugin component named '" + name + "'" + did_you_mean(name, all_names) +
-                              " (see ablate plugins list)");
+    throw_input_error("", "no plugin component named '" + name + "'" + did_you_mean(name, all_names) + " (see ablate plugins list)");
   }
   for (const ComponentInfo* c : found) {
-    std::printf("%s %s %s\n  %s\n  devices: %s\n  library: %s\n\n", std::string(to_string(c->kind)).c_str(),
-                c->name.c_str(), c->version.c_str(), c->doc.c_str(), devices_of(*c).c_str(), c->library.c_str());
+    std::printf("%s %s %s\n  %s\n  devices: %s\n  library: %s\n\n", std::string(to_string(c->kind)).c_str(), c->name.c_str(),
+                c->version.c_str(), c->doc.c_str(), devices_of(*c).c_str(), c->library.c_str());
     if (c->schema.empty()) {
       std::printf("  (no parameters)\n");
     }

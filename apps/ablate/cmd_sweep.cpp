@@ -39,8 +39,8 @@ std::string peak_tflops_text(const fs::path& arms_json, const std::string& text)
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v <= 0) {
-    throw_input_error(arms_json.string(), "field 'peak_tflops_set' is string \"" + echo_value(text) +
-                                              "\"; expected the text of a number > 0 (TFLOP/s)");
+    throw_input_error(arms_json.string(),
+                      "field 'peak_tflops_set' is string \"" + echo_value(text) + "\"; expected the text of a number > 0 (TFLOP/s)");
   }
   return text;
 }
@@ -119,7 +119,8 @@ std::string set_common_peak(const Sweep& s, const fs::path& out, std::vector<Arm
     peak_text = buf;
   }
   for (ArmPlan& p : plans) {
-    const bool own = std::any_of(p.arm.overrides.begin(), p.arm.overrides.end(), [](const Override& o) { return o.key == "metrics.peak_tflops"; });
+    const bool own =
+        std::any_of(p.arm.overrides.begin(), p.arm.overrides.end(), [](const Override& o) { return o.key == "metrics.peak_tflops"; });
     if (!own) p.sets.push_back("metrics.peak_tflops=" + peak_text);
   }
   return peak_text;
@@ -227,7 +228,7 @@ int cmd_sweep(const Args& args) {
 
   fs::create_directories(out);
   const DirectoryLock lock(out, "the sweep directory");  // one sweep (or submission) per directory at a time
-  for (ArmPlan& p : plans) decide_start(p);  // reads every arm's files before anything is written
+  for (ArmPlan& p : plans) decide_start(p);              // reads every arm's files before anything is written
   write_file_atomic(out / "sweep.toml", read_regular_file(s.file, "sweep file", kMaxExperimentBytes));
   write_arms_json(s, out, plans, peak_text);
   write_plan(out, s, plans);

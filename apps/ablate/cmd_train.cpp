@@ -58,7 +58,8 @@ int cmd_train(const Args& args) {
   desc.add_options()("run-dir", po::value<std::string>(), "run directory (default: runs/<config name>)")(
       "resume", po::value<std::string>()->implicit_value("", "run dir")->value_name("DIR"),
       "continue from the latest checkpoint of the run directory (or of DIR)")(
-      "stop-at", int_option("stop-at", 1, 1000000000000), "checkpoint and stop after this step (a planned interruption; --resume continues)");
+      "stop-at", int_option("stop-at", 1, 1000000000000),
+      "checkpoint and stop after this step (a planned interruption; --resume continues)");
   po::variables_map vm;
   if (parse_or_help(args, desc, pos, vm, "ablate train CONFIG [--set k=v ...] [--run-dir DIR] [--resume [DIR]]")) return 0;
   Registry registry;
@@ -149,15 +150,18 @@ std::string first_nonfinite_position(Model& model, const Batch& b, int64_t first
   const int64_t width = positions > 0 ? int64_t(logits.size()) / positions : 0;
   const int64_t vocab = model.options().vocab_size;
   const auto place = [&](int64_t position) {
-    return "window " + std::to_string(first_window + position / T) + ", position " + std::to_string(position % T) +
-           " (shard token " + std::to_string((first_window + position / T) * (T + 1) + position % T) + ")";
+    return "window " + std::to_string(first_window + position / T) + ", position " + std::to_string(position % T) + " (shard token " +
+           std::to_string((first_window + position / T) * (T + 1) + position % T) + ")";
   };
   for (int64_t i = 0; i < positions; ++i) {
     for (int64_t v = 0; v < std::min(width, vocab); ++v) {
       const float x = logits[std::size_t(i * width + v)];
       if (!std::isfinite(x)) {
         return "the first non-finite logit is at " + place(i) + ", vocabulary entry " + std::to_string(v) + " (" +
-               (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") + ")";
+               (std::isnan(x) ? "nan"
+                : x > 0       ? "inf"
+                              : "-inf") +
+               ")";
       }
     }
   }
@@ -225,14 +229,13 @@ int cmd_eval(const Args& args) {
       "with --eval: change a key of the run's [[eval]] tables (another task file: eval.LABEL.path=FILE)")(
       "seq-len", int_option("seq-len", 1, 16777216), "window length T (default: the run's batching.seq_len)")(
       "batch", int_option("batch", 1, 65536)->default_value(8), "windows per forward pass")(
-      "threads", int_option("threads", 0, 4096), "CPU threads (0 = every core; default: the run's run.threads)")(
-      "json", "print JSON")("allow-nonfinite",
-                            "read a checkpoint whose weights hold NaN or inf, and report a loss that is not finite (forensics; warns)");
+      "threads", int_option("threads", 0, 4096), "CPU threads (0 = every core; default: the run's run.threads)")("json", "print JSON")(
+      "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf, and report a loss that is not finite (forensics; warns)");
   po::variables_map vm;
   if (parse_or_help(args, desc, {}, vm, usage)) return 0;
   if (vm.count("tokens") == vm.count("eval")) {
-    throw_input_error(vm.count("eval") ? "--eval" : "ablate eval", vm.count("eval") ? "and --tokens both given: choose one"
-                                                                                    : "give --tokens SHARD.bin or --eval LABEL");
+    throw_input_error(vm.count("eval") ? "--eval" : "ablate eval",
+                      vm.count("eval") ? "and --tokens both given: choose one" : "give --tokens SHARD.bin or --eval LABEL");
   }
   if (vm.count("details") && !vm.count("eval")) throw_input_error("--details", "needs --eval LABEL");
   // Only the evaluations may change: the model and its data are the checkpoint's.
@@ -247,8 +250,7 @@ int cmd_eval(const Args& args) {
   registry.load_directories(Registry::default_search_path());
   LoadedModel lm = load_model(vm["checkpoint"].as<std::string>(), registry, vm.count("allow-nonfinite") > 0, sets);
   if (vm.count("eval")) return eval_task(lm, registry, vm);
-  const int threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>())
-                                                          : lm.spec->run.threads);
+  const int threads = use_cpu_threads(vm.count("threads") ? int(vm["threads"].as<int64_t>()) : lm.spec->run.threads);
   const int64_t T = vm.count("seq-len") ? vm["seq-len"].as<int64_t>() : lm.spec->seq_len;
   if (T < 1 || T > lm.model->options().max_seq_len) {
     throw_input_error("--seq-len", std::to_string(T) + " is outside 1.." + std::to_string(lm.model->options().max_seq_len));
@@ -262,8 +264,8 @@ int cmd_eval(const Args& args) {
   }
   const int64_t windows = int64_t(tokens.size()) / (T + 1);
   if (windows == 0) {
-    throw_input_error(vm["tokens"].as<std::string>(), "holds " + std::to_string(tokens.size()) + " tokens, fewer than one window of " +
-                                                          std::to_string(T + 1));
+    throw_input_error(vm["tokens"].as<std::string>(),
+                      "holds " + std::to_string(tokens.size()) + " tokens, fewer than one window of " + std::to_string(T + 1));
   }
   // No more rows than windows; and the rows' activations (logits included) within the memory budget.
   const int64_t per = std::min(vm["batch"].as<int64_t>(), windows);
@@ -294,8 +296,9 @@ int cmd_eval(const Args& args) {
     if (!std::isfinite(part) && std::isfinite(sum)) {
       const std::string where = first_nonfinite_position(*lm.model, b, w, T);
       if (!allow_nonfinite) {
-        throw_input_error(lm.dir.string(), "the evaluation loss is not finite: " + where +
-                                               " (the weights overflow in the forward pass; --allow-nonfinite reports the loss anyway)");
+        throw_input_error(lm.dir.string(),
+                          "the evaluation loss is not finite: " + where +
+                              " (the weights overflow in the forward pass; --allow-nonfinite reports the loss anyway)");
       }
       spdlog::warn("eval: the loss is not finite: {} (reported anyway: --allow-nonfinite)", where);
     }
@@ -305,7 +308,8 @@ int cmd_eval(const Args& args) {
   }
   const double loss = sum / double(count);
   if (vm.count("json")) {
-    std::cout << json_text(json{{"loss", loss}, {"tokens", count}, {"windows", windows}, {"seq_len", T}, {"checkpoint", lm.dir.string()}}, 2)
+    std::cout << json_text(
+                     json{{"loss", loss}, {"tokens", count}, {"windows", windows}, {"seq_len", T}, {"checkpoint", lm.dir.string()}}, 2)
               << "\n";
   } else {
     std::printf("loss %.6f over %lld tokens (%lld windows of %lld), perplexity %.3f\n", loss, static_cast<long long>(count),
@@ -391,8 +395,7 @@ static fs::path describe_tokens(const RunSpec& spec, Registry& registry, json& c
       throw_input_error("export", std::string("cannot open the run's data source, which holds its tokenizer and end-of-text id (") +
                                       e.what() + "); repair or reach its files, or pass --no-tokenizer to export the weights alone");
     }
-    spdlog::warn("export --no-tokenizer: the run's data source cannot be opened here ({}); config.json has no bos/eos ids",
-                 e.what());
+    spdlog::warn("export --no-tokenizer: the run's data source cannot be opened here ({}); config.json has no bos/eos ids", e.what());
     return {};
   }
   if (source->eot_token() >= 0) cfg["bos_token_id"] = cfg["eos_token_id"] = source->eot_token();
@@ -446,11 +449,25 @@ json export_gpt2(Exporter& ex, const ModelOptions& o) {
   const int64_t V = o.vocab_size, L = o.n_layers;
   json cfg;
   ex.put_all(hf_tensors("gpt2", o));
-  cfg = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", o.max_seq_len},
-         {"n_ctx", o.max_seq_len}, {"n_embd", o.d_model}, {"n_layer", L}, {"n_head", o.n_heads}, {"n_inner", o.mlp_hidden},
-         {"activation_function", "gelu_new"}, {"layer_norm_epsilon", o.norm_epsilon()}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
-         {"attn_pdrop", 0.0}, {"scale_attn_weights", true}, {"tie_word_embeddings", o.tie_embeddings},
-         {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"torch_dtype", "float32"}};
+  cfg = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"vocab_size", V},
+         {"n_positions", o.max_seq_len},
+         {"n_ctx", o.max_seq_len},
+         {"n_embd", o.d_model},
+         {"n_layer", L},
+         {"n_head", o.n_heads},
+         {"n_inner", o.mlp_hidden},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", o.norm_epsilon()},
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"scale_attn_weights", true},
+         {"tie_word_embeddings", o.tie_embeddings},
+         {"bos_token_id", nullptr},
+         {"eos_token_id", nullptr},
+         {"torch_dtype", "float32"}};
   return cfg;
 }
 
@@ -592,7 +609,8 @@ std::pair<json, SafetensorsFile> peft_adapter(const Model& model, const std::vec
         for (int64_t k = 0; k < r; ++k)
           for (int64_t j = 0; j < C; ++j) A[std::size_t((slot * r + k) * C + j)] = values[std::size_t(it->a->offset + k * C + j)];
         for (int64_t i = 0; i < C; ++i)
-          for (int64_t k = 0; k < r; ++k) B[std::size_t((part * C + i) * R + slot * r + k)] = values[std::size_t(it->b->offset + i * r + k)];
+          for (int64_t k = 0; k < r; ++k)
+            B[std::size_t((part * C + i) * R + slot * r + k)] = values[std::size_t(it->b->offset + i * r + k)];
         ++slot;
       }
       if (qkv) {
@@ -612,7 +630,8 @@ std::pair<json, SafetensorsFile> peft_adapter(const Model& model, const std::vec
     // The attention's c_proj, not the MLP's (which has the same name).
     std::string alts;
     if (m > 0) alts = "c_attn";
-    if (std::find(o.adapter_targets.begin(), o.adapter_targets.end(), "o") != o.adapter_targets.end()) alts += alts.empty() ? "c_proj" : "|c_proj";
+    if (std::find(o.adapter_targets.begin(), o.adapter_targets.end(), "o") != o.adapter_targets.end())
+      alts += alts.empty() ? "c_proj" : "|c_proj";
     pattern = ".*\\.attn\\.(" + alts + ")";
   }
   json cfg = {{"peft_type", "LORA"},
@@ -657,11 +676,13 @@ int cmd_export(const Args& args) {
   const ModelOptions& o = lm.model->options();
   if (o.adapter.empty() && (merge || format == "peft")) {
     throw_input_error(merge ? "--merge" : "--format", lm.dir.string() + " was trained without an [adapter]: there is " +
-                                                          (merge ? "nothing to merge" : "no adapter to write") + "; export it with --format hf");
+                                                          (merge ? "nothing to merge" : "no adapter to write") +
+                                                          "; export it with --format hf");
   }
   if (!o.adapter.empty() && format == "hf" && !merge) {
-    throw_input_error("--format", lm.dir.string() + " trained " + o.adapter + " adapters on a frozen base: --format hf --merge "
-                                                    "folds them into the weights, --format peft writes them alone");
+    throw_input_error("--format", lm.dir.string() + " trained " + o.adapter +
+                                      " adapters on a frozen base: --format hf --merge "
+                                      "folds them into the weights, --format peft writes them alone");
   }
   std::vector<float> values;
   lm.model->copy_params_to_host(values);
@@ -669,8 +690,8 @@ int cmd_export(const Args& args) {
   // Qwen3's qk-norm, rmsnorm): a model with a plugin's in their place has no family to go to.
   const bool builtin = o.embedding == defaults::embedding && o.linear == defaults::linear && o.classifier == defaults::classifier &&
                        (!o.qk_norm || o.qk_norm_layer == defaults::qk_norm_layer);
-  const bool gpt2 = builtin && o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm &&
-                    o.n_kv_heads == o.n_heads;
+  const bool gpt2 =
+      builtin && o.norm == "layernorm" && o.mlp == "gelu_mlp" && o.position == "learned" && !o.qk_norm && o.n_kv_heads == o.n_heads;
   const bool llama = builtin && o.norm == "rmsnorm" && o.mlp == "swiglu_mlp" && o.position == "rope";
   if (format == "peft" && (gpt2 || llama)) {
     auto [cfg, file] = peft_adapter(*lm.model, values, gpt2, lm.spec->model.init_from);
@@ -715,8 +736,8 @@ int cmd_sample(const Args& args) {
       "prompt", po::value<std::string>()->default_value(""), "text in the data source's text form (empty: start a document)")(
       "tokens", int_option("tokens", 0, 16777216)->default_value(64), "tokens to generate")(
       "top-k", int_option("top-k", 0, 2147483647)->default_value(0), "sample among the K most likely tokens (0 = all)")(
-      "temperature", float_option("temperature", 0.0, 1e6)->default_value(1.0), "softmax temperature (0 = greedy)")(
-      "seed", int_option("seed", 0, INT64_MAX)->default_value(0), "sampling seed")(
+      "temperature", float_option("temperature", 0.0, 1e6)->default_value(1.0),
+      "softmax temperature (0 = greedy)")("seed", int_option("seed", 0, INT64_MAX)->default_value(0), "sampling seed")(
       "stop-at-eot", po::value<bool>()->default_value(true, "on")->implicit_value(true, "on")->value_name("on|off"),
       "stop at the end-of-document token (--stop-at-eot=off: generate all --tokens)")(
       "allow-nonfinite", "read a checkpoint whose weights hold NaN or inf (forensics; warns)");

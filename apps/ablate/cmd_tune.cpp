@@ -154,13 +154,13 @@ Recommendation recommend(const std::vector<Trial>& trials, const Model& model, i
       break;
     }
   }
-  for (const Trial& t : trials) if (t.fits) r.largest = t.batch;
+  for (const Trial& t : trials)
+    if (t.fits) r.largest = t.batch;
   if (tu.plan_only && r.largest > 0) rec = r.largest;  // nothing measured: the largest that fits
   if (r.largest == 0) {
     throw_input_error(tu.budget_gib > 0 ? "run.memory_budget_gib" : "tune",
-                      "even a micro-batch of 1 row needs an estimated " +
-                          std::to_string(trials.front().estimated_bytes >> 20) + " MiB, over 90% of the " +
-                          std::to_string(tu.budget >> 20) + " MiB budget (" + tu.budget_source + ")");
+                      "even a micro-batch of 1 row needs an estimated " + std::to_string(trials.front().estimated_bytes >> 20) +
+                          " MiB, over 90% of the " + std::to_string(tu.budget >> 20) + " MiB budget (" + tu.budget_source + ")");
   }
   // What activation recomputation would allow, by the plan alone (not measured): the largest doubling
   // up to --max-batch whose estimate fits under each mode.
@@ -184,8 +184,12 @@ Recommendation recommend(const std::vector<Trial>& trials, const Model& model, i
 void print_json(const std::vector<Trial>& trials, const Recommendation& r, const Tuning& tu) {
   json j = {{"budget_bytes", tu.budget}, {"budget_source", tu.budget_source}, {"seq_len", tu.T}, {"trials", json::array()}};
   for (const Trial& t : trials) {
-    j["trials"].push_back({{"batch_size", t.batch}, {"fits", t.fits}, {"estimated_bytes", t.estimated_bytes},
-                           {"step_ms", t.step_ms}, {"tokens_per_s", t.tokens_per_s}, {"real_tokens_per_s", t.real_tokens_per_s}});
+    j["trials"].push_back({{"batch_size", t.batch},
+                           {"fits", t.fits},
+                           {"estimated_bytes", t.estimated_bytes},
+                           {"step_ms", t.step_ms},
+                           {"tokens_per_s", t.tokens_per_s},
+                           {"real_tokens_per_s", t.real_tokens_per_s}});
   }
   j["largest_fitting"] = r.largest;
   j["plan_only"] = tu.plan_only;
@@ -271,7 +275,9 @@ int tune_batch_size(const Args& args) {
 }  // namespace
 
 int cmd_tune(const Args& args) {
-  return dispatch("tune", args, {{"batch-size", tune_batch_size, "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--json]"}});
+  return dispatch(
+      "tune", args,
+      {{"batch-size", tune_batch_size, "ablate tune batch-size CONFIG [--set k=v ...] [--max-batch N] [--steps N] [--json]"}});
 }
 
 }  // namespace ablate::cli

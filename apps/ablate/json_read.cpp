@@ -23,72 +23,101 @@ const JsonSchema kCapabilities{"device capabilities", kMaxJsonBytes, kCapability
 const JsonSchema kPluginRow{"plugin", kMaxJsonBytes, kPluginFields};
 
 constexpr JsonField kRunFields[] = {
-    {"world", K::count},          {"memory_bytes", K::non_negative}, {"activation_bytes", K::non_negative},
-    {"memory_source", K::string}, {"communicator", K::string},       {"device", K::string},
-    {"device_name", K::string},   {"recompute", K::string},          {"activation_bytes_by_recompute", K::number_map},
-    {"device_capabilities", K::object, false, &kCapabilities},       {"plugins", K::rows, false, &kPluginRow},
+    {"world", K::count},
+    {"memory_bytes", K::non_negative},
+    {"activation_bytes", K::non_negative},
+    {"memory_source", K::string},
+    {"communicator", K::string},
+    {"device", K::string},
+    {"device_name", K::string},
+    {"recompute", K::string},
+    {"activation_bytes_by_recompute", K::number_map},
+    {"device_capabilities", K::object, false, &kCapabilities},
+    {"plugins", K::rows, false, &kPluginRow},
     {"vocab_size", K::count},
 };
 
 // summary.json's "evals": per label the evaluator's last metrics.
 constexpr JsonField kEvalSummaryFields[] = {
-    {"evaluator", K::string}, {"step", K::count},        {"primary", K::string}, {"higher_is_better", K::boolean},
+    {"evaluator", K::string},   {"step", K::count},        {"primary", K::string},      {"higher_is_better", K::boolean},
     {"metrics", K::number_map}, {"evaluations", K::count}, {"time_s", K::non_negative},
 };
 const JsonSchema kEvalSummary{"evaluation summary", kMaxJsonBytes, kEvalSummaryFields};
 
 constexpr JsonField kSummaryFields[] = {
-    {"status", K::string, true},      {"steps", K::count},
-    {"parameters", K::count},         {"first_loss", K::number},
-    {"final_loss", K::number},        {"val_loss", K::number},
-    {"tokens_per_s", K::non_negative}, {"real_tokens_per_s", K::non_negative},
-    {"tflops", K::non_negative},      {"mfu", K::non_negative},
+    {"status", K::string, true},        {"steps", K::count},
+    {"parameters", K::count},           {"first_loss", K::number},
+    {"final_loss", K::number},          {"val_loss", K::number},
+    {"tokens_per_s", K::non_negative},  {"real_tokens_per_s", K::non_negative},
+    {"tflops", K::non_negative},        {"mfu", K::non_negative},
     {"effective_mfu", K::non_negative}, {"peak_tflops", K::non_negative},
     {"data_wait_pct", K::non_negative}, {"comm_pct", K::non_negative},
-    {"mem_peak_bytes", K::count},     {"optimizer_state_bytes", K::count},
-    {"wall_s", K::non_negative},      {"world", K::count},
-    {"resumed_from", K::count},       {"data_bottleneck", K::string},
-    {"step_time_cv", K::non_negative}, {"machine_load", K::non_negative},
-    {"cpu_steal", K::non_negative},   {"evals", K::object_map, false, &kEvalSummary},
+    {"mem_peak_bytes", K::count},       {"optimizer_state_bytes", K::count},
+    {"wall_s", K::non_negative},        {"world", K::count},
+    {"resumed_from", K::count},         {"data_bottleneck", K::string},
+    {"step_time_cv", K::non_negative},  {"machine_load", K::non_negative},
+    {"cpu_steal", K::non_negative},     {"evals", K::object_map, false, &kEvalSummary},
 };
 
 constexpr JsonField kMetricsFields[] = {
-    {"step", K::count, true},          {"loss", K::number},
-    {"val_loss", K::number},           {"step_ms", K::non_negative},
-    {"tokens", K::count},              {"real_tokens", K::count},
-    {"padding_fraction", K::non_negative}, {"tokens_per_s", K::non_negative},
-    {"real_tokens_per_s", K::non_negative}, {"mfu", K::non_negative},
-    {"data_wait_pct", K::non_negative}, {"comm_pct", K::non_negative},
-    {"mem_peak_bytes", K::count},      {"optimizer_state_bytes", K::count},
+    {"step", K::count, true},
+    {"loss", K::number},
+    {"val_loss", K::number},
+    {"step_ms", K::non_negative},
+    {"tokens", K::count},
+    {"real_tokens", K::count},
+    {"padding_fraction", K::non_negative},
+    {"tokens_per_s", K::non_negative},
+    {"real_tokens_per_s", K::non_negative},
+    {"mfu", K::non_negative},
+    {"data_wait_pct", K::non_negative},
+    {"comm_pct", K::non_negative},
+    {"mem_peak_bytes", K::count},
+    {"optimizer_state_bytes", K::count},
     {"elapsed_s", K::non_negative},
-    {"lr", K::number},                 {"grad_norm", K::non_negative},
+    {"lr", K::number},
+    {"grad_norm", K::non_negative},
 };
 
 constexpr JsonField kArmsFields[] = {
-    {"name", K::string},   {"base", K::string}, {"axes", K::strings},
-    {"arms", K::strings, true}, {"peak_tflops_set", K::string}, {"baseline", K::string},
+    {"name", K::string},
+    {"base", K::string},
+    {"axes", K::strings},
+    {"arms", K::strings, true},
+    {"peak_tflops_set", K::string},
+    {"baseline", K::string},
     {"expected", K::number_map},
 };
 
 constexpr JsonField kArmFields[] = {
-    {"name", K::string},         {"group", K::string},   {"repeat", K::count},
-    {"overrides", K::string_map}, {"sets", K::strings},   {"status", K::string, true},
-    {"wall_s", K::non_negative}, {"error", K::string},  {"requeues", K::count},
+    {"name", K::string},         {"group", K::string},        {"repeat", K::count}, {"overrides", K::string_map}, {"sets", K::strings},
+    {"status", K::string, true}, {"wall_s", K::non_negative}, {"error", K::string}, {"requeues", K::count},
 };
 
 // A results row's columns are null where the arm's summary has no value (an arm that did not finish).
 constexpr JsonField kResultRowFields[] = {
-    {"arm", K::string, true},              {"group", K::string},
-    {"repeat", K::count},                  {"overrides", K::string_map},
-    {"status", K::string},                 {"final_loss", K::number},
-    {"val_loss", K::number},               {"tokens_per_s", K::non_negative},
-    {"real_tokens_per_s", K::non_negative}, {"mfu", K::non_negative},
-    {"effective_mfu", K::non_negative},    {"mem_peak_bytes", K::non_negative},
-    {"optimizer_state_bytes", K::non_negative}, {"data_wait_pct", K::non_negative},
-    {"wall_s", K::non_negative},           {"steps", K::non_negative},
-    {"error", K::string},                  {"run_dir", K::string},
-    {"best_val_loss", K::number},          {"step_time_cv", K::non_negative},
-    {"machine_load", K::non_negative},     {"evals", K::number_map},
+    {"arm", K::string, true},
+    {"group", K::string},
+    {"repeat", K::count},
+    {"overrides", K::string_map},
+    {"status", K::string},
+    {"final_loss", K::number},
+    {"val_loss", K::number},
+    {"tokens_per_s", K::non_negative},
+    {"real_tokens_per_s", K::non_negative},
+    {"mfu", K::non_negative},
+    {"effective_mfu", K::non_negative},
+    {"mem_peak_bytes", K::non_negative},
+    {"optimizer_state_bytes", K::non_negative},
+    {"data_wait_pct", K::non_negative},
+    {"wall_s", K::non_negative},
+    {"steps", K::non_negative},
+    {"error", K::string},
+    {"run_dir", K::string},
+    {"best_val_loss", K::number},
+    {"step_time_cv", K::non_negative},
+    {"machine_load", K::non_negative},
+    {"evals", K::number_map},
 };
 
 const JsonSchema kResultRow{"sweep results row", kMaxJsonBytes, kResultRowFields};
@@ -97,8 +126,10 @@ constexpr JsonField kEvalListFields[] = {{"label", K::string, true}, {"metric", 
 const JsonSchema kEvalListRow{"sweep evaluation", kMaxJsonBytes, kEvalListFields};
 
 constexpr JsonField kResultsFields[] = {
-    {"sweep", K::string}, {"base", K::string}, {"axes", K::strings}, {"arms", K::rows, true, &kResultRow},
-    {"baseline", K::string}, {"evals", K::rows, false, &kEvalListRow}, {"expected", K::number_map},
+    {"sweep", K::string},        {"base", K::string},
+    {"axes", K::strings},        {"arms", K::rows, true, &kResultRow},
+    {"baseline", K::string},     {"evals", K::rows, false, &kEvalListRow},
+    {"expected", K::number_map},
 };
 
 }  // namespace
@@ -167,8 +198,7 @@ json checked(const std::string& where, const std::string& field, const json& v, 
     case K::boolean:
       if (!v.is_boolean()) refuse(where, field, v, f.kind);
       return v;
-    case K::object:
-      return checked_object(where, v, *f.rows, field);
+    case K::object: return checked_object(where, v, *f.rows, field);
     case K::object_map: {
       if (!v.is_object()) refuse(where, field, v, f.kind);
       json out = json::object();
@@ -248,12 +278,12 @@ std::string parse_detail(const json::exception& e, bool one_line) {
 // `text` parsed and checked; `where` names the file (and line) in messages.
 json parse_checked(const std::string& where, std::string_view text, const JsonSchema& schema, bool one_line) {
   if (const std::size_t at = json_too_deep_at(text); at != std::string_view::npos) {
-    const std::string place =
-        one_line ? "column " + std::to_string(at + 1)
-                 : "line " + std::to_string(1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n')) + ", byte " +
-                       std::to_string(at);
-    throw_input_error(where, "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels (at " + place +
-                                 "): not a file ablate wrote");
+    const std::string place = one_line
+                                  ? "column " + std::to_string(at + 1)
+                                  : "line " + std::to_string(1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n')) +
+                                        ", byte " + std::to_string(at);
+    throw_input_error(where,
+                      "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels (at " + place + "): not a file ablate wrote");
   }
   json parsed;
   try {

@@ -88,8 +88,8 @@ int dispatch(const std::string& group, const Args& args, const std::vector<Subco
     if (args.front() == sub.name) return sub.run(rest);
     names.push_back(sub.name);
   }
-  throw_input_error("", "unknown subcommand '" + group + " " + args.front() + "'" + did_you_mean(args.front(), names) +
-                            " (" + group + " " + join(names, " | " + group + " ") + ")");
+  throw_input_error("", "unknown subcommand '" + group + " " + args.front() + "'" + did_you_mean(args.front(), names) + " (" + group +
+                            " " + join(names, " | " + group + " ") + ")");
 }
 
 }  // namespace ablate::cli
@@ -112,7 +112,8 @@ const std::map<std::string, Command>& commands() {
       {"import", {ablate::cli::cmd_import, "read a Hugging Face checkpoint (GPT-2, Llama, Qwen3) into a run directory"}},
       {"sample", {ablate::cli::cmd_sample, "generate text from a checkpoint"}},
       {"sweep", {ablate::cli::cmd_sweep, "run an ablation study: every arm of a sweep file, then the results and report"}},
-      {"sweep-arm", {ablate::cli::cmd_sweep_arm, "train one arm of a sweep: what a Slurm array task of `sweep --launcher slurm` runs"}},
+      {"sweep-arm",
+       {ablate::cli::cmd_sweep_arm, "train one arm of a sweep: what a Slurm array task of `sweep --launcher slurm` runs"}},
       {"report", {ablate::cli::cmd_report, "write report.md with tables and plots for a run or a sweep"}},
       {"doctor", {ablate::cli::cmd_doctor, "name what holds a run back, ranked, with the change to make"}},
       {"tune", {ablate::cli::cmd_tune, "tune batch-size: the largest micro-batch that fits, measured"}},
@@ -134,8 +135,7 @@ void print_help() {
 // while it loads, before main runs, so the default is set from the executable's preinit array,
 // which runs before any library's initialisation. A value already in the environment wins.
 void default_omp_wait_policy(int, char**, char**) { setenv("OMP_WAIT_POLICY", "passive", 0); }
-[[gnu::used, gnu::section(".preinit_array")]] void (*const preinit_wait_policy)(int, char**, char**) =
-    default_omp_wait_policy;
+[[gnu::used, gnu::section(".preinit_array")]] void (*const preinit_wait_policy)(int, char**, char**) = default_omp_wait_policy;
 
 }  // namespace
 

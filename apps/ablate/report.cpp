@@ -38,9 +38,8 @@ std::string arm_name(const fs::path& arms_json, const std::string& name) {
 }
 
 // The columns of results.csv / results.json taken from each arm's summary.json.
-const char* const kSummaryColumns[] = {"final_loss",      "val_loss",         "tokens_per_s",  "real_tokens_per_s",
-                                       "mfu",             "effective_mfu",    "mem_peak_bytes", "optimizer_state_bytes",
-                                       "data_wait_pct"};
+const char* const kSummaryColumns[] = {"final_loss",    "val_loss",       "tokens_per_s",          "real_tokens_per_s", "mfu",
+                                       "effective_mfu", "mem_peak_bytes", "optimizer_state_bytes", "data_wait_pct"};
 
 std::string csv_cell(const json& v) {
   if (v.is_null()) return "";
@@ -114,8 +113,8 @@ std::string draw(const fs::path& dir, const json& spec) {
   const char* py_env = std::getenv("ABLATE_PYTHON");
   std::string py = py_env && *py_env ? py_env : "python3";
   if (py.find('/') != std::string::npos) py = fs::absolute(py).string();  // the script runs in `dir`
-  const std::string cmd = "cd -- " + shell_quote(dir.string()) + " && " + shell_quote(py) + " " + shell_quote(script.string()) +
-                          " " + shell_quote(spec_path.filename().string()) + " 2>&1";
+  const std::string cmd = "cd -- " + shell_quote(dir.string()) + " && " + shell_quote(py) + " " + shell_quote(script.string()) + " " +
+                          shell_quote(spec_path.filename().string()) + " 2>&1";
   std::string output;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return "cannot run " + cmd;
@@ -181,7 +180,8 @@ std::string resolve_factor(const char* option, const std::string& name, const st
   }
   if (hits.size() == 1) return hits.front();
   if (hits.size() > 1) {
-    throw_input_error(option, "'" + name + "' could be " + join(hits, " or ") + "; give the full name (factors: " + join(factors) + ")");
+    throw_input_error(option,
+                      "'" + name + "' could be " + join(hits, " or ") + "; give the full name (factors: " + join(factors) + ")");
   }
   throw_input_error(option, "unknown factor '" + name + "' (factors of " + where + ": " + join(factors) + ")");
 }
@@ -282,8 +282,8 @@ struct StatMetric {
   std::string label;  // its name in report.md
   bool ratio;         // compared as arm / baseline (else as arm - baseline)
   bool lower_better;
-  std::string more;   // the words for a larger value than the baseline's
-  std::string less;   // and for a smaller one
+  std::string more;  // the words for a larger value than the baseline's
+  std::string less;  // and for a smaller one
   std::string (*show)(double);
   bool eval = false;  // an evaluation's primary metric
 };
@@ -330,7 +330,8 @@ json sweep_evals(const std::vector<json>& summaries) {
     if (!summary.contains("evals")) continue;
     for (const auto& [label, e] : summary["evals"].items()) {
       const bool known = std::any_of(out.begin(), out.end(), [&](const json& x) { return x["label"] == label; });
-      if (!known) out.push_back({{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
+      if (!known)
+        out.push_back({{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
     }
   }
   return out;
@@ -434,7 +435,8 @@ std::vector<std::string> group_columns(const std::vector<StatMetric>& metrics) {
   std::vector<std::string> out;
   for (const StatMetric& m : metrics) {
     const std::string k = m.key, vs = k + (m.ratio ? "_ratio" : "_diff");
-    for (const std::string& c : {k + "_mean", k + "_sd", k + "_n", k + "_ci_low", k + "_ci_high", vs, vs + "_low", vs + "_high", k + "_verdict"}) {
+    for (const std::string& c :
+         {k + "_mean", k + "_sd", k + "_n", k + "_ci_low", k + "_ci_high", vs, vs + "_low", vs + "_high", k + "_verdict"}) {
       out.push_back(c);
     }
   }
@@ -511,7 +513,8 @@ std::string noise_note(const ArmGroup& a, const ArmGroup& b, double ratio) {
   const double load = std::fmax(a.machine_load, b.machine_load);
   return "`" + a.name + "` against `" + b.name + "`: real tokens/s differ by " + printf_text("%.1f%%", 100 * std::fabs(ratio - 1)) +
          ", less than the step-time noise of these runs (coefficient of variation up to " + printf_text("%.1f%%", 100 * cv) +
-         ", in `" + noisier.noisiest + "`" + (std::isfinite(load) ? "; machine load up to " + printf_text("%.2f", load) : std::string()) +
+         ", in `" + noisier.noisiest + "`" +
+         (std::isfinite(load) ? "; machine load up to " + printf_text("%.2f", load) : std::string()) +
          "): the difference may be the machine's, not the arm's";
 }
 
@@ -532,7 +535,9 @@ void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& g
     most = std::max(most, g.completed);
     compared += g.completed > 0 ? 1 : 0;
   }
-  const auto find = [&](const char* key) { return *std::find_if(metrics.begin(), metrics.end(), [&](const StatMetric& m) { return m.key == key; }); };
+  const auto find = [&](const char* key) {
+    return *std::find_if(metrics.begin(), metrics.end(), [&](const StatMetric& m) { return m.key == key; });
+  };
   std::vector<std::string> leaders = {leader_line(find("val_loss"), groups, "Lowest validation loss"),
                                       leader_line(find("real_tokens_per_s"), groups, "Most real tokens/s")};
   for (const StatMetric& m : metrics) {  // each evaluation ranks the arms too
@@ -561,7 +566,8 @@ void write_group_sections(std::ostringstream& md, const std::vector<ArmGroup>& g
   }
   const auto base = std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& g) { return g.name == baseline; });
   if (compared < 2 || base == groups.end()) return;
-  md << "## Against the baseline `" << baseline << "`\n\nLosses as the difference of means (arm - baseline), throughput, MFU "
+  md << "## Against the baseline `" << baseline
+     << "`\n\nLosses as the difference of means (arm - baseline), throughput, MFU "
         "and memory as the ratio arm / baseline (of geometric means), each with its 95% interval (Welch's t; ratios on the log "
         "scale); \"no difference detected\" when the interval holds no difference.\n\n";
   if (base->completed == 0) {
@@ -607,7 +613,8 @@ std::string expectation_verdict(double expected, const Estimate& e) {
 void write_expected_section(std::ostringstream& md, const std::vector<ArmGroup>& groups, const json& expected,
                             const std::vector<StatMetric>& metrics) {
   if (expected.empty() || groups.size() < 2) return;
-  const StatMetric& rate = *std::find_if(metrics.begin(), metrics.end(), [](const StatMetric& m) { return m.key == "real_tokens_per_s"; });
+  const StatMetric& rate =
+      *std::find_if(metrics.begin(), metrics.end(), [](const StatMetric& m) { return m.key == "real_tokens_per_s"; });
   md << "## Expected against measured\n\nEach arm's expected speed-up (`expected` in `[[sweep.arms]]`) over the arm before it, "
         "beside the measured ratio of real tokens/s (geometric means over the repeats, with its 95% interval: Welch's t on "
         "the log scale), and both multiplied up from the first arm `"
@@ -639,8 +646,7 @@ void add_report_options(po::options_description& desc) {
   desc.add_options()("smooth", float_option("smooth", 0.0, 1.0, true),
                      "smooth the training-loss curves with an exponential moving average of this weight, in [0, 1) "
                      "(0.9: strong; the raw curve stays faint behind; 0: raw; default: 0.6 when several arms are drawn, "
-                     "else raw)")(
-      "log-y", po::bool_switch(), "loss on a log scale")(
+                     "else raw)")("log-y", po::bool_switch(), "loss on a log scale")(
       "color-by", po::value<std::string>()->value_name("FACTOR"),
       "the sweep factor (axis) that picks the curves' colours (default: the first)")(
       "style-by", po::value<std::string>()->value_name("FACTOR"),
@@ -659,14 +665,13 @@ ReportOptions report_options(const po::variables_map& vm) {
   return o;
 }
 
-ReportOptions resolve_report_factors(const ReportOptions& options, const std::vector<std::string>& factors,
-                                     const std::string& where) {
+ReportOptions resolve_report_factors(const ReportOptions& options, const std::vector<std::string>& factors, const std::string& where) {
   ReportOptions o = options;
   o.color_by = resolve_factor("--color-by", options.color_by, factors, where);
   o.style_by = resolve_factor("--style-by", options.style_by, factors, where);
   if (!o.color_by.empty() && o.color_by == o.style_by) {
-    throw_input_error("--style-by", "'" + o.style_by + "' is the --color-by factor too; give each option its own (factors: " +
-                                        join(factors) + ")");
+    throw_input_error("--style-by",
+                      "'" + o.style_by + "' is the --color-by factor too; give each option its own (factors: " + join(factors) + ")");
   }
   return o;
 }
@@ -723,8 +728,8 @@ void write_sweep_results(const fs::path& sweep_dir) {
   const std::string baseline = baseline_group(groups, order.value("baseline", ""), arms_json.string());
   json group_rows = json::array();
   for (const ArmGroup& g : groups) {
-    group_rows.push_back(group_row(g, *std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == baseline; }),
-                                   metrics));
+    group_rows.push_back(
+        group_row(g, *std::find_if(groups.begin(), groups.end(), [&](const ArmGroup& x) { return x.name == baseline; }), metrics));
   }
   json results = {{"sweep", order.value("name", "")}, {"base", order.value("base", "")}, {"axes", axes}, {"arms", rows}};
   if (!baseline.empty()) results["baseline"] = baseline;
@@ -794,10 +799,9 @@ void write_arm_row(std::ostringstream& md, const json& r, const std::vector<std:
   md << "| " << r.value("arm", "") << " |";
   for (const std::string& a : axes) md << " " << overrides.value(a, "") << " |";
   md << " " << r.value("status", "") << " | " << fmt_num(cell("final_loss"), "%.4f") << " | " << fmt_num(cell("val_loss"), "%.4f")
-     << " | " << fmt_si(cell("tokens_per_s")) << " | " << fmt_si(cell("real_tokens_per_s")) << " | " << fmt_pct(cell("mfu"))
-     << " | " << fmt_pct(cell("effective_mfu")) << " | " << fmt_mib(cell("mem_peak_bytes")) << " | "
-     << fmt_mib(cell("optimizer_state_bytes")) << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | "
-     << fmt_num(cell("wall_s"), "%.1f") << " |\n";
+     << " | " << fmt_si(cell("tokens_per_s")) << " | " << fmt_si(cell("real_tokens_per_s")) << " | " << fmt_pct(cell("mfu")) << " | "
+     << fmt_pct(cell("effective_mfu")) << " | " << fmt_mib(cell("mem_peak_bytes")) << " | " << fmt_mib(cell("optimizer_state_bytes"))
+     << " | " << fmt_num(cell("data_wait_pct"), "%.1f%%") << " | " << fmt_num(cell("wall_s"), "%.1f") << " |\n";
 }
 
 // The arms that stopped early and those that failed, each list under its heading (none: nothing).
@@ -896,8 +900,8 @@ void write_run_section(std::ostringstream& md, json& spec, const fs::path& dir) 
   md << "| validation loss | " << fmt_num(summary.value("val_loss", json(nullptr)), "%.4f") << " |\n";
   md << "| tokens/s (real) | " << fmt_si(summary.value("tokens_per_s", json(nullptr))) << " ("
      << fmt_si(summary.value("real_tokens_per_s", json(nullptr))) << ") |\n";
-  md << "| MFU (effective) | " << fmt_pct(summary.value("mfu", json(nullptr))) << " (" << fmt_pct(summary.value("effective_mfu", json(nullptr)))
-     << ") |\n";
+  md << "| MFU (effective) | " << fmt_pct(summary.value("mfu", json(nullptr))) << " ("
+     << fmt_pct(summary.value("effective_mfu", json(nullptr))) << ") |\n";
   md << "| data wait | " << fmt_num(summary.value("data_wait_pct", json(nullptr)), "%.1f%%") << " |\n";
   md << "| peak memory MiB | " << fmt_mib(summary.value("mem_peak_bytes", json(nullptr))) << " |\n";
   md << "| optimizer state MiB | " << fmt_mib(summary.value("optimizer_state_bytes", json(nullptr))) << " |\n";
@@ -915,10 +919,7 @@ void write_run_section(std::ostringstream& md, json& spec, const fs::path& dir) 
        << ", " << fmt_num(e.value("time_s", json(nullptr)), "%.1f") << " s) | " << cell << " |\n";
   }
   md << "\n";
-  spec["runs"].push_back({{"label", name},
-                          {"group", name},
-                          {"metrics", metrics_for_plots(dir, "")},
-                          {"factors", json::object()}});
+  spec["runs"].push_back({{"label", name}, {"group", name}, {"metrics", metrics_for_plots(dir, "")}, {"factors", json::object()}});
 }
 
 // The plots drawn: how the loss curves are told apart and drawn, then each plot under its caption.
@@ -979,7 +980,8 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
     spec["evals"] = json::array();
     const json evals = summary.value("evals", json::object());
     for (const auto& [label, e] : evals.items()) {
-      spec["evals"].push_back({{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
+      spec["evals"].push_back(
+          {{"label", label}, {"metric", e.value("primary", "")}, {"higher_is_better", e.value("higher_is_better", true)}});
     }
   }
   // Several arms overlap: smoothed unless asked otherwise. With repeats, the plots draw each group's
@@ -992,9 +994,10 @@ fs::path write_report(const fs::path& dir, const ReportOptions& options) {
   if (err.empty()) {
     write_plot_sections(md, plot, axes, sweep, smooth, drawn.most_repeats);
     if (!spec["evals"].empty()) {
-      md << "## Evaluations against step\n\nEach evaluation's " << (sweep ? "primary metric per arm (the mean of its repeats, "
-                                                                              "with a band for the 95% interval of that mean)"
-                                                                            : "primary metric")
+      md << "## Evaluations against step\n\nEach evaluation's "
+         << (sweep ? "primary metric per arm (the mean of its repeats, "
+                     "with a band for the 95% interval of that mean)"
+                   : "primary metric")
          << ".\n\n![Evaluations against step](evals.png)\n\n";
     }
   } else {

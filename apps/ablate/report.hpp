@@ -39,8 +39,7 @@ ReportOptions report_options(const boost::program_options::variables_map& vm);
 // its section when only one factor has it ("optimizer" for "optimizer.name"). An unknown or
 // ambiguous name, or both options naming one factor, is an input error naming the option and
 // listing the factors; `where` says what the factors belong to.
-ReportOptions resolve_report_factors(const ReportOptions& options, const std::vector<std::string>& factors,
-                                     const std::string& where);
+ReportOptions resolve_report_factors(const ReportOptions& options, const std::vector<std::string>& factors, const std::string& where);
 
 // report.md with the table, and PNG plots beside it (drawn by matplotlib through the
 // ablate_plots.py script installed with the program). `dir` is a run directory or a sweep

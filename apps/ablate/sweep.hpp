@@ -52,7 +52,7 @@ struct SlurmSpec {
   // Seconds before the time limit (or a preemption) at which Slurm sends the batch script SIGUSR1
   // (#SBATCH --signal=B:USR1@N): the arm checkpoints after its step and is requeued. 0: none.
   int warning_seconds = 90;
-  std::vector<std::string> extra;        // lines put in the script as they are, after the #SBATCH block
+  std::vector<std::string> extra;  // lines put in the script as they are, after the #SBATCH block
   Resources resources;
 };
 
@@ -86,8 +86,8 @@ struct Sweep {
   fs::path base;
   std::string name;
   int repeats = 1;
-  std::string baseline;          // the arm group the report compares the others with ("": the first)
-  std::string search = "grid";   // "grid" | "random"
+  std::string baseline;         // the arm group the report compares the others with ("": the first)
+  std::string search = "grid";  // "grid" | "random"
   std::string launcher = "local";
   RandomSearch random;
   std::vector<Override> common;  // [sweep.set]
@@ -107,8 +107,8 @@ Sweep read_sweep(const fs::path& file, const std::vector<std::string>& sets = {}
 // digits (so that log/exp's last bit cannot change an arm's text).
 struct Range {
   std::string key;
-  std::string kind;          // "uniform" | "log_uniform" | "int_uniform" | "choice"
-  double lo = 0, hi = 0;     // uniform, log_uniform, int_uniform
+  std::string kind;                          // "uniform" | "log_uniform" | "int_uniform" | "choice"
+  double lo = 0, hi = 0;                     // uniform, log_uniform, int_uniform
   std::vector<std::string> choices, labels;  // choice: TOML text and label per value
 };
 std::vector<std::vector<Override>> draw_random(const std::vector<Range>& ranges, int64_t samples, uint64_t seed);
@@ -119,9 +119,9 @@ std::vector<std::vector<Override>> draw_random(const std::vector<Range>& ranges,
 struct ArmPlan {
   Arm arm;
   std::vector<std::string> sets;  // "key=value", common then the arm's own then the repeat's seed
-  json overrides;                  // the arm's own overrides, for results
+  json overrides;                 // the arm's own overrides, for results
   fs::path dir;
-  int64_t steps = 0;               // run.steps, for progress
+  int64_t steps = 0;  // run.steps, for progress
   int64_t eval_every = 0;
   bool done = false;
   bool resume = false;
@@ -164,7 +164,7 @@ struct ArmRun {
   pid_t pid = -1;
   std::chrono::steady_clock::time_point start;
   ArmProgress progress;
-  std::uintmax_t metrics_offset = 0;  // the bytes of metrics.jsonl read so far
+  std::uintmax_t metrics_offset = 0;                 // the bytes of metrics.jsonl read so far
   std::chrono::steady_clock::time_point first_seen;  // when a step was first seen (for the ETA)
   int64_t first_step = -1;
   std::size_t rungs_passed = 0;

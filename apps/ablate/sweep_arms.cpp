@@ -147,7 +147,8 @@ std::vector<std::string> poll_arm(ArmRun& r, const ArmPlan& p, const std::vector
       ::kill(r.pid, SIGTERM);
       events.push_back(p.arm.name + ": " + line);
     } else {
-      std::snprintf(line, sizeof line, "passed rung %lld (val_loss %.4f, %zu arm(s) there)", (long long)rung, *mine, others.size() + 1);
+      std::snprintf(line, sizeof line, "passed rung %lld (val_loss %.4f, %zu arm(s) there)", (long long)rung, *mine,
+                    others.size() + 1);
       events.push_back(p.arm.name + ": " + line);
     }
   }

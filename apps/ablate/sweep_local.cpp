@@ -72,7 +72,8 @@ class ProgressView {
   static std::string arm_line(const ArmRun& r, const ArmPlan& p, Clock::time_point now) {
     char buf[256];
     if (r.progress.step < 0) {
-      std::snprintf(buf, sizeof buf, "  %-24s starting (%s)", p.arm.name.c_str(), clock_text(std::chrono::duration<double>(now - r.start).count()).c_str());
+      std::snprintf(buf, sizeof buf, "  %-24s starting (%s)", p.arm.name.c_str(),
+                    clock_text(std::chrono::duration<double>(now - r.start).count()).c_str());
       return buf;
     }
     double eta = NAN;
@@ -121,7 +122,8 @@ std::size_t run_local(const Sweep& s, std::vector<ArmPlan>& plans, int parallel)
       ArmPlan& p = plans[next++];
       if (p.done) {
         ++view.done;
-        view.event(counter(view, total) + p.arm.name + ": already " + (fs::exists(p.dir / "summary.json") ? "completed" : "stopped early") + ", skipped");
+        view.event(counter(view, total) + p.arm.name + ": already " +
+                   (fs::exists(p.dir / "summary.json") ? "completed" : "stopped early") + ", skipped");
         continue;
       }
       fs::create_directories(p.dir);
@@ -159,7 +161,7 @@ std::size_t run_local(const Sweep& s, std::vector<ArmPlan>& plans, int parallel)
       if (word == "completed") ++view.done;
       else if (word == "stopped") ++view.stopped;
       else ++view.failed;
-      const std::string shown = word == "completed" ? "done, "
+      const std::string shown = word == "completed"   ? "done, "
                                 : word == "stopped"   ? "stopped, "
                                 : word == "preempted" ? "preempted (run the sweep again to resume it), "
                                                       : "FAILED ";

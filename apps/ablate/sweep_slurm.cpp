@@ -85,7 +85,10 @@ std::string trimmed(std::string s) {
 }
 
 json resources_json(const Resources& r) {
-  return {{"nodes", r.nodes}, {"tasks_per_node", r.tasks_per_node}, {"gpus_per_node", r.gpus_per_node}, {"cpus_per_task", r.cpus_per_task}};
+  return {{"nodes", r.nodes},
+          {"tasks_per_node", r.tasks_per_node},
+          {"gpus_per_node", r.gpus_per_node},
+          {"cpus_per_task", r.cpus_per_task}};
 }
 
 // The allocation options of one shape, for the script's #SBATCH lines and sbatch's command line.
@@ -152,8 +155,9 @@ std::map<std::string, std::string> queued_tasks(const std::set<std::string>& job
   if (job_ids.empty()) return out;
   const Captured q = capture({"squeue", "-h", "-r", "-t", "all", "-o", "%i|%T"});
   if (q.code != 0) {
-    throw_runtime_error("squeue", (q.code == 127 ? "is not installed or not on PATH: " : "failed (exit " + std::to_string(q.code) + "): ") +
-                                      trimmed(q.output));
+    throw_runtime_error("squeue",
+                        (q.code == 127 ? "is not installed or not on PATH: " : "failed (exit " + std::to_string(q.code) + "): ") +
+                            trimmed(q.output));
   }
   std::istringstream in(q.output);
   for (std::string line; std::getline(in, line);) {
@@ -167,8 +171,8 @@ std::map<std::string, std::string> queued_tasks(const std::set<std::string>& job
 
 // A state in which the task will still run (or runs): such an arm is not submitted again.
 bool active(const std::string& state) {
-  static const std::set<std::string> states = {"PENDING",   "RUNNING",   "CONFIGURING", "COMPLETING", "SUSPENDED",
-                                               "REQUEUED",  "RESIZING",  "SIGNALING",   "STAGE_OUT",  "REQUEUE_HOLD",
+  static const std::set<std::string> states = {"PENDING",     "RUNNING",       "CONFIGURING", "COMPLETING", "SUSPENDED",
+                                               "REQUEUED",    "RESIZING",      "SIGNALING",   "STAGE_OUT",  "REQUEUE_HOLD",
                                                "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"};
   return states.count(state) > 0;
 }
@@ -207,7 +211,8 @@ json read_jobs(const fs::path& out) {
     throw_input_error(f.string(), "is not the job list `ablate sweep --launcher slurm` writes ({\"submissions\": [...]})");
   }
   for (const json& sub : j["submissions"]) {
-    if (!sub.is_object() || !sub.contains("job_id") || !sub["job_id"].is_string() || !sub.contains("indices") || !sub["indices"].is_array()) {
+    if (!sub.is_object() || !sub.contains("job_id") || !sub["job_id"].is_string() || !sub.contains("indices") ||
+        !sub["indices"].is_array()) {
       throw_input_error(f.string(), "a submission lacks its string job_id or its indices");
     }
   }
@@ -219,7 +224,8 @@ std::map<std::size_t, std::string> task_ids(const json& jobs) {
   std::map<std::size_t, std::string> out;
   for (const json& sub : jobs["submissions"]) {
     for (const json& i : sub["indices"]) {
-      if (i.is_number_unsigned()) out[i.get<std::size_t>()] = sub["job_id"].get<std::string>() + "_" + std::to_string(i.get<std::size_t>());
+      if (i.is_number_unsigned())
+        out[i.get<std::size_t>()] = sub["job_id"].get<std::string>() + "_" + std::to_string(i.get<std::size_t>());
     }
   }
   return out;
@@ -312,14 +318,21 @@ std::string requeue_task() {
 void write_plan(const fs::path& out, const Sweep& s, const std::vector<ArmPlan>& plans) {
   json arms = json::array();
   for (const ArmPlan& p : plans) {
-    arms.push_back({{"name", p.arm.name},  {"group", p.arm.group},       {"repeat", p.arm.repeat},
-                    {"overrides", p.overrides}, {"sets", p.sets},          {"dir", fs::absolute(p.dir).lexically_normal().string()},
-                    {"steps", p.steps},    {"eval_every", p.eval_every}, {"resources", resources_json(p.arm.resources)}});
+    arms.push_back({{"name", p.arm.name},
+                    {"group", p.arm.group},
+                    {"repeat", p.arm.repeat},
+                    {"overrides", p.overrides},
+                    {"sets", p.sets},
+                    {"dir", fs::absolute(p.dir).lexically_normal().string()},
+                    {"steps", p.steps},
+                    {"eval_every", p.eval_every},
+                    {"resources", resources_json(p.arm.resources)}});
   }
   const json plan = {{"sweep", s.name},
                      {"base", fs::absolute(s.base).lexically_normal().string()},
                      {"mpi", s.slurm.mpi},
-                     {"early_stop", {{"rungs", s.early_stop.rungs}, {"fraction", s.early_stop.fraction}, {"min_arms", s.early_stop.min_arms}}},
+                     {"early_stop",
+                      {{"rungs", s.early_stop.rungs}, {"fraction", s.early_stop.fraction}, {"min_arms", s.early_stop.min_arms}}},
                      {"arms", arms}};
   write_json_file(out / "plan.json", plan);
 }
@@ -350,25 +363,28 @@ int submit_slurm(const Sweep& s, const fs::path& out_given, std::vector<ArmPlan>
   if (shapes.empty()) std::cout << "nothing to submit: every arm is finished or queued\n";
   for (const auto& [shape, indices] : shapes) {
     std::vector<std::string> argv = {"sbatch", "--parsable",
-                                     "--array=" + index_list(indices) + (s.slurm.max_parallel > 0 ? "%" + std::to_string(s.slurm.max_parallel) : "")};
+                                     "--array=" + index_list(indices) +
+                                         (s.slurm.max_parallel > 0 ? "%" + std::to_string(s.slurm.max_parallel) : "")};
     for (const std::string& o : resource_options(shape)) argv.push_back(o);
     argv.push_back(script.string());
     const Captured c = capture(argv);
     const std::string job = last_line(c.output);  // "ID" or "ID;CLUSTER"
     const std::string id = job.substr(0, job.find(';'));
     if (c.code != 0 || !std::regex_match(id, std::regex("^[0-9]+$"))) {
-      throw_runtime_error("sbatch", (c.code == 127 ? "is not installed or not on PATH: " : "failed (exit " + std::to_string(c.code) + "): ") +
-                                        trimmed(c.output) + " (script " + script.string() + ")");
+      throw_runtime_error("sbatch",
+                          (c.code == 127 ? "is not installed or not on PATH: " : "failed (exit " + std::to_string(c.code) + "): ") +
+                              trimmed(c.output) + " (script " + script.string() + ")");
     }
     json names = json::array();
     for (std::size_t i : indices) names.push_back(plans[i].arm.name);
-    jobs["submissions"].push_back({{"job_id", id}, {"indices", indices}, {"arms", names}, {"resources", resources_json(shape)},
-                                   {"submitted", now_text()}});
+    jobs["submissions"].push_back(
+        {{"job_id", id}, {"indices", indices}, {"arms", names}, {"resources", resources_json(shape)}, {"submitted", now_text()}});
     write_json_file(out / "slurm" / "jobs.json", jobs);  // after each sbatch: a job id is never lost
     std::cout << "submitted job array " << id << ": " << indices.size() << " arm(s) (" << shape.nodes << " node(s) x "
               << shape.tasks_per_node << " task(s))\n";
   }
-  std::cout << "follow with: ablate sweep --status " << out.string() << "; when every arm is done: ablate report " << out.string() << "\n";
+  std::cout << "follow with: ablate sweep --status " << out.string() << "; when every arm is done: ablate report " << out.string()
+            << "\n";
   return 0;
 }
 
@@ -401,8 +417,8 @@ int slurm_status(const fs::path& out) {
     std::snprintf(step, sizeof step, "%lld", (long long)progress.step);
     std::snprintf(loss, sizeof loss, "%.4f", progress.loss);
     const std::string requeues = arm ? std::to_string(arm->value("requeues", int64_t(0))) : "-";
-    std::printf("%-28s %-14s %-9s %-12s %-9s %s\n", names[i].c_str(), state.c_str(), requeues.c_str(),
-                progress.step < 0 ? "-" : step, std::isfinite(progress.loss) ? loss : "-", job.c_str());
+    std::printf("%-28s %-14s %-9s %-12s %-9s %s\n", names[i].c_str(), state.c_str(), requeues.c_str(), progress.step < 0 ? "-" : step,
+                std::isfinite(progress.loss) ? loss : "-", job.c_str());
   }
   std::string line;
   for (const auto& [state, n] : counts) line += (line.empty() ? "" : ", ") + std::to_string(n) + " " + state;
@@ -422,12 +438,14 @@ int cmd_sweep_arm(const Args& args) {
       "index", int_option("index", 0, 9999)->required(), "the arm's index in plan.json (the array task id)");
   pos.add("dir", 1).add("index", 1);
   po::variables_map vm;
-  if (parse_or_help(args, desc, pos, vm, "ablate sweep-arm SWEEP_DIR INDEX   (the command a Slurm array task of a sweep runs)")) return 0;
+  if (parse_or_help(args, desc, pos, vm, "ablate sweep-arm SWEEP_DIR INDEX   (the command a Slurm array task of a sweep runs)"))
+    return 0;
   const fs::path out = vm["dir"].as<std::string>();
   Plan plan = read_plan(out);
   const auto index = std::size_t(vm["index"].as<int64_t>());
   if (index >= plan.arms.size()) {
-    throw_input_error("index " + std::to_string(index), "the sweep in " + out.string() + " has " + std::to_string(plan.arms.size()) + " arm(s)");
+    throw_input_error("index " + std::to_string(index),
+                      "the sweep in " + out.string() + " has " + std::to_string(plan.arms.size()) + " arm(s)");
   }
   ArmPlan& p = plan.arms[index];
   decide_start(p);
@@ -445,7 +463,7 @@ int cmd_sweep_arm(const Args& args) {
   if (p.arm.resources.ranks() > 1) {
     prefix = {"srun", "--mpi=" + plan.mpi, "--ntasks=" + std::to_string(p.arm.resources.ranks()), "--kill-on-bad-exit=1"};
   }
-  ::signal(SIGTERM, on_term);  // scancel or the time limit: recorded, not lost
+  ::signal(SIGTERM, on_term);     // scancel or the time limit: recorded, not lost
   ::signal(SIGUSR1, on_warning);  // --signal=B:USR1@N: passed on, the arm checkpoints and is requeued
   ArmRun r;
   r.start = std::chrono::steady_clock::now();

@@ -63,10 +63,12 @@ constexpr double kMaxArms = 10000;
 // report write there, never hidden (the lock, temporary files), and short enough for a file name
 // with its repeat suffix.
 void require_arm_name(const std::string& file, const std::string& name) {
-  static const std::set<std::string> reserved = {
-      "arms.json",        "results.json",     "results.csv",    "report.md",   "sweep.toml",
-      "loss_vs_step.png", "loss_vs_time.png", "throughput.png", "padding.png", "loss_vs_real_tokens.png",
-      "plan.json",        "slurm"};
+  static const std::set<std::string> reserved = {"arms.json",        "results.json",
+                                                 "results.csv",      "report.md",
+                                                 "sweep.toml",       "loss_vs_step.png",
+                                                 "loss_vs_time.png", "throughput.png",
+                                                 "padding.png",      "loss_vs_real_tokens.png",
+                                                 "plan.json",        "slurm"};
   constexpr std::size_t kMaxArmName = 128;
   if (name.front() == '.' || reserved.count(name) > 0) {
     throw_input_error(file + " arm '" + echo_value(name) + "'",
@@ -119,7 +121,8 @@ void apply_set(toml::table& root, const std::string& set) {
 
 int64_t int_in(const std::string& f, const toml::node& v, const std::string& key, int64_t lo, int64_t hi) {
   if (!v.is_integer() || v.as_integer()->get() < lo || v.as_integer()->get() > hi) {
-    throw_input_error(where(f, v.source()) + " " + key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw_input_error(where(f, v.source()) + " " + key,
+                      "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return v.as_integer()->get();
 }
@@ -155,7 +158,9 @@ SlurmSpec read_slurm(const std::string& f, const toml::table* t, const std::stri
     if (key == "partition") s.partition = sbatch_word(f, v, full, word, "a partition name (letters, digits, _.,:@+-)");
     else if (key == "account") s.account = sbatch_word(f, v, full, word, "an account name (letters, digits, _.,:@+-)");
     else if (key == "job_name") s.job_name = sbatch_word(f, v, full, word, "a job name (letters, digits, _.,:@+-)");
-    else if (key == "time") s.time = sbatch_word(f, v, full, "^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$", "a time limit such as \"30\", \"02:00:00\" or \"1-12:00:00\"");
+    else if (key == "time")
+      s.time =
+          sbatch_word(f, v, full, "^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$", "a time limit such as \"30\", \"02:00:00\" or \"1-12:00:00\"");
     else if (key == "mpi") s.mpi = sbatch_word(f, v, full, "^[a-z0-9_]+$", "srun's --mpi type, e.g. \"pmix\" or \"pmi2\"");
     else if (key == "max_parallel") s.max_parallel = int(int_in(f, v, full, 0, 10000));
     else if (key == "warning_seconds") s.warning_seconds = int(int_in(f, v, full, 0, 65535));
@@ -186,7 +191,8 @@ EarlyStop read_early_stop(const std::string& f, const toml::node& n) {
   for (const auto& [k, v] : *n.as_table()) {
     const std::string key(k.str());
     if (key == "rungs") {
-      if (!v.is_array() || v.as_array()->empty()) throw_input_error(where(f, v.source()) + " sweep.early_stop.rungs", "expected a non-empty list of steps");
+      if (!v.is_array() || v.as_array()->empty())
+        throw_input_error(where(f, v.source()) + " sweep.early_stop.rungs", "expected a non-empty list of steps");
       for (const toml::node& r : *v.as_array()) {
         const int64_t step = int_in(f, r, "sweep.early_stop.rungs", 1, int64_t(1) << 40);
         if (!e.rungs.empty() && step <= e.rungs.back()) {
@@ -196,13 +202,16 @@ EarlyStop read_early_stop(const std::string& f, const toml::node& n) {
       }
     } else if (key == "fraction") {
       const auto x = v.value<double>();
-      if (!x || !(*x > 0 && *x < 1)) throw_input_error(where(f, v.source()) + " sweep.early_stop.fraction", "expected a number in (0, 1): the share of arms stopped at a rung");
+      if (!x || !(*x > 0 && *x < 1))
+        throw_input_error(where(f, v.source()) + " sweep.early_stop.fraction",
+                          "expected a number in (0, 1): the share of arms stopped at a rung");
       e.fraction = *x;
     } else if (key == "min_arms") {
       e.min_arms = int(int_in(f, v, "sweep.early_stop.min_arms", 2, 10000));
     } else {
       throw_input_error(where(f, v.source()), "unknown key 'sweep.early_stop." + key + "'" +
-                                                  did_you_mean(key, {"rungs", "fraction", "min_arms"}) + " (expected rungs, fraction, min_arms)");
+                                                  did_you_mean(key, {"rungs", "fraction", "min_arms"}) +
+                                                  " (expected rungs, fraction, min_arms)");
     }
   }
   if (e.rungs.empty()) throw_input_error(where(f, n.source()) + " sweep.early_stop", "missing `rungs = [steps...]`");
@@ -213,7 +222,8 @@ Range read_range(const std::string& f, const std::string& key, const toml::node&
   const std::string path = "sweep.random." + key;
   Range r;
   r.key = key;
-  if (std::count(key.begin(), key.end(), '.') < 1) throw_input_error(where(f, v.source()) + " " + path, "expected a quoted dotted key such as \"optimizer.lr\"");
+  if (std::count(key.begin(), key.end(), '.') < 1)
+    throw_input_error(where(f, v.source()) + " " + path, "expected a quoted dotted key such as \"optimizer.lr\"");
   const toml::node* spec = &v;
   if (v.is_table()) {
     const toml::table& t = *v.as_table();
@@ -226,7 +236,8 @@ Range read_range(const std::string& f, const std::string& key, const toml::node&
   } else {
     r.kind = "choice";  // a plain list is a choice
   }
-  if (!spec->is_array() || spec->as_array()->empty()) throw_input_error(where(f, spec->source()) + " " + path, "expected a non-empty list");
+  if (!spec->is_array() || spec->as_array()->empty())
+    throw_input_error(where(f, spec->source()) + " " + path, "expected a non-empty list");
   const toml::array& a = *spec->as_array();
   if (r.kind == "choice") {
     for (const toml::node& el : a) {
@@ -236,9 +247,10 @@ Range read_range(const std::string& f, const std::string& key, const toml::node&
     return r;
   }
   if (r.kind != "uniform" && r.kind != "log_uniform" && r.kind != "int_uniform") {
-    throw_input_error(where(f, v.source()) + " " + path, "unknown distribution '" + echo_value(r.kind) + "'" +
-                                                             did_you_mean(r.kind, {"uniform", "log_uniform", "int_uniform", "choice"}) +
-                                                             " (expected uniform, log_uniform, int_uniform or choice)");
+    throw_input_error(where(f, v.source()) + " " + path,
+                      "unknown distribution '" + echo_value(r.kind) + "'" +
+                          did_you_mean(r.kind, {"uniform", "log_uniform", "int_uniform", "choice"}) +
+                          " (expected uniform, log_uniform, int_uniform or choice)");
   }
   const bool ints = r.kind == "int_uniform";
   if (a.size() != 2 || !(ints ? a[0].is_integer() && a[1].is_integer() : a[0].is_number() && a[1].is_number())) {
@@ -265,7 +277,8 @@ std::vector<Arm> grid_arms(const std::string& f, const toml::node& grid, int rep
   std::vector<Arm> acc(1);
   for (const auto& [k, v] : *grid.as_table()) {
     const std::string key(k.str());
-    if (!v.is_array() || v.as_array()->empty()) throw_input_error(where(f, v.source()) + " sweep.grid." + key, "expected a non-empty list of values");
+    if (!v.is_array() || v.as_array()->empty())
+      throw_input_error(where(f, v.source()) + " sweep.grid." + key, "expected a non-empty list of values");
     if (std::count(key.begin(), key.end(), '.') < 1) {
       throw_input_error(where(f, v.source()) + " sweep.grid." + key, "expected a quoted dotted key such as \"batching.name\"");
     }
@@ -289,7 +302,8 @@ std::vector<Override> overrides_of(const std::string& f, const toml::table& t, c
     const std::string key(k.str());
     if (allow_name && (key == "name" || key == "expected")) continue;
     if (std::count(key.begin(), key.end(), '.') < 1 || v.is_table()) {
-      throw_input_error(where(f, v.source()) + " " + path + "." + key, "expected a quoted dotted key such as \"optimizer.lr\" = 0.001");
+      throw_input_error(where(f, v.source()) + " " + path + "." + key,
+                        "expected a quoted dotted key such as \"optimizer.lr\" = 0.001");
     }
     out.push_back({key, value_text(v), value_label(v)});
   }
@@ -335,7 +349,9 @@ std::vector<Arm> list_arms(const std::string& f, const toml::node& arms, int rep
 std::vector<Arm> random_arms(const std::string& f, const toml::table& sw, Sweep& s) {
   const toml::node* n = sw.get("random");
   if (n == nullptr || !n->is_table() || n->as_table()->empty()) {
-    throw_input_error(f + " sweep.random", "search = \"random\" needs [sweep.random] with the ranges, e.g. \"optimizer.lr\" = { log_uniform = [1e-4, 1e-2] }");
+    throw_input_error(
+        f + " sweep.random",
+        "search = \"random\" needs [sweep.random] with the ranges, e.g. \"optimizer.lr\" = { log_uniform = [1e-4, 1e-2] }");
   }
   if (s.random.samples == 0) throw_input_error(f + " sweep.samples", "search = \"random\" needs `samples = N` (the number of draws)");
   if (double(s.random.samples) * s.repeats > kMaxArms) {
@@ -362,7 +378,7 @@ std::vector<Arm> random_arms(const std::string& f, const toml::table& sw, Sweep&
 
 // The [sweep] table's scalar keys.
 void read_sweep_keys(const std::string& f, const toml::table& sw, Sweep& s) {
-  static const std::vector<std::string> known = {"name",   "repeats", "baseline", "set",  "grid",      "arms",
+  static const std::vector<std::string> known = {"name",   "repeats", "baseline", "set",    "grid",       "arms",
                                                  "search", "samples", "seed",     "random", "early_stop", "launcher"};
   for (const auto& [k, v] : sw) {
     const std::string key(k.str());
@@ -373,7 +389,8 @@ void read_sweep_keys(const std::string& f, const toml::table& sw, Sweep& s) {
     }
   }
   if (const toml::node* n = sw.get("name")) {
-    if (!n->is_string() || n->as_string()->get().empty()) throw_input_error(where(f, n->source()) + " sweep.name", "expected a non-empty string");
+    if (!n->is_string() || n->as_string()->get().empty())
+      throw_input_error(where(f, n->source()) + " sweep.name", "expected a non-empty string");
     s.name = n->as_string()->get();
     // It names the default output directory, sweeps/<name>: one plain path component.
     if (s.name == "." || s.name == ".." || s.name.find('/') != std::string::npos) {
@@ -451,14 +468,15 @@ void finish_arms(const std::string& f, const toml::table& sw, std::vector<Arm> b
 fs::path resolve_base(const fs::path& file, const toml::table& root) {
   const std::string f = file.string();
   const toml::node* base = root.get("base");
-  if (base == nullptr || !base->is_string()) throw_input_error(f, "missing `base = \"path/to/experiment.toml\"` (the experiment every arm starts from)");
+  if (base == nullptr || !base->is_string())
+    throw_input_error(f, "missing `base = \"path/to/experiment.toml\"` (the experiment every arm starts from)");
   const fs::path b = base->as_string()->get();
   // Relative to the sweep file first, then to the working directory.
   const fs::path beside = file.parent_path() / b;
   if (b.is_relative() && fs::exists(beside)) return beside;
   if (fs::exists(b)) return b;
-  throw_input_error(where(f, base->source()) + " base",
-                    "'" + b.string() + "' exists neither beside the sweep file (" + beside.string() + ") nor in the working directory");
+  throw_input_error(where(f, base->source()) + " base", "'" + b.string() + "' exists neither beside the sweep file (" +
+                                                            beside.string() + ") nor in the working directory");
 }
 
 }  // namespace
@@ -480,7 +498,8 @@ std::vector<std::vector<Override>> draw_random(const std::vector<Range>& ranges,
         draw.push_back({r.key, std::to_string(v), std::to_string(v)});
         continue;
       }
-      const double x = r.kind == "uniform" ? r.lo + u * (r.hi - r.lo) : std::exp(std::log(r.lo) + u * (std::log(r.hi) - std::log(r.lo)));
+      const double x =
+          r.kind == "uniform" ? r.lo + u * (r.hi - r.lo) : std::exp(std::log(r.lo) + u * (std::log(r.hi) - std::log(r.lo)));
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.6g", x);
       double rounded = std::strtod(buf, nullptr);
@@ -508,7 +527,8 @@ Sweep read_sweep(const fs::path& file, const std::vector<std::string>& sets) {
   for (const std::string& set : sets) apply_set(root, set);
   for (const auto& [k, v] : root) {
     if (k != "base" && k != "sweep" && k != "slurm") {
-      throw_input_error(where(f, v.source()), "unknown key '" + std::string(k.str()) + "' (a sweep file has `base`, [sweep] and [slurm])");
+      throw_input_error(where(f, v.source()),
+                        "unknown key '" + std::string(k.str()) + "' (a sweep file has `base`, [sweep] and [slurm])");
     }
   }
   Sweep s;
@@ -517,7 +537,8 @@ Sweep read_sweep(const fs::path& file, const std::vector<std::string>& sets) {
   s.name = file.stem().string();
   toml::table empty;
   const toml::table* sw = root.get_as<toml::table>("sweep");
-  if (root.get("sweep") != nullptr && sw == nullptr) throw_input_error(where(f, root.get("sweep")->source()) + " sweep", "expected a table");
+  if (root.get("sweep") != nullptr && sw == nullptr)
+    throw_input_error(where(f, root.get("sweep")->source()) + " sweep", "expected a table");
   if (sw == nullptr) sw = &empty;
   read_sweep_keys(f, *sw, s);
   if (root.get("slurm") != nullptr && !root.get("slurm")->is_table()) throw_input_error(f + " slurm", "expected a table");
@@ -526,7 +547,8 @@ Sweep read_sweep(const fs::path& file, const std::vector<std::string>& sets) {
     if (!n->is_table()) throw_input_error(where(f, n->source()) + " sweep.set", "expected a table of \"section.key\" = value");
     s.common = overrides_of(f, *n->as_table(), "sweep.set", false);
     for (const Override& o : s.common) {
-      if (o.key.rfind("slurm.", 0) == 0) throw_input_error(f + " sweep.set." + o.key, "Slurm settings common to every arm go in [slurm]");
+      if (o.key.rfind("slurm.", 0) == 0)
+        throw_input_error(f + " sweep.set." + o.key, "Slurm settings common to every arm go in [slurm]");
     }
   }
   const toml::node* grid = sw->get("grid");

@@ -53,8 +53,8 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     // Something other than a file by that name (a directory put there): the input's fault, exit 2.
     if (err == EISDIR || err == ENOTDIR || err == ENOTEMPTY || err == EEXIST) {
-      throw_input_error(path.string(), std::string("cannot be written: ") + std::strerror(err) +
-                                           " (expected a regular file there, or nothing)");
+      throw_input_error(path.string(),
+                        std::string("cannot be written: ") + std::strerror(err) + " (expected a regular file there, or nothing)");
     }
     throw_runtime_error(path.string(), std::string("rename failed: ") + std::strerror(err));
   }

@@ -67,10 +67,8 @@ json cursor_json(const DataCursor& c) {
   json out = {{"draw", c.draw}, {"pending", pending}};
   // A job resumed on another world size: how its ranks deal the documents (data.hpp's Reshard).
   if (c.reshard) {
-    out["reshard"] = {{"from_world", c.reshard->from_world},
-                      {"first", c.reshard->first},
-                      {"end", c.reshard->end},
-                      {"drawn", c.reshard->drawn}};
+    out["reshard"] = {
+        {"from_world", c.reshard->from_world}, {"first", c.reshard->first}, {"end", c.reshard->end}, {"drawn", c.reshard->drawn}};
   }
   return out;
 }
@@ -82,8 +80,8 @@ namespace {
 template <class T>
 T whole_field(const json& j, const std::string& field, const fs::path& file, T lo, T hi) {
   const auto refuse = [&](const std::string& held) -> T {
-    throw_input_error(file.string(), "not a valid checkpoint state: '" + field + "' is " + held +
-                                         ", expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
+    throw_input_error(file.string(), "not a valid checkpoint state: '" + field + "' is " + held + ", expected a whole number from " +
+                                         std::to_string(lo) + " to " + std::to_string(hi));
   };
   if (!j.is_number_integer()) return refuse(echo_value(j.dump()));
   if (j.is_number_unsigned()) {
@@ -206,8 +204,7 @@ void check_cursor_draws(const CheckpointState& st, const DataPipeline& data, int
       const uint64_t shown = bound > u128(UINT64_MAX) ? UINT64_MAX : uint64_t(bound);
       throw_input_error(state_file.string(), "data_cursors[" + std::to_string(r) + "].draw is " + std::to_string(c.draw) +
                                                  ", more than the " + std::to_string(shown) + " draws " + std::to_string(st.step) +
-                                                 " step(s) can have taken from this data (" +
-                                                 std::to_string(per_epoch) +
+                                                 " step(s) can have taken from this data (" + std::to_string(per_epoch) +
                                                  " draws an epoch): the checkpoint is damaged or was written with other data");
     }
   }
@@ -257,7 +254,10 @@ void require_finite(const fs::path& file, const std::vector<NamedTensor>& tensor
     double value = 0;
     const int64_t at = first_nonfinite(t, value);
     if (at < 0) continue;
-    const std::string what = "tensor '" + t.name + "' holds " + (std::isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf") +
+    const std::string what = "tensor '" + t.name + "' holds " +
+                             (std::isnan(value) ? "NaN"
+                              : value > 0       ? "+inf"
+                                                : "-inf") +
                              " at index " + std::to_string(at) + ", expected finite values";
     if (allow) {
       spdlog::warn("{}: {} (read anyway: --allow-nonfinite)", file.string(), what);
@@ -293,7 +293,8 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
   for (const ParamSlice& s : table.slices) {
     const auto found = by_name.find(s.name);
     const NamedTensor* t = found == by_name.end() ? nullptr : found->second;
-    if (t == nullptr) throw_input_error(file.string(), "the checkpoint has no tensor '" + s.name + "': it was written for another model");
+    if (t == nullptr)
+      throw_input_error(file.string(), "the checkpoint has no tensor '" + s.name + "': it was written for another model");
     if (t->shape != s.shape || t->dtype != DType::f32) {
       std::string want, got;
       for (int64_t d : s.shape) want += (want.empty() ? "" : "x") + std::to_string(d);
@@ -366,8 +367,7 @@ fs::path resolve_checkpoint(const fs::path& path) {
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
     // A checkpoint of this run: a plain directory name under checkpoints/, never a path that
     // leaves it ("../elsewhere", "/abs/path", a symlink pointing out).
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-        name.find('\0') != std::string::npos) {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
       throw_input_error(latest.string(), "names '" + echo_value(name) + "', expected the name of a checkpoint directory inside " +
                                              (path / "checkpoints").string() + " (like step_00000100)");
     }
@@ -379,16 +379,17 @@ fs::path resolve_checkpoint(const fs::path& path) {
     const fs::path real_root = fs::canonical(path / "checkpoints", ec);
     const fs::path real_dir = ec ? fs::path() : fs::canonical(dir, ec);
     if (ec || real_dir.parent_path() != real_root) {
-      throw_input_error(latest.string(), "names '" + echo_value(name) + "', which leads to " + (ec ? dir.string() : real_dir.string()) +
-                                             ", outside " + (path / "checkpoints").string() + ": expected a checkpoint of this run");
+      throw_input_error(latest.string(), "names '" + echo_value(name) + "', which leads to " +
+                                             (ec ? dir.string() : real_dir.string()) + ", outside " + (path / "checkpoints").string() +
+                                             ": expected a checkpoint of this run");
     }
     return dir;
   }
   // A run stopped between moving a checkpoint into place and naming it latest: its newest
   // complete checkpoint is the one it would have named.
   if (const auto newest = newest_complete_checkpoint(path)) {
-    spdlog::warn("{}: missing (the run stopped while saving a checkpoint); using {}, the newest complete checkpoint",
-                 latest.string(), newest->string());
+    spdlog::warn("{}: missing (the run stopped while saving a checkpoint); using {}, the newest complete checkpoint", latest.string(),
+                 newest->string());
     return *newest;
   }
   throw_input_error(path.string(), "is neither a checkpoint (no state.json) nor a run directory with a complete checkpoint");
@@ -450,8 +451,7 @@ CheckpointState read_checkpoint_state(const fs::path& dir) {
       throw_input_error(file.string(), "not a valid checkpoint state: optimizer file '" + f + "' is not a plain file name");
     }
   }
-  if (s.world < 1 || int64_t(s.cursors.size()) != s.world ||
-      int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
+  if (s.world < 1 || int64_t(s.cursors.size()) != s.world || int64_t(s.optimizer_files.size()) != (s.shard_state ? s.world : 1)) {
     throw_input_error(file.string(), "not a valid checkpoint state: world " + std::to_string(s.world) + " with " +
                                          std::to_string(s.cursors.size()) + " data cursors and " +
                                          std::to_string(s.optimizer_files.size()) + " optimizer files");
@@ -549,8 +549,9 @@ void init_from_weights(Model& model, const fs::path& from) {
     std::copy(read.begin(), read.begin() + base_end, values.begin());
   } else {
     if (!fs::is_directory(from)) {
-      throw_input_error("model.init_from", "'" + from.string() + "' is not a directory (expected an ablate run or checkpoint "
-                                           "directory, or a Hugging Face checkpoint directory with config.json)");
+      throw_input_error("model.init_from", "'" + from.string() +
+                                               "' is not a directory (expected an ablate run or checkpoint "
+                                               "directory, or a Hugging Face checkpoint directory with config.json)");
     }
     const fs::path dir = resolve_checkpoint(from);
     const CheckpointState st = read_checkpoint_state(dir);
@@ -632,20 +633,20 @@ void Checkpointer::save(int64_t step, Model& model, const Optimizer& optimizer, 
     for (int r = 0; r < (spec_.shard_state ? comm_.world() : 1); ++r) ofiles.push_back(optimizer_file(r));
     const auto number_or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
     write_json_file(tmp / "state.json", {{"step", step},
-                                           {"loss", number_or_null(loss)},
-                                           {"val_loss", number_or_null(val_loss)},
-                                           {"data_cursor", cursors[0]},
-                                           {"data_cursors", cursors},
-                                           {"world", comm_.world()},
-                                           {"shard_state", spec_.shard_state},
-                                           {"optimizer_files", ofiles},
-                                           {"seed", spec_.run.seed},
-                                           {"rng", {{"dropout_key", "mix64(seed, step * 4096 + rank * accum + micro-batch)"}}},
-                                           {"config_hash", spec_.config_hash},
-                                           {"model", model.options().describe()},
-                                           {"parameters", model.num_params()},
-                                           {"vocab_size", model.options().vocab_size},
-                                           {"optimizer", s_.optimizer}});
+                                         {"loss", number_or_null(loss)},
+                                         {"val_loss", number_or_null(val_loss)},
+                                         {"data_cursor", cursors[0]},
+                                         {"data_cursors", cursors},
+                                         {"world", comm_.world()},
+                                         {"shard_state", spec_.shard_state},
+                                         {"optimizer_files", ofiles},
+                                         {"seed", spec_.run.seed},
+                                         {"rng", {{"dropout_key", "mix64(seed, step * 4096 + rank * accum + micro-batch)"}}},
+                                         {"config_hash", spec_.config_hash},
+                                         {"model", model.options().describe()},
+                                         {"parameters", model.num_params()},
+                                         {"vocab_size", model.options().vocab_size},
+                                         {"optimizer", s_.optimizer}});
     fs::remove_all(final_dir);
     fs::rename(tmp, final_dir);
     write_file_atomic(root_ / "latest", step_name(step) + "\n");
@@ -675,8 +676,8 @@ std::vector<NamedTensor> Checkpointer::resplit_optimizer_state(const fs::path& c
                                                                const fs::path& state_file) const {
   const int world = comm_.world(), rank = comm_.rank();
   const Shard mine = spec_.shard_state ? shard_of(n, world, rank) : Shard{0, n};
-  const std::string keep = "resume with " + std::to_string(st.world) + " rank(s) and optimizer.shard_state = " +
-                           (st.shard_state ? "true" : "false");
+  const std::string keep =
+      "resume with " + std::to_string(st.world) + " rank(s) and optimizer.shard_state = " + (st.shard_state ? "true" : "false");
   std::vector<NamedTensor> out;
   bool named = false;
   std::string named_by;  // the file the names and dtypes came from
@@ -707,8 +708,8 @@ std::vector<NamedTensor> Checkpointer::resplit_optimizer_state(const fs::path& c
       named_by = st.optimizer_files[i];
     }
     const auto mismatch = [&](const std::string& what) {
-      throw_input_error(file.string(), what + " than " + named_by +
-                                           ": the checkpoint's optimizer files do not belong together (" + keep + ")");
+      throw_input_error(file.string(),
+                        what + " than " + named_by + ": the checkpoint's optimizer files do not belong together (" + keep + ")");
     };
     if (of.tensors.size() != out.size()) mismatch("holds other tensors");
     for (NamedTensor& o : out) {
@@ -767,8 +768,7 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
   // sampler's global sequence (Sampler::reshardable).
   if (st.world != world && !data.sampler().reshardable()) {
     throw_input_error(state_file.string(), "the checkpoint was written by a job of " + std::to_string(st.world) +
-                                               " rank(s), this job has " + std::to_string(world) + ": sampler '" +
-                                               spec_.sampler.name +
+                                               " rank(s), this job has " + std::to_string(world) + ": sampler '" + spec_.sampler.name +
                                                "' deals no global sequence of documents (Sampler::reshardable), so its "
                                                "ranks' places in the data cannot be dealt to another world size; resume with " +
                                                np(st.world));
@@ -814,11 +814,13 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
   }
   if (st.seed != spec_.run.seed) {
     spdlog::warn("{}: the checkpoint was written with run.seed {}, this run has {}: the data order and dropout after the "
-                 "checkpoint are not the original run's", state_file.string(), st.seed, spec_.run.seed);
+                 "checkpoint are not the original run's",
+                 state_file.string(), st.seed, spec_.run.seed);
   }
   if (st.config_hash != spec_.config_hash) {
     spdlog::warn("the config differs from the one the checkpoint was written with ({} vs {}): the continued run is "
-                 "not the uninterrupted one", spec_.config_hash, st.config_hash);
+                 "not the uninterrupted one",
+                 spec_.config_hash, st.config_hash);
   }
   std::vector<float> values(std::size_t(model.num_params()));
   load_params(cdir / "model.safetensors", model.table(), values, false);

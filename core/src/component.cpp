@@ -118,28 +118,30 @@ const char* to_string(PositionSite site) noexcept {
 }
 Attention::~Attention() = default;
 
-void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
-                            int64_t heads, DeviceType device) {
+void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p, int64_t heads,
+                            DeviceType device) {
   const int64_t want[4] = {p.batch, p.seq_len, heads, p.head_dim};
   bool ok = t.ndim == 4;
   for (int i = 0; ok && i < 4; ++i) ok = t.shape[i] == want[i];
   if (!ok) {
     std::string got = "(";
     for (int i = 0; i < t.ndim; ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
-    throw_runtime_error(where, std::string(name) + " has shape " + got + "), expected (" + std::to_string(p.batch) +
-                                   ", " + std::to_string(p.seq_len) + ", " + std::to_string(heads) + ", " +
-                                   std::to_string(p.head_dim) + ")");
+    throw_runtime_error(where, std::string(name) + " has shape " + got + "), expected (" + std::to_string(p.batch) + ", " +
+                                   std::to_string(p.seq_len) + ", " + std::to_string(heads) + ", " + std::to_string(p.head_dim) + ")");
   }
   const std::string_view n(name);
   const bool is_out = n == "out", is_qkv = n == "q" || n == "k" || n == "v";
   const DType want_dtype = is_out ? p.out_dtype() : is_qkv ? p.qkv_dtype() : p.grad_dtype();
   if (t.dtype != want_dtype) {
     throw_runtime_error(where, std::string(name) + " is " + to_string(t.dtype) + " but the problem's " +
-                                   (is_out ? "out is " : is_qkv ? "q, k, v are " : "gradients are ") + to_string(want_dtype));
+                                   (is_out   ? "out is "
+                                    : is_qkv ? "q, k, v are "
+                                             : "gradients are ") +
+                                   to_string(want_dtype));
   }
   if (t.device != device) {
-    throw_runtime_error(where, std::string(name) + " lives on " + to_string(t.device) + "; " + where + " reads " +
-                                   to_string(device) + " memory only");
+    throw_runtime_error(where, std::string(name) + " lives on " + to_string(t.device) + "; " + where + " reads " + to_string(device) +
+                                   " memory only");
   }
   if (t.data == nullptr && t.numel() > 0) throw_runtime_error(where, std::string(name) + " has no data");
 }
@@ -174,23 +176,45 @@ Logger::~Logger() = default;
 Communicator::~Communicator() = default;
 
 const std::vector<std::string>& metric_names() {
-  static const std::vector<std::string> names = {
-      "step",          "loss",        "lr",          "grad_norm",         "step_ms",   "tokens",
-      "real_tokens",   "padding_fraction", "tokens_per_s", "real_tokens_per_s", "tflops", "mfu",
-      "effective_mfu", "data_wait_pct",    "mem_peak_bytes", "optimizer_state_bytes"};
+  static const std::vector<std::string> names = {"step",
+                                                 "loss",
+                                                 "lr",
+                                                 "grad_norm",
+                                                 "step_ms",
+                                                 "tokens",
+                                                 "real_tokens",
+                                                 "padding_fraction",
+                                                 "tokens_per_s",
+                                                 "real_tokens_per_s",
+                                                 "tflops",
+                                                 "mfu",
+                                                 "effective_mfu",
+                                                 "data_wait_pct",
+                                                 "mem_peak_bytes",
+                                                 "optimizer_state_bytes"};
   return names;
 }
 
 bool metric_is_count(std::string_view name) noexcept {
-  return name == "step" || name == "tokens" || name == "real_tokens" || name == "mem_peak_bytes" ||
-         name == "optimizer_state_bytes";
+  return name == "step" || name == "tokens" || name == "real_tokens" || name == "mem_peak_bytes" || name == "optimizer_state_bytes";
 }
 
 std::vector<std::pair<std::string, double>> metric_values(const StepMetrics& m) {
-  const double fixed[] = {double(m.step),         m.loss,         m.lr,           m.grad_norm,
-                          m.step_ms,              double(m.tokens), double(m.real_tokens), m.padding_fraction,
-                          m.tokens_per_s,         m.real_tokens_per_s, m.tflops,  m.mfu,
-                          m.effective_mfu,        m.data_wait_pct, double(m.mem_peak_bytes),
+  const double fixed[] = {double(m.step),
+                          m.loss,
+                          m.lr,
+                          m.grad_norm,
+                          m.step_ms,
+                          double(m.tokens),
+                          double(m.real_tokens),
+                          m.padding_fraction,
+                          m.tokens_per_s,
+                          m.real_tokens_per_s,
+                          m.tflops,
+                          m.mfu,
+                          m.effective_mfu,
+                          m.data_wait_pct,
+                          double(m.mem_peak_bytes),
                           double(m.optimizer_state_bytes)};
   const std::vector<std::string>& names = metric_names();
   std::vector<std::pair<std::string, double>> out;
@@ -208,13 +232,11 @@ double peak_tflops_for_device(std::string_view name, std::string_view dtype) noe
     double bf16, tf32;
   };
   static const Row rows[] = {
-      {"H200", "", 989.4, 494.7},        {"H100", "PCIe", 756.5, 378.0}, {"H100", "NVL", 835.0, 417.5},
-      {"H100", "", 989.4, 494.7},        {"GH200", "", 989.4, 494.7},    {"H800", "PCIe", 756.5, 378.0},
-      {"H800", "", 989.4, 494.7},        {"B200", "", 2250.0, 1100.0},   {"A100", "", 312.0, 156.0},
-      {"A800", "", 312.0, 156.0},        {"A10G", "", 70.0, 35.0},       {"A10", "", 125.0, 62.5},
-      {"L40S", "", 362.0, 183.0},        {"L40", "", 181.0, 90.5},       {"L4", "", 121.0, 60.0},
-      {"RTX 4090", "", 165.2, 82.6},     {"RTX 3090", "", 71.0, 35.6},   {"V100", "", 125.0, 15.7},
-      {"T4", "", 65.0, 8.1},
+      {"H200", "", 989.4, 494.7},   {"H100", "PCIe", 756.5, 378.0}, {"H100", "NVL", 835.0, 417.5}, {"H100", "", 989.4, 494.7},
+      {"GH200", "", 989.4, 494.7},  {"H800", "PCIe", 756.5, 378.0}, {"H800", "", 989.4, 494.7},    {"B200", "", 2250.0, 1100.0},
+      {"A100", "", 312.0, 156.0},   {"A800", "", 312.0, 156.0},     {"A10G", "", 70.0, 35.0},      {"A10", "", 125.0, 62.5},
+      {"L40S", "", 362.0, 183.0},   {"L40", "", 181.0, 90.5},       {"L4", "", 121.0, 60.0},       {"RTX 4090", "", 165.2, 82.6},
+      {"RTX 3090", "", 71.0, 35.6}, {"V100", "", 125.0, 15.7},      {"T4", "", 65.0, 8.1},
   };
   auto has = [&](const char* w) { return *w == 0 || name.find(w) != std::string_view::npos; };
   // An emulated device ("... (emulated on the CPU)"): its figures are never a GPU's (Device::peak_tflops).

@@ -74,8 +74,8 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
     const std::string k(key.str());
     if (k == "eval") continue;  // [[eval]] tables: checked with the evaluators loaded
     if (find_section_spec(k) == nullptr) {
-      throw_input_error(validator.where(key.source(), k),
-                        "unknown section [" + k + "]" + did_you_mean(k, section_names()) + " (sections: " + join(section_names()) + ")");
+      throw_input_error(validator.where(key.source(), k), "unknown section [" + k + "]" + did_you_mean(k, section_names()) +
+                                                              " (sections: " + join(section_names()) + ")");
     }
     if (!node.is_table()) {
       throw_input_error(validator.where(key.source(), k), "'" + k + "' must be a table ([" + k + "]), got " + node_type_name(node));
@@ -127,9 +127,9 @@ Config Config::parse(std::string_view text, const std::string& source_name, cons
     if (b * t > kMaxBatchPositions) {
       const toml::node* at = root.at_path("batching.batch_size").node();
       validator.fail(at ? at->source() : toml::source_region{}, "batching.batch_size",
-                     "batch_size x seq_len = " + std::to_string(b) + " x " + std::to_string(t) + " = " +
-                         std::to_string(b * t) + " positions per micro-batch; expected at most " +
-                         std::to_string(kMaxBatchPositions) + " (lower batching.batch_size or batching.seq_len)");
+                     "batch_size x seq_len = " + std::to_string(b) + " x " + std::to_string(t) + " = " + std::to_string(b * t) +
+                         " positions per micro-batch; expected at most " + std::to_string(kMaxBatchPositions) +
+                         " (lower batching.batch_size or batching.seq_len)");
     }
   }
   return cfg;
@@ -154,7 +154,8 @@ std::string Config::to_toml() const {
       if (sec.written.count(impl) > 0 || !spec.kind) return true;
       const Value& sel = sec.keys.at(spec.selector);
       if (const auto* one = std::get_if<std::string>(&sel)) return *one == impl;
-      if (const auto* many = std::get_if<std::vector<std::string>>(&sel)) return std::find(many->begin(), many->end(), impl) != many->end();
+      if (const auto* many = std::get_if<std::vector<std::string>>(&sel))
+        return std::find(many->begin(), many->end(), impl) != many->end();
       return false;
     };
     for (const auto& [impl, values] : sec.impls) {
@@ -193,9 +194,7 @@ std::string Config::hash() const {
 
 const std::string& Config::source() const noexcept { return impl_->source; }
 
-bool Config::has_section(std::string_view section) const {
-  return impl_->sections.find(section) != impl_->sections.end();
-}
+bool Config::has_section(std::string_view section) const { return impl_->sections.find(section) != impl_->sections.end(); }
 
 Params Config::section(std::string_view section) const {
   auto it = impl_->sections.find(section);

@@ -96,14 +96,15 @@ Value Validator::check(const toml::node& node, const ParamSpec& spec, const std:
   };
   auto choice = [&](const std::string& v, const toml::node& at) {
     if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end()) {
-      fail(at.source(), path, "\"" + v + "\" is not allowed" + did_you_mean(v, spec.choices) + " (expected " +
-                                  spec.expectation() + ")");
+      fail(at.source(), path,
+           "\"" + v + "\" is not allowed" + did_you_mean(v, spec.choices) + " (expected " + spec.expectation() + ")");
     }
     const std::optional<Kind> kind = kind_from_string(spec.registration_kind);
     if (kind && registry_.find(*kind, v) == nullptr) {
       const std::vector<std::string> valid = registry_.names(*kind);
-      fail(at.source(), path, "unknown " + spec.registration_kind + " '" + v + "'" + did_you_mean(v, valid) + " (valid: " +
-                                  (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + registry_.not_loaded_note(v));
+      fail(at.source(), path,
+           "unknown " + spec.registration_kind + " '" + v + "'" + did_you_mean(v, valid) +
+               " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + registry_.not_loaded_note(v));
     }
   };
   switch (spec.type) {
@@ -162,8 +163,8 @@ Value Validator::check(const toml::node& node, const ParamSpec& spec, const std:
 
 // Validates one table against a schema; unknown keys are errors with suggestions.
 std::map<std::string, Value, std::less<>> Validator::check_table(const toml::table& table, const Schema& schema,
-                                                                    const std::string& path, const std::string& hint_impl,
-                                                                    const Schema* hint_schema, bool skip_tables) const {
+                                                                 const std::string& path, const std::string& hint_impl,
+                                                                 const Schema* hint_schema, bool skip_tables) const {
   std::map<std::string, Value, std::less<>> out;
   for (auto&& [key, node] : table) {
     if (skip_tables && node.is_table()) continue;  // implementation sub-tables are checked apart
@@ -202,8 +203,8 @@ ResolvedSection Validator::check_section(const SectionSpec& spec, const toml::ta
     hint = registry_.find(*spec.kind, spec.default_selection);
   }
   const toml::table empty;
-  res.keys = check_table(table ? *table : empty, spec.keys, path, hint ? hint->name : "",
-                         hint ? &hint->schema : nullptr, /*skip_tables=*/true);
+  res.keys = check_table(table ? *table : empty, spec.keys, path, hint ? hint->name : "", hint ? &hint->schema : nullptr,
+                         /*skip_tables=*/true);
   // Selected implementation(s), validated against the registry.
   std::vector<std::string> selected;
   if (spec.kind) {
@@ -213,10 +214,9 @@ ResolvedSection Validator::check_section(const SectionSpec& spec, const toml::ta
       if (*spec.kind == Kind::communicator && name == kAutoCommunicator) return;  // resolved by the trainer
       if (registry_.find(*spec.kind, name) == nullptr) {
         const std::vector<std::string> valid = registry_.names(*spec.kind);
-        fail(at.source(), sel_path, "unknown " + std::string(to_string(*spec.kind)) + " '" + name + "'" +
-                                        did_you_mean(name, valid) + " (valid: " +
-                                        (valid.empty() ? std::string("none loaded") : join(valid)) + ")" +
-                                        registry_.not_loaded_note(name));
+        fail(at.source(), sel_path,
+             "unknown " + std::string(to_string(*spec.kind)) + " '" + name + "'" + did_you_mean(name, valid) +
+                 " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + registry_.not_loaded_note(name));
       }
     };
     if (sel != nullptr) {
@@ -244,8 +244,9 @@ ResolvedSection Validator::check_section(const SectionSpec& spec, const toml::ta
       selected.push_back(spec.default_selection);
     } else if (table != nullptr && !spec.selector_is_list) {
       const std::vector<std::string> valid = registry_.names(*spec.kind);
-      fail(table->source(), path, "missing key '" + spec.selector + "': choose a " + std::string(to_string(*spec.kind)) +
-                                      " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+      fail(table->source(), path,
+           "missing key '" + spec.selector + "': choose a " + std::string(to_string(*spec.kind)) +
+               " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
     }
   }
   if (spec.kind) {
@@ -309,10 +310,9 @@ void Validator::check_sub_tables(const SectionSpec& spec, const toml::table* tab
       const ComponentInfo* info = registry_.find(*sub_kind, impl);
       if (info == nullptr) {
         const std::vector<std::string> valid = registry_.names(*sub_kind);
-        throw_input_error(where(key.source(), ipath),
-                          "[" + ipath + "]: no " + std::string(to_string(*sub_kind)) + " named '" + impl + "'" +
-                              did_you_mean(impl, valid) + " (valid: " +
-                              (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
+        throw_input_error(where(key.source(), ipath), "[" + ipath + "]: no " + std::string(to_string(*sub_kind)) + " named '" + impl +
+                                                          "'" + did_you_mean(impl, valid) + " (valid: " +
+                                                          (valid.empty() ? std::string("none loaded") : join(valid)) + ")");
       }
       // A key of the family this implementation shares keys with belongs in the family's table.
       if (const std::string family = registry_.family(*sub_kind, impl); !family.empty() && family != impl) {
@@ -344,7 +344,8 @@ std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& regist
   std::vector<ResolvedEval> out;
   if (node == nullptr) return out;
   const toml::array* entries = node->as_array();
-  if (entries == nullptr) v.fail(node->source(), "eval", "expected [[eval]] tables (an array of tables), got " + node_type_name(*node));
+  if (entries == nullptr)
+    v.fail(node->source(), "eval", "expected [[eval]] tables (an array of tables), got " + node_type_name(*node));
   for (std::size_t i = 0; i < entries->size(); ++i) {
     const toml::node& el = *entries->get(i);
     const std::string at = "eval[" + std::to_string(i) + "]";
@@ -354,12 +355,13 @@ std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& regist
     const std::vector<std::string> valid = registry.names(Kind::evaluator);
     const std::string valid_text = " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")";
     if (name == nullptr) v.fail(entry.source(), at, "missing key 'name': choose an evaluator" + valid_text);
-    if (!name->is_string()) v.fail(name->source(), at + ".name", "expected a string, got " + node_type_name(*name) + " " + node_text(*name));
+    if (!name->is_string())
+      v.fail(name->source(), at + ".name", "expected a string, got " + node_type_name(*name) + " " + node_text(*name));
     const std::string plugin = name->as_string()->get();
     const ComponentInfo* info = registry.find(Kind::evaluator, plugin);
     if (info == nullptr) {
-      v.fail(name->source(), at + ".name", "unknown evaluator '" + plugin + "'" + did_you_mean(plugin, valid) + valid_text +
-                                             registry.not_loaded_note(plugin));
+      v.fail(name->source(), at + ".name",
+             "unknown evaluator '" + plugin + "'" + did_you_mean(plugin, valid) + valid_text + registry.not_loaded_note(plugin));
     }
     std::string label = written_eval_label(entry);
     const std::string path = "eval." + (valid_eval_label(label) ? label : at);
@@ -371,8 +373,10 @@ std::vector<ResolvedEval> check_evals(const Validator& v, const Registry& regist
     const toml::node* label_node = entry.get("label");
     const toml::source_region region = label_node ? label_node->source() : entry.source();
     if (!valid_eval_label(label)) {
-      v.fail(region, at + ".label", "\"" + label + "\" is not a label: expected 1 to 64 lower-case letters, digits or '_' "
-                                  "(it names the metrics eval/<label>/<metric>)");
+      v.fail(region, at + ".label",
+             "\"" + label +
+                 "\" is not a label: expected 1 to 64 lower-case letters, digits or '_' "
+                 "(it names the metrics eval/<label>/<metric>)");
     }
     for (const ResolvedEval& e : out) {
       if (e.label == label) {

@@ -26,7 +26,7 @@ struct ResolvedEval {
 struct ResolvedSection {
   std::map<std::string, Value, std::less<>> keys;
   std::map<std::string, std::map<std::string, Value, std::less<>>, std::less<>> impls;
-  std::set<std::string, std::less<>> written;  // implementations whose sub-table the experiment gave
+  std::set<std::string, std::less<>> written;                 // implementations whose sub-table the experiment gave
   std::map<std::string, std::string, std::less<>> family_of;  // implementation -> the one whose keys it shares
 };
 
@@ -60,9 +60,9 @@ class Validator {
   // One value against its spec: the type, the range or choices; a path made absolute.
   Value check(const toml::node& node, const ParamSpec& spec, const std::string& path) const;
   // Validates one table against a schema; unknown keys are errors with suggestions.
-  std::map<std::string, Value, std::less<>> check_table(const toml::table& table, const Schema& schema,
-                                                         const std::string& path, const std::string& hint_impl,
-                                                         const Schema* hint_schema, bool skip_tables = false) const;
+  std::map<std::string, Value, std::less<>> check_table(const toml::table& table, const Schema& schema, const std::string& path,
+                                                        const std::string& hint_impl, const Schema* hint_schema,
+                                                        bool skip_tables = false) const;
   // A section: core's keys, the selected implementation(s) against the registry, every sub-table.
   ResolvedSection check_section(const SectionSpec& spec, const toml::table* table) const;
   const Registry& registry() const noexcept { return registry_; }

@@ -22,10 +22,11 @@ namespace {
 
 // The [model] keys that fix what a checkpoint's weights are: their shapes and the function they
 // compute (not dropout, init_from itself or recomputation).
-constexpr const char* kShapeKeys[] = {"d_model",    "n_layers", "n_heads",  "n_kv_heads", "vocab_size", "vocab_multiple",
-                                      "max_seq_len", "norm",     "mlp",      "mlp_hidden", "position",
-                                      "qk_norm",    "bias",     "tie_embeddings", "norm_eps", "embedding_layer",
-                                      "projection_layer", "classifier_layer", "qk_norm_layer"};
+constexpr const char* kShapeKeys[] = {
+    "d_model",      "n_layers",       "n_heads",  "n_kv_heads",      "vocab_size",       "vocab_multiple",
+    "max_seq_len",  "norm",           "mlp",      "mlp_hidden",      "position",         "qk_norm",
+    "bias",         "tie_embeddings", "norm_eps", "embedding_layer", "projection_layer", "classifier_layer",
+    "qk_norm_layer"};
 
 using Keys = std::vector<std::pair<std::string, std::string>>;  // key, its value as TOML text
 
@@ -36,7 +37,8 @@ Keys ablate_checkpoint_shape(const fs::path& from) {
   try {
     t = toml::parse(text, cfg.string());
   } catch (const toml::parse_error& e) {
-    throw_input_error(cfg.string() + ":" + std::to_string(e.source().begin.line), "TOML syntax error: " + std::string(e.description()));
+    throw_input_error(cfg.string() + ":" + std::to_string(e.source().begin.line),
+                      "TOML syntax error: " + std::string(e.description()));
   }
   Keys out;
   const toml::table* m = t["model"].as_table();
@@ -53,7 +55,8 @@ Keys ablate_checkpoint_shape(const fs::path& from) {
   // layer's default too) it says nothing.
   const toml::node* old_theta = m->get("rope_theta");
   const toml::node* position = m->get("position");
-  if (old_theta != nullptr && old_theta->value<double>().value_or(10000.0) != 10000.0 && position != nullptr && position->is_string()) {
+  if (old_theta != nullptr && old_theta->value<double>().value_or(10000.0) != 10000.0 && position != nullptr &&
+      position->is_string()) {
     std::ostringstream os;
     old_theta->visit([&](auto&& v) { os << toml::toml_formatter{v}; });
     out.emplace_back(position->as_string()->get() + ".theta", os.str());

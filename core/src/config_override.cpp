@@ -37,8 +37,8 @@ const ParamSpec* override_spec(const std::vector<std::string>& parts, const std:
     const ComponentInfo* info = registry.find(*kind, parts[1]);
     if (info == nullptr) {
       const std::vector<std::string> valid = registry.names(*kind);
-      throw_input_error(origin, "no " + std::string(to_string(*kind)) + " named '" + parts[1] + "'" +
-                                    did_you_mean(parts[1], valid) + " (valid: " + join(valid) + ")");
+      throw_input_error(origin, "no " + std::string(to_string(*kind)) + " named '" + parts[1] + "'" + did_you_mean(parts[1], valid) +
+                                    " (valid: " + join(valid) + ")");
     }
     const ParamSpec* p = find_param(info->schema, parts[2]);
     if (p == nullptr) {
@@ -60,9 +60,7 @@ std::unique_ptr<toml::node> parse_override_value(const std::string& text, const 
     ok = false;
   }
   const toml::node* v = ok ? parsed.get("v") : nullptr;
-  auto bad = [&]() -> std::unique_ptr<toml::node> {
-    throw_input_error(origin, "'" + text + "' is not " + spec.expectation());
-  };
+  auto bad = [&]() -> std::unique_ptr<toml::node> { throw_input_error(origin, "'" + text + "' is not " + spec.expectation()); };
   switch (spec.type) {
     case ParamType::string:
       if (v && v->is_string()) return std::make_unique<toml::value<std::string>>(v->as_string()->get());
@@ -77,8 +75,7 @@ std::unique_ptr<toml::node> parse_override_value(const std::string& text, const 
       if (v && v->is_integer()) return std::make_unique<toml::value<double>>(double(v->as_integer()->get()));
       if (v && v->is_floating_point()) return std::make_unique<toml::value<double>>(v->as_floating_point()->get());
       return bad();
-    default:
-      break;
+    default: break;
   }
   // Lists: TOML syntax, or for strings a bare comma-separated list ("console,jsonl").
   if (v && v->is_array()) return std::make_unique<toml::array>(*v->as_array());
@@ -102,8 +99,8 @@ std::unique_ptr<toml::node> parse_override_value(const std::string& text, const 
 
 // --set eval.<label>.<key>=value: the [[eval]] table of that label (its `label`, else its `name`),
 // typed by the common [[eval]] keys or its evaluator's schema.
-void apply_eval_override(toml::table& root, const std::vector<std::string>& parts, const std::string& text,
-                         const std::string& origin, const Registry& registry) {
+void apply_eval_override(toml::table& root, const std::vector<std::string>& parts, const std::string& text, const std::string& origin,
+                         const Registry& registry) {
   toml::array* entries = root["eval"].as_array();
   std::vector<std::string> labels;
   toml::table* entry = nullptr;
@@ -125,7 +122,8 @@ void apply_eval_override(toml::table& root, const std::vector<std::string>& part
   if (spec == nullptr && info != nullptr) spec = find_param(info->schema, parts[2]);
   if (spec == nullptr) {
     std::vector<std::string> keys = schema_names(eval_entry_keys());
-    if (info != nullptr) for (const std::string& k : schema_names(info->schema)) keys.push_back(k);
+    if (info != nullptr)
+      for (const std::string& k : schema_names(info->schema)) keys.push_back(k);
     throw_input_error(origin, "unknown key '" + parts[2] + "' in [[eval]] '" + parts[1] + "'" + did_you_mean(parts[2], keys) +
                                   " (valid keys: " + join(keys) + ")");
   }
@@ -158,7 +156,8 @@ void apply_override(toml::table& root, const std::string& assignment, const Regi
     origins[path] = origin;
     return;
   }
-  if (parts.size() < 2 || parts.size() > 3) throw_input_error(origin, "expected section.key=value or section.implementation.key=value");
+  if (parts.size() < 2 || parts.size() > 3)
+    throw_input_error(origin, "expected section.key=value or section.implementation.key=value");
   ParamSpec selector_spec;
   const ParamSpec* spec = override_spec(parts, origin, registry, selector_spec);
   std::unique_ptr<toml::node> value = parse_override_value(text, *spec, origin);
@@ -196,12 +195,14 @@ struct MovedKey {
   const char* to = nullptr;
 };
 const std::vector<MovedKey>& moved_keys() {
-  static const std::vector<MovedKey> keys = {
-      {"optimizer", param::floating("weight_decay", 0, "")}, {"optimizer", param::floating("beta1", 0, "")},
-      {"optimizer", param::floating("beta2", 0, "")},        {"optimizer", param::floating("eps", 0, "")},
-      {"adapter", param::integer("rank", 0, "")},            {"adapter", param::floating("alpha", 0, "")},
-      {"adapter", param::floating("dropout", 0, "")},
-      {"model", param::floating("rope_theta", 0, ""), "position", "theta"}};
+  static const std::vector<MovedKey> keys = {{"optimizer", param::floating("weight_decay", 0, "")},
+                                             {"optimizer", param::floating("beta1", 0, "")},
+                                             {"optimizer", param::floating("beta2", 0, "")},
+                                             {"optimizer", param::floating("eps", 0, "")},
+                                             {"adapter", param::integer("rank", 0, "")},
+                                             {"adapter", param::floating("alpha", 0, "")},
+                                             {"adapter", param::floating("dropout", 0, "")},
+                                             {"model", param::floating("rope_theta", 0, ""), "position", "theta"}};
   return keys;
 }
 
@@ -225,8 +226,9 @@ void move_keys(toml::table& root, const Validator& v, std::map<std::string, std:
     const ParamSpec* selector_spec = find_param(spec->keys, selector_key);
     const toml::node* selector = section->get(selector_key);
     const std::string chosen = selector != nullptr && selector->is_string() ? selector->as_string()->get()
-                               : m.selector != nullptr && selector_spec != nullptr ? std::get<std::string>(selector_spec->default_value)
-                                                                                   : spec->default_selection;
+                               : m.selector != nullptr && selector_spec != nullptr
+                                   ? std::get<std::string>(selector_spec->default_value)
+                                   : spec->default_selection;
     const ComponentInfo* info = v.registry().find(kind, chosen);
     if (info == nullptr) continue;  // an unknown implementation: the section's check names it
     const std::string family = v.registry().family(kind, chosen);
@@ -235,8 +237,9 @@ void move_keys(toml::table& root, const Validator& v, std::map<std::string, std:
     const std::string new_name = m.to != nullptr ? m.to : m.spec.name;
     const std::string from = std::string(m.section) + "." + m.spec.name, to = std::string(m.section) + "." + owner + "." + new_name;
     if (owner_info == nullptr || find_param(owner_info->schema, new_name) == nullptr) {
-      v.fail(value->source(), from, "'" + chosen + "' has no key '" + new_name + "': " + from + " is now [" + m.section + ".<name>] " +
-                                        new_name + ", an own key of the " + std::string(to_string(kind)) + "s that declare it");
+      v.fail(value->source(), from,
+             "'" + chosen + "' has no key '" + new_name + "': " + from + " is now [" + m.section + ".<name>] " + new_name +
+                 ", an own key of the " + std::string(to_string(kind)) + "s that declare it");
     }
     const std::string where = v.where(value->source(), from);
     toml::node* own = section->get(owner);

@@ -101,8 +101,7 @@ BatchViews host_batch_views(const Batch& b) {
   v.targets = i32_view(mut(b.targets), b.rows, b.seq_len, DeviceType::cpu);
   v.positions = i32_view(mut(b.positions), b.rows, b.seq_len, DeviceType::cpu);
   v.segment_ids = i32_view(mut(b.segment_ids), b.rows, b.seq_len, DeviceType::cpu);
-  v.segments = i32_view(reinterpret_cast<int32_t*>(const_cast<Segment*>(b.segments.data())), v.num_segments, 2,
-                        DeviceType::cpu);
+  v.segments = i32_view(reinterpret_cast<int32_t*>(const_cast<Segment*>(b.segments.data())), v.num_segments, 2, DeviceType::cpu);
   v.row_segments = i32_view(mut(b.row_segments), int64_t(b.row_segments.size()), 0, DeviceType::cpu);
   return v;
 }
@@ -230,7 +229,7 @@ class CpuDevice final : public Device {
     const auto* c = static_cast<const uint8_t*>(codes.data);
     const float* m = absmax.as<const float>();
     const int64_t n = dst.numel();
-#pragma omp parallel for schedule(static) if(n >= 65536)
+#pragma omp parallel for schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; ++i) y[i] = nf4::value(c, m, i);
   }
 
@@ -258,14 +257,16 @@ void check_dequantize_nf4(const TensorView& dst, const TensorView& codes, const 
   const int64_t n = dst.numel();
   if (dst.dtype != DType::f32 || codes.dtype != DType::u8 || absmax.dtype != DType::f32 || codes.numel() != nf4::code_bytes(n) ||
       absmax.numel() != nf4::blocks(n) || dst.device != device || codes.device != device || absmax.device != device) {
-    throw_runtime_error(std::string(to_string(device)) + " device",
-                        "dequantize_nf4 needs an f32 output of n values, u8 codes of ceil(n/2) and f32 scales of ceil(n/64), all on the device");
+    throw_runtime_error(
+        std::string(to_string(device)) + " device",
+        "dequantize_nf4 needs an f32 output of n values, u8 codes of ceil(n/2) and f32 scales of ceil(n/64), all on the device");
   }
 }
 
 void check_copy(const TensorView& dst, const TensorView& src, DeviceType device) {
   if (dst.dtype != src.dtype || dst.numel() != src.numel() || dst.device != device || src.device != device) {
-    throw_runtime_error(std::string(to_string(device)) + " device", "copy needs two views of as many elements of one dtype on the device");
+    throw_runtime_error(std::string(to_string(device)) + " device",
+                        "copy needs two views of as many elements of one dtype on the device");
   }
 }
 
@@ -274,8 +275,8 @@ void check_to_bf16(const TensorView& dst, const TensorView& src, DeviceType devi
       src.device != device) {
     throw_runtime_error(std::string(to_string(device)) + " device",
                         "to_bf16 needs a bf16 destination and an f32 source of as many elements on the device; got " +
-                            std::string(to_string(dst.dtype)) + " (" + std::to_string(dst.numel()) + ") and " +
-                            to_string(src.dtype) + " (" + std::to_string(src.numel()) + ")");
+                            std::string(to_string(dst.dtype)) + " (" + std::to_string(dst.numel()) + ") and " + to_string(src.dtype) +
+                            " (" + std::to_string(src.numel()) + ")");
   }
 }
 

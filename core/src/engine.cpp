@@ -194,9 +194,8 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
   const bool all_train = c.model.frozen_params() == 0;  // the copy's offsets are the whole table's
   if (copy.data != nullptr && !c.spec.shard_state && all_train && optimizer.writes_bf16()) args.params_bf16 = copy.data;
 
-  c.profiled("optimizer", [&] {
-    optimizer.step(table, slice(c.model.trainable_params(), c.shard), slice(c.model.grads(), c.shard), args);
-  });
+  c.profiled("optimizer",
+             [&] { optimizer.step(table, slice(c.model.trainable_params(), c.shard), slice(c.model.grads(), c.shard), args); });
   if (c.spec.shard_state) {
     c.timed([&] {
       c.comm.all_gather(c.model.trainable_params());

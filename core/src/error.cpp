@@ -77,12 +77,8 @@ Error::Error(ErrorKind kind, std::string where, const std::string& message)
 
 Error::~Error() = default;
 
-void throw_input_error(std::string where, const std::string& message) {
-  throw Error(ErrorKind::input, std::move(where), message);
-}
+void throw_input_error(std::string where, const std::string& message) { throw Error(ErrorKind::input, std::move(where), message); }
 
-void throw_runtime_error(std::string where, const std::string& message) {
-  throw Error(ErrorKind::runtime, std::move(where), message);
-}
+void throw_runtime_error(std::string where, const std::string& message) { throw Error(ErrorKind::runtime, std::move(where), message); }
 
 }  // namespace ablate

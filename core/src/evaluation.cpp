@@ -40,7 +40,8 @@ int64_t ModelEvalView::text_bytes(const std::vector<int32_t>& tokens) const {
 int ModelEvalView::rank() const { return comm_.rank(); }
 int ModelEvalView::world() const { return comm_.world(); }
 void ModelEvalView::sum_over_ranks(std::vector<double>& values) {
-  if (comm_.world() > 1 && !values.empty()) comm_.all_reduce_host(flat_view(values.data(), DType::f64, int64_t(values.size())), ReduceOp::sum);
+  if (comm_.world() > 1 && !values.empty())
+    comm_.all_reduce_host(flat_view(values.data(), DType::f64, int64_t(values.size())), ReduceOp::sum);
 }
 
 bool EvalTask::due(int64_t step, int64_t steps, int64_t eval_every) const {
@@ -65,7 +66,9 @@ void prepare_eval_tasks(std::vector<EvalTask>& tasks, EvalModel& model) {
   for (EvalTask& t : tasks) {
     t.evaluator->prepare(model);
     spdlog::info("eval {}: {}{}", t.label, t.evaluator->describe(),
-                 !t.enabled ? " (disabled during training)" : t.every > 0 ? " every " + std::to_string(t.every) + " steps" : "");
+                 !t.enabled    ? " (disabled during training)"
+                 : t.every > 0 ? " every " + std::to_string(t.every) + " steps"
+                               : "");
   }
 }
 
@@ -106,9 +109,8 @@ json evals_summary(const std::vector<EvalTask>& tasks) {
     for (const EvalMetric& m : t.last.metrics) {
       if (std::isfinite(m.value)) metrics[m.name] = m.value;  // a metric without a value (no item) is left out
     }
-    out[t.label] = {{"evaluator", t.name},     {"step", t.last_step},  {"primary", t.primary},
-                    {"higher_is_better", t.higher_is_better}, {"metrics", metrics}, {"evaluations", t.runs},
-                    {"time_s", t.seconds}};
+    out[t.label] = {{"evaluator", t.name}, {"step", t.last_step},   {"primary", t.primary}, {"higher_is_better", t.higher_is_better},
+                    {"metrics", metrics},  {"evaluations", t.runs}, {"time_s", t.seconds}};
   }
   return out;
 }

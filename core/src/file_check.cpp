@@ -109,8 +109,8 @@ std::string read_regular_file(const fs::path& path, std::string_view kind, std::
       if (done == out.size()) {
         // Read past the size fstat gave: a file that grew is read to its end, up to the cap.
         if (out.size() > max_bytes) {
-          throw_input_error(path.string(), "grew past " + bytes_text(max_bytes) + " while it was read: " +
-                                               with_article(kind) + " is at most that");
+          throw_input_error(path.string(),
+                            "grew past " + bytes_text(max_bytes) + " while it was read: " + with_article(kind) + " is at most that");
         }
         out.resize(out.size() + 4096);
       }
@@ -124,8 +124,8 @@ std::string read_regular_file(const fs::path& path, std::string_view kind, std::
     }
     out.resize(done);
     if (done > max_bytes) {
-      throw_input_error(path.string(), "grew past " + bytes_text(max_bytes) + " while it was read: " + with_article(kind) +
-                                           " is at most that");
+      throw_input_error(path.string(),
+                        "grew past " + bytes_text(max_bytes) + " while it was read: " + with_article(kind) + " is at most that");
     }
   } catch (...) {
     ::close(fd);
@@ -155,8 +155,9 @@ void check_output_directory(const fs::path& dir, std::string_view kind) {
       }
       if (!S_ISDIR(st.st_mode)) {
         const std::string what = S_ISREG(st.st_mode) ? std::string("an existing file") : type_name(st.st_mode);
-        throw_input_error(dir.string(), "cannot be created: " + up.string() + " is " + link_note(up) + what +
-                                            ", not a directory (" + std::string(kind) + " must be a directory or a path that "
+        throw_input_error(dir.string(), "cannot be created: " + up.string() + " is " + link_note(up) + what + ", not a directory (" +
+                                            std::string(kind) +
+                                            " must be a directory or a path that "
                                             "can be created)");
       }
       break;
@@ -194,8 +195,8 @@ void check_json_depth(std::string_view text, const std::string& where, int max_d
   const std::size_t at = json_too_deep_at(text, max_depth);
   if (at == std::string_view::npos) return;
   const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n');
-  throw_input_error(where, "nests deeper than " + std::to_string(max_depth) + " levels (at line " + std::to_string(line) +
-                               ", byte " + std::to_string(at) + "): not a file ablate can read");
+  throw_input_error(where, "nests deeper than " + std::to_string(max_depth) + " levels (at line " + std::to_string(line) + ", byte " +
+                               std::to_string(at) + "): not a file ablate can read");
 }
 
 std::string read_json_text(const fs::path& path, std::string_view kind, std::uintmax_t max_bytes) {

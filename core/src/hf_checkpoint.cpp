@@ -53,17 +53,20 @@ struct ConfigReader {
   }
   double number_or(const char* key, double def) const {
     if (!has(key)) return def;
-    if (!j.at(key).is_number()) throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected a number");
+    if (!j.at(key).is_number())
+      throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected a number");
     return j.at(key).get<double>();
   }
   bool flag_or(const char* key, bool def) const {
     if (!has(key)) return def;
-    if (!j.at(key).is_boolean()) throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected true or false");
+    if (!j.at(key).is_boolean())
+      throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected true or false");
     return j.at(key).get<bool>();
   }
   std::string text_or(const char* key, const std::string& def) const {
     if (!has(key)) return def;
-    if (!j.at(key).is_string()) throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected a string");
+    if (!j.at(key).is_string())
+      throw_input_error(file, std::string("'") + key + "' is " + echo_value(j.at(key).dump()) + ", expected a string");
     return j.at(key).get<std::string>();
   }
   // A key ablate's model has no equivalent for: refused unless absent or at the value it computes.
@@ -173,7 +176,8 @@ std::vector<float> as_float(const NamedTensor& t, const fs::path& file) {
 void add_file(HfCheckpoint& hf, const fs::path& file) {
   SafetensorsFile f = read_safetensors(file);
   for (NamedTensor& t : f.tensors) {
-    if (hf.tensors.count(t.name) > 0) throw_input_error(file.string(), "tensor '" + t.name + "' is also in " + hf.files[t.name].string());
+    if (hf.tensors.count(t.name) > 0)
+      throw_input_error(file.string(), "tensor '" + t.name + "' is also in " + hf.files[t.name].string());
     hf.files[t.name] = file;
     const std::string name = t.name;
     hf.tensors.emplace(name, std::move(t));
@@ -196,14 +200,16 @@ void read_weights(HfCheckpoint& hf) {
   std::set<std::string> shards;
   for (const auto& [name, file] : j["weight_map"].items()) {
     if (!file.is_string() || fs::path(file.get<std::string>()).filename() != fs::path(file.get<std::string>())) {
-      throw_input_error(index.string(), "weight_map['" + echo_value(name) + "'] is " + echo_value(file.dump()) + ", expected a file name beside it");
+      throw_input_error(index.string(),
+                        "weight_map['" + echo_value(name) + "'] is " + echo_value(file.dump()) + ", expected a file name beside it");
     }
     shards.insert(file.get<std::string>());
   }
   for (const std::string& s : shards) add_file(hf, hf.dir / s);
   for (const auto& [name, file] : j["weight_map"].items()) {
     if (hf.tensors.count(name) == 0 || hf.files.at(name).filename() != file.get<std::string>()) {
-      throw_input_error(index.string(), "names tensor '" + echo_value(name) + "' in " + file.get<std::string>() + ", which does not hold it");
+      throw_input_error(index.string(),
+                        "names tensor '" + echo_value(name) + "' in " + file.get<std::string>() + ", which does not hold it");
     }
   }
 }
@@ -231,8 +237,8 @@ struct Importer {
   const NamedTensor& tensor(const std::string& name) {
     const auto it = hf.tensors.find(name);
     if (it == hf.tensors.end()) {
-      throw_input_error(hf.dir.string(), "the checkpoint has no tensor '" + name + "' (a " + hf.model_type +
-                                             " checkpoint of this config needs it)");
+      throw_input_error(hf.dir.string(),
+                        "the checkpoint has no tensor '" + name + "' (a " + hf.model_type + " checkpoint of this config needs it)");
     }
     used.insert(name);
     return it->second;
@@ -250,9 +256,12 @@ struct Importer {
       total += rows >= 0 ? rows : s.shape[0];
       cols = s.shape.size() == 2 ? s.shape[1] : 1;
     }
-    const std::vector<int64_t> want = vector ? std::vector<int64_t>{total} : transpose ? std::vector<int64_t>{cols, total} : std::vector<int64_t>{total, cols};
+    const std::vector<int64_t> want = vector      ? std::vector<int64_t>{total}
+                                      : transpose ? std::vector<int64_t>{cols, total}
+                                                  : std::vector<int64_t>{total, cols};
     if (t.shape != want) {
-      throw_input_error(file.string(), "tensor '" + name + "' is " + shape_text(t.shape) + ", the config's model needs " + shape_text(want));
+      throw_input_error(file.string(),
+                        "tensor '" + name + "' is " + shape_text(t.shape) + ", the config's model needs " + shape_text(want));
     }
     const std::vector<float> v = as_float(t, file);
     int64_t row0 = 0;
@@ -261,7 +270,8 @@ struct Importer {
       const int64_t r = rows >= 0 ? rows : s.shape[0];
       float* dst = values.data() + s.offset;
       for (int64_t i = 0; i < r; ++i) {
-        for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = transpose ? v[std::size_t(j * total + row0 + i)] : v[std::size_t((row0 + i) * cols + j)];
+        for (int64_t j = 0; j < cols; ++j)
+          dst[i * cols + j] = transpose ? v[std::size_t(j * total + row0 + i)] : v[std::size_t((row0 + i) * cols + j)];
       }
       row0 += r;
       filled.insert(o);
@@ -354,7 +364,8 @@ HfCheckpoint read_hf_config(const fs::path& dir) {
   const json j = read_json(cfg, "a Hugging Face model config");
   const ConfigReader c{j, cfg.string()};
   hf.model_type = c.text_or("model_type", "");
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() && j["architectures"][0].is_string()) {
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
     hf.architecture = j["architectures"][0].get<std::string>();
   }
   if (hf.model_type == "gpt2") hf.model_keys = gpt2_keys(c);

@@ -36,12 +36,14 @@ void read_adapter(const Choice& a, ModelOptions& o) {
   if (o.adapter_targets.empty()) throw_input_error("adapter.targets", "names no layer: give one or more of q, k, v, o");
   std::vector<std::string> seen;
   for (const std::string& t : o.adapter_targets) {
-    if (std::find(std::begin(schedule::kAdapterTargets), std::end(schedule::kAdapterTargets), t) == std::end(schedule::kAdapterTargets)) {
+    if (std::find(std::begin(schedule::kAdapterTargets), std::end(schedule::kAdapterTargets), t) ==
+        std::end(schedule::kAdapterTargets)) {
       const bool mlp = t == "up" || t == "down" || t == "gate" || t == "fc" || t == "proj" || t == "mlp";
-      throw_input_error("adapter.targets", "'" + t + "' is not a projection adapters attach to (q, k, v, o)" +
-                                               (mlp ? std::string(": the MLP is one fused layer (model.mlp), its inner products are not "
-                                                                  "separate layers")
-                                                    : std::string()));
+      throw_input_error("adapter.targets",
+                        "'" + t + "' is not a projection adapters attach to (q, k, v, o)" +
+                            (mlp ? std::string(": the MLP is one fused layer (model.mlp), its inner products are not "
+                                               "separate layers")
+                                 : std::string()));
     }
     if (std::find(seen.begin(), seen.end(), t) != seen.end()) throw_input_error("adapter.targets", "'" + t + "' is named twice");
     seen.push_back(t);
@@ -60,8 +62,8 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
   o.n_heads = m.get_int("n_heads");
   o.n_kv_heads = m.get_int("n_kv_heads") == 0 ? o.n_heads : m.get_int("n_kv_heads");
   if (o.d_model % o.n_heads != 0) {
-    throw_input_error("model.n_heads", "d_model (" + std::to_string(o.d_model) + ") must be divisible by n_heads (" +
-                                           std::to_string(o.n_heads) + ")");
+    throw_input_error("model.n_heads",
+                      "d_model (" + std::to_string(o.d_model) + ") must be divisible by n_heads (" + std::to_string(o.n_heads) + ")");
   }
   if (o.n_heads % o.n_kv_heads != 0) {
     throw_input_error("model.n_kv_heads", "n_heads (" + std::to_string(o.n_heads) + ") must be divisible by n_kv_heads (" +
@@ -71,8 +73,8 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
   o.vocab_size = m.get_int("vocab_size") == 0 ? data_vocab : m.get_int("vocab_size");
   if (o.vocab_size <= 0) throw_input_error("model.vocab_size", "must be set: the data source does not say its vocabulary");
   if (data_vocab > o.vocab_size) {
-    throw_input_error("model.vocab_size", std::to_string(o.vocab_size) + " is smaller than the data's vocabulary (" +
-                                              std::to_string(data_vocab) + ")");
+    throw_input_error("model.vocab_size",
+                      std::to_string(o.vocab_size) + " is smaller than the data's vocabulary (" + std::to_string(data_vocab) + ")");
   }
   o.vocab_padded = round_up(o.vocab_size, m.get_int("vocab_multiple"));
   o.recompute = spec.run.recompute;
@@ -113,11 +115,11 @@ ModelOptions ModelOptions::from(const RunSpec& spec, int64_t data_vocab) {
 std::string ModelOptions::describe() const {
   std::ostringstream s;
   s << "d_model=" << d_model << " n_layers=" << n_layers << " n_heads=" << n_heads << " n_kv_heads=" << n_kv_heads
-    << " vocab=" << vocab_size << "(" << vocab_padded << ") max_seq_len=" << max_seq_len << " norm=" << norm
-    << " mlp=" << mlp << "(" << mlp_hidden << ") position=" << position << " qk_norm=" << qk_norm << " bias=" << bias
-    << " tie=" << tie_embeddings << " attention=" << attention;
+    << " vocab=" << vocab_size << "(" << vocab_padded << ") max_seq_len=" << max_seq_len << " norm=" << norm << " mlp=" << mlp << "("
+    << mlp_hidden << ") position=" << position << " qk_norm=" << qk_norm << " bias=" << bias << " tie=" << tie_embeddings
+    << " attention=" << attention;
   if (norm_eps > 0) s << " norm_eps=" << norm_eps;  // only when set: the text older checkpoints hold stays the same
-  if (!adapter.empty()) {  // after attention: init_from compares the text before it (the base's shape)
+  if (!adapter.empty()) {                           // after attention: init_from compares the text before it (the base's shape)
     s << " adapter=" << adapter << "(" << adapter_keys_text << (adapter_keys_text.empty() ? "" : ",") << "targets=";
     for (std::size_t i = 0; i < adapter_targets.size(); ++i) s << (i ? "+" : "") << adapter_targets[i];
     if (base_dtype != "fp32") s << ",base=" << base_dtype;
@@ -142,8 +144,8 @@ namespace {
 // Checked before any device sees the batch: a GPU kernel can only turn a bad id into NaN.
 void check_batch(const ModelOptions& o, const Batch& b) {
   if (b.seq_len > o.max_seq_len) {
-    throw_input_error("model.max_seq_len", "rows of " + std::to_string(b.seq_len) + " positions exceed max_seq_len " +
-                                               std::to_string(o.max_seq_len));
+    throw_input_error("model.max_seq_len",
+                      "rows of " + std::to_string(b.seq_len) + " positions exceed max_seq_len " + std::to_string(o.max_seq_len));
   }
   for (int32_t t : b.tokens) {
     if (t < 0 || t >= o.vocab_size) {
@@ -152,8 +154,8 @@ void check_batch(const ModelOptions& o, const Batch& b) {
   }
   for (int32_t t : b.targets) {
     if (t != -1 && (t < 0 || t >= o.vocab_size)) {
-      throw_input_error("model", "target " + std::to_string(t) + " outside the vocabulary of " +
-                                     std::to_string(o.vocab_size) + " (and not -1, no loss)");
+      throw_input_error("model", "target " + std::to_string(t) + " outside the vocabulary of " + std::to_string(o.vocab_size) +
+                                     " (and not -1, no loss)");
     }
   }
 }
@@ -186,12 +188,12 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   int64_t frozen = 0;    // the frozen base's parameters (sched.adapter_begin), 0 when everything trains
   schedule::Schedule sched;
   std::function<void(std::size_t)> gradient_hook;  // called after each gradient write in forward_backward
-  schedule::Bf16Policy bf16;  // which activations are held in bf16
+  schedule::Bf16Policy bf16;                       // which activations are held in bf16
 
-  Buffer params, grads;       // (P, less the NF4 tensors) f32, (P - frozen) f32
-  Buffer params_bf16;         // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
+  Buffer params, grads;   // (P, less the NF4 tensors) f32, (P - frozen) f32
+  Buffer params_bf16;     // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
   schedule::Nf4Base nf4;  // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
-  DeviceBatch batch;          // the micro-batch on the device
+  DeviceBatch batch;      // the micro-batch on the device
 
   // The adapters' region for N rows: offsets of each adapter's saved values, then of the scratch
   // they share, then the end (elements of the call's dtype, f32).
@@ -425,7 +427,7 @@ LayerCall Model::Impl::adapter_call(const Site& s, bool backward, bool train, ui
 void Model::Impl::run_backward(uint64_t key) {
   const AttentionProblem prob = problem(plan.rows, plan.seq_len);
   std::size_t write = frozen == 0 ? 1 : 0;  // gradient_writes() index of the next site that writes gradients
-  int64_t block = o.n_layers - 1;  // the next block backward enters
+  int64_t block = o.n_layers - 1;           // the next block backward enters
   for (std::size_t i = sched.sites.size(); i-- > 0;) {
     const Site& s = sched.sites[i];
     if (block >= 0 && i == sched.block_sites[std::size_t(block)].second) recompute_block(block--, prob, key);
@@ -492,7 +494,8 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
     m.trainable.total = m.table.total - m.frozen;
   }
   if (m.o.base_dtype == "nf4" && run.dtype != "fp32") {
-    throw_input_error("adapter.base_dtype", "nf4 weights are dequantized for fp32 products: run.dtype must be \"fp32\", not \"" + run.dtype + "\"");
+    throw_input_error("adapter.base_dtype",
+                      "nf4 weights are dequantized for fp32 products: run.dtype must be \"fp32\", not \"" + run.dtype + "\"");
   }
   m.nf4.plan(m.o.base_dtype == "nf4", m.table, m.sched, m.lin.get(), m.mlp.get());
   m.allocate();
@@ -623,7 +626,8 @@ double Model::forward(const Batch& batch, std::vector<float>* losses, std::vecto
 
 double Model::flops_per_token(int64_t seq_len) const noexcept {
   const ModelOptions& o = impl_->o;
-  return 4.0 * double(frozen_params()) + 6.0 * double(num_trainable()) + 6.0 * double(o.n_layers) * double(o.d_model) * double(seq_len);
+  return 4.0 * double(frozen_params()) + 6.0 * double(num_trainable()) +
+         6.0 * double(o.n_layers) * double(o.d_model) * double(seq_len);
 }
 
 ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len) const {

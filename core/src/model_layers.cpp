@@ -30,16 +30,20 @@ void ModelLayerSet::make(const Registry& registry, const ModelOptions& o, const 
   if (!o.adapter.empty()) {
     adapter = registry.create<Layer>(Kind::layer, o.adapter, {o.adapter_common, o.adapter_own, run}, "adapter.name");
     if (adapter->role() != LayerRole::adapter) {
-      throw_input_error("adapter.name", "the layer '" + o.adapter + "' has role '" + to_string(adapter->role()) + "', expected 'adapter'");
+      throw_input_error("adapter.name",
+                        "the layer '" + o.adapter + "' has role '" + to_string(adapter->role()) + "', expected 'adapter'");
     }
   }
   const struct {
     LayerBase* layer;
     LayerRole role;
     const char* key;
-  } roles[] = {{emb.get(), LayerRole::embedding, "model.embedding_layer"}, {pos.get(), LayerRole::position, "model.position"},
-               {norm.get(), LayerRole::norm, "model.norm"},      {lin.get(), LayerRole::linear, "model.projection_layer"},
-               {mlp.get(), LayerRole::mlp, "model.mlp"},          {cls.get(), LayerRole::classifier, "model.classifier_layer"},
+  } roles[] = {{emb.get(), LayerRole::embedding, "model.embedding_layer"},
+               {pos.get(), LayerRole::position, "model.position"},
+               {norm.get(), LayerRole::norm, "model.norm"},
+               {lin.get(), LayerRole::linear, "model.projection_layer"},
+               {mlp.get(), LayerRole::mlp, "model.mlp"},
+               {cls.get(), LayerRole::classifier, "model.classifier_layer"},
                {qkn.get(), LayerRole::norm, "model.qk_norm_layer"}};
   for (const auto& r : roles) {
     if (r.layer != nullptr && r.layer->role() != r.role) {
@@ -62,10 +66,14 @@ void ModelLayerSet::require_supported(const ModelOptions& o, const schedule::Lay
     const LayerSpec& spec;
     const char* key;
     const std::string& name;
-  } uses[] = {{emb.get(), s.emb, "model.embedding_layer", o.embedding}, {pos.get(), s.pos, "model.position", o.position},
-              {norm.get(), s.norm, "model.norm", o.norm},                 {lin.get(), s.q, "model.projection_layer", o.linear},
-              {lin.get(), s.kv, "model.projection_layer", o.linear},     {lin.get(), s.o, "model.projection_layer", o.linear},
-              {mlp.get(), s.mlp, "model.mlp", o.mlp},                     {cls.get(), s.cls, "model.classifier_layer", o.classifier},
+  } uses[] = {{emb.get(), s.emb, "model.embedding_layer", o.embedding},
+              {pos.get(), s.pos, "model.position", o.position},
+              {norm.get(), s.norm, "model.norm", o.norm},
+              {lin.get(), s.q, "model.projection_layer", o.linear},
+              {lin.get(), s.kv, "model.projection_layer", o.linear},
+              {lin.get(), s.o, "model.projection_layer", o.linear},
+              {mlp.get(), s.mlp, "model.mlp", o.mlp},
+              {cls.get(), s.cls, "model.classifier_layer", o.classifier},
               {qkn.get(), s.qkn, "model.qk_norm_layer", o.qk_norm_layer}};
   for (const auto& u : uses) {
     if (u.layer == nullptr) continue;

@@ -58,10 +58,10 @@ struct ModelLayerSet {
 // The activation arena: one f32 buffer laid out by an ArenaPlan, and the adapters' region beside
 // it; views of a slot typed as the plan holds it.
 struct ActivationArena {
-  schedule::ArenaPlan plan;           // of the shape the arena was last laid out for
-  Buffer act;                         // the arena
-  Buffer adapter_act;                 // the adapters' saved values (one region per adapter) and their scratch
-  std::vector<int64_t> adapter_at;    // offsets into adapter_act: adapter i's saved values, then the scratch
+  schedule::ArenaPlan plan;         // of the shape the arena was last laid out for
+  Buffer act;                       // the arena
+  Buffer adapter_act;               // the adapters' saved values (one region per adapter) and their scratch
+  std::vector<int64_t> adapter_at;  // offsets into adapter_act: adapter i's saved values, then the scratch
   int64_t head_dim = 0;
 
   // Slot r as (rows, cols), empty where the site has no such slot.

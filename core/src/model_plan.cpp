@@ -17,10 +17,9 @@ Bf16Policy Bf16Policy::decide(bool bf16_run, const Answers& a) {
 DType Bf16Policy::slot_dtype(Slot s) const {
   const bool norm_output = s == Slot::ln1 || s == Slot::ln2 || s == Slot::lnf;
   const bool qkv_slot = s == Slot::q_lin || s == Slot::k_lin || s == Slot::v || s == Slot::q || s == Slot::k;
-  const bool grad_slot = s == Slot::d_q || s == Slot::d_k || s == Slot::d_v || s == Slot::d_att || s == Slot::d_qlin ||
-                         s == Slot::d_klin;
-  const bool bf16 =
-      (norm_outputs && norm_output) || (attention_out && s == Slot::att) || (qkv && qkv_slot) || (grads && grad_slot);
+  const bool grad_slot =
+      s == Slot::d_q || s == Slot::d_k || s == Slot::d_v || s == Slot::d_att || s == Slot::d_qlin || s == Slot::d_klin;
+  const bool bf16 = (norm_outputs && norm_output) || (attention_out && s == Slot::att) || (qkv && qkv_slot) || (grads && grad_slot);
   return bf16 ? DType::bf16 : DType::f32;
 }
 
@@ -66,10 +65,9 @@ struct Layout {
 
 }  // namespace
 
-ArenaPlan plan_arena(const PlanShape& shape, const Bf16Policy& bf16, const std::string& recompute, int64_t rows,
-                     int64_t seq_len, const SavedSizes& saved) {
-  const int64_t N = rows * seq_len, C = shape.d_model, Hd = shape.n_heads * shape.head_dim,
-                Kd = shape.n_kv_heads * shape.head_dim;
+ArenaPlan plan_arena(const PlanShape& shape, const Bf16Policy& bf16, const std::string& recompute, int64_t rows, int64_t seq_len,
+                     const SavedSizes& saved) {
+  const int64_t N = rows * seq_len, C = shape.d_model, Hd = shape.n_heads * shape.head_dim, Kd = shape.n_kv_heads * shape.head_dim;
   ArenaPlan p;
   p.rows = rows;
   p.seq_len = seq_len;

@@ -24,7 +24,7 @@ struct Bf16Policy {
   // What the chosen layers answer (LayerBase::bf16_product_inputs, Attention::bf16_activations,
   // LayerBase::bf16_attention_inputs).
   struct Answers {
-    bool products_take_bf16 = false;    // the norm, linear, MLP and classifier layers all do
+    bool products_take_bf16 = false;     // the norm, linear, MLP and classifier layers all do
     bool attention_writes_bf16 = false;  // the attention backend
     bool qkv_layers_take_bf16 = false;   // linear, and rope and qk-norm where the model has them
     bool attention_grads_bf16 = false;   // the backend (Attention::bf16_gradients)
@@ -50,7 +50,7 @@ struct SavedSizes {
   int64_t k_norm = 0;     // qk-norm over N * n_kv_heads rows
   int64_t attention = 0;  // the attention backend
   int64_t mlp = 0;
-  int64_t mlp_bf16 = 0;   // of `mlp`, the elements holding bf16 values (Layer::activation_bf16_elements)
+  int64_t mlp_bf16 = 0;  // of `mlp`, the elements holding bf16 values (Layer::activation_bf16_elements)
   int64_t scratch = 0;
 };
 
@@ -60,7 +60,7 @@ bool recomputed(Slot slot, const std::string& recompute);
 
 // The arena for `rows` x `seq_len`: every slot 256 bytes aligned, bf16 slots at two values to an
 // f32 element, slots without qk-norm aliased (q = q_lin, d_qlin = d_q, ...).
-ArenaPlan plan_arena(const PlanShape& shape, const Bf16Policy& bf16, const std::string& recompute, int64_t rows,
-                     int64_t seq_len, const SavedSizes& saved);
+ArenaPlan plan_arena(const PlanShape& shape, const Bf16Policy& bf16, const std::string& recompute, int64_t rows, int64_t seq_len,
+                     const SavedSizes& saved);
 
 }  // namespace ablate::schedule

@@ -54,8 +54,8 @@ Site layer_site(Layer* layer, const LayerSpec* spec, int64_t param, int64_t x_co
   return s;
 }
 
-Site norm_site(Layer* layer, const LayerSpec* spec, int64_t param, Ref x, Ref y, Ref saved, Ref d_y, Ref d_x,
-               GradMode mode, int64_t width, int64_t row_heads = 1) {
+Site norm_site(Layer* layer, const LayerSpec* spec, int64_t param, Ref x, Ref y, Ref saved, Ref d_y, Ref d_x, GradMode mode,
+               int64_t width, int64_t row_heads = 1) {
   Site s = layer_site(layer, spec, param, width, width);
   s.x = x;
   s.y = y;
@@ -115,10 +115,10 @@ struct BlockWriter {
       sites.push_back(s);
     }
     if (o.qk_norm) {
-      sites.push_back(norm_site(L.qkn, &specs.qkn, declare(*L.qkn, specs.qkn, pre + ".attn.q_norm"), B(Slot::q_lin),
-                                B(Slot::q), B(Slot::qn_s), shared(Slot::d_q), shared(Slot::d_qlin), GradMode::overwrite, D, H));
-      sites.push_back(norm_site(L.qkn, &specs.qkn, declare(*L.qkn, specs.qkn, pre + ".attn.k_norm"), B(Slot::k_lin),
-                                B(Slot::k), B(Slot::kn_s), shared(Slot::d_k), shared(Slot::d_klin), GradMode::overwrite, D, Hk));
+      sites.push_back(norm_site(L.qkn, &specs.qkn, declare(*L.qkn, specs.qkn, pre + ".attn.q_norm"), B(Slot::q_lin), B(Slot::q),
+                                B(Slot::qn_s), shared(Slot::d_q), shared(Slot::d_qlin), GradMode::overwrite, D, H));
+      sites.push_back(norm_site(L.qkn, &specs.qkn, declare(*L.qkn, specs.qkn, pre + ".attn.k_norm"), B(Slot::k_lin), B(Slot::k),
+                                B(Slot::kn_s), shared(Slot::d_k), shared(Slot::d_klin), GradMode::overwrite, D, Hk));
     }
     if (L.pos->position_site() == PositionSite::qk) {  // in place, forward on q and k, backward on their gradients
       for (auto [slot, d_slot, heads] : {std::tuple{Slot::q, Slot::d_q, H}, {Slot::k, Slot::d_k, Hk}}) {
@@ -131,7 +131,7 @@ struct BlockWriter {
     }
     Site a;
     a.op = Op::attention;
-    a.attn = {B(Slot::q), B(Slot::k), B(Slot::v), B(Slot::att), B(Slot::att_s),
+    a.attn = {B(Slot::q),          B(Slot::k),        B(Slot::v),        B(Slot::att),     B(Slot::att_s),
               shared(Slot::d_att), shared(Slot::d_q), shared(Slot::d_k), shared(Slot::d_v)};
     sites.push_back(a);
     Site proj_out = layer_site(L.lin, &specs.o, declare(*L.lin, specs.o, pre + ".attn.o"), H * D, C);
@@ -197,7 +197,8 @@ void declare_adapters(const ModelOptions& o, Layer& adapter, BlockWriter& w, Sch
   out.adapter_begin = table.total;
   std::vector<int64_t> starts;
   for (Site& s : out.sites) {
-    if (s.target == nullptr || std::find(o.adapter_targets.begin(), o.adapter_targets.end(), s.target) == o.adapter_targets.end()) continue;
+    if (s.target == nullptr || std::find(o.adapter_targets.begin(), o.adapter_targets.end(), s.target) == o.adapter_targets.end())
+      continue;
     s.adapter_param = w.declare(adapter, *s.spec, "blocks." + std::to_string(s.block) + ".attn." + s.target);
     s.adapter_index = out.adapter_sites++;
     starts.push_back(s.adapter_param);

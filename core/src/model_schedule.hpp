@@ -24,35 +24,35 @@ namespace ablate::schedule {
 enum class Slot : uint8_t {
   none,
   // Per block l (block n_layers has only `res`, the stream after the last block).
-  res,     // (N, C)    the residual stream entering block l (block 0: the embeddings)
-  ln1,     // (N, C)    norm1(res); ln1, ln2 and lnf are bf16 when the model holds product inputs so
-  ln1_s,   //           norm1's saved values
-  q_lin,   // (N, H*D)  q projection (q_lin..k bf16 when the model holds q, k, v so)
-  k_lin,   // (N, Hk*D) k projection
-  v,       // (N, Hk*D) v projection
-  q,       // (N, H*D)  q after qk-norm (= q_lin without it), rotated in place by rope
-  k,       // (N, Hk*D) k likewise
-  qn_s,    //           q-norm's saved values
-  kn_s,    //           k-norm's saved values
-  att,     // (N, H*D)  attention output (bf16 when the backend writes it so, under bf16 held inputs)
-  att_s,   //           the attention backend's saved values (e.g. softmax statistics)
-  mid,     // (N, C)    res + o(att)
-  ln2,     // (N, C)    norm2(mid)
-  ln2_s,   //           norm2's saved values
-  mlp_s,   //           the MLP's saved values
+  res,    // (N, C)    the residual stream entering block l (block 0: the embeddings)
+  ln1,    // (N, C)    norm1(res); ln1, ln2 and lnf are bf16 when the model holds product inputs so
+  ln1_s,  //           norm1's saved values
+  q_lin,  // (N, H*D)  q projection (q_lin..k bf16 when the model holds q, k, v so)
+  k_lin,  // (N, Hk*D) k projection
+  v,      // (N, Hk*D) v projection
+  q,      // (N, H*D)  q after qk-norm (= q_lin without it), rotated in place by rope
+  k,      // (N, Hk*D) k likewise
+  qn_s,   //           q-norm's saved values
+  kn_s,   //           k-norm's saved values
+  att,    // (N, H*D)  attention output (bf16 when the backend writes it so, under bf16 held inputs)
+  att_s,  //           the attention backend's saved values (e.g. softmax statistics)
+  mid,    // (N, C)    res + o(att)
+  ln2,    // (N, C)    norm2(mid)
+  ln2_s,  //           norm2's saved values
+  mlp_s,  //           the MLP's saved values
   // Shared by every block (block -1).
-  lnf,     // (N, C)    final norm of the stream
-  lnf_s,   //           its saved values
-  losses,  // (N)       per-position loss
-  d_res,   // (N, C)    gradient of the residual stream
-  d_ln,    // (N, C)    gradient of a norm's output
-  d_q,     // (N, H*D)  gradient of q (after qk-norm and rope)
-  d_k,     // (N, Hk*D)
-  d_v,     // (N, Hk*D)
-  d_att,   // (N, H*D)  gradient of the attention output
-  d_qlin,  // (N, H*D)  gradient of q_lin (= d_q without qk-norm)
-  d_klin,  // (N, Hk*D)
-  scratch, //           the largest scratch any layer asks for
+  lnf,      // (N, C)    final norm of the stream
+  lnf_s,    //           its saved values
+  losses,   // (N)       per-position loss
+  d_res,    // (N, C)    gradient of the residual stream
+  d_ln,     // (N, C)    gradient of a norm's output
+  d_q,      // (N, H*D)  gradient of q (after qk-norm and rope)
+  d_k,      // (N, Hk*D)
+  d_v,      // (N, Hk*D)
+  d_att,    // (N, H*D)  gradient of the attention output
+  d_qlin,   // (N, H*D)  gradient of q_lin (= d_q without qk-norm)
+  d_klin,   // (N, Hk*D)
+  scratch,  //           the largest scratch any layer asks for
   count
 };
 
@@ -87,9 +87,9 @@ struct Site {
   Op op = Op::layer;
   Layer* layer = nullptr;
   const LayerSpec* spec = nullptr;
-  int64_t param = -1;      // offset of the layer's first parameter in the flat buffers (-1: none)
-  int64_t row_heads = 1;   // the call's rows are N * row_heads (qk-norm normalises each head)
-  int64_t heads = 1;       // rope: x is (N, heads, D)
+  int64_t param = -1;     // offset of the layer's first parameter in the flat buffers (-1: none)
+  int64_t row_heads = 1;  // the call's rows are N * row_heads (qk-norm normalises each head)
+  int64_t heads = 1;      // rope: x is (N, heads, D)
   int64_t x_cols = 0, y_cols = 0;
   // Forward: input, output, residual added to the output, values kept for backward.
   Ref x, y, residual, saved;
@@ -125,11 +125,11 @@ struct ModelLayers {
 
 // The forward pass as sites, and what backward needs to walk it.
 struct Schedule {
-  std::vector<Site> sites;  // in forward order (the classifier follows the last)
+  std::vector<Site> sites;                                       // in forward order (the classifier follows the last)
   std::vector<std::pair<std::size_t, std::size_t>> block_sites;  // each block's first and last site
-  int64_t head = 0;        // the classifier's weight (the embedding's when tied)
-  int64_t ln_f_param = 0;  // the final norm's parameters
-  std::vector<GradRange> writes;  // the gradient writes of one backward pass, in order
+  int64_t head = 0;                                              // the classifier's weight (the embedding's when tied)
+  int64_t ln_f_param = 0;                                        // the final norm's parameters
+  std::vector<GradRange> writes;                                 // the gradient writes of one backward pass, in order
   // With an adapter: where its parameters begin (every parameter before is the frozen base; the
   // gradient buffer and `writes` then cover only [adapter_begin, total), offsets relative to it),
   // and how many projections carry one. Without: 0 and 0 (everything trains).

@@ -60,9 +60,7 @@ namespace {
 class CollectingRegistrar final : public Registrar {
  public:
   void add(ComponentInfo info) override { collected.push_back(std::move(info)); }
-  void share_keys(Kind kind, const std::string& name, const std::string& family) override {
-    families.push_back({kind, name, family});
-  }
+  void share_keys(Kind kind, const std::string& name, const std::string& family) override { families.push_back({kind, name, family}); }
   std::vector<ComponentInfo> collected;
   struct Family {
     Kind kind;
@@ -115,7 +113,8 @@ bool emulate_cuda() {
   const char* v = std::getenv("ABLATE_EMULATE_CUDA");
   if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
   if (std::string_view(v) == "1") return true;
-  throw_input_error("ABLATE_EMULATE_CUDA", std::string("expected 1 (run the CUDA device emulated on the CPU) or 0, got \"") + v + "\"");
+  throw_input_error("ABLATE_EMULATE_CUDA",
+                    std::string("expected 1 (run the CUDA device emulated on the CPU) or 0, got \"") + v + "\"");
 }
 
 std::vector<fs::path> plugin_files(const fs::path& dir) {
@@ -164,7 +163,8 @@ void Registry::load_directories(const std::vector<fs::path>& dirs) {
         load_file(f);
       } else if (!it->second.empty()) {
         impl_->failures.push_back({f.string(), "left out: ABLATE_EMULATE_CUDA=1 emulates one CUDA device, and this "
-                                               "plugin needs " + it->second});
+                                               "plugin needs " +
+                                                   it->second});
       }
     }
   }
@@ -191,8 +191,7 @@ bool Registry::load_file(const fs::path& file) {
 
   boost::dll::shared_library lib;
   try {
-    lib.load(boost::dll::fs::path(path),
-             boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    lib.load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     // Boost wraps the dynamic loader's own message; that message is the useful part.
     std::string why = e.what();
@@ -225,8 +224,7 @@ bool Registry::load_file(const fs::path& file) {
                 "' (C++ library ABI and core version must match); rebuild the plugin");
   }
   if (fingerprint_part(fp, 0) != fingerprint_part(core_fp, 0)) {
-    spdlog::debug("plugin {} was built with {}, core with {}", path, fingerprint_part(fp, 0),
-                  fingerprint_part(core_fp, 0));
+    spdlog::debug("plugin {} was built with {}, core with {}", path, fingerprint_part(fp, 0), fingerprint_part(core_fp, 0));
   }
   if (desc->register_components == nullptr) return fail("descriptor has no register function");
 
@@ -239,9 +237,8 @@ bool Registry::load_file(const fs::path& file) {
   // Duplicates are an error naming both files: two plugins claiming one name is ambiguous.
   for (const ComponentInfo& info : reg.collected) {
     if (const ComponentInfo* prev = impl_->clash(info)) {
-      throw_input_error(path, "registers " + std::string(to_string(info.kind)) + " '" + info.name +
-                                  "', already registered by " + prev->library +
-                                  " for the same device; remove one of the two files from the plugin search path");
+      throw_input_error(path, "registers " + std::string(to_string(info.kind)) + " '" + info.name + "', already registered by " +
+                                  prev->library + " for the same device; remove one of the two files from the plugin search path");
     }
   }
   for (ComponentInfo& info : reg.collected) {
@@ -259,8 +256,8 @@ bool Registry::load_file(const fs::path& file) {
 
 void Registry::add(ComponentInfo info, const std::string& origin) {
   if (const ComponentInfo* prev = impl_->clash(info)) {
-    throw_input_error(origin, "registers " + std::string(to_string(info.kind)) + " '" + info.name +
-                                  "', already registered by " + prev->library);
+    throw_input_error(origin, "registers " + std::string(to_string(info.kind)) + " '" + info.name + "', already registered by " +
+                                  prev->library);
   }
   info.library = origin;
   auto key = std::make_pair(info.kind, info.name);
@@ -283,9 +280,8 @@ const ComponentInfo* Registry::find(Kind kind, std::string_view name, std::strin
 const ComponentInfo& Registry::get(Kind kind, std::string_view name, const std::string& where) const {
   if (const ComponentInfo* info = find(kind, name)) return *info;
   const std::vector<std::string> valid = names(kind);
-  throw_input_error(where, "unknown " + std::string(to_string(kind)) + " '" + std::string(name) + "'" +
-                               did_you_mean(name, valid) + " (valid: " +
-                               (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + not_loaded_note(name));
+  throw_input_error(where, "unknown " + std::string(to_string(kind)) + " '" + std::string(name) + "'" + did_you_mean(name, valid) +
+                               " (valid: " + (valid.empty() ? std::string("none loaded") : join(valid)) + ")" + not_loaded_note(name));
 }
 
 const ComponentInfo& Registry::get(Kind kind, std::string_view name, std::string_view device, const std::string& where) const {

@@ -47,8 +47,8 @@ PeakFlops resolve_peak(const RunSpec& spec, Model& model, Communicator& comm) {
 RunMetrics::RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, bool communicates)
     : start_step_(start_step), steps_(steps), peak_(peak), communicates_(communicates) {}
 
-StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, double step_s, double wait_ms,
-                               double flops_per_token, int64_t mem_peak_bytes, int64_t optimizer_state_bytes) {
+StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, double step_s, double wait_ms, double flops_per_token,
+                               int64_t mem_peak_bytes, int64_t optimizer_state_bytes) {
   StepMetrics sm;
   sm.step = step;
   sm.loss = o.loss;
@@ -201,9 +201,9 @@ nlohmann::json machine_load_summary(const std::optional<CpuTimes>& before, Commu
   // ranks' share of the sum (data-parallel ranks do the same work).
   double mine[2] = {after ? after->self - before->self : 0.0, after ? 1.0 : 0.0};
   comm.all_reduce_host(flat_view(mine, DType::f64, 2), ReduceOp::sum);
-  const std::optional<MachineLoad> load =
-      after && mine[1] == double(comm.world()) ? machine_load(*before, *after, mine[0] / comm.world() * comm.local_world())
-                                               : std::nullopt;
+  const std::optional<MachineLoad> load = after && mine[1] == double(comm.world())
+                                              ? machine_load(*before, *after, mine[0] / comm.world() * comm.local_world())
+                                              : std::nullopt;
   return {{"machine_load", load ? nlohmann::json(load->load) : nlohmann::json(nullptr)},
           {"cpu_steal", load ? nlohmann::json(load->steal) : nlohmann::json(nullptr)}};
 }

@@ -36,8 +36,8 @@ class RunMetrics {
   RunMetrics(int64_t start_step, int64_t steps, const PeakFlops& peak, bool communicates);
 
   // The metrics of one step (tokens, throughput and MFU over the whole job).
-  StepMetrics record(int64_t step, double lr, const StepOutcome& outcome, double step_s, double wait_ms,
-                     double flops_per_token, int64_t mem_peak_bytes, int64_t optimizer_state_bytes);
+  StepMetrics record(int64_t step, double lr, const StepOutcome& outcome, double step_s, double wait_ms, double flops_per_token,
+                     int64_t mem_peak_bytes, int64_t optimizer_state_bytes);
 
   // summary.json's fields that come from the steps (the trainer adds the run's own).
   nlohmann::json summary() const;

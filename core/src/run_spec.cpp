@@ -68,10 +68,13 @@ RunSpec RunSpec::from(const Config& config) {
   s.batching = choice(config, "batching");
   s.optimizer = choice(config, "optimizer");
   s.schedule = choice(config, "schedule");
-  for (const std::string& name : config.implementations("batching")) s.batching_own.insert_or_assign(name, config.implementation("batching", name));
-  for (const std::string& name : config.implementations("run")) s.communicator_own.insert_or_assign(name, config.implementation("run", name));
+  for (const std::string& name : config.implementations("batching"))
+    s.batching_own.insert_or_assign(name, config.implementation("batching", name));
+  for (const std::string& name : config.implementations("run"))
+    s.communicator_own.insert_or_assign(name, config.implementation("run", name));
   const Params logging = config.section("logging");
-  for (const std::string& name : config.selected_list("logging")) s.loggers.push_back({"logging", true, name, logging, config.implementation("logging", name)});
+  for (const std::string& name : config.selected_list("logging"))
+    s.loggers.push_back({"logging", true, name, logging, config.implementation("logging", name)});
 
   for (const Config::EvalEntry& e : config.evals()) s.evals.push_back({"eval", true, e.common.get_string("name"), e.common, e.own});
 

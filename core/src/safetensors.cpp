@@ -113,8 +113,8 @@ void write_safetensors(const fs::path& path, const SafetensorsFile& file) {
   for (const NamedTensor& t : file.tensors) {
     const uint64_t size = uint64_t(numel(t.shape)) * dtype_size(t.dtype);
     if (size != t.bytes.size()) {
-      throw_runtime_error(path.string(), "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
-                                             " bytes for its shape's " + std::to_string(size));
+      throw_runtime_error(path.string(), "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) + " bytes for its shape's " +
+                                             std::to_string(size));
     }
     if (t.name == "__metadata__" || !names.insert(t.name).second) {
       throw_runtime_error(path.string(), "tensor name '" + t.name + "' is repeated or reserved");
@@ -161,7 +161,8 @@ std::string read_header_text(int fd, uint64_t file_size, const std::string& wher
                                  std::to_string(file_size) + " bytes");
   }
   std::string json(header_len, '\0');
-  if (!read_at(fd, 8, json.data(), header_len)) throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
+  if (!read_at(fd, 8, json.data(), header_len))
+    throw_input_error(where, "could not read the " + std::to_string(header_len) + "-byte header");
   return json;
 }
 
@@ -262,7 +263,8 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   for (Entry& e : entries) {
     e.tensor.bytes.resize(e.end - e.begin);
-    if (!read_at(fd, data_start + e.begin, e.tensor.bytes.data(), e.tensor.bytes.size())) throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
+    if (!read_at(fd, data_start + e.begin, e.tensor.bytes.data(), e.tensor.bytes.size()))
+      throw_input_error(where, "could not read tensor '" + e.tensor.name + "'");
     out.tensors.push_back(std::move(e.tensor));
   }
   return out;

@@ -165,12 +165,8 @@ const T& typed(const Value& v, const std::string& path, std::string_view key, co
 
 bool Params::get_bool(std::string_view key) const { return typed<bool>(lookup(key), path_, key, "a bool"); }
 int64_t Params::get_int(std::string_view key) const { return typed<int64_t>(lookup(key), path_, key, "an int"); }
-double Params::get_float(std::string_view key) const {
-  return typed<double>(lookup(key), path_, key, "a float");
-}
-const std::string& Params::get_string(std::string_view key) const {
-  return typed<std::string>(lookup(key), path_, key, "a string");
-}
+double Params::get_float(std::string_view key) const { return typed<double>(lookup(key), path_, key, "a float"); }
+const std::string& Params::get_string(std::string_view key) const { return typed<std::string>(lookup(key), path_, key, "a string"); }
 const std::vector<int64_t>& Params::get_int_list(std::string_view key) const {
   return typed<std::vector<int64_t>>(lookup(key), path_, key, "a list of int");
 }

@@ -32,9 +32,10 @@ std::unique_ptr<Device> Session::device() const {
   auto device = registry_.create<Device>(Kind::device, run_.device, {empty, empty, run_}, "run.device");
   // A device computing in fp32 would train in fp32 and report itself against a bf16 or tf32 peak.
   if (run_.dtype != "fp32" && !device->capabilities().reduced_precision_products) {
-    throw_input_error("run.dtype", "\"" + run_.dtype + "\" is a mode of tensor-core products (" +
-                                       (run_.dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
-                                       "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
+    throw_input_error("run.dtype",
+                      "\"" + run_.dtype + "\" is a mode of tensor-core products (" +
+                          (run_.dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
+                          "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
   }
   return device;
 }
@@ -52,13 +53,15 @@ std::string Session::communicator_name(const DeviceCapabilities& device) const {
     if (env.world <= 1) return one;
     if (device.collective.empty()) {
       throw_input_error("run.communicator", "is \"auto\" but the " + env.launcher + " launcher started " + std::to_string(env.world) +
-                                                " ranks and run.device \"" + run_.device + "\" names no collective; set run.communicator");
+                                                " ranks and run.device \"" + run_.device +
+                                                "\" names no collective; set run.communicator");
     }
     return device.collective;
   }
   if (chosen == one && env.world > 1) {
     throw_input_error("run.communicator", "is \"" + one + "\" but the " + env.launcher + " launcher started " +
-                                              std::to_string(env.world) + " ranks: each would train alone into the same "
+                                              std::to_string(env.world) +
+                                              " ranks: each would train alone into the same "
                                               "run directory; set communicator = \"mpi\" (CPU), \"nccl\" (GPU) or \"auto\"");
   }
   return chosen;
@@ -94,7 +97,8 @@ std::unique_ptr<DataPipeline> Session::pipeline(Split split, std::shared_ptr<con
   }
   const Session reader(spec_, registry_, at);
   if (!source) source = reader.data_source();
-  return std::make_unique<DataPipeline>(std::move(source), reader.sampler(), reader.batcher(), PipelineOptions::from(spec_, at, split));
+  return std::make_unique<DataPipeline>(std::move(source), reader.sampler(), reader.batcher(),
+                                        PipelineOptions::from(spec_, at, split));
 }
 
 ModelOptions Session::model_options(int64_t data_vocab) const { return ModelOptions::from(spec_, data_vocab); }
@@ -111,7 +115,8 @@ std::unique_ptr<Model> Session::model(int64_t data_vocab, std::unique_ptr<Device
 void Session::require_serves_batches(const Model& model) const {
   const ModelOptions& mo = model.options();
   if (spec_.seq_len > mo.max_seq_len) {
-    throw_input_error("batching.seq_len", std::to_string(spec_.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
+    throw_input_error("batching.seq_len",
+                      std::to_string(spec_.seq_len) + " exceeds model.max_seq_len " + std::to_string(mo.max_seq_len));
   }
   if (const std::string why = model.attention_supports(spec_.batch_size, spec_.seq_len); !why.empty()) {
     throw_input_error("attention.name", "'" + mo.attention + "' cannot serve this model: " + why);
@@ -158,12 +163,14 @@ std::vector<std::unique_ptr<Logger>> Session::loggers() const {
   for (const Choice& sink : spec_.loggers) {
     if (registry_.find(Kind::logger, sink.name) == nullptr) {
       const std::vector<std::string> valid = registry_.names(Kind::logger);
-      throw_input_error("logging.sinks", "unknown logger '" + sink.name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
+      throw_input_error("logging.sinks",
+                        "unknown logger '" + sink.name + "' (loaded: " + (valid.empty() ? "none" : join(valid)) + ")");
     }
   }
   std::vector<std::unique_ptr<Logger>> sinks;
   if (run_.rank != 0) return sinks;
-  for (const Choice& sink : spec_.loggers) sinks.push_back(registry_.create<Logger>(Kind::logger, sink.name, {sink.common, sink.own, run_}));
+  for (const Choice& sink : spec_.loggers)
+    sinks.push_back(registry_.create<Logger>(Kind::logger, sink.name, {sink.common, sink.own, run_}));
   return sinks;
 }
 

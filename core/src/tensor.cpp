@@ -75,8 +75,7 @@ const ParamSlice* ParamTable::find(const std::string& name) const {
   return nullptr;
 }
 
-int64_t ParamTable::add(std::string name, std::vector<int64_t> shape, bool decay, double init_std,
-                        double init_value) {
+int64_t ParamTable::add(std::string name, std::vector<int64_t> shape, bool decay, double init_std, double init_value) {
   ParamSlice slice{std::move(name), total, std::move(shape), decay, init_std, init_value};
   total += slice.numel();
   slices.push_back(std::move(slice));

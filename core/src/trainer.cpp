@@ -173,8 +173,7 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
 }
 
 json capabilities_json(const DeviceCapabilities& c) {
-  return {{"host_memory", c.host_memory}, {"reduced_precision_products", c.reduced_precision_products},
-          {"collective", c.collective}};
+  return {{"host_memory", c.host_memory}, {"reduced_precision_products", c.reduced_precision_products}, {"collective", c.collective}};
 }
 
 // The activation plan's bytes by what holds them: f32 and bf16 values of the arena, and the
@@ -189,8 +188,11 @@ void write_run_json(const fs::path& dir, const RunSpec& spec, const Registry& re
   const int64_t B = spec.batch_size, T = spec.seq_len;
   json plugins = json::array();
   for (const ComponentInfo* info : registry.all()) {
-    plugins.push_back({{"kind", std::string(to_string(info->kind))}, {"name", info->name}, {"version", info->version},
-                       {"library", info->library}, {"devices", info->devices}});
+    plugins.push_back({{"kind", std::string(to_string(info->kind))},
+                       {"name", info->name},
+                       {"version", info->version},
+                       {"library", info->library},
+                       {"devices", info->devices}});
   }
   write_json_file(dir / "run.json", {{"ablate_version", ABLATE_VERSION_STRING},
                                      {"device", run.device},
@@ -252,18 +254,23 @@ void write_profile(const fs::path& dir, const OpTimes& times, int64_t steps, dou
   double timed_s = 0;
   for (const auto& [op, s] : ops) timed_s += s;
   json rows = json::array();
-  std::string table = fmt::format("op profile over the last {} step(s), {:.2f} ms per step (device synchronised around each op):",
-                                  steps, 1e3 * step_s / double(steps));
+  std::string table =
+      fmt::format("op profile over the last {} step(s), {:.2f} ms per step (device synchronised around each op):", steps,
+                  1e3 * step_s / double(steps));
   for (const auto& [op, s] : ops) {
     const double ms = 1e3 * s / double(steps), share = step_s > 0 ? s / step_s : 0.0;
-    rows.push_back({{"op", op}, {"ms_per_step", ms}, {"calls_per_step", double(times.calls.at(op)) / double(steps)}, {"share", share}});
+    rows.push_back(
+        {{"op", op}, {"ms_per_step", ms}, {"calls_per_step", double(times.calls.at(op)) / double(steps)}, {"share", share}});
     table += fmt::format("\n  {:<20} {:>10.3f} ms {:>6.1f}%", op, ms, 100.0 * share);
   }
   const double other = std::max(0.0, step_s - timed_s);
-  table += fmt::format("\n  {:<20} {:>10.3f} ms {:>6.1f}%", "(untimed)", 1e3 * other / double(steps), step_s > 0 ? 100.0 * other / step_s : 0.0);
+  table += fmt::format("\n  {:<20} {:>10.3f} ms {:>6.1f}%", "(untimed)", 1e3 * other / double(steps),
+                       step_s > 0 ? 100.0 * other / step_s : 0.0);
   spdlog::info("{}", table);
   if (lead) {
-    write_json_file(dir / "profile.json", {{"steps", steps}, {"step_ms", 1e3 * step_s / double(steps)}, {"ops", rows},
+    write_json_file(dir / "profile.json", {{"steps", steps},
+                                           {"step_ms", 1e3 * step_s / double(steps)},
+                                           {"ops", rows},
                                            {"untimed_ms_per_step", 1e3 * other / double(steps)}});
   }
 }
@@ -294,8 +301,7 @@ void require_memory(const RunSpec& spec, Model& model, const Optimizer& optimize
                                 "activations and workspaces) but {} has {} ({}); lower batching.batch_size (`ablate tune batch-size` "
                                 "finds the largest that fits) or batching.seq_len",
                                 spec.batch_size, spec.seq_len, mib(needed), mib(params), mib(grads), mib(state), mib(acts),
-                                model.device().describe(), mib(budget),
-                                configured ? "run.memory_budget_gib" : "the device's memory"));
+                                model.device().describe(), mib(budget), configured ? "run.memory_budget_gib" : "the device's memory"));
 }
 
 // Before anything is allocated: the host memory the config's sizes certainly need (the batches in
@@ -349,8 +355,7 @@ void require_batch_memory(const RunSpec& spec, int64_t in_flight, const std::str
                     fmt::format("batch_size x seq_len = {} x {} needs at least {:.1f} GiB of batch buffers ({} batches "
                                 "in flight: {}) but the budget is {:.1f} GiB ({}); lower batching.batch_size or "
                                 "batching.seq_len",
-                                b, t, bytes / gib, in_flight, why, double(budget) / gib,
-                                spec.memory_budget_source()));
+                                b, t, bytes / gib, in_flight, why, double(budget) / gib, spec.memory_budget_source()));
 }
 
 namespace {
@@ -381,8 +386,14 @@ struct TrainingSetup {
 
   // The run's session and arguments; set_up builds the rest.
   TrainingSetup(const Session& session, const TrainOptions& options, Communicator& comm, const std::string& comm_name)
-      : session(session), spec(session.spec()), options(options), comm(comm), run(session.run()), comm_name(comm_name),
-        lead(run.rank == 0), dir(options.run_dir) {}
+      : session(session),
+        spec(session.spec()),
+        options(options),
+        comm(comm),
+        run(session.run()),
+        comm_name(comm_name),
+        lead(run.rank == 0),
+        dir(options.run_dir) {}
 };
 
 // Where a run stands, shared by the phases after set-up: the step it starts from, its loggers, the
@@ -443,8 +454,7 @@ void set_up(TrainingSetup& t) {
   t.optimizer = session.optimizer();
   t.engine.emplace(model, *t.optimizer, t.comm, spec);
   require_memory(spec, model, *t.optimizer);
-  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.opt_name},
-                        spec, t.comm);
+  t.checkpoints.emplace(Checkpointer::Setup{t.dir, t.opt_name}, spec, t.comm);
   set_up_evals(t);
 }
 
@@ -488,9 +498,8 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
   p.peak = resolve_peak(t.spec, model, t.comm);
   spdlog::info("model: {} parameters ({}); activations {:.1f} MiB per micro-batch; optimizer {} ({:.1f} MiB state{}); "
                "device {}",
-               model.num_params(), model.options().describe(), double(model.activation_bytes(B, T)) / (1 << 20),
-               t.opt_name, double(t.optimizer->state_bytes()) / (1 << 20), spec.shard_state ? " per rank: ZeRO-1" : "",
-               model.device().describe());
+               model.num_params(), model.options().describe(), double(model.activation_bytes(B, T)) / (1 << 20), t.opt_name,
+               double(t.optimizer->state_bytes()) / (1 << 20), spec.shard_state ? " per rank: ZeRO-1" : "", model.device().describe());
   if (model.frozen_params() > 0) {
     spdlog::info("adapter: {} trainable parameters of {} ({:.3f}%); the frozen base's gradients and optimizer state, "
                  "{:.1f} MiB, are not kept",
@@ -503,17 +512,17 @@ void open_outputs(TrainingSetup& t, TrainingProgress& p) {
                  double(model.nf4_params()) * 4.0 / double(model.nf4_bytes()));
   }
   if (run.world > 1) {
-    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world,
-                 t.comm_name, run.threads, run.world, accum, B, T);
+    spdlog::info("data parallel: {} ranks over {}, {} thread(s) each; global batch {} x {} x {} x {} tokens", run.world, t.comm_name,
+                 run.threads, run.world, accum, B, T);
   }
   if (!t.engine->buckets().empty()) {
     spdlog::info("gradients reduced in {} buckets of up to {} MB as the last micro-batch's backward pass finishes them{}",
                  t.engine->buckets().size(), spec.run.bucket_mb, spec.shard_state ? " (each shard's part to its owner)" : "");
   }
   const std::string peak = p.peak.rank_tflops > 0 ? fmt::format("peak {:.3f} TFLOP/s ({})", p.peak.rank_tflops, p.peak.source)
-                                                   : "no peak, no MFU (" + p.peak.source + ")";
-  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); {}; run dir {}", spec.run.steps, accum, B,
-               T, run.world > 1 ? " per rank" : "", run.threads, peak, t.dir.string());
+                                                  : "no peak, no MFU (" + p.peak.source + ")";
+  spdlog::info("training {} steps of {} x {} x {} tokens{} on {} thread(s); {}; run dir {}", spec.run.steps, accum, B, T,
+               run.world > 1 ? " per rank" : "", run.threads, peak, t.dir.string());
 }
 
 // Before the first step: the result and metrics started, the run's clock and CPU times taken; a run
@@ -617,7 +626,9 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   json summary = p.metrics->summary();
   summary.update(machine_load_summary(p.cpu_at_start, t.comm));
   if (!t.evals.empty()) summary["evals"] = evals_summary(t.evals);
-  summary.update({{"status", p.result.preempted ? "preempted" : p.stopped ? "stopped" : "completed"},
+  summary.update({{"status", p.result.preempted ? "preempted"
+                             : p.stopped        ? "stopped"
+                                                : "completed"},
                   {"steps", result.steps},
                   {"resumed_from", p.start_step},
                   {"parameters", model.num_params()},
@@ -635,12 +646,12 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   if (t.lead) write_json_file(t.dir / "summary.json", summary);
   const std::string val_text = p.last_val >= 0 ? fmt::format(" (val {:.4f})", p.last_val) : std::string();
   if (result.steps == p.start_step) {
-    spdlog::info("done: no step left to train; final loss {:.4f}{}; summary.json completed; run dir {}", result.final_loss,
-                 val_text, t.dir.string());
+    spdlog::info("done: no step left to train; final loss {:.4f}{}; summary.json completed; run dir {}", result.final_loss, val_text,
+                 t.dir.string());
   } else {
     const std::string mfu = p.peak.job_tflops > 0 ? fmt::format("mfu {:.1f}%", 100.0 * p.metrics->median_mfu()) : "no mfu";
-    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, {}, {:.1f}s; run dir {}", p.metrics->first_loss(),
-                 result.final_loss, val_text, si(p.metrics->median_tokens_per_s()), mfu, seconds_since(p.t_run), t.dir.string());
+    spdlog::info("done: loss {:.4f} -> {:.4f}{}, {} tok/s median, {}, {:.1f}s; run dir {}", p.metrics->first_loss(), result.final_loss,
+                 val_text, si(p.metrics->median_tokens_per_s()), mfu, seconds_since(p.t_run), t.dir.string());
   }
   return std::move(result);
 }

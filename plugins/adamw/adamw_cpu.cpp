@@ -64,9 +64,7 @@ class AdamW final : public ablate::Optimizer {
 
   int64_t state_bytes() const override { return int64_t((m_.size() + v_.size()) * sizeof(float)); }
 
-  std::vector<ablate::NamedTensor> save_state() const override {
-    return {pack("exp_avg", m_), pack("exp_avg_sq", v_)};
-  }
+  std::vector<ablate::NamedTensor> save_state() const override { return {pack("exp_avg", m_), pack("exp_avg_sq", v_)}; }
 
   // Both moments, each once and of the right size, are checked before either is taken: a state
   // missing one would otherwise resume with zeroed moments, silently.
@@ -74,7 +72,8 @@ class AdamW final : public ablate::Optimizer {
     const ablate::NamedTensor* found[2] = {nullptr, nullptr};
     for (const ablate::NamedTensor& t : state) {
       const int which = t.name == "exp_avg" ? 0 : t.name == "exp_avg_sq" ? 1 : -1;
-      if (which < 0) ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "' (was it written by another optimizer?)");
+      if (which < 0)
+        ablate::throw_input_error("adamw state", "unexpected tensor '" + t.name + "' (was it written by another optimizer?)");
       if (found[which] != nullptr) ablate::throw_input_error("adamw state", "tensor '" + t.name + "' appears twice");
       if (t.dtype != ablate::DType::f32 || t.bytes.size() != m_.size() * sizeof(float)) {
         ablate::throw_input_error("adamw state", "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
@@ -84,7 +83,8 @@ class AdamW final : public ablate::Optimizer {
       found[which] = &t;
     }
     for (int i = 0; i < 2; ++i) {
-      if (found[i] == nullptr) ablate::throw_input_error("adamw state", std::string("tensor '") + (i == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
+      if (found[i] == nullptr)
+        ablate::throw_input_error("adamw state", std::string("tensor '") + (i == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
     }
     std::memcpy(m_.data(), found[0]->bytes.data(), found[0]->bytes.size());
     std::memcpy(v_.data(), found[1]->bytes.data(), found[1]->bytes.size());
@@ -104,13 +104,17 @@ class AdamW final : public ablate::Optimizer {
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
-         "AdamW on the CPU as PyTorch defines it (fp32 state, 8 bytes per parameter)", ablate::adamw_keys::schema(),
+  r.add({ablate::Kind::optimizer,
+         "adamw",
+         "1.0.0",
+         "AdamW on the CPU as PyTorch defines it (fp32 state, 8 bytes per parameter)",
+         ablate::adamw_keys::schema(),
          [](const ablate::ComponentArgs& a) {
            const ablate::adamw_keys::Hyper k = ablate::adamw_keys::read(a.own);
            return std::make_unique<AdamW>(Hyper{k.weight_decay, k.beta1, k.beta2, k.eps});
          },
-         "", {"cpu"}});
+         "",
+         {"cpu"}});
 }
 
 }  // namespace

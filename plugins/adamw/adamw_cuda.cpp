@@ -67,16 +67,16 @@ class AdamWFused final : public ablate::Optimizer {
     if (table.total != total_ || params.numel() != total_ || grads.numel() != total_) {
       ablate::throw_runtime_error(kName, "parameter or gradient buffer does not match the parameter table given to init");
     }
-    if (params.device != ablate::DeviceType::cuda || grads.device != ablate::DeviceType::cuda ||
-        params.dtype != ablate::DType::f32 || grads.dtype != ablate::DType::f32) {
+    if (params.device != ablate::DeviceType::cuda || grads.device != ablate::DeviceType::cuda || params.dtype != ablate::DType::f32 ||
+        grads.dtype != ablate::DType::f32) {
       ablate::throw_runtime_error(kName, "parameters and gradients must be f32 buffers on the CUDA device");
     }
     const double bias1 = 1.0 - std::pow(h_.beta1, double(step));
     const double bias2 = 1.0 - std::pow(h_.beta2, double(step));
-    const ablate::adamw_fused::Coefficients c{float(lr / bias1),          float(std::sqrt(bias2)),
-                                              float(h_.beta1),            float(h_.beta2),
-                                              float(h_.eps),              float(1.0 - h_.beta1),
-                                              float(1.0 - h_.beta2),      float(1.0 - lr * h_.weight_decay),
+    const ablate::adamw_fused::Coefficients c{float(lr / bias1),     float(std::sqrt(bias2)),
+                                              float(h_.beta1),       float(h_.beta2),
+                                              float(h_.eps),         float(1.0 - h_.beta1),
+                                              float(1.0 - h_.beta2), float(1.0 - lr * h_.weight_decay),
                                               args.grad_scale};
     ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(params.as<float>(), grads.as<float>(), m_.data(), v_.data(),
                                                        static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
@@ -99,16 +99,17 @@ class AdamWFused final : public ablate::Optimizer {
       if (t.name != "exp_avg" && t.name != "exp_avg_sq") {
         ablate::throw_input_error("adamw_fused state", "unexpected tensor '" + t.name + "'");
       }
-      if (++seen[t.name == "exp_avg" ? 0 : 1] > 1) ablate::throw_input_error("adamw_fused state", "tensor '" + t.name + "' appears twice");
+      if (++seen[t.name == "exp_avg" ? 0 : 1] > 1)
+        ablate::throw_input_error("adamw_fused state", "tensor '" + t.name + "' appears twice");
       if (t.dtype != ablate::DType::f32 || t.bytes.size() != bytes) {
         ablate::throw_input_error("adamw_fused state", "tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
-                                                           " bytes, expected " + std::to_string(bytes) +
-                                                           " (f32, one per parameter)");
+                                                           " bytes, expected " + std::to_string(bytes) + " (f32, one per parameter)");
       }
     }
     // A state missing a moment would resume with it zeroed, silently.
     if (seen[0] == 0 || seen[1] == 0) {
-      ablate::throw_input_error("adamw_fused state", std::string("tensor '") + (seen[0] == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
+      ablate::throw_input_error("adamw_fused state",
+                                std::string("tensor '") + (seen[0] == 0 ? "exp_avg" : "exp_avg_sq") + "' is missing");
     }
     // The copies run on the legacy default stream, which the model's non-blocking stream does not
     // order: a step still queued there reads m and v, so it finishes first.
@@ -143,12 +144,22 @@ std::unique_ptr<ablate::Component> make(const ablate::ComponentArgs& a) {
 // adamw plugin, whose results it gives bit for bit), so a run moves to the GPU by run.device alone.
 // `adamw_fused` is its former name, kept so that old experiments still run.
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::optimizer, "adamw", "1.0.0",
+  r.add({ablate::Kind::optimizer,
+         "adamw",
+         "1.0.0",
          "AdamW (on a CUDA device: one kernel per step, fp32 state, 8 bytes per parameter, the CPU adamw's results bit "
          "for bit)",
-         ablate::adamw_keys::schema(), make, "", {"cuda"}});
-  r.add({ablate::Kind::optimizer, kName, "1.0.0",
-         "deprecated name of adamw on a CUDA device (the same kernel), kept for old experiments: write adamw", {}, make, "",
+         ablate::adamw_keys::schema(),
+         make,
+         "",
+         {"cuda"}});
+  r.add({ablate::Kind::optimizer,
+         kName,
+         "1.0.0",
+         "deprecated name of adamw on a CUDA device (the same kernel), kept for old experiments: write adamw",
+         {},
+         make,
+         "",
          {"cuda"}});
   r.share_keys(ablate::Kind::optimizer, kName, ablate::adamw_keys::kFamily);  // its keys are adamw's, in [optimizer.adamw]
 }

@@ -28,11 +28,9 @@ __device__ int find_run(const DecayRun* runs, int32_t num_runs, int64_t i) {
 // tile + k * kThreads + threadIdx.x, so each of a warp's loads and stores covers 128 consecutive
 // bytes. Every load of the tile is issued before the first result is needed, so a thread has
 // kPerThread x 4 loads in flight rather than one element's.
-__global__ void __launch_bounds__(kThreads) step_kernel(float* __restrict__ p, const float* __restrict__ g,
-                                                        float* __restrict__ m, float* __restrict__ v,
-                                                        uint16_t* __restrict__ p_bf16, int64_t n,
-                                                        const DecayRun* __restrict__ runs, int32_t num_runs,
-                                                        Coefficients c) {
+__global__ void __launch_bounds__(kThreads)
+    step_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                uint16_t* __restrict__ p_bf16, int64_t n, const DecayRun* __restrict__ runs, int32_t num_runs, Coefficients c) {
   const int64_t tile = int64_t(kThreads) * kPerThread;
   const int64_t stride = int64_t(gridDim.x) * tile;
   for (int64_t base = int64_t(blockIdx.x) * tile + threadIdx.x; base < n; base += stride) {

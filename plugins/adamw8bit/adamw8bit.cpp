@@ -51,21 +51,29 @@ ablate::Schema schema() {
 
 // The registration of the implementation `make` for `device`.
 ablate::ComponentInfo implementation(const char* device, Make make) {
-  return {ablate::Kind::optimizer, ablate::adamw8bit::kName, "1.0.0",
-          "AdamW with block-wise 8-bit moments (about 2 bytes of state per parameter), on the CPU or a CUDA device", schema(),
+  return {ablate::Kind::optimizer,
+          ablate::adamw8bit::kName,
+          "1.0.0",
+          "AdamW with block-wise 8-bit moments (about 2 bytes of state per parameter), on the CPU or a CUDA device",
+          schema(),
           [make](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
             const ablate::adamw_keys::Hyper k = ablate::adamw_keys::read(a.own);  // [optimizer.adamw]'s
-            Hyper h{k.weight_decay,        k.beta1, k.beta2, k.eps, a.own.get_int("block_size"), a.own.get_int("min_8bit_size"),
+            Hyper h{k.weight_decay,
+                    k.beta1,
+                    k.beta2,
+                    k.eps,
+                    a.own.get_int("block_size"),
+                    a.own.get_int("min_8bit_size"),
                     a.own.get_string("fp32_state_pattern")};
             try {
               return make(std::move(h));
             } catch (const std::regex_error& e) {
-              ablate::throw_input_error(a.own.path() + ".fp32_state_pattern",
-                                        "'" + a.own.get_string("fp32_state_pattern") +
-                                            "' is not a valid regular expression: " + e.what());
+              ablate::throw_input_error(a.own.path() + ".fp32_state_pattern", "'" + a.own.get_string("fp32_state_pattern") +
+                                                                                  "' is not a valid regular expression: " + e.what());
             }
           },
-          "", {device}};
+          "",
+          {device}};
 }
 
 void register_components(ablate::Registrar& r) {

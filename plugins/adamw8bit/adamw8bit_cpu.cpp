@@ -42,19 +42,18 @@ class CpuAdamW8bit final : public AdamW8bitState {
  private:
   // A block's update in fp32, exactly as adamw: m and v (n) hold the moments in and out. An element
   // whose gradient, or its square, is not finite keeps its p, m and v. Returns the count of those.
-  static int64_t update_block(const Coefficients& c, float decay, float* p, const float* g, float* m, float* v,
-                              int64_t n) {
+  static int64_t update_block(const Coefficients& c, float decay, float* p, const float* g, float* m, float* v, int64_t n) {
     int64_t skipped = 0;
     for (int64_t i = 0; i < n; ++i) skipped += update_element<HostOps>(c, decay, p[i], g[i], m[i], v[i]) ? 0 : 1;
     return skipped;
   }
 
-  int64_t step_block_8bit(const Coefficients& c, float decay, float* p, const float* g, int64_t n, int64_t code0,
-                          int64_t block, float* m, float* v);
+  int64_t step_block_8bit(const Coefficients& c, float decay, float* p, const float* g, int64_t n, int64_t code0, int64_t block,
+                          float* m, float* v);
 
   std::size_t slice_of_block(int64_t b) const {
-    const auto it = std::upper_bound(slices_.begin(), slices_.end(), b,
-                                     [](int64_t x, const SliceState& s) { return x < s.first_block; });
+    const auto it =
+        std::upper_bound(slices_.begin(), slices_.end(), b, [](int64_t x, const SliceState& s) { return x < s.first_block; });
     return std::size_t(it - slices_.begin()) - 1;
   }
 };
@@ -75,14 +74,14 @@ void CpuAdamW8bit::step(const ParamTable& table, TensorView params, TensorView g
     for (int64_t b = 0; b < blocks_; ++b) {
       const std::size_t si = slice_of_block(b);
       const SliceState& s = slices_[si];
-      const int64_t j0 = (b - s.first_block) * bs;  // first element of the block in its slice
+      const int64_t j0 = (b - s.first_block) * bs;   // first element of the block in its slice
       const int64_t n = std::min(bs, s.numel - j0);  // the last block of a slice may be short
       const float decay = table.slices[si].decay ? c.decay : 1.0f;
       float* pb = p + s.param_offset + j0;
       const float* gb = g + s.param_offset + j0;
       if (s.quantized) {
-        skipped += step_block_8bit(c, decay, pb, gb, n, s.state_offset + j0, s.absmax_offset + (b - s.first_block),
-                                   scratch.data(), scratch.data() + bs);
+        skipped += step_block_8bit(c, decay, pb, gb, n, s.state_offset + j0, s.absmax_offset + (b - s.first_block), scratch.data(),
+                                   scratch.data() + bs);
       } else {
         skipped += update_block(c, decay, pb, gb, m_fp32_.data() + s.state_offset + j0, v_fp32_.data() + s.state_offset + j0, n);
       }
@@ -93,8 +92,8 @@ void CpuAdamW8bit::step(const ParamTable& table, TensorView params, TensorView g
 }
 
 // m, v: (n) scratch for the block's moments, decoded, updated, then encoded against the new absmax.
-int64_t CpuAdamW8bit::step_block_8bit(const Coefficients& c, float decay, float* p, const float* g, int64_t n,
-                                      int64_t code0, int64_t block, float* m, float* v) {
+int64_t CpuAdamW8bit::step_block_8bit(const Coefficients& c, float decay, float* p, const float* g, int64_t n, int64_t code0,
+                                      int64_t block, float* m, float* v) {
   uint8_t* mc = m_codes_.data() + code0;
   uint8_t* vc = v_codes_.data() + code0;
   const float m_scale = m_absmax_[std::size_t(block)], v_scale = v_absmax_[std::size_t(block)];

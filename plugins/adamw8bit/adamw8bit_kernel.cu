@@ -48,9 +48,8 @@ __device__ __forceinline__ float warp_max(float x) {
 // (all before the first use), moments decoded, the update applied in registers. Nothing is stored.
 // Returns how many of the lane's gradients were not finite.
 __device__ __forceinline__ unsigned update_chunk(const StepArgs& a, const BlockInfo& b, int c0, int lane, float decay,
-                                                 const float* m_values, const float* v_values, float m_scale,
-                                                 float v_scale, float (&m)[kPerLane], float (&v)[kPerLane],
-                                                 float (&p)[kPerLane]) {
+                                                 const float* m_values, const float* v_values, float m_scale, float v_scale,
+                                                 float (&m)[kPerLane], float (&v)[kPerLane], float (&p)[kPerLane]) {
   const uint8_t* __restrict__ mc = a.m_codes + b.state_offset;
   const uint8_t* __restrict__ vc = a.v_codes + b.state_offset;
   const float* __restrict__ params = a.params + b.param_offset;
@@ -82,8 +81,7 @@ __device__ __forceinline__ unsigned update_chunk(const StepArgs& a, const BlockI
 }
 
 // A block's largest |m| and v over the lane's values of one chunk (zeros past the block's end).
-__device__ __forceinline__ void chunk_max(const float (&m)[kPerLane], const float (&v)[kPerLane], float& m_max,
-                                          float& v_max) {
+__device__ __forceinline__ void chunk_max(const float (&m)[kPerLane], const float (&v)[kPerLane], float& m_max, float& v_max) {
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     m_max = fmaxf(m_max, fabsf(m[k]));

@@ -18,9 +18,8 @@ namespace {
 constexpr const char* kStateWhere = "adamw8bit state";
 
 // The tensors of a state, in the order save_state writes them (and find_tensors returns them).
-constexpr const char* kTensorNames[] = {"exp_avg.codes",    "exp_avg.absmax",    "exp_avg.fp32",    "exp_avg.map",
-                                        "exp_avg_sq.codes", "exp_avg_sq.absmax", "exp_avg_sq.fp32", "exp_avg_sq.map",
-                                        "block_size",       "quantized_slices"};
+constexpr const char* kTensorNames[] = {"exp_avg.codes",     "exp_avg.absmax",  "exp_avg.fp32",   "exp_avg.map", "exp_avg_sq.codes",
+                                        "exp_avg_sq.absmax", "exp_avg_sq.fp32", "exp_avg_sq.map", "block_size",  "quantized_slices"};
 constexpr std::size_t kTensors = std::size(kTensorNames);
 
 template <class C>
@@ -38,8 +37,7 @@ void unpack(const NamedTensor& t, std::vector<T>& dst) {
 }
 
 void require(const NamedTensor& t, DType dtype, int64_t n, const char* what) {
-  const bool ok =
-      t.dtype == dtype && t.shape.size() == 1 && t.shape[0] == n && t.bytes.size() == std::size_t(n) * dtype_size(dtype);
+  const bool ok = t.dtype == dtype && t.shape.size() == 1 && t.shape[0] == n && t.bytes.size() == std::size_t(n) * dtype_size(dtype);
   if (!ok) {
     std::string shape;
     for (int64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
@@ -77,8 +75,7 @@ void check_absmax(const NamedTensor& t) {
 
 }  // namespace
 
-AdamW8bitState::AdamW8bitState(Hyper h)
-    : h_(std::move(h)), signed_(DynamicCode::make(true)), unsigned_(DynamicCode::make(false)) {
+AdamW8bitState::AdamW8bitState(Hyper h) : h_(std::move(h)), signed_(DynamicCode::make(true)), unsigned_(DynamicCode::make(false)) {
   if (!h_.fp32_state_pattern.empty()) pattern_ = std::regex(h_.fp32_state_pattern, std::regex::ECMAScript);
 }
 
@@ -117,8 +114,7 @@ void AdamW8bitState::plan(const ParamTable& table) {
   initialised_ = true;
 }
 
-Coefficients AdamW8bitState::begin_step(const ParamTable& table, TensorView params, TensorView grads,
-                                        const StepArgs& args) const {
+Coefficients AdamW8bitState::begin_step(const ParamTable& table, TensorView params, TensorView grads, const StepArgs& args) const {
   const double lr = args.lr;
   const int64_t step = args.step;
   if (!initialised_) throw_runtime_error(kName, "step before init");
@@ -130,14 +126,8 @@ Coefficients AdamW8bitState::begin_step(const ParamTable& table, TensorView para
   // The same coefficients, rounded the same way, as adamw.
   const double bias1 = 1.0 - std::pow(h_.beta1, double(step));
   const double bias2 = 1.0 - std::pow(h_.beta2, double(step));
-  return Coefficients{float(lr / bias1),
-                      float(std::sqrt(bias2)),
-                      float(h_.beta1),
-                      float(h_.beta2),
-                      float(h_.eps),
-                      float(1.0 - h_.beta1),
-                      float(1.0 - h_.beta2),
-                      float(1.0 - lr * h_.weight_decay),
+  return Coefficients{float(lr / bias1), float(std::sqrt(bias2)), float(h_.beta1),       float(h_.beta2),
+                      float(h_.eps),     float(1.0 - h_.beta1),   float(1.0 - h_.beta2), float(1.0 - lr * h_.weight_decay),
                       args.grad_scale};
 }
 
@@ -192,8 +182,8 @@ void AdamW8bitState::check_layout(const NamedTensor& bs, const NamedTensor& qs) 
 void AdamW8bitState::load_state(const std::vector<NamedTensor>& state) {
   if (!initialised_) throw_runtime_error(kName, "load_state before init");
   const std::vector<const NamedTensor*> found = find_tensors(state);
-  const NamedTensor &mc = *found[0], &ma = *found[1], &mf = *found[2], &mm = *found[3], &vc = *found[4],
-                    &va = *found[5], &vf = *found[6], &vm = *found[7];
+  const NamedTensor &mc = *found[0], &ma = *found[1], &mf = *found[2], &mm = *found[3], &vc = *found[4], &va = *found[5],
+                    &vf = *found[6], &vm = *found[7];
   check_layout(*found[8], *found[9]);
   require(mm, DType::f32, DynamicCode::kCodes, "the 256 values of the signed code map");
   require(vm, DType::f32, DynamicCode::kCodes, "the 256 values of the unsigned code map");

@@ -69,7 +69,7 @@ class AdamW8bitState : public Optimizer {
   std::vector<SliceState> slices_;
   int64_t total_ = 0, blocks_ = 0;
   bool initialised_ = false;
-  mutable int64_t skipped_ = 0;           // elements skipped in the last step
+  mutable int64_t skipped_ = 0;  // elements skipped in the last step
   // On the CPU, the state; on a CUDA device, its staging copies (mutable: save_state refreshes them).
   mutable std::vector<uint8_t> m_codes_;  // (elements of 8-bit slices) first moment, signed map
   mutable std::vector<uint8_t> v_codes_;  // (elements of 8-bit slices) second moment, unsigned map

@@ -75,8 +75,8 @@ class DynamicCode {
     for (int i = 0; i < kCodes; ++i) c.values_[std::size_t(i)] = float(v[std::size_t(i)]);
     const double inf = std::numeric_limits<double>::infinity();
     const float finf = std::numeric_limits<float>::infinity();
-    c.thresholds_.fill(finf);                 // entries past 255: never below any x
-    c.thresholds_[0] = -finf;                 // never read
+    c.thresholds_.fill(finf);  // entries past 255: never below any x
+    c.thresholds_[0] = -finf;  // never read
     for (int k = 1; k < kCodes; ++k) {
       const double mid = (double(c.values_[std::size_t(k - 1)]) + double(c.values_[std::size_t(k)])) / 2.0;
       // Ties towards zero: a float x equal to a negative midpoint must count it (no double lies
@@ -141,7 +141,7 @@ class DynamicCode {
 
  private:
   std::array<float, kCodes> values_{};
-  std::array<float, kThresholds> thresholds_{};  // [k]: between values_[k-1] and values_[k]; +inf past 255
+  std::array<float, kThresholds> thresholds_{};   // [k]: between values_[k-1] and values_[k]; +inf past 255
   std::array<uint8_t, kBuckets> bucket_first_{};  // per bucket (bucket_of) the first code it reaches
 };
 

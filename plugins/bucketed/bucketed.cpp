@@ -25,8 +25,8 @@ std::vector<int32_t> bucket_bounds(const ablate::Params& own, int32_t seq_len) {
         ablate::throw_input_error(own.path() + ".boundaries", "boundaries must increase strictly");
       }
       if (b > seq_len) {
-        ablate::throw_input_error(own.path() + ".boundaries", "boundary " + std::to_string(b) + " is above seq_len " +
-                                                                   std::to_string(seq_len));
+        ablate::throw_input_error(own.path() + ".boundaries",
+                                  "boundary " + std::to_string(b) + " is above seq_len " + std::to_string(seq_len));
       }
       bounds.push_back(int32_t(b));
     }
@@ -98,7 +98,7 @@ class BucketedBatcher final : public ablate::Batcher {
   }
 
   ablate::BatchingOptions options_;
-  std::vector<int32_t> bounds_;                         // ascending; the last is seq_len
+  std::vector<int32_t> bounds_;  // ascending; the last is seq_len
   std::vector<int32_t> rows_per_bucket_;
   std::vector<std::deque<ablate::DocumentPiece>> buckets_;  // pieces waiting, oldest first
   std::vector<ablate::DocumentPiece> cut_;
@@ -107,10 +107,13 @@ class BucketedBatcher final : public ablate::Batcher {
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::batcher, "bucketed", "1.0.0",
+  r.add({ablate::Kind::batcher,
+         "bucketed",
+         "1.0.0",
          "one document per row, grouped by length; each batch padded to its bucket's bound",
          {
-             int_list("boundaries", {}, "bucket bounds in tokens, increasing (seq_len is added as the last); empty = geometric").within(1, 16777216),
+             int_list("boundaries", {}, "bucket bounds in tokens, increasing (seq_len is added as the last); empty = geometric")
+                 .within(1, 16777216),
              integer("smallest", 64, "geometric buckets: the smallest bound").within(1, 16777216),
              floating("growth", 2.0, "geometric buckets: ratio between consecutive bounds").within(1.05, 1024.0),
              integer("token_budget", 0, "rows per batch = token_budget / bound (0 = batch_size rows)").within(0, 2147483647),
@@ -118,7 +121,8 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<BucketedBatcher>(ablate::BatchingOptions::from(args.common), args.own);
          },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace

@@ -123,8 +123,8 @@ class CudaDevice final : public Device {
     pack_batch(batch, out.staging);
     const int64_t n = int64_t(out.staging.size());
     if (out.storage.count() < n) out.storage = alloc(DType::i32, n);
-    ABLATE_CUDA_CHECK(cudaMemcpyAsync(out.storage.data(), out.staging.data(), std::size_t(n) * sizeof(int32_t),
-                                      cudaMemcpyHostToDevice, stream_));
+    ABLATE_CUDA_CHECK(
+        cudaMemcpyAsync(out.storage.data(), out.staging.data(), std::size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     out.views = batch_views_at(batch, static_cast<int32_t*>(out.storage.data()), DeviceType::cuda);
   }
 

@@ -57,9 +57,9 @@ constexpr int64_t kMinCudnn = 90600;  // ragged layouts with GQA, token totals f
 constexpr int64_t kAlign = 256;       // every workspace region starts on this many bytes
 
 std::string describe(const AttentionProblem& p) {
-  return std::string(p.packed ? "packed" : "padded") + " B " + std::to_string(p.batch) + " T " +
-         std::to_string(p.seq_len) + " H " + std::to_string(p.heads) + " Hkv " + std::to_string(p.kv_heads) + " D " +
-         std::to_string(p.head_dim) + " " + to_string(p.dtype);
+  return std::string(p.packed ? "packed" : "padded") + " B " + std::to_string(p.batch) + " T " + std::to_string(p.seq_len) + " H " +
+         std::to_string(p.heads) + " Hkv " + std::to_string(p.kv_heads) + " D " + std::to_string(p.head_dim) + " " +
+         to_string(p.dtype);
 }
 
 // What the problem alone decides, whatever the machine.
@@ -76,20 +76,18 @@ std::string problem_refusal(const AttentionProblem& p) {
     return "cudnn_flash needs batch and seq_len >= 0 and heads, kv_heads, head_dim > 0; got " + describe(p);
   }
   if (p.seq_len == 1) {
-    return "cudnn_flash needs seq_len >= 2 (cuDNN's flash backward refuses one query against one key); got " +
-           describe(p);
+    return "cudnn_flash needs seq_len >= 2 (cuDNN's flash backward refuses one query against one key); got " + describe(p);
   }
   if (p.heads % p.kv_heads != 0) {
-    return "cudnn_flash needs heads to be a multiple of kv_heads; got heads " + std::to_string(p.heads) +
-           ", kv_heads " + std::to_string(p.kv_heads);
+    return "cudnn_flash needs heads to be a multiple of kv_heads; got heads " + std::to_string(p.heads) + ", kv_heads " +
+           std::to_string(p.kv_heads);
   }
   if (p.head_dim > 128 || p.head_dim % 8 != 0) {
     return "cudnn_flash needs head_dim a multiple of 8 and at most 128 (cuDNN's bf16 flash kernels); got " +
            std::to_string(p.head_dim);
   }
   if (int64_t(p.batch) * p.seq_len * p.heads * p.head_dim >= (int64_t(1) << 31)) {
-    return "cudnn_flash addresses q with int32 offsets and needs batch * seq_len * heads * head_dim < 2^31; got " +
-           describe(p);
+    return "cudnn_flash addresses q with int32 offsets and needs batch * seq_len * heads * head_dim < 2^31; got " + describe(p);
   }
   return "";
 }
@@ -132,7 +130,8 @@ std::string device_refusal(const AttentionProblem& p, int32_t sm) {
     // Packed rows keep their statistics ragged (token-major) so that `saved` holds B * H * T values;
     // cuDNN's backward reads ragged statistics on SM90 and SM100 only.
     return "cudnn_flash serves packed rows on SM90 and SM100 devices (ragged softmax statistics in backward); "
-           "this one is sm" + std::to_string(sm);
+           "this one is sm" +
+           std::to_string(sm);
   }
   return "";
 }
@@ -227,8 +226,8 @@ class CudnnFlash final : public Attention {
     check_attention_backward_tensors(kWhere, c, DeviceType::cuda);
     const AttentionProblem& p = *c.problem;
     const BatchViews& batch = *c.batch;
-    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
-                     &d_k = c.d_k, &d_v = c.d_v;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q, &d_k = c.d_k,
+                     &d_v = c.d_v;
     check_call(p, batch, saved);
     if (int64_t(p.batch) * p.seq_len == 0) return;
     const Context ctx = context(c.stream);
@@ -246,8 +245,14 @@ class CudnnFlash final : public Attention {
 
     Pointers ptr{};
     set_metadata(p, batch, key, ptr, stream);
-    bind({{kQ, q, n.q, true}, {kK, k, n.kv, true}, {kV, v, n.kv, true}, {kO, out, n.q, true}, {kDO, d_out, n.q, true},
-          {kDQ, d_q, n.q, false}, {kDK, d_k, n.kv, false}, {kDV, d_v, n.kv, false}},
+    bind({{kQ, q, n.q, true},
+          {kK, k, n.kv, true},
+          {kV, v, n.kv, true},
+          {kO, out, n.q, true},
+          {kDO, d_out, n.q, true},
+          {kDQ, d_q, n.q, false},
+          {kDK, d_k, n.kv, false},
+          {kDV, d_v, n.kv, false}},
          ptr, stream);
     ptr[kStats] = saved.data;
     run(graph, ctx, ptr);
@@ -324,13 +329,11 @@ class CudnnFlash final : public Attention {
 
   // Sequence lengths (both sides of the padding mask read the same array) and, for ragged rows, the
   // ragged offsets, computed on the device from the batch's layout. Dense rows need none.
-  void set_metadata(const AttentionProblem& p, const BatchViews& batch, const GraphKey& key, Pointers& ptr,
-                    cudaStream_t stream) {
+  void set_metadata(const AttentionProblem& p, const BatchViews& batch, const GraphKey& key, Pointers& ptr, cudaStream_t stream) {
     if (!key.masked()) return;
     const int64_t n = key.sequences();
     Carver c;
-    const int64_t at_len = c.take(n * 4), at_q = c.take((n + 1) * 4), at_kv = c.take((n + 1) * 4),
-                  at_st = c.take((n + 1) * 4);
+    const int64_t at_len = c.take(n * 4), at_q = c.take((n + 1) * 4), at_kv = c.take((n + 1) * 4), at_st = c.take((n + 1) * 4);
     char* base = static_cast<char*>(meta_.get(std::size_t(c.size()), stream));
     auto* lengths = reinterpret_cast<int32_t*>(base + at_len);
     ptr[kSeqLenQ] = lengths;
@@ -365,20 +368,19 @@ class CudnnFlash final : public Attention {
 
   void check_call(const AttentionProblem& p, const BatchViews& batch, const TensorView& saved) const {
     if (std::string why = supports(p); !why.empty()) throw_runtime_error(kWhere, why);
-    if (batch.device != DeviceType::cuda || batch.segments.dtype != DType::i32 ||
-        batch.row_segments.dtype != DType::i32 || batch.segment_ids.dtype != DType::i32) {
+    if (batch.device != DeviceType::cuda || batch.segments.dtype != DType::i32 || batch.row_segments.dtype != DType::i32 ||
+        batch.segment_ids.dtype != DType::i32) {
       throw_runtime_error(kWhere, "the batch's segment layout must be i32 views on the CUDA device");
     }
     if (batch.rows != p.batch || batch.seq_len != p.seq_len) {
       throw_runtime_error(kWhere, "the batch is " + std::to_string(batch.rows) + " x " + std::to_string(batch.seq_len) +
-                                      " but the problem is " + std::to_string(p.batch) + " x " +
-                                      std::to_string(p.seq_len));
+                                      " but the problem is " + std::to_string(p.batch) + " x " + std::to_string(p.seq_len));
     }
     if (saved.numel() != saved_elements(p) || saved.dtype != DType::f32 || saved.device != DeviceType::cuda ||
         (saved.data == nullptr && saved.numel() > 0)) {
       throw_runtime_error(kWhere, "saved must be an f32 CUDA buffer of " + std::to_string(saved_elements(p)) +
-                                      " elements (batch * heads * seq_len); got " + std::to_string(saved.numel()) +
-                                      " " + to_string(saved.dtype));
+                                      " elements (batch * heads * seq_len); got " + std::to_string(saved.numel()) + " " +
+                                      to_string(saved.dtype));
     }
     // The padding mask gives each row one sequence from position 0; the host copy of the batch says
     // whether that holds (packed rows take any layout).
@@ -387,8 +389,7 @@ class CudnnFlash final : public Attention {
       for (int32_t r = 0; r < p.batch && std::size_t(r) + 1 < b.row_segments.size(); ++r) {
         const int32_t first = b.row_segments[std::size_t(r)], count = b.row_segments[std::size_t(r) + 1] - first;
         if (count > 1 || (count == 1 && b.segments[std::size_t(first)].start != 0)) {
-          throw_input_error(kWhere, "row " + std::to_string(r) + " holds " + std::to_string(count) +
-                                        " segment(s) starting at " +
+          throw_input_error(kWhere, "row " + std::to_string(r) + " holds " + std::to_string(count) + " segment(s) starting at " +
                                         std::to_string(b.segments[std::size_t(first)].start) +
                                         "; a padded problem (packed = false) takes one segment per row from "
                                         "position 0: mark the problem packed");
@@ -430,9 +431,9 @@ class CudnnFlash final : public Attention {
   std::unordered_map<GraphKey, std::unique_ptr<SdpaGraph>, GraphKeyHash> graphs_;
   int64_t builds_ = 0, tuned_ = 0;
   std::unordered_map<int32_t, void*> handles_;  // cuDNN handle per device ordinal
-  cuda::StreamScratch data_;       // bf16 copies of an f32 problem's tensors
-  cuda::StreamScratch meta_;       // sequence lengths and ragged offsets
-  cuda::StreamScratch workspace_;  // cuDNN's workspace
+  cuda::StreamScratch data_;                    // bf16 copies of an f32 problem's tensors
+  cuda::StreamScratch meta_;                    // sequence lengths and ragged offsets
+  cuda::StreamScratch workspace_;               // cuDNN's workspace
 };
 
 void register_components(Registrar& r) {
@@ -463,18 +464,15 @@ ABLATE_PLUGIN("cudnn_flash", "1.0.0", ablate::cudnn_flash::register_components)
 // The build counters of a cudnn_flash backend, for tests and benchmarks that hold it as an
 // ablate::Attention (its class is private to the plugin): resolved with dlsym from the plugin
 // library. -1 when `attention` is not a cudnn_flash backend.
-extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graph_builds(
-    const ablate::Attention* attention) {
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graph_builds(const ablate::Attention* attention) {
   const auto* self = dynamic_cast<const ablate::cudnn_flash::CudnnFlash*>(attention);
   return self != nullptr ? self->graph_builds() : -1;
 }
-extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graphs_cached(
-    const ablate::Attention* attention) {
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graphs_cached(const ablate::Attention* attention) {
   const auto* self = dynamic_cast<const ablate::cudnn_flash::CudnnFlash*>(attention);
   return self != nullptr ? self->graphs_cached() : -1;
 }
-extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graphs_tuned(
-    const ablate::Attention* attention) {
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cudnn_flash_graphs_tuned(const ablate::Attention* attention) {
   const auto* self = dynamic_cast<const ablate::cudnn_flash::CudnnFlash*>(attention);
   return self != nullptr ? self->graphs_tuned() : -1;
 }

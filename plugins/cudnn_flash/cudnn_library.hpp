@@ -14,9 +14,9 @@ namespace ablate::cudnn_flash {
 
 struct CudnnLibrary {
   bool loaded = false;
-  std::string error;          // why it is not loaded
-  int64_t version = 0;        // cudnnGetVersion(), e.g. 91900 for 9.19.0
-  std::string path;           // what was opened
+  std::string error;    // why it is not loaded
+  int64_t version = 0;  // cudnnGetVersion(), e.g. 91900 for 9.19.0
+  std::string path;     // what was opened
 };
 
 // Opens libcudnn once per process (thread-safe): "libcudnn.so.9" on the loader's path first, then the

@@ -25,9 +25,7 @@ enum class Pass : uint8_t { forward, backward };
 //   ragged: packed rows with several sequences: the ragged (THD) layout with offsets.
 enum class Layout : uint8_t { dense, padded, ragged };
 
-inline const char* to_string(Layout l) {
-  return l == Layout::dense ? "dense" : l == Layout::padded ? "padded" : "packed";
-}
+inline const char* to_string(Layout l) { return l == Layout::dense ? "dense" : l == Layout::padded ? "padded" : "packed"; }
 
 // What the graph needs to know of one batch: its segments and whether any row is short.
 struct BatchLayout {
@@ -143,8 +141,8 @@ inline int32_t length_bound(int32_t longest, int32_t seq_len) {
   return int32_t(b < seq_len ? b : seq_len);
 }
 
-inline GraphKey make_graph_key(const AttentionProblem& p, const BatchLayout& batch, Pass pass, int32_t device,
-                               int32_t sm, int64_t cudnn_version) {
+inline GraphKey make_graph_key(const AttentionProblem& p, const BatchLayout& batch, Pass pass, int32_t device, int32_t sm,
+                               int64_t cudnn_version) {
   GraphKey k;
   k.batch = p.batch;
   k.seq_len = p.seq_len;

@@ -34,14 +34,13 @@ Tensor index_tensor(fe::graph::Graph& g, const char* name, Slot slot, int64_t co
 }
 
 // The (batch, heads, sequence, D) view of a contiguous (B, T, heads, D) tensor.
-void shape_data(fe::graph::Tensor_attributes& t, int64_t batch, int64_t heads, int64_t seq, int64_t d,
-                const Tensor& offsets) {
+void shape_data(fe::graph::Tensor_attributes& t, int64_t batch, int64_t heads, int64_t seq, int64_t d, const Tensor& offsets) {
   t.set_dim({batch, heads, seq, d}).set_stride({seq * heads * d, d, heads * d, 1});
   if (offsets) t.set_ragged_offset(offsets);
 }
 
-Tensor data_tensor(fe::graph::Graph& g, const char* name, Slot slot, int64_t batch, int64_t heads, int64_t seq,
-                   int64_t d, const Tensor& offsets) {
+Tensor data_tensor(fe::graph::Graph& g, const char* name, Slot slot, int64_t batch, int64_t heads, int64_t seq, int64_t d,
+                   const Tensor& offsets) {
   fe::graph::Tensor_attributes a;
   a.set_name(name).set_uid(uid(slot));
   shape_data(a, batch, heads, seq, d, offsets);
@@ -145,8 +144,7 @@ std::shared_ptr<fe::graph::Graph> describe_backward(const GraphKey& k) {
 }
 
 std::string failed(const char* stage, fe::error_t e) {
-  return std::string(stage) + " failed: " + e.get_message() + " (cudnn-frontend error " +
-         std::to_string(int(e.get_code())) + ")";
+  return std::string(stage) + " failed: " + e.get_message() + " (cudnn-frontend error " + std::to_string(int(e.get_code())) + ")";
 }
 
 }  // namespace

@@ -28,9 +28,7 @@
 namespace ablate::cudnn_flash {
 
 // The tensors of a variant pack. Unused ones (offsets of a padded graph, d_out in forward) are null.
-enum Slot : int {
-  kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetKV, kOffsetStats, kSlotCount
-};
+enum Slot : int { kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetKV, kOffsetStats, kSlotCount };
 using Pointers = std::array<void*, kSlotCount>;
 
 class SdpaGraph {

@@ -55,7 +55,8 @@ const json& field(const fs::path& path, const TaskLine& l, const char* name) {
 std::string string_field(const fs::path& path, const TaskLine& l, const char* name, bool may_be_empty) {
   const json& v = field(path, l, name);
   if (!v.is_string()) {
-    throw_input_error(where_line(path, l.line), "field '" + std::string(name) + "' is " + echo_value(v.dump()) + ", expected a string");
+    throw_input_error(where_line(path, l.line),
+                      "field '" + std::string(name) + "' is " + echo_value(v.dump()) + ", expected a string");
   }
   if (!may_be_empty && v.get_ref<const std::string&>().empty()) {
     throw_input_error(where_line(path, l.line), "field '" + std::string(name) + "' is empty; expected text");
@@ -127,7 +128,8 @@ std::vector<double> score_sequences(EvalModel& model, const std::vector<Scored>&
     for (std::size_t r = 0; r < rows; ++r) {
       const Scored& s = sequences[order[first + r]];
       double sum = 0;  // in the order of the positions: the same sum however the sequences are batched
-      for (int32_t p = s.score_from - 1; p + 1 < int32_t(s.tokens.size()); ++p) sum += double(losses[r * std::size_t(T) + std::size_t(p)]);
+      for (int32_t p = s.score_from - 1; p + 1 < int32_t(s.tokens.size()); ++p)
+        sum += double(losses[r * std::size_t(T) + std::size_t(p)]);
       out[order[first + r]] = sum;
     }
     first += rows;
@@ -139,8 +141,6 @@ ParamSpec limit_key() {
   return param::integer("limit", 0, "score at most this many items, the file's first (0 = every item)").within(0, 1e12);
 }
 
-ParamSpec path_key(const std::string& what) {
-  return param::string("path", "", what).path();
-}
+ParamSpec path_key(const std::string& what) { return param::string("path", "", what).path(); }
 
 }  // namespace ablate::evaluators

@@ -27,17 +27,20 @@ struct Item {
 // One generation in progress.
 struct Generation {
   std::size_t item = 0;
-  std::vector<int32_t> tokens;     // prompt and generated
+  std::vector<int32_t> tokens;  // prompt and generated
   std::vector<int32_t> generated;
-  std::string text;                // the generated tokens decoded (cut after the stop string)
+  std::string text;  // the generated tokens decoded (cut after the stop string)
   bool done = false;
 };
 
 class GenerateMatch final : public Evaluator {
  public:
   explicit GenerateMatch(const Params& own)
-      : path_(own.get_string("path")), max_new_(own.get_int("max_new_tokens")), prefix_(own.get_string("match") == "prefix"),
-        stop_(own.get_string("stop")), limit_(own.get_int("limit")) {
+      : path_(own.get_string("path")),
+        max_new_(own.get_int("max_new_tokens")),
+        prefix_(own.get_string("match") == "prefix"),
+        stop_(own.get_string("stop")),
+        limit_(own.get_int("limit")) {
     if (path_.empty()) throw_input_error(own.path() + ".path", "is empty: name the JSON Lines file of the prompts");
   }
 
@@ -84,16 +87,21 @@ class GenerateMatch final : public Evaluator {
                                : g.text == item.answer;
       counts[1] += hit ? 1 : 0;
       if (details) {
-        result.details.push_back(json{{"index", g.item}, {"line", item.line}, {"id", item.id}, {"prompt", item.prompt},
-                                      {"answer", item.answer}, {"generated", g.text}, {"generated_tokens", g.generated},
-                                      {"match", hit}}
-                                     .dump(-1, ' ', false, json::error_handler_t::replace));
+        result.details.push_back(json{
+            {"index", g.item},
+            {"line", item.line},
+            {"id", item.id},
+            {"prompt", item.prompt},
+            {"answer", item.answer},
+            {"generated", g.text},
+            {"generated_tokens", g.generated},
+            {"match", hit}}.dump(-1, ' ', false, json::error_handler_t::replace));
       }
     }
     model.sum_over_ranks(counts);
     const Interval ci = wilson(counts[1], counts[0]);
-    result.metrics = {{"match", counts[0] > 0 ? counts[1] / counts[0] : NAN}, {"match_low", ci.low}, {"match_high", ci.high},
-                      {"items", counts[0]}};
+    result.metrics = {
+        {"match", counts[0] > 0 ? counts[1] / counts[0] : NAN}, {"match_low", ci.low}, {"match_high", ci.high}, {"items", counts[0]}};
     return result;
   }
 
@@ -161,16 +169,21 @@ class GenerateMatch final : public Evaluator {
 }  // namespace
 
 void register_generate_match(Registrar& r) {
-  r.add({Kind::evaluator, "generate_match", "1.0.0",
+  r.add({Kind::evaluator,
+         "generate_match",
+         "1.0.0",
          "greedy generation from the prompts of a JSON Lines file (prompt, answer), exact or prefix match against the answers",
          {path_key("the JSON Lines file of the prompts: {\"prompt\": str, \"answer\": str}"),
           param::integer("max_new_tokens", 32, "the longest generation in tokens").within(1, 4096),
           param::string("match", "exact", "exact: the generation equals the answer; prefix: it begins with the answer")
               .one_of({"exact", "prefix"}),
-          param::string("stop", "\n", "generation stops once its text holds this string, kept in the generation "
+          param::string("stop", "\n",
+                        "generation stops once its text holds this string, kept in the generation "
                         "(\"\" = only at max_new_tokens or the end-of-document token)"),
           limit_key()},
-         [](const ComponentArgs& a) { return std::make_unique<GenerateMatch>(a.own); }, "", {}});
+         [](const ComponentArgs& a) { return std::make_unique<GenerateMatch>(a.own); },
+         "",
+         {}});
 }
 
 }  // namespace ablate::evaluators

@@ -26,8 +26,11 @@ struct Domain {
 class HeldoutLoss final : public Evaluator {
  public:
   explicit HeldoutLoss(const Params& own)
-      : where_(own.path()), names_(own.get_string_list("names")), paths_(own.get_string_list("paths")),
-        seq_len_(own.get_int("seq_len")), max_windows_(own.get_int("max_windows")) {
+      : where_(own.path()),
+        names_(own.get_string_list("names")),
+        paths_(own.get_string_list("paths")),
+        seq_len_(own.get_int("seq_len")),
+        max_windows_(own.get_int("max_windows")) {
     if (names_.empty()) throw_input_error(where_ + ".names", "is empty: name each domain (one per entry of paths)");
     if (names_.size() != paths_.size()) {
       throw_input_error(where_ + ".paths", "has " + std::to_string(paths_.size()) + " entries but names has " +
@@ -35,9 +38,11 @@ class HeldoutLoss final : public Evaluator {
     }
     std::set<std::string> seen;
     for (const std::string& n : names_) {
-      const bool ok = !n.empty() && n.size() <= 48 &&
-                      n.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
-      if (!ok) throw_input_error(where_ + ".names", "'" + echo_value(n) + "' is not a domain name: expected lower-case letters, digits or '_'");
+      const bool ok =
+          !n.empty() && n.size() <= 48 && n.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+      if (!ok)
+        throw_input_error(where_ + ".names",
+                          "'" + echo_value(n) + "' is not a domain name: expected lower-case letters, digits or '_'");
       if (!seen.insert(n).second) throw_input_error(where_ + ".names", "'" + n + "' is listed twice");
     }
   }
@@ -63,7 +68,8 @@ class HeldoutLoss final : public Evaluator {
   void prepare(EvalModel& model) override {
     T_ = seq_len_ > 0 ? seq_len_ : model.max_seq_len();
     if (T_ > model.max_seq_len()) {
-      throw_input_error(where_ + ".seq_len", std::to_string(T_) + " exceeds the model's max_seq_len " + std::to_string(model.max_seq_len()));
+      throw_input_error(where_ + ".seq_len",
+                        std::to_string(T_) + " exceeds the model's max_seq_len " + std::to_string(model.max_seq_len()));
     }
     domains_.clear();
     for (std::size_t i = 0; i < names_.size(); ++i) {
@@ -122,7 +128,8 @@ class HeldoutLoss final : public Evaluator {
       all += sums[2 * i];
       count += sums[2 * i + 1];
       if (details) {
-        result.details.push_back(nlohmann::json{{"domain", d.name}, {"loss", loss}, {"tokens", sums[2 * i + 1]}, {"bytes", d.bytes}}.dump());
+        result.details.push_back(
+            nlohmann::json{{"domain", d.name}, {"loss", loss}, {"tokens", sums[2 * i + 1]}, {"bytes", d.bytes}}.dump());
       }
     }
     result.metrics.push_back({"loss", all / count});
@@ -139,13 +146,17 @@ class HeldoutLoss final : public Evaluator {
 }  // namespace
 
 void register_heldout_loss(Registrar& r) {
-  r.add({Kind::evaluator, "heldout_loss", "1.0.0",
+  r.add({Kind::evaluator,
+         "heldout_loss",
+         "1.0.0",
          "the next-token loss (and bits per byte) on named held-out token shards, one domain per shard pattern",
          {param::string_list("names", {}, "the domains' names (lower-case letters, digits, '_'), one per entry of paths"),
           param::string_list("paths", {}, "per domain an llm.c token shard or glob of shards").path(),
           param::integer("seq_len", 0, "window length (0 = the model's max_seq_len)").within(0, 16777216),
           param::integer("max_windows", 0, "at most this many windows per domain (0 = every whole window)").within(0, 1e12)},
-         [](const ComponentArgs& a) { return std::make_unique<HeldoutLoss>(a.own); }, "", {}});
+         [](const ComponentArgs& a) { return std::make_unique<HeldoutLoss>(a.own); },
+         "",
+         {}});
 }
 
 }  // namespace ablate::evaluators

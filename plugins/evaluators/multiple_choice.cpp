@@ -76,18 +76,29 @@ class MultipleChoice final : public Evaluator {
       if (details) {
         json endings = json::array();
         for (const std::vector<int32_t>& e : item.endings) endings.push_back(e);
-        result.details.push_back(json{{"index", i},        {"line", item.line},     {"id", item.id},
-                                      {"label", item.label}, {"loglik_sum", sum},     {"loglik_mean", mean},
-                                      {"choice_sum", by_sum}, {"choice_mean", by_mean}, {"context_tokens", item.context},
-                                      {"ending_tokens", endings}}
-                                     .dump());
+        result.details.push_back(json{
+            {"index", i},
+            {"line", item.line},
+            {"id", item.id},
+            {"label", item.label},
+            {"loglik_sum", sum},
+            {"loglik_mean", mean},
+            {"choice_sum", by_sum},
+            {"choice_mean", by_mean},
+            {"context_tokens", item.context},
+            {"ending_tokens",
+             endings}}.dump());
       }
     }
     model.sum_over_ranks(counts);
     const double n = counts[0], right = mean_ ? counts[2] : counts[1];
     const Interval ci = wilson(right, n);
-    result.metrics = {{"acc", n > 0 ? right / n : NAN}, {"acc_low", ci.low},        {"acc_high", ci.high},
-                      {"acc_sum", n > 0 ? counts[1] / n : NAN}, {"acc_mean", n > 0 ? counts[2] / n : NAN}, {"items", n}};
+    result.metrics = {{"acc", n > 0 ? right / n : NAN},
+                      {"acc_low", ci.low},
+                      {"acc_high", ci.high},
+                      {"acc_sum", n > 0 ? counts[1] / n : NAN},
+                      {"acc_mean", n > 0 ? counts[2] / n : NAN},
+                      {"items", n}};
     return result;
   }
 
@@ -100,7 +111,7 @@ class MultipleChoice final : public Evaluator {
     const json& endings = field(path_, l, "endings");
     if (!endings.is_array() || endings.size() < 2 || endings.size() > kMaxEndings) {
       throw_input_error(where_line(path_, l.line), "field 'endings' is " + echo_value(endings.dump()) + ", expected a list of 2 to " +
-                                                        std::to_string(kMaxEndings) + " strings");
+                                                       std::to_string(kMaxEndings) + " strings");
     }
     for (std::size_t e = 0; e < endings.size(); ++e) {
       const std::string what = "endings[" + std::to_string(e) + "]";
@@ -110,14 +121,14 @@ class MultipleChoice final : public Evaluator {
       item.endings.push_back(encode_field(model, endings[e].get<std::string>(), path_, l.line, what));
       if (int64_t(item.endings.back().size()) > model.max_seq_len()) {
         throw_input_error(where_line(path_, l.line), "field '" + what + "' is " + std::to_string(item.endings.back().size()) +
-                                                          " tokens, more than the model's max_seq_len " +
-                                                          std::to_string(model.max_seq_len()) + " can score");
+                                                         " tokens, more than the model's max_seq_len " +
+                                                         std::to_string(model.max_seq_len()) + " can score");
       }
     }
     const json& label = field(path_, l, "label");
     if (!label.is_number_integer() || label.get<int64_t>() < 0 || label.get<int64_t>() >= int64_t(endings.size())) {
       throw_input_error(where_line(path_, l.line), "field 'label' is " + echo_value(label.dump()) + ", expected an integer 0.." +
-                                                        std::to_string(endings.size() - 1) + " (the right ending's index)");
+                                                       std::to_string(endings.size() - 1) + " (the right ending's index)");
     }
     item.label = int32_t(label.get<int64_t>());
     return item;
@@ -143,14 +154,20 @@ class MultipleChoice final : public Evaluator {
 }  // namespace
 
 void register_multiple_choice(Registrar& r) {
-  r.add({Kind::evaluator, "multiple_choice", "1.0.0",
+  r.add({Kind::evaluator,
+         "multiple_choice",
+         "1.0.0",
          "accuracy on multiple-choice items from a JSON Lines file (context, endings, label), each ending scored by its "
          "log-likelihood given the context",
          {path_key("the JSON Lines file of the items: {\"context\": str, \"endings\": [str, ...], \"label\": int}"),
-          param::string("normalization", "mean", "which score decides acc: the mean log-likelihood per ending token, or "
-                        "the sum (both are reported as acc_mean and acc_sum)").one_of({"mean", "sum"}),
+          param::string("normalization", "mean",
+                        "which score decides acc: the mean log-likelihood per ending token, or "
+                        "the sum (both are reported as acc_mean and acc_sum)")
+              .one_of({"mean", "sum"}),
           limit_key()},
-         [](const ComponentArgs& a) { return std::make_unique<MultipleChoice>(a.own); }, "", {}});
+         [](const ComponentArgs& a) { return std::make_unique<MultipleChoice>(a.own); },
+         "",
+         {}});
 }
 
 }  // namespace ablate::evaluators

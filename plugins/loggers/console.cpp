@@ -23,9 +23,7 @@ namespace {
 
 enum class Mode { automatic, bar, lines };
 
-Mode mode_from(const std::string& s) {
-  return s == "bar" ? Mode::bar : s == "lines" ? Mode::lines : Mode::automatic;
-}
+Mode mode_from(const std::string& s) { return s == "bar" ? Mode::bar : s == "lines" ? Mode::lines : Mode::automatic; }
 
 // 812, 45.3k, 1.25M: rates with a k/M suffix.
 std::string si(double x) {
@@ -81,9 +79,8 @@ class ConsoleLogger final : public Logger {
     } else if (m.step % every_ == 0 || m.step == context_.total_steps || val) {
       spdlog::info("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {} tok/s ({} real) | mfu {} | "
                    "wait {:.1f}% | eta {:.0f}s",
-                   m.step, context_.total_steps, m.loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), m.lr,
-                   m.grad_norm, m.step_ms, si(m.tokens_per_s), si(m.real_tokens_per_s), mfu_text(m), m.data_wait_pct,
-                   eta_seconds(m.step));
+                   m.step, context_.total_steps, m.loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), m.lr, m.grad_norm,
+                   m.step_ms, si(m.tokens_per_s), si(m.real_tokens_per_s), mfu_text(m), m.data_wait_pct, eta_seconds(m.step));
     }
   }
 
@@ -115,8 +112,8 @@ class ConsoleLogger final : public Logger {
     const int64_t total = context_.total_steps;
     const double fraction = total > 0 ? std::clamp(double(m.step) / double(total), 0.0, 1.0) : 0.0;
     const std::string head = fmt::format("step {}/{}", m.step, total);
-    std::string tail = total > 0 ? fmt::format(" {:.0f}% | loss {:.4f}", 100.0 * fraction, m.loss)
-                                 : fmt::format(" | loss {:.4f}", m.loss);
+    std::string tail =
+        total > 0 ? fmt::format(" {:.0f}% | loss {:.4f}", 100.0 * fraction, m.loss) : fmt::format(" | loss {:.4f}", m.loss);
     if (last_val_) tail += fmt::format(" | val {:.4f}", *last_val_);
     tail += fmt::format(" | {} tok/s | mfu {} | eta {}", si(m.tokens_per_s), mfu_text(m), duration(eta_seconds(m.step)));
     // The bar " [###---]" takes what the text leaves of the line, 10 to 30 cells; none when less is left.
@@ -146,7 +143,9 @@ class ConsoleLogger final : public Logger {
 }  // namespace
 
 void register_console(Registrar& r) {
-  r.add({Kind::logger, "console", "1.0.0",
+  r.add({Kind::logger,
+         "console",
+         "1.0.0",
          "progress on stdout: a bar redrawn in place on a terminal, one plain line per logged step elsewhere",
          {param::string("mode", "auto", "auto: a bar when stdout is a terminal, plain lines otherwise; bar; lines")
               .one_of({"auto", "bar", "lines"}),
@@ -163,7 +162,8 @@ void register_console(Registrar& r) {
            if (every < 1) throw_input_error(key_path(a.own, "every"), "must be at least 1, got " + std::to_string(every));
            return std::make_unique<ConsoleLogger>(mode_from(mode), every);
          },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace ablate::loggers

@@ -71,7 +71,8 @@ class CsvLogger final : public Logger {
       } else if (std::find(extra_columns_.begin(), extra_columns_.end(), name) == extra_columns_.end() &&
                  warned_.insert(name).second) {
         spdlog::warn("logging.csv: the metric '{}' has no column and is not written to {} "
-                     "(add it to logging.csv.extra_columns)", name, path_.string());
+                     "(add it to logging.csv.extra_columns)",
+                     name, path_.string());
       }
     }
     for (const std::string& column : extra_columns_) {
@@ -100,9 +101,9 @@ class CsvLogger final : public Logger {
     for (std::size_t i = 0; i < old_header.size(); ++i) old_index.emplace(old_header[i], i);
     const auto step_column = old_index.find("step");
     const auto refuse = [&](std::size_t l, const std::string& what) {
-      throw_input_error(path_.string() + ":" + std::to_string(l + 1),
-                        "'" + echo_value(lines[l]) + "' " + what + ": the file was changed after the run wrote it; repair it "
-                                                                   "to resume");
+      throw_input_error(path_.string() + ":" + std::to_string(l + 1), "'" + echo_value(lines[l]) + "' " + what +
+                                                                          ": the file was changed after the run wrote it; repair it "
+                                                                          "to resume");
     };
     if (step_column == old_index.end()) refuse(0, "is not a metrics header (no step column)");
     for (std::size_t l = 1; l < lines.size(); ++l) {
@@ -154,13 +155,16 @@ std::vector<std::string> checked_extra_columns(const Params& own) {
 }  // namespace
 
 void register_csv(Registrar& r) {
-  r.add({Kind::logger, "csv", "1.0.0",
+  r.add({Kind::logger,
+         "csv",
+         "1.0.0",
          "metrics.csv in the run directory: the fixed metrics plus chosen extra columns, one row per logged step",
          {param::string_list("extra_columns", {"val_loss", "elapsed_s"},
                              "extra metrics given a column after the fixed ones (empty on steps without the value); "
                              "extras not listed are not written")},
          [](const ComponentArgs& a) { return std::make_unique<CsvLogger>(checked_extra_columns(a.own)); },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace ablate::loggers

@@ -21,13 +21,13 @@ enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFix
 namespace event_field {
 constexpr uint32_t wall_time = 1, step = 2, file_version = 3, summary = 5, session_log = 7;
 }
-constexpr uint32_t kSummaryValue = 1;                      // Summary.value
+constexpr uint32_t kSummaryValue = 1;                                                           // Summary.value
 constexpr uint32_t kValueTag = 1, kValueSimpleValue = 2, kValueTensor = 8, kValueMetadata = 9;  // Summary.Value
-constexpr uint32_t kMetadataPluginData = 1;                 // SummaryMetadata.plugin_data
-constexpr uint32_t kPluginName = 1, kPluginContent = 2;     // SummaryMetadata.PluginData
-constexpr uint32_t kTensorDtype = 1, kTensorShape = 2, kDtFloat = 1;  // TensorProto
-constexpr uint32_t kShapeDim = 2;                           // TensorShapeProto.dim
-constexpr uint32_t kStatusField = 1, kStatusStart = 1;  // SessionLog.status = START
+constexpr uint32_t kMetadataPluginData = 1;                                                     // SummaryMetadata.plugin_data
+constexpr uint32_t kPluginName = 1, kPluginContent = 2;                                         // SummaryMetadata.PluginData
+constexpr uint32_t kTensorDtype = 1, kTensorShape = 2, kDtFloat = 1;                            // TensorProto
+constexpr uint32_t kShapeDim = 2;                                                               // TensorShapeProto.dim
+constexpr uint32_t kStatusField = 1, kStatusStart = 1;                                          // SessionLog.status = START
 
 void put_le(std::string& out, uint64_t bits, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(char((bits >> (8 * i)) & 0xff));

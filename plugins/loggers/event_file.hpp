@@ -18,9 +18,9 @@ namespace ablate::loggers::tfevents {
 // length-delimited field holding the sub-message's own encoding.
 class ProtoWriter {
  public:
-  void varint_field(uint32_t field, uint64_t value);      // wire type 0: int64, enum, bool
-  void double_field(uint32_t field, double value);        // wire type 1: 8 bytes little-endian
-  void float_field(uint32_t field, float value);          // wire type 5: 4 bytes little-endian
+  void varint_field(uint32_t field, uint64_t value);         // wire type 0: int64, enum, bool
+  void double_field(uint32_t field, double value);           // wire type 1: 8 bytes little-endian
+  void float_field(uint32_t field, float value);             // wire type 5: 4 bytes little-endian
   void bytes_field(uint32_t field, std::string_view bytes);  // wire type 2: length, then bytes
 
   const std::string& bytes() const noexcept { return out_; }

@@ -52,8 +52,9 @@ class JsonlLogger final : public Logger {
       const ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
         throw_input_error(path_.string() + ":" + std::to_string(n),
-                          "'" + echo_value(line) + "' is not a metrics line (a JSON object with an integer step): the file "
-                                                   "was changed after the run wrote it; repair or remove the line to resume");
+                          "'" + echo_value(line) +
+                              "' is not a metrics line (a JSON object with an integer step): the file "
+                              "was changed after the run wrote it; repair or remove the line to resume");
       }
       if (j["step"].get<int64_t>() <= start_step) kept += line + '\n';
     }
@@ -67,11 +68,14 @@ class JsonlLogger final : public Logger {
 }  // namespace
 
 void register_jsonl(Registrar& r) {
-  r.add({Kind::logger, "jsonl", "1.0.0",
+  r.add({Kind::logger,
+         "jsonl",
+         "1.0.0",
          "metrics.jsonl in the run directory: one JSON object per logged step, flushed line by line",
          {},
          [](const ComponentArgs&) { return std::make_unique<JsonlLogger>(); },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace ablate::loggers

@@ -101,8 +101,7 @@ std::string user_name() {
 // The server answered with an error status; `code` is MLflow's error_code when it sent one.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string code, const std::string& what)
-      : std::runtime_error(what), status(status), code(std::move(code)) {}
+  ApiError(int status, std::string code, const std::string& what) : std::runtime_error(what), status(status), code(std::move(code)) {}
   int status;
   std::string code;
 };
@@ -140,7 +139,7 @@ class MlflowServer {
  private:
   static json answer(const HttpResponse& r, const std::string& endpoint) {
     const json j = json_too_deep_at(r.body) == std::string::npos ? json::parse(r.body, nullptr, /*allow_exceptions=*/false)
-                                                                   : json(json::value_t::discarded);
+                                                                 : json(json::value_t::discarded);
     if (r.status >= 200 && r.status < 300) {
       if (!j.is_object()) {
         throw ApiError(r.status, "", endpoint + ": the answer is not a JSON object: '" + echo_value(r.body, 200) + "'");
@@ -154,7 +153,8 @@ class MlflowServer {
     }
     if (message.empty()) message = echo_value(r.body, 200);
     throw ApiError(r.status, code,
-                   endpoint + ": HTTP " + std::to_string(r.status) + (code.empty() ? "" : " " + code) + ": " + echo_value(message, 600));
+                   endpoint + ": HTTP " + std::to_string(r.status) + (code.empty() ? "" : " " + code) + ": " +
+                       echo_value(message, 600));
   }
 
   HttpClient http_;
@@ -248,12 +248,15 @@ class MlflowLogger final : public Logger {
       json existing_params = json::array();
       if (context.start_step > 0) existing_params = continue_recorded_run(experiment);
       if (run_id_.empty()) create_run();
-      write_file_atomic(fs::path(context.run_dir) / kRunRecord,
-                        dump(json{{"tracking_uri", url_.text}, {"experiment", experiment}, {"experiment_id", experiment_id_},
-                                  {"run_id", run_id_}, {"run_url", run_url()}}) + "\n");
+      write_file_atomic(fs::path(context.run_dir) / kRunRecord, dump(json{{"tracking_uri", url_.text},
+                                                                          {"experiment", experiment},
+                                                                          {"experiment_id", experiment_id_},
+                                                                          {"run_id", run_id_},
+                                                                          {"run_url", run_url()}}) +
+                                                                    "\n");
       log_params(existing_params);
-      std::vector<std::pair<std::string, std::string>> tags = {{"ablate.run_dir", fs::absolute(context.run_dir).lexically_normal().string()},
-                                                                {"ablate.status", "running"}};
+      std::vector<std::pair<std::string, std::string>> tags = {
+          {"ablate.run_dir", fs::absolute(context.run_dir).lexically_normal().string()}, {"ablate.status", "running"}};
       if (arm_) {
         tags.insert(tags.end(), {{"ablate.sweep", arm_->sweep},
                                  {"ablate.arm", arm_->arm},
@@ -266,12 +269,13 @@ class MlflowLogger final : public Logger {
       }
       set_tags(tags);
     } catch (const HttpTransportError& e) {
-      throw_runtime_error(server_->address(), std::string("cannot reach the MLflow tracking server (from ") + url_source_ + "): " +
-                                                  e.what() + "; start it (`mlflow server --host 127.0.0.1 --port 5000 "
-                                                             "--backend-store-uri sqlite:///mlflow.db`) or give another address");
+      throw_runtime_error(server_->address(), std::string("cannot reach the MLflow tracking server (from ") + url_source_ +
+                                                  "): " + e.what() +
+                                                  "; start it (`mlflow server --host 127.0.0.1 --port 5000 "
+                                                  "--backend-store-uri sqlite:///mlflow.db`) or give another address");
     } catch (const ApiError& e) {
-      throw_runtime_error(server_->address(), std::string("the MLflow tracking server (from ") + url_source_ + ") answered " + e.what() +
-                                                  (e.code.empty() ? " (is this an MLflow tracking server?)" : ""));
+      throw_runtime_error(server_->address(), std::string("the MLflow tracking server (from ") + url_source_ + ") answered " +
+                                                  e.what() + (e.code.empty() ? " (is this an MLflow tracking server?)" : ""));
     } catch (const json::exception& e) {
       throw_runtime_error(server_->address(), std::string("the answer of the MLflow tracking server (from ") + url_source_ +
                                                   ") lacks a field: " + e.what() + " (is this an MLflow tracking server?)");
@@ -314,17 +318,23 @@ class MlflowLogger final : public Logger {
     const std::size_t unsent = pending_.size() + dropped_;
     if (failing_) {
       spdlog::warn("logging.mlflow: {} does not answer: {} metric value(s), the run's status and its artifacts were not sent "
-                   "(metrics.jsonl in the run directory has every logged step)", server_->address(), unsent);
+                   "(metrics.jsonl in the run directory has every logged step)",
+                   server_->address(), unsent);
     } else {
       if (unsent > 0) {
         spdlog::warn("logging.mlflow: {} metric value(s) were not sent to {} or refused by it (metrics.jsonl in the run "
-                     "directory has every logged step)", unsent, server_->address());
+                     "directory has every logged step)",
+                     unsent, server_->address());
       }
       try {
         set_tags({{"ablate.status", failed ? "failed" : completed ? "completed" : "stopped"}});
         if (artifacts_) send_artifacts(failed);
         server_->call("POST", "runs/update",
-                      {{"run_id", run_id_}, {"status", failed ? "FAILED" : completed ? "FINISHED" : "KILLED"}, {"end_time", now_ms()}});
+                      {{"run_id", run_id_},
+                       {"status", failed      ? "FAILED"
+                                  : completed ? "FINISHED"
+                                              : "KILLED"},
+                       {"end_time", now_ms()}});
       } catch (const std::exception& e) {
         spdlog::warn("logging.mlflow: closing the run on {} failed: {}", server_->address(), e.what());
       }
@@ -346,9 +356,11 @@ class MlflowLogger final : public Logger {
         const json r = server_->call("GET", "experiments/get-by-name", {{"experiment_name", name}});
         const json& e = r.at("experiment");
         if (e.value("lifecycle_stage", "") == "deleted") {
-          throw_runtime_error(server_->address(), "the MLflow experiment '" + echo_value(name) + "' is deleted (in the server's trash): "
-                                                  "restore it (`mlflow experiments restore --experiment-id " +
-                                                      e.value("experiment_id", "") + "`) or name another with logging.mlflow.experiment");
+          throw_runtime_error(server_->address(), "the MLflow experiment '" + echo_value(name) +
+                                                      "' is deleted (in the server's trash): "
+                                                      "restore it (`mlflow experiments restore --experiment-id " +
+                                                      e.value("experiment_id", "") +
+                                                      "`) or name another with logging.mlflow.experiment");
         }
         return e.at("experiment_id").get<std::string>();
       } catch (const ApiError& e) {
@@ -366,8 +378,9 @@ class MlflowLogger final : public Logger {
   void create_run() {
     json tags = json::array();
     if (const std::string user = user_name(); !user.empty()) tags.push_back({{"key", "mlflow.user"}, {"value", user}});
-    const json r = server_->call("POST", "runs/create",
-                                 {{"experiment_id", experiment_id_}, {"run_name", context_.run_name}, {"start_time", now_ms()}, {"tags", tags}});
+    const json r =
+        server_->call("POST", "runs/create",
+                      {{"experiment_id", experiment_id_}, {"run_name", context_.run_name}, {"start_time", now_ms()}, {"tags", tags}});
     run_id_ = r.at("run").at("info").at("run_id").get<std::string>();
     note_artifact_root(r.at("run").at("info").value("artifact_uri", ""));
   }
@@ -438,7 +451,8 @@ class MlflowLogger final : public Logger {
     if (artifacts_ && artifact_dir_.empty()) {
       spdlog::warn("logging.mlflow: the server keeps this run's artifacts at '{}', which it does not serve through its artifact "
                    "proxy: config.toml, summary.json and plots are not sent (start `mlflow server` with artifact serving, its "
-                   "default, or set logging.mlflow.artifacts = false)", echo_value(uri));
+                   "default, or set logging.mlflow.artifacts = false)",
+                   echo_value(uri));
     }
   }
 
@@ -463,12 +477,14 @@ class MlflowLogger final : public Logger {
     }
     send_batch("params", batch);
     if (!cut.empty()) {
-      spdlog::warn("logging.mlflow: the value of {} is longer than MLflow's {} bytes for a param and was cut (config.toml has it whole)",
-                   join(cut), kMaxParamValue);
+      spdlog::warn(
+          "logging.mlflow: the value of {} is longer than MLflow's {} bytes for a param and was cut (config.toml has it whole)",
+          join(cut), kMaxParamValue);
     }
     if (!changed.empty()) {
-      spdlog::warn("logging.mlflow: {} changed since the run started; MLflow keeps a param's first value (config.toml has the current one)",
-                   join(changed));
+      spdlog::warn(
+          "logging.mlflow: {} changed since the run started; MLflow keeps a param's first value (config.toml has the current one)",
+          join(changed));
     }
   }
 
@@ -608,7 +624,9 @@ std::unique_ptr<Logger> make_mlflow(const ComponentArgs& a) {
 }  // namespace
 
 void register_mlflow(Registrar& r) {
-  r.add({Kind::logger, "mlflow", "1.0.0",
+  r.add({Kind::logger,
+         "mlflow",
+         "1.0.0",
          "an MLflow tracking server (REST over http): params, per-step metrics, tags and artifacts of the run",
          {param::string("tracking_uri", "",
                         "the tracking server, http://host:port[/path]; empty: the MLFLOW_TRACKING_URI environment variable"),
@@ -616,7 +634,9 @@ void register_mlflow(Registrar& r) {
                         "MLflow experiment; empty: the sweep's name for a sweep's arm, else the experiment file's name"),
           param::floating("timeout_s", 10.0, "seconds to wait for the server at each step of a request").within(0.1, 600),
           param::boolean("artifacts", true, "send config.toml, run.json, summary.json and the run directory's plots at the end")},
-         make_mlflow, "", {}});
+         make_mlflow,
+         "",
+         {}});
 }
 
 }  // namespace ablate::loggers

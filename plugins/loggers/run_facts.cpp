@@ -139,8 +139,6 @@ std::optional<SweepArm> read_sweep_arm(const fs::path& run_dir, const std::strin
   return a;
 }
 
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_seconds() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace ablate::loggers

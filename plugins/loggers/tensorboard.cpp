@@ -30,9 +30,13 @@ constexpr std::string_view kEventFilePrefix = "events.out.tfevents.";
 
 // The HParams dashboard's metric columns: the last value of each of these scalars.
 const std::vector<hparams::Metric>& hparams_metrics() {
-  static const std::vector<hparams::Metric> metrics = {
-      {"train/loss", false},       {"val/loss", true},          {"train/tokens_per_s", false}, {"train/real_tokens_per_s", false},
-      {"train/mfu", false},        {"train/effective_mfu", false}, {"train/padding_fraction", false}};
+  static const std::vector<hparams::Metric> metrics = {{"train/loss", false},
+                                                       {"val/loss", true},
+                                                       {"train/tokens_per_s", false},
+                                                       {"train/real_tokens_per_s", false},
+                                                       {"train/mfu", false},
+                                                       {"train/effective_mfu", false},
+                                                       {"train/padding_fraction", false}};
   return metrics;
 }
 
@@ -129,8 +133,9 @@ class TensorboardLogger final : public Logger {
       }
       if (const ConfigEntry* e = find_entry(entries, key)) out.push_back({*e, differs});
       else if (std::count(key.begin(), key.end(), '.') < 2 && !differs) {
-        throw_input_error(hparams_where_, "'" + echo_value(key) + "' is not a key of the run's config (a \"section.key\" "
-                                          "such as \"optimizer.lr\")");
+        throw_input_error(hparams_where_, "'" + echo_value(key) +
+                                              "' is not a key of the run's config (a \"section.key\" "
+                                              "such as \"optimizer.lr\")");
       }
     };
     if (arm) {
@@ -157,8 +162,9 @@ fs::path checked_dir(const Params& own) {
   const std::string& dir = own.get_string("dir");
   const fs::path p = fs::path(dir).lexically_normal();
   if (dir.empty() || p.is_absolute() || p.empty() || *p.begin() == "..") {
-    throw_input_error(key_path(own, "dir"), "'" + dir + "' is not the run directory or a folder inside it (\".\", or a "
-                                            "relative path such as \"tensorboard\")");
+    throw_input_error(key_path(own, "dir"), "'" + dir +
+                                                "' is not the run directory or a folder inside it (\".\", or a "
+                                                "relative path such as \"tensorboard\")");
   }
   return p;
 }
@@ -181,11 +187,14 @@ std::vector<std::string> checked_hparam_keys(const Params& own) {
 }  // namespace
 
 void register_tensorboard(Registrar& r) {
-  r.add({Kind::logger, "tensorboard", "1.0.0",
+  r.add({Kind::logger,
+         "tensorboard",
+         "1.0.0",
          "TensorBoard event file in the run directory: every metric as a scalar per logged step, and the run's "
          "hyperparameters for the HParams dashboard",
-         {param::string("dir", ".", "the run directory (\".\") or a folder inside it for the event files; TensorBoard names "
-                                    "a run by this folder"),
+         {param::string("dir", ".",
+                        "the run directory (\".\") or a folder inside it for the event files; TensorBoard names "
+                        "a run by this folder"),
           param::string_list("hparams",
                              {"model.d_model", "model.n_layers", "model.n_heads", "batching.name", "batching.batch_size",
                               "batching.seq_len", "optimizer.name", "optimizer.lr", "schedule.name", "run.steps", "run.seed"},
@@ -193,7 +202,8 @@ void register_tensorboard(Registrar& r) {
          [](const ComponentArgs& a) {
            return std::make_unique<TensorboardLogger>(checked_dir(a.own), checked_hparam_keys(a.own), key_path(a.own, "hparams"));
          },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace ablate::loggers

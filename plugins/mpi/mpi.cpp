@@ -99,8 +99,8 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     const int64_t bytes = buffer.numel() * int64_t(ablate::dtype_size(buffer.dtype));
     if (bytes < ring_min_bytes_) {  // small: one MPI_Iallreduce (bytes < ring_min_bytes fits an int count)
       MPI_Request request = MPI_REQUEST_NULL;
-      ABLATE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer.data, int(buffer.numel()), element_type(buffer.dtype),
-                                      mpi_op(op), comm_, &request));
+      ABLATE_MPI_CHECK(
+          MPI_Iallreduce(MPI_IN_PLACE, buffer.data, int(buffer.numel()), element_type(buffer.dtype), mpi_op(op), comm_, &request));
       if (!rt::wait_until(request, call.deadline)) fail(call);
       return;
     }
@@ -126,8 +126,7 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     std::lock_guard<std::mutex> lock(mu_);
     const Call call = begin("broadcast from rank " + std::to_string(root), buffer, false);
     if (root < 0 || root >= where_.world) {
-      ablate::throw_input_error(prefix(),
-                                call.what + ": the root is not a rank of this world of " + std::to_string(where_.world));
+      ablate::throw_input_error(prefix(), call.what + ": the root is not a rank of this world of " + std::to_string(where_.world));
     }
     if (where_.world == 1) return;
     const int64_t seg = segment_elements(buffer.dtype);
@@ -135,8 +134,8 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     const std::size_t esize = ablate::dtype_size(buffer.dtype);
     for (int64_t at = 0; at < buffer.numel(); at += seg) {
       MPI_Request request = MPI_REQUEST_NULL;
-      ABLATE_MPI_CHECK(MPI_Ibcast(base + at * esize, int(std::min(seg, buffer.numel() - at)),
-                                  element_type(buffer.dtype), root, comm_, &request));
+      ABLATE_MPI_CHECK(
+          MPI_Ibcast(base + at * esize, int(std::min(seg, buffer.numel() - at)), element_type(buffer.dtype), root, comm_, &request));
       if (!rt::wait_until(request, call.deadline)) fail(call);
     }
   }
@@ -197,8 +196,7 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
                                               " buffer: mpi serves host buffers (nccl serves GPU buffers)");
     }
     if (reduces && !reducible(buffer.dtype)) {
-      ablate::throw_input_error(prefix(), what + " of " + ablate::to_string(buffer.dtype) +
-                                              " elements: mpi reduces f32, f64 and i32");
+      ablate::throw_input_error(prefix(), what + " of " + ablate::to_string(buffer.dtype) + " elements: mpi reduces f32, f64 and i32");
     }
     if (buffer.numel() < 0 || (buffer.numel() > 0 && buffer.data == nullptr)) {
       ablate::throw_input_error(prefix(), what + ": the buffer has no data");
@@ -206,9 +204,7 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     return {what, buffer.numel(), buffer.dtype, rt::Deadline::after(timeout_s_)};
   }
 
-  int64_t segment_elements(DType dtype) const {
-    return std::max<int64_t>(1, segment_bytes_ / int64_t(ablate::dtype_size(dtype)));
-  }
+  int64_t segment_elements(DType dtype) const { return std::max<int64_t>(1, segment_bytes_ / int64_t(ablate::dtype_size(dtype))); }
   int peer(int offset) const { return ((where_.rank + offset) % where_.world + where_.world) % where_.world; }
 
   // Posts one message per segment of `shard` (Isend or Irecv), appending the requests.
@@ -292,8 +288,8 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
     if (numel >= 0) message += " of " + std::to_string(numel) + " " + ablate::to_string(dtype) + " elements";
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
-    message += std::string(" did not complete within ") + seconds +
-               " s (timeout_s): another rank died, hangs or skipped this collective";
+    message +=
+        std::string(" did not complete within ") + seconds + " s (timeout_s): another rank died, hangs or skipped this collective";
     failed_ = what;
     rt::abort_job_at_exit(message);
     ablate::throw_runtime_error("", message);
@@ -310,7 +306,9 @@ class MpiCommunicator final : public rt::LaunchedCommunicator {
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::communicator, "mpi", "1.0.0",
+  r.add({ablate::Kind::communicator,
+         "mpi",
+         "1.0.0",
          "processes started by mpirun or srun, host buffers (Open MPI); collectives time out",
          {ablate::param::floating("timeout_s", 300.0,
                                   "seconds a rank waits for the others in one collective before the job is "
@@ -328,7 +326,8 @@ void register_components(ablate::Registrar& r) {
            return std::make_unique<MpiCommunicator>(a.own.get_float("timeout_s"), a.own.get_int("ring_min_bytes"),
                                                     a.own.get_int("segment_bytes"));
          },
-         "", {"cpu"}});
+         "",
+         {"cpu"}});
 }
 
 }  // namespace

@@ -61,8 +61,7 @@ inline void ensure_initialized(const std::string& where) {
     ABLATE_MPI_CHECK(MPI_Query_thread(&provided));
   }
   if (provided < MPI_THREAD_SERIALIZED) {
-    throw_runtime_error(where, "the MPI library provides thread level " + std::to_string(provided) +
-                                   ", below MPI_THREAD_SERIALIZED");
+    throw_runtime_error(where, "the MPI library provides thread level " + std::to_string(provided) + ", below MPI_THREAD_SERIALIZED");
   }
 }
 
@@ -108,12 +107,11 @@ inline Position position(const std::string& where) {
   ABLATE_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &p.world));
   if (env.launcher != "none" && (env.world != p.world || env.rank != p.rank)) {
     throw_runtime_error(where, "the " + env.launcher + " launcher says rank " + std::to_string(env.rank) + " of " +
-                                   std::to_string(env.world) + " but MPI says rank " + std::to_string(p.rank) +
-                                   " of " + std::to_string(p.world) +
-                                   (env.launcher == "slurm"
-                                        ? ": start the job with srun --mpi=pmix (an MPI built with Slurm's PMI "
-                                          "support) or with mpirun"
-                                        : ": this MPI library is not the one mpirun belongs to"));
+                                   std::to_string(env.world) + " but MPI says rank " + std::to_string(p.rank) + " of " +
+                                   std::to_string(p.world) +
+                                   (env.launcher == "slurm" ? ": start the job with srun --mpi=pmix (an MPI built with Slurm's PMI "
+                                                              "support) or with mpirun"
+                                                            : ": this MPI library is not the one mpirun belongs to"));
   }
   MPI_Comm node = MPI_COMM_NULL;
   ABLATE_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL, &node));
@@ -136,8 +134,7 @@ class LaunchedCommunicator : public Communicator {
   int local_world() const override { return where_.local_world; }
   void abort_job_at_exit(int exit_code, const std::string& reason) override {
     if (where_.world > 1) {
-      mpi_runtime::abort_job_at_exit("rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world) + ": " +
-                                         reason,
+      mpi_runtime::abort_job_at_exit("rank " + std::to_string(where_.rank) + " of " + std::to_string(where_.world) + ": " + reason,
                                      exit_code);
     }
   }

@@ -13,9 +13,7 @@ namespace {
 using cuda::blocks_for;
 using cuda::kThreads;
 
-__global__ void fill_i32(int32_t* p, int64_t n, int32_t v) {
-  ABLATE_GRID_STRIDE(i, n) p[i] = v;
-}
+__global__ void fill_i32(int32_t* p, int64_t n, int32_t v) { ABLATE_GRID_STRIDE(i, n) p[i] = v; }
 
 // One block per row: its segments' positions get their segment's start.
 __global__ void segment_starts_kernel(const int32_t* segments, const int32_t* row_segments, int32_t T, int32_t* seg_start) {
@@ -95,8 +93,8 @@ __global__ void group_sum_kernel(const float* tmp, float* out, int64_t n, int64_
   }
 }
 
-__global__ void fill_pointers_kernel(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b,
-                                     int64_t stride_h, int64_t group) {
+__global__ void fill_pointers_kernel(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h,
+                                     int64_t group) {
   ABLATE_GRID_STRIDE(z, count) ptrs[z] = const_cast<float*>(base + (z / H) * stride_b + ((z % H) / group) * stride_h);
 }
 
@@ -110,8 +108,7 @@ void launch_segment_starts(const int32_t* segments, const int32_t* row_segments,
   segment_starts_kernel<<<unsigned(rows), kThreads, 0, stream>>>(segments, row_segments, T, seg_start);
 }
 
-void launch_softmax_rows(float* scores, float* lse, const int32_t* seg_start, int64_t B, int64_t H, int64_t T,
-                         cudaStream_t stream) {
+void launch_softmax_rows(float* scores, float* lse, const int32_t* seg_start, int64_t B, int64_t H, int64_t T, cudaStream_t stream) {
   const int64_t rows = B * H * T;
   if (rows > 0) softmax_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, lse, seg_start, H, T);
 }
@@ -138,8 +135,8 @@ void launch_group_sum(const float* tmp, float* out, int64_t B, int64_t T, int64_
   if (n > 0) group_sum_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tmp, out, n, H, Hkv, D);
 }
 
-void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h,
-                          int64_t group, cudaStream_t stream) {
+void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h, int64_t group,
+                          cudaStream_t stream) {
   if (count > 0) fill_pointers_kernel<<<blocks_for(count), kThreads, 0, stream>>>(ptrs, base, count, H, stride_b, stride_h, group);
 }
 

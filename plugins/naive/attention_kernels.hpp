@@ -15,8 +15,7 @@ void launch_segment_starts(const int32_t* segments, const int32_t* row_segments,
                            cudaStream_t stream);
 
 // Scores -> probabilities in place (keys outside a query's range become 0), lse (B, H, T).
-void launch_softmax_rows(float* scores, float* lse, const int32_t* seg_start, int64_t B, int64_t H, int64_t T,
-                         cudaStream_t stream);
+void launch_softmax_rows(float* scores, float* lse, const int32_t* seg_start, int64_t B, int64_t H, int64_t T, cudaStream_t stream);
 
 // Backward: scores -> probabilities in place from the saved lse.
 void launch_recompute_p(float* scores, const float* lse, const int32_t* seg_start, int64_t B, int64_t H, int64_t T,
@@ -34,8 +33,8 @@ void launch_group_sum(const float* tmp, float* out, int64_t B, int64_t T, int64_
 
 // ptrs[z] = base + (z / H) * stride_b + ((z % H) / group) * stride_h, for z in [0, count): the
 // operands of one batched matrix product per (b, h).
-void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h,
-                          int64_t group, cudaStream_t stream);
+void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h, int64_t group,
+                          cudaStream_t stream);
 
 // dst[i] = the f32 value of the bf16 src[i] (exact); dst[i] = the nearest bf16 of src[i]
 // (device_math::bf16_bits): q, k, v and out where the model holds them in bf16.

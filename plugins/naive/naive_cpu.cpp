@@ -89,13 +89,12 @@ void check_problem(const AttentionProblem& p, const SegmentLayout& batch) {
                                             std::to_string(p.kv_heads) + ")");
   }
   if (p.device != DeviceType::cpu || (p.dtype != DType::f32 && p.dtype != DType::f64)) {
-    ablate::throw_runtime_error(kWhere, std::string("naive_cpu runs on the CPU in f32/f64; got ") +
-                                            ablate::to_string(p.device) + "/" + ablate::to_string(p.dtype));
+    ablate::throw_runtime_error(kWhere, std::string("naive_cpu runs on the CPU in f32/f64; got ") + ablate::to_string(p.device) + "/" +
+                                            ablate::to_string(p.dtype));
   }
   if (batch.rows != p.batch || batch.seq_len != p.seq_len) {
-    ablate::throw_runtime_error(kWhere, "batch is " + std::to_string(batch.rows) + " x " +
-                                            std::to_string(batch.seq_len) + " but the problem is " +
-                                            std::to_string(p.batch) + " x " + std::to_string(p.seq_len));
+    ablate::throw_runtime_error(kWhere, "batch is " + std::to_string(batch.rows) + " x " + std::to_string(batch.seq_len) +
+                                            " but the problem is " + std::to_string(p.batch) + " x " + std::to_string(p.seq_len));
   }
   if (batch.row_segments.size() != std::size_t(p.batch) + 1 || batch.row_segments.front() != 0 ||
       batch.row_segments.back() != int32_t(batch.segments.size())) {
@@ -109,11 +108,10 @@ void check_problem(const AttentionProblem& p, const SegmentLayout& batch) {
     for (int32_t s = first; s < last; ++s) {
       const ablate::Segment& seg = batch.segments[std::size_t(s)];
       if (seg.start < end || seg.length < 0 || int64_t(seg.start) + seg.length > p.seq_len) {
-        ablate::throw_runtime_error(kWhere, "row " + std::to_string(b) + " segment " + std::to_string(s - first) +
-                                                " (start " + std::to_string(seg.start) + ", length " +
-                                                std::to_string(seg.length) +
-                                                ") overlaps the previous one or leaves the row of " +
-                                                std::to_string(p.seq_len) + " positions");
+        ablate::throw_runtime_error(kWhere, "row " + std::to_string(b) + " segment " + std::to_string(s - first) + " (start " +
+                                                std::to_string(seg.start) + ", length " + std::to_string(seg.length) +
+                                                ") overlaps the previous one or leaves the row of " + std::to_string(p.seq_len) +
+                                                " positions");
       }
       end = seg.start + seg.length;
     }
@@ -153,15 +151,15 @@ class SerialBlas {
 };
 
 // Row-major C = alpha * op(A) op(B) + beta * C.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n),
-              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha,
+              a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n),
-              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, const double* b,
+          int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha,
+              a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
 int32_t longest_segment(const SegmentLayout& batch) {
@@ -212,8 +210,8 @@ std::vector<Unit> units(const SegmentLayout& batch, int32_t heads) {
 }
 
 template <class T, class S>
-void forward_impl(const AttentionProblem& p, const SegmentLayout& batch, const T* q, const T* k, const T* v, T* out,
-                  S* lse, int threads) {
+void forward_impl(const AttentionProblem& p, const SegmentLayout& batch, const T* q, const T* k, const T* v, T* out, S* lse,
+                  int threads) {
   const Layout L{p.seq_len, p.heads, p.kv_heads, p.head_dim};
   const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
   const int64_t ldq = L.H * D, ldkv = L.Hkv * D;
@@ -341,15 +339,12 @@ class NaiveCpu final : public ablate::Attention {
     }
     if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0 || p.heads % p.kv_heads != 0) {
       return "naive_cpu needs heads, kv_heads and head_dim > 0 with heads a multiple of kv_heads; got heads " +
-             std::to_string(p.heads) + ", kv_heads " + std::to_string(p.kv_heads) + ", head_dim " +
-             std::to_string(p.head_dim);
+             std::to_string(p.heads) + ", kv_heads " + std::to_string(p.kv_heads) + ", head_dim " + std::to_string(p.head_dim);
     }
     return "";
   }
 
-  int64_t saved_elements(const AttentionProblem& p) const override {
-    return int64_t(p.batch) * p.heads * p.seq_len;
-  }
+  int64_t saved_elements(const AttentionProblem& p) const override { return int64_t(p.batch) * p.heads * p.seq_len; }
 
   void forward(const ablate::AttentionCall& c) override {
     ablate::check_attention_forward_tensors(kWhere, c, DeviceType::cpu);
@@ -359,37 +354,35 @@ class NaiveCpu final : public ablate::Attention {
     check_problem(p, batch);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
-      forward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<float>(),
-                   saved.as<float>(), threads_);
+      forward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<float>(), saved.as<float>(),
+                   threads_);
     } else if (saved.dtype == DType::f64) {
-      forward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<double>(),
-                   saved.as<double>(), threads_);
+      forward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<double>(), saved.as<double>(),
+                   threads_);
     } else {
-      forward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<double>(),
-                   saved.as<float>(), threads_);
+      forward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<double>(), saved.as<float>(),
+                   threads_);
     }
   }
 
   void backward(const ablate::AttentionCall& c) override {
     ablate::check_attention_backward_tensors(kWhere, c, DeviceType::cpu);
     const AttentionProblem& p = *c.problem;
-    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
-                     &d_k = c.d_k, &d_v = c.d_v;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q, &d_k = c.d_k,
+                     &d_v = c.d_v;
     const SegmentLayout batch = layout_of(*c.batch);
     check_problem(p, batch);
     check_saved(saved, p);
     if (p.dtype == DType::f32) {
       backward_impl(p, batch, q.as<const float>(), k.as<const float>(), v.as<const float>(), out.as<const float>(),
-                    saved.as<const float>(), d_out.as<const float>(), d_q.as<float>(), d_k.as<float>(),
-                    d_v.as<float>(), threads_);
+                    saved.as<const float>(), d_out.as<const float>(), d_q.as<float>(), d_k.as<float>(), d_v.as<float>(), threads_);
     } else if (saved.dtype == DType::f64) {
-      backward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(),
-                    out.as<const double>(), saved.as<const double>(), d_out.as<const double>(), d_q.as<double>(),
-                    d_k.as<double>(), d_v.as<double>(), threads_);
+      backward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<const double>(),
+                    saved.as<const double>(), d_out.as<const double>(), d_q.as<double>(), d_k.as<double>(), d_v.as<double>(),
+                    threads_);
     } else {
-      backward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(),
-                    out.as<const double>(), saved.as<const float>(), d_out.as<const double>(), d_q.as<double>(),
-                    d_k.as<double>(), d_v.as<double>(), threads_);
+      backward_impl(p, batch, q.as<const double>(), k.as<const double>(), v.as<const double>(), out.as<const double>(),
+                    saved.as<const float>(), d_out.as<const double>(), d_q.as<double>(), d_k.as<double>(), d_v.as<double>(), threads_);
     }
   }
 
@@ -402,10 +395,22 @@ void register_components(ablate::Registrar& r) {
   const auto make = [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
     return std::make_unique<NaiveCpu>(a.run.threads);
   };
-  r.add({ablate::Kind::attention, "naive_cpu", "1.0.0",
-         "exact causal softmax attention on the CPU (f32/f64, segments, GQA): the reference backend", {}, make, "", {"cpu"}});
-  r.add({ablate::Kind::attention, "naive", "1.0.0",
-         "exact causal softmax attention on every device (naive_cpu on the cpu, naive_cuda on cuda): the reference backend", {}, make, "", {"cpu"}});
+  r.add({ablate::Kind::attention,
+         "naive_cpu",
+         "1.0.0",
+         "exact causal softmax attention on the CPU (f32/f64, segments, GQA): the reference backend",
+         {},
+         make,
+         "",
+         {"cpu"}});
+  r.add({ablate::Kind::attention,
+         "naive",
+         "1.0.0",
+         "exact causal softmax attention on every device (naive_cpu on the cpu, naive_cuda on cuda): the reference backend",
+         {},
+         make,
+         "",
+         {"cpu"}});
 }
 
 }  // namespace

@@ -131,8 +131,8 @@ class NaiveCuda final : public Attention {
     check_attention_backward_tensors(kWhere, c, DeviceType::cuda);
     const AttentionProblem& p = *c.problem;
     const BatchViews& batch = *c.batch;
-    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q,
-                     &d_k = c.d_k, &d_v = c.d_v;
+    const TensorView &q = c.q, &k = c.k, &v = c.v, &out = c.out, &saved = c.saved, &d_out = c.d_out, &d_q = c.d_q, &d_k = c.d_k,
+                     &d_v = c.d_v;
     check(p, batch, saved);
     const Dims d = dims(p);
     if (d.z == 0 || d.T == 0) return;
@@ -275,8 +275,8 @@ class NaiveCuda final : public Attention {
     if (handle_ == nullptr) ABLATE_CUBLAS_CHECK(cublasCreate(&handle_));
     ABLATE_CUBLAS_CHECK(cublasSetStream(handle_, st));
     seg_start_ = static_cast<int32_t*>(ws_.get(kSegStart, std::size_t(p.batch) * p.seq_len * sizeof(int32_t), st));
-    launch_segment_starts(batch.segments.as<const int32_t>(), batch.row_segments.as<const int32_t>(), p.batch, p.seq_len,
-                          seg_start_, st);
+    launch_segment_starts(batch.segments.as<const int32_t>(), batch.row_segments.as<const int32_t>(), p.batch, p.seq_len, seg_start_,
+                          st);
     pointers_ = static_cast<float**>(ws_.get(kPointers, std::size_t(kPtrCount) * std::size_t(p.batch) * p.heads * sizeof(float*), st));
     z_ = int64_t(p.batch) * p.heads;
     heads_ = p.heads;
@@ -289,8 +289,8 @@ class NaiveCuda final : public Attention {
   }
 
   // One batched product per (b, h), column-major: C = alpha op(A) op(B) + beta C.
-  void batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha, Ptr a, int64_t lda,
-               Ptr b, int64_t ldb, float beta, Ptr c, int64_t ldc, int64_t count) {
+  void batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha, Ptr a, int64_t lda, Ptr b,
+               int64_t ldb, float beta, Ptr c, int64_t ldc, int64_t count) {
     const auto as_int = [](int64_t v) {
       if (v > INT32_MAX) throw_runtime_error(kWhere, "a matrix dimension exceeds cuBLAS's int: " + std::to_string(v));
       return int(v);
@@ -298,8 +298,8 @@ class NaiveCuda final : public Attention {
     const void* const* A = reinterpret_cast<const void* const*>(pointers_ + a * z_);
     const void* const* B = reinterpret_cast<const void* const*>(pointers_ + b * z_);
     void* const* C = reinterpret_cast<void* const*>(pointers_ + c * z_);
-    ABLATE_CUBLAS_CHECK(cublasGemmBatchedEx(handle_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, A, CUDA_R_32F, as_int(lda),
-                                            B, CUDA_R_32F, as_int(ldb), &beta, C, CUDA_R_32F, as_int(ldc), as_int(count),
+    ABLATE_CUBLAS_CHECK(cublasGemmBatchedEx(handle_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, A, CUDA_R_32F, as_int(lda), B,
+                                            CUDA_R_32F, as_int(ldb), &beta, C, CUDA_R_32F, as_int(ldc), as_int(count),
                                             tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -322,8 +322,9 @@ void register_components(Registrar& r) {
   info.kind = Kind::attention;
   info.name = "naive_cuda";
   info.version = "1.0.0";
-  info.doc = "exact causal attention on a CUDA device (f32 arithmetic; q, k, v, out and their gradients in bf16 under run.dtype = bf16; "
-             "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
+  info.doc =
+      "exact causal attention on a CUDA device (f32 arithmetic; q, k, v, out and their gradients in bf16 under run.dtype = bf16; "
+      "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
     return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || a.run.dtype == "bf16");

@@ -65,7 +65,6 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMa
 class NcclCommunicator final : public rt::LaunchedCommunicator {
  public:
   explicit NcclCommunicator(double timeout_s) : LaunchedCommunicator(kWhere), timeout_s_(timeout_s) {
-
     int devices = 0;
     ABLATE_CUDA_CHECK(cudaGetDeviceCount(&devices));
     if (devices == 0) ablate::throw_runtime_error(prefix(), "no CUDA device is visible to this process");
@@ -102,8 +101,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
       ncclCommFinalize(comm_);  // flushes outstanding work; polled like any call on a non-blocking comm
       const rt::Deadline deadline = rt::Deadline::after(timeout_s_ > 0 ? timeout_s_ : 60.0);
       ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
-             !deadline.passed(rt::Clock::now())) {
+      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress && !deadline.passed(rt::Clock::now())) {
       }
       if (state == ncclSuccess) {
         ncclCommDestroy(comm_);
@@ -121,8 +119,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   void all_reduce(TensorView buffer, ReduceOp op) override {
     const std::string what = std::string("all_reduce (") + ablate::to_string(op) + ")";
     run(what, buffer, true, [&](ncclDataType_t type, std::size_t) {
-      ABLATE_NCCL_CHECK(ncclAllReduce(buffer.data, buffer.data, std::size_t(buffer.numel()), type, nccl_op(op), comm_,
-                                      stream_));
+      ABLATE_NCCL_CHECK(ncclAllReduce(buffer.data, buffer.data, std::size_t(buffer.numel()), type, nccl_op(op), comm_, stream_));
     });
   }
 
@@ -186,8 +183,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
       ablate::throw_input_error(prefix(), what + ": the root is not a rank of this world of " + std::to_string(where_.world));
     }
     run(what, buffer, false, [&](ncclDataType_t, std::size_t esize) {
-      ABLATE_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, std::size_t(buffer.numel()) * esize, ncclUint8, root,
-                                      comm_, stream_));
+      ABLATE_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, std::size_t(buffer.numel()) * esize, ncclUint8, root, comm_, stream_));
     });
   }
 
@@ -345,8 +341,7 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   std::string timed_out() const {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
-    return std::string("did not complete within ") + seconds +
-           " s (timeout_s): another rank died, hangs or skipped this collective";
+    return std::string("did not complete within ") + seconds + " s (timeout_s): another rank died, hangs or skipped this collective";
   }
 
   // The collective failed or did not complete in time: the NCCL communicator is aborted (its kernels
@@ -367,28 +362,29 @@ class NcclCommunicator final : public rt::LaunchedCommunicator {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr, outputs_ready_ = nullptr;  // model stream -> ours, ours -> model stream
-  std::string pending_;                 // the last collective issued and not yet joined ("" = none)
-  rt::Deadline pending_deadline_{};     // the oldest of those collectives' deadline
+  std::string pending_;                                           // the last collective issued and not yet joined ("" = none)
+  rt::Deadline pending_deadline_{};                               // the oldest of those collectives' deadline
   ncclComm_t comm_ = nullptr;
-  int* barrier_word_ = nullptr;  // (1) on device_, the barrier's all-reduce operand
+  int* barrier_word_ = nullptr;                        // (1) on device_, the barrier's all-reduce operand
   ablate::cuda::DeviceBuffer<unsigned char> staging_;  // host values on their way through NCCL
-  bool host_inputs_ = false;  // the collective under way reduces host values staged on stream_ (set
-                              // by through_device; a communicator is called from one thread, the trainer's)
+  bool host_inputs_ = false;                           // the collective under way reduces host values staged on stream_ (set
+                                                       // by through_device; a communicator is called from one thread, the trainer's)
   std::string failed_;
   std::mutex mu_;
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::communicator, "nccl", "1.0.0",
+  r.add({ablate::Kind::communicator,
+         "nccl",
+         "1.0.0",
          "one process per GPU started by mpirun or srun, GPU buffers (NCCL); collectives time out",
          {ablate::param::floating("timeout_s", 300.0,
                                   "seconds a rank waits for the others in one collective before the job is "
                                   "aborted (0 = wait forever)")
               .within(0, 1e9)},
-         [](const ablate::ComponentArgs& a) {
-           return std::make_unique<NcclCommunicator>(a.own.get_float("timeout_s"));
-         },
-         "", {"cuda"}});
+         [](const ablate::ComponentArgs& a) { return std::make_unique<NcclCommunicator>(a.own.get_float("timeout_s")); },
+         "",
+         {"cuda"}});
 }
 
 }  // namespace

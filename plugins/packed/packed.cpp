@@ -126,7 +126,9 @@ class PackedBatcher final : public ablate::Batcher {
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::batcher, "packed", "1.0.0",
+  r.add({ablate::Kind::batcher,
+         "packed",
+         "1.0.0",
          "several documents per row (first-fit or best-fit over a window); positions restart per document",
          {
              string("strategy", "best_fit", "first_fit: arrival order, first row that fits; best_fit: longest first, tightest row")
@@ -137,7 +139,8 @@ void register_components(ablate::Registrar& r) {
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<PackedBatcher>(ablate::BatchingOptions::from(args.common), args.own);
          },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace

@@ -49,11 +49,14 @@ class PaddedBatcher final : public ablate::Batcher {
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::batcher, "padded", "1.0.0", "one document per row, padded to seq_len (the baseline)", {},
-         [](const ablate::ComponentArgs& args) {
-           return std::make_unique<PaddedBatcher>(ablate::BatchingOptions::from(args.common));
-         },
-         "", {}});
+  r.add({ablate::Kind::batcher,
+         "padded",
+         "1.0.0",
+         "one document per row, padded to seq_len (the baseline)",
+         {},
+         [](const ablate::ComponentArgs& args) { return std::make_unique<PaddedBatcher>(ablate::BatchingOptions::from(args.common)); },
+         "",
+         {}});
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ class KeyedPermutation {
   uint64_t operator()(uint64_t i) const {
     if (n_ <= 1) return 0;
     uint64_t x = i;
-    do x = encrypt(x); while (x >= n_);
+    do x = encrypt(x);
+    while (x >= n_);
     return x;
   }
 
@@ -158,14 +159,14 @@ class MixtureSampler final : public ablate::Sampler {
     for (const auto& g : groups_) listing += (listing.empty() ? "" : ", ") + g.name + " (" + std::to_string(g.documents) + ")";
     if (weights_.size() != groups_.size()) {
       ablate::throw_input_error(where_ + ".weights", std::to_string(weights_.size()) + " weight(s) for the data's " +
-                                                        std::to_string(groups_.size()) + " group(s): " + listing +
-                                                        " (one weight per group, in this order)");
+                                                         std::to_string(groups_.size()) + " group(s): " + listing +
+                                                         " (one weight per group, in this order)");
     }
     double total = 0;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (weights_[g] > 0 && groups_[g].documents == 0) {
-        ablate::throw_input_error(where_ + ".weights", "group " + groups_[g].name + " has weight " +
-                                                          std::to_string(weights_[g]) + " but no document in this split");
+        ablate::throw_input_error(where_ + ".weights", "group " + groups_[g].name + " has weight " + std::to_string(weights_[g]) +
+                                                           " but no document in this split");
       }
       total += weights_[g];
     }
@@ -188,9 +189,7 @@ class MixtureSampler final : public ablate::Sampler {
 
   // The global sequence is the sequence of positions itself.
   bool reshardable() const override { return true; }
-  uint64_t global_position(uint64_t draw, int rank, int world) const override {
-    return draw * uint64_t(world) + uint64_t(rank);
-  }
+  uint64_t global_position(uint64_t draw, int rank, int world) const override { return draw * uint64_t(world) + uint64_t(rank); }
   uint64_t document_at_global(uint64_t position) override {
     if (share_.empty()) ablate::throw_runtime_error("sampler", "document_at before reset");
     seek(position);
@@ -237,28 +236,40 @@ class MixtureSampler final : public ablate::Sampler {
   std::string where_;
   std::vector<ablate::DocumentGroup> groups_;
   uint64_t seed_ = 0, rank_ = 0, world_ = 1, per_epoch_ = 0;
-  uint64_t at_ = 0;                // the position counts_ stands before
-  std::vector<uint64_t> counts_;   // draws of each group before at_
+  uint64_t at_ = 0;               // the position counts_ stands before
+  std::vector<uint64_t> counts_;  // draws of each group before at_
   std::map<uint64_t, std::vector<uint64_t>> snapshots_;
 };
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::sampler, "sequential", "1.0.0", "documents in index order, dealt round-robin to the ranks", {},
-         [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); }, "", {}});
-  r.add({ablate::Kind::sampler, "shuffled", "1.0.0",
+  r.add({ablate::Kind::sampler,
+         "sequential",
+         "1.0.0",
+         "documents in index order, dealt round-robin to the ranks",
+         {},
+         [](const ablate::ComponentArgs&) { return std::make_unique<SequentialSampler>(); },
+         "",
+         {}});
+  r.add({ablate::Kind::sampler,
+         "shuffled",
+         "1.0.0",
          "a seeded permutation per epoch (run.seed), whole-epoch or within windows, dealt round-robin to the ranks",
          {integer("buffer", 0, "0 = permute the whole epoch; N = permute within consecutive windows of N documents").within(0, 1e12)},
          [](const ablate::ComponentArgs& args) { return std::make_unique<ShuffledSampler>(uint64_t(args.own.get_int("buffer"))); },
-         "", {}});
-  r.add({ablate::Kind::sampler, "mixture", "1.0.0",
+         "",
+         {}});
+  r.add({ablate::Kind::sampler,
+         "mixture",
+         "1.0.0",
          "draws from the data's groups (token_shards: one per paths pattern) in proportion to weights, each prefix within "
          "one draw of its share; each group shuffled per its own epochs (run.seed)",
          {float_list("weights", {1.0}, "one weight per group of the data, in its order (normalised to sum to 1)").within(0.0, 1e9)},
          [](const ablate::ComponentArgs& args) {
            return std::make_unique<MixtureSampler>(args.own.get_float_list("weights"), args.own.path());
          },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace

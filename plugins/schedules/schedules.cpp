@@ -31,9 +31,7 @@ class WarmupSchedule : public ablate::Schedule {
   virtual double after_warmup(int64_t step) const = 0;
   double floor() const { return peak_ * min_lr_ratio_; }
   // Where `step` is in the decay that runs from `start` (the peak) to total_ (the floor): 0..1.
-  double progress(int64_t step, int64_t start) const {
-    return std::clamp(double(step - start) / double(total_ - start), 0.0, 1.0);
-  }
+  double progress(int64_t step, int64_t start) const { return std::clamp(double(step - start) / double(total_ - start), 0.0, 1.0); }
   int64_t warmup_ = 0, total_ = 0;
   double peak_ = 0, min_lr_ratio_ = 0;
 };
@@ -87,18 +85,41 @@ void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
   using ablate::ComponentArgs;
   using ablate::Kind;
-  r.add({Kind::schedule, "constant", "1.0.0", "warmup, then the peak learning rate", {},
-         [](const ComponentArgs& a) { return std::make_unique<Constant>(a.common); }, "", {}});
-  r.add({Kind::schedule, "cosine", "1.0.0", "warmup, then a cosine from the peak to min_lr_ratio x peak at the last step", {},
-         [](const ComponentArgs& a) { return std::make_unique<Decay>(a.common, false); }, "", {}});
-  r.add({Kind::schedule, "linear", "1.0.0", "warmup, then a straight line from the peak to min_lr_ratio x peak at the last step", {},
-         [](const ComponentArgs& a) { return std::make_unique<Decay>(a.common, true); }, "", {}});
-  r.add({Kind::schedule, "wsd", "1.0.0", "warmup-stable-decay: the peak, then a decay over the last decay_fraction of the steps",
+  r.add({Kind::schedule,
+         "constant",
+         "1.0.0",
+         "warmup, then the peak learning rate",
+         {},
+         [](const ComponentArgs& a) { return std::make_unique<Constant>(a.common); },
+         "",
+         {}});
+  r.add({Kind::schedule,
+         "cosine",
+         "1.0.0",
+         "warmup, then a cosine from the peak to min_lr_ratio x peak at the last step",
+         {},
+         [](const ComponentArgs& a) { return std::make_unique<Decay>(a.common, false); },
+         "",
+         {}});
+  r.add({Kind::schedule,
+         "linear",
+         "1.0.0",
+         "warmup, then a straight line from the peak to min_lr_ratio x peak at the last step",
+         {},
+         [](const ComponentArgs& a) { return std::make_unique<Decay>(a.common, true); },
+         "",
+         {}});
+  r.add({Kind::schedule,
+         "wsd",
+         "1.0.0",
+         "warmup-stable-decay: the peak, then a decay over the last decay_fraction of the steps",
          {
              floating("decay_fraction", 0.2, "share of the steps after warmup spent decaying (at least one step)").within(0.0, 1.0),
              string("decay_shape", "linear", "the decay from the peak to min_lr_ratio x peak").one_of({"linear", "cosine", "sqrt"}),
          },
-         [](const ComponentArgs& a) { return std::make_unique<WarmupStableDecay>(a.common, a.own); }, "", {}});
+         [](const ComponentArgs& a) { return std::make_unique<WarmupStableDecay>(a.common, a.own); },
+         "",
+         {}});
 }
 
 }  // namespace

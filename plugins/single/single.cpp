@@ -22,16 +22,21 @@ class SingleCommunicator final : public ablate::Communicator {
   void all_gather(ablate::TensorView) override {}
   void broadcast(ablate::TensorView, int root) override {
     if (root != 0) {
-      ablate::throw_input_error("single communicator",
-                                "broadcast from root " + std::to_string(root) + " in a world of 1 rank");
+      ablate::throw_input_error("single communicator", "broadcast from root " + std::to_string(root) + " in a world of 1 rank");
     }
   }
   void barrier() override {}
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::communicator, "single", "1.1.0", "one process, one device: collectives are the identity", {},
-         [](const ablate::ComponentArgs&) { return std::make_unique<SingleCommunicator>(); }, "", {}});
+  r.add({ablate::Kind::communicator,
+         "single",
+         "1.1.0",
+         "one process, one device: collectives are the identity",
+         {},
+         [](const ablate::ComponentArgs&) { return std::make_unique<SingleCommunicator>(); },
+         "",
+         {}});
 }
 
 }  // namespace

@@ -93,28 +93,27 @@ class SyntheticProbes final : public ablate::DataSource {
         min_length_(int32_t(own.get_int("min_length"))),
         max_length_(int32_t(own.get_int("max_length"))) {
     if (min_length_ > max_length_) {
-      ablate::throw_input_error(own.path(), "min_length " + std::to_string(min_length_) + " is above max_length " +
-                                                std::to_string(max_length_));
+      ablate::throw_input_error(own.path(),
+                                "min_length " + std::to_string(min_length_) + " is above max_length " + std::to_string(max_length_));
     }
     const auto hosts = std::size_t(own.get_int("hosts"));
     SplitMix g(mix(seed_, 0x486F737473ull));
     for (std::size_t h = 0; h < hosts; ++h) {
       // Uniform on the sphere between 60S and 70N, where measurement hosts are.
-      const double lat = std::asin(std::sin(-60.0 * kPi / 180) + g.uniform() * (std::sin(70.0 * kPi / 180) - std::sin(-60.0 * kPi / 180)));
+      const double lat =
+          std::asin(std::sin(-60.0 * kPi / 180) + g.uniform() * (std::sin(70.0 * kPi / 180) - std::sin(-60.0 * kPi / 180)));
       hosts_.push_back({lat * 180 / kPi, -180.0 + 360.0 * g.uniform(), 0.5 + 4.5 * g.uniform()});
     }
   }
 
   int32_t vocab_size() const override { return kFirstHost + int32_t(hosts_.size()); }
   int32_t eot_token() const override { return kEndOfDocument; }
-  uint64_t size(ablate::Split split) const override {
-    return split == ablate::Split::train ? train_docs_ : validation_docs_;
-  }
+  uint64_t size(ablate::Split split) const override { return split == ablate::Split::train ? train_docs_ : validation_docs_; }
 
   void read(ablate::Split split, uint64_t doc, ablate::Document& out) const override {
     if (doc >= size(split)) {
-      ablate::throw_runtime_error("synthetic_probes", "document " + std::to_string(doc) + " of the " +
-                                                          ablate::to_string(split) + " split is out of range");
+      ablate::throw_runtime_error("synthetic_probes", "document " + std::to_string(doc) + " of the " + ablate::to_string(split) +
+                                                          " split is out of range");
     }
     SplitMix g(mix(mix(seed_, split == ablate::Split::train ? 1 : 2), doc));
     const double drawn = median_ * std::exp(sigma_ * g.normal());
@@ -225,7 +224,9 @@ class SyntheticProbes final : public ablate::DataSource {
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::data_source, "synthetic_probes", "1.0.0",
+  r.add({ablate::Kind::data_source,
+         "synthetic_probes",
+         "1.0.0",
          "seeded network-latency probe logs (hosts, coordinates, RTTs); no files, deterministic by (seed, index)",
          {
              integer("seed", 1234, "seed of the data set (independent of run.seed, which orders it)").at_least(0),
@@ -237,7 +238,9 @@ void register_components(ablate::Registrar& r) {
              integer("min_length", 16, "shortest document (lengths are clipped)").within(1, 16777216),
              integer("max_length", 1024, "longest document (lengths are clipped)").within(1, 16777216),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<SyntheticProbes>(args.own); }, "", {}});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<SyntheticProbes>(args.own); },
+         "",
+         {}});
 }
 
 }  // namespace

@@ -49,8 +49,8 @@ class TextFiles final : public ablate::DataSource {
       }
     }
     if (docs.empty()) {
-      ablate::throw_input_error(files_.front().path().string(), "empty data set: the files of " + own.path() +
-                                                                    ".paths hold no document");
+      ablate::throw_input_error(files_.front().path().string(),
+                                "empty data set: the files of " + own.path() + ".paths hold no document");
     }
     const uint64_t val = ablate::validation_tail(docs.size(), own.get_float("validation_fraction"));
     validation_.assign(docs.end() - std::ptrdiff_t(val), docs.end());
@@ -103,9 +103,7 @@ class TextFiles final : public ablate::DataSource {
   }
 
  private:
-  const std::vector<DocumentSpan>& spans(ablate::Split split) const {
-    return split == ablate::Split::train ? train_ : validation_;
-  }
+  const std::vector<DocumentSpan>& spans(ablate::Split split) const { return split == ablate::Split::train ? train_ : validation_; }
   std::vector<ablate::MappedFile> files_;
   std::vector<DocumentSpan> train_;
   std::vector<DocumentSpan> validation_;
@@ -113,14 +111,18 @@ class TextFiles final : public ablate::DataSource {
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::data_source, "text_files", "1.0.0",
+  r.add({ablate::Kind::data_source,
+         "text_files",
+         "1.0.0",
          "raw text as bytes (vocab 257, end-of-document 256); a document is a file or a separator-delimited piece",
          {
              string_list("paths", {}, "text files or globs (relative to the working directory; recorded absolute)").path(),
              string("separator", "", "split files into documents on this string (empty = one document per file)"),
              floating("validation_fraction", 0.0, "share of documents (the last ones) held out for validation").within(0.0, 0.5),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<TextFiles>(args.own); }, "", {}});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<TextFiles>(args.own); },
+         "",
+         {}});
 }
 
 }  // namespace

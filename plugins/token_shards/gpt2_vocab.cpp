@@ -124,8 +124,7 @@ std::string spelled_bytes(const std::string& where, std::string_view text) {
     if (b < 0) {
       char name[16];
       std::snprintf(name, sizeof name, "U+%04X", unsigned(cp));
-      throw_input_error(where, std::string("holds ") + name +
-                                   ", a code point outside GPT-2's byte table: not a byte-level BPE token");
+      throw_input_error(where, std::string("holds ") + name + ", a code point outside GPT-2's byte table: not a byte-level BPE token");
     }
     bytes.push_back(char(b));
   }
@@ -225,8 +224,7 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
     const auto [first, fresh] = id_of.emplace(bytes, int32_t(id));
     if (!fresh) {
       throw_input_error(where, "token id " + std::to_string(id) + " stands for the same bytes as token id " +
-                                   std::to_string(first->second) + " (\"" + echo_value(bytes) +
-                                   "\"): each byte sequence has one id");
+                                   std::to_string(first->second) + " (\"" + echo_value(bytes) + "\"): each byte sequence has one id");
     }
     if (bytes.size() == 1) v.byte_id_[uint8_t(bytes[0])] = int32_t(id);
     v.known_[std::size_t(id)] = true;
@@ -240,8 +238,7 @@ Gpt2Vocab Gpt2Vocab::load(const fs::path& dir, int32_t vocab_size) {
     const std::string file = v.file_.string();
     std::unordered_set<std::string> keys;
     // JSON lets a key repeat (the parser keeps one of the values): refused here instead.
-    const nlohmann::json::parser_callback_t repeated = [&](int depth, nlohmann::json::parse_event_t event,
-                                                           nlohmann::json& parsed) {
+    const nlohmann::json::parser_callback_t repeated = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
       if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
           !keys.insert(parsed.get<std::string>()).second) {
         throw_input_error(file + ": entry \"" + parsed.get<std::string>() + "\"", "appears twice");
@@ -337,8 +334,7 @@ void Gpt2Vocab::read_merges(const fs::path& path, const std::unordered_map<std::
     multi_byte += known_[id] && bytes_[id].size() > 1 && !special(bytes_[id]);
   }
   if (merges_.size() != multi_byte) {
-    throw_input_error(file, std::to_string(merges_.size()) + " merges, but " + file_.string() + " has " +
-                                std::to_string(multi_byte) +
+    throw_input_error(file, std::to_string(merges_.size()) + " merges, but " + file_.string() + " has " + std::to_string(multi_byte) +
                                 " tokens of two or more bytes, each made by one merge (is a file cut short?)");
   }
 }

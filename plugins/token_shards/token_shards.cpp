@@ -65,13 +65,13 @@ std::unique_ptr<Shard> open_shard(const std::filesystem::path& path, int32_t eot
   shard.count = uint64_t(header[2]);
   const uint64_t expected = kHeaderBytes + shard.count * sizeof(uint16_t);
   if (size < expected) {
-    ablate::throw_input_error(at_offset(path, size), "truncated body: the header says " + std::to_string(shard.count) +
-                                                         " tokens (" + std::to_string(expected) + " bytes) but the file has " +
+    ablate::throw_input_error(at_offset(path, size), "truncated body: the header says " + std::to_string(shard.count) + " tokens (" +
+                                                         std::to_string(expected) + " bytes) but the file has " +
                                                          std::to_string(size) + " bytes");
   }
   if (size > expected) {
-    ablate::throw_input_error(at_offset(path, expected), std::to_string(size - expected) +
-                                                             " bytes after the last token the header counts");
+    ablate::throw_input_error(at_offset(path, expected),
+                              std::to_string(size - expected) + " bytes after the last token the header counts");
   }
   shard.tokens = reinterpret_cast<const uint16_t*>(shard.file.data() + kHeaderBytes);
   // One pass: check the vocabulary and record the documents (maximal runs between eot tokens).
@@ -79,9 +79,9 @@ std::unique_ptr<Shard> open_shard(const std::filesystem::path& path, int32_t eot
   for (uint64_t i = 0; i < shard.count; ++i) {
     const int32_t t = shard.tokens[i];
     if (t >= vocab) {
-      ablate::throw_input_error(at_offset(path, kHeaderBytes + i * sizeof(uint16_t)),
-                                "token " + std::to_string(t) + " is outside the vocabulary (vocab_size " +
-                                    std::to_string(vocab) + ")");
+      ablate::throw_input_error(at_offset(path, kHeaderBytes + i * sizeof(uint16_t)), "token " + std::to_string(t) +
+                                                                                          " is outside the vocabulary (vocab_size " +
+                                                                                          std::to_string(vocab) + ")");
     }
     shard.max_token = std::max(shard.max_token, t);
     if (t == eot) {
@@ -237,8 +237,8 @@ class TokenShards final : public ablate::DataSource {
 
   std::string describe() const override {
     return "token_shards: " + std::to_string(shards_.size()) + " shards, " + std::to_string(tokens_total_) + " tokens, " +
-           std::to_string(train_.total) + " train / " + std::to_string(validation_.total) +
-           " validation documents, vocab " + std::to_string(vocab_) + ", eot " + std::to_string(eot_) +
+           std::to_string(train_.total) + " train / " + std::to_string(validation_.total) + " validation documents, vocab " +
+           std::to_string(vocab_) + ", eot " + std::to_string(eot_) +
            (vocab_text_ ? ", decoded with " + vocab_text_->file().string() : std::string())
 #ifdef ABLATE_HAVE_SENTENCEPIECE
            + (spm_text_ ? ", decoded with " + spm_text_->file().string() : std::string())
@@ -290,8 +290,9 @@ class TokenShards final : public ablate::DataSource {
       spm_text_ = SentencePieceText::load(dir, vocab_, key);
       return;
 #else
-      ablate::throw_input_error(key, (dir / "tokenizer.model").string() + " is a SentencePiece model and this build has no "
-                                     "SentencePiece (apt install libsentencepiece-dev, then build again)");
+      ablate::throw_input_error(key, (dir / "tokenizer.model").string() +
+                                         " is a SentencePiece model and this build has no "
+                                         "SentencePiece (apt install libsentencepiece-dev, then build again)");
 #endif
     }
     if (setting == "auto" && !Gpt2Vocab::present(dir)) return;
@@ -311,19 +312,19 @@ class TokenShards final : public ablate::DataSource {
   SplitIndex train_;
   SplitIndex validation_;
   uint64_t tokens_total_ = 0;
-  std::unique_ptr<ablate::token_shards::Gpt2Vocab> vocab_text_;  // null: samples as token ids
+  std::unique_ptr<ablate::token_shards::Gpt2Vocab> vocab_text_;        // null: samples as token ids
   std::unique_ptr<ablate::token_shards::SentencePieceText> spm_text_;  // a SentencePiece model instead, else null
 };
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::param;
-  r.add({ablate::Kind::data_source, "token_shards", "1.0.0",
+  r.add({ablate::Kind::data_source,
+         "token_shards",
+         "1.0.0",
          "llm.c token shards (uint16, memory-mapped); documents split on the end-of-text token",
          {
-             string_list("paths", {}, "training shards: files or globs (relative to the working directory; recorded absolute)")
-                 .path(),
-             string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents")
-                 .path(),
+             string_list("paths", {}, "training shards: files or globs (relative to the working directory; recorded absolute)").path(),
+             string_list("val_paths", {}, "validation shards; empty = the last validation_fraction of the documents").path(),
              floating("validation_fraction", 0.0, "share of documents held out when val_paths is empty").within(0.0, 0.5),
              integer("eot", 50256, "end-of-text token id (documents are split on it); shards hold uint16 tokens").within(0, 65535),
              integer("vocab_size", 50257, "vocabulary size; a token at or above it is an input error").within(1, 65536),
@@ -333,7 +334,9 @@ void register_components(ablate::Registrar& r) {
                     "\"auto\" (tokenizer/ beside the first shard, when there) or \"none\" (token ids)")
                  .path({"auto", "none"}),
          },
-         [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); }, "", {}});
+         [](const ablate::ComponentArgs& args) { return std::make_unique<TokenShards>(args.own); },
+         "",
+         {}});
 }
 
 }  // namespace

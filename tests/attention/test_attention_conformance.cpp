@@ -51,8 +51,14 @@ std::vector<Problem> problems(std::mt19937& rng) {
       Problem pr;
       pr.batch = packed ? test::make_batch(T, {test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}})
                         : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}});
-      pr.p = AttentionProblem{.batch = pr.batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
-                              .dtype = DType::f32, .device = DeviceType::cpu, .packed = packed};
+      pr.p = AttentionProblem{.batch = pr.batch.rows,
+                              .seq_len = T,
+                              .heads = 2 * ratio,
+                              .kv_heads = 2,
+                              .head_dim = D,
+                              .dtype = DType::f32,
+                              .device = DeviceType::cpu,
+                              .packed = packed};
       pr.label = std::string(packed ? "packed" : "padded") + " rows, heads/kv " + std::to_string(ratio);
       out.push_back(std::move(pr));
     }
@@ -84,12 +90,12 @@ void forward_with_narrow_q(Device& dev, Attention& attention, const AttentionPro
   const int64_t nk = int64_t(p.batch) * p.seq_len * p.kv_heads * p.head_dim, nq = nk / p.kv_heads * p.heads;
   DeviceBatch db;
   dev.upload_batch(batch, db);
-  Buffer q = dev.alloc(DType::f32, nk), k = dev.alloc(DType::f32, nk), v = dev.alloc(DType::f32, nk),
-         out = dev.alloc(DType::f32, nq), saved = dev.alloc(DType::f32, attention.saved_elements(p));
+  Buffer q = dev.alloc(DType::f32, nk), k = dev.alloc(DType::f32, nk), v = dev.alloc(DType::f32, nk), out = dev.alloc(DType::f32, nq),
+         saved = dev.alloc(DType::f32, attention.saved_elements(p));
   for (Buffer* b : {&q, &k, &v, &out}) dev.fill(b->view(), 0.0f);
   const auto kv = [&](Buffer& b) { return test::shaped(b.view(), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
-  test::attention_forward(attention, p, db.views, kv(q), kv(k), kv(v), test::shaped(out.view(), p.batch, p.seq_len, p.heads, p.head_dim),
-                          saved.view(), dev.stream());
+  test::attention_forward(attention, p, db.views, kv(q), kv(k), kv(v),
+                          test::shaped(out.view(), p.batch, p.seq_len, p.heads, p.head_dim), saved.view(), dev.stream());
   dev.synchronize();
 }
 

@@ -36,8 +36,7 @@ using ablate::test::RowLayout;
 
 namespace {
 
-AttentionProblem problem(int32_t B, int32_t T, int32_t H, int32_t Hkv, int32_t D, bool packed,
-                         DType dtype = DType::f32) {
+AttentionProblem problem(int32_t B, int32_t T, int32_t H, int32_t Hkv, int32_t D, bool packed, DType dtype = DType::f32) {
   AttentionProblem p;
   p.batch = B;
   p.seq_len = T;
@@ -123,7 +122,8 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
   CHECK(dense.describe() == "forward dense B 4 T 77 H 6 Hkv 2 D 64 f32 causal sm90 device 0 cuDNN 91900");
   // Padded rows: the segment count plays no part.
   const AttentionProblem padded = problem(4, 77, 6, 2, 64, false);
-  CHECK(make_graph_key(padded, segments(3), Pass::forward, 0, 90, 91900) == make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900));
+  CHECK(make_graph_key(padded, segments(3), Pass::forward, 0, 90, 91900) ==
+        make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900));
   CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).segment_bound == 0);
   CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).layout == Layout::padded);
   CHECK(make_graph_key(padded, segments(4), Pass::forward, 0, 90, 91900).masked());
@@ -157,14 +157,13 @@ TEST_CASE("graph keys: equal problems give one key, every field that changes the
   }
   std::sort(hashes.begin(), hashes.end());
   CHECK(std::adjacent_find(hashes.begin(), hashes.end()) == hashes.end());
-  CHECK(base.describe() ==
-        "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 10 longest 77 f32 causal sm90 device 0 cuDNN 91900");
+  CHECK(base.describe() == "forward packed B 4 T 77 H 6 Hkv 2 D 64 sequences 10 longest 77 f32 causal sm90 device 0 cuDNN 91900");
 }
 
 TEST_CASE("workspace: an f32 problem's bf16 copies are counted, a bf16 problem's are not, and no T x T block") {
   Flash f;
-  AttentionProblem p{.batch = 8, .seq_len = 1024, .heads = 12, .kv_heads = 4, .head_dim = 64, .dtype = DType::f32,
-                     .device = DeviceType::cuda};
+  AttentionProblem p{
+      .batch = 8, .seq_len = 1024, .heads = 12, .kv_heads = 4, .head_dim = 64, .dtype = DType::f32, .device = DeviceType::cuda};
   const int64_t q = int64_t(8) * 1024 * 12 * 64, kv = int64_t(8) * 1024 * 4 * 64;
   CHECK(f.attention->workspace_bytes(p) >= 2 * (4 * q + 4 * kv));  // q, o, dO, dQ and k, v, dK, dV in bf16
   CHECK(f.attention->workspace_bytes(p) < 2 * (4 * q + 4 * kv) + (1 << 20));
@@ -243,16 +242,14 @@ TEST_CASE("length_bound: the longest segment rounded up to a power of two, at le
 }
 
 TEST_CASE("batch_layout: full rows only when every row is one segment of length T") {
-  const auto layout = [](const Batch& b) {
-    return batch_layout(&b, int32_t(b.segments.size()), b.rows, b.seq_len);
-  };
+  const auto layout = [](const Batch& b) { return batch_layout(&b, int32_t(b.segments.size()), b.rows, b.seq_len); };
   const Batch dense = make_batch(8, {{{0, 8}}, {{0, 8}}, {{0, 8}}});
   CHECK(layout(dense).full_rows);
   CHECK(layout(dense).longest == 8);
   CHECK(layout(dense).segments == 3);
-  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 7}}})).full_rows);           // a short row
-  CHECK(!layout(make_batch(8, {{{0, 8}}, {}})).full_rows);                 // an empty row
-  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 3}, {3, 5}}})).full_rows);   // two documents in a row
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 7}}})).full_rows);          // a short row
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {}})).full_rows);                // an empty row
+  CHECK(!layout(make_batch(8, {{{0, 8}}, {{0, 3}, {3, 5}}})).full_rows);  // two documents in a row
   CHECK(layout(make_batch(8, {{{0, 3}, {3, 5}}, {{0, 2}}})).longest == 5);
   // Without the host copy nothing is assumed.
   const BatchLayout unknown = batch_layout(nullptr, 3, 3, 8);
@@ -267,10 +264,10 @@ TEST_CASE("ragged offsets: the kernel's host twin against a direct walk of rando
       for (int trial = 0; trial < 5; ++trial) {
         std::vector<RowLayout> rows;
         rows.push_back(random_packed_row(T, rng));
-        rows.push_back({{0, T}});                        // one segment filling the row
-        rows.push_back({{0, std::max(1, T / 2)}});       // one segment and a padding tail
-        rows.push_back({});                              // all padding
-        RowLayout ones;                                  // every segment of length 1, the last position padding
+        rows.push_back({{0, T}});                   // one segment filling the row
+        rows.push_back({{0, std::max(1, T / 2)}});  // one segment and a padding tail
+        rows.push_back({});                         // all padding
+        RowLayout ones;                             // every segment of length 1, the last position padding
         for (int32_t t = 0; t + 1 < T; ++t) ones.push_back({t, 1});
         rows.push_back(ones);
         rows.push_back(random_packed_row(T, rng));
@@ -280,8 +277,8 @@ TEST_CASE("ragged offsets: the kernel's host twin against a direct walk of rando
         const int32_t bound = segment_bound(S, B);
         const RaggedShape shape{B, T, H, Hkv, D};
         std::vector<int32_t> lengths(std::size_t(bound), -1), q(std::size_t(bound) + 1, -1), kv(q), st(q);
-        fill_ragged_host(S, bound, reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(),
-                         shape, lengths.data(), q.data(), kv.data(), st.data());
+        fill_ragged_host(S, bound, reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(), shape,
+                         lengths.data(), q.data(), kv.data(), st.data());
         const Expected want = walk(rows, T, H, Hkv, D, bound);
         INFO("T " << T << " H " << H << " Hkv " << Hkv << " D " << D << " segments " << S << " bound " << bound);
         CHECK(lengths == want.lengths);
@@ -316,8 +313,8 @@ TEST_CASE("padded lengths: each row's single segment, 0 for an empty row") {
     }
     const Batch batch = make_batch(T, rows);
     std::vector<int32_t> lengths(rows.size(), -1);
-    fill_padded_host(reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(),
-                     int32_t(rows.size()), lengths.data());
+    fill_padded_host(reinterpret_cast<const int32_t*>(batch.segments.data()), batch.row_segments.data(), int32_t(rows.size()),
+                     lengths.data());
     CHECK(lengths == want);
   }
 }
@@ -384,17 +381,21 @@ TEST_CASE("forward without a device fails with an ablate error, not a crash") {
   held.bf16_out = true;  // out must then be bf16, the rest f32
   CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2), tensor(1), tensor(1), tensor(2), saved),
                        doctest::Contains("out is f32 but the problem's out is bf16"), Error);
-  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1),
+                                               tensor(2, DType::bf16), saved),
                        doctest::Contains("q is bf16 but the problem's q, k, v are f32"), Error);
   held.bf16_qkv = true;  // q, k, v bf16 too; the gradients stay f32
-  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1), tensor(2, DType::bf16), saved),
+  CHECK_THROWS_WITH_AS(test::attention_forward(*f.attention, held, views, tensor(2, DType::bf16), tensor(1), tensor(1),
+                                               tensor(2, DType::bf16), saved),
                        doctest::Contains("k is f32 but the problem's q, k, v are bf16"), Error);
   const TensorView q16 = tensor(2, DType::bf16), kv16 = tensor(1, DType::bf16);
-  CHECK_THROWS_WITH_AS(test::attention_backward(*f.attention, held, views, q16, kv16, kv16, q16, saved, q16, tensor(2), tensor(1), tensor(1)),
+  CHECK_THROWS_WITH_AS(test::attention_backward(*f.attention, held, views, q16, kv16, kv16, q16, saved, q16, tensor(2), tensor(1),
+                                                tensor(1)),
                        doctest::Contains("d_out is bf16 but the problem's gradients are f32"), Error);
 }
 
-TEST_CASE("cuDNN graphs: bf16 THD + GQA + causal + padding mask, dense, short ragged; forward and backward, lowered for SM90 without a GPU") {
+TEST_CASE(
+    "cuDNN graphs: bf16 THD + GQA + causal + padding mask, dense, short ragged; forward and backward, lowered for SM90 without a GPU") {
   const CudnnLibrary& lib = cudnn_library();
   if (!lib.loaded) {
     MESSAGE("cuDNN could not be loaded here (" << lib.error << "): graph lowering not checked");

@@ -85,8 +85,8 @@ struct Run {
   std::vector<double> saved64;
   bool saved_f64 = false;
 
-  Run(const AttentionProblem& p, const std::vector<double>& q0, const std::vector<double>& k0,
-      const std::vector<double>& v0, const std::vector<double>& d_out0)
+  Run(const AttentionProblem& p, const std::vector<double>& q0, const std::vector<double>& k0, const std::vector<double>& v0,
+      const std::vector<double>& d_out0)
       : problem(p), q(cast<T>(q0)), k(cast<T>(k0)), v(cast<T>(v0)), d_out(cast<T>(d_out0)) {
     problem.dtype = std::is_same_v<T, double> ? DType::f64 : DType::f32;
     out.assign(q.size(), T(kNaN));
@@ -111,7 +111,8 @@ struct Run {
   }
   void backward(Attention& a, const Batch& batch) {
     TensorView s = saved_f64 ? flat(saved64) : flat(saved32);
-    test::attention_backward(a, problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), s, hv(d_out), hv(d_q), kv(d_k), kv(d_v));
+    test::attention_backward(a, problem, host_batch_views(batch), qv(), kv(k), kv(v), hv(out), s, hv(d_out), hv(d_q), kv(d_k),
+                             kv(d_v));
   }
 };
 
@@ -171,8 +172,7 @@ TEST_CASE("naive_cpu forward matches a dense float64 reference over padded and p
   for (const Shape& sh : shapes) {
     for (int layout = 0; layout < 3; ++layout) {
       Batch batch = layout == 0   ? make_batch(sh.seq_len, {{{0, std::max(1, sh.seq_len - 4)}}, {{0, sh.seq_len}}})
-                    : layout == 1 ? make_batch(sh.seq_len, {random_packed_row(sh.seq_len, rng),
-                                                            random_packed_row(sh.seq_len, rng)})
+                    : layout == 1 ? make_batch(sh.seq_len, {random_packed_row(sh.seq_len, rng), random_packed_row(sh.seq_len, rng)})
                                   : mixed_batch(sh.seq_len, rng);
       const AttentionProblem p = problem_for(batch, sh.heads, sh.kv_heads, sh.head_dim);
       CAPTURE(sh.seq_len);
@@ -369,16 +369,20 @@ TEST_CASE("naive_cpu refuses other devices and dtypes with a reason, counts FLOP
   // k with the query head count instead of the kv head count.
   std::vector<double> wrong(r.q.size(), 0.0);
   std::vector<float> saved(std::size_t(attn->saved_elements(p)));
-  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.hv(wrong), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.hv(wrong), r.kv(r.v), r.hv(r.out), flat(saved)),
+                  Error);
   // A saved buffer of the wrong size.
   std::vector<float> short_saved(saved.size() - 1);
-  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(short_saved)), Error);
+  CHECK_THROWS_AS(
+      test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(short_saved)), Error);
   // A batch of another shape than the problem.
   const Batch other = make_batch(9, {{{0, 9}}, {{0, 9}}});
-  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(other), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)), Error);
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(other), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)),
+                  Error);
   // f32 tensors for an f64 problem.
   std::vector<float> q32(r.q.begin(), r.q.end());
-  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), view(q32, 2, 10, 4, 8), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)),
+  CHECK_THROWS_AS(test::attention_forward(*attn, p, host_batch_views(batch), view(q32, 2, 10, 4, 8), r.kv(r.k), r.kv(r.v), r.hv(r.out),
+                                          flat(saved)),
                   Error);
   CHECK_NOTHROW(test::attention_forward(*attn, p, host_batch_views(batch), r.qv(), r.kv(r.k), r.kv(r.v), r.hv(r.out), flat(saved)));
 }

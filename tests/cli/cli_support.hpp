@@ -24,8 +24,8 @@ inline const std::string kTinyRunFlags =
 
 // `ablate ARGS` under `timeout`: a hang becomes exit 124, which fails a check rather than the suite.
 inline CommandResult run_ablate_within(int seconds, const std::string& args, const std::string& env = "") {
-  return run_command(env + (env.empty() ? "" : " ") + "timeout " + std::to_string(seconds) + " " + std::string(ABLATE_BINARY) +
-                     " " + args);
+  return run_command(env + (env.empty() ? "" : " ") + "timeout " + std::to_string(seconds) + " " + std::string(ABLATE_BINARY) + " " +
+                     args);
 }
 
 // `text` with every `token` replaced by `value` (a case's directory for "DIR" in a command line).

@@ -187,8 +187,10 @@ TEST_CASE("size keys are bounded and floats must be finite: exit 2 naming the ke
 TEST_CASE("a model whose parameters alone exceed the device is refused by size, exit 2, before allocating") {
   ablate::test::TempDir tmp;
   // Every key within its bound, the product far beyond any machine: about 1.6e13 parameters.
-  const auto r = run_ablate("train " + kQuickstart + " --set model.d_model=65536 --set model.n_layers=1024 --set model.n_heads=64"
-                            " --set run.steps=1 --run-dir " + (tmp.path() / "run").string());
+  const auto r = run_ablate("train " + kQuickstart +
+                            " --set model.d_model=65536 --set model.n_layers=1024 --set model.n_heads=64"
+                            " --set run.steps=1 --run-dir " +
+                            (tmp.path() / "run").string());
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "parameters"));
@@ -215,7 +217,8 @@ TEST_CASE("a directory, a FIFO, /dev/zero or an oversized file as the experiment
   CHECK_FALSE(fs::exists(tmp.path() / "run" / "metrics.jsonl"));
 }
 
-TEST_CASE("a resolved config writes the chosen implementations' sections and those the experiment gave, not every one \"auto\" might pick") {
+TEST_CASE(
+    "a resolved config writes the chosen implementations' sections and those the experiment gave, not every one \"auto\" might pick") {
   // A run's config.toml is read back by eval, sample and export, possibly by a build without the
   // CUDA plugins: an unchosen [run.nccl] there would be an unknown section.
   const auto plain = run_ablate("config show " + kQuickstart);
@@ -235,8 +238,8 @@ TEST_CASE("a FIFO, a directory or a symlink to /dev/zero in place of any file ab
   // copy, and runs the command that reads it. `timeout` turns a hang into exit 124.
   ablate::test::TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const auto trained = ablate::test::run_command(std::string(ABLATE_BINARY) + " train " + kQuickstart +
-                                                 " --set run.steps=2 --run-dir " + run.string());
+  const auto trained =
+      ablate::test::run_command(std::string(ABLATE_BINARY) + " train " + kQuickstart + " --set run.steps=2 --run-dir " + run.string());
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
   // A token shard with GPT-2 tokenizer files beside it, and an experiment that reads them.
@@ -394,7 +397,8 @@ TEST_CASE("config keys without a usable range before are refused with the key an
 TEST_CASE("a batch_size x seq_len product no memory holds is exit 2 before anything is allocated") {
   ablate::test::TempDir dir;
   // Past 32-bit positions: refused by the config itself, at the key's line.
-  const fs::path cfg = dir.write("exp.toml", "[model]\nmax_seq_len = 16777216\n[batching]\nbatch_size = 1048576\nseq_len = 16777216\n");
+  const fs::path cfg =
+      dir.write("exp.toml", "[model]\nmax_seq_len = 16777216\n[batching]\nbatch_size = 1048576\nseq_len = 16777216\n");
   const auto r = run_ablate("config show " + cfg.string());
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, cfg.string() + ":4:"));
@@ -403,8 +407,8 @@ TEST_CASE("a batch_size x seq_len product no memory holds is exit 2 before anyth
   // batch (a virtual-memory cap turns an attempt into a bad_alloc the test would see).
   const std::string sizes = " --set batching.batch_size=16384 --set batching.seq_len=16384 --set model.max_seq_len=16384"
                             " --set run.memory_budget_gib=1 --set run.threads=1";
-  for (const std::string& command : {"train " + kQuickstart + sizes + " --run-dir " + (dir.path() / "run").string(),
-                                    "data analyze " + kQuickstart + sizes}) {
+  for (const std::string& command :
+       {"train " + kQuickstart + sizes + " --run-dir " + (dir.path() / "run").string(), "data analyze " + kQuickstart + sizes}) {
     INFO("ablate " << command);
     const auto t = ablate::test::run_command("ulimit -v 4000000; timeout 20 " + std::string(ABLATE_BINARY) + " " + command);
     INFO(t.output);
@@ -439,8 +443,8 @@ TEST_CASE("checkpoints are validated, not trusted: NaN weights, bad state.json, 
     out.write(reinterpret_cast<const char*>(tokens), sizeof tokens);
   }
   const auto eval = [&](const fs::path& dir, const std::string& extra = "") {
-    return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " eval --checkpoint " + dir.string() +
-                                     " --tokens " + shard.string() + " --seq-len 4" + extra);
+    return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " eval --checkpoint " + dir.string() + " --tokens " +
+                                     shard.string() + " --seq-len 4" + extra);
   };
   const auto sample = [&](const fs::path& dir, const std::string& extra = "") {
     return ablate::test::run_command("timeout 60 " + std::string(ABLATE_BINARY) + " sample --checkpoint " + dir.string() +
@@ -549,7 +553,8 @@ TEST_CASE("checkpoints are validated, not trusted: NaN weights, bad state.json, 
     CHECK(contains(r.output, "training documents"));
   }
   {  // `latest` naming a path outside the run directory is refused
-    for (const std::string& target : {std::string("../elsewhere"), std::string(".."), (tmp.path() / "run" / "checkpoints" / step).string()}) {
+    for (const std::string& target :
+         {std::string("../elsewhere"), std::string(".."), (tmp.path() / "run" / "checkpoints" / step).string()}) {
       const fs::path dir = copy();
       fs::create_directories(dir / "elsewhere");
       fs::copy(dir / "checkpoints" / step, dir / "elsewhere", fs::copy_options::recursive);

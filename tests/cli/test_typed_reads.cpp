@@ -57,15 +57,16 @@ std::vector<Damaged> damaged_versions(const Target& t, const std::string& text) 
   if (!number.empty()) {
     out.push_back({"a string for a number", with(number, "fast"), {quoted(number), "\"fast\""}});
     // Deeper than any file ablate writes, in a field the readers use.
-    out.push_back({"nested past the bound", substitute(with(number, 0), "\"" + number + "\":0", "\"" + number + "\":" + nested(100)),
+    out.push_back({"nested past the bound",
+                   substitute(with(number, 0), "\"" + number + "\":0", "\"" + number + "\":" + nested(100)),
                    {"nests deeper than"}});
   }
   if (!t.text.empty()) out.push_back({"an object for a string", with(t.text, json{{"a", 1}}), {quoted(t.text), "object"}});
   if (!t.count.empty()) out.push_back({"a negative count", with(t.count, -3), {quoted(t.count), "-3"}});
   if (!t.list.empty()) out.push_back({"a string for a list", with(t.list, "a"), {quoted(t.list)}});
   if (!string_field.empty()) {
-    out.push_back({"a megabyte string", with(string_field, std::string(std::size_t(1) << 20, 'x')),
-                   {quoted(string_field), "(1048576 bytes)"}});
+    out.push_back(
+        {"a megabyte string", with(string_field, std::string(std::size_t(1) << 20, 'x')), {quoted(string_field), "(1048576 bytes)"}});
   }
   return out;
 }
@@ -141,10 +142,12 @@ std::string tiny_sweep_keys(int steps) {
 
 }  // namespace
 
-TEST_CASE("report and doctor refuse a damaged run.json, summary.json or metrics.jsonl: exit 2 naming file, line and field, nothing changed") {
+TEST_CASE(
+    "report and doctor refuse a damaged run.json, summary.json or metrics.jsonl: exit 2 naming file, line and field, nothing changed") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const auto trained = run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=4 --run-dir " + run.string());
+  const auto trained =
+      run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=4 --run-dir " + run.string());
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
   REQUIRE(run_ablate_within(60, "doctor " + run.string()).exit_code == 0);
@@ -159,7 +162,8 @@ TEST_CASE("report and doctor refuse a damaged run.json, summary.json or metrics.
 TEST_CASE("doctor refuses run.json's device capabilities and plugin list of the wrong type: exit 2 naming the field") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const auto trained = run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=2 --run-dir " + run.string());
+  const auto trained =
+      run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=2 --run-dir " + run.string());
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
   const json good = json::parse(slurp(run / "run.json"));
@@ -184,7 +188,8 @@ TEST_CASE("doctor refuses run.json's device capabilities and plugin list of the 
   CHECK(run_ablate_within(60, "doctor " + run.string()).exit_code == 0);
 }
 
-TEST_CASE("a sweep re-run and report refuse a damaged arms.json, arm.json, summary.json or metrics.jsonl: exit 2, nothing retrained or changed") {
+TEST_CASE(
+    "a sweep re-run and report refuse a damaged arms.json, arm.json, summary.json or metrics.jsonl: exit 2, nothing retrained or changed") {
   TempDir tmp;
   const fs::path file = tmp.write("sweep.toml", "base = \"" + quickstart_config() + "\"\n[sweep]\nname = \"s\"\n[sweep.set]\n" +
                                                     tiny_sweep_keys(4) + "[sweep.grid]\n\"run.seed\" = [1, 2]\n");
@@ -214,7 +219,8 @@ TEST_CASE("directories whose names are not UTF-8: report, doctor --json and swee
   TempDir tmp;
   const bool plots = have_matplotlib();
   const fs::path run = tmp.path() / "run\xff";
-  const auto trained = run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=3 --run-dir " + run.string());
+  const auto trained =
+      run_ablate_within(120, "train " + quickstart_config() + kTinyRunFlags + " --set run.steps=3 --run-dir " + run.string());
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
 

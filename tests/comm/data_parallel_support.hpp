@@ -10,9 +10,8 @@ namespace ablate::test {
 // Open MPI refuses to run as root without the first two (CI containers run as root); more ranks
 // than cores need oversubscription; containers often forbid the cross-process memory reads of its
 // shared-memory transport, so the tests copy.
-inline const std::string kMpiTestEnv =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none";
+inline const std::string kMpiTestEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+                                       "OMPI_MCA_btl_vader_single_copy_mechanism=none";
 
 // |loss difference| allowed per step. The per-step losses are means of a few hundred float terms
 // over 20 steps of AdamW, and the gradients sum in another order: measured differences are ~1e-8.

@@ -36,7 +36,8 @@ std::string config(int threads) {
          " --set batching.name=padded --set batching.long_documents=truncate --set batching.batch_size=4"
          " --set batching.seq_len=64 --set run.eval_batches=2 --set run.eval_every=10 --set run.steps=20"
          " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
-         " --set run.threads=" + std::to_string(threads) + " --set logging.sinks=[\\\"jsonl\\\"]";
+         " --set run.threads=" +
+         std::to_string(threads) + " --set logging.sinks=[\\\"jsonl\\\"]";
 }
 
 CommandResult one_process(const std::string& args) { return run_ablate("train " + config(2) + " " + args); }
@@ -195,7 +196,8 @@ TEST_CASE("3 ranks (uneven shards, slices cut mid-tensor) give 1 process's losse
   }
 }
 
-TEST_CASE("gradient buckets reduced during the backward pass give the flat reduction's losses (2 and 3 ranks, accumulation 1 and 3, ZeRO-1)") {
+TEST_CASE(
+    "gradient buckets reduced during the backward pass give the flat reduction's losses (2 and 3 ranks, accumulation 1 and 3, ZeRO-1)") {
   // 1000-element buckets (0.004 MB) cut the 30,080 parameters into 31 pieces, most mid-tensor, and
   // under ZeRO-1 across shard boundaries. Only the grouping of the sums differs from one reduction
   // of the whole buffer, so the flat run's tolerance holds.
@@ -326,8 +328,8 @@ TEST_CASE("a 2-rank checkpoint resumes on 1 and 3 ranks, ZeRO-1 on, off and swit
     require_ok(two_ranks("--set optimizer.shard_state=" + from + " --run-dir " + base.string() + stop));
     // On 1 process: 2 micro-batches keep the global batch of 8 documents.
     const fs::path one = copy_run(base, tmp.path() / ("one_" + from));
-    const auto r1 = one_process("--set optimizer.shard_state=" + from + " --set run.grad_accum_steps=2 --run-dir " + one.string() +
-                                " --resume");
+    const auto r1 =
+        one_process("--set optimizer.shard_state=" + from + " --set run.grad_accum_steps=2 --run-dir " + one.string() + " --resume");
     require_ok(r1);
     CHECK(r1.output.find("the data cursors of 2 rank(s) dealt to 1: every global position below 80 was drawn and 0 above it") !=
           std::string::npos);

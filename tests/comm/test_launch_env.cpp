@@ -40,8 +40,7 @@ TEST_CASE("no launcher variables mean a world of one") {
 }
 
 TEST_CASE("open mpi's variables give rank, world and local rank") {
-  const LaunchEnv e =
-      read({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+  const LaunchEnv e = read({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
   CHECK(e.launcher == "open_mpi");
   CHECK(e.rank == 5);
   CHECK(e.world == 8);
@@ -57,8 +56,11 @@ TEST_CASE("slurm's variables give rank, world and local rank") {
 }
 
 TEST_CASE("open mpi's variables win over slurm's (mpirun inside an allocation)") {
-  const LaunchEnv e = read({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"},
-                            {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+  const LaunchEnv e = read({{"SLURM_PROCID", "0"},
+                            {"SLURM_NTASKS", "1"},
+                            {"SLURM_LOCALID", "0"},
+                            {"OMPI_COMM_WORLD_RANK", "1"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"},
                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
   CHECK(e.launcher == "open_mpi");
   CHECK(e.rank == 1);
@@ -71,8 +73,7 @@ TEST_CASE("a missing local rank is reported as unknown") {
 }
 
 TEST_CASE("the GPU of a process is its local rank modulo the visible GPUs, else GPU 0") {
-  const LaunchEnv third = read({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"},
-                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
+  const LaunchEnv third = read({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
   CHECK(ablate::launch::gpu_ordinal(third, 8) == 2);  // a machine showing all its GPUs
   CHECK(ablate::launch::gpu_ordinal(third, 1) == 0);  // srun --gpus-per-task=1: each task sees its own
   CHECK(ablate::launch::gpu_ordinal(third, 2) == 0);  // more local ranks than GPUs: shared
@@ -96,13 +97,11 @@ TEST_CASE("values that are not non-negative integers are errors naming the varia
   CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "-2"}}).find("SLURM_NTASKS='-2'") != std::string::npos);
   CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2x"}}).find("SLURM_NTASKS='2x'") != std::string::npos);
   CHECK(error_of({{"SLURM_PROCID", ""}, {"SLURM_NTASKS", "2"}}).find("SLURM_PROCID=''") != std::string::npos);
-  CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "99999999999999999999"}}).find("SLURM_NTASKS") !=
-        std::string::npos);
+  CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "99999999999999999999"}}).find("SLURM_NTASKS") != std::string::npos);
   CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}).find("at least one rank") != std::string::npos);
 }
 
 TEST_CASE("a local rank above the rank is an error") {
-  const std::string e =
-      error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}});
+  const std::string e = error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}});
   CHECK(e.find("OMPI_COMM_WORLD_LOCAL_RANK=3") != std::string::npos);
 }

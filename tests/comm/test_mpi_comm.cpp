@@ -36,10 +36,8 @@ struct World {
   std::unique_ptr<Communicator> ring;
   World() {
     registry.load_directories({test::plugin_dir()});
-    comm = make({{"timeout_s", Value(60.0)}, {"ring_min_bytes", Value(int64_t(1) << 20)},
-                 {"segment_bytes", Value(int64_t(8) << 20)}});
-    ring = make({{"timeout_s", Value(60.0)}, {"ring_min_bytes", Value(int64_t(0))},
-                 {"segment_bytes", Value(int64_t(4096))}});
+    comm = make({{"timeout_s", Value(60.0)}, {"ring_min_bytes", Value(int64_t(1) << 20)}, {"segment_bytes", Value(int64_t(8) << 20)}});
+    ring = make({{"timeout_s", Value(60.0)}, {"ring_min_bytes", Value(int64_t(0))}, {"segment_bytes", Value(int64_t(4096))}});
   }
   std::unique_ptr<Communicator> make(std::map<std::string, Value, std::less<>> keys) {
     const Params common{"run", {}};
@@ -227,7 +225,8 @@ TEST_CASE("all_gather moves 16-bit words it cannot reduce (bf16)") {
   std::vector<uint16_t> v(std::size_t(n), 0);
   for (int64_t i = mine.offset; i < mine.offset + mine.count; ++i) v[i] = uint16_t(0x3f80 + i);
   comm().all_gather(view(v, DType::bf16));
-  check_range(v, 0, n, [](int64_t i) { return uint16_t(0x3f80 + i); }, "all_gather of bf16 words");
+  check_range(
+      v, 0, n, [](int64_t i) { return uint16_t(0x3f80 + i); }, "all_gather of bf16 words");
 }
 
 TEST_CASE("reduce_scatter then all_gather equals all_reduce") {
@@ -244,10 +243,12 @@ TEST_CASE("broadcast copies the root's buffer (rank 1 when there is one) to ever
   for (int64_t n : {int64_t(1), int64_t(1001), int64_t(65537)}) {
     std::vector<double> v = local_values<double>(n);
     comm().broadcast(view(v), root);
-    check_range(v, 0, n, [&](int64_t i) { return value<double>(root, i); }, "broadcast of " + std::to_string(n));
+    check_range(
+        v, 0, n, [&](int64_t i) { return value<double>(root, i); }, "broadcast of " + std::to_string(n));
     std::vector<uint16_t> words(std::size_t(n), uint16_t(comm().rank() * 100));
     comm().broadcast(view(words, DType::bf16), root);
-    check_range(words, 0, n, [&](int64_t) { return uint16_t(root * 100); }, "broadcast of bf16 words");
+    check_range(
+        words, 0, n, [&](int64_t) { return uint16_t(root * 100); }, "broadcast of bf16 words");
   }
 }
 
@@ -255,8 +256,7 @@ TEST_CASE("barrier holds every rank until the last one arrives") {
   // The ranks share one machine, hence one monotonic clock: no rank may leave the barrier before
   // the late rank entered it.
   const auto now_ns = [] {
-    return double(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch()).count());
+    return double(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
   };
   const int late = comm().world() - 1;
   comm().barrier();
@@ -296,8 +296,7 @@ TEST_CASE("wrong calls are input errors raised before any communication") {
   on_gpu.device = DeviceType::cuda;
   CHECK(message_of([&] { comm().all_reduce(on_gpu, ReduceOp::sum); }).find("host buffers") != std::string::npos);
   std::vector<uint16_t> words(8, 0);
-  CHECK(message_of([&] { comm().all_reduce(view(words, DType::bf16), ReduceOp::sum); }).find("bf16") !=
-        std::string::npos);
+  CHECK(message_of([&] { comm().all_reduce(view(words, DType::bf16), ReduceOp::sum); }).find("bf16") != std::string::npos);
   const std::string root = message_of([&] { comm().broadcast(view(v), comm().world()); });
   CHECK(root.find("broadcast from rank " + std::to_string(comm().world())) != std::string::npos);
   CHECK(root.find("rank " + std::to_string(comm().rank()) + " of ") != std::string::npos);

@@ -18,8 +18,8 @@ int main() {
   Registry registry;
   registry.load_directories({ABLATE_PLUGIN_DIR});
   const Params common{"run", {}};
-  const Params own{"run.mpi", {{"timeout_s", Value(1.0)}, {"ring_min_bytes", Value(int64_t(1) << 20)},
-                                {"segment_bytes", Value(int64_t(8) << 20)}}};
+  const Params own{
+      "run.mpi", {{"timeout_s", Value(1.0)}, {"ring_min_bytes", Value(int64_t(1) << 20)}, {"segment_bytes", Value(int64_t(8) << 20)}}};
   const RunContext run;
   std::unique_ptr<Communicator> comm = registry.create<Communicator>(Kind::communicator, "mpi", {common, own, run});
   if (comm->world() != 2) {

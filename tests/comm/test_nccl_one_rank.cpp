@@ -36,17 +36,17 @@ void expect(bool ok, const std::string& what) {
 
 std::unique_ptr<ablate::Communicator> make(ablate::Registry& registry, const std::string& name) {
   const ablate::Params common{"run", {}};
-  const ablate::Params own{"run." + name, name == "nccl" ? std::map<std::string, ablate::Value, std::less<>>{
-                                                               {"timeout_s", ablate::Value(30.0)}}
-                                                         : std::map<std::string, ablate::Value, std::less<>>{}};
+  const ablate::Params own{"run." + name, name == "nccl"
+                                              ? std::map<std::string, ablate::Value, std::less<>>{{"timeout_s", ablate::Value(30.0)}}
+                                              : std::map<std::string, ablate::Value, std::less<>>{}};
   ablate::RunContext run;
   run.device = name == "nccl" ? "cuda" : "cpu";
   return registry.create<ablate::Communicator>(ablate::Kind::communicator, name, {common, own, run});
 }
 
 // Runs `op` through both communicators on the same bytes (nccl on a device copy) and compares.
-void compare(ablate::Communicator& single, ablate::Communicator& nccl, ablate::DType dtype, int64_t n,
-             const std::string& what, const std::function<void(ablate::Communicator&, ablate::TensorView)>& op) {
+void compare(ablate::Communicator& single, ablate::Communicator& nccl, ablate::DType dtype, int64_t n, const std::string& what,
+             const std::function<void(ablate::Communicator&, ablate::TensorView)>& op) {
   const std::size_t bytes = std::size_t(n) * ablate::dtype_size(dtype);
   std::vector<unsigned char> host(bytes);
   for (std::size_t i = 0; i < bytes; ++i) host[i] = (unsigned char)((i * 37 + 11) % 61);  // finite in every dtype

@@ -51,7 +51,8 @@ std::string config(const std::string& device = "cuda") {
          " --set batching.name=padded --set batching.long_documents=truncate --set batching.batch_size=2"
          " --set batching.seq_len=32 --set run.eval_every=0 --set run.steps=5 --set run.threads=1"
          " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
-         " --set logging.sinks=[\\\"jsonl\\\"]" + on;
+         " --set logging.sinks=[\\\"jsonl\\\"]" +
+         on;
 }
 
 CommandResult one_process(const std::string& args) { return run_ablate("train " + config() + " " + args, "ABLATE_EMULATE_CUDA=1"); }
@@ -175,8 +176,9 @@ TEST_CASE("dropout under nccl: each rank's masks are those of the same rank on t
 TEST_CASE("gradient buckets are issued during the backward pass, last parameters first, each once per step") {
   TempDir tmp;
   const fs::path dp = tmp.path() / "dp", log = tmp.path() / "nccl.log";
-  const auto r = n_ranks(2, config() + " --set run.steps=2 --set run.bucket_mb=0.01 --set run.communicator=nccl --run-dir " +
-                                dp.string(), "ABLATE_EMU_NCCL_LOG=" + log.string());
+  const auto r =
+      n_ranks(2, config() + " --set run.steps=2 --set run.bucket_mb=0.01 --set run.communicator=nccl --run-dir " + dp.string(),
+              "ABLATE_EMU_NCCL_LOG=" + log.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const int64_t params = read_json(dp / "run.json")["parameters"];
@@ -280,7 +282,8 @@ TEST_CASE("nccl checkpoints resume on another world size: 2 -> 3 and 4 -> 2 rank
   const auto resumed_on = [&](int before, int after, const std::string& zero_before, const std::string& zero_after) {
     const fs::path dir = tmp.path() / ("dp" + std::to_string(before) + std::to_string(after) + zero_before + zero_after);
     const std::string nccl = " --set run.communicator=nccl";
-    const auto a = n_ranks(before, config() + nccl + " --set optimizer.shard_state=" + zero_before + " --run-dir " + dir.string() + stop);
+    const auto a =
+        n_ranks(before, config() + nccl + " --set optimizer.shard_state=" + zero_before + " --run-dir " + dir.string() + stop);
     INFO(a.output);
     REQUIRE(a.exit_code == 0);
     const std::string rest = " --set optimizer.shard_state=" + zero_after + " --run-dir " + dir.string() + " --resume";

@@ -19,8 +19,14 @@ using namespace ablate;
 namespace {
 
 void add(Registry& r, Kind kind, const std::string& name, Schema schema = {}) {
-  r.add(ComponentInfo{kind, name, "1.0", "test component", std::move(schema),
-                      [](const ComponentArgs&) -> std::unique_ptr<Component> { return nullptr; }, "", {}},
+  r.add(ComponentInfo{kind,
+                      name,
+                      "1.0",
+                      "test component",
+                      std::move(schema),
+                      [](const ComponentArgs&) -> std::unique_ptr<Component> { return nullptr; },
+                      "",
+                      {}},
         "test");
 }
 
@@ -132,7 +138,9 @@ TEST_CASE("a family's keys live in one table its members share; the old [optimiz
   CHECK(own.get_int("block_size") == 256);
   CHECK(parse("[optimizer]\nname = \"adamw8bit\"\n").implementation("optimizer", "adamw8bit").get_float("beta2") == 0.95);
   // The same experiment moved to the family's head keeps its values.
-  CHECK(parse("[optimizer]\nname = \"adamw\"\n[optimizer.adamw]\nbeta2 = 0.99\n").implementation("optimizer", "adamw").get_float("beta2") == 0.99);
+  CHECK(parse("[optimizer]\nname = \"adamw\"\n[optimizer.adamw]\nbeta2 = 0.99\n")
+            .implementation("optimizer", "adamw")
+            .get_float("beta2") == 0.99);
   // Written where it used to be, in the file or by --set: moved into the family's table.
   c = parse("[optimizer]\nname = \"adamw8bit\"\nweight_decay = 0.0\n", {"optimizer.beta2=0.9"});
   own = c.implementation("optimizer", "adamw8bit");
@@ -175,7 +183,8 @@ TEST_CASE("a layer's own keys live in its table: [model] rope_theta and [adapter
     return "";
   };
   // The new spelling, and the chosen layer's default where the experiment gives none.
-  CHECK(parse("[model]\nposition = \"rope\"\n[model.rope]\ntheta = 500.0\n").implementation("model", "rope").get_float("theta") == 500.0);
+  CHECK(parse("[model]\nposition = \"rope\"\n[model.rope]\ntheta = 500.0\n").implementation("model", "rope").get_float("theta") ==
+        500.0);
   CHECK(parse("[model]\nposition = \"rope\"\n").implementation("model", "rope").get_float("theta") == 10000.0);
   // The old one, in the file or by --set: moved (and renamed) into the position layer's table.
   Config c = parse("[model]\nposition = \"rope\"\nrope_theta = 500000.0\n");
@@ -262,10 +271,9 @@ TEST_CASE_FIXTURE(Fixture, "a TOML syntax error names file, line and column") {
 }
 
 TEST_CASE_FIXTURE(Fixture, "--set values are typed by the schema") {
-  const Config c = parse("", {"run.steps=7", "optimizer.name=adamw", "optimizer.lr=3", "model.bias=false",
-                              "batching.name=bucketed", "batching.bucketed.boundaries=[128, 384]",
-                              "logging.sinks=console,jsonl", "data.synthetic_probes.documents=5",
-                              "model.norm=rmsnorm"});
+  const Config c = parse("", {"run.steps=7", "optimizer.name=adamw", "optimizer.lr=3", "model.bias=false", "batching.name=bucketed",
+                              "batching.bucketed.boundaries=[128, 384]", "logging.sinks=console,jsonl",
+                              "data.synthetic_probes.documents=5", "model.norm=rmsnorm"});
   CHECK(c.section("run").get_int("steps") == 7);
   CHECK(c.section("optimizer").get_float("lr") == 3.0);
   CHECK(c.section("model").get_bool("bias") == false);
@@ -278,13 +286,12 @@ TEST_CASE_FIXTURE(Fixture, "--set values are typed by the schema") {
 }
 
 TEST_CASE_FIXTURE(Fixture, "RunSpec::from reads every key the runtime uses once, typed, with each choice and its own keys") {
-  const RunSpec s = RunSpec::from(parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
-                                        {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5",
-                                         "run.eval_every=4", "batching.batch_size=6", "batching.seq_len=96",
-                                         "batching.bucketed.boundaries=[32, 96]", "optimizer.name=sgd",
-                                         "optimizer.lr=0.25", "optimizer.grad_clip=2", "logging.sinks=console,jsonl",
-                                         "logging.jsonl.file=m.jsonl", "data.workers=3", "data.prefetch=5",
-                                         "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"}));
+  const RunSpec s = RunSpec::from(
+      parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
+            {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5", "run.eval_every=4", "batching.batch_size=6",
+             "batching.seq_len=96", "batching.bucketed.boundaries=[32, 96]", "optimizer.name=sgd", "optimizer.lr=0.25",
+             "optimizer.grad_clip=2", "logging.sinks=console,jsonl", "logging.jsonl.file=m.jsonl", "data.workers=3", "data.prefetch=5",
+             "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"}));
   CHECK(s.run.steps == 12);
   CHECK(s.run.seed == 41);
   CHECK(s.run.grad_accum_steps == 3);
@@ -310,13 +317,13 @@ TEST_CASE_FIXTURE(Fixture, "RunSpec::from reads every key the runtime uses once,
   CHECK(s.checkpoint_keep == 2);
   CHECK(s.peak_tflops == 7.0);
   CHECK(s.communicator("single").name == "single");
-  CHECK(s.config_hash == parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
-                               {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5", "run.eval_every=4",
-                                "batching.batch_size=6", "batching.seq_len=96", "batching.bucketed.boundaries=[32, 96]",
-                                "optimizer.name=sgd", "optimizer.lr=0.25", "optimizer.grad_clip=2",
-                                "logging.sinks=console,jsonl", "logging.jsonl.file=m.jsonl", "data.workers=3",
-                                "data.prefetch=5", "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"})
-                               .hash());
+  CHECK(s.config_hash ==
+        parse("[run]\nsteps = 12\n[batching]\nname = \"bucketed\"\n",
+              {"run.seed=41", "run.grad_accum_steps=3", "run.memory_budget_gib=1.5", "run.eval_every=4", "batching.batch_size=6",
+               "batching.seq_len=96", "batching.bucketed.boundaries=[32, 96]", "optimizer.name=sgd", "optimizer.lr=0.25",
+               "optimizer.grad_clip=2", "logging.sinks=console,jsonl", "logging.jsonl.file=m.jsonl", "data.workers=3",
+               "data.prefetch=5", "checkpoint.keep=2", "metrics.peak_tflops=7", "schedule.name=linear"})
+            .hash());
   CHECK(s.config_source == "exp.toml");
   CHECK(!RunSpec::from(parse("")).memory_budget_configured());
 }
@@ -477,9 +484,8 @@ TEST_CASE_FIXTURE(Fixture, "a chosen layer's own keys live in [model.<layer>], c
 
 // ---- [[eval]] tables ---------------------------------------------------------------------
 
-const char* kTwoEvals =
-    "[[eval]]\nname = \"multiple_choice\"\nlabel = \"rows\"\npath = \"a.jsonl\"\n\n"
-    "[[eval]]\nname = \"multiple_choice\"\nevery = 50\nnormalization = \"sum\"\n";
+const char* kTwoEvals = "[[eval]]\nname = \"multiple_choice\"\nlabel = \"rows\"\npath = \"a.jsonl\"\n\n"
+                        "[[eval]]\nname = \"multiple_choice\"\nevery = 50\nnormalization = \"sum\"\n";
 
 TEST_CASE_FIXTURE(Fixture, "[[eval]] tables resolve in order with their labels, common keys and evaluator keys") {
   const Config c = parse(kTwoEvals);

@@ -48,11 +48,37 @@ std::string join_lines(const std::vector<std::string>& lines) {
 }
 
 // Values that have broken loaders: extremes of every type TOML has, and things that are not TOML.
-const char* const kValues[] = {
-    "0", "-1", "1e-320", "1e308", "inf", "-inf", "nan", "9223372036854775807", "-9223372036854775808",
-    "18446744073709551616", "2147483648", "0.5", "1.0e", "\"\"", "\"x\"", "\"../../etc\"", "\"\\u0000\"", "[]",
-    "[1, \"a\"]", "[[1], [2]]", "{}", "{ a = 1 }", "true", "1979-05-27T07:32:00Z", "'''\nx'''", "\xff\xfe", "[",
-    "\"unterminated", "0x7fffffff", "0o777", "1_000"};
+const char* const kValues[] = {"0",
+                               "-1",
+                               "1e-320",
+                               "1e308",
+                               "inf",
+                               "-inf",
+                               "nan",
+                               "9223372036854775807",
+                               "-9223372036854775808",
+                               "18446744073709551616",
+                               "2147483648",
+                               "0.5",
+                               "1.0e",
+                               "\"\"",
+                               "\"x\"",
+                               "\"../../etc\"",
+                               "\"\\u0000\"",
+                               "[]",
+                               "[1, \"a\"]",
+                               "[[1], [2]]",
+                               "{}",
+                               "{ a = 1 }",
+                               "true",
+                               "1979-05-27T07:32:00Z",
+                               "'''\nx'''",
+                               "\xff\xfe",
+                               "[",
+                               "\"unterminated",
+                               "0x7fffffff",
+                               "0o777",
+                               "1_000"};
 
 std::string mutate(std::string text, std::mt19937_64& rng) {
   const auto pick = [&](std::size_t n) { return std::size_t(rng() % std::max<std::size_t>(n, 1)); };
@@ -105,7 +131,8 @@ std::string mutate(std::string text, std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("mutated experiment files either load, resolving to TOML that loads back the same, or fail as input errors naming the file") {
+TEST_CASE(
+    "mutated experiment files either load, resolving to TOML that loads back the same, or fail as input errors naming the file") {
   Registry registry;
   registry.load_directories({test::plugin_dir()});
   const std::filesystem::path configs = std::filesystem::path(ABLATE_SOURCE_DIR) / "configs";

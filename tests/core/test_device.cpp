@@ -63,7 +63,7 @@ TEST_CASE("a packed batch holds its six arrays one after another, and its views 
   CHECK(v.targets.as<int32_t>()[1] == -1);
   CHECK(v.positions.as<int32_t>()[4] == 2);
   CHECK(v.segment_ids.as<int32_t>()[9] == 0);
-  CHECK(v.segments.as<int32_t>()[3] == 3);      // the second segment's length
+  CHECK(v.segments.as<int32_t>()[3] == 3);  // the second segment's length
   CHECK(v.row_segments.as<int32_t>()[2] == 3);
   CHECK(v.segments.shape[0] == 3);
   CHECK(v.segments.shape[1] == 2);
@@ -160,9 +160,19 @@ uint16_t bits_of(float f) {
 
 TEST_CASE("bf16_bits rounds f32 to the nearest bf16, ties to even, over every exponent, and NaN stays a quiet NaN") {
   std::mt19937_64 rng(7);
-  std::vector<float> xs = {1.0f, -1.0f, 1.00390625f /* 1 + 2^-8: a tie, to even (1) */, 1.01171875f /* 1 + 3*2^-8: to 1 + 2^-6 */,
-                           3.3895313892515355e38f /* bf16's largest */, 3.4028234663852886e38f /* f32's largest: to inf */,
-                           1e-45f /* the smallest subnormal */, 1.1754942e-38f, -0.0f, INFINITY, -INFINITY, 65504.0f, 0.1f};
+  std::vector<float> xs = {1.0f,
+                           -1.0f,
+                           1.00390625f /* 1 + 2^-8: a tie, to even (1) */,
+                           1.01171875f /* 1 + 3*2^-8: to 1 + 2^-6 */,
+                           3.3895313892515355e38f /* bf16's largest */,
+                           3.4028234663852886e38f /* f32's largest: to inf */,
+                           1e-45f /* the smallest subnormal */,
+                           1.1754942e-38f,
+                           -0.0f,
+                           INFINITY,
+                           -INFINITY,
+                           65504.0f,
+                           0.1f};
   for (int i = 0; i < 200000; ++i) {
     const auto u = uint32_t(rng());
     float f;

@@ -65,7 +65,8 @@ TEST_CASE("only a regular file within its kind's cap is read; anything else is a
   for (const auto& [path, message] : bad) {
     CAPTURE(path);
     // Each entry point refuses it (a FIFO here would block the test forever if it were opened).
-    CHECK(contains(refusal([&] { check_regular_file(path, "experiment file", kMaxExperimentBytes); }), path.string() + ": " + message));
+    CHECK(
+        contains(refusal([&] { check_regular_file(path, "experiment file", kMaxExperimentBytes); }), path.string() + ": " + message));
     CHECK(contains(refusal([&] { read_regular_file(path, "experiment file", kMaxExperimentBytes); }), message));
     CHECK(contains(refusal([&] { ::close(open_regular_file(path, "experiment file")); }), message));
   }
@@ -94,8 +95,9 @@ TEST_CASE("JSON is refused past kMaxJsonDepth levels before it is parsed, bracke
 TEST_CASE("an output directory below a regular file is refused before anything is created") {
   test::TempDir tmp;
   const fs::path file = tmp.write("summary.json", "{}");
-  CHECK(contains(refusal([&] { check_output_directory(file / "hf" / "deeper", "the export directory"); }),
-                 (file / "hf" / "deeper").string() + ": cannot be created: " + file.string() + " is an existing file, not a directory"));
+  CHECK(
+      contains(refusal([&] { check_output_directory(file / "hf" / "deeper", "the export directory"); }),
+               (file / "hf" / "deeper").string() + ": cannot be created: " + file.string() + " is an existing file, not a directory"));
   CHECK(!fs::exists(file.parent_path() / "hf"));
   CHECK(refusal([&] { check_output_directory(tmp.path() / "new" / "deeper", "the export directory"); }).empty());
   CHECK(refusal([&] { check_output_directory(tmp.path(), "the export directory"); }).empty());

@@ -14,9 +14,21 @@ TEST_CASE("metric_values lists docs/architecture.md's metrics in order, then the
   m.optimizer_state_bytes = 123456789012;
   m.extra.push_back({"val_loss", 2.75});
   const auto v = metric_values(m);
-  const std::vector<std::string> design = {"step",         "loss",          "lr",           "grad_norm",      "step_ms",
-                                           "tokens",       "real_tokens",   "padding_fraction", "tokens_per_s", "real_tokens_per_s",
-                                           "tflops",       "mfu",           "effective_mfu", "data_wait_pct", "mem_peak_bytes",
+  const std::vector<std::string> design = {"step",
+                                           "loss",
+                                           "lr",
+                                           "grad_norm",
+                                           "step_ms",
+                                           "tokens",
+                                           "real_tokens",
+                                           "padding_fraction",
+                                           "tokens_per_s",
+                                           "real_tokens_per_s",
+                                           "tflops",
+                                           "mfu",
+                                           "effective_mfu",
+                                           "data_wait_pct",
+                                           "mem_peak_bytes",
                                            "optimizer_state_bytes"};
   REQUIRE(v.size() == design.size() + 1);
   for (std::size_t i = 0; i < design.size(); ++i) CHECK(v[i].first == design[i]);

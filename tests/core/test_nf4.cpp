@@ -53,7 +53,8 @@ TEST_CASE("nf4: book values times the block's absmax are exact, others are the n
     // The block's absmax is a value of the block, and dequantizes to itself.
     for (std::size_t b = 0; b < scales.size(); ++b) {
       bool found = false;
-      for (int64_t i = int64_t(b) * 64; i < std::min<int64_t>(n, int64_t(b + 1) * 64); ++i) found |= std::abs(x[std::size_t(i)]) == scales[b];
+      for (int64_t i = int64_t(b) * 64; i < std::min<int64_t>(n, int64_t(b + 1) * 64); ++i)
+        found |= std::abs(x[std::size_t(i)]) == scales[b];
       CHECK(found);
     }
     // Quantizing the dequantized values gives the same codes and scales.

@@ -95,7 +95,7 @@ TEST_CASE("the default search path is next to the executable and never the curre
   const auto dirs = Registry::default_search_path();
   REQUIRE(dirs.size() >= 2);
   CHECK(dirs[0].filename() == "plugins");
-  for (const fs::path& d : dirs) CHECK(d != fs::path(".") );
+  for (const fs::path& d : dirs) CHECK(d != fs::path("."));
 }
 
 TEST_CASE("an unknown component name lists the valid names of its kind and suggests the closest") {

@@ -57,8 +57,7 @@ TEST_CASE("the writer's bytes are the format's: header length, JSON header, raw 
   std::string data(8, '\0');
   const float values[2] = {1.0f, -2.0f};
   std::memcpy(data.data(), values, 8);
-  const std::string expected =
-      by_hand(R"({"__metadata__":{"step":"3"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
+  const std::string expected = by_hand(R"({"__metadata__":{"step":"3"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data);
   CHECK(read_all(dir.path() / "x.safetensors") == expected);
 }
 
@@ -96,8 +95,8 @@ TEST_CASE("a truncated file is refused naming the file and the missing bytes") {
 TEST_CASE("overlapping tensors, wrong sizes and bad JSON are refused") {
   test::TempDir dir;
   const std::string data(16, '\0');
-  std::ofstream(dir.path() / "o.safetensors", std::ios::binary)
-      << by_hand(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", data);
+  std::ofstream(dir.path() / "o.safetensors", std::ios::binary) << by_hand(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", data);
   CHECK(error_of(dir.path() / "o.safetensors").find("overlap") != std::string::npos);
   std::ofstream(dir.path() / "s.safetensors", std::ios::binary)
       << by_hand(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data);
@@ -112,8 +111,8 @@ TEST_CASE("a directory, duplicate tensor names and non-object metadata are refus
   CHECK(error_of(dir.path() / "d.safetensors").find("not a regular file") != std::string::npos);
   CHECK(error_of(dir.path() / "missing.safetensors").find("does not exist") != std::string::npos);
   const std::string data(16, '\0');
-  std::ofstream(dir.path() / "dup.safetensors", std::ios::binary)
-      << by_hand(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", data);
+  std::ofstream(dir.path() / "dup.safetensors", std::ios::binary) << by_hand(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", data);
   CHECK(error_of(dir.path() / "dup.safetensors").find("names tensor 'a' twice") != std::string::npos);
   for (const char* meta : {R"("x")", R"([1,2])", R"(7)"}) {
     std::ofstream(dir.path() / "m.safetensors", std::ios::binary)

@@ -32,8 +32,8 @@ Registry& registry() {
 }
 
 std::unique_ptr<Schedule> make(const std::string& schedule_toml, int64_t steps, double lr = 1e-3) {
-  const std::string text = "[run]\nsteps = " + std::to_string(steps) + "\n[optimizer]\nlr = " + std::to_string(lr) + "\n[schedule]\n" +
-                           schedule_toml;
+  const std::string text =
+      "[run]\nsteps = " + std::to_string(steps) + "\n[optimizer]\nlr = " + std::to_string(lr) + "\n[schedule]\n" + schedule_toml;
   const Config c = Config::parse(text, "test.toml", {}, registry());
   const ablate::RunSpec spec = ablate::RunSpec::from(c);
   return ablate::Session(spec, registry(), ablate::RunContext{}).schedule();
@@ -82,7 +82,8 @@ TEST_CASE("constant, cosine and linear give the previous version's learning rate
     for (const int64_t total : {1, 2, 7, 100, 150, 500}) {
       for (const int64_t warmup : {int64_t(0), int64_t(1), int64_t(10), total, total + 3}) {
         for (const double ratio : {0.0, 0.1, 0.37, 1.0}) {
-          const auto s = make("name = \"" + shape + "\"\nwarmup_steps = " + std::to_string(warmup) + "\nmin_lr_ratio = " + std::to_string(ratio) + "\n",
+          const auto s = make("name = \"" + shape + "\"\nwarmup_steps = " + std::to_string(warmup) +
+                                  "\nmin_lr_ratio = " + std::to_string(ratio) + "\n",
                               total, 3e-3);
           for (int64_t step = 1; step <= total + 2; ++step) {
             INFO(shape << " total " << total << " warmup " << warmup << " ratio " << ratio << " step " << step);
@@ -105,7 +106,8 @@ TEST_CASE("wsd holds the peak, then decays over its last decay_fraction of the s
   CHECK(s->at(100) == doctest::Approx(1e-4 + (1e-3 - 1e-4) * 0.5));  // linear: half way at step 100
   CHECK(s->at(110) == doctest::Approx(1e-4));
   CHECK(s->at(200) == doctest::Approx(1e-4));
-  const auto cosine = make("name = \"wsd\"\nmin_lr_ratio = 0.0\n[schedule.wsd]\ndecay_fraction = 0.5\ndecay_shape = \"cosine\"\n", 100);
+  const auto cosine =
+      make("name = \"wsd\"\nmin_lr_ratio = 0.0\n[schedule.wsd]\ndecay_fraction = 0.5\ndecay_shape = \"cosine\"\n", 100);
   CHECK(cosine->at(50) == 1e-3);
   CHECK(cosine->at(75) == doctest::Approx(0.5e-3));
   const auto root = make("name = \"wsd\"\nmin_lr_ratio = 0.0\n[schedule.wsd]\ndecay_fraction = 0.5\ndecay_shape = \"sqrt\"\n", 100);

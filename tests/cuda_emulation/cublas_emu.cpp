@@ -439,8 +439,7 @@ cublasStatus_t resolve(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrix
     Mat* out = name == 'A' ? &P->A : name == 'B' ? &P->B : name == 'C' ? &P->C : &P->D;
     if (const cublasStatus_t rc = check_layout(l, name, out, call); rc != CUBLAS_STATUS_SUCCESS) return rc;
   }
-  if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_FAST_TF32 &&
-      d->compute != CUBLAS_COMPUTE_32F_FAST_16BF) {
+  if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_FAST_TF32 && d->compute != CUBLAS_COMPUTE_32F_FAST_16BF) {
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
                   "compute type " + std::to_string(d->compute) + " (32F, 32F_FAST_TF32 and 32F_FAST_16BF only)");
   }
@@ -449,8 +448,7 @@ cublasStatus_t resolve(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrix
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "pointer mode other than CUBLASLT_POINTER_MODE_HOST");
   }
   const auto op_ok = [](int32_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
-  if (!op_ok(d->transa) || !op_ok(d->transb))
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "TRANSA or TRANSB not an operation");
+  if (!op_ok(d->transa) || !op_ok(d->transb)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "TRANSA or TRANSB not an operation");
   if (d->transc != CUBLAS_OP_N) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "TRANSC other than CUBLAS_OP_N");
   const Mat &A = P->A, &B = P->B, &C = P->C, &D = P->D;
   P->fp8 = is_fp8(A.type) || is_fp8(B.type);
@@ -543,8 +541,8 @@ bool host_value(const void* p) { return p != nullptr && !ablate::emu::is_device_
 
 // An FP8 product (device memory open): t = ab_scale * sum_k a b (fp32, in k order) + c_scale * C,
 // amax over t (a NaN makes it NaN), D = d_scale * t in D's type.
-void multiply_fp8(const Problem& P, float ab_scale, float c_scale, float d_scale, const void* A, const void* B, const void* C,
-                  void* D, float* amax_out) {
+void multiply_fp8(const Problem& P, float ab_scale, float c_scale, float d_scale, const void* A, const void* B, const void* C, void* D,
+                  float* amax_out) {
   const View va = P.A.view(A, 0), vb = P.B.view(B, 0), vc = P.C.view(C, 0), vd = P.D.view(D, 0);
   float amax = 0.0f;
   multiply(P.m, P.n, P.k, va, true, vb, false, Round::none, [&](int64_t j, const float* acc, const float*, const float*) {
@@ -642,8 +640,7 @@ cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t l, cublas
   return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "layout attribute " + std::to_string(int(attr)));
 }
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc, cublasComputeType_t computeType,
-                                        cudaDataType_t scaleType) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc, cublasComputeType_t computeType, cudaDataType_t scaleType) {
   if (matmulDesc == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescCreate", "null descriptor pointer");
   auto* d = new cublasLtMatmulDescOpaque_t;
   d->compute = int32_t(computeType);
@@ -690,8 +687,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
   return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "matmul descriptor attribute " + std::to_string(int(attr)));
 }
 
-cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, void* buf,
-                                              std::size_t size, std::size_t* written) {
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, void* buf, std::size_t size,
+                                              std::size_t* written) {
   const char* call = "cublasLtMatmulDescGetAttribute";
   if (d == nullptr || d->tag != kDescTag) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a matmul descriptor");
   switch (attr) {
@@ -757,8 +754,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
   return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "preference attribute " + std::to_string(int(attr)));
 }
 
-cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
-                                                    void* buf, std::size_t size, std::size_t* written) {
+cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, void* buf,
+                                                    std::size_t size, std::size_t* written) {
   const char* call = "cublasLtMatmulPreferenceGetAttribute";
   if (p == nullptr || p->tag != kPrefTag) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a preference");
   switch (attr) {
@@ -777,10 +774,9 @@ cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p
 // --- cuBLASLt: the heuristic and the product -------------------------------------------------------
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
-                                              cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc,
-                                              cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t preference,
-                                              int requestedAlgoCount, cublasLtMatmulHeuristicResult_t results[],
-                                              int* returnAlgoCount) {
+                                              cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                              cublasLtMatmulPreference_t preference, int requestedAlgoCount,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returnAlgoCount) {
   const char* call = "cublasLtMatmulAlgoGetHeuristic";
   if (returnAlgoCount != nullptr) *returnAlgoCount = 0;
   if (handle == nullptr || handle->tag != kLtTag) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "not a live handle");
@@ -959,8 +955,7 @@ cublasStatus_t cublasCreate(cublasHandle_t* handle) {
 }
 
 cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-  if (handle == nullptr || handle->tag != kBlasTag)
-    return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "cublasDestroy", "not a live handle");
+  if (handle == nullptr || handle->tag != kBlasTag) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "cublasDestroy", "not a live handle");
   handle->tag = 0;
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
@@ -969,8 +964,7 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle) {
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   if (handle == nullptr || handle->tag != kBlasTag)
     return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "cublasSetStream", "not a live handle");
-  if (!ablate::emu::runtime::stream_live(stream))
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasSetStream", "not a live stream");
+  if (!ablate::emu::runtime::stream_live(stream)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasSetStream", "not a live stream");
   handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -987,10 +981,9 @@ namespace {
 
 // The checks cublasGemmBatchedEx and cublasGemmStridedBatchedEx share: column-major f32,
 // C (m x n) = alpha op(A) op(B) + beta C.
-cublasStatus_t check_gemm_ex(const char* call, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
-                             int n, int k, const void* alpha, cudaDataType Atype, int lda, cudaDataType Btype, int ldb,
-                             const void* beta, cudaDataType Ctype, int ldc, int batchCount, cublasComputeType_t computeType,
-                             cublasGemmAlgo_t algo) {
+cublasStatus_t check_gemm_ex(const char* call, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                             int k, const void* alpha, cudaDataType Atype, int lda, cudaDataType Btype, int ldb, const void* beta,
+                             cudaDataType Ctype, int ldc, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   if (handle == nullptr || handle->tag != kBlasTag) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "not a live handle");
   const auto op_ok = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
   if (!op_ok(transa) || !op_ok(transb)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "transa or transb not an operation");
@@ -1031,8 +1024,7 @@ cublasStatus_t check_member(const char* call, const Member& x, int64_t i, int64_
     if (x.a == nullptr || x.b == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, at + ": a null A or B");
     if (alignment_of(x.a) < 4 || alignment_of(x.b) < 4)
       return refuse(CUBLAS_STATUS_INVALID_VALUE, call, at + ": A or B not aligned to floats");
-    if (!ablate::emu::is_device_range(x.a, std::size_t(a_span) * 4) ||
-        !ablate::emu::is_device_range(x.b, std::size_t(b_span) * 4)) {
+    if (!ablate::emu::is_device_range(x.a, std::size_t(a_span) * 4) || !ablate::emu::is_device_range(x.b, std::size_t(b_span) * 4)) {
       return refuse(CUBLAS_STATUS_INVALID_VALUE, call, at + ": A or B not inside one device allocation");
     }
   }
@@ -1062,12 +1054,12 @@ void run_member(const Member& x, cublasOperation_t transa, cublasOperation_t tra
 
 cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                                    const void* alpha, const void* const Aarray[], cudaDataType Atype, int lda,
-                                   const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
-                                   void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
-                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+                                   const void* const Barray[], cudaDataType Btype, int ldb, const void* beta, void* const Carray[],
+                                   cudaDataType Ctype, int ldc, int batchCount, cublasComputeType_t computeType,
+                                   cublasGemmAlgo_t algo) {
   const char* call = "cublasGemmBatchedEx";
-  if (const cublasStatus_t rc = check_gemm_ex(call, handle, transa, transb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype,
-                                              ldc, batchCount, computeType, algo);
+  if (const cublasStatus_t rc = check_gemm_ex(call, handle, transa, transb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc,
+                                              batchCount, computeType, algo);
       rc != CUBLAS_STATUS_SUCCESS) {
     return rc;
   }
@@ -1092,22 +1084,20 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
     x.a = reads_ab ? static_cast<const float*>(Aarray[i]) : nullptr;
     x.b = reads_ab ? static_cast<const float*>(Barray[i]) : nullptr;
     x.c = static_cast<float*>(Carray[i]);
-    if (const cublasStatus_t rc = check_member(call, x, i, a_span, b_span, c_span, reads_ab); rc != CUBLAS_STATUS_SUCCESS)
-      return rc;
+    if (const cublasStatus_t rc = check_member(call, x, i, a_span, b_span, c_span, reads_ab); rc != CUBLAS_STATUS_SUCCESS) return rc;
   }
   for (const Member& x : members) run_member(x, transa, transb, m, n, k, a, lda, ldb, b, ldc, rnd);
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                                          int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
-                                          long long int strideA, const void* B, cudaDataType Btype, int ldb,
-                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
-                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
-                                          cublasGemmAlgo_t algo) {
+                                          int k, const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA,
+                                          const void* B, cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C,
+                                          cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   const char* call = "cublasGemmStridedBatchedEx";
-  if (const cublasStatus_t rc = check_gemm_ex(call, handle, transa, transb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype,
-                                              ldc, batchCount, computeType, algo);
+  if (const cublasStatus_t rc = check_gemm_ex(call, handle, transa, transb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc,
+                                              batchCount, computeType, algo);
       rc != CUBLAS_STATUS_SUCCESS) {
     return rc;
   }

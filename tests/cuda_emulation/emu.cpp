@@ -213,7 +213,9 @@ void tsan_acquire(void* a) {
 class AsScheduler {
  public:
 #ifdef ABLATE_EMU_TSAN
-  explicit AsScheduler(Engine& e) : fiber_(__tsan_get_current_fiber()) { __tsan_switch_to_fiber(e.sched_tsan, __tsan_switch_to_fiber_no_sync); }
+  explicit AsScheduler(Engine& e) : fiber_(__tsan_get_current_fiber()) {
+    __tsan_switch_to_fiber(e.sched_tsan, __tsan_switch_to_fiber_no_sync);
+  }
   ~AsScheduler() { __tsan_switch_to_fiber(fiber_, __tsan_switch_to_fiber_no_sync); }
 
  private:
@@ -312,12 +314,12 @@ void prepare(Fiber& f) {
   auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t(15));
   s[-1] = 0;
   s[-2] = reinterpret_cast<uint64_t>(&ablate_emu_trampoline);
-  s[-3] = 0;                                           // rbp
-  s[-4] = 0;                                           // rbx
-  s[-5] = reinterpret_cast<uint64_t>(&f);              // r12: the argument
-  s[-6] = reinterpret_cast<uint64_t>(&fiber_main);     // r13: the entry
-  s[-7] = 0;                                           // r14
-  s[-8] = 0;                                           // r15
+  s[-3] = 0;                                          // rbp
+  s[-4] = 0;                                          // rbx
+  s[-5] = reinterpret_cast<uint64_t>(&f);             // r12: the argument
+  s[-6] = reinterpret_cast<uint64_t>(&fiber_main);    // r13: the entry
+  s[-7] = 0;                                          // r14
+  s[-8] = 0;                                          // r15
   s[-9] = uint64_t(mxcsr) | (uint64_t(fpucw) << 32);  // MXCSR, x87 control word
   f.sp = &s[-9];
   f.state = State::ready;
@@ -373,10 +375,10 @@ std::string release_shared(Launch& L) {
   std::string err;
   for (SharedAlloc& a : L.shared) {
     if (err.empty() && !runtime::guard_intact(a.data, a.bytes)) {
-      err = a.site != nullptr ? "a write past the end of __shared__ '" + std::string(a.site->name) + "' (" + a.site->file + ":" +
-                                    std::to_string(a.site->line) + ", " + std::to_string(a.site->bytes) + " bytes)"
-                              : "a write past the end of the dynamic (extern) __shared__ array (" + std::to_string(a.bytes) +
-                                    " bytes)";
+      err = a.site != nullptr
+                ? "a write past the end of __shared__ '" + std::string(a.site->name) + "' (" + a.site->file + ":" +
+                      std::to_string(a.site->line) + ", " + std::to_string(a.site->bytes) + " bytes)"
+                : "a write past the end of the dynamic (extern) __shared__ array (" + std::to_string(a.bytes) + " bytes)";
     }
     free_guarded(a.data, a.bytes);
   }
@@ -423,8 +425,8 @@ bool settle(Engine& e, Launch& L) {
       if (f.where.line != first_barrier->where.line || std::strcmp(f.where.file, first_barrier->where.file) != 0 ||
           f.op != first_barrier->op) {
         fail("the threads of the block wait at different barriers: thread " + std::to_string(first_barrier->linear) + " at " +
-             barrier_name(first_barrier->op) + " (" + at(first_barrier->where) + "), thread " + std::to_string(f.linear) +
-             " at " + barrier_name(f.op) + " (" + at(f.where) + ")");
+             barrier_name(first_barrier->op) + " (" + at(first_barrier->where) + "), thread " + std::to_string(f.linear) + " at " +
+             barrier_name(f.op) + " (" + at(f.where) + ")");
       }
       count += f.pred;
     }
@@ -451,7 +453,8 @@ bool settle(Engine& e, Launch& L) {
       break;
     }
     if (o.state == State::collective && (o.kind != c.kind || o.mask != c.mask)) {
-      others = "lane " + std::to_string(l) + " waits at " + collective_name(o.kind) + " (" + at(o.where) + ", mask " + hex(o.mask) + ")";
+      others =
+          "lane " + std::to_string(l) + " waits at " + collective_name(o.kind) + " (" + at(o.where) + ", mask " + hex(o.mask) + ")";
       break;
     }
   }
@@ -499,14 +502,14 @@ void run_block(Engine& e, Launch& L, Order order_kind) {
     }
   } catch (const std::exception& x) {
     abandon_block(e, L);
-    throw Error(at(L.where) + ": kernel '" + L.kernel + "' block " + block_name(L.block) + " (schedule " +
-                current_schedule().name() + "): " + x.what());
+    throw Error(at(L.where) + ": kernel '" + L.kernel + "' block " + block_name(L.block) + " (schedule " + current_schedule().name() +
+                "): " + x.what());
   }
   tsan_acquire(&L.tsan_end);  // the block's writes to its shared memory happen before it is freed
   const std::string overrun = release_shared(L);
   if (!overrun.empty()) {
-    throw Error(at(L.where) + ": kernel '" + L.kernel + "' block " + block_name(L.block) + " (schedule " +
-                current_schedule().name() + "): " + overrun);
+    throw Error(at(L.where) + ": kernel '" + L.kernel + "' block " + block_name(L.block) + " (schedule " + current_schedule().name() +
+                "): " + overrun);
   }
   g_threads += uint64_t(L.threads);
 }
@@ -515,7 +518,8 @@ void run_block(Engine& e, Launch& L, Order order_kind) {
 bool check_config(const Where& w, const char* kernel, const detail::LaunchConfig& c) {
   if (!runtime::stream_live(c.stream)) {
     runtime::launch_refused(cudaErrorInvalidResourceHandle,
-                            at(w) + ": launch of '" + kernel + "' on a stream that is not (or no longer) a live stream (cudaErrorInvalidResourceHandle)");
+                            at(w) + ": launch of '" + kernel +
+                                "' on a stream that is not (or no longer) a live stream (cudaErrorInvalidResourceHandle)");
     return false;
   }
   const dim3 g = c.grid, b = c.block;
@@ -531,8 +535,8 @@ bool check_config(const Where& w, const char* kernel, const detail::LaunchConfig
     return true;
   }
   runtime::launch_refused(cudaErrorInvalidConfiguration,
-                          at(w) + ": launch of '" + kernel + "' with grid (" + std::to_string(g.x) + "," + std::to_string(g.y) +
-                              "," + std::to_string(g.z) + ") and block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+                          at(w) + ": launch of '" + kernel + "' with grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," +
+                              std::to_string(g.z) + ") and block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
                               std::to_string(b.z) + "), " + std::to_string(c.shared) + " bytes of dynamic shared memory: " + why +
                               " is an invalid configuration (cudaErrorInvalidConfiguration)");
   return false;
@@ -641,7 +645,8 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
   const int lanes = std::min(32, L.threads - warp * 32);
   const unsigned exist = existing_lanes(L, warp);
   const auto here = [&] { return std::string(collective_name(kind)) + " (" + at(w) + ", mask " + hex(mask) + ")"; };
-  if (((mask >> lane) & 1u) == 0) fail("lane " + std::to_string(lane) + " of warp " + std::to_string(warp) + " calls " + here() + ", which does not name it");
+  if (((mask >> lane) & 1u) == 0)
+    fail("lane " + std::to_string(lane) + " of warp " + std::to_string(warp) + " calls " + here() + ", which does not name it");
   // A shuffle's mask must name only lanes that exist and have not returned (their values are what
   // it exchanges); a vote or __syncwarp counts the named lanes that have not exited, as CUDA says.
   if (!is_vote(kind)) {
@@ -652,7 +657,8 @@ uint64_t warp_collective(Where w, Collective kind, unsigned mask, uint64_t value
     const unsigned gone = mask & returned_lanes(e, L, warp);
     if (gone != 0) fail(here() + " names lanes " + lanes_of(gone) + ", which have returned");
   }
-  if (width < 1 || width > 32 || (width & (width - 1)) != 0) fail(here() + ": width " + std::to_string(width) + " is not a power of two up to 32");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+    fail(here() + ": width " + std::to_string(width) + " is not a power of two up to 32");
   f.state = State::collective;
   f.where = w;
   f.kind = kind;
@@ -694,9 +700,9 @@ bool complete_collective(Engine& e, Launch& L, int warp, const Fiber& arrived) {
   for (int l = 0; l < 32; ++l) {
     const Fiber* o = group[l];
     if (o != nullptr && (o->kind != kind || o->mask != mask || o->width != width)) {
-      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " + std::to_string(arrived.linear % 32) +
-           " at " + here() + ", lane " + std::to_string(l) + " at " + collective_name(o->kind) + " (" + at(o->where) + ", mask " +
-           hex(o->mask) + ")");
+      fail("the lanes of warp " + std::to_string(warp) + " meet at different collectives: lane " +
+           std::to_string(arrived.linear % 32) + " at " + here() + ", lane " + std::to_string(l) + " at " + collective_name(o->kind) +
+           " (" + at(o->where) + ", mask " + hex(o->mask) + ")");
     }
   }
   unsigned votes = 0;
@@ -744,7 +750,8 @@ namespace detail {
 
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx) {
   Engine& e = engine();
-  if (e.launch != nullptr) throw Error(at(w) + ": kernel '" + kernel + "' launched from inside a kernel (dynamic parallelism is not interpreted)");
+  if (e.launch != nullptr)
+    throw Error(at(w) + ": kernel '" + kernel + "' launched from inside a kernel (dynamic parallelism is not interpreted)");
   if (!check_config(w, kernel, c)) return;
   const DeviceAccess access;  // the kernel reads and writes device memory
   const Schedule s = current_schedule();
@@ -793,4 +800,3 @@ void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(v
 }  // namespace detail
 
 }  // namespace ablate::emu
-

@@ -152,9 +152,7 @@ void mirror_through_shared(int* out, int threads) { mirror_kernel<<<1, threads>>
 void warp_collectives(int* out) { warp_kernel<<<1, 32>>>(out); }
 void barrier_votes(int* out, int threads) { votes_kernel<<<1, threads>>>(out); }
 void dynamic_shared(int* out, int threads) { dynamic_kernel<<<1, threads, threads * sizeof(int)>>>(out); }
-void grid_indices(int* out, unsigned gx, unsigned gy, unsigned bx, unsigned by) {
-  grid_kernel<<<dim3(gx, gy), dim3(bx, by)>>>(out);
-}
+void grid_indices(int* out, unsigned gx, unsigned gy, unsigned bx, unsigned by) { grid_kernel<<<dim3(gx, gy), dim3(bx, by)>>>(out); }
 void barrier_after_early_return(int threads) { early_return_kernel<<<1, threads>>>(threads); }
 void full_mask_shuffle(float* out, int threads) { full_mask_kernel<<<1, threads>>>(out); }
 void shared_one_short(int* out) { short_shared_kernel<<<1, 33>>>(out); }

@@ -31,18 +31,18 @@ void warp_votes_and_widths(int* out, float* sum);
 void ballot_after_returns(unsigned* out, int live);
 
 // Faults: each must raise ablate::emu::Error.
-void barrier_after_early_return(int threads);           // some threads return before __syncthreads
-void full_mask_shuffle(float* out, int threads);         // 0xffffffff in a block not a multiple of 32
-void shared_one_short(int* out);                          // writes s[32] of a 32-element __shared__ array
-void write_past_allocation(int* p, int n);               // writes p[n]
-void empty_grid_launch(int* p);                          // <<<0, 32>>>
-void oversized_block_launch(int* p);                     // <<<1, 1025>>>
-void divergent_barriers(int* out);                        // odd and even threads at different __syncthreads
-void missing_barrier_sum(int* out, int threads);         // a shared sum with no barrier between write and read
-void shuffle_outside_mask(int* out);                      // mask 0x0000ffff, lane 3 reads lane 19
-void mismatched_collectives(int* out);                    // even lanes ballot, odd lanes shuffle
-void return_during_shuffle(int* out);                     // lane 31 returns; the others shuffle with it
-void grid_y_too_large(int* p);                            // <<<dim3(1, 65536), 32>>>
-void too_much_shared(int* out);                           // 40 KiB + 16 KiB of __shared__ arrays
+void barrier_after_early_return(int threads);     // some threads return before __syncthreads
+void full_mask_shuffle(float* out, int threads);  // 0xffffffff in a block not a multiple of 32
+void shared_one_short(int* out);                  // writes s[32] of a 32-element __shared__ array
+void write_past_allocation(int* p, int n);        // writes p[n]
+void empty_grid_launch(int* p);                   // <<<0, 32>>>
+void oversized_block_launch(int* p);              // <<<1, 1025>>>
+void divergent_barriers(int* out);                // odd and even threads at different __syncthreads
+void missing_barrier_sum(int* out, int threads);  // a shared sum with no barrier between write and read
+void shuffle_outside_mask(int* out);              // mask 0x0000ffff, lane 3 reads lane 19
+void mismatched_collectives(int* out);            // even lanes ballot, odd lanes shuffle
+void return_during_shuffle(int* out);             // lane 31 returns; the others shuffle with it
+void grid_y_too_large(int* p);                    // <<<dim3(1, 65536), 32>>>
+void too_much_shared(int* out);                   // 40 KiB + 16 KiB of __shared__ arrays
 
 }  // namespace ablate::emu_test

@@ -268,8 +268,8 @@ void log_arrival(const State& st, const Header& h, const void* out) {
   static const char* prefix = std::getenv("ABLATE_EMU_NCCL_LOG");
   if (prefix == nullptr || *prefix == '\0') return;
   std::ofstream log(std::string(prefix) + "." + std::to_string(st.rank), std::ios::app);
-  log << h.seq << ' ' << kind_name(Kind(h.kind)) << ' ' << type_name(h.type) << ' ' << h.count << ' ' << op_name(h.op) << ' '
-      << h.root << ' ' << reinterpret_cast<uintptr_t>(out) << ' ' << ablate::emu::stats().launches << '\n';
+  log << h.seq << ' ' << kind_name(Kind(h.kind)) << ' ' << type_name(h.type) << ' ' << h.count << ' ' << op_name(h.op) << ' ' << h.root
+      << ' ' << reinterpret_cast<uintptr_t>(out) << ' ' << ablate::emu::stats().launches << '\n';
 }
 void inject_fault(const State& st, const Header& h) {
   static const char* spec = std::getenv("ABLATE_EMU_NCCL_FAULT");
@@ -534,8 +534,8 @@ ncclResult_t enqueue(ncclComm_t comm, Kind kind, const void* send, std::size_t s
   const char* call = receive ? "ncclRecv" : kind_name(kind);
   if (type_size(type) == 0) return refuse(ncclInvalidArgument, st.where() + ": " + call + ": not an NCCL data type");
   if (reduces(kind) && (op < ncclSum || op > ncclMin)) {
-    return refuse(ncclInvalidArgument, st.where() + ": " + call + ": reduction " + op_name(op) +
-                                           " (the emulation does sum, prod, max and min)");
+    return refuse(ncclInvalidArgument,
+                  st.where() + ": " + call + ": reduction " + op_name(op) + " (the emulation does sum, prod, max and min)");
   }
   if ((rooted(kind) && (root < 0 || root >= st.nranks)) || ((kind == Kind::send || receive) && (peer < 0 || peer >= st.nranks))) {
     return refuse(ncclInvalidArgument, st.where() + ": " + call + ": rank " + std::to_string(rooted(kind) ? root : peer) +
@@ -651,7 +651,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 // Drives every stream's collectives (the peers wait on this rank's arrivals) and reports the
 // communicator's state: ncclInProgress while joining or finalizing.
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  if (comm == nullptr || !comm->st || asyncError == nullptr) return refuse(ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
+  if (comm == nullptr || !comm->st || asyncError == nullptr)
+    return refuse(ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
   State& st = *comm->st;
   try_join(st);
   if (st.joined) ablate::emu::runtime::poll_all_stream_work();
@@ -757,8 +758,8 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, std::size_t count,
 }
 
 // The root sends; every rank receives.
-ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, std::size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, std::size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
   const std::size_t bytes = count * type_size(datatype);
   const bool is_root = comm != nullptr && comm->st && comm->st->rank == root;
   return enqueue(comm, Kind::broadcast, is_root ? sendbuff : nullptr, is_root ? bytes : 0, recvbuff, bytes, count, datatype, ncclSum,
@@ -766,8 +767,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, std::size_t cou
 }
 
 // sendbuff holds nranks * recvcount elements; rank r receives the reduction of chunk r.
-ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std::size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std::size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
   const std::size_t bytes = recvcount * type_size(datatype);
   const std::size_t n = comm != nullptr && comm->st ? std::size_t(comm->st->nranks) : 1;
   return enqueue(comm, Kind::reduce_scatter, sendbuff, n * bytes, recvbuff, bytes, recvcount, datatype, op, -1, -1, false, stream);

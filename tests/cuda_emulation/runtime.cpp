@@ -74,7 +74,7 @@ struct Heap {
   std::size_t top = 0;
   std::size_t in_use = 0;
   int open = 0;
-  int pkey = -1;  // -1: no protection keys, mprotect
+  int pkey = -1;                            // -1: no protection keys, mprotect
   std::map<std::size_t, std::size_t> free;  // offset -> bytes, coalesced
   std::map<uintptr_t, std::size_t> allocs;  // address -> requested bytes
 };
@@ -260,7 +260,8 @@ void check_device_allocations(const char* after) {
   std::lock_guard<std::mutex> lock(h.mu);
   for (const auto& [base, bytes] : h.allocs) {
     if (!guard_intact(reinterpret_cast<const char*>(base), bytes)) {
-      const std::string msg = std::string(after) + ": a write past the end of a device allocation of " + std::to_string(bytes) + " bytes";
+      const std::string msg =
+          std::string(after) + ": a write past the end of a device allocation of " + std::to_string(bytes) + " bytes";
       std::memset(reinterpret_cast<char*>(base) + bytes, kPoison, kGuard);  // reported once
       throw Error(msg);
     }
@@ -680,9 +681,9 @@ cudaError_t copy_on(cudaStream_t s, bool synchronous, void* dst, const void* src
     staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
   }
   runtime::enqueue_stream_work(s, std::make_shared<Deferred>([=] {
-    const DeviceAccess access;
-    std::memmove(dst, staged ? staged->data() : src, bytes);
-  }));
+                                 const DeviceAccess access;
+                                 std::memmove(dst, staged ? staged->data() : src, bytes);
+                               }));
   return cudaSuccess;
 }
 

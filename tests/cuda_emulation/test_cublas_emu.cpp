@@ -221,10 +221,10 @@ Reference reference(const HostMat& A, bool ta, const HostMat& B, bool tb, int64_
   r.P.assign(std::size_t(m * n), 0.0);
   r.S.assign(std::size_t(m * n), 0.0);
   if (k > 0) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, r.a.data(), int(k), r.b.data(), int(n),
-                0.0, r.P.data(), int(n));
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, r.abs_a.data(), int(k), r.abs_b.data(),
-                int(n), 0.0, r.S.data(), int(n));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, r.a.data(), int(k), r.b.data(), int(n), 0.0,
+                r.P.data(), int(n));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, r.abs_a.data(), int(k), r.abs_b.data(), int(n),
+                0.0, r.S.data(), int(n));
   }
   return r;
 }
@@ -295,8 +295,8 @@ int run_case(const Lt& lt, const Case& c, std::mt19937& rng) {
   const uint32_t align[4] = {member_align(dA.p, A), member_align(dB.p, B), member_align(c_ptr, c.in_place ? D : C),
                              member_align(dD.p, D)};
   const cublasLtMatmulAlgo_t algo = algo_for(lt, desc, la, lb, lc, ld, align);
-  const cublasStatus_t rc = cublasLtMatmul(lt.h, desc.d, &c.alpha, dA.p, la.l, dB.p, lb.l, &c.beta, c_ptr, lc.l, dD.p, ld.l,
-                                           &algo, nullptr, 0, nullptr);
+  const cublasStatus_t rc =
+      cublasLtMatmul(lt.h, desc.d, &c.alpha, dA.p, la.l, dB.p, lb.l, &c.beta, c_ptr, lc.l, dD.p, ld.l, &algo, nullptr, 0, nullptr);
   INFO(c.name());
   INFO(ablate::emu::cublas_last_refusal());
   REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
@@ -436,8 +436,8 @@ TEST_CASE("an empty sum (k = 0) leaves beta C") {
   Layout la(CUDA_R_32F, 5, 0, 5), lb(CUDA_R_32F, 0, 3, 1), lc(C), ld(D);
   const uint32_t align[4] = {256, 256, 256, 256};
   const cublasLtMatmulAlgo_t algo = algo_for(lt, desc, la, lb, lc, ld, align);
-  REQUIRE(cublasLtMatmul(lt.h, desc.d, &alpha, dA.p, la.l, dB.p, lb.l, &beta, dC.p, lc.l, dD.p, ld.l, &algo, nullptr, 0,
-                         nullptr) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmul(lt.h, desc.d, &alpha, dA.p, la.l, dB.p, lb.l, &beta, dC.p, lc.l, dD.p, ld.l, &algo, nullptr, 0, nullptr) ==
+          CUBLAS_STATUS_SUCCESS);
   dD.download(D.data.data(), D.bytes());
   for (int64_t i = 0; i < 5; ++i) {
     for (int64_t j = 0; j < 3; ++j) CHECK(D.get(i, j, 0) == 0.5 * C.get(i, j, 0));  // 2 * 0 + 0.5 c, exact
@@ -460,8 +460,8 @@ struct EpiCase {
 int run_epilogue(const Lt& lt, const EpiCase& c, std::mt19937& rng) {
   const bool bias_in =
       c.epi == CUBLASLT_EPILOGUE_BIAS || c.epi == CUBLASLT_EPILOGUE_GELU_BIAS || c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  const bool gelu = c.epi == CUBLASLT_EPILOGUE_GELU || c.epi == CUBLASLT_EPILOGUE_GELU_AUX ||
-                    c.epi == CUBLASLT_EPILOGUE_GELU_BIAS || c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu = c.epi == CUBLASLT_EPILOGUE_GELU || c.epi == CUBLASLT_EPILOGUE_GELU_AUX || c.epi == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                    c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   const bool aux_out = c.epi == CUBLASLT_EPILOGUE_GELU_AUX || c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   const bool dgelu = c.epi == CUBLASLT_EPILOGUE_DGELU || c.epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   const bool grad_d = c.epi == CUBLASLT_EPILOGUE_DGELU_BGRAD, grad_a = c.epi == CUBLASLT_EPILOGUE_BGRADA,
@@ -511,8 +511,8 @@ int run_epilogue(const Lt& lt, const EpiCase& c, std::mt19937& rng) {
   const cublasStatus_t rc =
       cublasLtMatmul(lt.h, desc.d, &c.alpha, dA.p, la.l, dB.p, lb.l, &c.beta, dC.p, lc.l, dD.p, ld.l, &algo, nullptr, 0, nullptr);
   INFO("epilogue " << int(c.epi) << " m " << m << " n " << n << " k " << k << (c.ta ? " A^T" : " A") << (c.tb ? " B^T" : " B")
-                   << " compute " << int(c.compute) << " types " << int(c.ab) << "/" << int(c.out) << " alpha " << c.alpha
-                   << " beta " << c.beta);
+                   << " compute " << int(c.compute) << " types " << int(c.ab) << "/" << int(c.out) << " alpha " << c.alpha << " beta "
+                   << c.beta);
   INFO(ablate::emu::cublas_last_refusal());
   REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
   dD.download(D.data.data(), D.bytes());
@@ -553,8 +553,7 @@ int run_epilogue(const Lt& lt, const EpiCase& c, std::mt19937& rng) {
       row_tol[std::size_t(i)] += tol;
       row_abs[std::size_t(i)] += std::fabs(want);
       const double got = D.get(i, j, 0), tol_out = out_round(want, tol);
-      if (!(std::fabs(got - want) <= tol_out))
-        fail("D(" + std::to_string(i) + ", " + std::to_string(j) + ")", got, want, tol_out);
+      if (!(std::fabs(got - want) <= tol_out)) fail("D(" + std::to_string(i) + ", " + std::to_string(j) + ")", got, want, tol_out);
       if (aux_out) {
         const double a = aux.get(i, j, 0), tol_aux = out_round(pre, tol_pre);
         if (!(std::fabs(a - pre) <= tol_aux)) fail("aux(" + std::to_string(i) + ", " + std::to_string(j) + ")", a, pre, tol_aux);
@@ -701,13 +700,11 @@ TEST_CASE("operand rounding: TF32 to nearest with ties away from zero, bf16 to n
     CHECK(tiny_product(lt, c.compute, CUDA_R_32F, CUDA_R_32F, {1.0f}, {c.in}) == c.want);
   }
   // A TF32 product is exact in fp32: (1 + 2^-10)^2 = 1 + 2^-9 + 2^-20.
-  CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, CUDA_R_32F, {e + p2(-10)}, {e + p2(-10)}) ==
-        e + p2(-9) + p2(-20));
+  CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, CUDA_R_32F, {e + p2(-10)}, {e + p2(-10)}) == e + p2(-9) + p2(-20));
   // bf16 outputs: the fp32 sum rounded to nearest even.
   CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, {1.0f, p2(-8)}, {1.0f, 1.0f}) == e);
   CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, {1.0f, p2(-7), p2(-8)}, {1.0f, 1.0f, 1.0f}) == e + p2(-6));
-  CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, {1.0f, p2(-8), p2(-20)}, {1.0f, 1.0f, 1.0f}) ==
-        e + p2(-7));
+  CHECK(tiny_product(lt, CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, {1.0f, p2(-8), p2(-20)}, {1.0f, 1.0f, 1.0f}) == e + p2(-7));
   // The sum is fp32, in order: 1 + 2^-24 + 2^-24 rounds to 1 twice (a float64 sum would not), for
   // one row and for rows computed eight at a time.
   for (int64_t rows : {1, 19}) {
@@ -741,16 +738,16 @@ struct Small {
     d.download(h.data(), h.size() * 4);
     return std::all_of(h.begin(), h.end(), [](float v) { return v == -7.0f; });
   }
-  cublasStatus_t heuristic(const Desc& desc, const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld,
-                           const Pref& pref, int* found, cublasLtMatmulAlgo_t* algo = nullptr) {
+  cublasStatus_t heuristic(const Desc& desc, const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld, const Pref& pref,
+                           int* found, cublasLtMatmulAlgo_t* algo = nullptr) {
     cublasLtMatmulHeuristicResult_t r{};
     *found = -1;
     const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(lt.h, desc.d, la.l, lb.l, lc.l, ld.l, pref.p, 1, &r, found);
     if (algo != nullptr) *algo = r.algo;
     return rc;
   }
-  cublasStatus_t run(const Desc& desc, const void* A, const Layout& la, const void* B, const Layout& lb, void* D,
-                     const Layout& ld, const cublasLtMatmulAlgo_t* algo, cudaStream_t stream = nullptr) {
+  cublasStatus_t run(const Desc& desc, const void* A, const Layout& la, const void* B, const Layout& lb, void* D, const Layout& ld,
+                     const cublasLtMatmulAlgo_t* algo, cudaStream_t stream = nullptr) {
     return cublasLtMatmul(lt.h, desc.d, &alpha, A, la.l, B, lb.l, &beta, D, ld.l, D, ld.l, algo, ws.p, ws.bytes, stream);
   }
 };
@@ -844,8 +841,7 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     CHECK(s.heuristic(plain, la, lb, bf_d, ld, pref, &found) == CUBLAS_STATUS_NOT_SUPPORTED);    // C and D apart
     Desc tf32(CUBLAS_COMPUTE_32F_FAST_TF32);
     CHECK(s.heuristic(tf32, bf_a, bf_b, ld, ld, pref, &found) == CUBLAS_STATUS_NOT_SUPPORTED);  // bf16 under TF32
-    for (cublasComputeType_t ct :
-         {CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_16F, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_COMPUTE_16F}) {
+    for (cublasComputeType_t ct : {CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_16F, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_COMPUTE_16F}) {
       Desc desc(ct);
       CHECK(s.heuristic(desc, la, lb, ld, ld, pref, &found) == CUBLAS_STATUS_NOT_SUPPORTED);
       CHECK(s.run(desc, s.a.p, la, s.b.p, lb, s.d.p, ld, nullptr) == CUBLAS_STATUS_NOT_SUPPORTED);
@@ -865,8 +861,7 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     const int64_t zero64 = 0;
     const void* null = nullptr;
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_FILL_MODE, &zero32, 4) == CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &zero32, 4) ==
-          CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &zero32, 4) == CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER, &null, sizeof null) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER, &null, sizeof null) ==
@@ -881,8 +876,7 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT, &waves, 4) ==
           CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_IMPL_MASK, &mask, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &limited, 4) ==
-          CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &limited, 4) == CUBLAS_STATUS_NOT_SUPPORTED);
     // Sizes: TRANSA is an int32_t, LD an int64_t, MAX_WORKSPACE_BYTES a uint64_t.
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_TRANSA, &zero64, 8) == CUBLAS_STATUS_INVALID_VALUE);
     CHECK(cublasLtMatmulDescSetAttribute(plain.d, CUBLASLT_MATMUL_DESC_TRANSA, nullptr, 4) == CUBLAS_STATUS_INVALID_VALUE);
@@ -908,12 +902,12 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     alignas(16) static float host_bias[Small::m] = {};
     desc.bias(host_bias);
     CHECK(s.run(desc, s.a.p, la, s.b.p, lb, s.d.p, ld, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
-    CHECK(cublasLtMatmul(s.lt.h, plain.d, s.bias.p, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo, nullptr,
-                         0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasLtMatmul(s.lt.h, plain.d, s.bias.p, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_INVALID_VALUE);
     // A workspace that is not device memory.
     std::vector<char> host_ws(1024);
-    CHECK(cublasLtMatmul(s.lt.h, plain.d, &s.alpha, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo,
-                         host_ws.data(), host_ws.size(), nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasLtMatmul(s.lt.h, plain.d, &s.alpha, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo, host_ws.data(),
+                         host_ws.size(), nullptr) == CUBLAS_STATUS_INVALID_VALUE);
     // A pointer not aligned to its elements.
     CHECK(s.run(plain, s.a.at(2), la, s.b.p, lb, s.d.p, ld, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
     CHECK(s.d_untouched());
@@ -982,8 +976,8 @@ TEST_CASE("refusals: what cuBLASLt turns down is turned down, and nothing is wri
     REQUIRE(cudaStreamCreate(&st) == cudaSuccess);
     REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
     CHECK(s.run(plain, s.a.p, la, s.b.p, lb, s.d.p, ld, &algo, st) == CUBLAS_STATUS_INVALID_VALUE);
-    CHECK(cublasLtMatmul(nullptr, plain.d, &s.alpha, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo, nullptr,
-                         0, nullptr) == CUBLAS_STATUS_NOT_INITIALIZED);
+    CHECK(cublasLtMatmul(nullptr, plain.d, &s.alpha, s.a.p, la.l, s.b.p, lb.l, &s.beta, s.d.p, ld.l, s.d.p, ld.l, &algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_NOT_INITIALIZED);
     CHECK(s.d_untouched());
   }
 }
@@ -1001,8 +995,7 @@ TEST_CASE("descriptor attributes read back as set") {
   CHECK(epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
   desc.aux(reinterpret_cast<void*>(uintptr_t(0x1000)), 24);
   int64_t aux_ld = 0;
-  REQUIRE(cublasLtMatmulDescGetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, 8, nullptr) ==
-          CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmulDescGetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, 8, nullptr) == CUBLAS_STATUS_SUCCESS);
   CHECK(aux_ld == 24);
   // sizeInBytes 0: the size it needs.
   REQUIRE(cublasLtMatmulDescGetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, nullptr, 0, &written) ==
@@ -1061,8 +1054,8 @@ struct Blas {
 
 // Column-major f32 reference of one member: alpha op(A) op(B) + beta C, with its bound.
 void check_member(const std::vector<float>& a, int lda, bool ta, const std::vector<float>& b, int ldb, bool tb,
-                  const std::vector<float>& c_before, const std::vector<float>& c_after, int ldc, int m, int n, int k,
-                  float alpha, float beta, double op_err, int* failures) {
+                  const std::vector<float>& c_before, const std::vector<float>& c_after, int ldc, int m, int n, int k, float alpha,
+                  float beta, double op_err, int* failures) {
   HostMat A(CUDA_R_32F, false, ta ? k : m, ta ? m : k, 0, 1), B(CUDA_R_32F, false, tb ? n : k, tb ? k : n, 0, 1);
   A.ld = lda;
   B.ld = ldb;
@@ -1103,8 +1096,7 @@ TEST_CASE("cublasGemmBatchedEx: pointer arrays in device memory, interleaved out
         // Members 0 and 2 share A (as grouped heads share keys); C members interleave in one
         // matrix of z * m rows, as heads do in a row of the output.
         const int ldc = z * m;
-        const std::size_t a_elems = std::size_t(lda) * std::size_t(ta ? m : k),
-                          b_elems = std::size_t(ldb) * std::size_t(tb ? k : n);
+        const std::size_t a_elems = std::size_t(lda) * std::size_t(ta ? m : k), b_elems = std::size_t(ldb) * std::size_t(tb ? k : n);
         const std::size_t c_elems = std::size_t(ldc) * std::size_t(n);
         std::vector<float> ha(3 * a_elems), hb(z * b_elems), hc(c_elems);
         for (float& v : ha) v = u(rng);
@@ -1127,16 +1119,15 @@ TEST_CASE("cublasGemmBatchedEx: pointer arrays in device memory, interleaved out
         auto* const* C = reinterpret_cast<void* const*>(arrays.at(2 * z * sizeof(void*)));
         const float alpha = cases % 2 == 0 ? 1.0f : 0.375f, beta = cases % 3 == 0 ? 0.0f : -0.5f;
         const cublasStatus_t rc =
-            cublasGemmBatchedEx(blas.h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A,
-                                CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, z, ct, CUBLAS_GEMM_DEFAULT);
+            cublasGemmBatchedEx(blas.h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F,
+                                lda, B, CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, z, ct, CUBLAS_GEMM_DEFAULT);
         INFO(ablate::emu::cublas_last_refusal());
         REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
         std::vector<float> out(hc.size());
         dc.download(out.data(), out.size() * 4);
         const double op_err = ct == CUBLAS_COMPUTE_32F_FAST_TF32 ? kTf32Op : 0.0;
         for (int i = 0; i < z; ++i) {
-          const std::vector<float> a(ha.begin() + std::ptrdiff_t(a_member[i]),
-                                     ha.begin() + std::ptrdiff_t(a_member[i] + a_elems));
+          const std::vector<float> a(ha.begin() + std::ptrdiff_t(a_member[i]), ha.begin() + std::ptrdiff_t(a_member[i] + a_elems));
           const std::vector<float> b(hb.begin() + std::ptrdiff_t(std::size_t(i) * b_elems),
                                      hb.begin() + std::ptrdiff_t(std::size_t(i + 1) * b_elems));
           const std::vector<float> cb(hc.begin() + i * m, hc.end()), ca(out.begin() + i * m, out.end());
@@ -1168,8 +1159,8 @@ TEST_CASE("cublasGemmStridedBatchedEx against float64") {
   db.upload(hb.data(), hb.size() * 4);
   dc.upload(hc.data(), hc.size() * 4);
   const float alpha = 2.0f, beta = 0.25f;
-  REQUIRE(cublasGemmStridedBatchedEx(blas.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da.p, CUDA_R_32F, lda, sa, db.p,
-                                     CUDA_R_32F, ldb, sb, &beta, dc.p, CUDA_R_32F, ldc, sc, z, CUBLAS_COMPUTE_32F,
+  REQUIRE(cublasGemmStridedBatchedEx(blas.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da.p, CUDA_R_32F, lda, sa, db.p, CUDA_R_32F,
+                                     ldb, sb, &beta, dc.p, CUDA_R_32F, ldc, sc, z, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   std::vector<float> out(hc.size());
   dc.download(out.data(), out.size() * 4);
@@ -1201,16 +1192,15 @@ TEST_CASE("cublasGemmBatchedEx refusals") {
   const float alpha = 1.0f, beta = 0.0f;
   const auto call = [&](cublasHandle_t h, int mm, const void* const* a, int lda, cudaDataType t, cublasComputeType_t ct,
                         cublasGemmAlgo_t algo) {
-    return cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, mm, n, k, &alpha, a, t, lda, B, CUDA_R_32F, k, &beta, C, CUDA_R_32F,
-                               m, z, ct, algo);
+    return cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, mm, n, k, &alpha, a, t, lda, B, CUDA_R_32F, k, &beta, C, CUDA_R_32F, m, z,
+                               ct, algo);
   };
   CHECK(call(blas.h, m, A, m, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   std::vector<float> c(std::size_t(z * 64));
   mats.download(c.data(), c.size() * 4, std::size_t(2 * z) * 256);
   CHECK(c[0] == 4.0f);  // four products of ones
   const std::vector<const void*> host_array(ptrs.begin(), ptrs.begin() + z);
-  CHECK(call(blas.h, m, host_array.data(), m, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
-        CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(call(blas.h, m, host_array.data(), m, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
   CHECK(call(nullptr, m, A, m, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECK(call(blas.h, -1, A, m, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
   CHECK(call(blas.h, m, A, m - 1, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
@@ -1253,8 +1243,8 @@ TEST_CASE("cublasGemmBatchedEx and cublasGemmStridedBatchedEx round operands to 
                                 CUDA_R_32F, 1, 1, ct, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     c.download(&got, 4);
     CHECK(got == want);
-    REQUIRE(cublasGemmStridedBatchedEx(blas.h, CUBLAS_OP_T, CUBLAS_OP_T, 1, 1, 1, &one, a.p, CUDA_R_32F, 1, 0, b.p, CUDA_R_32F, 1,
-                                       0, &zero, c.p, CUDA_R_32F, 1, 0, 1, ct, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasGemmStridedBatchedEx(blas.h, CUBLAS_OP_T, CUBLAS_OP_T, 1, 1, 1, &one, a.p, CUDA_R_32F, 1, 0, b.p, CUDA_R_32F, 1, 0,
+                                       &zero, c.p, CUDA_R_32F, 1, 0, 1, ct, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     c.download(&got, 4);
     CHECK(got == want);
   }
@@ -1357,10 +1347,10 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
   const bool fp8_out = c.td == CUDA_R_8F_E4M3 || c.td == CUDA_R_8F_E5M2;
   if (fp8_out) desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(scales.at(12)));
   desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(scales.at(16)));
-  Layout la(c.ta, uint64_t(c.k), uint64_t(c.m), c.k), lb(c.tb, uint64_t(c.k), uint64_t(c.n), c.k), lc(c.tc, uint64_t(c.m), uint64_t(c.n), c.m),
-      ld(c.td, uint64_t(c.m), uint64_t(c.n), c.m);
-  const cublasStatus_t rc = cublasLtMatmul(lt.h, desc.d, &c.alpha, da.p, la.l, db.p, lb.l, &c.beta, dc.p, lc.l, dd.p, ld.l, nullptr,
-                                           nullptr, 0, nullptr);
+  Layout la(c.ta, uint64_t(c.k), uint64_t(c.m), c.k), lb(c.tb, uint64_t(c.k), uint64_t(c.n), c.k),
+      lc(c.tc, uint64_t(c.m), uint64_t(c.n), c.m), ld(c.td, uint64_t(c.m), uint64_t(c.n), c.m);
+  const cublasStatus_t rc =
+      cublasLtMatmul(lt.h, desc.d, &c.alpha, da.p, la.l, db.p, lb.l, &c.beta, dc.p, lc.l, dd.p, ld.l, nullptr, nullptr, 0, nullptr);
   INFO(ablate::emu::cublas_last_refusal());
   REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
   std::vector<unsigned char> out(dd.bytes);
@@ -1390,8 +1380,10 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
         // roundings of the two ends.
         const double lo = c.sd * (t - err), hi = c.sd * (t + err);
         const float got = ablate_emu_fp8_to_float(out[e], fp8_kind(c.td));
-        const float rlo = ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::min(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
-        const float rhi = ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::max(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
+        const float rlo =
+            ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::min(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
+        const float rhi =
+            ablate_emu_fp8_to_float(__nv_cvt_double_to_fp8(std::max(lo, hi), __NV_SATFINITE, fp8_kind(c.td)), fp8_kind(c.td));
         CHECK(got >= rlo);
         CHECK(got <= rhi);
       } else {
@@ -1434,14 +1426,15 @@ TEST_CASE("cublasLtMatmul with FP8 operands (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4
   }
 }
 
-TEST_CASE("FP8 products cuBLASLt turns down are turned down: not TN, both E5M2, leading dimensions, alignment, epilogues, scales elsewhere") {
+TEST_CASE(
+    "FP8 products cuBLASLt turns down are turned down: not TN, both E5M2, leading dimensions, alignment, epilogues, scales elsewhere") {
   Lt lt;
   DeviceBuffer buf(1 << 16);
   const float one = 1.0f, zero = 0.0f;
   const auto matmul = [&](Desc& d, cudaDataType_t ta, cudaDataType_t tb, cudaDataType_t td, int64_t lda, std::size_t offset = 0) {
     Layout la(ta, 16, 16, lda), lb(tb, 16, 16, 16), lc(td, 16, 16, 16), ld(td, 16, 16, 16);
-    return cublasLtMatmul(lt.h, d.d, &one, buf.at(offset), la.l, buf.at(8192), lb.l, &zero, buf.at(16384), lc.l, buf.at(16384),
-                          ld.l, nullptr, nullptr, 0, nullptr);
+    return cublasLtMatmul(lt.h, d.d, &one, buf.at(offset), la.l, buf.at(8192), lb.l, &zero, buf.at(16384), lc.l, buf.at(16384), ld.l,
+                          nullptr, nullptr, 0, nullptr);
   };
   {
     Desc d(CUBLAS_COMPUTE_32F);
@@ -1484,7 +1477,7 @@ TEST_CASE("FP8 products cuBLASLt turns down are turned down: not TN, both E5M2, 
     Desc f32(CUBLAS_COMPUTE_32F);  // scales on a product without FP8 operands
     f32.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(buf.at(32768)));
     Layout l(CUDA_R_32F, 16, 16, 16);
-    CHECK(cublasLtMatmul(lt.h, f32.d, &one, buf.at(0), l.l, buf.at(4096), l.l, &zero, buf.at(16384), l.l, buf.at(16384), l.l,
-                         nullptr, nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasLtMatmul(lt.h, f32.d, &one, buf.at(0), l.l, buf.at(4096), l.l, &zero, buf.at(16384), l.l, buf.at(16384), l.l, nullptr,
+                         nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
   }
 }

@@ -134,8 +134,8 @@ TEST_CASE("copies are checked against their kind and their allocation") {
   std::vector<float> h(32, 1.0f), back(32, 0.0f);
   CHECK(cudaMemcpy(d, h.data(), 16 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   CHECK(cudaMemcpy(d, h.data(), 17 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);  // past the end
-  CHECK(cudaMemcpy(h.data(), d, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);                    // sides swapped
-  CHECK(cudaMemcpy(back.data(), h.data(), 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);          // host as device
+  CHECK(cudaMemcpy(h.data(), d, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);                   // sides swapped
+  CHECK(cudaMemcpy(back.data(), h.data(), 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);         // host as device
   CHECK(cudaMemcpy(d, d + 8, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);                      // device as host
   CHECK(cudaMemcpy(d, h.data(), 4, static_cast<cudaMemcpyKind>(7)) == cudaErrorInvalidMemcpyDirection);
   CHECK(cudaMemset(d + 10, 0, 7 * sizeof(float)) == cudaErrorInvalidValue);

@@ -60,8 +60,8 @@ TEST_CASE("warp shuffles and votes give each lane the documented lane's value") 
     for (int l = 0; l < 32; ++l) {
       CHECK(h[std::size_t(l)] == (l ^ 1) * 10);
       CHECK(h[std::size_t(32 + l)] == (31 - l) * 10);
-      CHECK(h[std::size_t(64 + l)] == (l >= 3 ? l - 3 : l));                   // up: the first three keep their own
-      CHECK(h[std::size_t(96 + l)] == ((l % 16) + 3 < 16 ? l + 3 : l));        // down within 16-lane segments
+      CHECK(h[std::size_t(64 + l)] == (l >= 3 ? l - 3 : l));             // up: the first three keep their own
+      CHECK(h[std::size_t(96 + l)] == ((l % 16) + 3 < 16 ? l + 3 : l));  // down within 16-lane segments
       CHECK(unsigned(h[std::size_t(128 + l)]) == ballot);
     }
   });
@@ -112,11 +112,11 @@ TEST_CASE("votes, shuffles narrower than a warp, __activemask and float atomics"
     emu_test::warp_votes_and_widths(d.data(), sum.data());
     const std::vector<int> h = emu_test::to_host(d);
     for (int l = 0; l < 32; ++l) {
-      CHECK(h[std::size_t(l)] == 1);                              // some lane is 7
-      CHECK(h[std::size_t(32 + l)] == 1);                         // every lane is below 40
-      CHECK(h[std::size_t(64 + l)] == (l ^ 1));                   // within 8-lane segments
-      CHECK(h[std::size_t(96 + l)] == ((l & ~15) + 5) * 3);       // lane 5 of its 16-lane segment
-      CHECK(unsigned(h[std::size_t(128 + l)]) == (1u << l));      // the calling lane only
+      CHECK(h[std::size_t(l)] == 1);                          // some lane is 7
+      CHECK(h[std::size_t(32 + l)] == 1);                     // every lane is below 40
+      CHECK(h[std::size_t(64 + l)] == (l ^ 1));               // within 8-lane segments
+      CHECK(h[std::size_t(96 + l)] == ((l & ~15) + 5) * 3);   // lane 5 of its 16-lane segment
+      CHECK(unsigned(h[std::size_t(128 + l)]) == (1u << l));  // the calling lane only
     }
     CHECK(emu_test::to_host(sum)[0] == 16.0f);
   });

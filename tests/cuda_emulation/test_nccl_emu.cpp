@@ -56,8 +56,8 @@ struct Typed {
   ncclDataType_t type;
   std::size_t size;
 };
-const Typed kTypes[] = {{ncclInt8, 1},    {ncclUint8, 1},   {ncclInt32, 4},   {ncclUint32, 4},  {ncclInt64, 8},
-                        {ncclUint64, 8},  {ncclFloat16, 2}, {ncclFloat32, 4}, {ncclFloat64, 8}, {ncclBfloat16, 2}};
+const Typed kTypes[] = {{ncclInt8, 1},   {ncclUint8, 1},   {ncclInt32, 4},   {ncclUint32, 4},  {ncclInt64, 8},
+                        {ncclUint64, 8}, {ncclFloat16, 2}, {ncclFloat32, 4}, {ncclFloat64, 8}, {ncclBfloat16, 2}};
 
 void put(ncclDataType_t t, void* p, double v) {
   switch (t) {

@@ -94,7 +94,8 @@ inline std::unique_ptr<Batcher> batcher_from(const std::string& toml) {
 
 // The sampler `name`, with `own` as its [sampler.<name>] keys.
 inline std::unique_ptr<Sampler> sampler_from(const std::string& name, const std::string& own = "") {
-  const Config cfg = data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
+  const Config cfg =
+      data_config("[sampler]\nname = \"" + name + "\"\n" + (own.empty() ? "" : "[sampler." + name + "]\n" + own + "\n"));
   RunContext run;
   const ablate::RunSpec spec = ablate::RunSpec::from(cfg);
   return ablate::Session(spec, data_registry(), run).sampler();

@@ -47,7 +47,8 @@ void check_conservation(const std::string& name, bool append_eot, const std::str
     for (int32_t o = 0; o < kept; ++o) REQUIRE(placed.count({d, o}) == 1);
   }
   std::size_t expected = 0;
-  for (uint64_t d = 0; d < feed.draws(); ++d) expected += std::size_t(policy == "split" ? feed.length(d) : std::min(feed.length(d), kT));
+  for (uint64_t d = 0; d < feed.draws(); ++d)
+    expected += std::size_t(policy == "split" ? feed.length(d) : std::min(feed.length(d), kT));
   CHECK(placed.size() == expected);
 }
 
@@ -55,7 +56,8 @@ std::vector<std::vector<uint64_t>> row_documents(const Batch& b) {
   std::vector<std::vector<uint64_t>> rows(std::size_t(b.rows));
   for (int32_t r = 0; r < b.rows; ++r) {
     for (int32_t s = b.row_segments[r]; s < b.row_segments[r + 1]; ++s) {
-      rows[std::size_t(r)].push_back(token_document(b.tokens[std::size_t(r) * std::size_t(b.seq_len) + std::size_t(b.segments[std::size_t(s)].start)]));
+      rows[std::size_t(r)].push_back(
+          token_document(b.tokens[std::size_t(r) * std::size_t(b.seq_len) + std::size_t(b.segments[std::size_t(s)].start)]));
     }
   }
   return rows;
@@ -63,13 +65,9 @@ std::vector<std::vector<uint64_t>> row_documents(const Batch& b) {
 
 }  // namespace
 
-TEST_CASE("padded places every token once when splitting long documents") {
-  check_conservation("padded", true, "split");
-}
+TEST_CASE("padded places every token once when splitting long documents") { check_conservation("padded", true, "split"); }
 
-TEST_CASE("padded drops exactly the tokens past seq_len when truncating") {
-  check_conservation("padded", false, "truncate");
-}
+TEST_CASE("padded drops exactly the tokens past seq_len when truncating") { check_conservation("padded", false, "truncate"); }
 
 TEST_CASE("padded puts one document piece per row") {
   auto batcher = batcher_from(batching_toml("padded", 4, 32, true, "split"));
@@ -83,9 +81,7 @@ TEST_CASE("padded puts one document piece per row") {
   }
 }
 
-TEST_CASE("bucketed places every token once with geometric buckets") {
-  check_conservation("bucketed", true, "split", "smallest = 8");
-}
+TEST_CASE("bucketed places every token once with geometric buckets") { check_conservation("bucketed", true, "split", "smallest = 8"); }
 
 TEST_CASE("bucketed drops exactly the truncated tokens with explicit boundaries and a token budget") {
   check_conservation("bucketed", false, "truncate", "boundaries = [10, 20]\ntoken_budget = 200");

@@ -18,7 +18,8 @@ namespace {
 std::string experiment(const std::string& batcher, int workers, const std::string& sampler = "shuffled") {
   return "[run]\nseed = 5\n[data]\nname = \"synthetic_probes\"\nworkers = " + std::to_string(workers) +
          "\nprefetch = 3\n[data.synthetic_probes]\ndocuments = 300\nlength_median = 40\nmax_length = 200\n"
-         "[sampler]\nname = \"" + sampler + "\"\n[batching]\nname = \"" + batcher +
+         "[sampler]\nname = \"" +
+         sampler + "\"\n[batching]\nname = \"" + batcher +
          "\"\nbatch_size = 4\nseq_len = 64\n[batching.packed]\nwindow = 12\n[batching.bucketed]\nsmallest = 16\n";
 }
 
@@ -31,9 +32,8 @@ std::unique_ptr<DataPipeline> pipeline_for(const std::string& toml) {
 }
 
 bool same_batch(const Batch& a, const Batch& b) {
-  return a.rows == b.rows && a.seq_len == b.seq_len && a.tokens == b.tokens && a.targets == b.targets &&
-         a.positions == b.positions && a.segment_ids == b.segment_ids && a.row_segments == b.row_segments &&
-         a.segments.size() == b.segments.size();
+  return a.rows == b.rows && a.seq_len == b.seq_len && a.tokens == b.tokens && a.targets == b.targets && a.positions == b.positions &&
+         a.segment_ids == b.segment_ids && a.row_segments == b.row_segments && a.segments.size() == b.segments.size();
 }
 
 std::vector<Batch> take(DataPipeline& p, int n) {
@@ -65,7 +65,8 @@ std::unique_ptr<DataPipeline> failing_pipeline(int workers) {
   RunContext run;
   PipelineOptions o;
   o.workers = workers;
-  return std::make_unique<DataPipeline>(std::make_shared<FailingSource>(25), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(),
+  return std::make_unique<DataPipeline>(std::make_shared<FailingSource>(25),
+                                        ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(),
                                         ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
 }
 
@@ -210,6 +211,7 @@ TEST_CASE("a split whose documents are all empty is an input error, not a hang")
   RunContext run;
   PipelineOptions o;
   o.workers = 1;
-  DataPipeline p(std::make_shared<EmptySource>(), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
+  DataPipeline p(std::make_shared<EmptySource>(), ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).sampler(),
+                 ablate::Session(ablate::RunSpec::from(cfg), data_registry(), run).batcher(), o);
   CHECK_THROWS_AS(p.next(), Error);
 }

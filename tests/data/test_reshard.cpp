@@ -201,7 +201,7 @@ TEST_CASE("merged cursors against brute force: every global position drawn exact
                   const uint64_t g = deal.global_of(c.draw);
                   REQUIRE(c.draw < seq[std::size_t(r)].size());
                   REQUIRE(g == seq[std::size_t(r)][c.draw]);  // the deal is the enumeration's
-                  REQUIRE(drawn[g] == 0);                      // nothing drawn twice
+                  REQUIRE(drawn[g] == 0);                     // nothing drawn twice
                   drawn[g] = 1;
                   ++c.draw;
                 }
@@ -265,7 +265,8 @@ std::unique_ptr<DataPipeline> rank_pipeline(const std::shared_ptr<const DataSour
                                             const std::string& batcher, int rank, int world, int workers) {
   std::string toml = "[sampler]\nname = \"" + sampler + "\"\n";
   if (sampler == "mixture") toml += "[sampler.mixture]\nweights = [0.6, 0.4]\n";
-  toml += "[batching]\nname = \"" + batcher + "\"\nbatch_size = 3\nseq_len = 16\n[batching.packed]\nwindow = 5\n"
+  toml += "[batching]\nname = \"" + batcher +
+          "\"\nbatch_size = 3\nseq_len = 16\n[batching.packed]\nwindow = 5\n"
           "[batching.bucketed]\nsmallest = 4\n";
   const Config cfg = data_config(toml);
   RunContext run;
@@ -279,7 +280,8 @@ std::unique_ptr<DataPipeline> rank_pipeline(const std::shared_ptr<const DataSour
   o.rank = rank;
   o.world = world;
   const RunSpec spec = ablate::RunSpec::from(cfg);
-  return std::make_unique<DataPipeline>(source, ablate::Session(spec, data_registry(), run).sampler(), ablate::Session(spec, data_registry(), run).batcher(), o);
+  return std::make_unique<DataPipeline>(source, ablate::Session(spec, data_registry(), run).sampler(),
+                                        ablate::Session(spec, data_registry(), run).batcher(), o);
 }
 
 // Every token the batch places, as (document, offset); fails on one placed twice.

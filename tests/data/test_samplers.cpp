@@ -45,9 +45,7 @@ TEST_CASE("sequential draws are disjoint and complete across ranks") { check_dis
 
 TEST_CASE("shuffled draws are disjoint and complete across ranks") { check_disjoint_and_complete("shuffled", ""); }
 
-TEST_CASE("windowed shuffled draws are disjoint and complete across ranks") {
-  check_disjoint_and_complete("shuffled", "buffer = 5");
-}
+TEST_CASE("windowed shuffled draws are disjoint and complete across ranks") { check_disjoint_and_complete("shuffled", "buffer = 5"); }
 
 TEST_CASE("sequential draws documents in index order") {
   auto s = sampler_from("sequential");

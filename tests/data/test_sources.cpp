@@ -91,8 +91,8 @@ TEST_CASE("token_shards takes validation from val_paths") {
   TempDir dir;
   write_shard(dir.path() / "train.bin", {0, 1, 0, 2});
   write_shard(dir.path() / "val.bin", {0, 9, 9});
-  const auto src = source_from(shards_toml("\"" + (dir.path() / "train.bin").string() + "\"",
-                                           "val_paths = [\"" + (dir.path() / "val.bin").string() + "\"]\n"));
+  const auto src = source_from(
+      shards_toml("\"" + (dir.path() / "train.bin").string() + "\"", "val_paths = [\"" + (dir.path() / "val.bin").string() + "\"]\n"));
   CHECK(src->size(Split::train) == 2);
   REQUIRE(src->size(Split::validation) == 1);
   CHECK(read_tokens(*src, Split::validation, 0) == std::vector<int32_t>{9, 9});
@@ -172,13 +172,13 @@ TEST_CASE("token_shards refuses a data set without documents") {
   CHECK(contains(msg, "empty data set"));
 }
 
-TEST_CASE("token_shards warns of an eot that never occurs, a vocabulary far above the ids in use, and a fraction that holds out nothing") {
+TEST_CASE(
+    "token_shards warns of an eot that never occurs, a vocabulary far above the ids in use, and a fraction that holds out nothing") {
   TempDir dir;
   write_shard(dir.path() / "bytes.bin", {104, 105, 33, 10, 104, 111});  // byte-level text, no eot 0
   const std::string glob = "\"" + (dir.path() / "bytes.bin").string() + "\"";
-  const std::string w = warnings_of([&] {
-    source_from(shards_toml(glob, "validation_fraction = 0.1\n"), {"data.token_shards.vocab_size=50257"});
-  });
+  const std::string w =
+      warnings_of([&] { source_from(shards_toml(glob, "validation_fraction = 0.1\n"), {"data.token_shards.vocab_size=50257"}); });
   CHECK(contains(w, "data.token_shards.eot: token 0 never occurs in the 6 tokens"));
   CHECK(contains(w, "data.token_shards.vocab_size: the shards use ids 0..111 only but vocab_size is 50257"));
   CHECK(contains(w, "data.token_shards.validation_fraction"));
@@ -217,7 +217,8 @@ TEST_CASE("token_shards decodes samples with the GPT-2 tokenizer files beside it
                  "data.token_shards.tokenizer"));
 }
 
-TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or derived from gpt2.tiktoken) and refuses malformed tokenizer files") {
+TEST_CASE(
+    "token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or derived from gpt2.tiktoken) and refuses malformed tokenizer files") {
   TempDir dir;
   write_shard(dir.path() / "a.bin", {0, 1, 299, 0});  // ids up to the vocabulary's: no warning
   const std::string glob = "\"" + (dir.path() / "a.bin").string() + "\"";
@@ -244,11 +245,11 @@ TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or
     CAPTURE(sub);
     const auto src = source_with(sub);
     CHECK(src->encode("abc") == std::vector<int32_t>{258});
-    CHECK(src->encode("aaa") == std::vector<int32_t>{259, 'a'});   // the leftmost of equal pairs first
+    CHECK(src->encode("aaa") == std::vector<int32_t>{259, 'a'});  // the leftmost of equal pairs first
     CHECK(src->encode("aaaa") == std::vector<int32_t>{259, 259});
-    CHECK(src->encode("bcab") == std::vector<int32_t>{257, 256});  // the lower rank first, though right of the other
+    CHECK(src->encode("bcab") == std::vector<int32_t>{257, 256});                // the lower rank first, though right of the other
     CHECK(src->encode("xabc abc") == std::vector<int32_t>{'x', 258, ' ', 258});  // "xabc", " abc"
-    CHECK(src->encode("a\xff") == std::vector<int32_t>{'a', 0xff});  // a byte that is not UTF-8 stays a byte
+    CHECK(src->encode("a\xff") == std::vector<int32_t>{'a', 0xff});              // a byte that is not UTF-8 stays a byte
     CHECK(src->decode(src->encode("aaab cab\n")) == "aaab cab\n");
   }
 
@@ -285,8 +286,8 @@ TEST_CASE("token_shards encodes prompts by the tokenizer's merges (vocab.bpe, or
 TEST_CASE("token_shards reports one group per paths pattern, and a mixture over them draws by weight") {
   TempDir dir;
   write_shard(dir.path() / "web_0.bin", {0, 1, 0, 2, 0, 3, 0, 4});  // 4 documents
-  write_shard(dir.path() / "web_1.bin", {0, 5, 0, 6});             // 2
-  write_shard(dir.path() / "code_0.bin", {0, 7, 7, 0, 8});         // 2
+  write_shard(dir.path() / "web_1.bin", {0, 5, 0, 6});              // 2
+  write_shard(dir.path() / "code_0.bin", {0, 7, 7, 0, 8});          // 2
   const std::string paths = "\"" + (dir.path() / "web_*.bin").string() + "\", \"" + (dir.path() / "code_*.bin").string() + "\"";
   const auto src = source_from(shards_toml(paths));
   const auto groups = src->groups(Split::train);
@@ -312,7 +313,8 @@ TEST_CASE("text_files makes one document per file without a separator") {
   dir.write("a.txt", "hi");
   dir.write("b.txt", "");
   dir.write("c.txt", "\xff!");
-  const auto src = source_from("[data]\nname = \"text_files\"\n[data.text_files]\npaths = [\"" + (dir.path() / "*.txt").string() + "\"]\n");
+  const auto src =
+      source_from("[data]\nname = \"text_files\"\n[data.text_files]\npaths = [\"" + (dir.path() / "*.txt").string() + "\"]\n");
   REQUIRE(src->size(Split::train) == 2);
   CHECK(read_tokens(*src, Split::train, 0) == std::vector<int32_t>{'h', 'i'});
   CHECK(read_tokens(*src, Split::train, 1) == std::vector<int32_t>{255, '!'});

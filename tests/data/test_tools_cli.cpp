@@ -48,9 +48,10 @@ TEST_CASE("shards written by tokenize_shards.py in bytes mode read back as the o
   const auto src = ablate::Session(ablate::RunSpec::from(cfg), data_registry(), RunContext{}).data_source();
   // The long paragraph (eot + 46 bytes) is cut at shard boundaries: 19 bytes, 20, then 7.
   const std::string long_para = "para two, longer than a shard of twenty tokens";
-  const std::vector<std::vector<int32_t>> expected = {bytes_of("hello world"), bytes_of("caf\xc3\xa9"), bytes_of("third one"),
-                                                      bytes_of("para one"), bytes_of(long_para.substr(0, 19)),
-                                                      bytes_of(long_para.substr(19, 20)), bytes_of(long_para.substr(39))};
+  const std::vector<std::vector<int32_t>> expected = {
+      bytes_of("hello world"),       bytes_of("caf\xc3\xa9"),           bytes_of("third one"),
+      bytes_of("para one"),          bytes_of(long_para.substr(0, 19)), bytes_of(long_para.substr(19, 20)),
+      bytes_of(long_para.substr(39))};
   REQUIRE(src->size(Split::train) == expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i) {
     Document d;
@@ -66,8 +67,8 @@ TEST_CASE("tokenize_shards.py warns when --val-fraction leaves no validation doc
   }
   TempDir dir;
   dir.write("three.txt", "one\n\ntwo\n\nthree\n\n");
-  const std::string common = kPython + " " + kWriter + " --tokenizer bytes --separator '\n\n' " +
-                             (dir.path() / "three.txt").string() + " --out ";
+  const std::string common =
+      kPython + " " + kWriter + " --tokenizer bytes --separator '\n\n' " + (dir.path() / "three.txt").string() + " --out ";
   const auto none = run_command(common + (dir.path() / "a" / "s").string() + " --val-fraction 0.1");
   REQUIRE_MESSAGE(none.exit_code == 0, none.output);
   CHECK(none.output.find("no validation shard") != std::string::npos);
@@ -124,8 +125,8 @@ TEST_CASE("shards written by tokenize_shards.py with GPT-2 BPE hold one document
   }
   TempDir dir;
   dir.write("docs.jsonl", "{\"text\": \"Hello world\"}\n{\"text\": \"Latency to Tokyo is 120 ms\"}\n");
-  const auto result = run_command(kPython + " " + kWriter + " --out " + (dir.path() / "g").string() + " " +
-                                  (dir.path() / "docs.jsonl").string());
+  const auto result =
+      run_command(kPython + " " + kWriter + " --out " + (dir.path() / "g").string() + " " + (dir.path() / "docs.jsonl").string());
   REQUIRE_MESSAGE(result.exit_code == 0, result.output);
   const Config cfg = data_config("[data]\nname = \"token_shards\"\n[data.token_shards]\npaths = [\"" +
                                  (dir.path() / "g_train_*.bin").string() + "\"]\n");
@@ -172,12 +173,9 @@ TEST_CASE("ablate data analyze exits 2 naming the file of each bad shard input")
   write_shard(dir.path() / "vocab.bin", {0, 1, 500});
   std::filesystem::create_directories(dir.path() / "empty");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"magic.bin", "magic"},
-      {"version.bin", "version"},
-      {"truncated.bin", "truncated"},
-      {"vocab.bin", "outside the vocabulary"},
-      {"missing.bin", "no such file"},
-      {"empty/*.bin", "matches no file"},
+      {"magic.bin", "magic"},          {"version.bin", "version"},
+      {"truncated.bin", "truncated"},  {"vocab.bin", "outside the vocabulary"},
+      {"missing.bin", "no such file"}, {"empty/*.bin", "matches no file"},
   };
   for (const auto& [file, what] : cases) {
     CAPTURE(file);

@@ -27,14 +27,13 @@ namespace {
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // tests/probes/probe_inputs.py's tiny model: a run of a hundred steps takes well under a second.
-const std::string kTiny =
-    " --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2 --set batching.seq_len=32"
-    " --set model.max_seq_len=32 --set run.eval_batches=1 --set run.threads=1 --set data.workers=0";
+const std::string kTiny = " --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2 --set batching.seq_len=32"
+                          " --set model.max_seq_len=32 --set run.eval_batches=1 --set run.threads=1 --set data.workers=0";
 
 fs::path train(const TempDir& tmp, const std::string& name, const std::string& sets) {
   const fs::path run = tmp.path() / name;
-  const auto t = run_ablate("train " + std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml" + kTiny + sets +
-                            " --run-dir " + run.string());
+  const auto t =
+      run_ablate("train " + std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml" + kTiny + sets + " --run-dir " + run.string());
   INFO(t.output);
   REQUIRE(t.exit_code == 0);
   return run;
@@ -85,7 +84,8 @@ double same(int64_t, double v) { return v; }
 
 }  // namespace
 
-TEST_CASE("doctor finds a planted loss spike: its steps, the loss before and after, the gradient norm, and lr, warmup and clip from the config") {
+TEST_CASE(
+    "doctor finds a planted loss spike: its steps, the loss before and after, the gradient norm, and lr, warmup and clip from the config") {
   TempDir tmp;
   const fs::path run = train(tmp, "run", " --set run.steps=120");
   const Planter plant{run};
@@ -189,8 +189,9 @@ TEST_CASE("real runs: clean tiny quickstart runs give no loss finding, one with 
       CHECK_FALSE(finding(findings, id).has_value());
     }
   }
-  const fs::path wild = train(tmp, "wild", " --set run.steps=200 --set optimizer.lr=1.0 --set optimizer.grad_clip=0 "
-                                           "--set schedule.name=constant");
+  const fs::path wild = train(tmp, "wild",
+                              " --set run.steps=200 --set optimizer.lr=1.0 --set optimizer.grad_clip=0 "
+                              "--set schedule.name=constant");
   const std::optional<json> f = finding(doctor(wild), "loss_spike");
   REQUIRE(f.has_value());
   // The largest spike the doctor names, checked against the run's own log.
@@ -198,12 +199,14 @@ TEST_CASE("real runs: clean tiny quickstart runs give no loss finding, one with 
   for (const json& s : (*f)["evidence"]["spikes"]) {
     CHECK(s["loss"].get<double>() > 1.1 * s["loss_before"].get<double>());
     bool logged = false;
-    for (const json& m : metrics(wild)) logged |= m["step"] == s["first_step"] && m["loss"].get<double>() >= 1.1 * s["loss_before"].get<double>();
+    for (const json& m : metrics(wild))
+      logged |= m["step"] == s["first_step"] && m["loss"].get<double>() >= 1.1 * s["loss_before"].get<double>();
     CHECK(logged);
     worst = std::max(worst, s["loss"].get<double>() / s["loss_before"].get<double>());
   }
   CHECK(worst > 1.5);
-  CHECK(contains((*f)["change"].get<std::string>(), "--set optimizer.lr=0.5 --set schedule.warmup_steps=40 --set optimizer.grad_clip=1.0"));
+  CHECK(contains((*f)["change"].get<std::string>(),
+                 "--set optimizer.lr=0.5 --set schedule.warmup_steps=40 --set optimizer.grad_clip=1.0"));
 }
 
 TEST_CASE("summary.json's step_time_cv is the spread of the counted steps' times, machine_load and cpu_steal are fractions") {
@@ -358,7 +361,7 @@ TEST_CASE("doctor finds a loss above a uniform prediction and a warm-up blow-up,
   CHECK(e["uniform_loss"].get<double>() == doctest::Approx(uniform));
   CHECK(e["worst_step"] == 10);
   CHECK(e["worst_loss"].get<double>() == 7.0);
-  CHECK(e["steps_above"] == 9);  // 6.0 at steps 6 and 14 is over 1.05 x 4.382 = 4.60 too
+  CHECK(e["steps_above"] == 9);         // 6.0 at steps 6 and 14 is over 1.05 x 4.382 = 4.60 too
   CHECK((*u)["severity"] == "medium");  // back under it by the end
   CHECK(contains((*u)["message"].get<std::string>(), "the loss rose to 7 at step 10, above ln 80 = 4.382"));
   CHECK(contains((*u)["change"].get<std::string>(), "--set optimizer.lr=0.0015 --set schedule.warmup_steps=40"));
@@ -455,8 +458,14 @@ TEST_CASE("doctor finds an evaluation that stopped improving while the training 
   const std::vector<json> rows = metrics(run);
   json summary = read_json(run / "summary.json");
   // summary.json as a run with an [[eval]] labelled rows writes it (accuracy: higher is better).
-  summary["evals"] = {{"rows", {{"evaluator", "multiple_choice"}, {"primary", "acc"}, {"higher_is_better", true},
-                                {"metrics", {{"acc", 0.5}}}, {"step", 100}, {"evaluations", 10}, {"time_s", 1.0}}}};
+  summary["evals"] = {{"rows",
+                       {{"evaluator", "multiple_choice"},
+                        {"primary", "acc"},
+                        {"higher_is_better", true},
+                        {"metrics", {{"acc", 0.5}}},
+                        {"step", 100},
+                        {"evaluations", 10},
+                        {"time_s", 1.0}}}};
   std::ofstream(run / "summary.json") << summary.dump();
   // The planted accuracy where the run evaluated, the training losses on the planted curve.
   const auto plant = [&](auto acc, auto loss) {

@@ -41,10 +41,9 @@ const char* const kTinySet = R"(
 "data.synthetic_probes.validation_documents" = 20
 )";
 
-const std::string kTinyFlags =
-    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
-    " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
-    " --set data.synthetic_probes.documents=400 --set data.synthetic_probes.validation_documents=20";
+const std::string kTinyFlags = " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+                               " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
+                               " --set data.synthetic_probes.documents=400 --set data.synthetic_probes.validation_documents=20";
 
 std::vector<std::string> lines(const fs::path& p) {
   std::istringstream in(slurp(p));
@@ -180,8 +179,9 @@ TEST_CASE("a bad sweep file or a bad arm is refused with exit 2 before any arm r
     CHECK(contains(r.output, "nowhere.toml"));
   }
   SUBCASE("grid and arms together") {
-    const fs::path f = tmp.write("bad.toml", "base = \"" + quickstart() +
-                                                 "\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n[[sweep.arms]]\n\"optimizer.lr\" = 0.2\n");
+    const fs::path f =
+        tmp.write("bad.toml",
+                  "base = \"" + quickstart() + "\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n[[sweep.arms]]\n\"optimizer.lr\" = 0.2\n");
     const auto r = run_ablate("sweep " + f.string() + " --out " + out.string());
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "not both"));
@@ -200,12 +200,14 @@ TEST_CASE("a bad sweep file or a bad arm is refused with exit 2 before any arm r
     CHECK(contains(r.output, "1000000000000 arms"));
   }
   SUBCASE("names that would leave the sweep directory") {
-    const fs::path f = tmp.write("dots.toml", "base = \"" + quickstart() + "\"\n[sweep]\nname = \"..\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n");
+    const fs::path f =
+        tmp.write("dots.toml", "base = \"" + quickstart() + "\"\n[sweep]\nname = \"..\"\n[sweep.grid]\n\"optimizer.lr\" = [0.1]\n");
     const auto r = run_ablate("sweep " + f.string());
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "not a plain directory name"));
     // An arm named ".." becomes "__": its directory stays inside the sweep's.
-    const fs::path g = tmp.write("arm.toml", "base = \"" + quickstart() + "\"\n[[sweep.arms]]\nname = \"..\"\n\"optimizer.lr\" = 0.1\n");
+    const fs::path g =
+        tmp.write("arm.toml", "base = \"" + quickstart() + "\"\n[[sweep.arms]]\nname = \"..\"\n\"optimizer.lr\" = 0.1\n");
     const auto d = run_ablate("sweep " + g.string() + " --out " + out.string() + " --dry-run");
     INFO(d.output);
     CHECK(d.exit_code == 0);
@@ -223,8 +225,8 @@ TEST_CASE("doctor finds padding on a padded run of synthetic_probes and not on a
     // padded row empty.
     const auto t = run_ablate("train " + quickstart() + kTinyFlags +
                               " --set model.max_seq_len=512 --set batching.seq_len=512 --set batching.batch_size=2"
-                              " --set run.steps=10 --set batching.name=" + batching +
-                              " --run-dir " + run.string());
+                              " --set run.steps=10 --set batching.name=" +
+                              batching + " --run-dir " + run.string());
     INFO(t.output);
     REQUIRE(t.exit_code == 0);
     const auto d = run_ablate("doctor " + run.string() + " --json");
@@ -445,7 +447,8 @@ TEST_CASE("tune batch-size --plan-only trains nothing and recommends the largest
   }
 }
 
-TEST_CASE("report reads a sweep's files typed: nesting, wrong types and escaping arm names exit 2 naming the file, extras are dropped") {
+TEST_CASE(
+    "report reads a sweep's files typed: nesting, wrong types and escaping arm names exit 2 naming the file, extras are dropped") {
   TempDir tmp;
   const auto write = [](const fs::path& p, const std::string& text) {
     fs::create_directories(p.parent_path());
@@ -515,9 +518,15 @@ fs::path crafted_sweep(const fs::path& dir, const std::vector<std::string>& axes
                                       << R"( "tokens_per_s": 1000.0, "real_tokens_per_s": )" << real_tps << "}";
     std::ofstream m(d / "metrics.jsonl");
     for (int s = 1; s <= 20; ++s) {
-      json row = {{"step", s},           {"loss", 4.0 / (1 + 0.1 * s)}, {"step_ms", 64.0},
-                  {"tokens", 64},        {"real_tokens", 64 - a.padding}, {"padding_fraction", a.padding / 64.0},
-                  {"tokens_per_s", 1000.0}, {"real_tokens_per_s", real_tps}, {"elapsed_s", 0.064 * s}};
+      json row = {{"step", s},
+                  {"loss", 4.0 / (1 + 0.1 * s)},
+                  {"step_ms", 64.0},
+                  {"tokens", 64},
+                  {"real_tokens", 64 - a.padding},
+                  {"padding_fraction", a.padding / 64.0},
+                  {"tokens_per_s", 1000.0},
+                  {"real_tokens_per_s", real_tps},
+                  {"elapsed_s", 0.064 * s}};
       if (s % 5 == 0) row["val_loss"] = 4.1 / (1 + 0.1 * s);
       m << row.dump() << "\n";
     }
@@ -532,10 +541,8 @@ std::vector<CraftedArm> grid_arms() {
   std::vector<CraftedArm> out;
   for (const char* b : {"padded", "packed"}) {
     for (const char* o : {"adamw", "adamw8bit"}) {
-      out.push_back({std::string(b) + "-" + o,
-                     json({{"batching.name", b}, {"optimizer.name", o}}).dump(),
-                     std::string(b) == "padded" ? 16 : 0,
-                     ""});
+      out.push_back({std::string(b) + "-" + o, json({{"batching.name", b}, {"optimizer.name", o}}).dump(),
+                     std::string(b) == "padded" ? 16 : 0, ""});
     }
   }
   return out;
@@ -604,16 +611,18 @@ TEST_CASE("report on a sweep: loss against real tokens, padding per arm, each ru
 
   // One factor: colour only. An arm of an explicit list that leaves a factor to the base gets the
   // value its resolved config ran with.
-  const fs::path one = crafted_sweep(tmp.path() / "one", {"batching.name"}, {{"a", R"({"batching.name": "padded"})", 16, ""},
-                                                                              {"b", R"({"batching.name": "packed"})", 0, ""}});
+  const fs::path one =
+      crafted_sweep(tmp.path() / "one", {"batching.name"},
+                    {{"a", R"({"batching.name": "padded"})", 16, ""}, {"b", R"({"batching.name": "packed"})", 0, ""}});
   r = run_ablate("report " + one.string(), env);
   INFO(r.output);
   spec = read_json(one / "spec-seen.json");
   CHECK(spec["color_by"] == "batching.name");
   CHECK(spec["style_by"].is_null());
-  const fs::path listed = crafted_sweep(tmp.path() / "listed", {"batching.name", "optimizer.name"},
-                                        {{"baseline", R"({"batching.name": "padded"})", 16, "[optimizer]\nname = \"adamw\"\nlr = 0.003\n"},
-                                         {"eight", R"({"batching.name": "packed", "optimizer.name": "adamw8bit"})", 0, ""}});
+  const fs::path listed =
+      crafted_sweep(tmp.path() / "listed", {"batching.name", "optimizer.name"},
+                    {{"baseline", R"({"batching.name": "padded"})", 16, "[optimizer]\nname = \"adamw\"\nlr = 0.003\n"},
+                     {"eight", R"({"batching.name": "packed", "optimizer.name": "adamw8bit"})", 0, ""}});
   r = run_ablate("report " + listed.string(), env);
   INFO(r.output);
   spec = read_json(listed / "spec-seen.json");

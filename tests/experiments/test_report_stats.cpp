@@ -68,7 +68,8 @@ fs::path write_sweep(const fs::path& dir, const std::vector<Group>& groups, cons
       order["arms"].push_back(arm);
       const fs::path d = dir / arm;
       fs::create_directories(d);
-      std::ofstream(d / "arm.json") << json({{"status", "completed"}, {"repeat", r}, {"group", g.name}, {"overrides", json::object()}});
+      std::ofstream(d / "arm.json") << json(
+          {{"status", "completed"}, {"repeat", r}, {"group", g.name}, {"overrides", json::object()}});
       std::ofstream(d / "summary.json") << "{" << g.summary_extra
                                         << json({{"status", "completed"},
                                                  {"steps", 10},
@@ -82,7 +83,8 @@ fs::path write_sweep(const fs::path& dir, const std::vector<Group>& groups, cons
                                                .substr(1);
       std::ofstream m(d / "metrics.jsonl");
       for (int s = 1; s <= 10; ++s) {
-        json row = {{"step", s}, {"loss", 4.0 / (1 + 0.1 * s) + 0.01 * double(r)}, {"step_ms", 10.0}, {"tokens", 80},
+        json row = {{"step", s},         {"loss", 4.0 / (1 + 0.1 * s) + 0.01 * double(r)},
+                    {"step_ms", 10.0},   {"tokens", 80},
                     {"real_tokens", 64}, {"elapsed_s", 0.01 * s}};
         if (s == 5) row["val_loss"] = g.val_loss[r] - 0.01;
         if (s == 10) row["val_loss"] = g.val_loss[r];
@@ -253,7 +255,8 @@ TEST_CASE("report names a winner only when its interval against every other arm 
     const std::string md = report(dir);
     CHECK(contains(md, "Lowest validation loss: **better** (1.9600 [1.9352, 1.9848], n=3): lower loss by 0.1433 [0.0892, 0.1975] "
                        "than the runner-up `base`."));
-    CHECK(contains(md, "Most real tokens/s: **better** (1.51k [1.45k, 1.56k], n=3): faster by 1.50x [1.40, 1.60] than the runner-up `base`."));
+    CHECK(contains(
+        md, "Most real tokens/s: **better** (1.51k [1.45k, 1.56k], n=3): faster by 1.50x [1.40, 1.60] than the runner-up `base`."));
   }
   SUBCASE("identical arms: no winner, no difference detected") {
     Group twin = kBase;
@@ -300,7 +303,8 @@ TEST_CASE("the baseline is the sweep's `baseline` when it names one, and one tha
 
   // In a sweep file: [sweep] baseline, checked against the arms before anything runs.
   const std::string quickstart = std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml";
-  const std::string grid = "base = \"" + quickstart + "\"\n[sweep]\nrepeats = 2\nbaseline = \"%\"\n[sweep.grid]\n\"batching.name\" = [\"padded\", \"packed\"]\n";
+  const std::string grid = "base = \"" + quickstart +
+                           "\"\n[sweep]\nrepeats = 2\nbaseline = \"%\"\n[sweep.grid]\n\"batching.name\" = [\"padded\", \"packed\"]\n";
   const auto sweep_file = [&](const std::string& name, const std::string& baseline) {
     std::string text = grid;
     text.replace(text.find('%'), 1, baseline);

@@ -29,8 +29,8 @@ TEST_CASE("the cuda device passes the device conformance checks") {
   registry.load_directories({ABLATE_PLUGIN_DIR});
   auto dev = cuda_device(registry);
   CHECK(dev->type() == DeviceType::cuda);
-  MESSAGE("device: " << dev->describe() << ", " << dev->memory_capacity() << " bytes, bf16 peak "
-                     << dev->peak_tflops(DType::bf16) << " TFLOP/s");
+  MESSAGE("device: " << dev->describe() << ", " << dev->memory_capacity() << " bytes, bf16 peak " << dev->peak_tflops(DType::bf16)
+                     << " TFLOP/s");
   test::check_device_buffers(*dev);
   test::check_device_nf4_and_copy(*dev);
   test::check_device_loss_sum(*dev);

@@ -118,10 +118,8 @@ struct Mode {
 };
 
 constexpr Mode kModes[] = {
-    {"fp32", "fp32", Precision::f32, false},
-    {"tf32", "tf32", Precision::tf32, false},
-    {"bf16", "bf16", Precision::bf16, true},
-    {"bf16 held", "bf16", Precision::bf16, true, true},
+    {"fp32", "fp32", Precision::f32, false},          {"tf32", "tf32", Precision::tf32, false},
+    {"bf16", "bf16", Precision::bf16, true},          {"bf16 held", "bf16", Precision::bf16, true, true},
     {"bf16 no copy", "bf16", Precision::bf16, false},
 };
 
@@ -193,8 +191,8 @@ void compare(const char* tensor, const std::vector<double>& got, const std::vect
   margins.add(mode, std::string(tensor) + ", " + label, scaled, used);
   if (!got.empty()) {
     CHECK_MESSAGE(used <= 1.0, std::string(tensor) << ": element " << at << " of " << got.size() << " is " << got[at] << ", the CPU's "
-                                      << want[at] << " (scale " << scale << ", atol " << tol.atol << " * scale + rtol " << tol.rtol
-                                      << " * |cpu|; worst |err|/scale " << scaled << ")");
+                                                   << want[at] << " (scale " << scale << ", atol " << tol.atol << " * scale + rtol "
+                                                   << tol.rtol << " * |cpu|; worst |err|/scale " << scaled << ")");
   }
 }
 
@@ -435,8 +433,8 @@ struct Problem {
   GradMode input_grad = GradMode::overwrite;
   bool qk = false;  // a norm as the qk-norm: its x (q or k) is held in bf16 too
   Params own;       // the layer's own keys (rope's theta)
-  int64_t K = 1;   // tolerance: the reductions' lengths, added
-  int stages = 0;  // tolerance: chained reduced-precision products (0: the layer has none)
+  int64_t K = 1;    // tolerance: the reductions' lengths, added
+  int stages = 0;   // tolerance: chained reduced-precision products (0: the layer has none)
   int64_t nx() const { return rows * x_width; }
   int64_t ny() const { return rows * y_width; }
 };
@@ -730,7 +728,8 @@ void check_padded_rows_untouched(const char* device, const ClassifierProblem& p,
                                  const std::vector<float>& before) {
   const int64_t in = p.spec.in;
   int64_t changed = 0;
-  for (int64_t i = p.spec.real_out * in; i < p.spec.out * in; ++i) changed += grads[std::size_t(i)] != double(before[std::size_t(i)]) ? 1 : 0;
+  for (int64_t i = p.spec.real_out * in; i < p.spec.out * in; ++i)
+    changed += grads[std::size_t(i)] != double(before[std::size_t(i)]) ? 1 : 0;
   CHECK_MESSAGE(changed == 0, std::string(device) << ": " << changed << " gradient values of padded vocabulary rows changed");
 }
 
@@ -978,7 +977,10 @@ void run_dense_grid(const std::string& layer, const std::vector<std::pair<int64_
               p.K = rows + in + out;
               p.stages = stages;
               p.label = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " + std::to_string(out) +
-                        (bias ? " bias" : " no bias") + (residual == 0 ? "" : residual == 1 ? " residual" : " residual in y") +
+                        (bias ? " bias" : " no bias") +
+                        (residual == 0   ? ""
+                         : residual == 1 ? " residual"
+                                         : " residual in y") +
                         (dropout > 0 ? " dropout" : "") + " " + grad_name(mode);
               run_problem(p, rng, margins);
             }

@@ -32,8 +32,8 @@ namespace {
 ParamTable make_table() {
   ParamTable t;
   // name, shape, decay: sizes chosen to cut blocks of 256 and runs of 4 everywhere.
-  t.add("wte.weight", {97, 61}, true, 0.02, 0.0);        // 5917: 8-bit (over min_8bit_size 4096)
-  t.add("blocks.0.ln1.weight", {61}, false, 0.0, 1.0);   // fp32 state, no decay
+  t.add("wte.weight", {97, 61}, true, 0.02, 0.0);       // 5917: 8-bit (over min_8bit_size 4096)
+  t.add("blocks.0.ln1.weight", {61}, false, 0.0, 1.0);  // fp32 state, no decay
   t.add("blocks.0.fc.weight", {123, 77}, true, 0.02, 0.0);
   t.add("blocks.0.fc.bias", {123}, false, 0.0, 0.0);
   t.add("blocks.0.proj.weight", {77, 123}, true, 0.02, 0.0);
@@ -69,9 +69,7 @@ struct Setup {
 
 TensorView host_view(std::vector<float>& v) { return test::view(v); }
 
-TensorView device_view(cuda::DeviceBuffer<float>& b) {
-  return flat_view(b.data(), DType::f32, int64_t(b.size()), DeviceType::cuda);
-}
+TensorView device_view(cuda::DeviceBuffer<float>& b) { return flat_view(b.data(), DType::f32, int64_t(b.size()), DeviceType::cuda); }
 
 std::vector<float> download(const cuda::DeviceBuffer<float>& b) {
   std::vector<float> h(b.size());
@@ -215,8 +213,8 @@ TEST_CASE("an adamw8bit state saved on the device continues on the CPU as if it 
   cpu->step(table, host_view(p_cpu), host_view(g), 1e-3, 4);
   const std::vector<float> p_gpu = download(p_dev);
   CHECK(same_bits(p_cpu.data(), p_gpu.data(), n * sizeof(float)));
-  CHECK(same_bits(tensor(cpu->save_state(), "exp_avg.codes").bytes.data(),
-                  tensor(gpu->save_state(), "exp_avg.codes").bytes.data(), tensor(cpu->save_state(), "exp_avg.codes").bytes.size()));
+  CHECK(same_bits(tensor(cpu->save_state(), "exp_avg.codes").bytes.data(), tensor(gpu->save_state(), "exp_avg.codes").bytes.data(),
+                  tensor(cpu->save_state(), "exp_avg.codes").bytes.size()));
 }
 
 int main(int argc, char** argv) {

@@ -26,11 +26,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // The tiny quickstart of tests/train, with a seq_len not a multiple of 64 and packed rows.
-const std::string kTiny =
-    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=80"
-    " --set batching.batch_size=4 --set batching.seq_len=77 --set run.threads=2 --set run.eval_batches=2"
-    " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
-    " --set checkpoint.every=100";
+const std::string kTiny = " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=80"
+                          " --set batching.batch_size=4 --set batching.seq_len=77 --set run.threads=2 --set run.eval_batches=2"
+                          " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50"
+                          " --set checkpoint.every=100";
 const std::string kCuda = " --set run.device=cuda --set attention.name=naive_cuda --set optimizer.name=adamw_fused";
 const std::string kCpu = " --set run.device=cpu --set attention.name=naive_cpu --set optimizer.name=adamw";
 
@@ -126,7 +125,8 @@ TEST_CASE("cuda f32 follows the cpu f32 run step by step (same weights, same bat
   }
 }
 
-TEST_CASE("one name on every device: adamw and naive train on cuda as adamw_fused and naive_cuda do, on the cpu as adamw and naive_cpu") {
+TEST_CASE(
+    "one name on every device: adamw and naive train on cuda as adamw_fused and naive_cuda do, on the cpu as adamw and naive_cpu") {
   // `adamw` on cuda is adamw_fused's kernel and `naive` each device's exact backend: the same runs
   // bit for bit, so moving an experiment to the GPU takes run.device alone.
   TempDir tmp;
@@ -154,8 +154,9 @@ TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with 
   // linear, cross_entropy) compute input gradients only, the lora adapters on q and v train
   // (dropout 0.1 on their input: the same mask on both devices), NF4 weights are dequantized by
   // the cuda device's kernel. Tolerances as for the f32 run above.
-  const std::string lora = " --set adapter.name=lora --set adapter.lora.rank=4 --set adapter.lora.alpha=8 --set adapter.lora.dropout=0.1"
-                           " --set run.steps=6 --set run.eval_every=3";
+  const std::string lora =
+      " --set adapter.name=lora --set adapter.lora.rank=4 --set adapter.lora.alpha=8 --set adapter.lora.dropout=0.1"
+      " --set run.steps=6 --set run.eval_every=3";
   const std::string llama = " --set model.norm=rmsnorm --set model.mlp=swiglu_mlp --set model.position=rope --set model.bias=false"
                             " --set model.tie_embeddings=false --set adapter.base_dtype=nf4";
   for (const std::string& shape : {std::string(), llama}) {
@@ -181,7 +182,8 @@ TEST_CASE("LoRA on cuda follows the cpu LoRA run step by step: GPT-2 style with 
   }
 }
 
-TEST_CASE("run.dtype = bf16 holds the norms' outputs, q, k, v, the attention output, their gradients and the MLP's hidden activation in bf16: the plan's saving, exactly") {
+TEST_CASE(
+    "run.dtype = bf16 holds the norms' outputs, q, k, v, the attention output, their gradients and the MLP's hidden activation in bf16: the plan's saving, exactly") {
   // d_model 32, mlp hidden 128, 2 blocks; one row of 64 positions: every slot a multiple of the
   // plan's 64-element (256-byte) rounding, so the saving is exact. Per block ln1 and ln2 (N*C
   // values each) take N*C/2 f32 elements instead of N*C, the MLP keeps pre and post in bf16 (N*H/2
@@ -230,8 +232,8 @@ TEST_CASE("GPT-2 124M under run.dtype = bf16 holds at most 0.6x the activation b
   };
   const ablate::ActivationPlan fp32 = plan("naive_cuda", "fp32"), bf16 = plan("naive_cuda", "bf16");
   const double arena = double(bf16.elements) / double(fp32.elements);
-  MESSAGE("GPT-2 124M arena, bf16 / fp32: " << arena << " (" << bf16.elements * 4 / (1 << 20) << " / "
-                                            << fp32.elements * 4 / (1 << 20) << " MiB at 64 x 1024)");
+  MESSAGE("GPT-2 124M arena, bf16 / fp32: " << arena << " (" << bf16.elements * 4 / (1 << 20) << " / " << fp32.elements * 4 / (1 << 20)
+                                            << " MiB at 64 x 1024)");
   CHECK(arena <= 0.6);
   CHECK(double(bf16.bf16_bytes()) > 0.5 * double(bf16.f32_bytes()));
   if (probe.has("cudnn_flash")) {
@@ -343,8 +345,10 @@ TEST_CASE("a cuda checkpoint resumes on the cpu, and a cpu checkpoint on cuda (t
 TEST_CASE("a run whose memory plan exceeds the device is refused before training, exit 2, with both numbers") {
   TempDir tmp;
   // About 1.2e11 parameters: 450 GiB of fp32 weights alone.
-  const auto r = run_ablate("train " + config() + kCuda + " --set model.d_model=16384 --set model.n_layers=36 --set model.n_heads=128"
-                            " --set run.steps=1 --run-dir " + (tmp.path() / "big").string());
+  const auto r = run_ablate("train " + config() + kCuda +
+                            " --set model.d_model=16384 --set model.n_layers=36 --set model.n_heads=128"
+                            " --set run.steps=1 --run-dir " +
+                            (tmp.path() / "big").string());
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("MiB") != std::string::npos);
@@ -358,7 +362,8 @@ TEST_CASE("a cuda run's peak memory counts the optimizer's state, which the opti
   std::map<std::string, nlohmann::json> summary;
   for (const std::string opt : {"adamw_fused", "adamw8bit"}) {
     REQUIRE(train(kCuda + " --set optimizer.name=" + opt + " --set run.steps=1 --set run.eval_every=0 --run-dir " +
-                  (tmp.path() / opt).string()).exit_code == 0);
+                  (tmp.path() / opt).string())
+                .exit_code == 0);
     summary[opt] = read_json(tmp.path() / opt / "summary.json");
   }
   const int64_t peak_fused = summary["adamw_fused"]["mem_peak_bytes"], peak_8bit = summary["adamw8bit"]["mem_peak_bytes"];

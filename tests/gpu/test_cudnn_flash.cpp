@@ -145,11 +145,16 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
     for (bool packed : {false, true}) {
       INFO("T " << T << " D " << D << " heads/kv " << ratio << (packed ? " packed" : " padded"));
       const Batch batch =
-          packed ? test::make_batch(T, {test::random_packed_row(T, rng), test::random_packed_row(T, rng),
-                                        {{0, 1}, {1, T - 1}}, {}})
+          packed ? test::make_batch(T, {test::random_packed_row(T, rng), test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}, {}})
                  : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}, {{0, 1}}});
-      const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
-                               .dtype = DType::f32, .device = DeviceType::cuda, .packed = packed};
+      const AttentionProblem p{.batch = batch.rows,
+                               .seq_len = T,
+                               .heads = 2 * ratio,
+                               .kv_heads = 2,
+                               .head_dim = D,
+                               .dtype = DType::f32,
+                               .device = DeviceType::cuda,
+                               .packed = packed};
       if (const std::string why = f.flash->supports(p); !why.empty()) {
         REQUIRE(device_refusal(why));
         ++refused;
@@ -158,8 +163,7 @@ TEST_CASE("cudnn_flash matches naive_cuda: padded and packed rows, GQA 1/3/4, he
       ++ran;
       REQUIRE(f.naive->supports(p).empty());
       const auto make = [&](int64_t heads) { return random_bf16(p, heads, rng); };
-      const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads),
-                               d_out = make(p.heads);
+      const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
       const Outputs want = run(f, *f.naive, p, batch, q, k, v, d_out);
       const int64_t builds_before = f.builds(f.flash.get());
       const Outputs got = run(f, *f.flash, p, batch, q, k, v, d_out);
@@ -195,8 +199,14 @@ TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out ex
     const int32_t T = 77, D = 64;
     const Batch batch = packed ? test::make_batch(T, {test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}})
                                : test::make_batch(T, {{{0, T}}, {{0, T / 2 + 1}}});
-    AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 6, .kv_heads = 2, .head_dim = D, .dtype = DType::f32,
-                       .device = DeviceType::cuda, .packed = packed};
+    AttentionProblem p{.batch = batch.rows,
+                       .seq_len = T,
+                       .heads = 6,
+                       .kv_heads = 2,
+                       .head_dim = D,
+                       .dtype = DType::f32,
+                       .device = DeviceType::cuda,
+                       .packed = packed};
     if (const std::string why = f.flash->supports(p); !why.empty()) {
       REQUIRE(device_refusal(why));
       continue;
@@ -225,8 +235,14 @@ TEST_CASE("cudnn_flash with out, and q, k, v, held in bf16: the f32 run's out ex
 TEST_CASE("cudnn_flash: packed batches with different segment counts share a graph within a bound") {
   Fixture f;
   const int32_t T = 96;
-  const AttentionProblem p{.batch = 2, .seq_len = T, .heads = 4, .kv_heads = 2, .head_dim = 64, .dtype = DType::f32,
-                           .device = DeviceType::cuda, .packed = true};
+  const AttentionProblem p{.batch = 2,
+                           .seq_len = T,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .dtype = DType::f32,
+                           .device = DeviceType::cuda,
+                           .packed = true};
   if (const std::string why = f.flash->supports(p); !why.empty()) {
     REQUIRE(device_refusal(why));
     return;
@@ -236,12 +252,9 @@ TEST_CASE("cudnn_flash: packed batches with different segment counts share a gra
   const std::vector<float> q = make(p.heads), k = make(p.kv_heads), v = make(p.kv_heads), d_out = make(p.heads);
   // 9 and 10 segments in 2 rows share the bound 10, and their longest (96, 95) the length bound 96:
   // one forward and one backward graph.
-  const Batch nine = test::make_batch(T, {{{0, 12}, {12, 12}, {24, 12}, {36, 12}, {48, 12}, {60, 12}, {72, 12},
-                                           {84, 12}},
-                                          {{0, 96}}});
-  const Batch ten = test::make_batch(T, {{{0, 10}, {10, 10}, {20, 10}, {30, 10}, {40, 10}, {50, 10}, {60, 10},
-                                          {70, 10}, {80, 1}},
-                                         {{0, 95}}});
+  const Batch nine = test::make_batch(T, {{{0, 12}, {12, 12}, {24, 12}, {36, 12}, {48, 12}, {60, 12}, {72, 12}, {84, 12}}, {{0, 96}}});
+  const Batch ten =
+      test::make_batch(T, {{{0, 10}, {10, 10}, {20, 10}, {30, 10}, {40, 10}, {50, 10}, {60, 10}, {70, 10}, {80, 1}}, {{0, 95}}});
   const Outputs a = run(f, *f.flash, p, nine, q, k, v, d_out);
   CHECK(f.builds(f.flash.get()) == 2);
   const Outputs b = run(f, *f.flash, p, ten, q, k, v, d_out);
@@ -267,8 +280,14 @@ TEST_CASE("cudnn_flash on rows without padding: the unmasked graph for padded an
     for (bool packed : {false, true}) {
       for (bool held : {false, true}) {
         INFO("T " << T << " D " << D << (packed ? " packed" : " padded") << (held ? ", q k v out in bf16" : ""));
-        AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
-                           .dtype = DType::f32, .device = DeviceType::cuda, .packed = packed};
+        AttentionProblem p{.batch = batch.rows,
+                           .seq_len = T,
+                           .heads = 2 * ratio,
+                           .kv_heads = 2,
+                           .head_dim = D,
+                           .dtype = DType::f32,
+                           .device = DeviceType::cuda,
+                           .packed = packed};
         if (const std::string why = f.flash->supports(p); !why.empty()) {
           REQUIRE(device_refusal(why));
           continue;
@@ -293,8 +312,14 @@ TEST_CASE("cudnn_flash's measured plan computes what heuristics' choice computes
   std::mt19937 rng(31);
   const int32_t T = 256, D = 64;
   const Batch batch = test::make_batch(T, {{{0, T}}, {{0, 100}, {100, 156}}, {{0, 30}}});
-  const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 4, .kv_heads = 2, .head_dim = D,
-                           .dtype = DType::f32, .device = DeviceType::cuda, .packed = true};
+  const AttentionProblem p{.batch = batch.rows,
+                           .seq_len = T,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .head_dim = D,
+                           .dtype = DType::f32,
+                           .device = DeviceType::cuda,
+                           .packed = true};
   if (const std::string why = measured.flash->supports(p); !why.empty()) {
     REQUIRE(device_refusal(why));
     return;

@@ -10,13 +10,13 @@ __global__ void fill_with_index(float* out, int n) {
   if (i < n) out[i] = float(i) * 0.5f;
 }
 
-#define CHECK_CUDA(call)                                                                        \
-  do {                                                                                          \
-    cudaError_t err_ = (call);                                                                  \
-    if (err_ != cudaSuccess) {                                                                  \
+#define CHECK_CUDA(call)                                                                                   \
+  do {                                                                                                     \
+    cudaError_t err_ = (call);                                                                             \
+    if (err_ != cudaSuccess) {                                                                             \
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      return 1;                                                                                 \
-    }                                                                                           \
+      return 1;                                                                                            \
+    }                                                                                                      \
   } while (0)
 
 int main() {

@@ -52,10 +52,15 @@ Outputs run_cpu(Fixture& f, AttentionProblem p, const Batch& batch, std::vector<
                 std::vector<double> v, std::vector<double> d_out) {
   p.dtype = DType::f64;
   p.device = DeviceType::cpu;
-  Outputs o{std::vector<double>(q.size()), std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(k.size())};
+  Outputs o{std::vector<double>(q.size()), std::vector<double>(q.size()), std::vector<double>(k.size()),
+            std::vector<double>(k.size())};
   std::vector<double> saved(std::size_t(f.cpu->saved_elements(p)));
-  const auto hv = [&](std::vector<double>& x) { return shaped(flat_view(x.data(), DType::f64, int64_t(x.size())), p.batch, p.seq_len, p.heads, p.head_dim); };
-  const auto kv = [&](std::vector<double>& x) { return shaped(flat_view(x.data(), DType::f64, int64_t(x.size())), p.batch, p.seq_len, p.kv_heads, p.head_dim); };
+  const auto hv = [&](std::vector<double>& x) {
+    return shaped(flat_view(x.data(), DType::f64, int64_t(x.size())), p.batch, p.seq_len, p.heads, p.head_dim);
+  };
+  const auto kv = [&](std::vector<double>& x) {
+    return shaped(flat_view(x.data(), DType::f64, int64_t(x.size())), p.batch, p.seq_len, p.kv_heads, p.head_dim);
+  };
   const BatchViews views = host_batch_views(batch);
   TensorView s = flat_view(saved.data(), DType::f64, int64_t(saved.size()));
   test::attention_forward(*f.cpu, p, views, hv(q), kv(k), kv(v), hv(o.out), s);
@@ -67,15 +72,14 @@ Outputs run_gpu(Fixture& f, AttentionProblem p, const Batch& batch, const std::v
                 const std::vector<double>& v, const std::vector<double>& d_out) {
   const auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
   const auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-  const test::AttentionOutputs o =
-      test::run_attention_on(*f.device, *f.gpu, p, batch, narrow(q), narrow(k), narrow(v), narrow(d_out));
+  const test::AttentionOutputs o = test::run_attention_on(*f.device, *f.gpu, p, batch, narrow(q), narrow(k), narrow(v), narrow(d_out));
   return {widen(o.out), widen(o.d_q), widen(o.d_k), widen(o.d_v)};
 }
 
 // The f32 problem's backward alone, given out (and the saved statistics of its own forward).
 test::AttentionOutputs f32_backward_with_out(Fixture& f, const AttentionProblem& p, const Batch& batch, const std::vector<float>& q,
-                                             const std::vector<float>& k, const std::vector<float>& v,
-                                             const std::vector<float>& out, const std::vector<float>& d_out) {
+                                             const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& out,
+                                             const std::vector<float>& d_out) {
   Device& dev = *f.device;
   const auto up = [&](const std::vector<float>& x) {
     Buffer b = dev.alloc(DType::f32, int64_t(x.size()));
@@ -113,8 +117,14 @@ TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 
         INFO("T " << T << " D " << D << " heads/kv " << ratio);
         const Batch batch = T == 1 ? test::make_batch(T, {{{0, 1}}, {}})
                                    : test::make_batch(T, {{{0, T / 2 + 1}}, test::random_packed_row(T, rng), {{0, 1}, {1, T - 1}}});
-        const AttentionProblem p{.batch = batch.rows, .seq_len = T, .heads = 2 * ratio, .kv_heads = 2, .head_dim = D,
-                                 .dtype = DType::f32, .device = DeviceType::cuda, .packed = true};
+        const AttentionProblem p{.batch = batch.rows,
+                                 .seq_len = T,
+                                 .heads = 2 * ratio,
+                                 .kv_heads = 2,
+                                 .head_dim = D,
+                                 .dtype = DType::f32,
+                                 .device = DeviceType::cuda,
+                                 .packed = true};
         REQUIRE(f.gpu->supports(p).empty());
         const auto make = [&](int64_t heads) {
           std::vector<double> x(std::size_t(p.batch) * T * heads * D);
@@ -155,7 +165,8 @@ TEST_CASE("naive_cuda matches naive_cpu in float64: padded and packed rows, GQA 
   }
 }
 
-TEST_CASE("naive_cuda with q, k, v, out and the gradients held in bf16: the f32 run on the bf16 values, outputs rounded once, bit for bit") {
+TEST_CASE(
+    "naive_cuda with q, k, v, out and the gradients held in bf16: the f32 run on the bf16 values, outputs rounded once, bit for bit") {
   // Widening bf16 to f32 is exact, so the bf16 problem must compute exactly what the f32 problem
   // computes on inputs already rounded to bf16: out the bf16 rounding of the f32 out
   // (device_math::bf16_bits), and the gradients the same bits as the f32 backward given the out
@@ -166,12 +177,19 @@ TEST_CASE("naive_cuda with q, k, v, out and the gradients held in bf16: the f32 
   CHECK(f.gpu->bf16_activations());
   const int32_t T = 77, D = 64;
   const Batch batch = test::make_batch(T, {{{0, 40}}, test::random_packed_row(T, rng)});
-  const AttentionProblem base{.batch = batch.rows, .seq_len = T, .heads = 6, .kv_heads = 2, .head_dim = D, .dtype = DType::f32,
-                              .device = DeviceType::cuda, .packed = true};
+  const AttentionProblem base{.batch = batch.rows,
+                              .seq_len = T,
+                              .heads = 6,
+                              .kv_heads = 2,
+                              .head_dim = D,
+                              .dtype = DType::f32,
+                              .device = DeviceType::cuda,
+                              .packed = true};
   const auto make = [&](int64_t heads, bool round) {
     std::vector<float> x(std::size_t(base.batch) * T * heads * D);
     for (float& e : x) e = float(n(rng));
-    if (round) for (float& e : x) e = device_math::bf16_value(device_math::bf16_bits(e));
+    if (round)
+      for (float& e : x) e = device_math::bf16_value(device_math::bf16_bits(e));
     return x;
   };
   const std::vector<float> q = make(6, true), k = make(2, true), v = make(2, true), d_out = make(6, true);

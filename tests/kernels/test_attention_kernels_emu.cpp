@@ -365,8 +365,8 @@ TEST_CASE("group sum: each kv head the sum of its query heads in head order, GQA
     int64_t B, T, H, Hkv, D;
   };
   Worst worst;
-  for (const Case& c : {Case{1, 1, 1, 1, 1}, Case{2, 7, 6, 6, 20}, Case{2, 7, 6, 3, 45}, Case{1, 45, 6, 2, 64},
-                        Case{1, 257, 4, 2, 31}, Case{2, 550, 3, 1, 20}}) {
+  for (const Case& c : {Case{1, 1, 1, 1, 1}, Case{2, 7, 6, 6, 20}, Case{2, 7, 6, 3, 45}, Case{1, 45, 6, 2, 64}, Case{1, 257, 4, 2, 31},
+                        Case{2, 550, 3, 1, 20}}) {
     INFO("B " << c.B << " T " << c.T << " H " << c.H << " Hkv " << c.Hkv << " D " << c.D);
     const int64_t group = c.H / c.Hkv;
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -412,8 +412,8 @@ TEST_CASE("fill pointers: one operand per (b, h), the kv head of a GQA group, up
     struct Operand {
       int64_t stride_b, stride_h, group;
     };
-    for (const Operand& o : {Operand{c.T * c.H * c.D, c.D, 1}, Operand{c.T * c.Hkv * c.D, c.D, c.H / c.Hkv},
-                             Operand{c.H * c.T * c.T, c.T * c.T, 1}}) {
+    for (const Operand& o :
+         {Operand{c.T * c.H * c.D, c.D, 1}, Operand{c.T * c.Hkv * c.D, c.D, c.H / c.Hkv}, Operand{c.H * c.T * c.T, c.T * c.T, 1}}) {
       INFO("stride_b " << o.stride_b << " stride_h " << o.stride_h << " group " << o.group);
       const std::vector<float> base(std::size_t(c.B * o.stride_b));
       emu_test::for_each_schedule([&] {
@@ -425,8 +425,8 @@ TEST_CASE("fill pointers: one operand per (b, h), the kv head of a GQA group, up
         for (int64_t b = 0; b < c.B; ++b) {
           for (int64_t h = 0; h < c.H; ++h) {
             const int64_t z = b * c.H + h, kv = h / o.group;  // the operand's head for query head h
-            const auto want = reinterpret_cast<std::uintptr_t>(base.data()) +
-                              std::uintptr_t(b * o.stride_b + kv * o.stride_h) * sizeof(float);
+            const auto want =
+                reinterpret_cast<std::uintptr_t>(base.data()) + std::uintptr_t(b * o.stride_b + kv * o.stride_h) * sizeof(float);
             t.exact(z, reinterpret_cast<std::uintptr_t>(got[std::size_t(z)]), want);
           }
         }

@@ -41,12 +41,10 @@ std::vector<float> test_values(int64_t n, uint64_t seed) {
       0x00000000u, 0x80000000u, 0x3F800000u, 0xBF800000u,
       0x3F808000u,  // 1 + 2^-8: halfway, rounds down to the even 0x3F80
       0x3F818000u,  // halfway above the odd 0x3F81: rounds up to 0x3F82
-      0x3F808001u, 0xBF817FFFu,
-      0x00000001u, 0x80000001u, 0x00008000u, 0x007FFFFFu, 0x00018000u,  // subnormals, one a tie
-      0x7F7FFFFFu,  // the largest float: rounds to infinity
+      0x3F808001u, 0xBF817FFFu, 0x00000001u, 0x80000001u, 0x00008000u, 0x007FFFFFu, 0x00018000u,  // subnormals, one a tie
+      0x7F7FFFFFu,               // the largest float: rounds to infinity
       0x7F7F7FFFu, 0x7F7F8000u,  // just under / exactly at bf16's overflow threshold
-      0x7F800000u, 0xFF800000u,
-      0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFF812345u,  // quiet and signalling NaNs
+      0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFF812345u,  // quiet and signalling NaNs
   };
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -238,8 +236,7 @@ TEST_CASE("squared_norm's partials are each block's sum of squares, and add up t
       const std::vector<float> guarded = with_guard(x);
       cuda::DeviceBuffer<float> d;
       d.upload(guarded.data(), guarded.size());
-      const std::vector<double> partials =
-          run_partials([&](double* p) { cuda_device::launch_squared_norm(d.data(), n, p, nullptr); });
+      const std::vector<double> partials = run_partials([&](double* p) { cuda_device::launch_squared_norm(d.data(), n, p, nullptr); });
       check_partials(partials, block_sums(n, [&](int64_t i) { return double(x[std::size_t(i)]) * double(x[std::size_t(i)]); }), worst);
     }
   });
@@ -268,11 +265,10 @@ TEST_CASE("masked_loss_sum adds the losses of positions with a target, per block
       cuda::DeviceBuffer<int32_t> dt;
       dl.upload(guarded.data(), guarded.size());
       dt.upload(targets_guarded.data(), targets_guarded.size());
-      const std::vector<double> partials = run_partials(
-          [&](double* p) { cuda_device::launch_masked_loss_sum(dl.data(), dt.data(), n, p, nullptr); });
-      check_partials(partials, block_sums(n, [&](int64_t i) {
-                       return targets[std::size_t(i)] < 0 ? 0.0 : double(losses[std::size_t(i)]);
-                     }),
+      const std::vector<double> partials =
+          run_partials([&](double* p) { cuda_device::launch_masked_loss_sum(dl.data(), dt.data(), n, p, nullptr); });
+      check_partials(partials,
+                     block_sums(n, [&](int64_t i) { return targets[std::size_t(i)] < 0 ? 0.0 : double(losses[std::size_t(i)]); }),
                      worst);
     }
   });

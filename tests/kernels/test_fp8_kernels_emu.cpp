@@ -179,8 +179,8 @@ TEST_CASE("fp8 scale update: the amax history as a ring, max or most recent, mar
   // amax per step and tensor: tensor 0 steady, tensor 1 with a spike that leaves the history after
   // `length` steps, tensor 2 with zeros and a NaN.
   const float nan = float_bits(0x7FC00000u);
-  const std::vector<std::vector<float>> amax_at = {
-      {1.0f, 2.0f, 0.0f}, {1.0f, 64.0f, 0.0f}, {1.0f, 2.0f, 4.0f}, {1.0f, 2.0f, nan}, {1.0f, 2.0f, 0.0f}, {1.0f, 2.0f, 2.0f}};
+  const std::vector<std::vector<float>> amax_at = {{1.0f, 2.0f, 0.0f}, {1.0f, 64.0f, 0.0f}, {1.0f, 2.0f, 4.0f},
+                                                   {1.0f, 2.0f, nan},  {1.0f, 2.0f, 0.0f},  {1.0f, 2.0f, 2.0f}};
   for (const bool use_max : {true, false}) {
     for (const int margin : {0, 1}) {
       CAPTURE(use_max);

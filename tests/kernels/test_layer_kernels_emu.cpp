@@ -189,8 +189,8 @@ std::vector<int32_t> runs_shuffled(const std::vector<std::pair<int32_t, int>>& r
 // (as signed integers), the sorted positions cut into chunks of 256; each chunk's piece of a run
 // summed in float in row order from 0; a run within one chunk added into its table row, a run
 // crossing chunk edges as its first piece plus each later piece in chunk order, then added.
-std::vector<float> scatter_documented_order(const std::vector<int32_t>& index, const std::vector<float>& d, const std::vector<float>& g0,
-                                            int64_t cols, int64_t limit, const DropoutArgs& drop) {
+std::vector<float> scatter_documented_order(const std::vector<int32_t>& index, const std::vector<float>& d,
+                                            const std::vector<float>& g0, int64_t cols, int64_t limit, const DropoutArgs& drop) {
   const int64_t rows = int64_t(index.size());
   std::vector<int64_t> order(sz(rows));
   std::iota(order.begin(), order.end(), int64_t(0));
@@ -357,9 +357,9 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
       }
       const double p = std::exp(double(zr[c]) - lse);
       dz[k] = scale * (p - (c == t ? 1.0 : 0.0));
-      tol_dz[k] = 8 * kU * scale * (p * (2 + 2 * rescales + std::fabs(lse) + std::fabs(double(zr[c]) - lse) + spread) +
-                                    (c == t ? 1.0 : 0.0)) +
-                 (bf16 ? 0x1p-8 * std::fabs(dz[k]) * 1.01 + 1e-38 : 1e-38);  // the bf16 rounding; float underflow
+      tol_dz[k] =
+          8 * kU * scale * (p * (2 + 2 * rescales + std::fabs(lse) + std::fabs(double(zr[c]) - lse) + spread) + (c == t ? 1.0 : 0.0)) +
+          (bf16 ? 0x1p-8 * std::fabs(dz[k]) * 1.01 + 1e-38 : 1e-38);  // the bf16 rounding; float underflow
     }
   }
   const std::string shape = "n " + std::to_string(n) + " out " + std::to_string(out) + " real_out " + std::to_string(real);
@@ -399,8 +399,9 @@ void check_cross_entropy(const CrossEntropyCase& cc, double ignored, std::initia
           const double e = std::fabs(got_z[j] - dz[j]);
           worst_grad.add(e, scale);
           // Padded columns and ignored or bad rows: exactly 0.
-          fz.expect(tol_dz[j] == 0 ? same_bits(got_z[j], 0.0f) : e <= tol_dz[j],
-                    [&] { return "row " + std::to_string(r) + " column " + std::to_string(c) + " " + at(int64_t(j), got_z[j], dz[j]); });
+          fz.expect(tol_dz[j] == 0 ? same_bits(got_z[j], 0.0f) : e <= tol_dz[j], [&] {
+            return "row " + std::to_string(r) + " column " + std::to_string(c) + " " + at(int64_t(j), got_z[j], dz[j]);
+          });
         }
       }
       const std::string what = shape + (with_grad ? " with grad" : " without grad");
@@ -492,10 +493,10 @@ TEST_CASE("gelu forward and backward follow the tanh approximation") {
       const double T = 2 * v * s * (1 - s) * du, d = dh[sz(i)];
       g[sz(i)] = d * (s + T);
       mag_g[sz(i)] = std::fabs(d) * (s + std::fabs(T));
-      tol_g[sz(i)] = 2 * std::fabs(d) *
-                                  (es + 8 * kU * std::fabs(T) + std::fabs(2 * v * du) * (s * (es + kU * (1 - s)) + (1 - s) * es) +
-                                   kU * std::fabs(s + T)) +
-                              kU * std::fabs(g[sz(i)]) + 1e-40;
+      tol_g[sz(i)] =
+          2 * std::fabs(d) *
+              (es + 8 * kU * std::fabs(T) + std::fabs(2 * v * du) * (s * (es + kU * (1 - s)) + (1 - s) * es) + kU * std::fabs(s + T)) +
+          kU * std::fabs(g[sz(i)]) + 1e-40;
     }
     emu_test::for_each_schedule([&] {
       auto dx = to_device(x);
@@ -627,7 +628,9 @@ TEST_CASE("swiglu forward (f32 and bf16 h) and backward") {
         // bf16 h is the f32 h rounded to the nearest bf16.
         const uint16_t want16 = bf16_nearest(got_h[k]);
         worst_bf16.add(std::fabs(double(bf16_to_float(got_h16[k])) - h[k]), std::fabs(h[k]));
-        fb.expect(got_h16[k] == want16, [&] { return "at " + std::to_string(i) + ": bits " + std::to_string(got_h16[k]) + ", want " + std::to_string(want16); });
+        fb.expect(got_h16[k] == want16, [&] {
+          return "at " + std::to_string(i) + ": bits " + std::to_string(got_h16[k]) + ", want " + std::to_string(want16);
+        });
         const double eu = std::fabs(got_du[k] - du[k]), eg = std::fabs(got_dg[k] - dg[k]);
         worst_bwd_u.add(eu, std::fabs(du[k]));
         worst_bwd_g.add(eg, mag_dg[k]);
@@ -704,8 +707,8 @@ TEST_CASE("copy_or_add copies or accumulates, and add_bias adds the bias to ever
 TEST_CASE("gather_rows and add_rows look up table rows, NaN for an index out of range") {
   Worst worst_gather, worst_add;
   const int64_t limit = 50;
-  const int32_t bad[] = {-1, -7, int32_t(limit), int32_t(limit + 5), std::numeric_limits<int32_t>::min(),
-                         std::numeric_limits<int32_t>::max()};
+  const int32_t bad[] = {
+      -1, -7, int32_t(limit), int32_t(limit + 5), std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
   for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 31}, {257, 45}, {1100, 100}, {13, 257}}) {
     std::mt19937_64 rng(uint64_t(rows * 1000 + cols));
     std::vector<int32_t> index(sz(rows));
@@ -805,8 +808,8 @@ TEST_CASE("to_bf16 rounds to the nearest bf16, ties to even, strided and contigu
   struct Shape {
     int64_t rows, cols, ld;
   };
-  for (const Shape& s : std::vector<Shape>{{1, 1, 3}, {7, 31, 32}, {257, 45, 64}, {1100, 100, 101}, {1, 1, 1}, {7, 257, 257},
-                                           {1100, 45, 45}}) {
+  for (const Shape& s :
+       std::vector<Shape>{{1, 1, 3}, {7, 31, 32}, {257, 45, 64}, {1100, 100, 101}, {1, 1, 1}, {7, 257, 257}, {1100, 45, 45}}) {
     const int64_t n = s.rows * s.cols;
     std::vector<float> src(sz(s.rows * s.ld), float(kNaN));  // NaN in the padding, never read
     std::vector<float> packed(sz(n));
@@ -814,7 +817,7 @@ TEST_CASE("to_bf16 rounds to the nearest bf16, ties to even, strided and contigu
       float v = 0;
       switch (rng() % 4) {
         case 0: v = float_of((uint32_t(rng()) & 0xffff0000u) | 0x8000u); break;  // a tie
-        case 1: v = float_of(uint32_t(rng())); break;                                                      // any bits
+        case 1: v = float_of(uint32_t(rng())); break;                            // any bits
         default: v = float(std::ldexp(std::normal_distribution<double>(0, 1)(rng), int(rng() % 40) - 20));
       }
       if (i < int64_t(specials.size())) v = specials[sz(i)];
@@ -838,7 +841,8 @@ TEST_CASE("to_bf16 rounds to the nearest bf16, ties to even, strided and contigu
         const std::size_t k = sz(i);
         const uint16_t g = got[k];
         // A NaN stays a NaN of the same sign (its payload is not specified); the rest bit for bit.
-        const bool ok = want_nan[k] ? ((g & 0x7f80u) == 0x7f80u && (g & 0x7fu) != 0 && (g & 0x8000u) == (want[k] & 0x8000u)) : g == want[k];
+        const bool ok =
+            want_nan[k] ? ((g & 0x7f80u) == 0x7f80u && (g & 0x7fu) != 0 && (g & 0x8000u) == (want[k] & 0x8000u)) : g == want[k];
         if (!want_nan[k]) worst.add(ok ? 0.0 : std::fabs(double(bf16_to_float(g)) - double(bf16_to_float(want[k]))), 0);
         f.expect(ok, [&] {
           return "at " + std::to_string(i) + " (f32 bits " + std::to_string(bits_of(packed[k])) + "): bits " + std::to_string(g) +

@@ -32,10 +32,10 @@ using ablate::emu_test::to_device;
 
 namespace {
 
-constexpr double kU = 0x1p-24;      // the unit roundoff of f32
-constexpr double kBf16U = 0x1p-8;   // and of bf16 (8 significant bits)
+constexpr double kU = 0x1p-24;     // the unit roundoff of f32
+constexpr double kBf16U = 0x1p-8;  // and of bf16 (8 significant bits)
 constexpr float kEps = 1e-5f;
-constexpr std::size_t kPad = 5;     // elements after each output, which no kernel may write
+constexpr std::size_t kPad = 5;                  // elements after each output, which no kernel may write
 constexpr uint32_t kSentinelBits = 0x7FC0BEEFu;  // a NaN no kernel computes
 constexpr uint16_t kSentinelBf16 = 0x7FEDu;
 
@@ -228,8 +228,7 @@ void check_forward(Norm norm, const Problem& p, const std::vector<float>& x, con
     }
     const float got_rstd = saved[std::size_t(rms ? r : p.rows + r)];
     const double rstd_err = std::abs(double(got_rstd) - s.rstd);
-    fs.expect(rstd_err <= (k + 4) * kU * s.rstd,
-              [&] { return str("rstd of row ", r, " = ", got_rstd, ", float64 ", s.rstd); });
+    fs.expect(rstd_err <= (k + 4) * kU * s.rstd, [&] { return str("rstd of row ", r, " = ", got_rstd, ", float64 ", s.rstd); });
     if (!rms) {
       const float got_mean = saved[std::size_t(r)];
       fs.expect(std::abs(double(got_mean) - s.mean) <= (k + 1) * kU * s.mean_abs,
@@ -259,7 +258,8 @@ void check_bf16_of_f32(const ForwardResult<uint16_t>& bf, const ForwardResult<fl
   Failures f;
   for (std::size_t i = 0; i < p.size(); ++i) {
     const uint16_t want = bf16_nearest(f32.y[i]);
-    f.expect(bf.y[i] == want, [&] { return str("bf16 y[", i, "] = 0x", std::hex, bf.y[i], ", f32 y ", f32.y[i], " rounds to 0x", want); });
+    f.expect(bf.y[i] == want,
+             [&] { return str("bf16 y[", i, "] = 0x", std::hex, bf.y[i], ", f32 y ", f32.y[i], " rounds to 0x", want); });
   }
   for (std::size_t i = 0; i < f32.saved.size(); ++i) {
     f.expect(bits_of(bf.saved[i]) == bits_of(f32.saved[i]),
@@ -401,11 +401,13 @@ void check_params(Norm norm, const Problem& p, const BackwardResult& got, const 
   const std::size_t in = std::size_t(p.in);
   for (std::size_t c = 0; c < in; ++c) {
     const double err = std::abs(double(got.dw[c]) - ref.dw[c]);
-    f.expect(err <= ref.dw_tol[c], [&] { return str("dw[", c, "] = ", got.dw[c], ", float64 ", ref.dw[c], ", tolerance ", ref.dw_tol[c]); });
+    f.expect(err <= ref.dw_tol[c],
+             [&] { return str("dw[", c, "] = ", got.dw[c], ", float64 ", ref.dw[c], ", tolerance ", ref.dw_tol[c]); });
     if (err == err) worst.add(err, std::max(ref.dw_scale[c], std::abs(ref.dw[c])));
     if (has_bias(norm)) {
       const double eb = std::abs(double(got.db[c]) - ref.db[c]);
-      f.expect(eb <= ref.db_tol[c], [&] { return str("db[", c, "] = ", got.db[c], ", float64 ", ref.db[c], ", tolerance ", ref.db_tol[c]); });
+      f.expect(eb <= ref.db_tol[c],
+               [&] { return str("db[", c, "] = ", got.db[c], ", float64 ", ref.db[c], ", tolerance ", ref.db_tol[c]); });
       if (eb == eb) worst.add(eb, std::max(ref.db_scale[c], std::abs(ref.db[c])));
     } else {
       f.expect(bits_of(got.db[c]) == bits_of(db0[c]), [&] { return str("db[", c, "] written though db was not passed"); });
@@ -458,7 +460,8 @@ struct FirstRun {
     const std::vector<float>& first = results[next++];
     Failures f;
     for (std::size_t i = 0; i < v.size(); ++i) {
-      f.expect(bits_of(v[i]) == bits_of(first[i]), [&] { return str(what, "[", i, "] = ", v[i], ", ", first[i], " under the first schedule"); });
+      f.expect(bits_of(v[i]) == bits_of(first[i]),
+               [&] { return str(what, "[", i, "] = ", v[i], ", ", first[i], " under the first schedule"); });
     }
     CHECK_NO_FAILURES(f);
   }
@@ -515,7 +518,7 @@ void input_grad_case(Norm norm, const Problem& p, bool bf16_x, bool accumulate, 
 struct LargeCase {
   int64_t rows, in;
   Norm norm;
-  unsigned io;  // forward
+  unsigned io;              // forward
   bool bf16_x, accumulate;  // input gradient
 };
 
@@ -556,10 +559,8 @@ TEST_CASE("the norms' input gradient matches float64, written or added into dx, 
   // Up to 1024 wide in one pass with the parameter gradients (1100 rows: 35 partials of 32 rows,
   // the last short); 1030 wide in two passes.
   const LargeCase large[] = {
-      {257, 45, Norm::layernorm_bias, 0, false, true},
-      {257, 257, Norm::rmsnorm, 0, true, false},
-      {1100, 100, Norm::layernorm, 0, false, false},
-      {33, 1024, Norm::layernorm_bias, 0, true, true},
+      {257, 45, Norm::layernorm_bias, 0, false, true}, {257, 257, Norm::rmsnorm, 0, true, false},
+      {1100, 100, Norm::layernorm, 0, false, false},   {33, 1024, Norm::layernorm_bias, 0, true, true},
       {9, 1030, Norm::layernorm_bias, 0, false, true},
   };
   Worst worst, params;
@@ -571,7 +572,8 @@ TEST_CASE("the norms' input gradient matches float64, written or added into dx, 
         for (Norm norm : kNorms) {
           for (bool bf16_x : {false, true}) {
             for (bool accumulate : {false, true}) {
-              INFO(str(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32", accumulate ? ", accumulating" : ""));
+              INFO(str(name_of(norm), ", rows ", rows, ", in ", in, bf16_x ? ", x bf16" : ", x f32",
+                       accumulate ? ", accumulating" : ""));
               input_grad_case(norm, p, bf16_x, accumulate, worst, params);
             }
           }
@@ -579,7 +581,8 @@ TEST_CASE("the norms' input gradient matches float64, written or added into dx, 
       }
     }
     for (const LargeCase& c : large) {
-      INFO(str(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, c.bf16_x ? ", x bf16" : ", x f32", c.accumulate ? ", accumulating" : ""));
+      INFO(str(name_of(c.norm), ", rows ", c.rows, ", in ", c.in, c.bf16_x ? ", x bf16" : ", x f32",
+               c.accumulate ? ", accumulating" : ""));
       input_grad_case(c.norm, make_problem(c.rows, c.in, seed++), c.bf16_x, c.accumulate, worst, params);
     }
   });
@@ -666,6 +669,6 @@ TEST_CASE("norm backward refuses a d_x that overlaps d_y, and launches nothing")
   // Adjacent (touching, not overlapping) is allowed.
   cuda::DeviceBuffer<float> both(static_cast<std::size_t>(2 * rows * in));
   both.fill_zero();
-  CHECK_NOTHROW(cuda_layers::launch_norm_backward(false, x.data(), d_w.data(), both.data(), d_saved.data(),
-                                                  both.data() + rows * in, false, dw.data(), nullptr, rows, in, nullptr));
+  CHECK_NOTHROW(cuda_layers::launch_norm_backward(false, x.data(), d_w.data(), both.data(), d_saved.data(), both.data() + rows * in,
+                                                  false, dw.data(), nullptr, rows, in, nullptr));
 }

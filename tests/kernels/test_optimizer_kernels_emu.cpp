@@ -66,7 +66,7 @@ StepArgs step_args(int64_t step) { return StepArgs{1e-3 * (1.0 + 0.1 * double(st
 template <class C>
 C coefficients(const StepArgs& a) {
   const double bias1 = 1.0 - std::pow(kBeta1, double(a.step)), bias2 = 1.0 - std::pow(kBeta2, double(a.step));
-  return C{float(a.lr / bias1), float(std::sqrt(bias2)), float(kBeta1), float(kBeta2), float(kEps), float(1.0 - kBeta1),
+  return C{float(a.lr / bias1), float(std::sqrt(bias2)),          float(kBeta1), float(kBeta2), float(kEps), float(1.0 - kBeta1),
            float(1.0 - kBeta2), float(1.0 - a.lr * kWeightDecay), a.grad_scale};
 }
 
@@ -197,9 +197,9 @@ void check_adamw_fused(const std::vector<SliceSpec>& specs, int steps, uint64_t 
       d_g.upload(g.data(), g.size());
       const bool with_copy = step % 2 == 1;
       const StepArgs a = step_args(step);
-      const cudaError_t rc = adamw_fused::launch_step(d_p.data(), d_g.data(), d_m.data(), d_v.data(),
-                                                      with_copy ? d_copy.data() : nullptr, n, d_runs.data(),
-                                                      int32_t(runs.size()), coefficients<adamw_fused::Coefficients>(a), nullptr);
+      const cudaError_t rc =
+          adamw_fused::launch_step(d_p.data(), d_g.data(), d_m.data(), d_v.data(), with_copy ? d_copy.data() : nullptr, n,
+                                   d_runs.data(), int32_t(runs.size()), coefficients<adamw_fused::Coefficients>(a), nullptr);
       REQUIRE(rc == cudaSuccess);
       const FusedStep& w = want[std::size_t(step - 1)];
       const std::vector<float> got_p = to_host(d_p), got_m = to_host(d_m), got_v = to_host(d_v);
@@ -236,8 +236,8 @@ struct Options8 {
 // keeps its moments: 8-bit codes, absmax blocks and fp32 values each laid out in table order.
 struct Layout {
   std::vector<k8::BlockInfo> blocks;
-  std::vector<uint8_t> quantized;       // per slice
-  std::vector<int64_t> state_offset;    // per slice
+  std::vector<uint8_t> quantized;     // per slice
+  std::vector<int64_t> state_offset;  // per slice
   int64_t codes = 0, absmax = 0, fp32 = 0;
 };
 
@@ -275,9 +275,9 @@ struct State8 {
 };
 
 State8 state_of(const std::vector<NamedTensor>& st) {
-  return {values_of<uint8_t>(st, "exp_avg.codes"),  values_of<uint8_t>(st, "exp_avg_sq.codes"),
-          values_of<float>(st, "exp_avg.absmax"),   values_of<float>(st, "exp_avg_sq.absmax"),
-          values_of<float>(st, "exp_avg.fp32"),     values_of<float>(st, "exp_avg_sq.fp32")};
+  return {values_of<uint8_t>(st, "exp_avg.codes"), values_of<uint8_t>(st, "exp_avg_sq.codes"),
+          values_of<float>(st, "exp_avg.absmax"),  values_of<float>(st, "exp_avg_sq.absmax"),
+          values_of<float>(st, "exp_avg.fp32"),    values_of<float>(st, "exp_avg_sq.fp32")};
 }
 
 // A gradient the update must skip: element `index` holds `value` from step `from` on.
@@ -320,8 +320,8 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> byte(0, 255);
   State8 s0{std::vector<uint8_t>(std::size_t(l.codes)), std::vector<uint8_t>(std::size_t(l.codes)),
-            std::vector<float>(std::size_t(l.absmax)), std::vector<float>(std::size_t(l.absmax)),
-            std::vector<float>(std::size_t(l.fp32)), std::vector<float>(std::size_t(l.fp32))};
+            std::vector<float>(std::size_t(l.absmax)),  std::vector<float>(std::size_t(l.absmax)),
+            std::vector<float>(std::size_t(l.fp32)),    std::vector<float>(std::size_t(l.fp32))};
   for (std::size_t i = 0; i < s0.mc.size(); ++i) s0.mc[i] = uint8_t(byte(rng)), s0.vc[i] = uint8_t(byte(rng));
   for (std::size_t i = 0; i < s0.ma.size(); ++i) s0.ma[i] = 1e-3f * std::fabs(normal(rng)), s0.va[i] = 1e-6f * std::fabs(normal(rng));
   for (std::size_t i = 0; i < s0.mf.size(); ++i) s0.mf[i] = 1e-3f * normal(rng), s0.vf[i] = 1e-6f * std::fabs(normal(rng));
@@ -481,8 +481,7 @@ TEST_CASE("adamw_fused's step is the CPU adamw's, bit for bit, at n = 1, 7, 1100
   check_adamw_fused({{"w", {1}, true}}, 3, 1, worst);
   check_adamw_fused({{"w", {3}, true}, {"b", {4}, false}}, 4, 2, worst);
   check_adamw_fused({{"w", {13, 29}, true}, {"b", {29}, false}, {"ln", {1}, false}, {"v", {7, 99}, true}}, 4, 3, worst);
-  check_adamw_fused({{"emb", {97, 61}, true}, {"ln", {61}, false}, {"fc", {123, 517}, true}, {"bias", {432}, false}}, 3, 4,
-                    worst);
+  check_adamw_fused({{"emb", {97, 61}, true}, {"ln", {61}, false}, {"fc", {123, 517}, true}, {"bias", {432}, false}}, 3, 4, worst);
   emu_test::report_worst("adamw_fused step_kernel", worst.abs, worst.rel);
 }
 
@@ -509,8 +508,13 @@ TEST_CASE("adamw8bit's step is the CPU adamw8bit's, bit for bit: 8-bit and fp32 
   // The kernel's largest block (4096: 16 chunks of 256, updated twice: once for the absmax, once to
   // store) and a short one after it (1000: 4 chunks, the last short); an fp32 slice of 3000
   // elements, one block walked 256 at a time.
-  const Case8 largest{{{"w", {5096}, true}, {"ln", {3000}, false}}, {k8::kMaxBlockSize, 4096, ""}, {1, 0}, 3,
-                      {{4096 + 999, std::numeric_limits<float>::quiet_NaN(), 1}}, -1, 1};
+  const Case8 largest{{{"w", {5096}, true}, {"ln", {3000}, false}},
+                      {k8::kMaxBlockSize, 4096, ""},
+                      {1, 0},
+                      3,
+                      {{4096 + 999, std::numeric_limits<float>::quiet_NaN(), 1}},
+                      -1,
+                      1};
   check_adamw8bit(largest, 6, worst);
   emu_test::report_worst("adamw8bit step_kernel", worst.abs, worst.rel);
 }

@@ -123,8 +123,7 @@ Metadata host_twin(const Layout& l, const RaggedShape& s, int32_t bound) {
   Metadata m{std::vector<int32_t>(std::size_t(bound)), std::vector<int32_t>(std::size_t(bound) + 1),
              std::vector<int32_t>(std::size_t(bound) + 1), std::vector<int32_t>(std::size_t(bound) + 1)};
   const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows);
-  fill_ragged_host(l.segments(), bound, segments.data(), offsets.data(), s, m.lengths.data(), m.q.data(), m.kv.data(),
-                   m.stats.data());
+  fill_ragged_host(l.segments(), bound, segments.data(), offsets.data(), s, m.lengths.data(), m.q.data(), m.kv.data(), m.stats.data());
   return m;
 }
 
@@ -174,7 +173,7 @@ TEST_CASE("build_ragged: lengths and offsets of packed rows, the empty entries u
   cases.push_back({{45, {tiled_row(45, rng), tiled_row(45, rng), {{0, 45}}, tiled_row(45, rng)}}, 3, 1, 45, {}});
   cases.push_back({{257, {{{0, 257}}, {{0, 100}, {100, 1}, {101, 150}}, {}}}, 2, 2, 64, {4, 6}});
   cases.push_back({{3, {{}, {}}}, 4, 2, 8, {0, 2}});  // no segment at all
-  Layout many{7, {}};  // 1100 rows
+  Layout many{7, {}};                                 // 1100 rows
   for (int r = 0; r < 1100; ++r) many.rows.push_back(r % 3 == 0 ? tiled_row(7, rng) : test::random_packed_row(7, rng));
   cases.push_back({many, 6, 3, 20, {}});
   Layout many_tiled{7, {}};
@@ -191,8 +190,8 @@ TEST_CASE("build_ragged: lengths and offsets of packed rows, the empty entries u
     const int32_t S = l.segments();
     const std::vector<int32_t> segments = test::flat_segments(l.rows), offsets = test::row_offsets(l.rows);
     for (int32_t bound : c.bounds) {
-      INFO("T " << l.T << " rows " << l.B() << " segments " << S << " bound " << bound << " H " << c.H << " Hkv " << c.Hkv
-                << " D " << c.D);
+      INFO("T " << l.T << " rows " << l.B() << " segments " << S << " bound " << bound << " H " << c.H << " Hkv " << c.Hkv << " D "
+                << c.D);
       const Metadata want = walk(l, shape, bound), twin = host_twin(l, shape, bound);
       CHECK(twin.lengths == want.lengths);
       CHECK(twin.q == want.q);
@@ -240,8 +239,11 @@ TEST_CASE("build_ragged: lengths and offsets of packed rows, the empty entries u
 
 TEST_CASE("build_padded: each row's one segment length, 0 for a row of padding, 1 to 1100 rows") {
   std::mt19937 rng(17);
-  std::vector<Layout> layouts{{1, {{{0, 1}}}}, {1, {{}}}, {7, {{{0, 7}}, {{0, 3}}, {}, {{0, 1}}, {{0, 6}}, {}, {{0, 2}}}},
-                              {257, {{{0, 257}}, {}, {{0, 200}}}}, {45, {}}};
+  std::vector<Layout> layouts{{1, {{{0, 1}}}},
+                              {1, {{}}},
+                              {7, {{{0, 7}}, {{0, 3}}, {}, {{0, 1}}, {{0, 6}}, {}, {{0, 2}}}},
+                              {257, {{{0, 257}}, {}, {{0, 200}}}},
+                              {45, {}}};
   std::uniform_int_distribution<int32_t> len(0, 45);
   for (int r = 0; r < 1100; ++r) {
     const int32_t n = len(rng);

@@ -415,9 +415,9 @@ std::vector<Case> dense_cases(const std::string& layer) {
 
 TEST_CASE("cpu_layers registers every layer with its role") {
   const std::pair<const char*, LayerRole> expected[] = {
-      {"embedding", LayerRole::embedding}, {"learned", LayerRole::position},   {"rope", LayerRole::position},
-      {"layernorm", LayerRole::norm},      {"rmsnorm", LayerRole::norm},       {"linear", LayerRole::linear},
-      {"gelu_mlp", LayerRole::mlp},        {"swiglu_mlp", LayerRole::mlp},     {"cross_entropy", LayerRole::classifier}};
+      {"embedding", LayerRole::embedding}, {"learned", LayerRole::position}, {"rope", LayerRole::position},
+      {"layernorm", LayerRole::norm},      {"rmsnorm", LayerRole::norm},     {"linear", LayerRole::linear},
+      {"gelu_mlp", LayerRole::mlp},        {"swiglu_mlp", LayerRole::mlp},   {"cross_entropy", LayerRole::classifier}};
   for (const auto& [name, role] : expected) {
     INFO(name);
     CHECK(make_as<LayerBase>(name)->role() == role);
@@ -462,16 +462,16 @@ TEST_CASE("parameters are named under the prefix with their shapes, decay and in
   }
   {
     auto [n, t] = names("gelu_mlp", s);
-    CHECK(n == std::vector<std::string>{"blocks.0.x.fc.weight", "blocks.0.x.fc.bias", "blocks.0.x.proj.weight",
-                                        "blocks.0.x.proj.bias"});
+    CHECK(n ==
+          std::vector<std::string>{"blocks.0.x.fc.weight", "blocks.0.x.fc.bias", "blocks.0.x.proj.weight", "blocks.0.x.proj.bias"});
     CHECK(t.slices[0].shape == std::vector<int64_t>{11, 13});
     CHECK(t.slices[2].shape == std::vector<int64_t>{13, 11});
     CHECK(t.total == 2 * 11 * 13 + 11 + 13);
   }
   {
     auto [n, t] = names("swiglu_mlp", s);
-    CHECK(n == std::vector<std::string>{"blocks.0.x.gate.weight", "blocks.0.x.gate.bias", "blocks.0.x.up.weight",
-                                        "blocks.0.x.up.bias", "blocks.0.x.down.weight", "blocks.0.x.down.bias"});
+    CHECK(n == std::vector<std::string>{"blocks.0.x.gate.weight", "blocks.0.x.gate.bias", "blocks.0.x.up.weight", "blocks.0.x.up.bias",
+                                        "blocks.0.x.down.weight", "blocks.0.x.down.bias"});
   }
   LayerSpec nb = s;
   nb.bias = false;
@@ -555,9 +555,7 @@ Case slice_case(const Case& c, int64_t r0, int64_t n) {
   s.nx = c.nx / c.rows * n;
   s.ny = c.ny / c.rows * n;
   s.batch.reset(1, int32_t(n));
-  auto cut = [&](const std::vector<int32_t>& v) {
-    return std::vector<int32_t>(v.begin() + r0, v.begin() + r0 + n);
-  };
+  auto cut = [&](const std::vector<int32_t>& v) { return std::vector<int32_t>(v.begin() + r0, v.begin() + r0 + n); };
   s.batch.tokens = cut(c.batch.tokens);
   s.batch.targets = cut(c.batch.targets);
   s.batch.positions = cut(c.batch.positions);
@@ -782,9 +780,8 @@ struct ClassifierRun {
 };
 
 // A plain float64 cross-entropy: logits, log-softmax over the first real_out columns, gradients.
-ClassifierRun reference_classifier(const std::vector<double>& x, const std::vector<double>& W,
-                                   const std::vector<int32_t>& targets, int64_t rows, int64_t in, int64_t out,
-                                   int64_t real_out, double scale) {
+ClassifierRun reference_classifier(const std::vector<double>& x, const std::vector<double>& W, const std::vector<int32_t>& targets,
+                                   int64_t rows, int64_t in, int64_t out, int64_t real_out, double scale) {
   ClassifierRun r;
   r.losses.assign(std::size_t(rows), 0.0);
   r.logits.assign(std::size_t(rows * out), 0.0);
@@ -936,8 +933,8 @@ TEST_CASE("cross_entropy: many chunks of rows give the row-by-row result, and fl
   f.x = convert<float>(p.x);
   f.W = convert<float>(p.W);
   f.scale = p.scale;
-  const ClassifierRun ref32 = reference_classifier(convert<double>(f.x), convert<double>(f.W), f.batch.targets, 601, 5,
-                                                   70, 65, f.scale);
+  const ClassifierRun ref32 =
+      reference_classifier(convert<double>(f.x), convert<double>(f.W), f.batch.targets, 601, 5, 70, 65, f.scale);
   const ClassifierRun got32 = f.run(*layer, true, true);
   CHECK(scaled_diff(got32.losses, ref32.losses) < 2e-5);
   CHECK(scaled_diff(got32.logits, ref32.logits) < 2e-5);
@@ -1071,7 +1068,8 @@ bool check_on_device(const Case& c, DeviceUnderTest& dut) {
 
   DeviceBatch batch;
   dev.upload_batch(c.batch, batch);
-  Buffer x = upload_f32(dev, s.x), params = upload_f32(dev, s.params), grads = upload_f32(dev, std::vector<double>(s.params.size(), 0.0));
+  Buffer x = upload_f32(dev, s.x), params = upload_f32(dev, s.params),
+         grads = upload_f32(dev, std::vector<double>(s.params.size(), 0.0));
   Buffer y = c.alias ? upload_f32(dev, s.x) : (c.residual_in_y ? upload_f32(dev, s.residual) : poisoned_f32(dev, c.ny));
   Buffer residual = c.residual && !c.residual_in_y ? upload_f32(dev, s.residual) : Buffer{};
   Buffer saved = poisoned_f32(dev, layer->activation_elements(c.spec, c.rows));
@@ -1165,11 +1163,11 @@ Case epilogue_widths(Case c) {
 }
 
 std::vector<Case> device_cases() {
-  std::vector<Case> base = {embedding_case(0.0), learned_case(false), learned_case(true), rope_case(false),
-                            rope_case(true), norm_case("layernorm", true), norm_case("layernorm", false),
-                            norm_case("rmsnorm", false), dense_case("linear", true, false, false, 0.0),
-                            dense_case("linear", false, true, false, 0.0), dense_case("linear", true, true, true, 0.0),
-                            dense_case("gelu_mlp", true, true, false, 0.0), dense_case("swiglu_mlp", false, true, true, 0.0),
+  std::vector<Case> base = {embedding_case(0.0), learned_case(false), learned_case(true), rope_case(false), rope_case(true),
+                            norm_case("layernorm", true), norm_case("layernorm", false), norm_case("rmsnorm", false),
+                            dense_case("linear", true, false, false, 0.0), dense_case("linear", false, true, false, 0.0),
+                            dense_case("linear", true, true, true, 0.0), dense_case("gelu_mlp", true, true, false, 0.0),
+                            dense_case("swiglu_mlp", false, true, true, 0.0),
                             // Dropout: the device must draw the CPU's mask (a pure function of key and index).
                             embedding_case(0.1), dense_case("linear", true, true, true, 0.1),
                             dense_case("gelu_mlp", true, true, false, 0.1), dense_case("swiglu_mlp", true, false, false, 0.1),

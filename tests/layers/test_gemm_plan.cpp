@@ -235,7 +235,7 @@ TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products 
 TEST_CASE("gemm plan: a bf16 weight copy is read in place only where it and its rows are 16-byte aligned") {
   using gemm_plan::bf16_in_place;
   const float* f32 = at(0x70000);
-  CHECK(bf16_in_place(at(0x20000), f32, 768));    // GPT-2's weights: aligned, rows of 1536 bytes
+  CHECK(bf16_in_place(at(0x20000), f32, 768));        // GPT-2's weights: aligned, rows of 1536 bytes
   CHECK_FALSE(bf16_in_place(at(0x20002), f32, 768));  // a weight after an odd-sized one: packed
   CHECK_FALSE(bf16_in_place(at(0x20000), f32, 37));   // rows of 74 bytes: packed
   CHECK_FALSE(bf16_in_place(nullptr, f32, 768));      // no copy: packed

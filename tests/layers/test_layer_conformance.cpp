@@ -56,8 +56,8 @@ struct Face {
 std::string describe(const Face& f) {
   std::ostringstream s;
   s << "role " << to_string(f.role) << ", site " << to_string(f.site) << ", saved " << f.saved << " (bf16 " << f.saved_bf16
-    << "), epsilon " << f.epsilon << ", hidden " << f.hidden << ", unsupported '" << f.unsupported
-    << "' / '" << f.unsupported_odd << "', params " << f.params;
+    << "), epsilon " << f.epsilon << ", hidden " << f.hidden << ", unsupported '" << f.unsupported << "' / '" << f.unsupported_odd
+    << "', params " << f.params;
   return s.str();
 }
 
@@ -65,16 +65,35 @@ std::string describe(const Face& f) {
 LayerSpec spec_for(const LayerBase& layer) {
   LayerSpec s;
   switch (layer.role()) {
-    case LayerRole::embedding: s.in = kWidth; s.out = kVocabPadded; break;
+    case LayerRole::embedding:
+      s.in = kWidth;
+      s.out = kVocabPadded;
+      break;
     case LayerRole::position:
       s.in = layer.position_site() == PositionSite::qk ? kHeadDim : kWidth;
       s.max_positions = kPositions;
       break;
-    case LayerRole::norm: s.in = kWidth; s.eps = layer.default_epsilon(); break;
-    case LayerRole::linear: s.in = kWidth; s.out = kOut; break;
-    case LayerRole::mlp: s.in = kWidth; s.out = layer.default_hidden(kWidth); break;
-    case LayerRole::classifier: s.in = kWidth; s.out = kVocabPadded; s.real_out = kVocab; break;
-    case LayerRole::adapter: s.in = kWidth; s.out = kOut; break;
+    case LayerRole::norm:
+      s.in = kWidth;
+      s.eps = layer.default_epsilon();
+      break;
+    case LayerRole::linear:
+      s.in = kWidth;
+      s.out = kOut;
+      break;
+    case LayerRole::mlp:
+      s.in = kWidth;
+      s.out = layer.default_hidden(kWidth);
+      break;
+    case LayerRole::classifier:
+      s.in = kWidth;
+      s.out = kVocabPadded;
+      s.real_out = kVocab;
+      break;
+    case LayerRole::adapter:
+      s.in = kWidth;
+      s.out = kOut;
+      break;
   }
   return s;
 }
@@ -162,11 +181,12 @@ std::vector<float> forward_output(Device& device, LayerBase& base) {
 TEST_CASE("every layer registration keeps the layer contract, and a name has one face on every device") {
   Registry registry;
   registry.load_directories({test::plugin_dir()});
-  const Config config = Config::parse("[model]\nd_model = 40\nn_heads = 4\n[adapter]\nname = \"lora\"\n[adapter.lora]\nrank = 4\n", "layers.toml", {}, registry);
+  const Config config = Config::parse("[model]\nd_model = 40\nn_heads = 4\n[adapter]\nname = \"lora\"\n[adapter.lora]\nrank = 4\n",
+                                      "layers.toml", {}, registry);
   const RunSpec spec = RunSpec::from(config);
   const ModelOptions o = Session(spec, registry, RunContext{}).model_options(kVocab);
 
-  std::map<std::string, std::map<std::string, Face>> faces;           // name -> device -> face
+  std::map<std::string, std::map<std::string, Face>> faces;                  // name -> device -> face
   std::map<std::string, std::map<std::string, std::vector<float>>> outputs;  // name -> device -> forward output
   test::for_each_conformance_device(registry, [&](Device& device, const std::string& device_name) {
     int layers = 0;

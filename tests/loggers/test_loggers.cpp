@@ -224,7 +224,7 @@ struct Event {
   double wall_time = 0;
   int64_t step = 0;
   std::string file_version;
-  int64_t restart_status = -1;              // SessionLog.status when the event is one
+  int64_t restart_status = -1;  // SessionLog.status when the event is one
   std::vector<std::pair<std::string, float>> scalars;
 };
 
@@ -424,8 +424,8 @@ TEST_CASE("csv: an extra metric without a column is left out and the rows keep t
 }
 
 TEST_CASE("csv: bad extra_columns are input errors naming the key") {
-  for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
-           {"val_loss", "val_loss"}, {"loss"}, {""}, {"a,b"}}) {
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{{"val_loss", "val_loss"}, {"loss"}, {""}, {"a,b"}}) {
     const std::string what = input_error_of([&] { make("csv", {{"extra_columns", bad}}); });
     CHECK(what.find("logging.csv.extra_columns") != std::string::npos);
   }
@@ -500,8 +500,7 @@ TEST_CASE("console: the bar is redrawn in place on one line and ended by a newli
 
 TEST_CASE("console: bad mode or every are input errors naming the key") {
   CHECK(input_error_of([] { make("console", {{"every", int64_t(0)}}); }).find("logging.console.every") != std::string::npos);
-  CHECK(input_error_of([] { make("console", {{"mode", std::string("fancy")}}); }).find("logging.console.mode") !=
-        std::string::npos);
+  CHECK(input_error_of([] { make("console", {{"mode", std::string("fancy")}}); }).find("logging.console.mode") != std::string::npos);
 }
 
 // ---- tensorboard ------------------------------------------------------------------------------
@@ -553,8 +552,9 @@ TEST_CASE("tensorboard: `dir` names the folder inside the run directory, and one
   CHECK(event_files(tmp.path()).empty());
   for (const char* bad : {"", "/tmp/tb", "../tb", "tb/../../x"}) {
     INFO(bad);
-    CHECK(input_error_of([&] { make("tensorboard", {{"dir", std::string(bad)}}); }).find("logging.tensorboard.dir") !=
-          std::string::npos);
+    CHECK(input_error_of([&] {
+            make("tensorboard", {{"dir", std::string(bad)}});
+          }).find("logging.tensorboard.dir") != std::string::npos);
   }
 }
 
@@ -618,15 +618,16 @@ TEST_CASE("mlflow: without a server address, or with one that is not http://host
   CHECK(none.find("logging.mlflow.tracking_uri") != std::string::npos);
   CHECK(none.find("MLFLOW_TRACKING_URI") != std::string::npos);
   CHECK(none.find("MLFLOW_ALLOW_FILE_STORE") != std::string::npos);  // why there is no local store
-  CHECK(input_error_of([&] { make("mlflow", uri("https://mlflow.example.com")); }).find("https is not supported") != std::string::npos);
+  CHECK(input_error_of([&] { make("mlflow", uri("https://mlflow.example.com")); }).find("https is not supported") !=
+        std::string::npos);
   for (const char* bad : {"file:./mlruns", "./mlruns", "sqlite:///mlflow.db"}) {
     INFO(bad);
     const std::string e = input_error_of([&] { make("mlflow", uri(bad)); });
     CHECK(e.find("logging.mlflow.tracking_uri") != std::string::npos);
     CHECK(e.find("mlflow server --backend-store-uri") != std::string::npos);
   }
-  for (const char* bad : {"http://", "http://host:0", "http://host:99999", "http://host:", "http://u@host:5000", "http://host:5000/?x=1",
-                          "http://[::1"}) {
+  for (const char* bad : {"http://", "http://host:0", "http://host:99999", "http://host:", "http://u@host:5000",
+                          "http://host:5000/?x=1", "http://[::1"}) {
     INFO(bad);
     CHECK(input_error_of([&] { make("mlflow", uri(bad)); }).find("logging.mlflow.tracking_uri") != std::string::npos);
   }
@@ -634,8 +635,9 @@ TEST_CASE("mlflow: without a server address, or with one that is not http://host
   CHECK(input_error_of([&] { make("mlflow"); }).find("MLFLOW_TRACKING_URI") != std::string::npos);
   unsetenv("MLFLOW_TRACKING_URI");
   std::string long_name(501, 'x');
-  CHECK(input_error_of([&] { make("mlflow", {{"tracking_uri", std::string("http://127.0.0.1:5000")}, {"experiment", long_name}}); })
-            .find("logging.mlflow.experiment") != std::string::npos);
+  CHECK(input_error_of([&] {
+          make("mlflow", {{"tracking_uri", std::string("http://127.0.0.1:5000")}, {"experiment", long_name}});
+        }).find("logging.mlflow.experiment") != std::string::npos);
 }
 
 TEST_CASE("mlflow: a server that cannot be reached fails the open with a runtime error naming it") {
@@ -664,7 +666,7 @@ TEST_CASE("close may be called before open and twice after it") {
   test::TempDir tmp;
   for (const char* name : {"console", "jsonl", "csv", "tensorboard"}) {
     auto logger = make(name, std::string(name) == "console" ? std::map<std::string, Value, std::less<>>{{"mode", std::string("lines")}}
-                                                             : std::map<std::string, Value, std::less<>>{});
+                                                            : std::map<std::string, Value, std::less<>>{});
     logger->close();
     logger->open(context(tmp.path() / name));
     logger->close();

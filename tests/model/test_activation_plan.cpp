@@ -53,9 +53,9 @@ TEST_CASE("the arena of a small model holds exactly the slots worked out by hand
   CHECK(p.at(in_block(2, Slot::res)) == 2 * kBlock);
   CHECK(p.at(shared(Slot::scratch)) == 2 * kBlock + kTail - 64);
   // Block 1, slot after slot, each the size worked out above past the one before it.
-  const std::pair<Slot, int64_t> block[] = {{Slot::res, 1024}, {Slot::ln1, 1024},  {Slot::ln1_s, 64}, {Slot::q_lin, 1024},
-                                            {Slot::k_lin, 512}, {Slot::v, 512},     {Slot::att, 1024},  {Slot::att_s, 64},
-                                            {Slot::mid, 1024},  {Slot::ln2, 1024},  {Slot::ln2_s, 64},  {Slot::mlp_s, 128}};
+  const std::pair<Slot, int64_t> block[] = {{Slot::res, 1024},  {Slot::ln1, 1024}, {Slot::ln1_s, 64}, {Slot::q_lin, 1024},
+                                            {Slot::k_lin, 512}, {Slot::v, 512},    {Slot::att, 1024}, {Slot::att_s, 64},
+                                            {Slot::mid, 1024},  {Slot::ln2, 1024}, {Slot::ln2_s, 64}, {Slot::mlp_s, 128}};
   int64_t at = kBlock;
   for (const auto& [slot, size] : block) {
     CHECK(p.at(in_block(1, slot)) == at);
@@ -88,7 +88,7 @@ TEST_CASE("recompute holds a recomputed slot once, in block 0's place") {
   const ArenaPlan none = plan_arena(kShape, Bf16Policy{}, "none", 2, 8, saved());
   const ArenaPlan mlp = plan_arena(kShape, Bf16Policy{}, "mlp", 2, 8, saved());
   const ArenaPlan block = plan_arena(kShape, Bf16Policy{}, "block", 2, 8, saved());
-  CHECK(mlp.elements == none.elements - 128);                 // block 1's mlp_s
+  CHECK(mlp.elements == none.elements - 128);                // block 1's mlp_s
   CHECK(block.elements == none.elements - (kBlock - 1024));  // all of block 1 but res
   CHECK(mlp.at(in_block(1, Slot::mlp_s)) == mlp.at(in_block(0, Slot::mlp_s)));
   CHECK(mlp.at(in_block(1, Slot::ln2_s)) != mlp.at(in_block(0, Slot::ln2_s)));

@@ -193,13 +193,14 @@ TEST_CASE("LoRA: the base is frozen, only the adapters train, and B = 0 starts a
   const Batch b = batch(rng);
   CHECK(m.forward(b) == plain.forward(b));  // B = 0: the same bits as the base
   // Engine steps: the optimizer sees the adapters only; the base does not move, the adapters do.
-  auto opt = f.registry.create<Optimizer>(Kind::optimizer, "adamw",
-                                          {Params("optimizer", {{"lr", Value{1e-2}}}),
-                                           Params("optimizer.adamw", {{"weight_decay", Value{0.0}}, {"beta1", Value{0.9}},
-                                                                      {"beta2", Value{0.95}}, {"eps", Value{1e-8}}}),
-                                           f.run},
-                                          "optimizer.name");
-  auto comm = f.registry.create<Communicator>(Kind::communicator, "single", {Params("run", {}), Params("run.single", {}), f.run}, "run.communicator");
+  auto opt = f.registry.create<Optimizer>(
+      Kind::optimizer, "adamw",
+      {Params("optimizer", {{"lr", Value{1e-2}}}),
+       Params("optimizer.adamw", {{"weight_decay", Value{0.0}}, {"beta1", Value{0.9}}, {"beta2", Value{0.95}}, {"eps", Value{1e-8}}}),
+       f.run},
+      "optimizer.name");
+  auto comm = f.registry.create<Communicator>(Kind::communicator, "single", {Params("run", {}), Params("run.single", {}), f.run},
+                                              "run.communicator");
   Engine engine(m, *opt, *comm, RunSpec{});
   CHECK(engine.optimizer_table().total == m.num_trainable());
   CHECK(opt->state_bytes() == 2 * 4 * m.num_trainable());
@@ -212,8 +213,8 @@ TEST_CASE("LoRA: the base is frozen, only the adapters train, and B = 0 starts a
   CHECK(std::equal(before.begin(), before.begin() + m.frozen_params(), after.begin()));
   CHECK(!std::equal(before.begin() + m.frozen_params(), before.end(), after.begin() + m.frozen_params()));
   // FLOPs: 4 per frozen parameter (forward and input gradients), 6 per trainable one.
-  CHECK(m.flops_per_token(12) == doctest::Approx(4.0 * double(m.frozen_params()) + 6.0 * double(m.num_trainable()) +
-                                                 6.0 * 2 * 16 * 12));
+  CHECK(m.flops_per_token(12) ==
+        doctest::Approx(4.0 * double(m.frozen_params()) + 6.0 * double(m.num_trainable()) + 6.0 * 2 * 16 * 12));
 }
 
 TEST_CASE("NF4 base: the linear and MLP weights are held in 4 bits and the model computes with their dequantized values") {

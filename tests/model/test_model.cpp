@@ -169,8 +169,11 @@ void check_case(const std::string& name) {
   // Three AdamW steps (weight decay on matrices only, as the reference).
   const auto& oc = g.config["optimizer"];
   Params common{"optimizer", {{"lr", double(oc["lr"])}, {"grad_clip", 0.0}, {"name", std::string("adamw")}}};
-  Params own{"optimizer.adamw", {{"weight_decay", double(oc["weight_decay"])}, {"beta1", double(oc["beta1"])},
-                                 {"beta2", double(oc["beta2"])}, {"eps", double(oc["eps"])}}};
+  Params own{"optimizer.adamw",
+             {{"weight_decay", double(oc["weight_decay"])},
+              {"beta1", double(oc["beta1"])},
+              {"beta2", double(oc["beta2"])},
+              {"eps", double(oc["eps"])}}};
   auto opt = f.registry.create<Optimizer>(Kind::optimizer, "adamw", {common, own, f.run});
   opt->init(m.table(), DeviceType::cpu);
   const std::vector<double> want_losses = g.f64("losses");
@@ -286,8 +289,13 @@ class Sinusoidal final : public Layer {
 
 TEST_CASE("a position scheme from a plugin is applied where the layer says: sinusoids == learned positions holding them") {
   Fixture f;
-  f.registry.add({Kind::layer, "sinusoidal", "1.0.0", "fixed sinusoids added to the stream (test)", {},
-                  [](const ComponentArgs&) -> std::unique_ptr<Component> { return std::make_unique<Sinusoidal>(); }, "",
+  f.registry.add({Kind::layer,
+                  "sinusoidal",
+                  "1.0.0",
+                  "fixed sinusoids added to the stream (test)",
+                  {},
+                  [](const ComponentArgs&) -> std::unique_ptr<Component> { return std::make_unique<Sinusoidal>(); },
+                  "",
                   {"cpu"}},
                  "test_model");
   Golden g("tiny_gpt2");
@@ -384,8 +392,8 @@ TEST_CASE("the activation plan of a micro-batch that does not fit is known witho
   // 64 rows of 1024 positions: the residual stream alone is 64*1024*256 floats per block.
   const ActivationPlan big = m.activation_plan(64, 1024);
   CHECK(big.bytes() > int64_t(4) << 30);
-  CHECK(m.device().memory_in_use() == state);          // nothing allocated through the device
-  CHECK(rss_kib() - rss_before < 64 * 1024);           // nor anywhere else in the process
+  CHECK(m.device().memory_in_use() == state);  // nothing allocated through the device
+  CHECK(rss_kib() - rss_before < 64 * 1024);   // nor anywhere else in the process
   // What a shape's plan says is what training that shape allocates.
   const ActivationPlan small = m.activation_plan(1, 16);
   const Batch b = one_row(16);
@@ -429,8 +437,7 @@ TEST_CASE("a batch with a token or target outside the vocabulary is refused befo
   };
   CHECK(std::isfinite(m.forward(batch(7, -1))));  // -1: no loss at that position
   CHECK_THROWS_WITH_AS(m.forward(batch(50, 1)), doctest::Contains("token 50 outside the vocabulary of 50"), Error);
-  CHECK_THROWS_WITH_AS(m.forward_backward(batch(7, 50), 1.0, 0), doctest::Contains("target 50 outside the vocabulary of 50"),
-                       Error);
+  CHECK_THROWS_WITH_AS(m.forward_backward(batch(7, 50), 1.0, 0), doctest::Contains("target 50 outside the vocabulary of 50"), Error);
   CHECK_THROWS_WITH_AS(m.forward(batch(7, -2)), doctest::Contains("target -2"), Error);
 }
 

@@ -90,7 +90,8 @@ TEST_CASE("adamw state saved and loaded continues bit for bit") {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<std::vector<float>> grads(6, std::vector<float>(39));
-  for (auto& gv : grads) for (float& x : gv) x = u(rng);
+  for (auto& gv : grads)
+    for (float& x : gv) x = u(rng);
   std::vector<float> p0(39);
   for (float& x : p0) x = u(rng);
 

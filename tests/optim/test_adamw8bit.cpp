@@ -130,8 +130,8 @@ int nearest(const std::array<float, 256>& map, float x) {
 // multiple, one below min_8bit_size and one matched by the default pattern (both fp32).
 ParamTable mixed_table() {
   ParamTable t;
-  t.add("wte.weight", {80, 64}, true);           // 5120: fp32 by name
-  t.add("blocks.0.ln1.weight", {100}, false);    // fp32 by size
+  t.add("wte.weight", {80, 64}, true);               // 5120: fp32 by name
+  t.add("blocks.0.ln1.weight", {100}, false);        // fp32 by size
   t.add("blocks.0.attn.q.weight", {37, 129}, true);  // 4773 = 18 blocks + 165
   t.add("blocks.0.attn.o.weight", {64, 64}, true);   // 4096 = 16 blocks exactly
   t.add("blocks.0.mlp.fc.bias", {4097}, false);      // 16 blocks + 1
@@ -372,9 +372,8 @@ TEST_CASE("adamw8bit follows fp32 adamw step by step over 50 steps on odd-sized 
   }
   CHECK(rel_total / steps < 1e-3);
   CHECK(off_total / steps <= 0.005);
-  MESSAGE("per step: mean |dp| <= " << worst_abs << ", mean relative <= " << worst_rel << " (average "
-                                    << rel_total / steps << "), elements off <= " << 100 * worst_off << "% (average "
-                                    << 100 * off_total / steps << "%)");
+  MESSAGE("per step: mean |dp| <= " << worst_abs << ", mean relative <= " << worst_rel << " (average " << rel_total / steps
+                                    << "), elements off <= " << 100 * worst_off << "% (average " << 100 * off_total / steps << "%)");
 }
 
 TEST_CASE("adamw8bit keeps fp32 moments for small and pattern-matched slices, and state_bytes counts codes, absmax, fp32 and maps") {
@@ -418,7 +417,8 @@ TEST_CASE("adamw8bit state saved and loaded continues bit for bit (odd block siz
   std::vector<float> p0(std::size_t(table.total));
   for (float& x : p0) x = 0.1f * normal(rng);
   std::vector<std::vector<float>> grads(8, std::vector<float>(p0.size()));
-  for (auto& gv : grads) for (float& x : gv) x = 0.01f * normal(rng);
+  for (auto& gv : grads)
+    for (float& x : gv) x = 0.01f * normal(rng);
 
   auto straight = s.make8(keys);
   straight->init(table, DeviceType::cpu);
@@ -475,13 +475,29 @@ TEST_CASE("adamw8bit refuses a state that does not fit, naming what is wrong, an
     }
     return st;
   };
-  refused(edit("exp_avg.codes", [](NamedTensor& t) { t.shape = {t.shape[0] - 1}; t.bytes.pop_back(); }),
+  refused(edit("exp_avg.codes",
+               [](NamedTensor& t) {
+                 t.shape = {t.shape[0] - 1};
+                 t.bytes.pop_back();
+               }),
           "tensor 'exp_avg.codes' is u8");
-  refused(edit("exp_avg_sq.absmax", [](NamedTensor& t) { t.dtype = DType::u8; t.shape = {int64_t(t.bytes.size())}; }),
+  refused(edit("exp_avg_sq.absmax",
+               [](NamedTensor& t) {
+                 t.dtype = DType::u8;
+                 t.shape = {int64_t(t.bytes.size())};
+               }),
           "expected f32");
-  refused(edit("exp_avg.absmax", [](NamedTensor& t) { const float nan = std::nanf(""); std::memcpy(t.bytes.data(), &nan, 4); }),
+  refused(edit("exp_avg.absmax",
+               [](NamedTensor& t) {
+                 const float nan = std::nanf("");
+                 std::memcpy(t.bytes.data(), &nan, 4);
+               }),
           "non-finite absmax");
-  refused(edit("block_size", [](NamedTensor& t) { const int32_t bs = 128; std::memcpy(t.bytes.data(), &bs, 4); }),
+  refused(edit("block_size",
+               [](NamedTensor& t) {
+                 const int32_t bs = 128;
+                 std::memcpy(t.bytes.data(), &bs, 4);
+               }),
           "block_size 128");
   refused(edit("quantized_slices", [](NamedTensor& t) { t.bytes[0] = 1; }), "slice 'wte.weight' has 8-bit moments in the state");
   refused(edit("exp_avg.map", [](NamedTensor& t) { t.bytes[40] ^= 1; }), "code maps differ");
@@ -529,7 +545,7 @@ TEST_CASE("adamw8bit skips and counts non-finite gradients, and their parameters
   g[3] = nan;
   g[300] = inf;
   g[999] = -inf;
-  g[1010] = nan;  // in the fp32 slice
+  g[1010] = nan;                                       // in the fp32 slice
   for (std::size_t i = 512; i < 768; ++i) g[i] = nan;  // the whole third block
   opt->step(table, view(p), view(g), s.lr, 4);
   CHECK(opt->skipped_nonfinite() == 4 + 256);
@@ -551,7 +567,8 @@ TEST_CASE("adamw8bit skips and counts non-finite gradients, and their parameters
   // A block whose every gradient was not finite keeps its codes, absmax and parameters exactly.
   const auto codes_after = opt->save_state();
   const auto mc0 = values<uint8_t>(tensor(codes_before, "exp_avg.codes")), mc1 = values<uint8_t>(tensor(codes_after, "exp_avg.codes"));
-  const auto vc0 = values<uint8_t>(tensor(codes_before, "exp_avg_sq.codes")), vc1 = values<uint8_t>(tensor(codes_after, "exp_avg_sq.codes"));
+  const auto vc0 = values<uint8_t>(tensor(codes_before, "exp_avg_sq.codes")),
+             vc1 = values<uint8_t>(tensor(codes_after, "exp_avg_sq.codes"));
   for (std::size_t i = 512; i < 768; ++i) {
     REQUIRE(mc0[i] == mc1[i]);
     REQUIRE(vc0[i] == vc1[i]);
@@ -578,7 +595,8 @@ TEST_CASE("adamw8bit gives the same result with 1, 2 and 3 threads") {
   std::vector<float> p0(std::size_t(table.total));
   for (float& x : p0) x = 0.1f * normal(rng);
   std::vector<std::vector<float>> grads(4, std::vector<float>(p0.size()));
-  for (auto& gv : grads) for (float& x : gv) x = 0.01f * normal(rng);
+  for (auto& gv : grads)
+    for (float& x : gv) x = 0.01f * normal(rng);
   const int threads_before = omp_get_max_threads();
   std::vector<std::vector<float>> results;
   std::vector<std::vector<NamedTensor>> states;

@@ -22,11 +22,10 @@ namespace {
 // matrices (1024 and 4096 elements) get 8-bit moments, and so do the embeddings (the default); the
 // norms and biases keep fp32 moments (under min_8bit_size). One thread: at this
 // size a second one gains little and, on a busy 2-core machine, can cost several times that.
-const std::string kSmall =
-    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
-    " --set batching.batch_size=8 --set batching.seq_len=64 --set run.threads=1 --set run.eval_batches=4"
-    " --set data.synthetic_probes.documents=3000 --set data.synthetic_probes.validation_documents=100"
-    " --set optimizer.adamw8bit.min_8bit_size=512";
+const std::string kSmall = " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+                           " --set batching.batch_size=8 --set batching.seq_len=64 --set run.threads=1 --set run.eval_batches=4"
+                           " --set data.synthetic_probes.documents=3000 --set data.synthetic_probes.validation_documents=100"
+                           " --set optimizer.adamw8bit.min_8bit_size=512";
 
 std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
 
@@ -40,8 +39,8 @@ std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickst
 TEST_CASE("a small model trains with adamw8bit to within 2% of adamw's final loss, with 8-bit moments") {
   TempDir tmp;
   const int steps = 1000;
-  const std::string common = "train " + config() + kSmall + " --set run.steps=" + std::to_string(steps) +
-                             " --set run.eval_every=0 --set checkpoint.every=0";
+  const std::string common =
+      "train " + config() + kSmall + " --set run.steps=" + std::to_string(steps) + " --set run.eval_every=0 --set checkpoint.every=0";
   for (const char* name : {"adamw", "adamw8bit"}) {
     const auto r = run_ablate(common + " --set optimizer.name=" + name + " --run-dir " + (tmp.path() / name).string());
     INFO(r.output);
@@ -58,8 +57,8 @@ TEST_CASE("a small model trains with adamw8bit to within 2% of adamw's final los
   const json s32 = read_json(tmp.path() / "adamw/summary.json"), s8 = read_json(tmp.path() / "adamw8bit/summary.json");
   const double loss32 = tail_mean(m32), loss8 = tail_mean(m8);
   const double val32 = s32["val_loss"], val8 = s8["val_loss"];
-  MESSAGE("mean loss of the last 50 steps: adamw " << loss32 << ", adamw8bit " << loss8 << "; validation loss " << val32
-                                                   << " and " << val8 << "; first loss " << m32.front()["loss"].get<double>());
+  MESSAGE("mean loss of the last 50 steps: adamw " << loss32 << ", adamw8bit " << loss8 << "; validation loss " << val32 << " and "
+                                                   << val8 << "; first loss " << m32.front()["loss"].get<double>());
   CHECK(loss32 < m32.front()["loss"].get<double>() - 2.0);  // it did learn
   CHECK(std::fabs(loss8 - loss32) <= 0.02 * loss32);
   CHECK(std::fabs(val8 - val32) <= 0.02 * val32);

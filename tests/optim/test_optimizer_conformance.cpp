@@ -39,9 +39,9 @@ namespace {
 
 ParamTable make_table() {
   ParamTable t;
-  t.add("blocks.0.fc.weight", {37, 29}, true);   // a matrix, decayed
-  t.add("blocks.0.ln.bias", {29}, false);        // a vector, not decayed
-  t.add("wte.weight", {97, 61}, true);           // 5917 values: an 8-bit state where one applies
+  t.add("blocks.0.fc.weight", {37, 29}, true);  // a matrix, decayed
+  t.add("blocks.0.ln.bias", {29}, false);       // a vector, not decayed
+  t.add("wte.weight", {97, 61}, true);          // 5917 values: an 8-bit state where one applies
   return t;
 }
 

@@ -32,9 +32,9 @@ struct AttentionOutputs {
   std::vector<float> out, d_q, d_k, d_v;
 };
 
-inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, const AttentionProblem& p,
-                                         const Batch& batch, const std::vector<float>& q, const std::vector<float>& k,
-                                         const std::vector<float>& v, const std::vector<float>& d_out) {
+inline AttentionOutputs run_attention_on(Device& dev, Attention& attention, const AttentionProblem& p, const Batch& batch,
+                                         const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                         const std::vector<float>& d_out) {
   const auto up = [&](const std::vector<float>& x) {
     Buffer b = dev.alloc(DType::f32, int64_t(x.size()));
     dev.upload(b.view(), x.data());

@@ -20,7 +20,7 @@ struct Inputs {
 
 // Dense reference: every (i, j) scored, then masked with segment ids (same non-zero id, j <= i).
 inline std::vector<double> reference_forward(const AttentionProblem& p, const Batch& batch, const std::vector<double>& q,
-                                      const std::vector<double>& k, const std::vector<double>& v) {
+                                             const std::vector<double>& k, const std::vector<double>& v) {
   const int64_t B = p.batch, T = p.seq_len, H = p.heads, G = p.kv_heads, D = p.head_dim;
   std::vector<double> out(std::size_t(B * T * H * D), 0.0);
   std::vector<double> scores(std::size_t(T * T));
@@ -30,7 +30,8 @@ inline std::vector<double> reference_forward(const AttentionProblem& p, const Ba
       for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < T; ++j) {
           double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q[std::size_t(((b * T + i) * H + h) * D + d)] * k[std::size_t(((b * T + j) * G + g) * D + d)];
+          for (int64_t d = 0; d < D; ++d)
+            s += q[std::size_t(((b * T + i) * H + h) * D + d)] * k[std::size_t(((b * T + j) * G + g) * D + d)];
           scores[std::size_t(i * T + j)] = s / std::sqrt(double(D));
         }
       }
@@ -58,7 +59,7 @@ inline std::vector<double> reference_forward(const AttentionProblem& p, const Ba
 
 // Dense float64 reference gradients (same mask as reference_forward), for loss = sum(out * d_out).
 inline void reference_backward(const AttentionProblem& p, const Batch& batch, const Inputs& in, std::vector<double>& d_q,
-                        std::vector<double>& d_k, std::vector<double>& d_v) {
+                               std::vector<double>& d_k, std::vector<double>& d_v) {
   const int64_t T = p.seq_len, H = p.heads, G = p.kv_heads, D = p.head_dim;
   const double scale = 1.0 / std::sqrt(double(D));
   d_q.assign(in.q.size(), 0.0);

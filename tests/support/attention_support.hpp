@@ -106,8 +106,8 @@ inline bool zero_at_padding(const std::vector<float>& x, const Batch& batch, int
 
 // One forward or backward of `a` as the model calls it (an AttentionCall), from the tensors in the
 // order the tests name them; `stream`: the device's queue (null on the cpu).
-inline AttentionCall attention_call(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
-                                    TensorView v, TensorView out, TensorView saved, Stream stream) {
+inline AttentionCall attention_call(const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k, TensorView v,
+                                    TensorView out, TensorView saved, Stream stream) {
   return AttentionCall{&p, &batch, q, k, v, out, saved, {}, {}, {}, {}, stream};
 }
 inline void attention_forward(Attention& a, const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
@@ -115,8 +115,8 @@ inline void attention_forward(Attention& a, const AttentionProblem& p, const Bat
   a.forward(attention_call(p, batch, q, k, v, out, saved, stream));
 }
 inline void attention_backward(Attention& a, const AttentionProblem& p, const BatchViews& batch, TensorView q, TensorView k,
-                               TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q,
-                               TensorView d_k, TensorView d_v, Stream stream = nullptr) {
+                               TensorView v, TensorView out, TensorView saved, TensorView d_out, TensorView d_q, TensorView d_k,
+                               TensorView d_v, Stream stream = nullptr) {
   AttentionCall c = attention_call(p, batch, q, k, v, out, saved, stream);
   c.d_out = d_out;
   c.d_q = d_q;

@@ -29,10 +29,22 @@ inline std::vector<float> download_f32(Device& dev, TensorView v) {
 // the nibbles decoded here: every byte value, block scales of both signs' magnitudes, lengths odd
 // and not multiples of a block; and copies of f32 and u8 views, bit for bit.
 inline void check_device_nf4_and_copy(Device& dev) {
-  static const float book[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-                                 -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-                                 0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
-                                 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+  static const float book[16] = {-1.0f,
+                                 -0.6961928009986877f,
+                                 -0.5250730514526367f,
+                                 -0.39491748809814453f,
+                                 -0.28444138169288635f,
+                                 -0.18477343022823334f,
+                                 -0.09105003625154495f,
+                                 0.0f,
+                                 0.07958029955625534f,
+                                 0.16093020141124725f,
+                                 0.24611230194568634f,
+                                 0.33791524171829224f,
+                                 0.44070982933044434f,
+                                 0.5626170039176941f,
+                                 0.7229568362236023f,
+                                 1.0f};
   std::mt19937_64 rng(21);
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(64), int64_t(65), int64_t(257), int64_t(100003)}) {
     INFO("n = " << n);

@@ -19,10 +19,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // A tiny quickstart: trains in a second or two.
-const std::string kTiny =
-    " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
-    " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
-    " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50";
+const std::string kTiny = " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.max_seq_len=64"
+                          " --set batching.batch_size=4 --set batching.seq_len=64 --set run.threads=2 --set run.eval_batches=2"
+                          " --set data.synthetic_probes.documents=2000 --set data.synthetic_probes.validation_documents=50";
 
 std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickstart.toml"; }
 
@@ -31,8 +30,8 @@ std::string config() { return std::string(ABLATE_SOURCE_DIR) + "/configs/quickst
 TEST_CASE("a small model trains: the loss falls, the run directory holds config, metrics, summary, checkpoints") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const auto r = run_ablate("train " + config() + kTiny + " --set run.steps=40 --set run.eval_every=20 --set checkpoint.every=20 --run-dir " +
-                            run.string());
+  const auto r = run_ablate("train " + config() + kTiny +
+                            " --set run.steps=40 --set run.eval_every=20 --set checkpoint.every=20 --run-dir " + run.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   for (const char* f : {"config.toml", "run.json", "metrics.jsonl", "summary.json", "checkpoints/latest"}) CHECK(fs::exists(run / f));
@@ -40,9 +39,9 @@ TEST_CASE("a small model trains: the loss falls, the run directory holds config,
   CHECK(fs::exists(run / "checkpoints/step_00000040/optimizer.safetensors"));
   const auto m = metrics(run);
   REQUIRE(m.size() == 40);
-  for (const char* key : {"step", "loss", "lr", "grad_norm", "step_ms", "tokens", "real_tokens", "padding_fraction", "tokens_per_s",
-                          "real_tokens_per_s", "tflops", "mfu", "effective_mfu", "data_wait_pct", "mem_peak_bytes",
-                          "optimizer_state_bytes"}) {
+  for (const char* key :
+       {"step", "loss", "lr", "grad_norm", "step_ms", "tokens", "real_tokens", "padding_fraction", "tokens_per_s", "real_tokens_per_s",
+        "tflops", "mfu", "effective_mfu", "data_wait_pct", "mem_peak_bytes", "optimizer_state_bytes"}) {
     CHECK_MESSAGE(m.back().contains(key), key);
   }
   CHECK(m[19].contains("val_loss"));
@@ -110,8 +109,8 @@ TEST_CASE("a checkpoint that does not match the config, or is truncated, is refu
   CHECK(other.exit_code == 2);
   CHECK(other.output.find("does not match") != std::string::npos);
 
-  const auto opt = run_ablate("train " + config() + kTiny + " --set run.steps=6 --set optimizer.name=adamw --set model.n_layers=3 --resume " +
-                              run.string());
+  const auto opt = run_ablate("train " + config() + kTiny +
+                              " --set run.steps=6 --set optimizer.name=adamw --set model.n_layers=3 --resume " + run.string());
   CHECK(opt.exit_code == 2);
 
   const auto none = run_ablate("train " + config() + kTiny + " --resume " + (tmp.path() / "nothing").string());
@@ -133,8 +132,10 @@ TEST_CASE("a run whose memory plan exceeds the budget is refused before training
   const fs::path run = dir.path() / "run";
   // The quickstart model: ~3.3 MiB of parameters, as much of gradients, twice that of AdamW state,
   // and activations for 64 rows of 256 positions far beyond 8 MiB.
-  const auto r = run_ablate("train " + config() + " --set run.steps=2 --set batching.batch_size=64"
-                            " --set run.memory_budget_gib=0.0078125 --run-dir " + run.string());
+  const auto r = run_ablate("train " + config() +
+                            " --set run.steps=2 --set batching.batch_size=64"
+                            " --set run.memory_budget_gib=0.0078125 --run-dir " +
+                            run.string());
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("batching.batch_size") != std::string::npos);
@@ -184,8 +185,8 @@ TEST_CASE("eval: mean next-token loss over windows of an llm.c shard") {
     out.write(body.data(), std::streamsize(body.size()));
     return p;
   };
-  for (const fs::path& bad : {shard_with("huge.bin", 2147483647, 0), shard_with("neg.bin", -5, 0), shard_with("tail.bin", 1000, 3),
-                              tmp.path()}) {
+  for (const fs::path& bad :
+       {shard_with("huge.bin", 2147483647, 0), shard_with("neg.bin", -5, 0), shard_with("tail.bin", 1000, 3), tmp.path()}) {
     const auto e = run_ablate("eval --checkpoint " + run.string() + " --tokens " + bad.string());
     INFO(e.output);
     CHECK(e.exit_code == 2);
@@ -205,9 +206,9 @@ TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, 
   CHECK(r.output.find("run.device") != std::string::npos);
   CHECK(!fs::exists(run / "metrics.jsonl"));
   // The same with the nccl communicator, which is made before the model: the device comes first.
-  const auto n = run_ablate("train " + config() + kTiny + " --set run.device=cuda --set run.communicator=nccl --run-dir " +
-                                run.string(),
-                            "CUDA_VISIBLE_DEVICES=");
+  const auto n =
+      run_ablate("train " + config() + kTiny + " --set run.device=cuda --set run.communicator=nccl --run-dir " + run.string(),
+                 "CUDA_VISIBLE_DEVICES=");
   INFO(n.output);
   CHECK(n.exit_code == 2);
   // (A build without the CUDA plugins has no nccl to name: it refuses run.communicator instead.)
@@ -218,7 +219,8 @@ TEST_CASE("run.dtype = bf16 and tf32 on the cpu (tensor-core modes) are refused 
   TempDir tmp;
   // Rather than trained in fp32 and reported against a bf16 or tf32 peak.
   for (const char* dtype : {"bf16", "tf32"}) {
-    const auto r = run_ablate("train " + config() + kTiny + " --set run.dtype=" + dtype + " --run-dir " + (tmp.path() / dtype).string());
+    const auto r =
+        run_ablate("train " + config() + kTiny + " --set run.dtype=" + dtype + " --run-dir " + (tmp.path() / dtype).string());
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("run.dtype") != std::string::npos);
@@ -230,8 +232,8 @@ TEST_CASE("run.dtype = bf16 and tf32 on the cpu (tensor-core modes) are refused 
 TEST_CASE("run.profile_steps times every op of the last steps: profile.json holds each op, and they add up to the step") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const auto r = run_ablate("train " + config() + kTiny + " --set run.steps=6 --set run.profile_steps=2 --set checkpoint.every=100 --run-dir " +
-                            run.string());
+  const auto r = run_ablate("train " + config() + kTiny +
+                            " --set run.steps=6 --set run.profile_steps=2 --set checkpoint.every=100 --run-dir " + run.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("op profile over the last 2 step(s)") != std::string::npos);
@@ -243,8 +245,9 @@ TEST_CASE("run.profile_steps times every op of the last steps: profile.json hold
     ms[op["op"].get<std::string>()] = op["ms_per_step"].get<double>();
     sum += op["ms_per_step"].get<double>();
   }
-  for (const char* op : {"embedding fwd", "position fwd", "norm fwd", "linear fwd", "attention fwd", "mlp fwd", "classifier", "mlp bwd",
-                         "attention bwd", "linear bwd", "norm bwd", "embedding bwd", "gradient norm", "optimizer", "batch upload"}) {
+  for (const char* op :
+       {"embedding fwd", "position fwd", "norm fwd", "linear fwd", "attention fwd", "mlp fwd", "classifier", "mlp bwd",
+        "attention bwd", "linear bwd", "norm bwd", "embedding bwd", "gradient norm", "optimizer", "batch upload"}) {
     CHECK_MESSAGE(ms.count(op) == 1, op);
   }
   // The ops are timed one after another inside the step: their sum cannot exceed it, and the
@@ -261,12 +264,13 @@ TEST_CASE("run.profile_steps times every op of the last steps: profile.json hold
 TEST_CASE("one run per directory: a second train on a directory in use is refused with the holder's pid, and the first is unharmed") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
-  const std::string train = std::string(ABLATE_BINARY) + " train " + config() + kTiny + " --set checkpoint.every=1000 --run-dir " +
-                            run.string();
+  const std::string train =
+      std::string(ABLATE_BINARY) + " train " + config() + kTiny + " --set checkpoint.every=1000 --run-dir " + run.string();
   // The first run holds the directory while the second starts; then both exit codes are printed.
   const auto r = run_command("(" + train + " --set run.steps=400 > " + (tmp.path() / "first.log").string() +
                              " 2>&1 & first=$!; for i in $(seq 200); do [ -s " + (run / ".lock").string() +
-                             " ] && break; sleep 0.05; done; " + train + " --set run.steps=5; echo \"second=$?\"; wait $first; "
+                             " ] && break; sleep 0.05; done; " + train +
+                             " --set run.steps=5; echo \"second=$?\"; wait $first; "
                              "echo \"first=$?\"; echo \"holder=$first\")");
   INFO(r.output);
   CHECK(r.output.find("second=2") != std::string::npos);
@@ -312,7 +316,8 @@ TEST_CASE("a checkpoint resumes with another optimizer only when it takes every 
   CHECK(same.exit_code == 0);
 }
 
-TEST_CASE("a state.json with wrong types, impossible values or an optimizer file outside the checkpoint is refused naming it (exit 2)") {
+TEST_CASE(
+    "a state.json with wrong types, impossible values or an optimizer file outside the checkpoint is refused naming it (exit 2)") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";
   REQUIRE(run_ablate("train " + config() + kTiny + " --set run.steps=4 --run-dir " + run.string() + " --stop-at 2").exit_code == 0);
@@ -376,7 +381,8 @@ TEST_CASE("sample on token shards prints prompt and continuation as separate ids
   const fs::path run = tmp.path() / "run";
   const std::string data = " --set data.name=token_shards --set 'data.token_shards.paths=[\"" + shard.string() +
                            "\"]' --set data.token_shards.eot=0 --set data.token_shards.vocab_size=64 --set model.vocab_size=64";
-  const auto r = run_ablate("train " + config() + kTiny + data + " --set run.steps=3 --set run.eval_every=0 --run-dir " + run.string());
+  const auto r =
+      run_ablate("train " + config() + kTiny + data + " --set run.steps=3 --set run.eval_every=0 --run-dir " + run.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const auto s = run_ablate("sample --checkpoint " + run.string() + " --prompt \"13 21\" --tokens 5 --seed 3 --stop-at-eot false");
@@ -434,7 +440,8 @@ TEST_CASE("export writes the shards' GPT-2 tokenizer beside the weights, and ref
   const fs::path run = tmp.path() / "run";
   const std::string data = " --set data.name=token_shards --set 'data.token_shards.paths=[\"" + shard.string() +
                            "\"]' --set data.token_shards.eot=257 --set data.token_shards.vocab_size=258";
-  const auto r = run_ablate("train " + config() + kTiny + data + " --set run.steps=2 --set run.eval_every=0 --run-dir " + run.string());
+  const auto r =
+      run_ablate("train " + config() + kTiny + data + " --set run.steps=2 --set run.eval_every=0 --run-dir " + run.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // Without the merges the tokenizer cannot be exported: refused, nothing written, unless
@@ -480,8 +487,7 @@ TEST_CASE("an MFU above 100% is warned about once, naming the peak used, and fla
   const auto low = run_ablate(common + " --set metrics.peak_tflops=1e-9 --run-dir " + (tmp.path() / "low").string());
   INFO(low.output);
   REQUIRE(low.exit_code == 0);
-  CHECK(low.output.find("exceeds 100% of the peak it is measured against (0.000 TFLOP/s per rank, configured)") !=
-        std::string::npos);
+  CHECK(low.output.find("exceeds 100% of the peak it is measured against (0.000 TFLOP/s per rank, configured)") != std::string::npos);
   CHECK(low.output.find("exceeds 100%") == low.output.rfind("exceeds 100%"));  // once
   const json s = read_json(tmp.path() / "low" / "summary.json");
   CHECK(s["mfu_above_peak"] == true);
@@ -499,8 +505,8 @@ TEST_CASE("run.recompute = mlp and block give the same losses, gradients and wei
   TempDir tmp;
   // Dropout on (its masks must be drawn again identically), accumulation, and a Llama-shaped model
   // too (rope rotating q and k in place, qk-norm, GQA).
-  const std::string common = "train " + config() + kTiny +
-                             " --set run.steps=5 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=5";
+  const std::string common =
+      "train " + config() + kTiny + " --set run.steps=5 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=5";
   const std::string llama = " --set model.n_heads=4 --set model.n_kv_heads=2 --set model.norm=rmsnorm --set model.mlp=swiglu_mlp"
                             " --set model.position=rope --set model.qk_norm=true --set model.bias=false";
   for (const std::string& shape : {std::string(), llama}) {

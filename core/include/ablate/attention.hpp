@@ -54,10 +54,16 @@ class Attention : public Component {
   // Empty when the backend can serve `problem`, else the reason it cannot.
   virtual std::string supports(const AttentionProblem& problem) const = 0;
   // fp32 values the backend keeps from forward to backward (e.g. softmax statistics, B*H*T).
-  virtual int64_t saved_elements(const AttentionProblem& problem) const { (void)problem; return 0; }
+  virtual int64_t saved_elements(const AttentionProblem& problem) const {
+    (void)problem;
+    return 0;
+  }
   // Device memory the backend holds for `problem` beyond its arguments and `saved` (score
   // matrices, converted copies), in bytes: the memory plan counts it.
-  virtual int64_t workspace_bytes(const AttentionProblem& problem) const { (void)problem; return 0; }
+  virtual int64_t workspace_bytes(const AttentionProblem& problem) const {
+    (void)problem;
+    return 0;
+  }
   // Whether the backend serves problems with bf16_out or bf16_qkv set (those tensors in bf16
   // beside f32 gradients).
   virtual bool bf16_activations() const { return false; }
@@ -71,8 +77,8 @@ class Attention : public Component {
 // Throws (naming `where`, the tensor and what was expected) unless `t` is a (batch, seq_len, heads,
 // head_dim) view of the problem's dtype (`out`: its out_dtype(); q, k, v: its qkv_dtype()) on
 // `device` with data: the argument check every backend makes on q, k, v, out and their gradients.
-void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p,
-                            int64_t heads, DeviceType device);
+void check_attention_tensor(const char* where, const char* name, const TensorView& t, const AttentionProblem& p, int64_t heads,
+                            DeviceType device);
 // That check on every tensor of a forward call (q, k, v, out), or of a backward call (and d_out,
 // d_q, d_k, d_v): q-like tensors have p.heads heads, k- and v-like ones p.kv_heads.
 // Also throws when the call has no problem or no batch.

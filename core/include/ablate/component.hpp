@@ -16,9 +16,9 @@ namespace ablate {
 
 enum class Kind { data_source, sampler, batcher, layer, attention, optimizer, schedule, logger, communicator, device, evaluator };
 
-inline constexpr Kind kAllKinds[] = {Kind::data_source, Kind::sampler, Kind::batcher,      Kind::layer, Kind::attention,
-                                     Kind::optimizer,   Kind::schedule, Kind::logger, Kind::communicator, Kind::device,
-                                     Kind::evaluator};
+inline constexpr Kind kAllKinds[] = {Kind::data_source,  Kind::sampler,   Kind::batcher,  Kind::layer,
+                                     Kind::attention,    Kind::optimizer, Kind::schedule, Kind::logger,
+                                     Kind::communicator, Kind::device,    Kind::evaluator};
 
 std::string_view to_string(Kind kind) noexcept;  // "data_source", "batcher", ...
 std::optional<Kind> kind_from_string(std::string_view name) noexcept;
@@ -54,8 +54,8 @@ struct ComponentInfo {
   Kind kind = Kind::data_source;
   std::string name;
   std::string version;
-  std::string doc;      // one line
-  Schema schema;        // the keys of its own sub-table
+  std::string doc;  // one line
+  Schema schema;    // the keys of its own sub-table
   Factory factory;
   std::string library;  // filled in by the registry: the plugin file it came from
   // The devices ([run] device) this registration serves; empty = every device (data pipeline,

@@ -22,8 +22,8 @@ enum class Split { train, validation };
 const char* to_string(Split split) noexcept;
 
 struct Document {
-  uint64_t index = 0;            // index in its split
-  std::vector<int32_t> tokens;   // without an end-of-document token; batchers add it when asked
+  uint64_t index = 0;           // index in its split
+  std::vector<int32_t> tokens;  // without an end-of-document token; batchers add it when asked
 };
 
 // Documents [first, first + documents) of a split that come from one source (a shard pattern).
@@ -111,9 +111,9 @@ struct Reshard {
 
 // Where a rank's data stream stands. Plain numbers, so checkpoints can store it as JSON.
 struct DataCursor {
-  uint64_t draw = 0;                   // next draw number of the sampler (after a reshard: since it)
-  std::vector<PendingPiece> pending;   // the batcher's held pieces, in its order
-  std::optional<Reshard> reshard;      // none: the sampler's standard deal for the rank
+  uint64_t draw = 0;                  // next draw number of the sampler (after a reshard: since it)
+  std::vector<PendingPiece> pending;  // the batcher's held pieces, in its order
+  std::optional<Reshard> reshard;     // none: the sampler's standard deal for the rank
 };
 
 // What a batcher pulls documents from (implemented by core's pipeline).

@@ -56,15 +56,15 @@ class Buffer {
 // by one Device::upload_batch call. `host` is the Batch they were made from, for host-side
 // bookkeeping only (shapes, counts); kernels never read it.
 struct BatchViews {
-  int32_t rows = 0;           // B
-  int32_t seq_len = 0;        // T
-  int32_t num_segments = 0;   // S: all rows' segments
-  TensorView tokens;          // (B, T)
-  TensorView targets;         // (B, T), -1 = no loss
-  TensorView positions;       // (B, T)
-  TensorView segment_ids;     // (B, T), 1..S per row, 0 = padding
-  TensorView segments;        // (S, 2): start, length of each segment, row after row
-  TensorView row_segments;    // (B + 1): the segments of row r are [row_segments[r], row_segments[r+1])
+  int32_t rows = 0;          // B
+  int32_t seq_len = 0;       // T
+  int32_t num_segments = 0;  // S: all rows' segments
+  TensorView tokens;         // (B, T)
+  TensorView targets;        // (B, T), -1 = no loss
+  TensorView positions;      // (B, T)
+  TensorView segment_ids;    // (B, T), 1..S per row, 0 = padding
+  TensorView segments;       // (S, 2): start, length of each segment, row after row
+  TensorView row_segments;   // (B + 1): the segments of row r are [row_segments[r], row_segments[r+1])
   const Batch* host = nullptr;
   DeviceType device = DeviceType::cpu;
 };
@@ -73,8 +73,8 @@ struct BatchViews {
 // not the host's. Reused from micro-batch to micro-batch (grows, never shrinks).
 struct DeviceBatch {
   BatchViews views;
-  Buffer storage;                 // the device copy (empty on the CPU)
-  std::vector<int32_t> staging;   // the host packing of one batch (pack_batch)
+  Buffer storage;                // the device copy (empty on the CPU)
+  std::vector<int32_t> staging;  // the host packing of one batch (pack_batch)
 };
 
 // The six arrays of `batch` one after another in `staging` (tokens, targets, positions,
@@ -111,8 +111,8 @@ class Device : public Component {
   // for and the bytes free), and the memory it holds.
   virtual Buffer alloc(DType dtype, int64_t count) = 0;
   virtual void release(void* data) noexcept = 0;  // Buffer's destructor
-  virtual int64_t memory_in_use() const = 0;       // bytes allocated through this device now
-  virtual int64_t memory_peak() const = 0;         // the most ever in use at once
+  virtual int64_t memory_in_use() const = 0;      // bytes allocated through this device now
+  virtual int64_t memory_peak() const = 0;        // the most ever in use at once
   // Bytes the device has in all (0 = unknown: the host's memory budget applies).
   virtual int64_t memory_capacity() const = 0;
 

@@ -29,8 +29,7 @@ inline constexpr std::uintmax_t kNoSizeCap = UINTMAX_MAX;
 // "checkpoint state"); the messages read "PATH: is a FIFO, not a regular file: expected an
 // experiment file", "PATH: is 5242890 bytes, more than the 4 MiB an experiment file may be",
 // "PATH: does not exist: expected ...". Returns the file's size.
-std::uintmax_t check_regular_file(const std::filesystem::path& path, std::string_view kind,
-                                  std::uintmax_t max_bytes = kNoSizeCap);
+std::uintmax_t check_regular_file(const std::filesystem::path& path, std::string_view kind, std::uintmax_t max_bytes = kNoSizeCap);
 
 // The same check on a descriptor already open on `path` (fstat(2)): the path may name something
 // else than it did when it was checked. Returns the size.

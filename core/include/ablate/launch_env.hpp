@@ -77,8 +77,7 @@ inline LaunchEnv read_with(const Names& n, const EnvLookup& env) {
 inline const char* process_env(const char* name) { return std::getenv(name); }
 
 inline LaunchEnv read_launch_env(const EnvLookup& env = process_env) {
-  static constexpr detail::Names kOpenMpi{"open_mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                          "OMPI_COMM_WORLD_LOCAL_RANK"};
+  static constexpr detail::Names kOpenMpi{"open_mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"};
   static constexpr detail::Names kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
   // A launcher is recognised by its rank variable (an salloc shell sets SLURM_NTASKS without
   // SLURM_PROCID; only srun's tasks and the batch step have one). mpirun inside a Slurm allocation
@@ -94,8 +93,6 @@ inline LaunchEnv read_launch_env(const EnvLookup& env = process_env) {
 // Slurm's --gpus-per-task=1 does; several processes per GPU when there are more local ranks than
 // GPUs), GPU 0 when the launcher says no local rank. The cuda device and the nccl communicator
 // both choose by it, so their buffers and collectives are on the same GPU.
-inline int gpu_ordinal(const LaunchEnv& env, int visible) {
-  return env.local_rank > 0 && visible > 0 ? env.local_rank % visible : 0;
-}
+inline int gpu_ordinal(const LaunchEnv& env, int visible) { return env.local_rank > 0 && visible > 0 ? env.local_rank % visible : 0; }
 
 }  // namespace ablate::launch

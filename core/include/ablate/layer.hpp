@@ -58,14 +58,14 @@ const char* to_string(PositionSite site) noexcept;
 
 // What one use of a layer looks like (the model fills the fields its role needs).
 struct LayerSpec {
-  int64_t in = 0;        // input width (features per row; rope and qk-norm: head_dim)
-  int64_t out = 0;       // linear: output width; mlp: hidden width; embedding/classifier: padded vocab
-  int64_t real_out = 0;  // classifier: the real vocabulary (columns >= real_out are excluded)
-  int64_t max_positions = 0;   // learned positions: rows of the table
-  bool bias = true;            // linear, mlp, layernorm: with bias parameters
-  double eps = 1e-5;           // norms
-  double init_std = 0.02;      // weights (residual output projections: 0.02/sqrt(2*n_layers))
-  bool declare = true;         // classifier: false when tied to the embedding (no own params)
+  int64_t in = 0;             // input width (features per row; rope and qk-norm: head_dim)
+  int64_t out = 0;            // linear: output width; mlp: hidden width; embedding/classifier: padded vocab
+  int64_t real_out = 0;       // classifier: the real vocabulary (columns >= real_out are excluded)
+  int64_t max_positions = 0;  // learned positions: rows of the table
+  bool bias = true;           // linear, mlp, layernorm: with bias parameters
+  double eps = 1e-5;          // norms
+  double init_std = 0.02;     // weights (residual output projections: 0.02/sqrt(2*n_layers))
+  bool declare = true;        // classifier: false when tied to the embedding (no own params)
 };
 
 // One call. Shapes are those of LayerSpec; `rows` is B*T (qk-norm: B*T*heads).
@@ -73,24 +73,24 @@ struct LayerCall {
   const LayerSpec* spec = nullptr;
   const BatchViews* batch = nullptr;  // tokens, targets, positions on the model's device (rows = B*T except norms)
   int64_t rows = 0;
-  int64_t heads = 1;             // rope: x is (rows, heads, in)
-  TensorView x, y;               // forward input and output (backward: the same tensors again)
-  TensorView residual;           // linear, mlp: when set, y = residual + f(x) (may alias y)
-  TensorView d_y, d_x;           // backward: gradient of the output (in), of the input (out)
+  int64_t heads = 1;    // rope: x is (rows, heads, in)
+  TensorView x, y;      // forward input and output (backward: the same tensors again)
+  TensorView residual;  // linear, mlp: when set, y = residual + f(x) (may alias y)
+  TensorView d_y, d_x;  // backward: gradient of the output (in), of the input (out)
   GradMode input_grad = GradMode::overwrite;
-  TensorView params, grads;      // at the layer's first parameter in the flat buffers
-  TensorView params_bf16;        // run.dtype = "bf16": the bf16 copy of params (same offsets), else empty
-  TensorView saved;              // activation_elements(spec, rows) values, kept forward -> backward
-  TensorView scratch;            // scratch_elements(spec, rows) values, free between calls
-  Stream stream;                 // the model's device queue (Device::stream(); null on the cpu)
+  TensorView params, grads;  // at the layer's first parameter in the flat buffers
+  TensorView params_bf16;    // run.dtype = "bf16": the bf16 copy of params (same offsets), else empty
+  TensorView saved;          // activation_elements(spec, rows) values, kept forward -> backward
+  TensorView scratch;        // scratch_elements(spec, rows) values, free between calls
+  Stream stream;             // the model's device queue (Device::stream(); null on the cpu)
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;
   uint64_t dropout_key = 0;
   // Classifier only.
-  TensorView losses;             // (rows): loss per row, 0 where the target is -1
-  TensorView logits;             // optional (rows, out) output
-  double grad_scale = 0.0;       // d(loss_sum * grad_scale)/d x is written to d_x when d_x is set
+  TensorView losses;        // (rows): loss per row, 0 where the target is -1
+  TensorView logits;        // optional (rows, out) output
+  double grad_scale = 0.0;  // d(loss_sum * grad_scale)/d x is written to d_x when d_x is set
 };
 
 // What every layer has: its role, its parameters and the memory it needs.
@@ -104,12 +104,24 @@ class LayerBase : public Component {
   virtual int64_t activation_elements(const LayerSpec& spec, int64_t rows) const = 0;
   // Of activation_elements, how many hold bf16 values (two to an element) rather than f32: what
   // the memory report counts as bf16 (a GELU MLP's hidden activation under bf16 products).
-  virtual int64_t activation_bf16_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
-  virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+  virtual int64_t activation_bf16_elements(const LayerSpec& spec, int64_t rows) const {
+    (void)spec;
+    (void)rows;
+    return 0;
+  }
+  virtual int64_t scratch_elements(const LayerSpec& spec, int64_t rows) const {
+    (void)spec;
+    (void)rows;
+    return 0;
+  }
   // Device memory the layer's plugin holds for a call of `rows` beyond its arguments (buffers of
   // its own, grown to the largest call and kept), in bytes. The memory plan counts the largest of
   // any layer's (a plugin's buffers serve all its layers in turn).
-  virtual int64_t workspace_bytes(const LayerSpec& spec, int64_t rows) const { (void)spec; (void)rows; return 0; }
+  virtual int64_t workspace_bytes(const LayerSpec& spec, int64_t rows) const {
+    (void)spec;
+    (void)rows;
+    return 0;
+  }
   // Whether the layer takes, as bf16 views, the activations that only matrix products read: a norm
   // writes its output y in bf16, a linear, MLP or classifier reads its input x in bf16. Under
   // run.dtype = "bf16" the model holds those activations (the norms' outputs) in bf16 when the norm
@@ -137,7 +149,10 @@ class LayerBase : public Component {
   // Why the layer cannot serve `spec` ("" = it can): asked by the model for every use before any
   // parameter is declared, and refused (exit 2) naming the [model] key that chose the layer (rope:
   // an odd head_dim).
-  virtual std::string unsupported(const LayerSpec& spec) const { (void)spec; return ""; }
+  virtual std::string unsupported(const LayerSpec& spec) const {
+    (void)spec;
+    return "";
+  }
   // An adapter: the dropout the model applies to its input while training (LayerCall::dropout),
   // from the adapter's own keys (0 = none); and what the model's description says of it, the
   // values its weights depend on ("rank=8,alpha=16"), which a checkpoint compares on resume.

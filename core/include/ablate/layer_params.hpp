@@ -16,7 +16,9 @@
 
 namespace ablate::layer_params {
 
-inline std::string name(const std::string& prefix, const char* leaf) { return prefix.empty() ? std::string(leaf) : prefix + "." + leaf; }
+inline std::string name(const std::string& prefix, const char* leaf) {
+  return prefix.empty() ? std::string(leaf) : prefix + "." + leaf;
+}
 
 // Offsets of a dense weight (out, in) and its optional bias (out) from `begin` in a layer's
 // parameters; bias is -1 without one; `end` is one past the last value.
@@ -140,8 +142,8 @@ inline std::string rope_problem(const LayerSpec& s) {
 }
 inline constexpr double kRopeTheta = 10000.0;
 inline Schema rope_keys() {
-  return {param::floating("theta", kRopeTheta, "RoPE base: pair i of a head of D values turns by position * theta^(-2i/D)")
-              .at_least(1.0)};
+  return {
+      param::floating("theta", kRopeTheta, "RoPE base: pair i of a head of D values turns by position * theta^(-2i/D)").at_least(1.0)};
 }
 inline double read_rope_theta(const Params& own) { return own.has("theta") ? own.get_float("theta") : kRopeTheta; }
 inline void rope(const LayerSpec& s) {
@@ -157,8 +159,8 @@ inline constexpr double kRmsnormEpsilon = 1e-6;
 // The classifier's columns: 0 < real_out <= out (padded columns never enter the softmax).
 inline void check_classifier(const LayerSpec& s) {
   if (s.out <= 0 || s.real_out <= 0 || s.real_out > s.out) {
-    throw_input_error("classifier", "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " +
-                                           std::to_string(s.out));
+    throw_input_error("classifier",
+                      "need 0 < real_out <= out, got real_out " + std::to_string(s.real_out) + ", out " + std::to_string(s.out));
   }
 }
 

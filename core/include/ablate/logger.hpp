@@ -16,9 +16,9 @@ namespace ablate {
 // run's record is the uninterrupted one's.
 struct LogContext {
   std::string run_dir;
-  std::string config_toml;   // the resolved experiment
-  std::string run_name;      // the run directory's last component
-  int64_t start_step = 0;    // 0 for a new run
+  std::string config_toml;  // the resolved experiment
+  std::string run_name;     // the run directory's last component
+  int64_t start_step = 0;   // 0 for a new run
   int64_t total_steps = 0;
   int64_t log_every = 1;
   // The extras the run will log besides val_loss and elapsed_s: its evaluations' metrics,

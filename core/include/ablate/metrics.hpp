@@ -17,8 +17,8 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;
   double step_ms = 0;
-  int64_t tokens = 0;        // all B*T positions of the global batch
-  int64_t real_tokens = 0;   // non-padding targets
+  int64_t tokens = 0;       // all B*T positions of the global batch
+  int64_t real_tokens = 0;  // non-padding targets
   double padding_fraction = 0;
   double tokens_per_s = 0;
   double real_tokens_per_s = 0;

@@ -12,11 +12,11 @@ namespace ablate {
 
 // What one step needs besides the buffers.
 struct StepArgs {
-  double lr = 0.0;          // this step's learning rate
-  int64_t step = 0;         // counts from 1
-  float grad_scale = 1.0f;  // the gradient used is grads * grad_scale, one fp32 multiply per element
-                            // (norm clipping, applied in the update's pass rather than a pass of its own)
-  Stream stream;            // the model's device queue (Device::stream()), null on the CPU
+  double lr = 0.0;              // this step's learning rate
+  int64_t step = 0;             // counts from 1
+  float grad_scale = 1.0f;      // the gradient used is grads * grad_scale, one fp32 multiply per element
+                                // (norm clipping, applied in the update's pass rather than a pass of its own)
+  Stream stream;                // the model's device queue (Device::stream()), null on the CPU
   void* params_bf16 = nullptr;  // given only to an optimizer that writes_bf16(): the bf16 copy of the
                                 // parameters (same offsets as params, on the same device), which the
                                 // step writes from each new value (device_math::bf16_bits) in its pass

@@ -33,10 +33,10 @@ inline constexpr const char* kPluginEntrySymbol = "ablate_plugin_entry";
 #define ABLATE_PLUGIN_API_VERSION ABLATE_API_VERSION
 #endif
 
-#define ABLATE_PLUGIN(NAME, VERSION, REGISTER_FN)                                                      \
-  namespace {                                                                                          \
-  const ::ablate::PluginDescriptor ablate_plugin_descriptor_instance = {                              \
-      ABLATE_PLUGIN_API_VERSION, NAME, VERSION, ABLATE_BUILD_FINGERPRINT, &REGISTER_FN};               \
-  const ::ablate::PluginDescriptor* ablate_plugin_descriptor() { return &ablate_plugin_descriptor_instance; } \
-  }                                                                                                    \
+#define ABLATE_PLUGIN(NAME, VERSION, REGISTER_FN)                                                                 \
+  namespace {                                                                                                     \
+  const ::ablate::PluginDescriptor ablate_plugin_descriptor_instance = {ABLATE_PLUGIN_API_VERSION, NAME, VERSION, \
+                                                                        ABLATE_BUILD_FINGERPRINT, &REGISTER_FN};  \
+  const ::ablate::PluginDescriptor* ablate_plugin_descriptor() { return &ablate_plugin_descriptor_instance; }     \
+  }                                                                                                               \
   BOOST_DLL_ALIAS(ablate_plugin_descriptor, ablate_plugin_entry)

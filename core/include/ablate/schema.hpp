@@ -18,8 +18,7 @@ enum class ParamType { boolean, integer, floating, string, int_list, float_list,
 
 std::string_view to_string(ParamType type) noexcept;  // "bool", "int", "float", "string", "list of int", ...
 
-using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>,
-                           std::vector<std::string>>;
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<double>, std::vector<std::string>>;
 
 std::string format_value(const Value& value);  // TOML spelling: 3, 0.5, true, "x", [1, 2]
 
@@ -41,12 +40,32 @@ struct ParamSpec {
   // open to plugins rather than fixed in the schema.
   std::string registration_kind;
 
-  ParamSpec& at_least(double v) { min = v; return *this; }
-  ParamSpec& at_most(double v) { max = v; return *this; }
-  ParamSpec& within(double lo, double hi) { min = lo; max = hi; return *this; }
-  ParamSpec& one_of(std::vector<std::string> values) { choices = std::move(values); return *this; }
-  ParamSpec& path(std::vector<std::string> words = {}) { is_path = true; path_words = std::move(words); return *this; }
-  ParamSpec& registration_of(std::string kind) { registration_kind = std::move(kind); return *this; }
+  ParamSpec& at_least(double v) {
+    min = v;
+    return *this;
+  }
+  ParamSpec& at_most(double v) {
+    max = v;
+    return *this;
+  }
+  ParamSpec& within(double lo, double hi) {
+    min = lo;
+    max = hi;
+    return *this;
+  }
+  ParamSpec& one_of(std::vector<std::string> values) {
+    choices = std::move(values);
+    return *this;
+  }
+  ParamSpec& path(std::vector<std::string> words = {}) {
+    is_path = true;
+    path_words = std::move(words);
+    return *this;
+  }
+  ParamSpec& registration_of(std::string kind) {
+    registration_kind = std::move(kind);
+    return *this;
+  }
 
   // "an int >= 1", "one of "first_fit", "best_fit"", "a list of float in [0, 1]"
   std::string expectation() const;

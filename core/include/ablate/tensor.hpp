@@ -45,7 +45,9 @@ class Stream {
   void* handle() const noexcept { return handle_; }
   explicit operator bool() const noexcept { return handle_ != nullptr; }
   template <class T>
-  T as() const noexcept { return static_cast<T>(handle_); }
+  T as() const noexcept {
+    return static_cast<T>(handle_);
+  }
   friend bool operator==(const Stream&, const Stream&) = default;
 
  private:
@@ -69,7 +71,9 @@ struct TensorView {
     return n;
   }
   template <class T>
-  T* as() const noexcept { return static_cast<T*>(data); }
+  T* as() const noexcept {
+    return static_cast<T*>(data);
+  }
 };
 
 // A one-dimensional view of `n` elements at `data`.
@@ -93,10 +97,10 @@ struct NamedTensor {
 
 // One named parameter inside a flat buffer.
 struct ParamSlice {
-  std::string name;               // "blocks.3.attn.qkv.weight"
-  int64_t offset = 0;             // in elements
+  std::string name;    // "blocks.3.attn.qkv.weight"
+  int64_t offset = 0;  // in elements
   std::vector<int64_t> shape;
-  bool decay = true;              // weight decay applies (matrices and embeddings by default)
+  bool decay = true;  // weight decay applies (matrices and embeddings by default)
   // Initial values: N(0, init_std) when init_std > 0, else the constant init_value (norm weights
   // 1, biases 0). GPT-2's scheme: 0.02, residual projections 0.02/sqrt(2*n_layers).
   double init_std = 0.02;
@@ -113,8 +117,7 @@ struct ParamTable {
   int64_t total = 0;  // elements
   const ParamSlice* find(const std::string& name) const;
   // Appends a slice at the end, returns its offset.
-  int64_t add(std::string name, std::vector<int64_t> shape, bool decay, double init_std = 0.02,
-              double init_value = 0.0);
+  int64_t add(std::string name, std::vector<int64_t> shape, bool decay, double init_std = 0.02, double init_value = 0.0);
 };
 
 }  // namespace ablate

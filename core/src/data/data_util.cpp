@@ -25,13 +25,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has_glob_characters(const std::string& pattern) {
-  return pattern.find_first_of("*?[") != std::string::npos;
-}
+bool has_glob_characters(const std::string& pattern) { return pattern.find_first_of("*?[") != std::string::npos; }
 
-std::string prefixed(const std::string& where, const std::string& message) {
-  return where.empty() ? message : where + ": " + message;
-}
+std::string prefixed(const std::string& where, const std::string& message) { return where.empty() ? message : where + ": " + message; }
 
 }  // namespace
 
@@ -184,8 +180,7 @@ MappedFile::MappedFile(const fs::path& path) : path_(path) {
 
 MappedFile::~MappedFile() { release(); }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
+MappedFile::MappedFile(MappedFile&& other) noexcept : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
   other.data_ = nullptr;
   other.size_ = 0;
 }
@@ -233,8 +228,8 @@ DocumentPiece piece_of(const Document& doc, const PendingPiece& span) {
   const auto length = int32_t(doc.tokens.size());
   if (span.begin < 0 || span.end <= span.begin || span.end > length) {
     throw_input_error("data cursor", "piece [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
-                                         ") does not fit document " + std::to_string(span.document) + " of " +
-                                         std::to_string(length) + " tokens (was the cursor saved with other data?)");
+                                         ") does not fit document " + std::to_string(span.document) + " of " + std::to_string(length) +
+                                         " tokens (was the cursor saved with other data?)");
   }
   DocumentPiece piece;
   piece.span = span;

@@ -56,9 +56,7 @@ void DocumentRing::take(uint64_t draw, Document& into) {
   if (wake) ring_space_.notify_one();
 }
 
-std::size_t DocumentRing::claim_chunk() const {
-  return std::max<std::size_t>(1, std::min<std::size_t>(32, slots_.size() / 8));
-}
+std::size_t DocumentRing::claim_chunk() const { return std::max<std::size_t>(1, std::min<std::size_t>(32, slots_.size() / 8)); }
 
 bool DocumentRing::chunk_free() const { return next_claim_ + claim_chunk() <= consumed_ + slots_.size(); }
 

@@ -45,9 +45,7 @@ PipelineOptions PipelineOptions::from(const RunSpec& spec, const RunContext& run
   return o;
 }
 
-double StageStats::utilisation(double wall_s) const noexcept {
-  return wall_s > 0 && threads > 0 ? busy_s / (wall_s * threads) : 0.0;
-}
+double StageStats::utilisation(double wall_s) const noexcept { return wall_s > 0 && threads > 0 ? busy_s / (wall_s * threads) : 0.0; }
 
 double PipelineStats::data_wait_pct() const noexcept { return wall_s > 0 ? 100.0 * consumer_wait_s / wall_s : 0.0; }
 
@@ -119,8 +117,8 @@ class DealtSampler final : public Sampler {
                                    "(Sampler::reshardable): resume with the sampler that wrote it");
     }
     const Sampler& inner = inner_;
-    deal_.emplace([&inner](uint64_t draw, int rank, int world) { return inner.global_position(draw, rank, world); }, rank_,
-                  world_, record);
+    deal_.emplace([&inner](uint64_t draw, int rank, int world) { return inner.global_position(draw, rank, world); }, rank_, world_,
+                  record);
   }
   const std::optional<Reshard>& record() const {
     static const std::optional<Reshard> none;
@@ -150,9 +148,9 @@ struct DataPipeline::Impl final : DocumentFeed {
   bool running = false;
 
   // --- the feed (used by the batching thread, or the consumer's when workers = 0)
-  uint64_t draws_taken = 0;       // draws the batcher has taken
-  Document current;               // the document next() last returned
-  Document fetched;               // the document fetch() last returned (restore)
+  uint64_t draws_taken = 0;  // draws the batcher has taken
+  Document current;          // the document next() last returned
+  Document fetched;          // the document fetch() last returned (restore)
   bool fetched_valid = false;
   uint64_t empty_run = 0;         // consecutive empty documents
   double feed_wait_in_batch = 0;  // of the batch being produced

@@ -14,9 +14,7 @@ namespace ablate::data_pipeline {
 
 using Clock = std::chrono::steady_clock;
 
-inline double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+inline double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // Thrown inside the pipeline's threads when it is being stopped; never leaves the pipeline.
 struct PipelineStopped {};

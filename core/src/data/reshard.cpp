@@ -52,9 +52,7 @@ RankDeal::RankDeal(GlobalPosition standard, int rank, int world, std::optional<R
   before_end_ = standard_draws_before(standard_, rank, world, record_->end);
 }
 
-uint64_t RankDeal::leftover_global(uint64_t draw) const {
-  return nth_leftover(*record_, uint64_t(rank_) + draw * uint64_t(world_));
-}
+uint64_t RankDeal::leftover_global(uint64_t draw) const { return nth_leftover(*record_, uint64_t(rank_) + draw * uint64_t(world_)); }
 
 uint64_t RankDeal::global_of(uint64_t draw) const {
   if (draw < leftovers_) return leftover_global(draw);
@@ -87,8 +85,9 @@ MergedCursors merge_cursors(const std::vector<DataCursor>& cursors, int world, c
   const int old_world = int(cursors.size());
   for (int r = 1; r < old_world; ++r) {
     if (!same_record(cursors[std::size_t(r)].reshard, cursors[0].reshard)) {
-      throw_input_error(where, "data_cursors[" + std::to_string(r) + "].reshard differs from data_cursors[0].reshard: every "
-                               "rank of a job holds the same record (the checkpoint is damaged)");
+      throw_input_error(where, "data_cursors[" + std::to_string(r) +
+                                   "].reshard differs from data_cursors[0].reshard: every "
+                                   "rank of a job holds the same record (the checkpoint is damaged)");
     }
   }
   std::vector<RankDeal> deals;
@@ -139,8 +138,8 @@ MergedCursors merge_cursors(const std::vector<DataCursor>& cursors, int world, c
 
 void check_reshard(const Reshard& record, const std::string& name, const std::string& where) {
   if (record.end < record.first) {
-    throw_input_error(where, "not a valid checkpoint state: '" + name + ".end' is " + std::to_string(record.end) +
-                                 ", below '" + name + ".first' (" + std::to_string(record.first) + ")");
+    throw_input_error(where, "not a valid checkpoint state: '" + name + ".end' is " + std::to_string(record.end) + ", below '" + name +
+                                 ".first' (" + std::to_string(record.first) + ")");
   }
   for (std::size_t i = 0; i < record.drawn.size(); ++i) {
     const uint64_t g = record.drawn[i];

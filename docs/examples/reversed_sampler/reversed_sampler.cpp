@@ -41,13 +41,14 @@ class ReversedSampler final : public ablate::Sampler {
 };
 
 void register_components(ablate::Registrar& r) {
-  r.add({ablate::Kind::sampler, "reversed", "1.0.0", "documents from the last to the first (an SDK example)",
-         {ablate::param::integer("stride", 1, "step between two draws (keep it coprime with the document count)")
-              .at_least(1)},
-         [](const ablate::ComponentArgs& args) {
-           return std::make_unique<ReversedSampler>(args.own.get_int("stride"));
-         },
-         "", {}});
+  r.add({ablate::Kind::sampler,
+         "reversed",
+         "1.0.0",
+         "documents from the last to the first (an SDK example)",
+         {ablate::param::integer("stride", 1, "step between two draws (keep it coprime with the document count)").at_least(1)},
+         [](const ablate::ComponentArgs& args) { return std::make_unique<ReversedSampler>(args.own.get_int("stride")); },
+         "",
+         {}});
 }
 
 }  // namespace

@@ -38,8 +38,8 @@ class ScaleNorm final : public ablate::Layer {
  private:
   static void need(const ablate::TensorView& t, const char* what, int64_t n, ablate::DType dtype) {
     if (t.data == nullptr || t.numel() < n || t.dtype != dtype || t.device != ablate::DeviceType::cpu) {
-      throw std::invalid_argument(std::string("scalenorm: ") + what + " must be a CPU view of at least " +
-                                  std::to_string(n) + " values of the call's dtype (f32 or f64)");
+      throw std::invalid_argument(std::string("scalenorm: ") + what + " must be a CPU view of at least " + std::to_string(n) +
+                                  " values of the call's dtype (f32 or f64)");
     }
   }
   static void check(const ablate::LayerCall& c, bool backward) {

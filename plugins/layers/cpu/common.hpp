@@ -42,15 +42,14 @@ inline DType call_dtype(const char* layer, std::initializer_list<const TensorVie
   for (const TensorView* v : views) {
     if (v->data == nullptr) continue;
     if (v->device != DeviceType::cpu) {
-      throw_runtime_error(layer, "every tensor must be on the cpu (got a " + std::string(to_string(v->device)) +
-                                     " tensor)");
+      throw_runtime_error(layer, "every tensor must be on the cpu (got a " + std::string(to_string(v->device)) + " tensor)");
     }
     if (!found) {
       dtype = v->dtype;
       found = true;
     } else if (v->dtype != dtype) {
-      throw_runtime_error(layer, std::string("all tensors of one call must share a dtype (got ") +
-                                     to_string(dtype) + " and " + to_string(v->dtype) + ")");
+      throw_runtime_error(layer, std::string("all tensors of one call must share a dtype (got ") + to_string(dtype) + " and " +
+                                     to_string(v->dtype) + ")");
     }
   }
   if (!found) throw_runtime_error(layer, "the call has no tensors");
@@ -75,8 +74,8 @@ inline void require(const char* layer, const TensorView& v, const char* what, in
   if (elements == 0) return;
   if (v.data == nullptr) throw_runtime_error(layer, std::string("the call has no '") + what + "' tensor");
   if (v.ndim > 0 && v.numel() < elements) {
-    throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(v.numel()) +
-                                   " values, the call needs " + std::to_string(elements));
+    throw_runtime_error(layer, std::string("'") + what + "' holds " + std::to_string(v.numel()) + " values, the call needs " +
+                                   std::to_string(elements));
   }
 }
 
@@ -86,7 +85,8 @@ inline std::span<const int32_t> require_ids(const char* layer, const LayerCall& 
                                             const char* what) {
   if (call.batch == nullptr) throw_runtime_error(layer, "the call has no batch");
   const TensorView& v = call.batch->*field;
-  if (v.device != DeviceType::cpu || v.dtype != DType::i32) throw_runtime_error(layer, std::string("the batch's ") + what + " are not host i32");
+  if (v.device != DeviceType::cpu || v.dtype != DType::i32)
+    throw_runtime_error(layer, std::string("the batch's ") + what + " are not host i32");
   if (v.numel() != call.rows) {
     throw_runtime_error(layer, std::string("the batch has ") + std::to_string(v.numel()) + " " + what + ", the call " +
                                    std::to_string(call.rows) + " rows");
@@ -113,17 +113,17 @@ inline int blas_dim(int64_t n) {
 }
 
 // C(M,N) = alpha * op(A) op(B) + beta * C, row-major.
-inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(M),
-              blas_dim(N), blas_dim(K), alpha, A, blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(M), blas_dim(N), blas_dim(K),
+              alpha, A, blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
 }
-inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-                 const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda, const double* B,
+                 int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(M),
-              blas_dim(N), blas_dim(K), alpha, A, blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(M), blas_dim(N), blas_dim(K),
+              alpha, A, blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
 }
 
 // y(N) += A(M,N)^T ones(M): the column sums of A added to y.
@@ -175,8 +175,8 @@ inline constexpr int64_t kDenseChunk = 128;
 // x (rows, in), W (out, in), b (out) or null, y (rows, out); residual (rows, out) or null and may be
 // y itself.
 template <class T>
-void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W, const T* b, T* y,
-                   const T* residual, const Dropout& drop) {
+void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W, const T* b, T* y, const T* residual,
+                   const Dropout& drop) {
   if (rows == 0) return;
   if (!drop.on()) {
     T beta = T(0);
@@ -186,7 +186,7 @@ void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W
     }
     gemm(false, true, rows, out, in, T(1), x, in, W, in, beta, y, out);
     if (b != nullptr) {
-#pragma omp parallel for schedule(static) if(rows * out >= kParallelMin)
+#pragma omp parallel for schedule(static) if (rows * out >= kParallelMin)
       for (int64_t r = 0; r < rows; ++r) {
         T* yr = y + r * out;
         for (int64_t c = 0; c < out; ++c) yr[c] += b[c];
@@ -196,7 +196,7 @@ void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W
   }
   if (residual == nullptr) {
     gemm(false, true, rows, out, in, T(1), x, in, W, in, T(0), y, out);
-#pragma omp parallel for schedule(static) if(rows * out >= kParallelMin)
+#pragma omp parallel for schedule(static) if (rows * out >= kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
       T* yr = y + r * out;
       for (int64_t c = 0; c < out; ++c) {
@@ -210,7 +210,7 @@ void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W
   for (int64_t r0 = 0; r0 < rows; r0 += kDenseChunk) {
     const int64_t n = std::min(kDenseChunk, rows - r0);
     gemm(false, true, n, out, in, T(1), x + r0 * in, in, W, in, T(0), tmp.data(), out);
-#pragma omp parallel for schedule(static) if(n * out >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * out >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = r0 + i;
       const T* t = tmp.data() + i * out;
@@ -229,8 +229,8 @@ void dense_forward(const T* x, int64_t rows, int64_t in, int64_t out, const T* W
 // db += colsum(dy') (skipped when null),
 // where dy' is dy with the forward's dropout mask applied.
 template <class T>
-void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T* x, const T* W, T* dW, T* db, T* dx,
-                    bool accumulate, const Dropout& drop) {
+void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T* x, const T* W, T* dW, T* db, T* dx, bool accumulate,
+                    const Dropout& drop) {
   if (rows == 0) return;
   const T beta = accumulate ? T(1) : T(0);
   if (!drop.on()) {
@@ -242,7 +242,7 @@ void dense_backward(const T* dy, int64_t rows, int64_t in, int64_t out, const T*
   std::vector<T> tmp(std::size_t(std::min(rows, kDenseChunk) * out));
   for (int64_t r0 = 0; r0 < rows; r0 += kDenseChunk) {
     const int64_t n = std::min(kDenseChunk, rows - r0);
-#pragma omp parallel for schedule(static) if(n * out >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * out >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = r0 + i;
       const T* g = dy + r * out;

@@ -10,20 +10,30 @@ using ablate::Layer;
 
 template <class L>
 void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_ptr<L> (*make)()) {
-  r.add({ablate::Kind::layer, name, "1.0.0", doc, {},
-         [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); }, "", {"cpu"}});
+  r.add({ablate::Kind::layer,
+         name,
+         "1.0.0",
+         doc,
+         {},
+         [make](const ablate::ComponentArgs&) -> std::unique_ptr<ablate::Component> { return make(); },
+         "",
+         {"cpu"}});
 }
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::cpu_layers;
   add(r, "embedding", "token embedding table lookup on the CPU (f32/f64), optional output dropout", make_embedding);
   add(r, "learned", "learned position table added to the stream on the CPU (f32/f64)", make_learned);
-  r.add({ablate::Kind::layer, "rope", "1.0.0", "rotary position embedding, rotate-half convention, on the CPU (f32/f64)",
+  r.add({ablate::Kind::layer,
+         "rope",
+         "1.0.0",
+         "rotary position embedding, rotate-half convention, on the CPU (f32/f64)",
          ablate::layer_params::rope_keys(),
          [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
            return make_rope(ablate::layer_params::read_rope_theta(a.own));
          },
-         "", {"cpu"}});
+         "",
+         {"cpu"}});
   add(r, "layernorm", "layer norm with weight and optional bias on the CPU (f32/f64)", make_layernorm);
   add(r, "rmsnorm", "RMS norm with weight on the CPU (f32/f64)", make_rmsnorm);
   add(r, "linear", "y = x W^T + b (+ residual), OpenBLAS, on the CPU (f32/f64)", make_linear);
@@ -31,11 +41,15 @@ void register_components(ablate::Registrar& r) {
   add(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual) on the CPU (f32/f64)", make_swiglu_mlp);
   add(r, "cross_entropy", "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
       make_cross_entropy);
-  r.add({ablate::Kind::layer, "lora", "1.0.0",
+  r.add({ablate::Kind::layer,
+         "lora",
+         "1.0.0",
          "LoRA adapter on a linear layer: y += (alpha/rank) dropout(x) A^T B^T, A (rank, in), B (out, rank) trainable, "
          "the base frozen ([adapter.lora] rank, alpha, dropout; [adapter] targets), on the CPU (f32/f64)",
          ablate::layer_params::lora_keys(),
-         [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> { return make_lora(a.own); }, "", {"cpu"}});
+         [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> { return make_lora(a.own); },
+         "",
+         {"cpu"}});
 }
 
 }  // namespace

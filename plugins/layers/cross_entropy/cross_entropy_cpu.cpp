@@ -24,8 +24,7 @@ class CrossEntropy final : public LossLayer {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const bool with_grad = call.d_x.data != nullptr;
-    const DType dt =
-        call_dtype(kName, {&call.x, &call.params, &call.scratch, &call.losses, &call.logits, &call.d_x, &call.grads});
+    const DType dt = call_dtype(kName, {&call.x, &call.params, &call.scratch, &call.losses, &call.logits, &call.d_x, &call.grads});
     layer_params::check_classifier(s);
     const int64_t rows = call.rows, in = s.in, out = s.out, real_out = s.real_out;
     require(kName, call.x, "x", rows * in);
@@ -60,7 +59,7 @@ class CrossEntropy final : public LossLayer {
         const T* xc = x + r0 * in;
         gemm(false, true, n, out, in, T(1), xc, in, W, in, T(0), z, out);
         if (logits != nullptr) std::memcpy(logits + r0 * out, z, std::size_t(n * out) * sizeof(T));
-#pragma omp parallel for schedule(static) if(n * out >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * out >= kParallelMin)
         for (int64_t i = 0; i < n; ++i) {
           const int32_t target = targets[std::size_t(r0 + i)];
           T* zr = z + i * out;

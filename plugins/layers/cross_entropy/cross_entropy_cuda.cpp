@@ -71,8 +71,8 @@ class CrossEntropy final : public LossLayer {
         ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, st));
       }
-      launch_cross_entropy_rows(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
-                                float(call.grad_scale), st);
+      launch_cross_entropy_rows(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad, float(call.grad_scale),
+                                st);
       if (with_grad) {
         // d_x = dz W (written or added), dW += dz^T x; dz rounded to bf16 once for both under bf16
         const Operand dz = gemm_bf16_once(z, n, out, st, mode_);

@@ -55,8 +55,7 @@ inline void require_bf16(const char* layer, const TensorView& t, const char* wha
 
 // An activation a matrix product reads (a dense layer's or the classifier's input x): f32 or, when
 // the model holds it in bf16 (LayerBase::bf16_product_inputs) and the products are bf16, bf16.
-inline Operand require_product_input(const char* layer, const TensorView& t, const char* what, int64_t elements,
-                                     MatmulMode mode) {
+inline Operand require_product_input(const char* layer, const TensorView& t, const char* what, int64_t elements, MatmulMode mode) {
   if (t.dtype == DType::bf16 && t.data != nullptr) {
     if (mode != MatmulMode::bf16) {
       throw_runtime_error(layer, std::string("'") + what + "' is bf16 but the products are " + to_string(mode) +
@@ -107,7 +106,8 @@ inline bool same(const TensorView& a, const TensorView& b) { return a.data != nu
 // After a layer's launches: a launch error (bad configuration) surfaces here with the layer's name.
 inline void check_launch(const char* layer) {
   const cudaError_t rc = cudaGetLastError();
-  if (rc != cudaSuccess) throw_runtime_error(layer, std::string("kernel launch failed: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
+  if (rc != cudaSuccess)
+    throw_runtime_error(layer, std::string("kernel launch failed: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
 }
 
 }  // namespace ablate::cuda_layers

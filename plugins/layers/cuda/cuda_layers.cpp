@@ -43,20 +43,26 @@ void add(Registrar& r, const char* name, const char* doc, std::function<std::uni
 void register_components(Registrar& r) {
   add<Layer>(r, "embedding", "token embedding lookup on a CUDA device (f32), optional output dropout; sorted scatter-add backward",
              [](MatmulMode) { return make_embedding(); });
-  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)", [](MatmulMode) { return make_learned(); });
+  add<Layer>(r, "learned", "learned position table added to the stream on a CUDA device (f32)",
+             [](MatmulMode) { return make_learned(); });
   add_keyed(r, "rope", "1.1.0", "rotary position embedding, rotate-half convention, on a CUDA device (f32)", layer_params::rope_keys(),
             [](const Params& own) { return make_rope(layer_params::read_rope_theta(own)); });
   add<Layer>(r, "layernorm", "layer norm with weight and optional bias on a CUDA device (f32; warp per row)",
              [](MatmulMode) { return make_norm(false, "layernorm"); });
-  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)", [](MatmulMode) { return make_norm(true, "rmsnorm"); });
-  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32 or bf16 products)", make_linear);
-  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_gelu_mlp);
-  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)", make_swiglu_mlp);
+  add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)",
+             [](MatmulMode) { return make_norm(true, "rmsnorm"); });
+  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32 or bf16 products)",
+             make_linear);
+  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)",
+             make_gelu_mlp);
+  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)",
+             make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in chunks of 4096 "
                  "under bf16 products), softmax cross-entropy and its gradients",
                  make_cross_entropy);
-  add_keyed(r, "lora", "1.0.0", "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products",
+  add_keyed(r, "lora", "1.0.0",
+            "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products",
             layer_params::lora_keys(), make_lora);
 }
 

@@ -117,21 +117,21 @@ void launch_fp8_amax(const float* x, int64_t n, float* amax, cudaStream_t stream
 void launch_fp8_amax_bf16(const uint16_t* x, int64_t n, float* amax, cudaStream_t stream) {
   if (n > 0) amax_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(x, n, amax);
 }
-void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax,
-                         unsigned* saturated, cudaStream_t stream) {
+void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax, unsigned* saturated,
+                         cudaStream_t stream) {
   if (n > 0) quantize_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(x, n, scale, format, y, amax, saturated);
 }
-void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format,
-                                    uint8_t* y, float* amax, unsigned* saturated, cudaStream_t stream) {
+void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* y,
+                                    float* amax, unsigned* saturated, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
   quantize_transposed_kernel<<<grid, block, 0, stream>>>(x, rows, cols, scale, format, y, amax, saturated);
 }
-void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max,
-                              float fp8_max, int margin, float* scale, float* scale_inv, cudaStream_t stream) {
+void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max, float fp8_max,
+                              int margin, float* scale, float* scale_inv, cudaStream_t stream) {
   if (tensors > 0 && length > 0) {
     update_scales_kernel<<<cuda::blocks_for(tensors), cuda::kThreads, 0, stream>>>(amax, history, tensors, length, step, use_max,
-                                                                                    fp8_max, margin, scale, scale_inv);
+                                                                                   fp8_max, margin, scale, scale_inv);
   }
 }
 

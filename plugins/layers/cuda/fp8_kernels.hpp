@@ -27,20 +27,20 @@ void launch_fp8_amax_bf16(const uint16_t* x, int64_t n, float* amax, cudaStream_
 
 // y[i] = fp8(x[i] * *scale) saturated; *saturated += how many |x[i] * *scale| exceeded the format's
 // largest finite value; *amax = max(*amax, |x[i]|). amax and saturated may be null.
-void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax,
-                         unsigned* saturated, cudaStream_t stream);
+void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax, unsigned* saturated,
+                         cudaStream_t stream);
 
 // x (rows x cols, row order) -> y (cols x rows, row order): y[c * rows + r] = fp8(x[r * cols + c] * *scale),
 // with amax and saturated as above.
-void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format,
-                                    uint8_t* y, float* amax, unsigned* saturated, cudaStream_t stream);
+void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* y,
+                                    float* amax, unsigned* saturated, cudaStream_t stream);
 
 // For each tensor t < tensors: history[t * length + step % length] = amax[t], amax[t] = 0; the
 // reduced amax a = max over the history, passing over NaNs (use_max), or amax[t] itself (the most
 // recent); when a is
 // finite and positive, scale[t] = fp8_max / (a * 2^margin), else scale[t] is left as it is;
 // scale_inv[t] = 1 / scale[t]. One thread a tensor.
-void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max,
-                              float fp8_max, int margin, float* scale, float* scale_inv, cudaStream_t stream);
+void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max, float fp8_max,
+                              int margin, float* scale, float* scale_inv, cudaStream_t stream);
 
 }  // namespace ablate::cuda_layers

@@ -28,13 +28,14 @@ constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 
 std::string shape_of(const GemmCall& g) {
   return std::string("D(") + std::to_string(g.M) + "x" + std::to_string(g.N) + ") = " + (g.ta ? "A^T" : "A") + " " +
-         (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) +
-         "/" + std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") +
-         (g.act == Activation::gelu_aux ? ", gelu" : g.act == Activation::dgelu ? ", dgelu" : "") +
+         (g.tb ? "B^T" : "B") + ", K " + std::to_string(g.K) + ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) + "/" +
+         std::to_string(g.ldc) + (g.bias != nullptr ? ", bias" : "") +
+         (g.act == Activation::gelu_aux ? ", gelu"
+          : g.act == Activation::dgelu  ? ", dgelu"
+                                        : "") +
          (g.d_column_sums != nullptr || g.a_sums != nullptr ? ", bias gradient" : "") + ", " + to_string(g.mode) +
          (g.d_bf16 ? ", bf16 out" : "");
 }
-
 
 
 // A and B as cuBLASLt reads them: the f32 operands, or (bf16) their packed bf16 copies.
@@ -53,14 +54,12 @@ bool no_epilogue(const GemmCall& g) { return epilogue_of(g) == CUBLASLT_EPILOGUE
 // The first 256-byte aligned address in a scratch region asked 256 bytes larger: the plan key
 // records packed copies (and a fused bias gradient's scratch) as 256-byte aligned, which the
 // stream-ordered allocator does not promise.
-uint16_t* aligned256(void* p) {
-  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(p) + 255) / 256 * 256);
-}
+uint16_t* aligned256(void* p) { return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(p) + 255) / 256 * 256); }
 
 void check_lt(cublasStatus_t rc, const char* call, const GemmCall& g) {
   if (rc == CUBLAS_STATUS_SUCCESS) return;
-  throw_runtime_error("cuda_layers gemm", std::string(call) + " failed for " + shape_of(g) + ": " + cublasLtGetStatusName(rc) +
-                                              ": " + cublasLtGetStatusString(rc));
+  throw_runtime_error("cuda_layers gemm", std::string(call) + " failed for " + shape_of(g) + ": " + cublasLtGetStatusName(rc) + ": " +
+                                              cublasLtGetStatusString(rc));
 }
 
 // One problem's descriptors and the algorithm chosen for it.
@@ -124,10 +123,10 @@ class Context {
     // A bias gradient is written, not added: into scratch, then added to the caller's vector.
     // (In D's type: bf16 for a bf16 D.)
     const int64_t grad_n = bias_grad_elements(g);
-    float* bias_grad =
-        grad_n > 0 ? reinterpret_cast<float*>(aligned256(set.bias_grad.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
-                   : nullptr;
-    const void* bias = grad_n > 0 ? static_cast<const void*>(bias_grad)
+    float* bias_grad = grad_n > 0
+                           ? reinterpret_cast<float*>(aligned256(set.bias_grad.get(std::size_t(grad_n) * sizeof(float) + 256, stream)))
+                           : nullptr;
+    const void* bias = grad_n > 0               ? static_cast<const void*>(bias_grad)
                        : g.bias_bf16 != nullptr ? g.bias_bf16
                                                 : static_cast<const void*>(g.bias);
     if (bias != nullptr) {
@@ -141,8 +140,8 @@ class Context {
     }
     // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
     const float* c = g.C != nullptr ? g.C : g.D;
-    const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D,
-                                             p->d, &p->algo, set.workspace, kWorkspaceBytes, stream);
+    const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D, p->d,
+                                             &p->algo, set.workspace, kWorkspaceBytes, stream);
     if (rc == CUBLAS_STATUS_NOT_SUPPORTED && !no_epilogue(g)) {
       // The heuristic offered an algorithm the call then turns down: the epilogue's work in passes,
       // from now on for this problem (nothing was written: the call checks before it launches).
@@ -263,11 +262,11 @@ class Context {
     const uint64_t ws = kWorkspaceBytes;
     cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     // Each operand's alignment, in cuBLASLt's order (its A is our B's memory).
-    const uint32_t align[4] = {alignment_of(ops.B), alignment_of(ops.A), alignment_of(g.C != nullptr ? g.C : g.D),
-                               alignment_of(g.D)};
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align[4] = {alignment_of(ops.B), alignment_of(ops.A), alignment_of(g.C != nullptr ? g.C : g.D), alignment_of(g.D)};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4 && rc == CUBLAS_STATUS_SUCCESS; ++i) {
       rc = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i]));
     }
@@ -302,7 +301,6 @@ Context& context() {
 }
 
 }  // namespace
-
 
 
 namespace {
@@ -419,8 +417,8 @@ GemmCall dy_w_call(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, 
 
 }  // namespace
 
-void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream, MatmulMode mode) {
+void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c, float beta, float* y,
+               cudaStream_t stream, MatmulMode mode) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
   g.beta = beta;
   g.C = c;
@@ -428,8 +426,8 @@ void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const
   gemm(g, stream);
 }
 
-void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
-                    float* y, cudaStream_t stream, MatmulMode mode) {
+void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre, float* y,
+                    cudaStream_t stream, MatmulMode mode) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
   g.bias = bias;
   g.act = Activation::gelu_aux;
@@ -443,16 +441,16 @@ void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight
   gemm(g, stream);
 }
 
-bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
-                             uint16_t* y, cudaStream_t stream) {
+bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
+                             cudaStream_t stream) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
   return gemm_fused_only(g, stream);
 }
 
-bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
-                         uint16_t* pre, uint16_t* post, cudaStream_t stream) {
+bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
+                         uint16_t* post, cudaStream_t stream) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), MatmulMode::bf16);
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
@@ -461,8 +459,8 @@ bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weigh
   return gemm_fused_only(g, stream);
 }
 
-bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre,
-                          uint16_t* dpre, float* db, cudaStream_t stream) {
+bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
+                          cudaStream_t stream) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dpre), MatmulMode::bf16);
   g.d_bf16 = true;
   g.act = Activation::dgelu;
@@ -477,15 +475,15 @@ void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weigh
   gemm(g, stream);
 }
 
-void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
-               cudaStream_t stream, MatmulMode mode) {
+void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
+               MatmulMode mode) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
   g.beta = accumulate ? 1.0f : 0.0f;
   gemm(g, stream);
 }
 
-void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
-                     float* db, cudaStream_t stream, MatmulMode mode) {
+void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
+                     cudaStream_t stream, MatmulMode mode) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dpre, mode);
   g.act = Activation::dgelu;
   g.aux = const_cast<float*>(pre);  // read only under dgelu
@@ -493,8 +491,8 @@ void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W
   gemm(g, stream);
 }
 
-void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
-                    cudaStream_t stream, MatmulMode mode) {
+void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
+                    MatmulMode mode) {
   GemmCall g;
   g.mode = mode;
   g.ta = true;

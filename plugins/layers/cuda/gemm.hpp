@@ -44,8 +44,7 @@ struct Operand {
   Operand(const float* values, const void* bf16_values) : f32(values), bf16(bf16_values) {}
   // The operand `elements` values further on.
   Operand at(int64_t elements) const {
-    return {f32 != nullptr ? f32 + elements : nullptr,
-            bf16 != nullptr ? static_cast<const uint16_t*>(bf16) + elements : nullptr};
+    return {f32 != nullptr ? f32 + elements : nullptr, bf16 != nullptr ? static_cast<const uint16_t*>(bf16) + elements : nullptr};
   }
 };
 using Weight = Operand;
@@ -72,17 +71,17 @@ struct GemmCall {
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
-  float* aux = nullptr;          // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it (bf16
-                                 // values when d_bf16: cuBLASLt's GELU matrix has D's type)
-  bool d_bf16 = false;           // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
-                                 // nearest even from the fp32 sums; beta 0, and of the epilogues only a bf16
-                                 // bias and the GELU ones (the classifier's logits; q, k, v; a GELU MLP's
-                                 // hidden activation and its gradient)
+  float* aux = nullptr;             // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it (bf16
+                                    // values when d_bf16: cuBLASLt's GELU matrix has D's type)
+  bool d_bf16 = false;              // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
+                                    // nearest even from the fp32 sums; beta 0, and of the epilogues only a bf16
+                                    // bias and the GELU ones (the classifier's logits; q, k, v; a GELU MLP's
+                                    // hidden activation and its gradient)
   const void* bias_bf16 = nullptr;  // d_bf16 only: a bias in bf16 (cuBLASLt's bias has D's type), added to the
                                     // fp32 sums before they are rounded
-  float* d_column_sums = nullptr;  // dgelu: (N) += column sums of D (the bias gradient below a gelu)
-  float* a_sums = nullptr;         // ta only: (M) += sums of A's rows over K (a weight-gradient product's
-                                   // bias gradient, dy summed over the batch's rows)
+  float* d_column_sums = nullptr;   // dgelu: (N) += column sums of D (the bias gradient below a gelu)
+  float* a_sums = nullptr;          // ta only: (M) += sums of A's rows over K (a weight-gradient product's
+                                    // bias gradient, dy summed over the batch's rows)
   // Under bf16 a fused bias gradient sums the operand as the product reads it (rounded to bf16);
   // the fallback sums the f32 values.
 };
@@ -104,39 +103,39 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
-void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c,
-               float beta, float* y, cudaStream_t stream, MatmulMode mode);
+void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c, float beta, float* y,
+               cudaStream_t stream, MatmulMode mode);
 //   y(rows, out)  = gelu(pre), pre = x W^T + bias written too (the first product of a GELU MLP)
-void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre,
-                    float* y, cudaStream_t stream, MatmulMode mode);
+void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre, float* y,
+                    cudaStream_t stream, MatmulMode mode);
 //   y(rows, out)  = x(rows, in) W^T in bf16 (bf16 products only: the fp32 sums rounded to nearest even)
 void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream);
 //   y(rows, out)  = x W^T + bias in bf16, the bias (bf16) in the product's epilogue (bf16 products only):
 //   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
-bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
-                             uint16_t* y, cudaStream_t stream);
+bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
+                             cudaStream_t stream);
 //   pre = x W^T + bias and post = gelu(pre), both (rows, out) in bf16, from one product with the GELU
 //   (and the bf16 bias, if any) in its epilogue (bf16 products only): false when cuBLASLt serves no
 //   such epilogue here, nothing written (the caller computes them another way)
-bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
-                         uint16_t* pre, uint16_t* post, cudaStream_t stream);
+bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
+                         uint16_t* post, cudaStream_t stream);
 //   dpre(rows, in) = (dy W) * gelu'(pre) in bf16, pre in bf16; db(in) += its column sums (cuBLASLt sums
 //   them in fp32 and writes them in bf16) when db is not null: false when not served, as above
-bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre,
-                          uint16_t* dpre, float* db, cudaStream_t stream);
+bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
+                          cudaStream_t stream);
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
-void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx,
-               cudaStream_t stream, MatmulMode mode);
+void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
+               MatmulMode mode);
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
-void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre,
-                     float* db, cudaStream_t stream, MatmulMode mode);
+void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
+                     cudaStream_t stream, MatmulMode mode);
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
-void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db,
-                    cudaStream_t stream, MatmulMode mode);
+void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
+                    MatmulMode mode);
 
 // An f32 operand that several products of one layer call read (an output gradient dy: the input
 // gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead

@@ -79,10 +79,9 @@ std::string gemm_key(const GemmCall& g) {
   return std::string(g.ta ? "T" : "N") + (g.tb ? "T" : "N") + " " + std::to_string(g.M) + "," + std::to_string(g.N) + "," +
          std::to_string(g.K) + " ld " + lda + "," + ldb + "," + std::to_string(g.ldc) + " " +
          (epi.empty() ? std::string("unfused") : epi) + " " + to_string(g.mode) + " align " +
-         (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) +
-         "," + al(g.C != nullptr ? g.C : g.D) +
-         (g.bias != nullptr ? "," + al(g.bias) : "") + (g.bias_bf16 != nullptr ? ",bf16 bias " + al(g.bias_bf16) : "") +
-         (g.act != Activation::none ? "," + al(g.aux) : "") +
+         (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) + "," +
+         al(g.C != nullptr ? g.C : g.D) + (g.bias != nullptr ? "," + al(g.bias) : "") +
+         (g.bias_bf16 != nullptr ? ",bf16 bias " + al(g.bias_bf16) : "") + (g.act != Activation::none ? "," + al(g.aux) : "") +
          (g.d_bf16 ? " out bf16" : "");
 }
 

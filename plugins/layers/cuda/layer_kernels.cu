@@ -54,13 +54,9 @@ __global__ void dropout_grad_kernel(const float* dy, float* out, int64_t n, Drop
   ABLATE_GRID_STRIDE(i, n) out[i] = dy[i] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
 }
 
-__global__ void gelu_forward_kernel(const float* pre, float* post, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) post[i] = gelu_out(pre[i]);
-}
+__global__ void gelu_forward_kernel(const float* pre, float* post, int64_t n) { ABLATE_GRID_STRIDE(i, n) post[i] = gelu_out(pre[i]); }
 
-__global__ void gelu_backward_kernel(const float* pre, float* dh, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) dh[i] *= gelu_grad(pre[i]);
-}
+__global__ void gelu_backward_kernel(const float* pre, float* dh, int64_t n) { ABLATE_GRID_STRIDE(i, n) dh[i] *= gelu_grad(pre[i]); }
 
 __global__ void gelu_forward_bf16_kernel(const float* t, uint16_t* pre, uint16_t* post, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) {
@@ -99,13 +95,9 @@ __global__ void copy_or_add_kernel(const float* src, float* dst, int64_t n, bool
   ABLATE_GRID_STRIDE(i, n) dst[i] = accumulate ? dst[i] + src[i] : src[i];
 }
 
-__global__ void fill_kernel(float* p, int64_t n, float v) {
-  ABLATE_GRID_STRIDE(i, n) p[i] = v;
-}
+__global__ void fill_kernel(float* p, int64_t n, float v) { ABLATE_GRID_STRIDE(i, n) p[i] = v; }
 
-__global__ void iota_kernel(int32_t* p, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) p[i] = int32_t(i);
-}
+__global__ void iota_kernel(int32_t* p, int64_t n) { ABLATE_GRID_STRIDE(i, n) p[i] = int32_t(i); }
 
 // --- lookups --------------------------------------------------------------------------------------
 
@@ -185,9 +177,9 @@ __global__ void scatter_crossing_runs_kernel(const int32_t* sorted_index, const 
   const int64_t chunk = blockIdx.x, lo = chunk * kScatterChunk, hi = lo + kScatterChunk;
   if (hi >= rows) return;  // the last chunk: no run goes on past it
   const int32_t t = sorted_index[hi - 1];
-  if (sorted_index[hi] != t || t < 0 || t >= limit) return;  // the chunk's last run ends in it, or is skipped
+  if (sorted_index[hi] != t || t < 0 || t >= limit) return;                  // the chunk's last run ends in it, or is skipped
   if (lo > 0 && sorted_index[lo] == t && sorted_index[lo - 1] == t) return;  // the run began in an earlier chunk
-  int64_t last = chunk + 1;  // the chunk where the run ends
+  int64_t last = chunk + 1;                                                  // the chunk where the run ends
   while ((last + 1) * kScatterChunk < rows && sorted_index[(last + 1) * kScatterChunk] == t) ++last;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < cols; c += int64_t(gridDim.y) * blockDim.x) {
     float acc = partials[(2 * chunk + 1) * cols + c];
@@ -200,8 +192,8 @@ __global__ void scatter_crossing_runs_kernel(const int32_t* sorted_index, const 
 
 // T: f32, or bf16 for q and k held in bf16 (forward only; never accumulating).
 template <class T>
-__global__ void rope_kernel(const int32_t* positions, const T* src, T* dst, int64_t rows, int64_t heads, int64_t D,
-                            double theta, double sign, bool accumulate) {
+__global__ void rope_kernel(const int32_t* positions, const T* src, T* dst, int64_t rows, int64_t heads, int64_t D, double theta,
+                            double sign, bool accumulate) {
   const int64_t half = D / 2;
   ABLATE_GRID_STRIDE(k, rows * heads * half) {
     const int64_t i = k % half, rh = k / half, r = rh / heads;
@@ -280,8 +272,8 @@ struct MaxSum {
   double s;
 };
 
-__global__ void cross_entropy_rows_bf16_kernel(uint16_t* z, int64_t out, int64_t real_out, const int32_t* targets,
-                                               float* losses, bool with_grad, float scale) {
+__global__ void cross_entropy_rows_bf16_kernel(uint16_t* z, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                                               bool with_grad, float scale) {
   __shared__ double sd[kRowThreads];
   __shared__ float sf[kRowThreads];
   const int64_t row = blockIdx.x;
@@ -344,18 +336,18 @@ void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg
   if (n > 0) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, du, dg, n);
 }
 
-void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
-                        DropoutArgs d, cudaStream_t stream) {
+void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit, DropoutArgs d,
+                        cudaStream_t stream) {
   if (rows * cols > 0) gather_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, y, rows, cols, limit, d);
 }
 
-void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
-                     int64_t limit, cudaStream_t stream) {
+void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols, int64_t limit,
+                     cudaStream_t stream) {
   if (rows * cols > 0) add_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, x, y, rows, cols, limit);
 }
 
-void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
-                      DropoutArgs drop, cudaStream_t stream) {
+void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit, DropoutArgs drop,
+                      cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   if (rows > INT32_MAX) throw_runtime_error("cuda_layers", "more rows than a 32-bit sort handles");
   Workspace& ws = workspace();
@@ -421,13 +413,12 @@ void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t
                  bool inverse, bool accumulate, cudaStream_t stream) {
   const int64_t n = rows * heads * (D / 2);
   if (n > 0) {
-    rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, inverse ? -1.0 : 1.0,
-                                                         accumulate);
+    rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, inverse ? -1.0 : 1.0, accumulate);
   }
 }
 
-void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D,
-                 double theta, cudaStream_t stream) {
+void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D, double theta,
+                 cudaStream_t stream) {
   const int64_t n = rows * heads * (D / 2);
   if (n > 0) rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, src, dst, rows, heads, D, theta, 1.0, false);
 }
@@ -477,8 +468,8 @@ void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_ou
   if (n > 0) cross_entropy_rows_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(z, out, real_out, targets, losses, with_grad, scale);
 }
 
-void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets,
-                                    float* losses, bool with_grad, float scale, cudaStream_t stream) {
+void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                                    bool with_grad, float scale, cudaStream_t stream) {
   if (n > 0) {
     cross_entropy_rows_bf16_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(z, out, real_out, targets, losses, with_grad, scale);
   }

@@ -37,18 +37,18 @@ void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg
 
 // y[r, :] = table[index[r], :] * mask; an index outside [0, limit) gives a row of NaN (never a
 // read out of bounds), so a bad batch shows as a non-finite loss.
-void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
-                        DropoutArgs d, cudaStream_t stream);
+void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit, DropoutArgs d,
+                        cudaStream_t stream);
 // y = x + table[index[r], :] (y may alias x); out-of-range index as above.
-void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
-                     int64_t limit, cudaStream_t stream);
+void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols, int64_t limit,
+                     cudaStream_t stream);
 // grads[index[r], :] += d[r, :] * mask for every row, deterministically (no atomics, the same every
 // run): rows are sorted by index (stable); the sorted rows are cut into fixed chunks of 256, each
 // chunk's runs of equal index summed in row order by one thread per column, a run that crosses
 // chunk edges through per-chunk partials summed in chunk order. Table rows no index names are not
 // touched; rows whose index is outside [0, limit) are skipped.
-void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit,
-                      DropoutArgs drop, cudaStream_t stream);
+void scatter_add_rows(const int32_t* index, const float* d, float* grads, int64_t rows, int64_t cols, int64_t limit, DropoutArgs drop,
+                      cudaStream_t stream);
 // dst (rows, cols), packed, = the bf16 rounding (bf16_bits) of src (rows, cols) with leading
 // dimension ld: the operands of the bf16 products.
 void launch_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst, cudaStream_t stream);
@@ -62,8 +62,8 @@ void launch_add_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t st
 void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,
                  bool inverse, bool accumulate, cudaStream_t stream);
 // The forward rotation of q or k held in bf16 (computed in f32, rounded by bf16_bits), in place or not.
-void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D,
-                 double theta, cudaStream_t stream);
+void launch_rope(const int32_t* positions, const uint16_t* src, uint16_t* dst, int64_t rows, int64_t heads, int64_t D, double theta,
+                 cudaStream_t stream);
 
 // db(cols) += column sums of m(rows, cols), as a cuBLASLt product with a ones vector (a fixed
 // order, so the same every run).
@@ -81,7 +81,7 @@ void launch_cross_entropy_rows(float* z, int64_t n, int64_t out, int64_t real_ou
 // the block combines them into the log-sum-exp, and with_grad a second pass overwrites z with the
 // gradient rounded to bf16 (nearest even). Two passes over 2-byte logits where the f32 rows take
 // three over 4-byte ones, and the gradient is the bf16 operand of the two products after it.
-void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets,
-                                    float* losses, bool with_grad, float scale, cudaStream_t stream);
+void launch_cross_entropy_rows_bf16(uint16_t* z, int64_t n, int64_t out, int64_t real_out, const int32_t* targets, float* losses,
+                                    bool with_grad, float scale, cudaStream_t stream);
 
 }  // namespace ablate::cuda_layers

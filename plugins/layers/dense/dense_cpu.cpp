@@ -13,8 +13,7 @@ struct DenseCheck {
 };
 
 // Checks a dense-like call; `in` and `out` are the layer's input and output widths.
-DenseCheck check_dense_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params,
-                               int64_t saved) {
+DenseCheck check_dense_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved) {
   const DType dt = call_dtype(name, {&call.x, &call.y, &call.residual, &call.params, &call.saved});
   require(name, call.x, "x", call.rows * in);
   require(name, call.y, "y", call.rows * out);
@@ -25,10 +24,9 @@ DenseCheck check_dense_forward(const char* name, const LayerCall& call, int64_t 
   return {dt, make_dropout(name, call)};
 }
 
-DenseCheck check_dense_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params,
-                                int64_t saved, int64_t scratch) {
-  const DType dt =
-      call_dtype(name, {&call.x, &call.d_y, &call.d_x, &call.params, &call.grads, &call.saved, &call.scratch});
+DenseCheck check_dense_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
+                                int64_t scratch) {
+  const DType dt = call_dtype(name, {&call.x, &call.d_y, &call.d_x, &call.params, &call.grads, &call.saved, &call.scratch});
   require(name, call.x, "x", call.rows * in);
   require(name, call.d_y, "d_y", call.rows * out);
   require(name, call.params, "params", params);
@@ -139,13 +137,13 @@ class GeluMLP final : public Layer {
       using T = decltype(tag);
       T* pre = call.saved.as<T>();
       T* post = pre + rows * H;
-      dense_forward<T>(call.x.as<T>(), rows, C, H, at<T>(call.params, fc.weight), at<T>(call.params, fc.bias), pre,
-                       nullptr, Dropout{});
+      dense_forward<T>(call.x.as<T>(), rows, C, H, at<T>(call.params, fc.weight), at<T>(call.params, fc.bias), pre, nullptr,
+                       Dropout{});
       const int64_t n = rows * H;
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
       for (int64_t i = 0; i < n; ++i) post[i] = gelu(pre[i]);
-      dense_forward<T>(post, rows, H, C, at<T>(call.params, proj.weight), at<T>(call.params, proj.bias),
-                       call.y.as<T>(), call.residual.as<T>(), c.drop);
+      dense_forward<T>(post, rows, H, C, at<T>(call.params, proj.weight), at<T>(call.params, proj.bias), call.y.as<T>(),
+                       call.residual.as<T>(), c.drop);
     });
   }
 
@@ -161,14 +159,13 @@ class GeluMLP final : public Layer {
       const T* pre = call.saved.as<T>();
       const T* post = pre + rows * H;
       T* d_h = call.scratch.as<T>();
-      dense_backward<T>(call.d_y.as<T>(), rows, H, C, post, at<T>(call.params, proj.weight),
-                        at_mut<T>(call.grads, proj.weight), at_mut<T>(call.grads, proj.bias), d_h, false, c.drop);
+      dense_backward<T>(call.d_y.as<T>(), rows, H, C, post, at<T>(call.params, proj.weight), at_mut<T>(call.grads, proj.weight),
+                        at_mut<T>(call.grads, proj.bias), d_h, false, c.drop);
       const int64_t n = rows * H;
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
       for (int64_t i = 0; i < n; ++i) d_h[i] *= gelu_grad(pre[i]);
       dense_backward<T>(d_h, rows, C, H, call.x.as<T>(), at<T>(call.params, fc.weight), at_mut<T>(call.grads, fc.weight),
-                        at_mut<T>(call.grads, fc.bias), call.d_x.as<T>(), call.input_grad == GradMode::accumulate,
-                        Dropout{});
+                        at_mut<T>(call.grads, fc.bias), call.d_x.as<T>(), call.input_grad == GradMode::accumulate, Dropout{});
     });
   }
 
@@ -210,12 +207,10 @@ class SwiGLUMLP final : public Layer {
       T* u = g + rows * H;
       T* h = u + rows * H;
       const T* x = call.x.as<T>();
-      dense_forward<T>(x, rows, C, H, at<T>(call.params, gate.weight), at<T>(call.params, gate.bias), g, nullptr,
-                       Dropout{});
-      dense_forward<T>(x, rows, C, H, at<T>(call.params, up.weight), at<T>(call.params, up.bias), u, nullptr,
-                       Dropout{});
+      dense_forward<T>(x, rows, C, H, at<T>(call.params, gate.weight), at<T>(call.params, gate.bias), g, nullptr, Dropout{});
+      dense_forward<T>(x, rows, C, H, at<T>(call.params, up.weight), at<T>(call.params, up.bias), u, nullptr, Dropout{});
       const int64_t n = rows * H;
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
       for (int64_t i = 0; i < n; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
       dense_forward<T>(h, rows, H, C, at<T>(call.params, down.weight), at<T>(call.params, down.bias), call.y.as<T>(),
                        call.residual.as<T>(), c.drop);
@@ -238,10 +233,10 @@ class SwiGLUMLP final : public Layer {
       T* d_u = call.scratch.as<T>();  // holds dh first
       T* d_g = d_u + rows * H;
       const T* x = call.x.as<T>();
-      dense_backward<T>(call.d_y.as<T>(), rows, H, C, h, at<T>(call.params, down.weight),
-                        at_mut<T>(call.grads, down.weight), at_mut<T>(call.grads, down.bias), d_u, false, c.drop);
+      dense_backward<T>(call.d_y.as<T>(), rows, H, C, h, at<T>(call.params, down.weight), at_mut<T>(call.grads, down.weight),
+                        at_mut<T>(call.grads, down.bias), d_u, false, c.drop);
       const int64_t n = rows * H;
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
       for (int64_t i = 0; i < n; ++i) {
         const T sg = sigmoid(g[i]);
         const T dh = d_u[i];

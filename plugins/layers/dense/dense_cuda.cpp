@@ -29,8 +29,8 @@ Weight weight_at(const LayerCall& call, int64_t offset) {
 }
 
 // y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
-void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y,
-                   const float* residual, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
+void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y, const float* residual,
+                   const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
   if (rows == 0) return;
   const int64_t n = rows * out;
   if (drop.p == 0.0) {
@@ -52,8 +52,8 @@ void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, c
 // db += colsum(dy') (both skipped when dW is null: frozen parameters), dy' = dy masked by the
 // forward's dropout (into `tmp`, (rows, out), when dropout is on). A dy held in bf16 (the
 // gradient of q, k or v the model holds so) is read as it is: it has no dropout.
-void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db,
-                    float* dx, bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode,
+void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db, float* dx,
+                    bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode,
                     uint16_t* dx_bf16 = nullptr) {
   if (rows == 0) return;
   Operand d = dy;
@@ -73,8 +73,8 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
 
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
 // holds it so). `bf16_y`: the layer may write y in bf16 (a linear under bf16 products).
-Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
-                      int64_t scratch, MatmulMode mode, bool bf16_y = false) {
+Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch,
+                      MatmulMode mode, bool bf16_y = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
   if (bf16_y && mode == MatmulMode::bf16 && call.y.dtype == DType::bf16) {
     // q, k or v held in bf16: rounded from the f32 product in scratch.
@@ -128,7 +128,9 @@ Operand check_backward(const char* name, const LayerCall& call, int64_t in, int6
 int64_t bf16_after(int64_t f32_elements) { return (f32_elements + 63) / 64 * 64; }
 int64_t bf16_elements(int64_t values) { return (values + 1) / 2; }  // in f32 elements
 
-float* scratch_at(const LayerCall& call, int64_t offset) { return call.scratch.data != nullptr ? call.scratch.as<float>() + offset : nullptr; }
+float* scratch_at(const LayerCall& call, int64_t offset) {
+  return call.scratch.data != nullptr ? call.scratch.as<float>() + offset : nullptr;
+}
 
 // --- linear -------------------------------------------------------------------------------------
 
@@ -141,9 +143,7 @@ class Linear final : public Layer {
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
-  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
-  }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
   // Under bf16 products: y in bf16 (q, k, v held so), the product rounded from scratch.
   bool bf16_attention_inputs() const override { return mode_ == MatmulMode::bf16; }
@@ -159,8 +159,8 @@ class Linear final : public Layer {
     const bool y_bf16 = call.y.dtype == DType::bf16;
     if (y_bf16 && write_bf16_y(call, x, p)) return;
     float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
-    dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y,
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 0), st, mode_);
+    dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y, call.residual.as<const float>(),
+                  dropout_of(kName, call), scratch_at(call, 0), st, mode_);
     if (y_bf16) launch_to_bf16(y, call.rows, s.out, s.out, call.y.as<uint16_t>(), st);
     check_launch(kName);
   }
@@ -174,9 +174,9 @@ class Linear final : public Layer {
                                      /*bf16_grads=*/true);
     const bool dy_bf16 = call.d_y.dtype == DType::bf16, dx_bf16 = call.d_x.data != nullptr && call.d_x.dtype == DType::bf16;
     const Operand dy = dy_bf16 ? Operand{nullptr, call.d_y.data} : Operand{call.d_y.as<const float>()};
-    dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight),
-                   at_mut(call.grads, p.bias), dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate,
-                   drop, scratch_at(call, 0), stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr);
+    dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight), at_mut(call.grads, p.bias),
+                   dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0),
+                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr);
     check_launch(kName);
   }
 
@@ -233,9 +233,7 @@ class GeluMLP final : public Layer {
     return bf16_hidden() ? activation_elements(s, rows) : 0;
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return dropout_at(s, rows) + rows * s.in; }
-  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
-  }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
@@ -252,8 +250,8 @@ class GeluMLP final : public Layer {
     } else if (rows > 0) {
       // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue.
       float* pre = call.saved.as<float>();
-      gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32),
-                     st, mode_);
+      gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st,
+                     mode_);
     }
     dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
                   call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, dropout_at(s, rows)), st, mode_);
@@ -279,7 +277,8 @@ class GeluMLP final : public Layer {
         dy = masked;
       }
       const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
-      if (call.grads.data != nullptr) gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
+      if (call.grads.data != nullptr)
+        gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
       if (bf16_hidden()) {
         d_pre = d_pre_bf16(call, d, proj, fc);
       } else {
@@ -289,9 +288,11 @@ class GeluMLP final : public Layer {
     }
     // fc's gradients from d_pre (read as it is: bf16 under bf16 products); its bias gradient came above.
     if (rows > 0 && call.d_x.data != nullptr) {
-      gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st, mode_);
+      gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st,
+                mode_);
     }
-    if (rows > 0 && call.grads.data != nullptr) gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_);
+    if (rows > 0 && call.grads.data != nullptr)
+      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_);
     check_launch(kName);
   }
 
@@ -369,9 +370,7 @@ class SwiGLUMLP final : public Layer {
     return bf16_h() ? bf16_elements(rows * s.out) : 0;  // h; g and u stay f32
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
-  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, rows, s.in, s.out);
-  }
+  int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
   bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
 
   void forward(const LayerCall& call) override {
@@ -384,7 +383,8 @@ class SwiGLUMLP final : public Layer {
     float* g = call.saved.as<float>();
     float* u = g + rows * H;
     const Operand h = h_of(call, rows * H);
-    dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st, mode_);
+    dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
+                  mode_);
     dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
     if (bf16_h()) {
       launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
@@ -412,10 +412,10 @@ class SwiGLUMLP final : public Layer {
                    at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
     float* d_x = call.d_x.as<float>();
-    dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight),
-                   at_mut(call.grads, gate.bias), d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
-    dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias),
-                   d_x, true, DropoutArgs{}, nullptr, st, mode_);
+    dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight), at_mut(call.grads, gate.bias),
+                   d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
+    dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias), d_x,
+                   true, DropoutArgs{}, nullptr, st, mode_);
     check_launch(kName);
   }
 

@@ -9,7 +9,7 @@ namespace {
 template <class T, class Factor>
 void scatter_add_rows(const int32_t* index, int64_t rows, int64_t cols, const T* d, T* grads, Factor factor) {
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if(rows * cols >= kParallelMin)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t c0 = blk * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
     for (int64_t r = 0; r < rows; ++r) {
@@ -23,8 +23,8 @@ void scatter_add_rows(const int32_t* index, int64_t rows, int64_t cols, const T*
 void check_indices(const char* layer, std::span<const int32_t> index, int64_t limit, const char* what) {
   for (std::size_t i = 0; i < index.size(); ++i) {
     if (index[i] < 0 || index[i] >= limit) {
-      throw_input_error(layer, std::string(what) + " " + std::to_string(index[i]) + " at " + std::to_string(i) +
-                                   " is outside [0, " + std::to_string(limit) + ")");
+      throw_input_error(layer, std::string(what) + " " + std::to_string(index[i]) + " at " + std::to_string(i) + " is outside [0, " +
+                                   std::to_string(limit) + ")");
     }
   }
 }
@@ -54,7 +54,7 @@ class Embedding final : public Layer {
       const T* w = call.params.as<T>();
       T* y = call.y.as<T>();
       const int64_t in = s.in;
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
         const T* src = w + int64_t(tokens[r]) * in;
         T* yr = y + r * in;
@@ -84,8 +84,7 @@ class Embedding final : public Layer {
         scatter_add_rows(tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
                          [&](int64_t r, int64_t c) { return drop.factor<T>(uint64_t(r * in + c)); });
       } else {
-        scatter_add_rows(tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(),
-                         [](int64_t, int64_t) { return T(1); });
+        scatter_add_rows(tokens.data(), call.rows, in, call.d_y.as<T>(), call.grads.as<T>(), [](int64_t, int64_t) { return T(1); });
       }
     });
   }
@@ -120,7 +119,7 @@ class Learned final : public Layer {
       const T* x = call.x.as<T>();
       T* y = call.y.as<T>();
       const int64_t in = s.in;
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
         const T* p = w + int64_t(positions[r]) * in;
         for (int64_t c = 0; c < in; ++c) y[r * in + c] = x[r * in + c] + p[c];
@@ -148,7 +147,7 @@ class Learned final : public Layer {
         require(kName, call.d_x, "d_x", n);
         T* dx = call.d_x.as<T>();
         if (call.input_grad == GradMode::accumulate) {
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
           for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
         } else {
           std::memcpy(dx, dy, std::size_t(n) * sizeof(T));
@@ -216,7 +215,7 @@ class Rope final : public Layer {
       using T = decltype(tag);
       const T* x = src.as<T>();
       T* y = dst.as<T>();
-#pragma omp parallel if(call.rows * heads * D >= kParallelMin)
+#pragma omp parallel if (call.rows * heads * D >= kParallelMin)
       {
         std::vector<T> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
 #pragma omp for schedule(static)

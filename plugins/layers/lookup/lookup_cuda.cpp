@@ -126,8 +126,7 @@ class Rope final : public Layer {
     if (!inverse && src.dtype == DType::bf16) {  // then y too
       require_bf16(kName, src, "x", n);
       require_bf16(kName, dst, "y", n);
-      launch_rope(positions, src.as<const uint16_t>(), dst.as<uint16_t>(), call.rows, call.heads, s.in, theta_,
-                  stream_of(call));
+      launch_rope(positions, src.as<const uint16_t>(), dst.as<uint16_t>(), call.rows, call.heads, s.in, theta_, stream_of(call));
       check_launch(kName);
       return;
     }

@@ -91,7 +91,7 @@ class Lora final : public Layer {
       }
       T* tmp = call.scratch.as<T>();  // drop(x) is no longer needed: (t A) goes there, then masked
       gemm(false, false, rows, in, r, T(1), t, r, A, in, T(0), tmp, in);
-#pragma omp parallel for schedule(static) if(rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (rows * in >= kParallelMin)
       for (int64_t i = 0; i < rows * in; ++i) dx[i] += tmp[i] * drop.factor<T>(uint64_t(i));
     });
   }
@@ -104,7 +104,7 @@ class Lora final : public Layer {
     if (!drop.on()) return x;
     T* d = call.scratch.as<T>();
     const int64_t n = call.rows * in;
-#pragma omp parallel for schedule(static) if(n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) d[i] = x[i] * drop.factor<T>(uint64_t(i));
     return d;
   }

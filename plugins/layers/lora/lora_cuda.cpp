@@ -13,8 +13,8 @@ namespace {
 constexpr const char* kName = "lora";
 
 // C(M, N) = alpha op(A) op(B) + beta C, row-major, fp32.
-void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-             int64_t ldb, float beta, float* C, int64_t ldc, cudaStream_t stream) {
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, float* C, int64_t ldc, cudaStream_t stream) {
   if (M == 0 || N == 0 || K == 0) return;
   GemmCall g;
   g.ta = ta;

@@ -73,7 +73,7 @@ class LayerNorm final : public NormBase {
       const T* b = s->bias ? w + in : nullptr;
       T* mean_out = call.saved.as<T>();
       T* rstd_out = mean_out + call.rows;
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
         const T* xr = x + r * in;
         double sum = 0.0;
@@ -117,7 +117,7 @@ class LayerNorm final : public NormBase {
       const T* rstd = mean + call.rows;
       if (call.d_x.data != nullptr) {
         T* dx = call.d_x.as<T>();
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
         for (int64_t r = 0; r < call.rows; ++r) {
           const T* xr = x + r * in;
           const T* g = dy + r * in;
@@ -139,7 +139,7 @@ class LayerNorm final : public NormBase {
       }
       if (dw == nullptr) return;  // frozen weights: the input gradient is all
       const int64_t blocks = (in + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t c0 = blk * kColumnBlock, c1 = std::min(in, c0 + kColumnBlock);
         for (int64_t r = 0; r < call.rows; ++r) {
@@ -180,7 +180,7 @@ class RMSNorm final : public NormBase {
       T* y = call.y.as<T>();
       const T* w = call.params.as<T>();
       T* rstd_out = call.saved.as<T>();
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t r = 0; r < call.rows; ++r) {
         const T* xr = x + r * in;
         double ss = 0.0;
@@ -207,7 +207,7 @@ class RMSNorm final : public NormBase {
       const T* rstd = call.saved.as<T>();
       if (call.d_x.data != nullptr) {
         T* dx = call.d_x.as<T>();
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
         for (int64_t r = 0; r < call.rows; ++r) {
           const T* xr = x + r * in;
           const T* g = dy + r * in;
@@ -224,7 +224,7 @@ class RMSNorm final : public NormBase {
       }
       if (dw == nullptr) return;  // frozen weights: the input gradient is all
       const int64_t blocks = (in + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if(call.rows * in >= kParallelMin)
+#pragma omp parallel for schedule(static) if (call.rows * in >= kParallelMin)
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t c0 = blk * kColumnBlock, c1 = std::min(in, c0 + kColumnBlock);
         for (int64_t r = 0; r < call.rows; ++r) {

@@ -51,8 +51,8 @@ __device__ void store_row_stats(bool rms, float* saved, int64_t row, int64_t row
 // x and y are f32 or, where the model holds them in bf16, bf16 (device_math::load_value and
 // store_value): y a norm's output only products read, x and y the qk-norm's q and k.
 template <class In, class Out>
-__global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved,
-                                    int64_t rows, int64_t in, float eps) {
+__global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows,
+                                    int64_t in, float eps) {
   const int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_of_thread();
@@ -81,8 +81,8 @@ __global__ void norm_forward_kernel(bool rms, const In* x, const float* w, const
 // order the kernel above sums them: the same arithmetic, one read of x instead of three.
 constexpr int kPerLane = 32;  // rows up to 1024 wide
 template <class In, class Out>
-__global__ void norm_forward_resident_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved,
-                                             int64_t rows, int64_t in, float eps) {
+__global__ void norm_forward_resident_kernel(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows,
+                                             int64_t in, float eps) {
   const int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_of_thread();
@@ -127,8 +127,8 @@ struct RowGrad {
 };
 
 template <class In>
-__device__ RowGrad row_grad(bool rms, const In* xr, const float* w, const float* dyr, const float* saved, int64_t row,
-                            int64_t rows, int64_t in, int lane) {
+__device__ RowGrad row_grad(bool rms, const In* xr, const float* w, const float* dyr, const float* saved, int64_t row, int64_t rows,
+                            int64_t in, int lane) {
   RowGrad r;
   r.mean = rms ? 0.0f : saved[row];
   r.rstd = rms ? saved[row] : saved[rows + row];
@@ -144,8 +144,8 @@ __device__ RowGrad row_grad(bool rms, const In* xr, const float* w, const float*
 }
 
 template <class In>
-__global__ void norm_input_grad_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved,
-                                       float* dx, bool accumulate, int64_t rows, int64_t in) {
+__global__ void norm_input_grad_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx,
+                                       bool accumulate, int64_t rows, int64_t in) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
@@ -205,9 +205,8 @@ constexpr int64_t kFusedCols = 1024;
 constexpr int kFusedPerLane = int(kFusedCols / kWarp);
 
 template <class In>
-__global__ void norm_backward_fused_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved,
-                                           float* dx, bool accumulate, int64_t rows, int64_t in, float* partials,
-                                           int64_t width, bool with_db) {
+__global__ void norm_backward_fused_kernel(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx,
+                                           bool accumulate, int64_t rows, int64_t in, float* partials, int64_t width, bool with_db) {
   const int64_t part = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   float sw[kFusedPerLane], sb[kFusedPerLane];
@@ -282,8 +281,8 @@ unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) /
 namespace {
 
 template <class In, class Out>
-void norm_forward(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows, int64_t in,
-                  float eps, cudaStream_t stream) {
+void norm_forward(bool rms, const In* x, const float* w, const float* b, Out* y, float* saved, int64_t rows, int64_t in, float eps,
+                  cudaStream_t stream) {
   if (rows == 0) return;
   if (in <= int64_t(kWarp) * kPerLane) {
     norm_forward_resident_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, b, y, saved, rows, in, eps);
@@ -293,8 +292,8 @@ void norm_forward(bool rms, const In* x, const float* w, const float* b, Out* y,
 }
 
 template <class In>
-void norm_backward(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate,
-                   float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+void norm_backward(bool rms, const In* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate, float* dw,
+                   float* db, int64_t rows, int64_t in, cudaStream_t stream) {
   if (rows == 0 || in == 0) return;
   // The parameter gradients read dy after the input gradient is written: dx may not overlap it.
   const std::size_t bytes = std::size_t(rows * in) * sizeof(float);
@@ -312,15 +311,14 @@ void norm_backward(bool rms, const In* x, const float* w, const float* dy, const
     std::lock_guard<std::mutex> lock(scratch.mu);  // the buffer is not regrown under the two launches
     auto* partials = static_cast<float*>(scratch.partials.get(std::size_t(parts * width) * sizeof(float), stream));
     const unsigned blocks = unsigned((parts + kRowsPerBlock - 1) / kRowsPerBlock);
-    norm_backward_fused_kernel<<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate, rows, in,
-                                                                            partials, width, db != nullptr);
+    norm_backward_fused_kernel<<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate, rows, in, partials,
+                                                                             width, db != nullptr);
     sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
         partials, parts, width, in, dw, db);
     return;
   }
   if (dx != nullptr) {
-    norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate,
-                                                                                  rows, in);
+    norm_input_grad_kernel<<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(rms, x, w, dy, saved, dx, accumulate, rows, in);
   }
   if (dw == nullptr) return;  // frozen parameters: the input gradient is all
   // Stage 1: (chunks, column tiles) blocks of up to 256 threads, one a column.
@@ -339,19 +337,19 @@ void norm_backward(bool rms, const In* x, const float* w, const float* dy, const
   auto* partials = static_cast<float*>(scratch.partials.get(std::size_t(chunks * width) * sizeof(float), stream));
   norm_param_chunk_kernel<<<grid, threads, 0, stream>>>(rms, x, dy, saved, rows, in, partials, width, dw, db);
   // Stage 2: a block of kSumCols x kSumLanes threads per kSumCols partial columns.
-  sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
-      partials, chunks, width, in, dw, db);
+  sum_chunk_partials_kernel<<<unsigned((width + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(partials, chunks,
+                                                                                                                   width, in, dw, db);
 }
 
 }  // namespace
 
-void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows,
-                         int64_t in, float eps, cudaStream_t stream) {
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, float* y, float* saved, int64_t rows, int64_t in,
+                         float eps, cudaStream_t stream) {
   norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
 }
 
-void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows,
-                         int64_t in, float eps, cudaStream_t stream) {
+void launch_norm_forward(bool rms, const float* x, const float* w, const float* b, uint16_t* y, float* saved, int64_t rows, int64_t in,
+                         float eps, cudaStream_t stream) {
   norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
 }
 
@@ -360,13 +358,13 @@ void launch_norm_forward(bool rms, const uint16_t* x, const float* w, const floa
   norm_forward(rms, x, w, b, y, saved, rows, in, eps, stream);
 }
 
-void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx,
-                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+void launch_norm_backward(bool rms, const float* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate,
+                          float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
   norm_backward(rms, x, w, dy, saved, dx, accumulate, dw, db, rows, in, stream);
 }
 
-void launch_norm_backward(bool rms, const uint16_t* x, const float* w, const float* dy, const float* saved, float* dx,
-                          bool accumulate, float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
+void launch_norm_backward(bool rms, const uint16_t* x, const float* w, const float* dy, const float* saved, float* dx, bool accumulate,
+                          float* dw, float* db, int64_t rows, int64_t in, cudaStream_t stream) {
   norm_backward(rms, x, w, dy, saved, dx, accumulate, dw, db, rows, in, stream);
 }
 

@@ -26,10 +26,14 @@ void register_components(ablate::Registrar& r) {
   (void)ablate_test_vanishing_function();
 #endif
   using namespace ablate::param;
-  r.add({ablate::Kind::logger, ABLATE_TEST_COMPONENT, "0.0.1", "test logger",
+  r.add({ablate::Kind::logger,
+         ABLATE_TEST_COMPONENT,
+         "0.0.1",
+         "test logger",
          {string("prefix", "x", "a prefix"), integer("width", 3, "a width").within(1, 10)},
          [](const ablate::ComponentArgs& a) { return std::make_unique<RecordingLogger>(a.own.get_string("prefix")); },
-         "", {}});
+         "",
+         {}});
 }
 
 }  // namespace

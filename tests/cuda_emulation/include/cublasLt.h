@@ -151,11 +151,10 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t matLayout
 cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t matLayout, cublasLtMatrixLayoutAttribute_t attr, void* buf,
                                                 std::size_t sizeInBytes, std::size_t* sizeWritten);
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc, cublasComputeType_t computeType,
-                                        cudaDataType_t scaleType);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc, cublasComputeType_t computeType, cudaDataType_t scaleType);
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc);
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc, cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, std::size_t sizeInBytes);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc, cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              std::size_t sizeInBytes);
 cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t matmulDesc, cublasLtMatmulDescAttributes_t attr, void* buf,
                                               std::size_t sizeInBytes, std::size_t* sizeWritten);
 
@@ -169,10 +168,10 @@ cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p
 // One algorithm (workspaceSize 0) when the problem is served: returnAlgoCount 1, SUCCESS; else
 // returnAlgoCount 0 and NOT_SUPPORTED, or INVALID_VALUE for an impossible problem.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc,
-                                              cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
-                                              cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
-                                              cublasLtMatmulPreference_t preference, int requestedAlgoCount,
-                                              cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int* returnAlgoCount);
+                                              cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc,
+                                              cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t preference,
+                                              int requestedAlgoCount, cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
+                                              int* returnAlgoCount);
 
 // algo null: the implicit heuristic (no alignment assumed beyond the elements').
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc, const void* alpha, const void* A,

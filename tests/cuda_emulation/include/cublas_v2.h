@@ -15,12 +15,11 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
 // algo CUBLAS_GEMM_DEFAULT (or CUBLAS_GEMM_DEFAULT_TENSOR_OP). Anything else: NOT_SUPPORTED.
 cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                                    const void* alpha, const void* const Aarray[], cudaDataType Atype, int lda,
-                                   const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
-                                   void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
-                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+                                   const void* const Barray[], cudaDataType Btype, int ldb, const void* beta, void* const Carray[],
+                                   cudaDataType Ctype, int ldc, int batchCount, cublasComputeType_t computeType,
+                                   cublasGemmAlgo_t algo);
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                                          int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
-                                          long long int strideA, const void* B, cudaDataType Btype, int ldb,
-                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
-                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
-                                          cublasGemmAlgo_t algo);
+                                          int k, const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA,
+                                          const void* B, cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C,
+                                          cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);

@@ -26,9 +26,7 @@ struct Format {
   int emin;      // exponent of the smallest normal
   double max;    // largest finite
 };
-inline Format format(__nv_fp8_interpretation_t f) {
-  return f == __NV_E4M3 ? Format{3, -6, 448.0} : Format{2, -14, 57344.0};
-}
+inline Format format(__nv_fp8_interpretation_t f) { return f == __NV_E4M3 ? Format{3, -6, 448.0} : Format{2, -14, 57344.0}; }
 
 }  // namespace ablate_emu_fp8
 

@@ -24,8 +24,8 @@ struct GradRange {
 };
 
 struct GradBucket {
-  int64_t begin = 0, end = 0;    // elements of the flat buffer
-  std::size_t ready_after = 0;   // index of the last write (of the writes given) that touches it
+  int64_t begin = 0, end = 0;   // elements of the flat buffer
+  std::size_t ready_after = 0;  // index of the last write (of the writes given) that touches it
 };
 
 // The buckets of a buffer of `total` elements for gradient writes made in the order of `writes`,

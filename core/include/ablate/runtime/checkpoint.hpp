@@ -33,10 +33,10 @@ struct CheckpointState {
   DataCursor cursor;
   uint64_t seed = 0;
   std::string config_hash;
-  std::string model;          // ModelOptions::describe()
+  std::string model;  // ModelOptions::describe()
   int64_t parameters = 0;
-  int64_t vocab_size = 0;     // the model's real vocabulary (the data's, when [model] left it 0)
-  std::string optimizer;      // the optimizer's name
+  int64_t vocab_size = 0;  // the model's real vocabulary (the data's, when [model] left it 0)
+  std::string optimizer;   // the optimizer's name
   // Data parallel: the job's world size, one data cursor per rank (cursor == cursors[0]), and
   // with optimizer.shard_state the optimizer state as one file per rank (else one file).
   int world = 1;

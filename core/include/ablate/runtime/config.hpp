@@ -25,13 +25,13 @@ namespace ablate {
 class Registry;
 
 struct SectionSpec {
-  std::string name;                // "batching"
+  std::string name;  // "batching"
   std::string doc;
-  Schema keys;                     // keys owned by core (for component sections: common to the kind)
-  std::optional<Kind> kind;        // component kind whose implementations have sub-tables here
-  std::string selector;            // key naming the implementation(s): "name", "sinks", "communicator"
-  bool selector_is_list = false;   // sinks = ["console", "jsonl"]
-  std::string default_selection;   // "" = no default: the section must name one when present
+  Schema keys;                    // keys owned by core (for component sections: common to the kind)
+  std::optional<Kind> kind;       // component kind whose implementations have sub-tables here
+  std::string selector;           // key naming the implementation(s): "name", "sinks", "communicator"
+  bool selector_is_list = false;  // sinks = ["console", "jsonl"]
+  std::string default_selection;  // "" = no default: the section must name one when present
   // [model]: the keys naming layer components (norm, mlp, position); each chosen layer's own keys
   // live in [model.<layer name>], checked against that layer's schema.
   std::vector<std::string> layer_keys = {};
@@ -59,12 +59,10 @@ class Config {
   // Parses `file`, applies `overrides` ("section.key=value" or "section.impl.key=value"), loads the
   // plugin directories of [plugins] paths (relative to the file) into `registry`, validates, and
   // fills defaults. Throws ablate::Error (input) on any problem.
-  static Config load(const std::filesystem::path& file, const std::vector<std::string>& overrides,
-                     Registry& registry);
+  static Config load(const std::filesystem::path& file, const std::vector<std::string>& overrides, Registry& registry);
   // The same from text; `source_name` is what error messages call it.
-  static Config parse(std::string_view text, const std::string& source_name,
-                      const std::vector<std::string>& overrides, Registry& registry,
-                      const std::filesystem::path& base_dir = {});
+  static Config parse(std::string_view text, const std::string& source_name, const std::vector<std::string>& overrides,
+                      Registry& registry, const std::filesystem::path& base_dir = {});
 
   Config(Config&&) noexcept;
   Config& operator=(Config&&) noexcept;

@@ -33,11 +33,11 @@ namespace ablate {
 
 
 struct StepOutcome {
-  double loss = 0;            // mean over the job's real targets
-  double grad_norm = 0;       // global, before clipping
-  int64_t real_targets = 0;   // the job's (all ranks)
-  int64_t positions = 0;      // the job's B*T positions
-  double comm_s = 0;          // seconds in collectives, waiting for other ranks included
+  double loss = 0;           // mean over the job's real targets
+  double grad_norm = 0;      // global, before clipping
+  int64_t real_targets = 0;  // the job's (all ranks)
+  int64_t positions = 0;     // the job's B*T positions
+  double comm_s = 0;         // seconds in collectives, waiting for other ranks included
 };
 
 // The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's

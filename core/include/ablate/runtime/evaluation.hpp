@@ -74,8 +74,8 @@ struct EvalTask {
 void prepare_eval_tasks(std::vector<EvalTask>& tasks, EvalModel& model);
 // Runs one task after `step`: its result kept, a log line on rank 0, and its metrics appended to
 // `extra` (eval/<label>/<metric>, then eval/<label>/time_s) when given.
-const EvalResult& run_eval_task(EvalTask& task, EvalModel& model, int64_t step,
-                                std::vector<std::pair<std::string, double>>* extra, bool details = false);
+const EvalResult& run_eval_task(EvalTask& task, EvalModel& model, int64_t step, std::vector<std::pair<std::string, double>>* extra,
+                                bool details = false);
 // summary.json's "evals": per label its evaluator, step, primary metric and direction, the last
 // metrics and the seconds all its evaluations took.
 nlohmann::json evals_summary(const std::vector<EvalTask>& tasks);

@@ -27,10 +27,10 @@ namespace ablate {
 
 struct HfCheckpoint {
   std::filesystem::path dir;
-  std::string model_type;  // "gpt2" | "llama" | "qwen3"
-  std::string architecture;  // config.json's architectures[0], e.g. "LlamaForCausalLM"
-  std::vector<std::pair<std::string, std::string>> model_keys;  // [model] key -> TOML value text
-  std::unordered_map<std::string, NamedTensor> tensors;         // by Hugging Face name
+  std::string model_type;                                        // "gpt2" | "llama" | "qwen3"
+  std::string architecture;                                      // config.json's architectures[0], e.g. "LlamaForCausalLM"
+  std::vector<std::pair<std::string, std::string>> model_keys;   // [model] key -> TOML value text
+  std::unordered_map<std::string, NamedTensor> tensors;          // by Hugging Face name
   std::unordered_map<std::string, std::filesystem::path> files;  // tensor name -> the file it came from
 };
 

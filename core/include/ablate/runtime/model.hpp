@@ -145,7 +145,7 @@ class Model {
   TensorView params_bf16();
   // Checkpoints, export and tests: the parameters (or gradients) through host memory.
   void copy_params_to_host(std::vector<float>& out);
-  void copy_grads_to_host(std::vector<float>& out);  // num_trainable() values
+  void copy_grads_to_host(std::vector<float>& out);              // num_trainable() values
   void load_params_from_host(const std::vector<float>& values);  // num_params() values
 
   // GPT-2 initialisation from `seed` (a pure function of seed and the parameter table).

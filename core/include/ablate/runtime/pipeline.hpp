@@ -22,12 +22,12 @@ struct RunSpec;
 class Registry;
 
 struct PipelineOptions {
-  int workers = 1;        // reader threads (0 = read and batch in the consumer's thread)
-  int prefetch = 4;       // batches queued ahead of the consumer
+  int workers = 1;   // reader threads (0 = read and batch in the consumer's thread)
+  int prefetch = 4;  // batches queued ahead of the consumer
   bool debug_stats = false;
   int debug_every = 100;  // batches between two stats tables
   Split split = Split::train;
-  uint64_t seed = 0;      // the sampler's seed (run.seed)
+  uint64_t seed = 0;  // the sampler's seed (run.seed)
   int rank = 0;
   int world = 1;
   // From [data] and the run facts.
@@ -36,20 +36,20 @@ struct PipelineOptions {
 
 // One stage's totals since the pipeline started (or was restored).
 struct StageStats {
-  uint64_t items = 0;   // read: documents; batch and queue: batches
-  double busy_s = 0;    // time spent in the stage, summed over its threads
+  uint64_t items = 0;  // read: documents; batch and queue: batches
+  double busy_s = 0;   // time spent in the stage, summed over its threads
   int threads = 1;
   // Share of the stage's capacity used over `wall_s` (busy / (wall * threads)).
   double utilisation(double wall_s) const noexcept;
 };
 
 struct PipelineStats {
-  StageStats read;    // DataSource::read (or generate), on the worker threads
-  StageStats batch;   // Batcher::next, not counting waits for documents
-  StageStats queue;   // the batching thread blocked on a full queue (the consumer is slower)
-  double consumer_wait_s = 0;  // the consumer blocked in next()
-  double wall_s = 0;           // from the first next() to the last return
-  uint64_t batches = 0;        // handed to the consumer
+  StageStats read;                        // DataSource::read (or generate), on the worker threads
+  StageStats batch;                       // Batcher::next, not counting waits for documents
+  StageStats queue;                       // the batching thread blocked on a full queue (the consumer is slower)
+  double consumer_wait_s = 0;             // the consumer blocked in next()
+  double wall_s = 0;                      // from the first next() to the last return
+  uint64_t batches = 0;                   // handed to the consumer
   double data_wait_pct() const noexcept;  // 100 * consumer_wait_s / wall_s
   // "read", "batch" or "consumer" (the pipeline keeps up: the trainer is the slower side).
   std::string bottleneck() const;

@@ -59,7 +59,7 @@ class Registry {
   const ComponentInfo& get(Kind kind, std::string_view name, std::string_view device, const std::string& where) const;
   std::vector<const ComponentInfo*> list(Kind kind) const;  // sorted by name
   std::vector<const ComponentInfo*> all() const;            // sorted by kind, name
-  std::vector<std::string> names(Kind kind) const;  // distinct names, sorted
+  std::vector<std::string> names(Kind kind) const;          // distinct names, sorted
   // The registration whose keys (kind, name) shares (Registrar::share_keys), "" when none; and
   // the same declared directly (tests, core's own components).
   std::string family(Kind kind, std::string_view name) const;
@@ -79,8 +79,8 @@ class Registry {
     std::unique_ptr<Component> made = info.factory(args);
     T* typed = dynamic_cast<T*>(made.get());
     if (typed == nullptr) {
-      throw_runtime_error(info.library, "component '" + info.name + "' does not implement the " +
-                                            std::string(to_string(kind)) + " interface");
+      throw_runtime_error(info.library,
+                          "component '" + info.name + "' does not implement the " + std::string(to_string(kind)) + " interface");
     }
     made.release();
     return std::unique_ptr<T>(typed);

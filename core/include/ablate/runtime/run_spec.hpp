@@ -40,12 +40,12 @@ struct RunKeys {
 
 // [model]'s keys and the layers' own tables: what ModelOptions::from turns into a model's shape.
 struct ModelKeys {
-  Params keys;                              // [model]'s core keys
+  Params keys;                                           // [model]'s core keys
   std::map<std::string, Params, std::less<>> layer_own;  // [model.<layer>] of each chosen layer that has keys
-  std::string init_from;                    // model.init_from ("" = fresh weights)
-  bool has_attention = false;               // an [attention] section (a model alone may have none)
+  std::string init_from;                                 // model.init_from ("" = fresh weights)
+  bool has_attention = false;                            // an [attention] section (a model alone may have none)
   Choice attention;
-  Choice adapter;                           // [adapter] (present: the base frozen, adapters train)
+  Choice adapter;  // [adapter] (present: the base frozen, adapters train)
 };
 
 struct RunSpec {

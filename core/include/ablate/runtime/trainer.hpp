@@ -41,9 +41,9 @@ class Config;
 class Registry;
 
 struct TrainOptions {
-  std::filesystem::path run_dir;   // created when missing
-  bool resume = false;             // continue from run_dir's latest checkpoint
-  int64_t stop_at = 0;             // > 0: checkpoint and stop after this step, as an interruption would
+  std::filesystem::path run_dir;  // created when missing
+  bool resume = false;            // continue from run_dir's latest checkpoint
+  int64_t stop_at = 0;            // > 0: checkpoint and stop after this step, as an interruption would
   // Set (by a signal handler: `ablate train` sets it on SIGUSR1, a scheduler's warning before it
   // preempts the job) to checkpoint after the step under way and stop, as --stop-at does; every
   // rank stops after the same step. Null: never.
@@ -53,11 +53,11 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  int64_t steps = 0;            // optimizer steps done (in total, including before a resume)
-  bool preempted = false;       // stopped by TrainOptions::preempt (a checkpoint at `steps`)
-  double final_loss = 0;        // loss of the last step
-  double val_loss = -1;         // last evaluation (-1 when none)
-  std::vector<double> losses;   // the loss of every step this process ran
+  int64_t steps = 0;           // optimizer steps done (in total, including before a resume)
+  bool preempted = false;      // stopped by TrainOptions::preempt (a checkpoint at `steps`)
+  double final_loss = 0;       // loss of the last step
+  double val_loss = -1;        // last evaluation (-1 when none)
+  std::vector<double> losses;  // the loss of every step this process ran
   std::filesystem::path run_dir;
 };
 

@@ -48,7 +48,7 @@ class Error : public std::logic_error {
 enum class Order { forward, reverse, random };
 struct Schedule {
   Order order = Order::forward;
-  uint64_t seed = 0;  // random only
+  uint64_t seed = 0;         // random only
   std::string name() const;  // "forward", "reverse", "random:SEED"
 };
 // Parses a name as Schedule::name writes it; throws std::invalid_argument otherwise.
@@ -147,10 +147,13 @@ void launch(Where w, const char* kernel, const detail::LaunchConfig& c, F f, A&&
     F f;
     std::tuple<std::decay_t<A>...> args;
   } ctx{f, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)};
-  detail::run_grid(w, kernel, c, [](void* p) {
-    auto* x = static_cast<Ctx*>(p);
-    std::apply([&](const auto&... a) { x->f(a...); }, x->args);
-  }, &ctx);
+  detail::run_grid(
+      w, kernel, c,
+      [](void* p) {
+        auto* x = static_cast<Ctx*>(p);
+        std::apply([&](const auto&... a) { x->f(a...); }, x->args);
+      },
+      &ctx);
 }
 
 template <class T>
@@ -192,7 +195,9 @@ inline int any_sync(Where w, unsigned mask, int p) {
 inline int all_sync(Where w, unsigned mask, int p) {
   return int(detail::warp_collective(w, detail::Collective::all, mask, detail::predicate(p), 0, 32));
 }
-inline void syncwarp(Where w, unsigned mask = 0xffffffffu) { (void)detail::warp_collective(w, detail::Collective::syncwarp, mask, 0, 0, 32); }
+inline void syncwarp(Where w, unsigned mask = 0xffffffffu) {
+  (void)detail::warp_collective(w, detail::Collective::syncwarp, mask, 0, 0, 32);
+}
 
 }  // namespace ablate::emu
 
@@ -230,19 +235,18 @@ constexpr int warpSize = 32;
 
 // __shared__ declarations as rewrite.py writes them: block-wide storage, fresh and poisoned for
 // every block, with a guard after it checked when the block ends.
-#define ABLATE_EMU_SHARED(T, name, dims)                                                               \
-  using name##_ablate_emu_t = T dims;                                                                  \
-  static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{                           \
-      #name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t), alignof(name##_ablate_emu_t)};          \
+#define ABLATE_EMU_SHARED(T, name, dims)                                                                                            \
+  using name##_ablate_emu_t = T dims;                                                                                               \
+  static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{#name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t), \
+                                                                            alignof(name##_ablate_emu_t)};                          \
   name##_ablate_emu_t& name = *static_cast<name##_ablate_emu_t*>(::ablate::emu::detail::shared_memory(name##_ablate_emu_site))
-#define ABLATE_EMU_SHARED_ALIGNED(T, name, dims, alignment)                                           \
-  using name##_ablate_emu_t = T dims;                                                                  \
-  static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{                           \
-      #name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t),                                          \
-      alignof(name##_ablate_emu_t) > (alignment) ? alignof(name##_ablate_emu_t) : (alignment)};        \
+#define ABLATE_EMU_SHARED_ALIGNED(T, name, dims, alignment)                                     \
+  using name##_ablate_emu_t = T dims;                                                           \
+  static constexpr ::ablate::emu::detail::SharedSite name##_ablate_emu_site{                    \
+      #name, __FILE__, __LINE__, sizeof(name##_ablate_emu_t),                                   \
+      alignof(name##_ablate_emu_t) > (alignment) ? alignof(name##_ablate_emu_t) : (alignment)}; \
   name##_ablate_emu_t& name = *static_cast<name##_ablate_emu_t*>(::ablate::emu::detail::shared_memory(name##_ablate_emu_site))
-#define ABLATE_EMU_EXTERN_SHARED(T, name) \
-  T* name = static_cast<T*>(::ablate::emu::detail::dynamic_shared_memory(alignof(T)))
+#define ABLATE_EMU_EXTERN_SHARED(T, name) T* name = static_cast<T*>(::ablate::emu::detail::dynamic_shared_memory(alignof(T)))
 
 // --- device functions the kernels use ---------------------------------------------------------
 
@@ -266,7 +270,9 @@ inline int __float_as_int(float x) { return ::ablate::emu::from_bits<int>(::abla
 inline float __uint_as_float(unsigned x) { return ::ablate::emu::from_bits<float>(::ablate::emu::to_bits(x)); }
 inline float __int_as_float(int x) { return ::ablate::emu::from_bits<float>(::ablate::emu::to_bits(x)); }
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }

@@ -15,9 +15,8 @@ namespace cub {
 
 struct DeviceRadixSort {
   template <class K, class V>
-  static cudaError_t SortPairs(void* temp, std::size_t& temp_bytes, const K* keys_in, K* keys_out, const V* values_in,
-                               V* values_out, int n, int begin_bit = 0, int end_bit = int(sizeof(K) * 8),
-                               cudaStream_t = nullptr) {
+  static cudaError_t SortPairs(void* temp, std::size_t& temp_bytes, const K* keys_in, K* keys_out, const V* values_in, V* values_out,
+                               int n, int begin_bit = 0, int end_bit = int(sizeof(K) * 8), cudaStream_t = nullptr) {
     static_assert(std::is_integral_v<K>, "the interpreter's radix sort takes integer keys");
     if (temp == nullptr) {
       temp_bytes = 1;
