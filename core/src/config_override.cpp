@@ -187,12 +187,15 @@ namespace {
 
 // A key that was core's and is now an implementation's own: [section] key moves to
 // [section.<chosen>] (renamed to `to` where given), the chosen implementation being the one the
-// section's selector names, or for [model] the layer the key `selector` names.
+// section's selector names, or for [model] the layer the key `selector` names. A key that only
+// some choices ever read (`inert` elsewhere: rope_theta beside learned positions, which older
+// resolved configs wrote for every model) is dropped with a warning where the choice has none.
 struct MovedKey {
   const char* section;
   ParamSpec spec;  // the type --set reads it as; the implementation's schema checks it
   const char* selector = nullptr;
   const char* to = nullptr;
+  bool inert = false;
 };
 const std::vector<MovedKey>& moved_keys() {
   static const std::vector<MovedKey> keys = {{"optimizer", param::floating("weight_decay", 0, "")},
@@ -202,7 +205,7 @@ const std::vector<MovedKey>& moved_keys() {
                                              {"adapter", param::integer("rank", 0, "")},
                                              {"adapter", param::floating("alpha", 0, "")},
                                              {"adapter", param::floating("dropout", 0, "")},
-                                             {"model", param::floating("rope_theta", 0, ""), "position", "theta"}};
+                                             {"model", param::floating("rope_theta", 0, ""), "position", "theta", true}};
   return keys;
 }
 
@@ -236,6 +239,13 @@ void move_keys(toml::table& root, const Validator& v, std::map<std::string, std:
     const ComponentInfo* owner_info = v.registry().find(kind, owner);
     const std::string new_name = m.to != nullptr ? m.to : m.spec.name;
     const std::string from = std::string(m.section) + "." + m.spec.name, to = std::string(m.section) + "." + owner + "." + new_name;
+    if (m.inert && owner_info != nullptr && find_param(owner_info->schema, new_name) == nullptr) {
+      spdlog::warn("{}: {} is read by no part of this model ({} '{}' has no key '{}'): ignored, as it always was",
+                   v.where(value->source(), from), from, selector_key, chosen, new_name);
+      section->erase(m.spec.name);
+      origins.erase(from);
+      continue;
+    }
     if (owner_info == nullptr || find_param(owner_info->schema, new_name) == nullptr) {
       v.fail(value->source(), from,
              "'" + chosen + "' has no key '" + new_name + "': " + from + " is now [" + m.section + ".<name>] " + new_name +

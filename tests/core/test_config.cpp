@@ -196,10 +196,15 @@ TEST_CASE("a layer's own keys live in its table: [model] rope_theta and [adapter
   CHECK(lora.get_int("rank") == 4);
   CHECK(lora.get_float("alpha") == 8.0);
   CHECK(lora.get_float("dropout") == 0.1);
-  // Refused: the old key for a layer without it, and a key given in both places.
-  const std::string msg = error("[model]\nposition = \"learned\"\nrope_theta = 500.0\n");
+  // The old key beside a position layer without it (older resolved configs wrote it for every
+  // model, learned positions included, which never read it): dropped, as it had no effect.
+  c = parse("[model]\nposition = \"learned\"\nrope_theta = 10000.0\n");
+  CHECK_FALSE(contains(c.to_toml(), "theta"));
+  // Refused: the old key for an adapter without it, and a key given in both places.
+  add(registry, Kind::layer, "dora", {integer("rank", 8, "r")});
+  const std::string msg = error("[adapter]\nname = \"dora\"\nalpha = 2.0\n");
   CHECK(contains(msg, "exp.toml:3:"));
-  CHECK(contains(msg, "'learned' has no key 'theta': model.rope_theta is now [model.<name>] theta"));
+  CHECK(contains(msg, "'dora' has no key 'alpha': adapter.alpha is now [adapter.<name>] alpha"));
   CHECK(contains(error("[adapter]\nname = \"lora\"\nrank = 4\n[adapter.lora]\nrank = 8\n"), "given twice"));
 }
 
