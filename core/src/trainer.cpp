@@ -318,15 +318,15 @@ void require_host_memory(const Session& session, const DeviceCapabilities& devic
   require_batch_memory(spec, spec.data_prefetch + spec.data_workers + 2, "data.prefetch + data.workers + 2");
   if (!device.host_memory) return;  // the parameters live in the device's memory, checked by require_memory
   // Parameters and gradients in fp32 (optimizer state comes on top), counted by the layers.
-  const Params& m = spec.model.keys;
-  const double params = double(Model::count_params(session.model_options(vocab), session.registry(), session.run()));
+  const ModelOptions o = session.model_options(vocab);
+  const double params = double(Model::count_params(o, session.registry(), session.run()));
   if (params * 8.0 > double(budget)) {
     throw_input_error("model.d_model",
                       fmt::format("the model needs at least {:.1f} GiB for its parameters and gradients (d_model {}, "
                                   "n_layers {}, max_seq_len {}) but the budget is {:.1f} GiB ({}); lower model.d_model, "
                                   "model.n_layers or model.max_seq_len",
-                                  params * 8.0 / gib, m.get_int("d_model"), m.get_int("n_layers"), m.get_int("max_seq_len"),
-                                  double(budget) / gib, spec.memory_budget_source()));
+                                  params * 8.0 / gib, o.d_model, o.n_layers, o.max_seq_len, double(budget) / gib,
+                                  spec.memory_budget_source()));
   }
 }
 
