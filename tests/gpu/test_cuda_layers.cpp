@@ -776,7 +776,7 @@ void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& m
     margins.count(mode.name);
     // Losses and logits come from one product (1 stage); d_x and the weight gradient from the
     // softmax of it times W or x (2). Under bf16 products, when the logits are not asked for, the
-    // product writes them in bf16 (cross_entropy.cpp): their rounding is one stage more for all three.
+    // product writes them in bf16 (cross_entropy_cuda.cpp): their rounding is one stage more for all three.
     const int more = mode.precision == Precision::bf16 && !p.logits ? 1 : 0;
     const Tolerance one = tolerance(mode.precision, K, 1 + more), two = tolerance(mode.precision, K, 2 + more);
     compare("losses", got.losses, want.losses, {}, one, margins, mode.name, p.label);

@@ -13,7 +13,8 @@
 // `lora_B`, the shapes PEFT stores (`ablate export --format peft` writes them under PEFT's names).
 // Keys: its own, [adapter.lora] rank, alpha and dropout (layer_params::lora_keys, the same schema on
 // every device; the model applies the dropout it answers); [adapter] targets and base_dtype are the
-// model's. The cuda registration of the same name is plugins/cuda_layers/lora.cpp.
+// model's. The cuda registration of the same name is lora_cuda.cpp beside this file; each is
+// registered by its device's library (../cpu/cpu_layers.cpp, ../cuda/cuda_layers.cpp).
 #include "common.hpp"
 
 namespace ablate::cpu_layers {

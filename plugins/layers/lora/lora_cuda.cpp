@@ -1,4 +1,4 @@
-// LoRA on a CUDA device: the CPU plugin's adapter (plugins/lora/lora.cpp has the arithmetic and
+// LoRA on a CUDA device: the CPU twin's adapter (lora_cpu.cpp beside this file has the arithmetic and
 // the parameter layout, A (rank, in) then B (out, rank)) with its products through cuBLASLt in
 // fp32 whatever run.dtype says (the adapters are small; the model holds their inputs in f32) and
 // the dropout masks of the CPU layers (dense_math.hpp), bit for bit the same elements dropped.
