@@ -102,6 +102,7 @@ inline void lora(int64_t rank, const LayerSpec& s, const std::string& prefix, Pa
   t.add(name(prefix, "lora_B"), {s.out, rank}, true, 0.0, 0.0);
 }
 inline int64_t lora_saved(int64_t rank, int64_t rows) { return rows * rank; }
+inline int64_t lora_scratch(int64_t rank, const LayerSpec& s, int64_t rows) { return rows * (s.in + rank); }
 
 // lora's own keys, [adapter.lora], one schema for its registration on every device: rank, alpha and
 // the dropout on its input. A caller that builds the layer without keys (a test) gets the defaults.
@@ -131,7 +132,26 @@ inline std::string lora_text(const LoraKeys& k) {
   s << "rank=" << k.rank << ",alpha=" << k.alpha;
   return s.str();
 }
-inline int64_t lora_scratch(int64_t rank, const LayerSpec& s, int64_t rows) { return rows * (s.in + rank); }
+
+// lora's face, the same on every device: its role, keys, parameters and sizes; a device's twin
+// adds forward and backward.
+class LoraFace : public Layer {
+ public:
+  explicit LoraFace(const LoraKeys& k) : keys_(k), rank_(k.rank) {}
+  LayerRole role() const override { return LayerRole::adapter; }
+  double input_dropout() const override { return keys_.dropout; }
+  std::string describe_keys() const override { return lora_text(keys_); }
+  void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
+    lora(rank_, spec, prefix, table);
+  }
+  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return lora_saved(rank_, rows); }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return lora_scratch(rank_, s, rows); }
+
+ protected:
+  double scale() const { return keys_.alpha / double(keys_.rank); }  // alpha / rank
+  LoraKeys keys_;
+  int64_t rank_;
+};
 
 // rope has no parameters; its spec is checked where the others declare: head_dim (spec.in)
 // positive and even (rope_problem: why not, "" when it is). Its one key, [model.rope] theta, is
@@ -149,6 +169,21 @@ inline double read_rope_theta(const Params& own) { return own.has("theta") ? own
 inline void rope(const LayerSpec& s) {
   if (const std::string why = rope_problem(s); !why.empty()) throw_input_error("position", why);
 }
+
+// rope's face, the same on every device: a position layer applied to q and k, no parameters, its
+// head_dim checked; a device's twin adds forward and backward.
+class RopeFace : public Layer {
+ public:
+  explicit RopeFace(double theta) : theta_(theta) {}
+  LayerRole role() const override { return LayerRole::position; }
+  PositionSite position_site() const override { return PositionSite::qk; }
+  std::string unsupported(const LayerSpec& spec) const override { return rope_problem(spec); }
+  void declare_params(const LayerSpec& spec, const std::string&, ParamTable&) const override { rope(spec); }
+  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+
+ protected:
+  double theta_;
+};
 
 // The hidden width of swiglu_mlp when model.mlp_hidden is 0: 8/3 of the model width rounded up
 // to a multiple of 64 (the parameter count of a 4 d GELU MLP, in three matrices).

@@ -170,29 +170,20 @@ class Learned final : public Layer {
 // position of row r is batch.positions[r] (restarting at 0 with every document). Backward applies
 // the transposed (inverse) rotation. y may alias x and d_x may alias d_y.
 
-class Rope final : public Layer {
+class Rope final : public layer_params::RopeFace {
  public:
-  explicit Rope(double theta) : theta_(theta) {}
-  LayerRole role() const override { return LayerRole::position; }
-  PositionSite position_site() const override { return PositionSite::qk; }
-  std::string unsupported(const LayerSpec& spec) const override { return layer_params::rope_problem(spec); }
-
-  void declare_params(const LayerSpec& spec, const std::string&, ParamTable&) const override { check_dim(spec); }
-  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  // Per row of one head (the spec does not know the head count): 4 multiplies and 2 adds per pair.
-
+  using RopeFace::RopeFace;
   void forward(const LayerCall& call) override { run(call, false); }
   void backward(const LayerCall& call) override { run(call, true); }
 
  private:
   static constexpr const char* kName = "rope";
 
-  static void check_dim(const LayerSpec& spec) { layer_params::rope(spec); }
 
   void run(const LayerCall& call, bool inverse) {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    check_dim(s);
+    layer_params::rope(s);
     if (call.heads <= 0) throw_runtime_error(kName, "heads must be positive");
     const TensorView& src = inverse ? call.d_y : call.x;
     const TensorView& dst = inverse ? call.d_x : call.y;
@@ -247,8 +238,6 @@ class Rope final : public Layer {
       }
     });
   }
-
-  double theta_;
 };
 
 }  // namespace

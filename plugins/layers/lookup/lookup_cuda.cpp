@@ -96,14 +96,9 @@ class Learned final : public Layer {
 
 // --- rope ---------------------------------------------------------------------------------------------
 
-class Rope final : public Layer {
+class Rope final : public layer_params::RopeFace {
  public:
-  explicit Rope(double theta) : theta_(theta) {}
-  LayerRole role() const override { return LayerRole::position; }
-  PositionSite position_site() const override { return PositionSite::qk; }
-  std::string unsupported(const LayerSpec& spec) const override { return layer_params::rope_problem(spec); }
-  void declare_params(const LayerSpec& spec, const std::string&, ParamTable&) const override { check_dim(spec); }
-  int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  using RopeFace::RopeFace;
   void forward(const LayerCall& call) override { run(call, false); }
   void backward(const LayerCall& call) override { run(call, true); }
   // q and k held in bf16: the forward rotates bf16 values (the backward's gradients stay f32).
@@ -112,12 +107,11 @@ class Rope final : public Layer {
  private:
   static constexpr const char* kName = "rope";
 
-  static void check_dim(const LayerSpec& spec) { layer_params::rope(spec); }
 
   void run(const LayerCall& call, bool inverse) {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    check_dim(s);
+    layer_params::rope(s);
     if (call.heads <= 0) throw_runtime_error(kName, "heads must be positive");
     const TensorView& src = inverse ? call.d_y : call.x;
     const TensorView& dst = inverse ? call.d_x : call.y;
@@ -138,8 +132,6 @@ class Rope final : public Layer {
                 stream_of(call));
     check_launch(kName);
   }
-
-  double theta_;
 };
 
 }  // namespace

@@ -23,19 +23,9 @@ namespace {
 
 constexpr const char* kName = "lora";
 
-class Lora final : public Layer {
+class Lora final : public layer_params::LoraFace {
  public:
-  explicit Lora(const layer_params::LoraKeys& k) : keys_(k), rank_(k.rank), scale_(k.alpha / double(k.rank)) {}
-  double input_dropout() const override { return keys_.dropout; }
-  std::string describe_keys() const override { return layer_params::lora_text(keys_); }
-
-  LayerRole role() const override { return LayerRole::adapter; }
-
-  void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    layer_params::lora(rank_, spec, prefix, table);
-  }
-  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return layer_params::lora_saved(rank_, rows); }
-  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return layer_params::lora_scratch(rank_, s, rows); }
+  explicit Lora(const layer_params::LoraKeys& k) : LoraFace(k), scale_(scale()) {}
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -110,8 +100,6 @@ class Lora final : public Layer {
     return d;
   }
 
-  layer_params::LoraKeys keys_;
-  int64_t rank_;
   double scale_;
 };
 

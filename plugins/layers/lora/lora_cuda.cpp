@@ -34,17 +34,9 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
   gemm(g, stream);
 }
 
-class Lora final : public Layer {
+class Lora final : public layer_params::LoraFace {
  public:
-  explicit Lora(const layer_params::LoraKeys& k) : keys_(k), rank_(k.rank), scale_(float(k.alpha / double(k.rank))) {}
-  double input_dropout() const override { return keys_.dropout; }
-  std::string describe_keys() const override { return layer_params::lora_text(keys_); }
-  LayerRole role() const override { return LayerRole::adapter; }
-  void declare_params(const LayerSpec& spec, const std::string& prefix, ParamTable& table) const override {
-    layer_params::lora(rank_, spec, prefix, table);
-  }
-  int64_t activation_elements(const LayerSpec&, int64_t rows) const override { return layer_params::lora_saved(rank_, rows); }
-  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return layer_params::lora_scratch(rank_, s, rows); }
+  explicit Lora(const layer_params::LoraKeys& k) : LoraFace(k), scale_(float(scale())) {}
 
   // u = drop(x) A^T (saved), y += s u B^T.
   void forward(const LayerCall& call) override {
@@ -113,8 +105,6 @@ class Lora final : public Layer {
     return d;
   }
 
-  layer_params::LoraKeys keys_;
-  int64_t rank_;
   float scale_;
 };
 
