@@ -856,7 +856,7 @@ std::optional<Finding> attention(const Settings& s) {
 // and hold the activations only products read at half the bytes.
 std::optional<Finding> precision(const Run& run, const Settings& s) {
   const std::string dtype = run.cfg("run", "dtype", std::string("fp32"));
-  if (!(s.reduced_precision && dtype != "bf16")) return std::nullopt;
+  if (!(s.reduced_precision && !holds_bf16(dtype))) return std::nullopt;
   const std::string gpu = run.info.value("device_name", std::string());
   const double tf32 = peak_tflops_for_device(gpu, "tf32"), bf16 = peak_tflops_for_device(gpu, "bf16");
   Finding f;

@@ -17,7 +17,7 @@ using K = JsonKind;
 namespace {
 
 constexpr JsonField kCapabilityFields[] = {
-    {"host_memory", K::boolean}, {"reduced_precision_products", K::boolean}, {"collective", K::string}};
+    {"host_memory", K::boolean}, {"reduced_precision_products", K::boolean}, {"fp8_products", K::boolean}, {"collective", K::string}};
 constexpr JsonField kPluginFields[] = {{"kind", K::string}, {"name", K::string}, {"devices", K::strings}};
 const JsonSchema kCapabilities{"device capabilities", kMaxJsonBytes, kCapabilityFields};
 const JsonSchema kPluginRow{"plugin", kMaxJsonBytes, kPluginFields};

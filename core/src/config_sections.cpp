@@ -25,8 +25,11 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
                   "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
                   "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations and attention "
                   "gradients only products read held in bf16, fp32 master weights, weight gradients, optimizer state and "
-                  "residual stream; MFU against the bf16 peak)")
-               .one_of({"fp32", "tf32", "bf16"}),
+                  "residual stream; MFU against the bf16 peak); fp8 (cuda, compute capability 8.9 or later: bf16's plan with "
+                  "the linear and MLP products in FP8, per-tensor current scaling, E4M3 weights and activations, E5M2 "
+                  "gradients; the classifier and attention in bf16; MFU against the bf16 peak); fp8_e4m3 (fp8 with E4M3 "
+                  "gradients too)")
+               .one_of({"fp32", "tf32", "bf16", "fp8", "fp8_e4m3"}),
            integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
            string("recompute", "none",
                   "activations backward recomputes instead of keeping them from forward: none; mlp "

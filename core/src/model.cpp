@@ -463,7 +463,7 @@ void Model::Impl::allocate() {
   params = device->alloc(DType::f32, table.total - nf4.values());
   grads = device->alloc(DType::f32, table.total - frozen);
   nf4.allocate(*device);
-  if (run.dtype == "bf16") params_bf16 = device->alloc(DType::bf16, table.total);
+  if (holds_bf16(run.dtype)) params_bf16 = device->alloc(DType::bf16, table.total);
 }
 
 // Tests: the device run.device names, without Session::device's run.dtype check (a model's own
@@ -482,7 +482,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.device = std::move(device);
   m.head_dim = m.o.head_dim;
   m.sched = m.declare(registry, m.o, run, m.specs, m.table);
-  m.bf16 = schedule::Bf16Policy::decide(run.dtype == "bf16", m.bf16_answers(m.o, m.pos->position_site()));
+  m.bf16 = schedule::Bf16Policy::decide(holds_bf16(run.dtype), m.bf16_answers(m.o, m.pos->position_site()));
   if (m.adapter) {
     m.frozen = m.sched.adapter_begin;
     for (const ParamSlice& s : m.table.slices) {

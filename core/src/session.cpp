@@ -31,11 +31,19 @@ std::unique_ptr<Device> Session::device() const {
   static const Params empty{"run", {}};
   auto device = registry_.create<Device>(Kind::device, run_.device, {empty, empty, run_}, "run.device");
   // A device computing in fp32 would train in fp32 and report itself against a bf16 or tf32 peak.
-  if (run_.dtype != "fp32" && !device->capabilities().reduced_precision_products) {
-    throw_input_error("run.dtype",
-                      "\"" + run_.dtype + "\" is a mode of tensor-core products (" +
-                          (run_.dtype == "bf16" ? "bf16 products with fp32 master weights" : "fp32 values, TF32 products") +
-                          "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
+  const DeviceCapabilities can = device->capabilities();
+  if (run_.dtype != "fp32" && !can.reduced_precision_products) {
+    const std::string what = run_.dtype == "bf16"    ? "bf16 products with fp32 master weights"
+                             : fp8_dtype(run_.dtype) ? "FP8 products of a GPU of compute capability 8.9 or later"
+                                                     : "fp32 values, TF32 products";
+    throw_input_error("run.dtype", "\"" + run_.dtype + "\" is a mode of tensor-core products (" + what +
+                                       "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
+  }
+  if (fp8_dtype(run_.dtype) && !can.fp8_products) {
+    throw_input_error("run.dtype", "\"" + run_.dtype +
+                                       "\" needs FP8 matrix products (compute capability 8.9 or later: L4, L40, "
+                                       "H100, H200); " +
+                                       device->describe() + " has none: use run.dtype = \"bf16\"");
   }
   return device;
 }

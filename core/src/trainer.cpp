@@ -173,7 +173,10 @@ void require_same_experiment(Communicator& comm, const std::string& config_hash,
 }
 
 json capabilities_json(const DeviceCapabilities& c) {
-  return {{"host_memory", c.host_memory}, {"reduced_precision_products", c.reduced_precision_products}, {"collective", c.collective}};
+  return {{"host_memory", c.host_memory},
+          {"reduced_precision_products", c.reduced_precision_products},
+          {"fp8_products", c.fp8_products},
+          {"collective", c.collective}};
 }
 
 // The activation plan's bytes by what holds them: f32 and bf16 values of the arena, and the

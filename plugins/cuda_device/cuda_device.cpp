@@ -35,6 +35,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = prop.name;
+    fp8_ = prop.major * 10 + prop.minor >= 89;  // Ada and Hopper on: FP8 tensor cores
     size_t free_b = 0, total_b = 0;
     ABLATE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     capacity_ = int64_t(total_b);
@@ -56,6 +57,7 @@ class CudaDevice final : public Device {
     DeviceCapabilities c;
     c.host_memory = false;
     c.reduced_precision_products = true;
+    c.fp8_products = fp8_;
     c.collective = "nccl";
     return c;
   }
@@ -214,6 +216,7 @@ class CudaDevice final : public Device {
 
   int ordinal_;
   std::string name_;
+  bool fp8_ = false;  // compute capability 8.9 or later
   int64_t capacity_ = 0;
   cudaStream_t stream_ = nullptr;
   double* partials_ = nullptr;       // (kReduceBlocks) on the device

@@ -327,7 +327,7 @@ void register_components(Registrar& r) {
       "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || a.run.dtype == "bf16");
+    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || holds_bf16(a.run.dtype));
   };
   ComponentInfo everywhere = info;  // `naive`, the exact backend's name on every device (naive_cpu on the cpu)
   everywhere.name = "naive";

@@ -197,6 +197,9 @@ ablate_gpt2 gpt2 ablate_gpt2_dense naive_cuda "${GPT2_DENSE[@]}"
 if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
   ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
   ablate_gpt2 gpt2 ablate_gpt2_flash_dense cudnn_flash "${GPT2_DENSE[@]}"
+  # FP8 linear and MLP products (run.dtype = "fp8", current scaling) on the same dense rows, where
+  # the device has them (SM 8.9 on; elsewhere ablate refuses it with exit 2 and the stage fails).
+  ablate_gpt2 gpt2 ablate_gpt2_flash_fp8_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8
 fi
 want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, ablate's micro-batch: the ratio is at one batch)"
 if ! want gpt2 || skip_stage pytorch_gpt 150; then

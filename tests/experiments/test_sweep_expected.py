@@ -153,7 +153,7 @@ def main():
         # The emulated device has no cuDNN: the copies validated here name naive_cuda where the
         # files name cudnn_flash; every other key is the file's.
         env = dict(os.environ, ABLATE_EMULATE_CUDA="1")
-        for name, arms in (("sweep-optimisations-gpu.toml", 5), ("sweep-packing-gpu.toml", 3)):
+        for name, arms in (("sweep-optimisations-gpu.toml", 6), ("sweep-packing-gpu.toml", 3)):
             with open(os.path.join(ROOT, "configs", name)) as f:
                 text = f.read()
             check('base = "gpt2-124m.toml"' in text and text.count('"cudnn_flash"') >= 1, f"{name}: GPT-2 124M with cudnn_flash")

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cuda_fp8.h>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -50,6 +51,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ablate/batch.hpp"
@@ -1094,6 +1096,163 @@ TEST_CASE("linear: the attention's gradients held in bf16, d_y read as it is and
   p.input_grad = GradMode::overwrite;
   p.dropout = 0.1;
   CHECK_THROWS_AS(linear_backward_bf16(p, v, true, false), Error);
+}
+
+namespace {
+
+// --- FP8 products ---------------------------------------------------------------------------------
+//
+// Under run.dtype = "fp8" and "fp8_e4m3" each product quantises its two operands per tensor with
+// current scaling (gemm.hpp): scale = fp8_max / amax(operand) in float, q = fp8(v * scale) rounded
+// to nearest even and saturated, and the product is sum q_a q_b times (1 / scale_a) (1 / scale_b).
+// The reference does exactly that on the host (the rounding by cuda_fp8.h's host conversion, the
+// decoding from the format's definition) and sums in float64: what is left between the two is
+// fp32 accumulation alone, so the f32 tolerance applies, not FP8's. Weights and activations are
+// E4M3; the output gradient d_y is E5M2 under "fp8" (the hybrid recipe) and E4M3 under "fp8_e4m3".
+
+// The value of an FP8 code, from the format's definition (sign, exponent field, mantissa).
+double fp8_value(uint8_t c, bool e5m2) {
+  const int man = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  const int e = (c & 0x7F) >> man, m = c & ((1 << man) - 1);
+  const double v = e == 0 ? std::ldexp(m, 1 - bias - man) : std::ldexp((1 << man) + m, e - bias - man);
+  return (c & 0x80) != 0 ? -v : v;
+}
+
+struct Quantised {
+  std::vector<double> q;  // the FP8 values, unscaled
+  float inv = 1.0f;       // 1 / scale
+};
+
+Quantised quantise(const std::vector<float>& v, std::size_t begin, std::size_t n, bool e5m2) {
+  float amax = 0.0f;
+  for (std::size_t i = begin; i < begin + n; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float scale = amax > 0.0f ? (e5m2 ? 57344.0f : 448.0f) / amax : 1.0f;
+  Quantised r;
+  r.inv = 1.0f / scale;
+  for (std::size_t i = begin; i < begin + n; ++i) {
+    r.q.push_back(fp8_value(__nv_cvt_float_to_fp8(v[i] * scale, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3), e5m2));
+  }
+  return r;
+}
+
+struct Fp8Linear {
+  std::vector<double> y, d_x, grads;
+};
+
+// The linear layer's forward and backward under `dtype`, x given in f32 or held in bf16 (as the
+// model holds a norm's output), the weights' bf16 copy given as the model gives it.
+Fp8Linear linear_fp8(const Problem& p, const Values& v, const char* dtype, bool x_held) {
+  Layer& gpu = suite().layer<Layer>("linear", "cuda", dtype);
+  const DeviceIds ids(p.batch);
+  cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params);
+  DeviceFloats x = to_device(v.x), params = to_device(v.params), dy = to_device(v.d_y), grads = to_device(v.grads);
+  DeviceFloats y = poisoned(p.ny()), dx = poisoned(p.nx()), scratch = poisoned(gpu.scratch_elements(p.spec, p.rows));
+  LayerCall call = base_call(p, ids.views);
+  call.stream = ablate::Stream(suite().stream);
+  call.x = x_held ? bf16_view(x16) : device_view(x);
+  call.y = device_view(y);
+  call.params = device_view(params);
+  call.params_bf16 = bf16_view(copy);
+  call.scratch = device_view(scratch);
+  gpu.forward(call);
+  call.grads = device_view(grads);
+  call.d_y = device_view(dy);
+  call.d_x = device_view(dx);
+  call.input_grad = GradMode::overwrite;
+  gpu.backward(call);
+  return {from_device(y), from_device(dx), from_device(grads)};
+}
+
+bool device_has_fp8() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  ABLATE_CUDA_CHECK(cudaGetDevice(&device));
+  ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.major * 10 + prop.minor >= 89;
+}
+
+}  // namespace
+
+TEST_CASE("linear under FP8 products: every product of per-tensor quantised operands as defined, E5M2 gradients under fp8") {
+  if (!device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  std::mt19937_64 rng(1618);
+  Layer& cpu = suite().layer<Layer>("linear", "cpu");
+  Margins margins("linear fp8");
+  // (in, out, rows): K = in, out and rows padded to 16 (40 -> 48, 24 -> 32, 45 -> 48); 64 x 96 x 32
+  // with nothing to pad.
+  for (const auto& [in, out, rows] : {std::tuple<int64_t, int64_t, int64_t>{40, 24, 45}, {64, 96, 32}}) {
+    for (const char* dtype : {"fp8", "fp8_e4m3"}) {
+      for (const bool bias : {false, true}) {
+        Layer& gpu = suite().layer<Layer>("linear", "cuda", dtype);
+        CHECK(gpu.bf16_product_inputs());
+        Problem p;
+        p.layer = "linear";
+        p.spec.in = in;
+        p.spec.out = out;
+        p.spec.bias = bias;
+        p.rows = rows;
+        p.x_width = in;
+        p.y_width = out;
+        p.batch = make_batch(p.rows, 1, 1, rng);
+        const std::string label = std::string(dtype) + " in " + std::to_string(in) + " out " + std::to_string(out) + " rows " +
+                                  std::to_string(rows) + (bias ? " bias" : " no bias");
+        INFO(label);
+        Values v = random_values(p, cpu, gpu, rng, 0.0);
+        for (float& e : v.x) e = device_math::bf16_value(device_math::bf16_bits(e));  // the same values f32 or held
+        const bool e5m2 = std::string(dtype) == "fp8";
+        const Quantised qx = quantise(v.x, 0, v.x.size(), false), qw = quantise(v.params, 0, std::size_t(in * out), false);
+        const Quantised qdy = quantise(v.d_y, 0, v.d_y.size(), e5m2);
+        std::vector<double> y(std::size_t(rows * out)), dx(std::size_t(rows * in)), grads(v.grads.begin(), v.grads.end());
+        const double s_xw = double(qx.inv * qw.inv), s_dyw = double(qdy.inv * qw.inv), s_dyx = double(qdy.inv * qx.inv);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t o = 0; o < out; ++o) {
+            double t = 0;
+            for (int64_t i = 0; i < in; ++i) t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
+            y[std::size_t(r * out + o)] = s_xw * t + (bias ? double(v.params[std::size_t(in * out + o)]) : 0.0);
+          }
+          for (int64_t i = 0; i < in; ++i) {
+            double t = 0;
+            for (int64_t o = 0; o < out; ++o) t += qdy.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
+            dx[std::size_t(r * in + i)] = s_dyw * t;
+          }
+        }
+        for (int64_t o = 0; o < out; ++o) {
+          for (int64_t i = 0; i < in; ++i) {
+            double t = 0;
+            for (int64_t r = 0; r < rows; ++r) t += qdy.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
+            grads[std::size_t(o * in + i)] += s_dyx * t;
+          }
+          if (bias) {
+            for (int64_t r = 0; r < rows; ++r) grads[std::size_t(in * out + o)] += double(v.d_y[std::size_t(r * out + o)]);
+          }
+        }
+        const Fp8Linear f32 = linear_fp8(p, v, dtype, false), held = linear_fp8(p, v, dtype, true);
+        // fp32 accumulation over K = in, out or rows terms (the f32 tolerance), the bias added after.
+        const Tolerance tol = tolerance(Precision::f32, in + out + rows, 0);
+        margins.count(dtype);
+        compare("y", f32.y, y, {}, tol, margins, dtype, label);
+        compare("d_x", f32.d_x, dx, {}, tol, margins, dtype, label);
+        compare("grads", f32.grads, grads, widen(v.grads), tol, margins, dtype, label);
+        // x held in bf16 holds the same values: quantised to the same codes, the same bits out.
+        CHECK(same_bits(held.y, f32.y));
+        CHECK(same_bits(held.d_x, f32.d_x));
+        CHECK(same_bits(held.grads, f32.grads));
+        // Against bf16 products: FP8's rounding (2^-4 relative for E4M3, 2^-3 for E5M2) and no
+        // more, in the mean: the relative rms difference of y stays below 2^-3.
+        const Fp8Linear b16 = linear_fp8(p, v, "bf16", true);
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < y.size(); ++i) {
+          num += (f32.y[i] - b16.y[i]) * (f32.y[i] - b16.y[i]);
+          den += b16.y[i] * b16.y[i];
+        }
+        CHECK(std::sqrt(num / den) < 0x1p-3);
+        CHECK(std::sqrt(num / den) > 0.0);  // FP8 did round: not a bf16 product under another name
+      }
+    }
+  }
 }
 
 TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {

@@ -287,6 +287,48 @@ TEST_CASE("run.dtype = bf16 follows the cpu f32 run within bf16's rounding, and 
   for (std::size_t i = 0; i < b.size(); ++i) CHECK(c[i]["loss"].get<double>() == b[i]["loss"].get<double>());
 }
 
+TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 steps, and resumes bit for bit") {
+  int device = 0;
+  cudaDeviceProp prop{};
+  ABLATE_CUDA_CHECK(cudaGetDevice(&device));
+  ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  if (prop.major * 10 + prop.minor < 89) {
+    // Refused before training, naming the capability (exit 2), rather than failing in cuBLASLt.
+    TempDir tmp;
+    const CommandResult r = train(kCuda + " --set run.dtype=fp8 --set run.steps=2 --run-dir " + (tmp.path() / "r").string());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("FP8 matrix products") != std::string::npos);
+    return;
+  }
+  TempDir tmp;
+  const fs::path bf16 = tmp.path() / "bf16", fp8 = tmp.path() / "fp8", parts = tmp.path() / "parts";
+  const std::string steps = " --set run.steps=20 --set run.eval_every=10";
+  REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --run-dir " + bf16.string()).exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --run-dir " + fp8.string()).exit_code == 0);
+  const auto a = metrics(bf16), b = metrics(fp8);
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  // (fp8_e4m3's products are checked against their definition in test_cuda_layers.cpp.)
+  // E4M3 keeps 4 significant bits (2^-4 relative per operand), E5M2 3. At this model's scale the
+  // logits are of order 0.1 (d_model 32, weights of std 0.02): FP8's rounding moves each by about
+  // 2^-4 of that, ~6e-3, with random sign; the loss is a mean over ~300 positions of log-softmaxes,
+  // so it moves by ~6e-3 / sqrt(300) ~ 3.5e-4 absolute, ~1e-4 relative of a loss near 4, and 20
+  // AdamW steps of such gradients drift about as far again. 2e-3 relative is ten times that; a
+  // product that read a wrong scale, format or layout is off by whole factors.
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+  }
+  CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
+  CHECK(b[5]["loss"].get<double>() != a[5]["loss"].get<double>());  // FP8 did round: not bf16 under another name
+  // Current scaling keeps no state between steps: stopped and resumed, the same bits.
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --run-dir " + parts.string() + " --stop-at 7").exit_code == 0);
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --resume " + parts.string()).exit_code == 0);
+  const auto d = metrics(parts);
+  REQUIRE(d.size() == b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) CHECK(d[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+}
+
 TEST_CASE("a one-rank nccl run equals the single communicator's run on cuda, step by step and bit for bit") {
   TempDir tmp;
   const std::string common = kCuda + " --set run.steps=10 --set run.eval_every=5 --set run.grad_accum_steps=2";

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "ablate/cuda_check.hpp"
@@ -170,6 +171,65 @@ TEST_CASE("fp8 quantise transposed: y (cols x rows) = fp8(x^T * scale), tiles cr
       CHECK(to_host(dmax)[0] == amax);
       CHECK(to_host(dover)[0] == over);
     });
+  }
+}
+
+TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading dimension, transposed or not, padded with zeros") {
+  std::mt19937 rng(17);
+  // (rows, cols, ld): a padded width, a strided source, tiles crossing every edge.
+  for (const auto& [rows, cols, ld] : {std::tuple<int64_t, int64_t, int64_t>{5, 13, 13}, {37, 70, 75}, {33, 16, 16}}) {
+    for (const bool transposed : {false, true}) {
+      for (const bool bf16 : {false, true}) {
+        for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+          CAPTURE(rows);
+          CAPTURE(cols);
+          CAPTURE(transposed);
+          CAPTURE(bf16);
+          CAPTURE(int(f));
+          std::vector<float> x = spread(std::size_t(rows * ld), 900.0f, rng);
+          std::vector<uint16_t> xb(x.size());
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            xb[i] = uint16_t(emu_test::bits_of(x[i]) >> 16);  // truncated: any bf16 value will do
+            if (bf16) x[i] = float_bits(uint32_t(xb[i]) << 16);
+          }
+          const float s = f == Fp8Format::e4m3 ? 0.625f : 3.0f;
+          // The K-contiguous result: rows of `cols` (not transposed) or of `rows` (transposed), padded to 16.
+          const int64_t out_rows = transposed ? cols : rows, k = transposed ? rows : cols, y_ld = (k + 15) / 16 * 16;
+          std::vector<uint8_t> expect(std::size_t(out_rows * y_ld), 0);
+          float amax = 0;
+          unsigned over = 0;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const float v = x[std::size_t(r * ld + c)];
+              const std::size_t at = transposed ? std::size_t(c * y_ld + r) : std::size_t(r * y_ld + c);
+              expect[at] = reference_fp8(v * s, f);
+              amax = std::max(amax, std::fabs(v));
+              over += std::fabs(v * s) > cuda_layers::kFp8Max[int(f)] ? 1u : 0u;
+            }
+          }
+          for_each_schedule([&] {
+            const auto dx = to_device(x);
+            const auto dxb = to_device(xb);
+            const void* src = bf16 ? static_cast<const void*>(dxb.data()) : static_cast<const void*>(dx.data());
+            const auto scale = to_device(std::vector<float>{s});
+            auto y = to_device(std::vector<uint8_t>(expect.size() + 5, 0xAB));
+            auto dmax = to_device(std::vector<float>{1.0f});
+            auto dover = to_device(std::vector<unsigned>{0u});
+            cuda_layers::launch_fp8_amax_2d(src, bf16, rows, cols, ld, dmax.data(), nullptr);
+            cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, transposed, scale.data(), f, y.data(), y_ld, dover.data(),
+                                         nullptr);
+            const auto got = to_host(y);
+            for (std::size_t i = 0; i < expect.size(); ++i) {
+              INFO("element " << i);
+              CHECK(int(got[i]) == int(expect[i]));
+            }
+            for (std::size_t i = expect.size(); i < got.size(); ++i) CHECK(got[i] == 0xAB);  // nothing written past the end
+            CHECK(to_host(dmax)[0] == std::max(1.0f, amax));  // max-ed into what was there; the columns past cols unread
+            CHECK(to_host(dover)[0] == over);
+          });
+        }
+      }
+    }
   }
 }
 

@@ -215,16 +215,17 @@ TEST_CASE("run.device = cuda where no GPU is visible exits 2 naming run.device, 
   CHECK((n.output.find("run.device") != std::string::npos || n.output.find("run.communicator") != std::string::npos));
 }
 
-TEST_CASE("run.dtype = bf16 and tf32 on the cpu (tensor-core modes) are refused with exit 2") {
+TEST_CASE("run.dtype = bf16, tf32 and fp8 on the cpu (tensor-core modes) are refused with exit 2") {
   TempDir tmp;
   // Rather than trained in fp32 and reported against a bf16 or tf32 peak.
-  for (const char* dtype : {"bf16", "tf32"}) {
+  for (const char* dtype : {"bf16", "tf32", "fp8", "fp8_e4m3"}) {
     const auto r =
         run_ablate("train " + config() + kTiny + " --set run.dtype=" + dtype + " --run-dir " + (tmp.path() / dtype).string());
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("run.dtype") != std::string::npos);
     CHECK(r.output.find("needs run.device = \"cuda\"") != std::string::npos);
+    if (std::string(dtype).starts_with("fp8")) CHECK(r.output.find("FP8 products") != std::string::npos);  // the capability named
     CHECK(!fs::exists(tmp.path() / dtype / "metrics.jsonl"));
   }
 }

@@ -36,9 +36,16 @@ struct RunContext {
   int rank = 0;
   int world = 1;
   std::string device = "cpu";  // "cpu" | "cuda"
-  std::string dtype = "fp32";  // [run] dtype: "fp32" | "tf32" (cuda: fp32 storage, TF32 tensor-core products)
+  std::string dtype = "fp32";  // [run] dtype: "fp32" | "tf32" | "bf16" | "fp8" | "fp8_e4m3" (config reference)
   int threads = 0;
 };
+
+// run.dtype's modes whose products read bf16 operands and whose model holds the activations only
+// products read in bf16: "bf16", and the FP8 ones, which quantise those bf16 values (and the f32
+// ones) to FP8 just before each linear or MLP product.
+inline bool holds_bf16(std::string_view dtype) { return dtype == "bf16" || dtype == "fp8" || dtype == "fp8_e4m3"; }
+// run.dtype's FP8 modes: "fp8" (E4M3 weights and activations, E5M2 gradients) and "fp8_e4m3".
+inline bool fp8_dtype(std::string_view dtype) { return dtype == "fp8" || dtype == "fp8_e4m3"; }
 
 // What a factory receives: the keys common to its kind (e.g. batch_size, seq_len for every
 // batcher), its own sub-table (e.g. [batching.packed]), and the run facts.

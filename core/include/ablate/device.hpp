@@ -94,6 +94,8 @@ struct DeviceCapabilities {
   // Matrix products in run.dtype's reduced-precision modes ("tf32", "bf16"); a device without them
   // computes in fp32 and refuses those modes rather than report itself against their peaks.
   bool reduced_precision_products = false;
+  // Matrix products of FP8 operands (run.dtype "fp8", "fp8_e4m3"): compute capability 8.9 or later.
+  bool fp8_products = false;
   // The communicator run.communicator = "auto" picks when a launcher starts several ranks ("": the
   // device has none, and such a job must name run.communicator).
   std::string collective;

@@ -57,7 +57,7 @@ inline void require_bf16(const char* layer, const TensorView& t, const char* wha
 // the model holds it in bf16 (LayerBase::bf16_product_inputs) and the products are bf16, bf16.
 inline Operand require_product_input(const char* layer, const TensorView& t, const char* what, int64_t elements, MatmulMode mode) {
   if (t.dtype == DType::bf16 && t.data != nullptr) {
-    if (mode != MatmulMode::bf16) {
+    if (!bf16_family(mode)) {
       throw_runtime_error(layer, std::string("'") + what + "' is bf16 but the products are " + to_string(mode) +
                                      ": an input held in bf16 is read by bf16 products only");
     }

@@ -27,7 +27,8 @@ void add_keyed(Registrar& r, const char* name, const char* version, const char* 
   r.add(std::move(info));
 }
 
-// `make` receives how the run computes its products (run.dtype: fp32, tf32 or bf16; gemm.hpp).
+// `make` receives how the run computes its products (run.dtype: fp32, tf32, bf16, fp8 or fp8_e4m3;
+// gemm.hpp).
 template <class L>
 void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>(MatmulMode)> make) {
   ComponentInfo info;
@@ -51,16 +52,17 @@ void register_components(Registrar& r) {
              [](MatmulMode) { return make_norm(false, "layernorm"); });
   add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)",
              [](MatmulMode) { return make_norm(true, "rmsnorm"); });
-  add<Layer>(r, "linear", "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32 or bf16 products)",
+  add<Layer>(r, "linear",
+             "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32, bf16 or FP8 products)",
              make_linear);
-  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)",
+  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
              make_gelu_mlp);
-  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32 or bf16 products)",
+  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
              make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in chunks of 4096 "
-                 "under bf16 products), softmax cross-entropy and its gradients",
-                 make_cross_entropy);
+                 "under bf16 products; bf16 under FP8 ones), softmax cross-entropy and its gradients",
+                 [](MatmulMode mode) { return make_cross_entropy(fp8_mode(mode) ? MatmulMode::bf16 : mode); });
   add_keyed(r, "lora", "1.0.0",
             "LoRA adapter on a linear layer on a CUDA device: y += (alpha/rank) dropout(x) A^T B^T, fp32 cuBLASLt products",
             layer_params::lora_keys(), make_lora);

@@ -93,6 +93,52 @@ __global__ void quantize_transposed_kernel(const float* x, int64_t rows, int64_t
   if (saturated != nullptr) count_into(saturated, over);
 }
 
+// x's element (r, c): f32, or bf16 widened.
+__device__ float load2d(const void* x, bool bf16, int64_t r, int64_t c, int64_t ld) {
+  if (bf16) return device_math::bf16_value(static_cast<const uint16_t*>(x)[r * ld + c]);
+  return static_cast<const float*>(x)[r * ld + c];
+}
+
+__global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax) {
+  unsigned m = 0;
+  ABLATE_GRID_STRIDE(i, rows * cols) {
+    const unsigned b = abs_bits(load2d(x, bf16, i / cols, i % cols, ld));
+    m = b > m ? b : m;
+  }
+  max_into(amax, m);
+}
+
+// Not transposed: one thread an element of y (rows x y_ld), the padding written as zeros.
+__global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
+                            uint8_t* y, int64_t y_ld, unsigned* saturated) {
+  const float s = *scale;
+  unsigned over = 0;
+  ABLATE_GRID_STRIDE(i, rows * y_ld) {
+    const int64_t r = i / y_ld, c = i % y_ld;
+    y[i] = c < cols ? to_fp8(load2d(x, bf16, r, c, ld) * s, format, over) : uint8_t(0);
+  }
+  if (saturated != nullptr) count_into(saturated, over);
+}
+
+// Transposed: 32 x 32 tiles of y (cols x y_ld) through shared memory, x's rows beyond `rows` zeros.
+__global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale,
+                                       Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float s = *scale;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  unsigned over = 0;
+  for (int dr = int(threadIdx.y); dr < kTile; dr += int(blockDim.y)) {
+    const int64_t r = r0 + dr, c = c0 + int64_t(threadIdx.x);
+    if (r < y_ld && c < cols) tile[dr][threadIdx.x] = r < rows ? to_fp8(load2d(x, bf16, r, c, ld) * s, format, over) : uint8_t(0);
+  }
+  __syncthreads();
+  for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
+    const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
+    if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
+  }
+  if (saturated != nullptr) count_into(saturated, over);
+}
+
 __global__ void update_scales_kernel(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max,
                                      float fp8_max, int margin, float* scale, float* scale_inv) {
   ABLATE_GRID_STRIDE(t, tensors) {
@@ -126,6 +172,21 @@ void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, 
   if (rows <= 0 || cols <= 0) return;
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
   quantize_transposed_kernel<<<grid, block, 0, stream>>>(x, rows, cols, scale, format, y, amax, saturated);
+}
+void launch_fp8_amax_2d(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax, cudaStream_t stream) {
+  if (rows > 0 && cols > 0)
+    amax_2d_kernel<<<cuda::blocks_for(rows * cols), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, amax);
+}
+void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
+                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if (!transposed) {
+    pack_kernel<<<cuda::blocks_for(rows * y_ld), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld,
+                                                                              saturated);
+    return;
+  }
+  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((y_ld + kTile - 1) / kTile)), block(kTile, 8);
+  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, saturated);
 }
 void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max, float fp8_max,
                               int margin, float* scale, float* scale_inv, cudaStream_t stream) {

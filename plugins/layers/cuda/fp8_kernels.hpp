@@ -7,6 +7,10 @@
 //                 tensor's amax taken in the same pass;
 //   quantise^T    the same into the transposed layout (cuBLASLt's FP8 products on SM 9.0 read A
 //                 transposed), through shared-memory tiles;
+//   pack          an FP8 product's operand: x (f32 or bf16, any leading dimension) quantised into
+//                 the K-contiguous layout cuBLASLt's FP8 products read, transposed or not, its
+//                 rows padded with zeros to a leading dimension of 16 (zeros add nothing to the
+//                 product, and every FP8 operand's leading dimension must be a multiple of 16 bytes);
 //   update        each tensor's amax pushed into its history, and its scale and inverse from the
 //                 history's max (or most recent value): fp8_max / (amax * 2^margin).
 // Every launcher enqueues on `stream` and does nothing for an empty tensor.
@@ -34,6 +38,16 @@ void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Forma
 // with amax and saturated as above.
 void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* y,
                                     float* amax, unsigned* saturated, cudaStream_t stream);
+
+// *amax = max(*amax, max |x|) over x (rows x cols, leading dimension ld; f32, or bf16 as its 16 bits).
+void launch_fp8_amax_2d(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax, cudaStream_t stream);
+
+// From x (rows x cols, leading dimension ld; f32, or bf16 as its 16 bits), saturating as above and
+// counting into *saturated (may be null):
+//   not transposed: y (rows x y_ld), y[r * y_ld + c] = fp8(x[r * ld + c] * *scale), zero for c >= cols;
+//   transposed:     y (cols x y_ld), y[c * y_ld + r] = fp8(x[r * ld + c] * *scale), zero for r >= rows.
+void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
+                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, cudaStream_t stream);
 
 // For each tensor t < tensors: history[t * length + step % length] = amax[t], amax[t] = 0; the
 // reduced amax a = max over the history, passing over NaNs (use_max), or amax[t] itself (the most

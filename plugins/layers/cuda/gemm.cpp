@@ -14,6 +14,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/error.hpp"
 #include "epilogue_kernels.hpp"
+#include "fp8_kernels.hpp"
 #include "gemm_plan.hpp"
 #include "layer_kernels.hpp"
 
@@ -87,11 +88,21 @@ struct StreamSet {
   cuda::StreamScratch bf16_a, bf16_b;  // the bf16 copies of A and B (bf16 mode)
   cuda::StreamScratch bf16_once;       // an operand several products share (gemm_bf16_once)
   cuda::StreamScratch bias_grad;       // a fused epilogue's bias gradient, before it is added
-  StreamSet() { ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes)); }
+  cuda::StreamScratch fp8_a, fp8_b;    // FP8 products: the quantised A and B (fp8_operands)
+  // FP8 products' scaling, 8 floats: the amax of A and B, their one-entry histories, their scales
+  // and the scales' inverses (cuBLASLt's scale pointers).
+  float* fp8_state = nullptr;
+  StreamSet() {
+    ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+    const float init[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    ABLATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&fp8_state), sizeof(init)));
+    ABLATE_CUDA_CHECK(cudaMemcpy(fp8_state, init, sizeof(init), cudaMemcpyHostToDevice));
+  }
   StreamSet(const StreamSet&) = delete;
   StreamSet& operator=(const StreamSet&) = delete;
   ~StreamSet() {
     if (workspace != nullptr) cudaFree(workspace);
+    if (fp8_state != nullptr) cudaFree(fp8_state);
   }
 };
 
@@ -110,7 +121,16 @@ class Context {
   // (nothing but, under bf16, the operands' copies enqueued), and the caller does its work in
   // passes of its own.
   bool run(const GemmCall& g, cudaStream_t stream) {
+    if (fp8_mode(g.mode) && !fp8_served(g)) {
+      GemmCall b = g;  // a layout FP8 products cannot take: a bf16 product
+      b.mode = MatmulMode::bf16;
+      return run(b, stream);
+    }
     std::lock_guard<std::mutex> lock(mu_);
+    if (fp8_mode(g.mode)) {
+      run_fp8(g, stream);
+      return true;
+    }
     const std::string key = gemm_key(g);
     if (unfusable_.count(key) != 0) return false;
     StreamSet& set = on(stream);
@@ -157,6 +177,110 @@ class Context {
     return true;
   }
 
+  // Whether an FP8 product can take the call (gemm.hpp): no epilogue (fused_epilogue strips them
+  // in FP8 modes), C and D 16-byte aligned with leading dimensions of a multiple of 16 bytes. The
+  // operands always can: they are quantised into packed copies, padded along K.
+  static bool fp8_served(const GemmCall& g) {
+    const int64_t out_bytes = g.d_bf16 ? 2 : 4;
+    const float* c = g.C != nullptr ? g.C : g.D;
+    return epilogue_of(g) == CUBLASLT_EPILOGUE_DEFAULT && (g.ldc * out_bytes) % 16 == 0 && alignment_of(g.D) >= 16 &&
+           (g.beta == 0.0f || alignment_of(c) >= 16);
+  }
+
+  // An FP8 product, current scaling: each operand's amax, its scale fp8_max / amax (and inverse),
+  // the operand quantised into the layout cuBLASLt's FP8 products read (row-major (M, K) for our A,
+  // (N, K) for our B: K contiguous, padded with zeros to a multiple of 16), then the product with
+  // the inverses as its scales. All on the stream; nothing waits.
+  void run_fp8(const GemmCall& g, cudaStream_t stream) {
+    StreamSet& set = on(stream);
+    const Fp8Format fa = g.a_grad && g.mode == MatmulMode::fp8 ? Fp8Format::e5m2 : Fp8Format::e4m3, fb = Fp8Format::e4m3;
+    const int64_t kp = (g.K + 15) / 16 * 16;
+    float* st = set.fp8_state;
+    // Our A: (M, K) as given, or (K, M) transposed; our B: (K, N), or (N, K) when tb. Each source
+    // is the f32 values where there are some, else the bf16 ones.
+    struct Source {
+      const void* x;
+      bool bf16;
+      int64_t rows, cols, ld;
+      bool transposed;  // the source's rows run along K: pack transposed
+    };
+    const Source a{
+        g.A != nullptr ? static_cast<const void*>(g.A) : g.A_bf16, g.A == nullptr, g.ta ? g.K : g.M, g.ta ? g.M : g.K, g.lda, g.ta};
+    const Source b{
+        g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
+    launch_fp8_amax_2d(a.x, a.bf16, a.rows, a.cols, a.ld, st + 0, stream);
+    launch_fp8_amax_2d(b.x, b.bf16, b.rows, b.cols, b.ld, st + 1, stream);
+    launch_fp8_update_scales(st + 0, st + 2, 1, 1, 0, false, kFp8Max[int(fa)], 0, st + 4, st + 6, stream);
+    launch_fp8_update_scales(st + 1, st + 3, 1, 1, 0, false, kFp8Max[int(fb)], 0, st + 5, st + 7, stream);
+    auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
+    auto* qb = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
+    launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, stream);
+    launch_fp8_pack(b.x, b.bf16, b.rows, b.cols, b.ld, b.transposed, st + 5, fb, qb, kp, nullptr, stream);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+    Plan* p = plan_fp8(g, fa, kp);
+    // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
+    const void* scale_first = st + 7;
+    const void* scale_second = st + 6;
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_first, sizeof(scale_first)),
+             "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", g);
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_second, sizeof(scale_second)),
+             "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", g);
+    const float* c = g.C != nullptr ? g.C : g.D;
+    check_lt(cublasLtMatmul(handle_, p->desc, &g.alpha, qb, p->a, qa, p->b, &g.beta, c, p->c, g.D, p->d, &p->algo, set.workspace,
+                            kWorkspaceBytes, stream),
+             "cublasLtMatmul", g);
+  }
+
+  // The plan of an FP8 problem: the TN form (cuBLASLt's A, our B, transposed), both operands
+  // K-contiguous with leading dimension kp, compute and scale in fp32, D (and C) f32 or bf16.
+  Plan* plan_fp8(const GemmCall& g, Fp8Format fa, int64_t kp) {
+    const std::string key = std::string("fp8 ") + (fa == Fp8Format::e5m2 ? "e5m2" : "e4m3") + " " + gemm_key(g);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second.get();
+    auto p = std::make_unique<Plan>();
+    check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", g);
+    const cublasOperation_t op_first = CUBLAS_OP_T, op_second = CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+             "cublasLtMatmulDescSetAttribute(TRANSA)", g);
+    check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+             "cublasLtMatmulDescSetAttribute(TRANSB)", g);
+    const auto u = [](int64_t v) { return uint64_t(v); };
+    const cudaDataType_t ta = fa == Fp8Format::e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, u(kp), u(g.N), kp), "cublasLtMatrixLayoutCreate(B, fp8)", g);
+    check_lt(cublasLtMatrixLayoutCreate(&p->b, ta, u(kp), u(g.M), kp), "cublasLtMatrixLayoutCreate(A, fp8)", g);
+    const cudaDataType_t out_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    check_lt(cublasLtMatrixLayoutCreate(&p->c, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
+    check_lt(cublasLtMatrixLayoutCreate(&p->d, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
+    const uint32_t align[4] = {256, 256, alignment_of(g.C != nullptr ? g.C : g.D), alignment_of(g.D)};
+    if (!choose_algo(p.get(), g, align)) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no FP8 algorithm for " + shape_of(g));
+    return plans_.emplace(key, std::move(p)).first->second.get();
+  }
+
+  // The heuristic's first algorithm for a plan's descriptors, told each operand's alignment (in
+  // cuBLASLt's order: its A is our B's memory); false when it has none.
+  bool choose_algo(Plan* p, const GemmCall& g, const uint32_t (&align)[4]) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", g);
+    const uint64_t ws = kWorkspaceBytes;
+    cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && rc == CUBLAS_STATUS_SUCCESS; ++i) {
+      rc = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i]));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (rc == CUBLAS_STATUS_SUCCESS) {
+      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (rc != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+    p->algo = result.algo;
+    return true;
+  }
+
   int64_t built() {
     std::lock_guard<std::mutex> lock(mu_);
     return int64_t(plans_.size());
@@ -186,7 +310,7 @@ class Context {
   }
 
   Operands operands(const GemmCall& g, StreamSet& set, cudaStream_t stream) {
-    if (g.mode != MatmulMode::bf16) return {g.A, g.lda, g.B, g.ldb};
+    if (!bf16_family(g.mode)) return {g.A, g.lda, g.B, g.ldb};
     const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
     const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
     Operands ops{g.A_bf16, g.lda, g.B_bf16, g.ldb};  // operands held in bf16: read as they are
@@ -248,7 +372,7 @@ class Context {
     }
     const auto u = [](int64_t v) { return uint64_t(v); };
     // B's memory, column-major: (N, K) when not transposed (row-major (K, N)), else (K, N).
-    const cudaDataType_t in_type = g.mode == MatmulMode::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t in_type = bf16_family(g.mode) ? CUDA_R_16BF : CUDA_R_32F;
     check_lt(cublasLtMatrixLayoutCreate(&p->a, in_type, u(g.tb ? g.K : g.N), u(g.tb ? g.N : g.K), ops.ldb),
              "cublasLtMatrixLayoutCreate(B)", g);
     // A's memory, column-major: (K, M) when not transposed (row-major (M, K)), else (M, K).
@@ -257,34 +381,15 @@ class Context {
     const cudaDataType_t out_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     check_lt(cublasLtMatrixLayoutCreate(&p->c, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
     check_lt(cublasLtMatrixLayoutCreate(&p->d, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
-    cublasLtMatmulPreference_t pref = nullptr;
-    check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", g);
-    const uint64_t ws = kWorkspaceBytes;
-    cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     // Each operand's alignment, in cuBLASLt's order (its A is our B's memory).
     const uint32_t align[4] = {alignment_of(ops.B), alignment_of(ops.A), alignment_of(g.C != nullptr ? g.C : g.D), alignment_of(g.D)};
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4 && rc == CUBLAS_STATUS_SUCCESS; ++i) {
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i]));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (rc == CUBLAS_STATUS_SUCCESS) {
-      rc = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (!no_epilogue(g) && (found == 0 || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
+    if (!choose_algo(p.get(), g, align)) {
+      if (no_epilogue(g)) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no algorithm for " + shape_of(g));
       // Said once per problem (the caller remembers it): a run that falls back is slower, not wrong.
-      spdlog::info("cuda_layers: cuBLASLt has no algorithm for the {} epilogue of {} ({}); its work runs in passes of its own",
-                   fused_epilogue(g), shape_of(g), rc == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusName(rc));
+      spdlog::info("cuda_layers: cuBLASLt has no algorithm for the {} epilogue of {}; its work runs in passes of its own",
+                   fused_epilogue(g), shape_of(g));
       return nullptr;
     }
-    check_lt(rc, "cublasLtMatmulAlgoGetHeuristic", g);
-    if (found == 0) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no algorithm for " + shape_of(g));
-    p->algo = result.algo;
     return plans_.emplace(key, std::move(p)).first->second.get();
   }
 
@@ -367,11 +472,16 @@ int64_t gemm_unfused_problems() { return context().unfused(); }
 
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);
-  if (mode == MatmulMode::bf16) {
+  if (bf16_family(mode)) {
     const int64_t wide = std::max(in, out);
     // A: an activation; B: the weight or one; a shared output gradient; each 256 bytes over, to
     // align it.
     bytes += 2 * (2 * rows * wide + std::max(in * out, rows * wide)) + 3 * 256;
+  }
+  if (fp8_mode(mode)) {
+    // The quantised A and B (one byte an element, K padded to 16), and the scaling state.
+    const int64_t wide = std::max(in, out) + 16;
+    bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + 2 * 256 + 32;
   }
   return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
 }
@@ -387,10 +497,10 @@ GemmCall x_wt_call(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, f
   g.N = out;
   g.K = in;
   g.A = x.f32;
-  g.A_bf16 = mode == MatmulMode::bf16 ? x.bf16 : nullptr;
+  g.A_bf16 = bf16_family(mode) ? x.bf16 : nullptr;
   g.lda = in;
   g.B = W.f32;
-  g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
+  g.B_bf16 = bf16_family(mode) ? W.bf16 : nullptr;
   g.ldb = in;
   g.D = y;
   g.ldc = out;
@@ -405,10 +515,11 @@ GemmCall dy_w_call(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, 
   g.N = in;
   g.K = out;
   g.A = dy.f32;
-  g.A_bf16 = mode == MatmulMode::bf16 ? dy.bf16 : nullptr;
+  g.A_bf16 = bf16_family(mode) ? dy.bf16 : nullptr;
+  g.a_grad = true;
   g.lda = out;
   g.B = W.f32;
-  g.B_bf16 = mode == MatmulMode::bf16 ? W.bf16 : nullptr;
+  g.B_bf16 = bf16_family(mode) ? W.bf16 : nullptr;
   g.ldb = in;
   g.D = dx;
   g.ldc = in;
@@ -435,23 +546,24 @@ void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, 
   gemm(g, stream);
 }
 
-void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream) {
-  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
+void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream,
+                        MatmulMode mode) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), mode);
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
-                             cudaStream_t stream) {
-  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), MatmulMode::bf16);
+                             cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), mode);
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
   return gemm_fused_only(g, stream);
 }
 
 bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
-                         uint16_t* post, cudaStream_t stream) {
-  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), MatmulMode::bf16);
+                         uint16_t* post, cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), mode);
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
   g.act = Activation::gelu_aux;
@@ -460,8 +572,8 @@ bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weigh
 }
 
 bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
-                          cudaStream_t stream) {
-  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dpre), MatmulMode::bf16);
+                          cudaStream_t stream, MatmulMode mode) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dpre), mode);
   g.d_bf16 = true;
   g.act = Activation::dgelu;
   g.aux = const_cast<float*>(reinterpret_cast<const float*>(pre));  // read only under dgelu
@@ -469,8 +581,9 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
   return gemm_fused_only(g, stream);
 }
 
-void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream) {
-  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), MatmulMode::bf16);
+void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
+                        MatmulMode mode) {
+  GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
   g.d_bf16 = true;
   gemm(g, stream);
 }
@@ -500,10 +613,11 @@ void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
   g.N = in;
   g.K = rows;
   g.A = dy.f32;
-  g.A_bf16 = mode == MatmulMode::bf16 ? dy.bf16 : nullptr;
+  g.A_bf16 = bf16_family(mode) ? dy.bf16 : nullptr;
+  g.a_grad = true;
   g.lda = out;
   g.B = x.f32;
-  g.B_bf16 = mode == MatmulMode::bf16 ? x.bf16 : nullptr;
+  g.B_bf16 = bf16_family(mode) ? x.bf16 : nullptr;
   g.ldb = in;
   g.beta = 1.0f;
   g.D = dW;

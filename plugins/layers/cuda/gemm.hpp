@@ -27,11 +27,22 @@
 
 namespace ablate::cuda_layers {
 
-// How the products compute: true fp32, fp32 values on TF32 tensor cores, or bf16 operands with
-// fp32 accumulation (run.dtype "fp32", "tf32", "bf16").
-enum class MatmulMode : uint8_t { f32, tf32, bf16 };
+// How the products compute: true fp32, fp32 values on TF32 tensor cores, bf16 operands with fp32
+// accumulation, or FP8 operands with fp32 accumulation (run.dtype "fp32", "tf32", "bf16", "fp8",
+// "fp8_e4m3"). The FP8 modes hold what bf16 holds (activations, weight copies, bf16 outputs) and
+// quantise each product's operands just before it: per tensor, current scaling (each operand's
+// scale fp8_max / amax of the operand itself, its inverse handed to cuBLASLt), E4M3 for weights and
+// activations; a gradient operand (dy) in E5M2 under "fp8" (the hybrid recipe), E4M3 under
+// "fp8_e4m3". FP8 products take no epilogue here: the bias, the GELU and the bias gradients run in
+// passes of their own after the product (or, for a bf16 output, by the caller's fallback). A call
+// whose layout an FP8 product cannot take (an output's leading dimension not a multiple of 16
+// bytes, an output not 16-byte aligned) runs as a bf16 product.
+enum class MatmulMode : uint8_t { f32, tf32, bf16, fp8, fp8_e4m3 };
 MatmulMode matmul_mode(const std::string& dtype);
 const char* to_string(MatmulMode mode);
+// bf16 and the FP8 modes: what the model holds in bf16 and the products read in bf16 alike.
+inline bool bf16_family(MatmulMode m) { return m == MatmulMode::bf16 || m == MatmulMode::fp8 || m == MatmulMode::fp8_e4m3; }
+inline bool fp8_mode(MatmulMode m) { return m == MatmulMode::fp8 || m == MatmulMode::fp8_e4m3; }
 
 // A matrix operand as the products read it: f32 values, or bf16 ones (bf16 products only), or both
 // (a weight: its f32 values and the model's bf16 copy of them, which bf16 products read in place of
@@ -68,6 +79,7 @@ struct GemmCall {
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
+  bool a_grad = false;           // A is a gradient (an output gradient dy): E5M2 under the hybrid FP8 recipe
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
@@ -109,23 +121,25 @@ void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const
 void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre, float* y,
                     cudaStream_t stream, MatmulMode mode);
 //   y(rows, out)  = x(rows, in) W^T in bf16 (bf16 products only: the fp32 sums rounded to nearest even)
-void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream);
+void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream,
+                        MatmulMode mode = MatmulMode::bf16);
 //   y(rows, out)  = x W^T + bias in bf16, the bias (bf16) in the product's epilogue (bf16 products only):
 //   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
-                             cudaStream_t stream);
+                             cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
 //   pre = x W^T + bias and post = gelu(pre), both (rows, out) in bf16, from one product with the GELU
 //   (and the bf16 bias, if any) in its epilogue (bf16 products only): false when cuBLASLt serves no
 //   such epilogue here, nothing written (the caller computes them another way)
 bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
-                         uint16_t* post, cudaStream_t stream);
+                         uint16_t* post, cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
 //   dpre(rows, in) = (dy W) * gelu'(pre) in bf16, pre in bf16; db(in) += its column sums (cuBLASLt sums
 //   them in fp32 and writes them in bf16) when db is not null: false when not served, as above
 bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
-                          cudaStream_t stream);
+                          cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
-void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream);
+void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
+                        MatmulMode mode = MatmulMode::bf16);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
                MatmulMode mode);
@@ -139,7 +153,7 @@ void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
 
 // An f32 operand that several products of one layer call read (an output gradient dy: the input
 // gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead
-// of by each product: {x, its packed bf16 copy}; {x} in other modes. The copy is valid until the
+// of by each product: {x, its packed bf16 copy}; {x} in other modes (FP8 products quantise x itself). The copy is valid until the
 // next call of this on the stream (products enqueued before then have read it by stream order).
 Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t stream, MatmulMode mode);
 

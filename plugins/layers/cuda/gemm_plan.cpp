@@ -53,6 +53,8 @@ using gemm_plan::epilogue_of;
 MatmulMode matmul_mode(const std::string& dtype) {
   if (dtype == "tf32") return MatmulMode::tf32;
   if (dtype == "bf16") return MatmulMode::bf16;
+  if (dtype == "fp8") return MatmulMode::fp8;
+  if (dtype == "fp8_e4m3") return MatmulMode::fp8_e4m3;
   return MatmulMode::f32;
 }
 
@@ -60,6 +62,8 @@ const char* to_string(MatmulMode mode) {
   switch (mode) {
     case MatmulMode::tf32: return "tf32";
     case MatmulMode::bf16: return "bf16";
+    case MatmulMode::fp8: return "fp8";
+    case MatmulMode::fp8_e4m3: return "fp8_e4m3";
     case MatmulMode::f32: break;
   }
   return "f32";
@@ -69,7 +73,7 @@ std::string gemm_key(const GemmCall& g) {
   // The C operand's layout equals D's; whether C is D changes nothing in the plan. The heuristic is
   // told each operand's alignment, so the key holds them (bf16 operands not given in bf16 are packed
   // copies, always 256-byte aligned, with their own leading dimensions).
-  const bool bf16 = g.mode == MatmulMode::bf16;
+  const bool bf16 = bf16_family(g.mode);
   const bool a_copied = bf16 && !gemm_plan::bf16_in_place(g.A_bf16, g.A, g.lda);
   const bool b_copied = bf16 && !gemm_plan::bf16_in_place(g.B_bf16, g.B, g.ldb);
   const auto al = [](const void* p) { return std::to_string(alignment_of(p)); };
@@ -82,11 +86,11 @@ std::string gemm_key(const GemmCall& g) {
          (a_copied ? "256" : al(bf16 ? g.A_bf16 : g.A)) + "," + (b_copied ? "256" : al(bf16 ? g.B_bf16 : g.B)) + "," + al(g.D) + "," +
          al(g.C != nullptr ? g.C : g.D) + (g.bias != nullptr ? "," + al(g.bias) : "") +
          (g.bias_bf16 != nullptr ? ",bf16 bias " + al(g.bias_bf16) : "") + (g.act != Activation::none ? "," + al(g.aux) : "") +
-         (g.d_bf16 ? " out bf16" : "");
+         (g.d_bf16 ? " out bf16" : "") + (fp8_mode(g.mode) && g.a_grad ? " A gradient" : "");
 }
 
 std::string gemm_refusal(const GemmCall& g) {
-  const bool bf16 = g.mode == MatmulMode::bf16;
+  const bool bf16 = bf16_family(g.mode);
   const bool has_a = g.A != nullptr || (bf16 && g.A_bf16 != nullptr), has_b = g.B != nullptr || (bf16 && g.B_bf16 != nullptr);
   if (!bf16 && ((g.A == nullptr && g.A_bf16 != nullptr) || (g.B == nullptr && g.B_bf16 != nullptr))) {
     return "an operand held in bf16 only is read by bf16 products only";
@@ -123,6 +127,8 @@ std::string fused_epilogue(const GemmCall& g) {
   // path is the one held within fp32 rounding of the CPU; cuBLASLt's GELU is its own).
   if (g.act != Activation::none && g.mode == MatmulMode::f32) return "";
   if (!aligned16(g.bias) || !aligned16(g.bias_bf16)) return "";
+  // FP8 products run without an epilogue here (the stand-in serves none; passes do their work).
+  if (fp8_mode(g.mode) && epilogue_of(g) != CUBLASLT_EPILOGUE_DEFAULT) return "";
   switch (epilogue_of(g)) {
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
     case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";

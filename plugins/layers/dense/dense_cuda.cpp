@@ -66,7 +66,7 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
     // Both products read dy: rounded to bf16 once for both under bf16 products.
     d = dx != nullptr || dx_bf16 != nullptr ? gemm_bf16_once(g, rows, out, s, mode) : Operand{g};
   }
-  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s);
+  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode);
   else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
   if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
 }
@@ -76,7 +76,7 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
 Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch,
                       MatmulMode mode, bool bf16_y = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
-  if (bf16_y && mode == MatmulMode::bf16 && call.y.dtype == DType::bf16) {
+  if (bf16_y && bf16_family(mode) && call.y.dtype == DType::bf16) {
     // q, k or v held in bf16: rounded from the f32 product in scratch.
     require_bf16(name, call.y, "y", call.rows * out);
     require_f32(name, call.scratch, "scratch", call.rows * out);
@@ -99,7 +99,7 @@ Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64
 Operand check_backward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved,
                        int64_t scratch, MatmulMode mode, bool bf16_grads = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
-  const bool held = bf16_grads && mode == MatmulMode::bf16;
+  const bool held = bf16_grads && bf16_family(mode);
   const bool dy_bf16 = held && call.d_y.dtype == DType::bf16, dx_bf16 = held && call.d_x.dtype == DType::bf16;
   if (dy_bf16) {
     require_bf16(name, call.d_y, "d_y", call.rows * out);
@@ -144,11 +144,11 @@ class Linear final : public Layer {
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return rows * s.out; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
-  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_product_inputs() const override { return bf16_family(mode_); }
   // Under bf16 products: y in bf16 (q, k, v held so), the product rounded from scratch.
-  bool bf16_attention_inputs() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_attention_inputs() const override { return bf16_family(mode_); }
   // Under bf16 products: d_y in bf16 (read as it is) and d_x in bf16 (the product's output).
-  bool bf16_attention_grads() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_attention_grads() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -190,13 +190,13 @@ class Linear final : public Layer {
     const Weight W = weight_at(call, p.weight);
     auto* y = call.y.as<uint16_t>();
     if (p.bias < 0) {
-      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call));
+      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_);
       check_launch(kName);
       return true;
     }
     if (call.params_bf16.data == nullptr) return false;
     const Weight b = weight_at(call, p.bias);
-    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call));
+    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_);
     check_launch(kName);
     return done;
   }
@@ -234,7 +234,7 @@ class GeluMLP final : public Layer {
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return dropout_at(s, rows) + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
-  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_product_inputs() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -297,7 +297,7 @@ class GeluMLP final : public Layer {
   }
 
  private:
-  bool bf16_hidden() const { return mode_ == MatmulMode::bf16; }
+  bool bf16_hidden() const { return bf16_family(mode_); }
   // Where the output's dropout scratch starts: after the f32 (rows, H) and, under bf16 products, the
   // bf16 (rows, H) gradient below the GELU.
   int64_t dropout_at(const LayerSpec& s, int64_t rows) const {
@@ -321,7 +321,7 @@ class GeluMLP final : public Layer {
     auto* post = static_cast<uint16_t*>(const_cast<void*>(post_of(call, rows * H).bf16));
     const Weight W = weight_at(call, fc.weight);
     const void* bias = fc.bias < 0 ? nullptr : weight_at(call, fc.bias).bf16;
-    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st)) return;
+    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_)) return;
     float* t = call.scratch.as<float>();
     if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_);
     launch_gelu_forward_bf16(t, pre, post, rows * H, st);
@@ -336,7 +336,7 @@ class GeluMLP final : public Layer {
     auto* out = reinterpret_cast<uint16_t*>(call.scratch.as<float>() + bf16_after(n));
     const Weight W = weight_at(call, proj.weight);
     float* db = at_mut(call.grads, fc.bias);
-    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st)) {
+    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_)) {
       float* dh = call.scratch.as<float>();
       gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_);
       launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
@@ -371,7 +371,7 @@ class SwiGLUMLP final : public Layer {
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
-  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_product_inputs() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -420,7 +420,7 @@ class SwiGLUMLP final : public Layer {
   }
 
  private:
-  bool bf16_h() const { return mode_ == MatmulMode::bf16; }
+  bool bf16_h() const { return bf16_family(mode_); }
   // h (n values) in the saved values, after g and u: f32 or bf16.
   Operand h_of(const LayerCall& call, int64_t n) const {
     const float* saved = call.saved.as<const float>();
