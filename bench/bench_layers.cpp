@@ -10,11 +10,13 @@
 // keeps for backward) written once, in the dtypes the model holds them in under --dtype (bf16: the
 // norms' outputs, q, k, v, the MLP's hidden activation and its gradient, and every product's input
 // in bf16, products reading the bf16 copy of the weights; the residual stream, the other gradients
-// and the parameter gradients f32). A layer far above its
+// and the parameter gradients f32; fp8 and fp8_e4m3 hold what bf16 holds, and the bytes count no
+// FP8 quantisation pass, so their prediction is the bf16 plan's traffic at the FP8 product rate).
+// A layer far above its
 // prediction moves more than it must or computes below the card's rate; that is where the step's
 // time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA).
 //
-//   bench_layers [--json FILE] [--iters N] [--rows N] [--dtype bf16|tf32|fp32] [--shapes gpt2|small]
+//   bench_layers [--json FILE] [--iters N] [--rows N] [--dtype bf16|fp8|fp8_e4m3|tf32|fp32] [--shapes gpt2|small]
 //
 // The layers are the model's own: made through the Registry by name for device "cuda", called with
 // LayerCalls as the model calls them. Times are CUDA events on the device's stream, the median of
@@ -69,8 +71,8 @@ Options parse(int argc, char** argv) {
       rows_given = true;
     } else if (a == "--dtype") {
       o.dtype = value();
-      if (o.dtype != "bf16" && o.dtype != "tf32" && o.dtype != "fp32") {
-        throw Error(ErrorKind::input, "bench_layers", "--dtype " + o.dtype + ": expected bf16, tf32 or fp32");
+      if (!holds_bf16(o.dtype) && o.dtype != "tf32" && o.dtype != "fp32") {
+        throw Error(ErrorKind::input, "bench_layers", "--dtype " + o.dtype + ": expected bf16, fp8, fp8_e4m3, tf32 or fp32");
       }
     } else if (a == "--shapes") {
       const std::string s = value();
@@ -78,7 +80,8 @@ Options parse(int argc, char** argv) {
       o.small = s == "small";
     } else {
       throw Error(ErrorKind::input, "bench_layers",
-                  "unknown argument " + a + " (--json FILE --iters N --rows N --dtype bf16|tf32|fp32 --shapes gpt2|small)");
+                  "unknown argument " + a +
+                      " (--json FILE --iters N --rows N --dtype bf16|fp8|fp8_e4m3|tf32|fp32 --shapes gpt2|small)");
     }
   }
   if (o.small && !rows_given) o.rows = 256;
@@ -218,7 +221,7 @@ class Bench {
     Case c = named("product rate", "linear");
     c.spec.in = c.spec.out = n;
     c.spec.bias = false;
-    c.x_bf16 = o_.dtype == "bf16";
+    c.x_bf16 = holds_bf16(o_.dtype);
     c.y_bf16 = c.x_bf16;
     const double ms = time_case(c, n, false);
     return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3);
@@ -226,7 +229,7 @@ class Bench {
 
   // Median ms of the case's forward (backward = false) or backward, after one forward.
   double time_case(const Case& c, int64_t rows, bool backward) {
-    const bool bf16 = o_.dtype == "bf16";
+    const bool bf16 = holds_bf16(o_.dtype);
     LayerBase& layer = make(c.layer);
     ParamTable table;
     layer.declare_params(c.spec, "bench", table);
@@ -366,7 +369,7 @@ int main(int argc, char** argv) {
                 bench.device().describe().c_str(), o.dtype.c_str(), static_cast<long long>(o.rows), rate / 1e12,
                 static_cast<long long>(w.product), bandwidth / 1e9);
     std::vector<Result> results;
-    for (const Case& c : gpt2_cases(w, o.rows, o.dtype == "bf16")) {
+    for (const Case& c : gpt2_cases(w, o.rows, holds_bf16(o.dtype))) {
       results.push_back(measure(bench, c, o.rows, false, rate, bandwidth));
       if (!c.loss) results.push_back(measure(bench, c, o.rows, true, rate, bandwidth));
     }

@@ -311,7 +311,11 @@ void load_params(const fs::path& file, const ParamTable& table, std::vector<floa
   require_finite(file, f.tensors, allow_nonfinite);
 }
 
-// A checkpoint's model.safetensors (the parameters by name, fp32) and config.toml.
+constexpr const char* kScalingFile = "scaling.safetensors";  // the layers' scaling state, where there is one
+constexpr const char* kScalingTensor = "scaling_state";
+
+// A checkpoint's model.safetensors (the parameters by name, fp32), config.toml and, where the
+// layers keep one (FP8 delayed scaling), scaling.safetensors.
 void write_model_and_config(const fs::path& dir, Model& model, const RunSpec& spec) {
   SafetensorsFile mf;
   std::vector<float> values;
@@ -320,6 +324,52 @@ void write_model_and_config(const fs::path& dir, Model& model, const RunSpec& sp
   mf.metadata["format"] = "ablate";
   write_safetensors(dir / "model.safetensors", mf);
   write_file_atomic(dir / "config.toml", spec.config_toml);
+  const TensorView state = model.scaling_state();
+  if (state.data == nullptr) return;
+  NamedTensor t{kScalingTensor, DType::f32, {state.numel()}, std::vector<uint8_t>(std::size_t(state.numel()) * sizeof(float))};
+  model.device().download(t.bytes.data(), state);
+  SafetensorsFile sf;
+  sf.tensors.push_back(std::move(t));
+  sf.metadata["format"] = "ablate";
+  write_safetensors(dir / kScalingFile, sf);
+}
+
+// The layers' scaling state from a checkpoint, where both have one of the same size; otherwise the
+// run goes on with what it has (zeros: the scales start afresh) and says why.
+void restore_scaling_state(const fs::path& cdir, Model& model, const RunSpec& spec) {
+  const fs::path file = cdir / kScalingFile;
+  const TensorView state = model.scaling_state();
+  if (!fs::exists(file)) {
+    if (state.data != nullptr) {
+      spdlog::warn("{}: the checkpoint holds no FP8 scaling state (written without run.fp8_scaling = \"delayed\"); the "
+                   "scales start afresh, from each tensor's own amax at first",
+                   cdir.string());
+    }
+    return;
+  }
+  SafetensorsFile f;
+  try {
+    f = read_safetensors(file);
+  } catch (const Error& e) {
+    throw_input_error(file.string(), std::string("cannot read the scaling state: ") + e.what());
+  }
+  const NamedTensor* t = f.find(kScalingTensor);
+  if (t == nullptr || t->dtype != DType::f32 || t->shape.size() != 1) {
+    throw_input_error(file.string(), std::string("not a scaling state: expected one f32 vector named '") + kScalingTensor + "'");
+  }
+  if (state.data == nullptr) {
+    spdlog::warn("{}: FP8 delayed scaling state that this run (run.dtype = \"{}\", run.fp8_scaling = \"{}\") does not use: "
+                 "ignored",
+                 file.string(), spec.run.dtype, spec.run.fp8_scaling);
+    return;
+  }
+  if (t->shape[0] != state.numel()) {
+    spdlog::warn("{}: {} values of scaling state, this run keeps {} (another run.fp8_amax_history, or model): the scales "
+                 "start afresh",
+                 file.string(), t->shape[0], state.numel());
+    return;
+  }
+  model.device().upload(state, t->bytes.data());
 }
 
 }  // namespace
@@ -825,6 +875,7 @@ CheckpointState Checkpointer::resume(Model& model, Optimizer& optimizer, DataPip
   std::vector<float> values(std::size_t(model.num_params()));
   load_params(cdir / "model.safetensors", model.table(), values, false);
   model.load_params_from_host(values);
+  restore_scaling_state(cdir, model, spec_);
   SafetensorsFile of;
   if (st.shard_state == spec_.shard_state && (!spec_.shard_state || st.world == world)) {
     // The file as it was written: the whole state, or this rank's shard of the same world.

@@ -26,10 +26,19 @@ static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
                   "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations and attention "
                   "gradients only products read held in bf16, fp32 master weights, weight gradients, optimizer state and "
                   "residual stream; MFU against the bf16 peak); fp8 (cuda, compute capability 8.9 or later: bf16's plan with "
-                  "the linear and MLP products in FP8, per-tensor current scaling, E4M3 weights and activations, E5M2 "
+                  "the linear and MLP products in FP8, per-tensor scales (run.fp8_scaling), E4M3 weights and activations, E5M2 "
                   "gradients; the classifier and attention in bf16; MFU against the bf16 peak); fp8_e4m3 (fp8 with E4M3 "
                   "gradients too)")
                .one_of({"fp32", "tf32", "bf16", "fp8", "fp8_e4m3"}),
+           string("fp8_scaling", "current",
+                  "run.dtype fp8: how each FP8 product's per-tensor scales are set: current (from the operand's own "
+                  "amax, just before the product); delayed (from an amax history of earlier steps, kept in checkpoints; "
+                  "the first step, with no history yet, scales as current does)")
+               .one_of({"current", "delayed"}),
+           integer("fp8_amax_history", 16, "run.fp8_scaling = delayed: steps of amax history each tensor keeps").within(1, 1024),
+           string("fp8_amax_reduction", "max",
+                  "run.fp8_scaling = delayed: the scale's amax from the history: max (of every step kept) or most_recent")
+               .one_of({"max", "most_recent"}),
            integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
            string("recompute", "none",
                   "activations backward recomputes instead of keeping them from forward: none; mlp "

@@ -205,6 +205,20 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
   if (args.params_bf16 == nullptr) c.model.params_changed();  // the bf16 weight copy, where the run has one
 }
 
+// 6. The layers' scaling state (FP8 delayed scaling) steps on: each site's amax of this step, the
+// max across the ranks (every rank then holds the same scales), pushed into its history.
+void end_step(StepContext& c) {
+  const TensorView state = c.model.scaling_state();
+  if (state.data == nullptr) return;
+  if (c.comm.world() > 1) {
+    c.timed([&] {
+      c.comm.all_reduce(state, ReduceOp::max);
+      c.comm.join();
+    });
+  }
+  c.profiled("scaling state", [&] { c.model.end_step(); });
+}
+
 }  // namespace
 
 StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
@@ -214,6 +228,7 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   sums[0] = forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
   reduce_gradients(c, !buckets_.empty(), sums);
   update_params(c, optimizer_, opt_table_, step, lr, sums[0]);
+  end_step(c);
   return c.out;
 }
 

@@ -165,6 +165,25 @@ void check_batch(const ModelOptions& o, const Batch& b) {
 // The assembled model: its device, layers and activation arena (model_layers.hpp), the schedule they were
 // wired into, its parameter buffers, and the two passes over the schedule. What the schedule, the
 // arena layout and the bf16 policy are lives in model_schedule.hpp and model_plan.hpp.
+// The layers' scaling state (LayerBase::scaling_state_elements): every site's part of one buffer.
+struct SiteScaling {
+  Buffer values;            // f32, zeros at first (none: empty)
+  std::vector<int64_t> at;  // per site: where its part starts (-1: none)
+  void allocate(Device& device, const std::vector<Site>& sites) {
+    int64_t n = 0;
+    for (const Site& s : sites) {
+      const int64_t k = s.op == Op::layer ? s.layer->scaling_state_elements(*s.spec) : 0;
+      at.push_back(k > 0 ? n : -1);
+      n += k;
+    }
+    if (n > 0) values = device.alloc(DType::f32, n);
+  }
+  TensorView of(const std::vector<Site>& sites, const Site& s) const {
+    const int64_t i = at.empty() ? -1 : at[std::size_t(&s - sites.data())];
+    return i < 0 ? TensorView{} : values.view(i, s.layer->scaling_state_elements(*s.spec));
+  }
+};
+
 struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   OpTimes* op_times = nullptr;  // per-op timing (run.profile_steps), else null
   // Runs f, timed as `op` with the device synchronised on both sides when profiling.
@@ -192,6 +211,7 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
 
   Buffer params, grads;   // (P, less the NF4 tensors) f32, (P - frozen) f32
   Buffer params_bf16;     // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
+  SiteScaling scaling;    // every site's LayerCall::scaling_state
   schedule::Nf4Base nf4;  // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
   DeviceBatch batch;      // the micro-batch on the device
 
@@ -362,6 +382,7 @@ LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
   c.stream = device->stream();
   if (s.param >= 0) c.params = nf4.site_params(s, params, table, *device);
   if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
+  c.scaling_state = scaling.of(sched.sites, s);
   if (backward) {
     if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
     c.d_y = arena(s.d_y, rows, s.y_cols);
@@ -464,6 +485,7 @@ void Model::Impl::allocate() {
   grads = device->alloc(DType::f32, table.total - frozen);
   nf4.allocate(*device);
   if (holds_bf16(run.dtype)) params_bf16 = device->alloc(DType::bf16, table.total);
+  scaling.allocate(*device, sched.sites);
 }
 
 // Tests: the device run.device names, without Session::device's run.dtype check (a model's own
@@ -527,7 +549,22 @@ TensorView Model::grads() { return impl_->grads.view(); }
 TensorView Model::params_bf16() { return impl_->params_bf16.count() > 0 ? impl_->params_bf16.view() : TensorView{}; }
 int64_t Model::state_bytes() const noexcept {
   const Impl& m = *impl_;
-  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4.bytes();
+  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4.bytes() + m.scaling.values.bytes();
+}
+
+TensorView Model::scaling_state() { return impl_->scaling.values.count() > 0 ? impl_->scaling.values.view() : TensorView{}; }
+
+void Model::end_step() {
+  Impl& m = *impl_;
+  for (const Site& s : m.sched.sites) {
+    const TensorView state = m.scaling.of(m.sched.sites, s);
+    if (state.data == nullptr) continue;
+    LayerCall c;
+    c.spec = s.spec;
+    c.scaling_state = state;
+    c.stream = m.device->stream();
+    s.layer->end_step(c);
+  }
 }
 
 void Model::params_changed() {

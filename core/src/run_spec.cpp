@@ -43,6 +43,9 @@ RunKeys read_run_keys(const Params& run) {
   r.seed = uint64_t(run.get_int("seed"));
   r.device = run.get_string("device");
   r.dtype = run.get_string("dtype");
+  r.fp8_scaling = run.get_string("fp8_scaling");
+  r.fp8_amax_history = run.get_int("fp8_amax_history");
+  r.fp8_amax_reduction = run.get_string("fp8_amax_reduction");
   r.recompute = run.get_string("recompute");
   r.communicator = run.get_string("communicator");
   r.threads = int(run.get_int("threads"));
@@ -122,6 +125,9 @@ RunContext RunSpec::context() const {
   c.seed = run.seed;
   c.device = run.device;
   c.dtype = run.dtype;
+  c.fp8_scaling = run.fp8_scaling;
+  c.fp8_amax_history = run.fp8_amax_history;
+  c.fp8_amax_reduction = run.fp8_amax_reduction;
   c.threads = use_cpu_threads(run.threads);
   return c;
 }

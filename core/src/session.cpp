@@ -13,6 +13,8 @@
 #include "ablate/schedule.hpp"
 #include "ablate/runtime/defaults.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace ablate {
 
 Session::Session(const RunSpec& spec, const Registry& registry) : Session(spec, registry, spec.context()) {}
@@ -38,6 +40,10 @@ std::unique_ptr<Device> Session::device() const {
                                                      : "fp32 values, TF32 products";
     throw_input_error("run.dtype", "\"" + run_.dtype + "\" is a mode of tensor-core products (" + what +
                                        "): it needs run.device = \"cuda\"; " + device->describe() + " computes in fp32");
+  }
+  if (!fp8_dtype(run_.dtype) && run_.fp8_scaling == "delayed") {
+    spdlog::warn("run.fp8_scaling = \"delayed\" sets the scales of FP8 products; run.dtype = \"{}\" has none, so it does nothing",
+                 run_.dtype);
   }
   if (fp8_dtype(run_.dtype) && !can.fp8_products) {
     throw_input_error("run.dtype", "\"" + run_.dtype +

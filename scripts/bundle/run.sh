@@ -126,6 +126,14 @@ for b in bench_optim bench_attention bench_epilogues bench_layers; do
   printf '%s\tbenchmark\t%s\t0\t%d\n' "$b" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
   tail -25 "$out/logs/$b.log"
 done
+# bench_layers again under FP8 products (run.dtype = "fp8"), where the device has them.
+if want bench && [ -x "$here/bin/bench_layers" ] && ! skip_stage bench_layers_fp8 60; then
+  t0=$(date +%s)
+  timeout "$(limit 240)" "$here/bin/bench_layers" --dtype fp8 --json "$out/bench_layers_fp8.json" > "$out/logs/bench_layers_fp8.log" 2>&1
+  case $? in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf 'bench_layers_fp8\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -25 "$out/logs/bench_layers_fp8.log"
+fi
 want bench && echo "== peer: PyTorch SDPA at bench_attention's shapes (bench/peers/pytorch_sdpa.py)"
 if want bench && ! skip_stage pytorch_sdpa 60; then
   t0=$(date +%s)

@@ -31,6 +31,8 @@ STEP = [
     ("core/src/engine.cpp", "", "forward_backward"),
     ("core/src/engine.cpp", "", "reduce_gradients"),
     ("core/src/engine.cpp", "", "update_params"),
+    ("core/src/engine.cpp", "", "end_step"),
+    ("core/src/model.cpp", "Model", "end_step"),
     ("core/src/model.cpp", "Model", "forward_backward"),
     ("core/src/model.cpp", "", "check_batch"),
     ("core/src/model.cpp", "Impl", "run_forward"),

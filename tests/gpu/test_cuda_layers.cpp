@@ -1123,10 +1123,12 @@ struct Quantised {
   float inv = 1.0f;       // 1 / scale
 };
 
-Quantised quantise(const std::vector<float>& v, std::size_t begin, std::size_t n, bool e5m2) {
+// `given` > 0: that scale (delayed scaling's), values past the format's range saturating; else the
+// tensor's own (current scaling).
+Quantised quantise(const std::vector<float>& v, std::size_t begin, std::size_t n, bool e5m2, float given = 0.0f) {
   float amax = 0.0f;
   for (std::size_t i = begin; i < begin + n; ++i) amax = std::max(amax, std::fabs(v[i]));
-  const float scale = amax > 0.0f ? (e5m2 ? 57344.0f : 448.0f) / amax : 1.0f;
+  const float scale = given > 0.0f ? given : amax > 0.0f ? (e5m2 ? 57344.0f : 448.0f) / amax : 1.0f;
   Quantised r;
   r.inv = 1.0f / scale;
   for (std::size_t i = begin; i < begin + n; ++i) {
@@ -1141,8 +1143,9 @@ struct Fp8Linear {
 
 // The linear layer's forward and backward under `dtype`, x given in f32 or held in bf16 (as the
 // model holds a norm's output), the weights' bf16 copy given as the model gives it.
-Fp8Linear linear_fp8(const Problem& p, const Values& v, const char* dtype, bool x_held) {
-  Layer& gpu = suite().layer<Layer>("linear", "cuda", dtype);
+Fp8Linear linear_fp8(const Problem& p, const Values& v, const char* dtype, bool x_held, Layer* layer = nullptr,
+                     DeviceFloats* state = nullptr) {
+  Layer& gpu = layer != nullptr ? *layer : suite().layer<Layer>("linear", "cuda", dtype);
   const DeviceIds ids(p.batch);
   cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params);
   DeviceFloats x = to_device(v.x), params = to_device(v.params), dy = to_device(v.d_y), grads = to_device(v.grads);
@@ -1154,6 +1157,7 @@ Fp8Linear linear_fp8(const Problem& p, const Values& v, const char* dtype, bool 
   call.params = device_view(params);
   call.params_bf16 = bf16_view(copy);
   call.scratch = device_view(scratch);
+  if (state != nullptr) call.scaling_state = device_view(*state);
   gpu.forward(call);
   call.grads = device_view(grads);
   call.d_y = device_view(dy);
@@ -1253,6 +1257,111 @@ TEST_CASE("linear under FP8 products: every product of per-tensor quantised oper
       }
     }
   }
+}
+
+TEST_CASE("linear under FP8 delayed scaling: a fresh state scales as current scaling, then each operand by its amax history") {
+  if (!device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const int64_t history = 4;
+  RunContext run;
+  run.device = "cuda";
+  run.dtype = "fp8";
+  run.fp8_scaling = "delayed";
+  run.fp8_amax_history = history;
+  run.threads = 2;
+  const Params common{"model", {}}, own{"model.linear", {}};
+  auto delayed = suite().registry.create<Layer>(Kind::layer, "linear", {common, own, run});
+  std::mt19937_64 rng(4242);
+  Layer& cpu = suite().layer<Layer>("linear", "cpu");
+  Problem p;
+  p.layer = "linear";
+  p.spec.in = 40;
+  p.spec.out = 24;
+  p.spec.bias = true;
+  p.rows = 45;
+  p.x_width = p.spec.in;
+  p.y_width = p.spec.out;
+  p.batch = make_batch(p.rows, 1, 1, rng);
+  const int64_t slot = 8 + history;  // fp8_kernels.hpp's slot: 8 header values, then the history
+  REQUIRE(delayed->scaling_state_elements(p.spec) == 3 * 2 * slot);
+  CHECK(suite().layer<Layer>("linear", "cuda", "fp8").scaling_state_elements(p.spec) == 0);  // current scaling keeps none
+  Values v = random_values(p, cpu, *delayed, rng, 0.0);
+  for (float& e : v.x) e = device_math::bf16_value(device_math::bf16_bits(e));
+  DeviceFloats state = to_device(std::vector<float>(std::size_t(3 * 2 * slot), 0.0f));
+  // Step 1, fresh: the same bits as current scaling.
+  const Fp8Linear first = linear_fp8(p, v, "fp8", true, delayed.get(), &state);
+  const Fp8Linear current = linear_fp8(p, v, "fp8", true);
+  CHECK(same_bits(first.y, current.y));
+  CHECK(same_bits(first.d_x, current.d_x));
+  CHECK(same_bits(first.grads, current.grads));
+  // The step's end: each slot's scale is fp8_max over the amax its operand had.
+  LayerCall end;
+  end.spec = &p.spec;
+  end.stream = ablate::Stream(suite().stream);
+  end.scaling_state = device_view(state);
+  delayed->end_step(end);
+  const std::vector<double> st = from_device(state);
+  const auto amax = [](const std::vector<float>& x, std::size_t n) {
+    float a = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) a = std::max(a, std::fabs(x[i]));
+    return a;
+  };
+  const float ax = amax(v.x, v.x.size()), aw = amax(v.params, std::size_t(p.spec.in * p.spec.out)), ady = amax(v.d_y, v.d_y.size());
+  // (product, operand): 0 forward (x, W), 1 input gradient (dy in E5M2, W), 2 weight gradient (dy in E5M2, x).
+  const float want_amax[6] = {ax, aw, ady, aw, ady, ax};
+  const float want_max[6] = {448.0f, 448.0f, 57344.0f, 448.0f, 57344.0f, 448.0f};
+  for (int i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    const std::size_t at = std::size_t(i * slot);
+    CHECK(st[at + 0] == 0.0);                                 // the step's amax pushed
+    CHECK(st[at + 1] == double(want_max[i] / want_amax[i]));  // the scale
+    CHECK(st[at + 3] == double(want_max[i]));                 // the format's largest value
+    CHECK(st[at + 4] == 1.0);                                 // one update
+    CHECK(st[at + 8] == double(want_amax[i]));                // in the history
+  }
+  // Step 2 with x twice as large and d_y half: scaled by step 1's amax, x's upper half saturates.
+  Values v2 = v;
+  for (float& e : v2.x) e *= 2.0f;
+  for (float& e : v2.d_y) e *= 0.5f;
+  const Fp8Linear second = linear_fp8(p, v2, "fp8", true, delayed.get(), &state);
+  const int64_t in = p.spec.in, out = p.spec.out, rows = p.rows;
+  const Quantised qx = quantise(v2.x, 0, v2.x.size(), false, 448.0f / ax);
+  const Quantised qw = quantise(v2.params, 0, std::size_t(in * out), false, 448.0f / aw);
+  const Quantised qdy = quantise(v2.d_y, 0, v2.d_y.size(), true, 57344.0f / ady);
+  std::vector<double> y(std::size_t(rows * out)), dx(std::size_t(rows * in)), grads(v2.grads.begin(), v2.grads.end());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double t = 0;
+      for (int64_t i = 0; i < in; ++i) t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
+      y[std::size_t(r * out + o)] = double(qx.inv * qw.inv) * t + double(v2.params[std::size_t(in * out + o)]);
+    }
+    for (int64_t i = 0; i < in; ++i) {
+      double t = 0;
+      for (int64_t o = 0; o < out; ++o) t += qdy.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
+      dx[std::size_t(r * in + i)] = double(qdy.inv * qw.inv) * t;
+    }
+  }
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      double t = 0;
+      for (int64_t r = 0; r < rows; ++r) t += qdy.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
+      grads[std::size_t(o * in + i)] += double(qdy.inv * qx.inv) * t;
+    }
+    for (int64_t r = 0; r < rows; ++r) grads[std::size_t(in * out + o)] += double(v2.d_y[std::size_t(r * out + o)]);
+  }
+  Margins margins("linear fp8 delayed");
+  const Tolerance tol = tolerance(Precision::f32, in + out + rows, 0);
+  margins.count("fp8 delayed");
+  compare("y", second.y, y, {}, tol, margins, "fp8 delayed", "step 2");
+  compare("d_x", second.d_x, dx, {}, tol, margins, "fp8 delayed", "step 2");
+  compare("grads", second.grads, grads, widen(v2.grads), tol, margins, "fp8 delayed", "step 2");
+  // ...which is not what current scaling gives (x saturated), and the new amaxes are pending.
+  CHECK_FALSE(same_bits(second.y, linear_fp8(p, v2, "fp8", true).y));
+  const std::vector<double> st2 = from_device(state);
+  CHECK(st2[0] == double(2.0f * ax));
+  CHECK(st2[std::size_t(2 * slot)] == double(0.5f * ady));
 }
 
 TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {

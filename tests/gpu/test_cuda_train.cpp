@@ -3,7 +3,9 @@
 // uninterrupted run's losses bit for bit; a cuda checkpoint resumes on the cpu and back; a run whose
 // memory plan cannot fit the device is refused before training; bf16 products follow the CPU within
 // bf16's rounding, with the activations only products read held in bf16 (the plan's saving checked
-// exactly). Exits 77 (CTest: skipped) without a CUDA device.
+// exactly); FP8 products (current and delayed scaling) follow the bf16 run within FP8's rounding,
+// delayed scaling's state resumes bit for bit, and a bf16 resume ignores it. Exits 77 (CTest:
+// skipped) without a CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -287,7 +289,8 @@ TEST_CASE("run.dtype = bf16 follows the cpu f32 run within bf16's rounding, and 
   for (std::size_t i = 0; i < b.size(); ++i) CHECK(c[i]["loss"].get<double>() == b[i]["loss"].get<double>());
 }
 
-TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 steps, and resumes bit for bit") {
+TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 steps, current and delayed scaling; delayed "
+          "scaling's state resumes bit for bit, and a bf16 resume ignores it") {
   int device = 0;
   cudaDeviceProp prop{};
   ABLATE_CUDA_CHECK(cudaGetDevice(&device));
@@ -301,32 +304,49 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
     return;
   }
   TempDir tmp;
-  const fs::path bf16 = tmp.path() / "bf16", fp8 = tmp.path() / "fp8", parts = tmp.path() / "parts";
+  const fs::path bf16 = tmp.path() / "bf16", fp8 = tmp.path() / "fp8", delayed = tmp.path() / "delayed", parts = tmp.path() / "parts";
   const std::string steps = " --set run.steps=20 --set run.eval_every=10";
+  const std::string scaling = " --set run.fp8_scaling=delayed --set run.fp8_amax_history=4";
   REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --run-dir " + bf16.string()).exit_code == 0);
   REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --run-dir " + fp8.string()).exit_code == 0);
-  const auto a = metrics(bf16), b = metrics(fp8);
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + scaling + steps + " --run-dir " + delayed.string()).exit_code == 0);
+  const auto a = metrics(bf16), b = metrics(fp8), c = metrics(delayed);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == 20);
-  // (fp8_e4m3's products are checked against their definition in test_cuda_layers.cpp.)
-  // E4M3 keeps 4 significant bits (2^-4 relative per operand), E5M2 3. At this model's scale the
-  // logits are of order 0.1 (d_model 32, weights of std 0.02): FP8's rounding moves each by about
-  // 2^-4 of that, ~6e-3, with random sign; the loss is a mean over ~300 positions of log-softmaxes,
-  // so it moves by ~6e-3 / sqrt(300) ~ 3.5e-4 absolute, ~1e-4 relative of a loss near 4, and 20
-  // AdamW steps of such gradients drift about as far again. 2e-3 relative is ten times that; a
-  // product that read a wrong scale, format or layout is off by whole factors.
+  REQUIRE(c.size() == 20);
+  // (fp8_e4m3's products, and delayed scaling's, are checked against their definition in
+  // test_cuda_layers.cpp.) E4M3 keeps 4 significant bits (2^-4 relative per operand), E5M2 3. At
+  // this model's scale the logits are of order 0.1 (d_model 32, weights of std 0.02): FP8's
+  // rounding moves each by about 2^-4 of that, ~6e-3, with random sign; the loss is a mean over
+  // ~300 positions of log-softmaxes, so it moves by ~6e-3 / sqrt(300) ~ 3.5e-4 absolute, ~1e-4
+  // relative of a loss near 4, and 20 AdamW steps of such gradients drift about as far again.
+  // Delayed scaling's scales come from up to 4 steps back, where amaxes differ by a few percent:
+  // a little less of the format's range used, the same order of error. 2e-3 relative is ten
+  // times that; a product that read a wrong scale, format or layout is off by whole factors.
   for (std::size_t i = 0; i < a.size(); ++i) {
     INFO("step " << a[i]["step"]);
     CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+    CHECK(rel(c[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
   }
   CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
   CHECK(b[5]["loss"].get<double>() != a[5]["loss"].get<double>());  // FP8 did round: not bf16 under another name
-  // Current scaling keeps no state between steps: stopped and resumed, the same bits.
-  REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --run-dir " + parts.string() + " --stop-at 7").exit_code == 0);
-  REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --resume " + parts.string()).exit_code == 0);
+  CHECK(c[0]["loss"].get<double>() == b[0]["loss"].get<double>());  // the first step scales as current scaling does
+  CHECK(c[5]["loss"].get<double>() != b[5]["loss"].get<double>());  // then by the history
+  // Delayed scaling's state is in the checkpoint: stopped and resumed, the same bits.
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + scaling + steps + " --run-dir " + parts.string() + " --stop-at 7").exit_code == 0);
+  CHECK(fs::exists(parts / "checkpoints" / "step_00000007" / "scaling.safetensors"));
+  // It resumes in bf16 too: the parameters and optimizer state are bf16's, the scaling state is
+  // ignored with a warning (besides the one every changed config gets).
+  const fs::path as_bf16 = tmp.path() / "as_bf16";
+  fs::copy(parts, as_bf16, fs::copy_options::recursive);
+  const CommandResult r = train(kCuda + " --set run.dtype=bf16 --set run.steps=9 --resume " + as_bf16.string());
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("does not use: ignored") != std::string::npos);
+  CHECK(metrics(as_bf16).size() == 9);
+  REQUIRE(train(kCuda + " --set run.dtype=fp8" + scaling + steps + " --resume " + parts.string()).exit_code == 0);
   const auto d = metrics(parts);
-  REQUIRE(d.size() == b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) CHECK(d[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+  REQUIRE(d.size() == c.size());
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(d[i]["loss"].get<double>() == c[i]["loss"].get<double>());
 }
 
 TEST_CASE("a one-rank nccl run equals the single communicator's run on cuda, step by step and bit for bit") {

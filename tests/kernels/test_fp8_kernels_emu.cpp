@@ -216,8 +216,10 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             auto dmax = to_device(std::vector<float>{1.0f});
             auto dover = to_device(std::vector<unsigned>{0u});
             cuda_layers::launch_fp8_amax_2d(src, bf16, rows, cols, ld, dmax.data(), nullptr);
+            auto dmax_pack = to_device(std::vector<float>{0.0f});
             cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, transposed, scale.data(), f, y.data(), y_ld, dover.data(),
-                                         nullptr);
+                                         dmax_pack.data(), nullptr);
+            CHECK(to_host(dmax_pack)[0] == amax);  // the same pass's amax
             const auto got = to_host(y);
             for (std::size_t i = 0; i < expect.size(); ++i) {
               INFO("element " << i);
@@ -276,5 +278,69 @@ TEST_CASE("fp8 scale update: the amax history as a ring, max or most recent, mar
         if (use_max) CHECK(to_host(scale)[1] == float(fp8_max / (2.0 * std::ldexp(1.0, margin))));
       });
     }
+  }
+}
+
+TEST_CASE("fp8 delayed-scaling slots: a fresh slot scales by the operand's own amax, then by its history; updates as a ring") {
+  using cuda_layers::fp8_slot_floats;
+  using cuda_layers::kFp8SlotHeader;
+  const int64_t history = 3, floats = fp8_slot_floats(history);
+  const float nan = float_bits(0x7FC00000u);
+  std::mt19937 rng(19);
+  const std::vector<float> x = spread(300, 7.0f, rng);
+  float amax_x = 0;
+  for (float v : x) amax_x = std::max(amax_x, std::fabs(v));
+  for (const bool use_max : {true, false}) {
+    CAPTURE(use_max);
+    for_each_schedule([&] {
+      // Two slots: one used (E4M3), one never used (left as it is by the update).
+      auto slots = to_device(std::vector<float>(std::size_t(2 * floats), 0.0f));
+      auto scratch = to_device(std::vector<float>{0.0f, 0.0f, 0.0f});  // amax, scale, inverse
+      const auto dx = to_device(x);
+      // Fresh: the operand's own amax gives the scale.
+      cuda_layers::launch_fp8_slot_amax(dx.data(), false, 20, 15, 15, slots.data(), scratch.data(), nullptr);
+      cuda_layers::launch_fp8_slot_scale(slots.data(), 448.0f, scratch.data(), scratch.data() + 1, scratch.data() + 2, nullptr);
+      auto got = to_host(scratch);
+      CHECK(got[0] == 0.0f);  // reset for the next use
+      CHECK(got[1] == 448.0f / amax_x);
+      CHECK(got[2] == 1.0f / (448.0f / amax_x));
+      CHECK(to_host(slots)[3] == 448.0f);
+      // The step's amax as the quantising pass records it, then updates with amaxes 2, 8, 4, NaN, 1:
+      // the ring holds the last three; the scale is 448 over their max (or the newest), kept on NaN.
+      const std::vector<float> amaxes = {2.0f, 8.0f, 4.0f, nan, 1.0f};
+      std::vector<float> ring(std::size_t(history), 0.0f);
+      float want_scale = 0.0f;
+      for (std::size_t k = 0; k < amaxes.size(); ++k) {
+        CAPTURE(k);
+        auto host = to_host(slots);
+        host[0] = amaxes[k];
+        slots.upload(host.data(), host.size());
+        cuda_layers::launch_fp8_update_slots(slots.data(), 2, history, use_max, nullptr);
+        ring[k % std::size_t(history)] = amaxes[k];
+        float a = amaxes[k];
+        if (use_max) {
+          for (std::size_t i = 0; i < std::min<std::size_t>(k + 1, std::size_t(history)); ++i) a = std::fmax(a, ring[i]);
+        }
+        if (a > 0.0f && std::isfinite(a)) want_scale = 448.0f / a;
+        host = to_host(slots);
+        CHECK(host[0] == 0.0f);
+        CHECK(host[4] == float(k + 1));
+        CHECK(host[1] == want_scale);
+        CHECK(host[2] == 1.0f / want_scale);
+        for (int64_t i = 0; i < history; ++i) {
+          const float h = host[std::size_t(kFp8SlotHeader + i)], r = ring[std::size_t(i)];
+          CHECK((h == r || (std::isnan(h) && std::isnan(r))));
+        }
+        for (int64_t i = floats; i < 2 * floats; ++i) CHECK(host[std::size_t(i)] == 0.0f);  // the unused slot
+      }
+      // With a scale set, the amax pass reads nothing and the slot's scale is the one used.
+      scratch = to_device(std::vector<float>{0.0f, 0.0f, 0.0f});
+      cuda_layers::launch_fp8_slot_amax(dx.data(), false, 20, 15, 15, slots.data(), scratch.data(), nullptr);
+      CHECK(to_host(scratch)[0] == 0.0f);
+      cuda_layers::launch_fp8_slot_scale(slots.data(), 448.0f, scratch.data(), scratch.data() + 1, scratch.data() + 2, nullptr);
+      got = to_host(scratch);
+      CHECK(got[1] == want_scale);
+      CHECK(got[2] == 1.0f / want_scale);
+    });
   }
 }

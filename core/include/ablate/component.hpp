@@ -37,6 +37,11 @@ struct RunContext {
   int world = 1;
   std::string device = "cpu";  // "cpu" | "cuda"
   std::string dtype = "fp32";  // [run] dtype: "fp32" | "tf32" | "bf16" | "fp8" | "fp8_e4m3" (config reference)
+  // FP8 products' scales ([run] fp8_scaling, fp8_amax_history, fp8_amax_reduction): "current" (each
+  // operand's own amax) or "delayed" (the max, or most recent, of an amax history of this length).
+  std::string fp8_scaling = "current";
+  int64_t fp8_amax_history = 16;
+  std::string fp8_amax_reduction = "max";
   int threads = 0;
 };
 

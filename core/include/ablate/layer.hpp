@@ -82,7 +82,10 @@ struct LayerCall {
   TensorView params_bf16;    // run.dtype = "bf16": the bf16 copy of params (same offsets), else empty
   TensorView saved;          // activation_elements(spec, rows) values, kept forward -> backward
   TensorView scratch;        // scratch_elements(spec, rows) values, free between calls
-  Stream stream;             // the model's device queue (Device::stream(); null on the cpu)
+  // scaling_state_elements(spec) f32 values of this call site that persist across steps and go
+  // into checkpoints (FP8 delayed scaling's amax histories and scales); zeros in a fresh run.
+  TensorView scaling_state;
+  Stream stream;  // the model's device queue (Device::stream(); null on the cpu)
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;
@@ -139,6 +142,17 @@ class LayerBase : public Component {
   // takes bf16 gradients (Attention::bf16_gradients), the model holds d_q, d_k, d_v and the
   // attention output's gradient in bf16 when every layer that touches them says yes.
   virtual bool bf16_attention_grads() const { return false; }
+  // State a call site keeps from step to step (LayerCall::scaling_state: FP8 delayed scaling's
+  // amax histories and scales), in f32 values, 0 = none; and what the layer does with it once per
+  // optimizer step, after the optimizer (a call with spec, scaling_state and stream set): the amax
+  // of the step pushed into its history and the scales set from it. The model keeps the values
+  // (zeros at first), saves them in checkpoints and, with several ranks, takes the max of each
+  // value across ranks before end_step (the amax of the whole job's batch).
+  virtual int64_t scaling_state_elements(const LayerSpec& spec) const {
+    (void)spec;
+    return 0;
+  }
+  virtual void end_step(const LayerCall& call) { (void)call; }
   // A position layer: where the model applies it (PositionSite above). Other roles: unused.
   virtual PositionSite position_site() const { return PositionSite::stream; }
   // What the layer answers for [model] keys left at 0, so that the model names no layer: a norm's

@@ -23,10 +23,11 @@ std::unique_ptr<Layer> make_norm(bool rms, const char* name);
 std::unique_ptr<Layer> make_embedding();
 std::unique_ptr<Layer> make_learned();
 std::unique_ptr<Layer> make_rope(double theta);  // [model.rope] theta
-// The layers with matrix products take the run's math mode (gemm.hpp: fp32, tf32 or bf16 products).
-std::unique_ptr<Layer> make_linear(MatmulMode mode);
-std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode);
-std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode);
+// The layers with matrix products take the run's math mode (gemm.hpp: fp32, tf32, bf16 or FP8 products)
+// and, the dense ones, how FP8 products are scaled.
+std::unique_ptr<Layer> make_linear(MatmulMode mode, Fp8Scaling scaling);
+std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode, Fp8Scaling scaling);
+std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode, Fp8Scaling scaling);
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode);
 std::unique_ptr<Layer> make_lora(const Params& own);  // [adapter.lora]
 

@@ -12,17 +12,23 @@
 namespace ablate::cuda_layers {
 namespace {
 
-// A layer with its own keys (`schema`, read from [model.<name>] or [adapter.<name>]): `make`
-// receives them.
-void add_keyed(Registrar& r, const char* name, const char* version, const char* doc, Schema schema,
-               std::function<std::unique_ptr<Layer>(const Params& own)> make) {
+// A layer registration for device "cuda" (its factory set by the caller).
+ComponentInfo layer_info(const char* name, const char* version, const char* doc) {
   ComponentInfo info;
   info.kind = Kind::layer;
   info.name = name;
   info.version = version;
   info.doc = doc;
-  info.schema = std::move(schema);
   info.devices = {"cuda"};
+  return info;
+}
+
+// A layer with its own keys (`schema`, read from [model.<name>] or [adapter.<name>]): `make`
+// receives them.
+void add_keyed(Registrar& r, const char* name, const char* version, const char* doc, Schema schema,
+               std::function<std::unique_ptr<Layer>(const Params& own)> make) {
+  ComponentInfo info = layer_info(name, version, doc);
+  info.schema = std::move(schema);
   info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(a.own); };
   r.add(std::move(info));
 }
@@ -31,13 +37,22 @@ void add_keyed(Registrar& r, const char* name, const char* version, const char* 
 // gemm.hpp).
 template <class L>
 void add(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<L>(MatmulMode)> make) {
-  ComponentInfo info;
-  info.kind = Kind::layer;
-  info.name = name;
-  info.version = "1.1.0";
-  info.doc = doc;
-  info.devices = {"cuda"};
+  ComponentInfo info = layer_info(name, "1.1.0", doc);
   info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> { return make(matmul_mode(a.run.dtype)); };
+  r.add(std::move(info));
+}
+
+// A dense layer: `make` also receives how FP8 products are scaled (run.fp8_scaling and its keys).
+void add_dense(Registrar& r, const char* name, const char* doc, std::function<std::unique_ptr<Layer>(MatmulMode, Fp8Scaling)> make) {
+  ComponentInfo info = layer_info(name, "1.1.0", doc);
+  info.factory = [make](const ComponentArgs& a) -> std::unique_ptr<Component> {
+    Fp8Scaling s;
+    if (fp8_dtype(a.run.dtype) && a.run.fp8_scaling == "delayed") {
+      s.history = a.run.fp8_amax_history;
+      s.use_max = a.run.fp8_amax_reduction != "most_recent";
+    }
+    return make(matmul_mode(a.run.dtype), s);
+  };
   r.add(std::move(info));
 }
 
@@ -52,13 +67,13 @@ void register_components(Registrar& r) {
              [](MatmulMode) { return make_norm(false, "layernorm"); });
   add<Layer>(r, "rmsnorm", "RMS norm with weight on a CUDA device (f32; warp per row)",
              [](MatmulMode) { return make_norm(true, "rmsnorm"); });
-  add<Layer>(r, "linear",
-             "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32, bf16 or FP8 products)",
-             make_linear);
-  add<Layer>(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
-             make_gelu_mlp);
-  add<Layer>(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
-             make_swiglu_mlp);
+  add_dense(r, "linear",
+            "y = x W^T + b (+ residual), cuBLASLt with a bias epilogue, on a CUDA device (f32; TF32, bf16 or FP8 products)",
+            make_linear);
+  add_dense(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
+            make_gelu_mlp);
+  add_dense(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
+            make_swiglu_mlp);
   add<LossLayer>(r, "cross_entropy",
                  "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in chunks of 4096 "
                  "under bf16 products; bf16 under FP8 ones), softmax cross-entropy and its gradients",

@@ -99,7 +99,9 @@ __device__ float load2d(const void* x, bool bf16, int64_t r, int64_t c, int64_t 
   return static_cast<const float*>(x)[r * ld + c];
 }
 
-__global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax) {
+// skip (may be null): a slot's scale; where it is set, nothing is read.
+__global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* skip, float* amax) {
+  if (skip != nullptr && *skip > 0.0f) return;
   unsigned m = 0;
   ABLATE_GRID_STRIDE(i, rows * cols) {
     const unsigned b = abs_bits(load2d(x, bf16, i / cols, i % cols, ld));
@@ -110,26 +112,43 @@ __global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t c
 
 // Not transposed: one thread an element of y (rows x y_ld), the padding written as zeros.
 __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
-                            uint8_t* y, int64_t y_ld, unsigned* saturated) {
+                            uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax) {
   const float s = *scale;
-  unsigned over = 0;
+  unsigned over = 0, m = 0;
   ABLATE_GRID_STRIDE(i, rows * y_ld) {
     const int64_t r = i / y_ld, c = i % y_ld;
-    y[i] = c < cols ? to_fp8(load2d(x, bf16, r, c, ld) * s, format, over) : uint8_t(0);
+    if (c < cols) {
+      const float v = load2d(x, bf16, r, c, ld);
+      const unsigned b = abs_bits(v);
+      m = b > m ? b : m;
+      y[i] = to_fp8(v * s, format, over);
+    } else {
+      y[i] = 0;
+    }
   }
   if (saturated != nullptr) count_into(saturated, over);
+  if (amax != nullptr) max_into(amax, m);
 }
 
 // Transposed: 32 x 32 tiles of y (cols x y_ld) through shared memory, x's rows beyond `rows` zeros.
 __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale,
-                                       Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated) {
+                                       Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = *scale;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  unsigned over = 0;
+  unsigned over = 0, m = 0;
   for (int dr = int(threadIdx.y); dr < kTile; dr += int(blockDim.y)) {
     const int64_t r = r0 + dr, c = c0 + int64_t(threadIdx.x);
-    if (r < y_ld && c < cols) tile[dr][threadIdx.x] = r < rows ? to_fp8(load2d(x, bf16, r, c, ld) * s, format, over) : uint8_t(0);
+    if (r < y_ld && c < cols) {
+      uint8_t q = 0;
+      if (r < rows) {
+        const float v = load2d(x, bf16, r, c, ld);
+        const unsigned b = abs_bits(v);
+        m = b > m ? b : m;
+        q = to_fp8(v * s, format, over);
+      }
+      tile[dr][threadIdx.x] = q;
+    }
   }
   __syncthreads();
   for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
@@ -137,6 +156,42 @@ __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, i
     if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
   }
   if (saturated != nullptr) count_into(saturated, over);
+  if (amax != nullptr) max_into(amax, m);
+}
+
+__global__ void slot_scale_kernel(float* slot, float fp8_max, float* amax, float* scale, float* scale_inv) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  slot[3] = fp8_max;
+  float s = slot[1];
+  if (!(s > 0.0f)) {  // no history yet: the operand's own amax
+    const float a = *amax;
+    s = a > 0.0f && a <= 3.4028234663852886e38f ? fp8_max / a : 1.0f;
+  }
+  *scale = s;
+  *scale_inv = 1.0f / s;
+  *amax = 0.0f;
+}
+
+__global__ void update_slots_kernel(float* slots, int64_t count, int64_t history, bool use_max) {
+  ABLATE_GRID_STRIDE(t, count) {
+    float* s = slots + t * (kFp8SlotHeader + history);
+    if (!(s[3] > 0.0f)) continue;  // never used
+    const float now = s[0];
+    const int64_t k = int64_t(s[4]);
+    float* h = s + kFp8SlotHeader;
+    h[k % history] = now;
+    s[4] = float(k + 1);
+    s[0] = 0.0f;
+    float a = now;
+    if (use_max) {
+      const int64_t kept = k + 1 < history ? k + 1 : history;
+      for (int64_t i = 0; i < kept; ++i) a = fmaxf(a, h[i]);
+    }
+    if (a > 0.0f && a <= 3.4028234663852886e38f) {  // NaN and inf fail: the scale is kept
+      s[1] = s[3] / a;
+      s[2] = 1.0f / s[1];
+    }
+  }
 }
 
 __global__ void update_scales_kernel(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max,
@@ -174,19 +229,34 @@ void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, 
   quantize_transposed_kernel<<<grid, block, 0, stream>>>(x, rows, cols, scale, format, y, amax, saturated);
 }
 void launch_fp8_amax_2d(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax, cudaStream_t stream) {
-  if (rows > 0 && cols > 0)
-    amax_2d_kernel<<<cuda::blocks_for(rows * cols), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, amax);
+  if (rows > 0 && cols > 0) {
+    amax_2d_kernel<<<cuda::blocks_for(rows * cols), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, nullptr, amax);
+  }
+}
+void launch_fp8_slot_amax(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* slot, float* amax,
+                          cudaStream_t stream) {
+  if (rows > 0 && cols > 0) {
+    amax_2d_kernel<<<cuda::blocks_for(rows * cols), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, slot + 1, amax);
+  }
+}
+void launch_fp8_slot_scale(float* slot, float fp8_max, float* amax, float* scale, float* scale_inv, cudaStream_t stream) {
+  slot_scale_kernel<<<1, 32, 0, stream>>>(slot, fp8_max, amax, scale, scale_inv);
+}
+void launch_fp8_update_slots(float* slots, int64_t count, int64_t history, bool use_max, cudaStream_t stream) {
+  if (count > 0 && history > 0) {
+    update_slots_kernel<<<cuda::blocks_for(count), cuda::kThreads, 0, stream>>>(slots, count, history, use_max);
+  }
 }
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
-                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, cudaStream_t stream) {
+                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   if (!transposed) {
     pack_kernel<<<cuda::blocks_for(rows * y_ld), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld,
-                                                                              saturated);
+                                                                              saturated, amax);
     return;
   }
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((y_ld + kTile - 1) / kTile)), block(kTile, 8);
-  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, saturated);
+  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, saturated, amax);
 }
 void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max, float fp8_max,
                               int margin, float* scale, float* scale_inv, cudaStream_t stream) {

@@ -208,14 +208,22 @@ class Context {
         g.A != nullptr ? static_cast<const void*>(g.A) : g.A_bf16, g.A == nullptr, g.ta ? g.K : g.M, g.ta ? g.M : g.K, g.lda, g.ta};
     const Source b{
         g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
-    launch_fp8_amax_2d(a.x, a.bf16, a.rows, a.cols, a.ld, st + 0, stream);
-    launch_fp8_amax_2d(b.x, b.bf16, b.rows, b.cols, b.ld, st + 1, stream);
-    launch_fp8_update_scales(st + 0, st + 2, 1, 1, 0, false, kFp8Max[int(fa)], 0, st + 4, st + 6, stream);
-    launch_fp8_update_scales(st + 1, st + 3, 1, 1, 0, false, kFp8Max[int(fb)], 0, st + 5, st + 7, stream);
     auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
     auto* qb = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
-    launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, stream);
-    launch_fp8_pack(b.x, b.bf16, b.rows, b.cols, b.ld, b.transposed, st + 5, fb, qb, kp, nullptr, stream);
+    // Operand i's amax into st[i], its scale and inverse into st[4 + i] and st[6 + i] (st[2 + i]: the
+    // one-value history current scaling updates through), then its quantised copy.
+    const auto quantise = [&](const Source& x, float* slot, Fp8Format f, int i, uint8_t* q) {
+      if (slot == nullptr) {
+        launch_fp8_amax_2d(x.x, x.bf16, x.rows, x.cols, x.ld, st + i, stream);
+        launch_fp8_update_scales(st + i, st + 2 + i, 1, 1, 0, false, kFp8Max[int(f)], 0, st + 4 + i, st + 6 + i, stream);
+      } else {
+        launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, slot, st + i, stream);  // a fresh slot only
+        launch_fp8_slot_scale(slot, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
+      }
+      launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, nullptr, slot, stream);
+    };
+    quantise(a, g.fp8.a, fa, 0, qa);
+    quantise(b, g.fp8.b, fb, 1, qb);
     ABLATE_CUDA_CHECK(cudaGetLastError());
     Plan* p = plan_fp8(g, fa, kp);
     // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
@@ -529,8 +537,9 @@ GemmCall dy_w_call(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, 
 }  // namespace
 
 void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c, float beta, float* y,
-               cudaStream_t stream, MatmulMode mode) {
+               cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
+  g.fp8 = slots;
   g.beta = beta;
   g.C = c;
   g.bias = bias;
@@ -538,32 +547,36 @@ void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const
 }
 
 void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre, float* y,
-                    cudaStream_t stream, MatmulMode mode) {
+                    cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, y, mode);
+  g.fp8 = slots;
   g.bias = bias;
   g.act = Activation::gelu_aux;
   g.aux = pre;
   gemm(g, stream);
 }
 
-void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream,
-                        MatmulMode mode) {
+void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream, MatmulMode mode,
+                        Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), mode);
+  g.fp8 = slots;
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
-                             cudaStream_t stream, MatmulMode mode) {
+                             cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), mode);
+  g.fp8 = slots;
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
   return gemm_fused_only(g, stream);
 }
 
 bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
-                         uint16_t* post, cudaStream_t stream, MatmulMode mode) {
+                         uint16_t* post, cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), mode);
+  g.fp8 = slots;
   g.d_bf16 = true;
   g.bias_bf16 = bias_bf16;
   g.act = Activation::gelu_aux;
@@ -572,8 +585,9 @@ bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weigh
 }
 
 bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
-                          cudaStream_t stream, MatmulMode mode) {
+                          cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dpre), mode);
+  g.fp8 = slots;
   g.d_bf16 = true;
   g.act = Activation::dgelu;
   g.aux = const_cast<float*>(reinterpret_cast<const float*>(pre));  // read only under dgelu
@@ -582,22 +596,25 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 }
 
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode) {
+                        MatmulMode mode, Fp8Slots slots) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
+  g.fp8 = slots;
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode) {
+               MatmulMode mode, Fp8Slots slots) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
+  g.fp8 = slots;
   g.beta = accumulate ? 1.0f : 0.0f;
   gemm(g, stream);
 }
 
 void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
-                     cudaStream_t stream, MatmulMode mode) {
+                     cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dpre, mode);
+  g.fp8 = slots;
   g.act = Activation::dgelu;
   g.aux = const_cast<float*>(pre);  // read only under dgelu
   g.d_column_sums = db;
@@ -605,8 +622,9 @@ void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W
 }
 
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode) {
+                    MatmulMode mode, Fp8Slots slots) {
   GemmCall g;
+  g.fp8 = slots;
   g.mode = mode;
   g.ta = true;
   g.M = out;

@@ -60,6 +60,20 @@ struct Operand {
 };
 using Weight = Operand;
 
+// FP8 delayed scaling (run.fp8_scaling = "delayed"): the slots of one product's A and B at a call
+// site (fp8_kernels.hpp: the scale from the amax history, the amax of this use recorded); null:
+// current scaling, each operand scaled by its own amax.
+struct Fp8Slots {
+  float* a = nullptr;
+  float* b = nullptr;
+};
+// How FP8 products' scales are set (run.fp8_scaling): history 0, current scaling; else delayed
+// scaling over an amax history of that many steps, from its max (use_max) or its newest value.
+struct Fp8Scaling {
+  int64_t history = 0;
+  bool use_max = true;
+};
+
 // What the product's epilogue does besides the optional bias (cuBLASLt's GELU epilogues use the
 // tanh approximation, as dense_math.hpp's gelu_out does):
 //   gelu_aux  D = gelu(product + bias), the pre-activation (product + bias) written to `aux`
@@ -80,6 +94,7 @@ struct GemmCall {
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
   bool a_grad = false;           // A is a gradient (an output gradient dy): E5M2 under the hybrid FP8 recipe
+  Fp8Slots fp8;                  // FP8 products: delayed scaling's slots (none: current scaling)
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
   Activation act = Activation::none;
@@ -116,40 +131,40 @@ void gemm(const GemmCall& g, cudaStream_t stream);
 // The three products of a dense layer, W (out, in) as PyTorch stores it:
 //   y(rows, out)  = x(rows, in) W^T + bias + beta c    (c null: y itself)
 void gemm_x_wt(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, const float* c, float beta, float* y,
-               cudaStream_t stream, MatmulMode mode);
+               cudaStream_t stream, MatmulMode mode, Fp8Slots slots = {});
 //   y(rows, out)  = gelu(pre), pre = x W^T + bias written too (the first product of a GELU MLP)
 void gemm_x_wt_gelu(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* bias, float* pre, float* y,
-                    cudaStream_t stream, MatmulMode mode);
+                    cudaStream_t stream, MatmulMode mode, Fp8Slots slots = {});
 //   y(rows, out)  = x(rows, in) W^T in bf16 (bf16 products only: the fp32 sums rounded to nearest even)
 void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* y, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16);
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   y(rows, out)  = x W^T + bias in bf16, the bias (bf16) in the product's epilogue (bf16 products only):
 //   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
-                             cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
+                             cudaStream_t stream, MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   pre = x W^T + bias and post = gelu(pre), both (rows, out) in bf16, from one product with the GELU
 //   (and the bf16 bias, if any) in its epilogue (bf16 products only): false when cuBLASLt serves no
 //   such epilogue here, nothing written (the caller computes them another way)
 bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
-                         uint16_t* post, cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
+                         uint16_t* post, cudaStream_t stream, MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   dpre(rows, in) = (dy W) * gelu'(pre) in bf16, pre in bf16; db(in) += its column sums (cuBLASLt sums
 //   them in fp32 and writes them in bf16) when db is not null: false when not served, as above
 bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const uint16_t* pre, uint16_t* dpre, float* db,
-                          cudaStream_t stream, MatmulMode mode = MatmulMode::bf16);
+                          cudaStream_t stream, MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16);
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode);
+               MatmulMode mode, Fp8Slots slots = {});
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
 void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
-                     cudaStream_t stream, MatmulMode mode);
+                     cudaStream_t stream, MatmulMode mode, Fp8Slots slots = {});
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode);
+                    MatmulMode mode, Fp8Slots slots = {});
 
 // An f32 operand that several products of one layer call read (an output gradient dy: the input
 // gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead

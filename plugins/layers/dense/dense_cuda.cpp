@@ -12,6 +12,7 @@
 // scratch is one region sized by the largest request, which an mlp's (rows, hidden) already sets.
 #include "ablate/layer_params.hpp"
 #include "common.hpp"
+#include "fp8_kernels.hpp"
 #include "gemm.hpp"
 
 namespace ablate::cuda_layers {
@@ -30,20 +31,20 @@ Weight weight_at(const LayerCall& call, int64_t offset) {
 
 // y = [residual +] dropout(x W^T + b); `tmp` (rows, out) is needed only for dropout with a residual.
 void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const float* b, float* y, const float* residual,
-                   const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode) {
+                   const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode, Fp8Slots slots = {}) {
   if (rows == 0) return;
   const int64_t n = rows * out;
   if (drop.p == 0.0) {
     // With a residual, C = residual (which may be y itself) and beta 1.
-    gemm_x_wt(x, rows, in, out, W, b, residual, residual != nullptr ? 1.0f : 0.0f, y, s, mode);
+    gemm_x_wt(x, rows, in, out, W, b, residual, residual != nullptr ? 1.0f : 0.0f, y, s, mode, slots);
     return;
   }
   if (residual == nullptr) {
-    gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, y, s, mode);
+    gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, y, s, mode, slots);
     launch_dropout_residual(y, nullptr, y, n, drop, s);
     return;
   }
-  gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, tmp, s, mode);
+  gemm_x_wt(x, rows, in, out, W, b, nullptr, 0.0f, tmp, s, mode, slots);
   launch_dropout_residual(tmp, residual, y, n, drop, s);
 }
 
@@ -53,8 +54,8 @@ void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, c
 // forward's dropout (into `tmp`, (rows, out), when dropout is on). A dy held in bf16 (the
 // gradient of q, k or v the model holds so) is read as it is: it has no dropout.
 void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, Weight W, float* dW, float* db, float* dx,
-                    bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode,
-                    uint16_t* dx_bf16 = nullptr) {
+                    bool accumulate, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode, uint16_t* dx_bf16 = nullptr,
+                    Fp8Slots dx_slots = {}, Fp8Slots dw_slots = {}) {
   if (rows == 0) return;
   Operand d = dy;
   if (dy.f32 != nullptr) {
@@ -66,9 +67,9 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
     // Both products read dy: rounded to bf16 once for both under bf16 products.
     d = dx != nullptr || dx_bf16 != nullptr ? gemm_bf16_once(g, rows, out, s, mode) : Operand{g};
   }
-  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode);
-  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode);
-  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode);  // db in the product's epilogue
+  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots);
+  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots);
+  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode, dw_slots);  // db in the product's epilogue
 }
 
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
@@ -132,11 +133,37 @@ float* scratch_at(const LayerCall& call, int64_t offset) {
   return call.scratch.data != nullptr ? call.scratch.as<float>() + offset : nullptr;
 }
 
+// FP8 delayed scaling's state at a call site (LayerCall::scaling_state): two slots, A's and B's,
+// for each of a layer's `products` products, numbered as the layer calls them.
+struct Fp8State {
+  MatmulMode mode;
+  Fp8Scaling scaling;
+  int products;
+  bool on() const { return fp8_mode(mode) && scaling.history > 0; }
+  int64_t slot() const { return fp8_slot_floats(scaling.history); }
+  int64_t elements() const { return on() ? int64_t(products) * 2 * slot() : 0; }
+  Fp8Slots at(const LayerCall& call, int product) const {
+    if (!on() || call.scaling_state.data == nullptr) return {};
+    float* base = call.scaling_state.as<float>() + int64_t(product) * 2 * slot();
+    return {base, base + slot()};
+  }
+  // Once per step: every slot's amax into its history, its scale from it.
+  void end_step(const char* name, const LayerCall& call) const {
+    if (!on() || call.scaling_state.data == nullptr) return;
+    require_f32(name, call.scaling_state, "scaling_state", elements());
+    launch_fp8_update_slots(call.scaling_state.as<float>(), elements() / slot(), scaling.history, scaling.use_max, stream_of(call));
+    check_launch(name);
+  }
+};
+
 // --- linear -------------------------------------------------------------------------------------
 
 class Linear final : public Layer {
  public:
-  explicit Linear(MatmulMode mode) : mode_(mode) {}
+  Linear(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 3} {}
+  // FP8 delayed scaling: products 0 forward, 1 input gradient, 2 weight gradient.
+  int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   LayerRole role() const override { return LayerRole::linear; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::linear(s, prefix, table);
@@ -160,7 +187,7 @@ class Linear final : public Layer {
     if (y_bf16 && write_bf16_y(call, x, p)) return;
     float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
     dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y, call.residual.as<const float>(),
-                  dropout_of(kName, call), scratch_at(call, 0), st, mode_);
+                  dropout_of(kName, call), scratch_at(call, 0), st, mode_, fp8_.at(call, 0));
     if (y_bf16) launch_to_bf16(y, call.rows, s.out, s.out, call.y.as<uint16_t>(), st);
     check_launch(kName);
   }
@@ -176,7 +203,7 @@ class Linear final : public Layer {
     const Operand dy = dy_bf16 ? Operand{nullptr, call.d_y.data} : Operand{call.d_y.as<const float>()};
     dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight), at_mut(call.grads, p.bias),
                    dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0),
-                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr);
+                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr, fp8_.at(call, 1), fp8_.at(call, 2));
     check_launch(kName);
   }
 
@@ -190,19 +217,20 @@ class Linear final : public Layer {
     const Weight W = weight_at(call, p.weight);
     auto* y = call.y.as<uint16_t>();
     if (p.bias < 0) {
-      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_);
+      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_, fp8_.at(call, 0));
       check_launch(kName);
       return true;
     }
     if (call.params_bf16.data == nullptr) return false;
     const Weight b = weight_at(call, p.bias);
-    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_);
+    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_, fp8_.at(call, 0));
     check_launch(kName);
     return done;
   }
 
   static constexpr const char* kName = "linear";
   MatmulMode mode_;
+  Fp8State fp8_;
 };
 
 // --- gelu_mlp -------------------------------------------------------------------------------------
@@ -220,7 +248,11 @@ class Linear final : public Layer {
 // to scratch in f32 and a kernel writes the same bf16 values (the bias then added in f32).
 class GeluMLP final : public Layer {
  public:
-  explicit GeluMLP(MatmulMode mode) : mode_(mode) {}
+  GeluMLP(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 6} {}
+  // FP8 delayed scaling: products 0 fc forward, 1 proj forward, 2 proj weight gradient, 3 proj
+  // input gradient (below the GELU), 4 fc input gradient, 5 fc weight gradient.
+  int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   LayerRole role() const override { return LayerRole::mlp; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::gelu_mlp(s, prefix, table);
@@ -250,11 +282,12 @@ class GeluMLP final : public Layer {
     } else if (rows > 0) {
       // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue.
       float* pre = call.saved.as<float>();
-      gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st,
-                     mode_);
+      gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st, mode_,
+                     fp8_.at(call, 0));
     }
     dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, dropout_at(s, rows)), st, mode_);
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, dropout_at(s, rows)), st, mode_,
+                  fp8_.at(call, 1));
     check_launch(kName);
   }
 
@@ -278,21 +311,22 @@ class GeluMLP final : public Layer {
       }
       const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
       if (call.grads.data != nullptr)
-        gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_);
+        gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_,
+                       fp8_.at(call, 2));
       if (bf16_hidden()) {
         d_pre = d_pre_bf16(call, d, proj, fc);
       } else {
         gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), call.saved.as<const float>(), call.scratch.as<float>(),
-                        at_mut(call.grads, fc.bias), st, mode_);
+                        at_mut(call.grads, fc.bias), st, mode_, fp8_.at(call, 3));
       }
     }
     // fc's gradients from d_pre (read as it is: bf16 under bf16 products); its bias gradient came above.
     if (rows > 0 && call.d_x.data != nullptr) {
       gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st,
-                mode_);
+                mode_, fp8_.at(call, 4));
     }
     if (rows > 0 && call.grads.data != nullptr)
-      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_);
+      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.at(call, 5));
     check_launch(kName);
   }
 
@@ -321,9 +355,10 @@ class GeluMLP final : public Layer {
     auto* post = static_cast<uint16_t*>(const_cast<void*>(post_of(call, rows * H).bf16));
     const Weight W = weight_at(call, fc.weight);
     const void* bias = fc.bias < 0 ? nullptr : weight_at(call, fc.bias).bf16;
-    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_)) return;
+    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_, fp8_.at(call, 0)))
+      return;
     float* t = call.scratch.as<float>();
-    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_);
+    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_, fp8_.at(call, 0));
     launch_gelu_forward_bf16(t, pre, post, rows * H, st);
   }
 
@@ -336,9 +371,9 @@ class GeluMLP final : public Layer {
     auto* out = reinterpret_cast<uint16_t*>(call.scratch.as<float>() + bf16_after(n));
     const Weight W = weight_at(call, proj.weight);
     float* db = at_mut(call.grads, fc.bias);
-    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_)) {
+    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_, fp8_.at(call, 3))) {
       float* dh = call.scratch.as<float>();
-      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_);
+      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, fp8_.at(call, 3));
       launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
       if (db != nullptr) add_column_sums(dh, db, rows, H, st);
     }
@@ -347,6 +382,7 @@ class GeluMLP final : public Layer {
 
   static constexpr const char* kName = "gelu_mlp";
   MatmulMode mode_;
+  Fp8State fp8_;
 };
 
 // --- swiglu_mlp -----------------------------------------------------------------------------------
@@ -356,7 +392,11 @@ class GeluMLP final : public Layer {
 // the output's dropout.
 class SwiGLUMLP final : public Layer {
  public:
-  explicit SwiGLUMLP(MatmulMode mode) : mode_(mode) {}
+  SwiGLUMLP(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 9} {}
+  // FP8 delayed scaling: products 0-2 the gate, up and down forwards; 3, 4 down's input and
+  // weight gradients, 5, 6 gate's, 7, 8 up's.
+  int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   LayerRole role() const override { return LayerRole::mlp; }
   int64_t default_hidden(int64_t d_model) const override { return lp::swiglu_hidden(d_model); }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
@@ -384,15 +424,17 @@ class SwiGLUMLP final : public Layer {
     float* u = g + rows * H;
     const Operand h = h_of(call, rows * H);
     dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
-                  mode_);
-    dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_);
+                  mode_, fp8_.at(call, 0));
+    dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_,
+                  fp8_.at(call, 1));
     if (bf16_h()) {
       launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
     } else {
       launch_swiglu_forward(g, u, const_cast<float*>(h.f32), rows * H, st);
     }
     dense_forward(h, rows, H, C, weight_at(call, down.weight), at(call.params, down.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
+                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
+                  fp8_.at(call, 2));
     check_launch(kName);
   }
 
@@ -409,13 +451,15 @@ class SwiGLUMLP final : public Layer {
     float* d_u = call.scratch.as<float>();  // holds dh first
     float* d_g = d_u + rows * H;
     dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
-                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_);
+                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
+                   nullptr, fp8_.at(call, 3), fp8_.at(call, 4));
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
     float* d_x = call.d_x.as<float>();
     dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight), at_mut(call.grads, gate.bias),
-                   d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_);
+                   d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 5),
+                   fp8_.at(call, 6));
     dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias), d_x,
-                   true, DropoutArgs{}, nullptr, st, mode_);
+                   true, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 7), fp8_.at(call, 8));
     check_launch(kName);
   }
 
@@ -429,12 +473,13 @@ class SwiGLUMLP final : public Layer {
   }
   static constexpr const char* kName = "swiglu_mlp";
   MatmulMode mode_;
+  Fp8State fp8_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_linear(MatmulMode mode) { return std::make_unique<Linear>(mode); }
-std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode) { return std::make_unique<GeluMLP>(mode); }
-std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode) { return std::make_unique<SwiGLUMLP>(mode); }
+std::unique_ptr<Layer> make_linear(MatmulMode mode, Fp8Scaling scaling) { return std::make_unique<Linear>(mode, scaling); }
+std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode, Fp8Scaling scaling) { return std::make_unique<GeluMLP>(mode, scaling); }
+std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode, Fp8Scaling scaling) { return std::make_unique<SwiGLUMLP>(mode, scaling); }
 
 }  // namespace ablate::cuda_layers

@@ -143,6 +143,10 @@ class Model {
   TensorView grads();
   // The bf16 copy of params() that bf16 products read (run.dtype = "bf16"); an empty view otherwise.
   TensorView params_bf16();
+  // Every call site's scaling state (LayerBase::scaling_state_elements: FP8 delayed scaling's), f32,
+  // zeros at first, empty when no layer keeps any; checkpointed; end_step() steps it (LayerBase::end_step).
+  TensorView scaling_state();
+  void end_step();
   // Checkpoints, export and tests: the parameters (or gradients) through host memory.
   void copy_params_to_host(std::vector<float>& out);
   void copy_grads_to_host(std::vector<float>& out);              // num_trainable() values
