@@ -876,6 +876,38 @@ std::optional<Finding> precision(const Run& run, const Settings& s) {
   return f;
 }
 
+// FP8 saturation: under delayed scaling a tensor whose magnitude outgrew the amax history's has its
+// largest values clipped to the format's largest (metrics' fp8_saturated, counted in the
+// quantising pass). A shorter history follows the growth sooner; current scaling never clips.
+std::optional<Finding> fp8_saturation(const Run& run) {
+  const std::vector<double> sat = column(run.steps, "fp8_saturated", false);
+  const std::vector<double> worst = column(run.steps, "fp8_saturated_worst", false);
+  double total = 0, most = 0;
+  int64_t steps = 0;
+  for (double v : sat) {
+    total += v;
+    steps += v > 0 ? 1 : 0;
+  }
+  for (double v : worst) most = std::max(most, v);
+  if (steps == 0) return std::nullopt;
+  const double share = double(steps) / double(sat.size());
+  const int64_t history = run.cfg("run", "fp8_amax_history", int64_t(16));
+  Finding f;
+  f.id = "fp8_saturation";
+  f.severity = share > 0.05 ? "medium" : "low";
+  f.evidence = {{"saturated_values", total},
+                {"steps_saturating", steps},
+                {"steps_logged", int64_t(sat.size())},
+                {"worst_tensor_step", most},
+                {"fp8_amax_history", history}};
+  f.message = fmt("FP8 delayed scaling clipped %.0f values", total) + fmt(" to the format's largest in %.0f", double(steps)) +
+              fmt(" of %.0f logged steps", double(sat.size())) + fmt(" (at most %.0f in one tensor in a step)", most) +
+              ": tensors grew past the scale their amax history of " + std::to_string(history) + " steps set";
+  f.change = history > 1 ? "--set run.fp8_amax_history=" + std::to_string(std::max<int64_t>(1, history / 4))
+                         : std::string("--set run.fp8_scaling=current");
+  return f;
+}
+
 // Optimizer memory.
 std::optional<Finding> optimizer_memory(const Run& run, const Settings& s) {
   const double mem = s.mem;
@@ -967,6 +999,7 @@ std::vector<Finding> diagnose(const Run& run) {
                                           memory_tight(run, s),
                                           attention(s),
                                           precision(run, s),
+                                          fp8_saturation(run),
                                           optimizer_memory(run, s),
                                           communication(run, s, timing),
                                           step_jitter(run, s, timing)};

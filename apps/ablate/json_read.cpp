@@ -77,6 +77,8 @@ constexpr JsonField kMetricsFields[] = {
     {"elapsed_s", K::non_negative},
     {"lr", K::number},
     {"grad_norm", K::non_negative},
+    {"fp8_saturated", K::count},
+    {"fp8_saturated_worst", K::count},
 };
 
 constexpr JsonField kArmsFields[] = {

@@ -217,6 +217,9 @@ void end_step(StepContext& c) {
     });
   }
   c.profiled("scaling state", [&] { c.model.end_step(); });
+  const ScalingReport r = c.model.scaling_report();
+  c.out.fp8_saturated = r.saturated;
+  c.out.fp8_saturated_worst = r.worst;
 }
 
 }  // namespace

@@ -182,6 +182,32 @@ struct SiteScaling {
     const int64_t i = at.empty() ? -1 : at[std::size_t(&s - sites.data())];
     return i < 0 ? TensorView{} : values.view(i, s.layer->scaling_state_elements(*s.spec));
   }
+  // Model::end_step: each site's layer steps its part.
+  void end_step(Device& device, const std::vector<Site>& sites) const {
+    for (const Site& s : sites) {
+      const TensorView state = of(sites, s);
+      if (state.data == nullptr) continue;
+      LayerCall c;
+      c.spec = s.spec;
+      c.scaling_state = state;
+      c.stream = device.stream();
+      s.layer->end_step(c);
+    }
+  }
+  // Model::scaling_report: the state read once into host memory, each site's report added.
+  ScalingReport report(Device& device, const std::vector<Site>& sites) const {
+    ScalingReport out;
+    if (values.count() == 0) return out;
+    std::vector<float> host(std::size_t(values.count()));
+    device.download(host.data(), values.view());
+    for (std::size_t i = 0; i < sites.size(); ++i) {
+      if (at[i] < 0) continue;
+      const ScalingReport r = sites[i].layer->scaling_report(*sites[i].spec, host.data() + at[i]);
+      out.saturated += r.saturated;
+      out.worst = std::max(out.worst, r.worst);
+    }
+    return out;
+  }
 };
 
 struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
@@ -554,18 +580,8 @@ int64_t Model::state_bytes() const noexcept {
 
 TensorView Model::scaling_state() { return impl_->scaling.values.count() > 0 ? impl_->scaling.values.view() : TensorView{}; }
 
-void Model::end_step() {
-  Impl& m = *impl_;
-  for (const Site& s : m.sched.sites) {
-    const TensorView state = m.scaling.of(m.sched.sites, s);
-    if (state.data == nullptr) continue;
-    LayerCall c;
-    c.spec = s.spec;
-    c.scaling_state = state;
-    c.stream = m.device->stream();
-    s.layer->end_step(c);
-  }
-}
+ScalingReport Model::scaling_report() { return impl_->scaling.report(*impl_->device, impl_->sched.sites); }
+void Model::end_step() { impl_->scaling.end_step(*impl_->device, impl_->sched.sites); }
 
 void Model::params_changed() {
   Impl& m = *impl_;

@@ -74,6 +74,10 @@ StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, do
     sm.extra.push_back({"comm_pct", 100.0 * o.comm_s / step_s});
     if (counted) comm_pcts_.push_back(100.0 * o.comm_s / step_s);
   }
+  if (o.fp8_saturated >= 0) {
+    sm.extra.push_back({"fp8_saturated", double(o.fp8_saturated)});
+    sm.extra.push_back({"fp8_saturated_worst", double(o.fp8_saturated_worst)});
+  }
   if (first_loss_ < 0) first_loss_ = o.loss;
   if (counted) {
     tps_.push_back(sm.tokens_per_s);

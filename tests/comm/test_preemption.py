@@ -19,9 +19,12 @@ import time
 ABLATE, CONFIG, MPIEXEC, *MPI_FLAGS = sys.argv[1:]
 ON_CUDA = os.environ.get("ABLATE_PREEMPTION_ON") == "cuda"
 STEPS = 30 if ON_CUDA else 300
+# On the cpu, 16 rows a step: a step of a few milliseconds at 4 rows let a loaded machine finish
+# the 2-rank run (under a second) before a signal sent after step 20 had made its way through
+# mpiexec; at 16 rows the 280 steps left take seconds.
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=64", "batching.seq_len=64",
-        "batching.batch_size=4", f"run.steps={STEPS}", f"run.eval_every={STEPS // 3}", "run.eval_batches=1", "checkpoint.every=0",
-        "logging.sinks=jsonl", "data.synthetic_probes.documents=2000"]
+        f"batching.batch_size={4 if ON_CUDA else 16}", f"run.steps={STEPS}", f"run.eval_every={STEPS // 3}", "run.eval_batches=1",
+        "checkpoint.every=0", "logging.sinks=jsonl", "data.synthetic_probes.documents=2000"]
 if ON_CUDA:
     TINY += ["run.device=cuda", "attention.name=naive_cuda", "optimizer.name=adamw_fused"]
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",

@@ -33,6 +33,8 @@ STEP = [
     ("core/src/engine.cpp", "", "update_params"),
     ("core/src/engine.cpp", "", "end_step"),
     ("core/src/model.cpp", "Model", "end_step"),
+    ("core/src/model.cpp", "SiteScaling", "end_step"),
+    ("core/src/model.cpp", "SiteScaling", "of"),
     ("core/src/model.cpp", "Model", "forward_backward"),
     ("core/src/model.cpp", "", "check_batch"),
     ("core/src/model.cpp", "Impl", "run_forward"),

@@ -518,3 +518,37 @@ TEST_CASE("doctor finds an evaluation that stopped improving while the training 
     CHECK((*g)["evidence"]["best_step"] == 50);
   }
 }
+
+TEST_CASE("doctor finds FP8 delayed scaling that saturated, with the counts, and names a shorter amax history") {
+  // A real run's directory with fp8_saturated planted into its metrics (a cpu run has none: FP8
+  // needs a GPU); the config says what the run would have been.
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=40");
+  CHECK_FALSE(finding(doctor(run), "fp8_saturation").has_value());  // no FP8 counts: nothing to say
+  const std::vector<json> rows = metrics(run);
+  const auto plant = [&](int64_t every, int64_t count) {
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      const int64_t s = r["step"].get<int64_t>();
+      r["fp8_saturated"] = s % every == 0 ? 3 * count : 0;
+      r["fp8_saturated_worst"] = s % every == 0 ? count : 0;
+      out << r.dump() << "\n";
+    }
+  };
+  plant(1000, 5);  // never
+  CHECK_FALSE(finding(doctor(run), "fp8_saturation").has_value());
+  plant(4, 7);  // steps 4, 8, ..., 40: 10 of 40, 21 values each, 7 in the worst tensor
+  const std::optional<json> f = finding(doctor(run), "fp8_saturation");
+  REQUIRE(f.has_value());
+  CHECK(f->at("severity") == "medium");
+  const json& e = f->at("evidence");
+  CHECK(e["saturated_values"] == 210.0);
+  CHECK(e["steps_saturating"] == 10);
+  CHECK(e["steps_logged"] == 40);
+  CHECK(e["worst_tensor_step"] == 7.0);
+  CHECK(e["fp8_amax_history"] == 16);  // the run's resolved config: the default
+  CHECK(contains(f->at("message").get<std::string>(), "clipped 210 values"));
+  CHECK(f->at("change") == "--set run.fp8_amax_history=4");
+  plant(40, 1);  // one step of 40: low
+  CHECK(finding(doctor(run), "fp8_saturation")->at("severity") == "low");
+}

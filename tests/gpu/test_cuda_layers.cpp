@@ -1362,6 +1362,22 @@ TEST_CASE("linear under FP8 delayed scaling: a fresh state scales as current sca
   const std::vector<double> st2 = from_device(state);
   CHECK(st2[0] == double(2.0f * ax));
   CHECK(st2[std::size_t(2 * slot)] == double(0.5f * ady));
+  // The step's saturated values: counted per slot in the quantising pass, reported after end_step.
+  const auto over = [](const std::vector<float>& x, std::size_t n, float scale, float limit) {
+    int64_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) c += std::fabs(x[i] * scale) > limit ? 1 : 0;
+    return c;
+  };
+  const int64_t sx = over(v2.x, v2.x.size(), 448.0f / ax, 448.0f), sw = over(v2.params, std::size_t(in * out), 448.0f / aw, 448.0f),
+                sdy = over(v2.d_y, v2.d_y.size(), 57344.0f / ady, 57344.0f);
+  REQUIRE(sx > 0);  // x doubled: its upper half clipped
+  delayed->end_step(end);
+  std::vector<float> host(std::size_t(3 * 2 * slot));
+  const std::vector<double> st3 = from_device(state);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(st3[i]);
+  const ScalingReport report = delayed->scaling_report(p.spec, host.data());
+  CHECK(report.saturated == 2 * (sx + sw + sdy));  // x in products 0 and 2, W in 0 and 1, d_y in 1 and 2
+  CHECK(report.worst == std::max({sx, sw, sdy}));
 }
 
 TEST_CASE("gelu_mlp: bias, residual, dropout, d_x written and accumulated") {

@@ -331,6 +331,11 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
   CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
   CHECK(b[5]["loss"].get<double>() != a[5]["loss"].get<double>());  // FP8 did round: not bf16 under another name
   CHECK(c[0]["loss"].get<double>() == b[0]["loss"].get<double>());  // the first step scales as current scaling does
+  for (std::size_t i = 0; i < c.size(); ++i) {  // delayed scaling reports its saturated values each step; current has none
+    CHECK(c[i].contains("fp8_saturated"));
+    CHECK(c[i].value("fp8_saturated_worst", -1.0) <= c[i].value("fp8_saturated", -1.0));
+    CHECK_FALSE(b[i].contains("fp8_saturated"));
+  }
   CHECK(c[5]["loss"].get<double>() != b[5]["loss"].get<double>());  // then by the history
   // Delayed scaling's state is in the checkpoint: stopped and resumed, the same bits.
   REQUIRE(train(kCuda + " --set run.dtype=fp8" + scaling + steps + " --run-dir " + parts.string() + " --stop-at 7").exit_code == 0);

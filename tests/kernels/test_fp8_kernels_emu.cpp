@@ -214,7 +214,7 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             const auto scale = to_device(std::vector<float>{s});
             auto y = to_device(std::vector<uint8_t>(expect.size() + 5, 0xAB));
             auto dmax = to_device(std::vector<float>{1.0f});
-            auto dover = to_device(std::vector<unsigned>{0u});
+            auto dover = to_device(std::vector<float>{0.0f});
             cuda_layers::launch_fp8_amax_2d(src, bf16, rows, cols, ld, dmax.data(), nullptr);
             auto dmax_pack = to_device(std::vector<float>{0.0f});
             cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, transposed, scale.data(), f, y.data(), y_ld, dover.data(),
@@ -227,7 +227,7 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             }
             for (std::size_t i = expect.size(); i < got.size(); ++i) CHECK(got[i] == 0xAB);  // nothing written past the end
             CHECK(to_host(dmax)[0] == std::max(1.0f, amax));  // max-ed into what was there; the columns past cols unread
-            CHECK(to_host(dover)[0] == over);
+            CHECK(to_host(dover)[0] == float(over));
           });
         }
       }
@@ -305,7 +305,8 @@ TEST_CASE("fp8 delayed-scaling slots: a fresh slot scales by the operand's own a
       CHECK(got[1] == 448.0f / amax_x);
       CHECK(got[2] == 1.0f / (448.0f / amax_x));
       CHECK(to_host(slots)[3] == 448.0f);
-      // The step's amax as the quantising pass records it, then updates with amaxes 2, 8, 4, NaN, 1:
+      // The step's amax and saturated count as the quantising pass records them, then updates with
+      // amaxes 2, 8, 4, NaN, 1:
       // the ring holds the last three; the scale is 448 over their max (or the newest), kept on NaN.
       const std::vector<float> amaxes = {2.0f, 8.0f, 4.0f, nan, 1.0f};
       std::vector<float> ring(std::size_t(history), 0.0f);
@@ -314,6 +315,7 @@ TEST_CASE("fp8 delayed-scaling slots: a fresh slot scales by the operand's own a
         CAPTURE(k);
         auto host = to_host(slots);
         host[0] = amaxes[k];
+        host[5] = float(k + 3);  // values saturated in the step
         slots.upload(host.data(), host.size());
         cuda_layers::launch_fp8_update_slots(slots.data(), 2, history, use_max, nullptr);
         ring[k % std::size_t(history)] = amaxes[k];
@@ -325,6 +327,8 @@ TEST_CASE("fp8 delayed-scaling slots: a fresh slot scales by the operand's own a
         host = to_host(slots);
         CHECK(host[0] == 0.0f);
         CHECK(host[4] == float(k + 1));
+        CHECK(host[5] == 0.0f);
+        CHECK(host[6] == float(k + 3));
         CHECK(host[1] == want_scale);
         CHECK(host[2] == 1.0f / want_scale);
         for (int64_t i = 0; i < history; ++i) {

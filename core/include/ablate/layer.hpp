@@ -96,6 +96,13 @@ struct LayerCall {
   double grad_scale = 0.0;  // d(loss_sum * grad_scale)/d x is written to d_x when d_x is set
 };
 
+// What a call site's scaling state says of the step just ended (LayerBase::scaling_report): how many
+// values its products' operands saturated at (FP8: beyond the format's largest value at the scale
+// used), in all its tensors and in the worst one.
+struct ScalingReport {
+  int64_t saturated = 0, worst = 0;
+};
+
 // What every layer has: its role, its parameters and the memory it needs.
 class LayerBase : public Component {
  public:
@@ -153,6 +160,12 @@ class LayerBase : public Component {
     return 0;
   }
   virtual void end_step(const LayerCall& call) { (void)call; }
+  // After end_step: what `state` (the site's scaling state, copied to host memory) says of the step.
+  virtual ScalingReport scaling_report(const LayerSpec& spec, const float* state) const {
+    (void)spec;
+    (void)state;
+    return {};
+  }
   // A position layer: where the model applies it (PositionSite above). Other roles: unused.
   virtual PositionSite position_site() const { return PositionSite::stream; }
   // What the layer answers for [model] keys left at 0, so that the model names no layer: a norm's

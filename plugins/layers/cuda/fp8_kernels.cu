@@ -48,6 +48,12 @@ __device__ uint8_t to_fp8(float v, Fp8Format format, unsigned& saturated) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// The block's warps' counts added to a float (delayed scaling's slots count in floats).
+__device__ void count_into_float(float* saturated, unsigned count) {
+  for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
+  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(saturated, float(count));
+}
+
 __device__ void count_into(unsigned* saturated, unsigned count) {
   for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
   if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(saturated, count);
@@ -112,7 +118,7 @@ __global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t c
 
 // Not transposed: one thread an element of y (rows x y_ld), the padding written as zeros.
 __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
-                            uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax) {
+                            uint8_t* y, int64_t y_ld, float* saturated, float* amax) {
   const float s = *scale;
   unsigned over = 0, m = 0;
   ABLATE_GRID_STRIDE(i, rows * y_ld) {
@@ -126,13 +132,13 @@ __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols
       y[i] = 0;
     }
   }
-  if (saturated != nullptr) count_into(saturated, over);
+  if (saturated != nullptr) count_into_float(saturated, over);
   if (amax != nullptr) max_into(amax, m);
 }
 
 // Transposed: 32 x 32 tiles of y (cols x y_ld) through shared memory, x's rows beyond `rows` zeros.
 __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale,
-                                       Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax) {
+                                       Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = *scale;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
@@ -155,7 +161,7 @@ __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, i
     const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
     if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
   }
-  if (saturated != nullptr) count_into(saturated, over);
+  if (saturated != nullptr) count_into_float(saturated, over);
   if (amax != nullptr) max_into(amax, m);
 }
 
@@ -182,6 +188,8 @@ __global__ void update_slots_kernel(float* slots, int64_t count, int64_t history
     h[k % history] = now;
     s[4] = float(k + 1);
     s[0] = 0.0f;
+    s[6] = s[5];
+    s[5] = 0.0f;
     float a = now;
     if (use_max) {
       const int64_t kept = k + 1 < history ? k + 1 : history;
@@ -248,7 +256,7 @@ void launch_fp8_update_slots(float* slots, int64_t count, int64_t history, bool 
   }
 }
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
-                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax, cudaStream_t stream) {
+                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   if (!transposed) {
     pack_kernel<<<cuda::blocks_for(rows * y_ld), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld,

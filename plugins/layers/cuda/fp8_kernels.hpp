@@ -50,13 +50,15 @@ void launch_fp8_amax_2d(const void* x, bool bf16, int64_t rows, int64_t cols, in
 // counting into *saturated (may be null):
 //   not transposed: y (rows x y_ld), y[r * y_ld + c] = fp8(x[r * ld + c] * *scale), zero for c >= cols;
 //   transposed:     y (cols x y_ld), y[c * y_ld + r] = fp8(x[r * ld + c] * *scale), zero for r >= rows.
-// *amax (may be null) = max(*amax, max |x|), taken in the same pass.
+// *amax (may be null) = max(*amax, max |x|), taken in the same pass; the count of saturated values
+// added to *saturated (may be null) as a float.
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
-                     Fp8Format format, uint8_t* y, int64_t y_ld, unsigned* saturated, float* amax, cudaStream_t stream);
+                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream);
 
 // A delayed-scaling slot, kFp8SlotHeader floats then `history` amax values (a ring):
 //   [0] the amax of this step's uses so far    [1] the scale (0: none yet)    [2] 1 / scale
 //   [3] the format's largest value (set at each use; 0: never used)    [4] updates so far
+//   [5] values saturated in this step's uses so far    [6] values saturated in the step before
 // (the rest of the header zero). Zeros are a fresh slot.
 inline constexpr int64_t kFp8SlotHeader = 8;
 inline int64_t fp8_slot_floats(int64_t history) { return kFp8SlotHeader + history; }
@@ -69,7 +71,7 @@ void launch_fp8_slot_amax(const void* x, bool bf16, int64_t rows, int64_t cols, 
 // inf), into *scale and *scale_inv; slot[3] = fp8_max; *amax = 0 afterwards. One thread.
 void launch_fp8_slot_scale(float* slot, float fp8_max, float* amax, float* scale, float* scale_inv, cudaStream_t stream);
 // The end of a step for `slots` consecutive slots of `history` values each: every used slot's amax
-// [0] pushed into its ring at updates % history, updates + 1, [0] = 0; then from the history's max
+// [0] pushed into its ring at updates % history, updates + 1, [0] = 0, [6] = [5], [5] = 0; then from the history's max
 // (over the values pushed so far, passing over NaNs: use_max) or the value just pushed, when finite
 // and positive: scale = fp8_max / amax and its inverse (else they are kept).
 void launch_fp8_update_slots(float* slots, int64_t count, int64_t history, bool use_max, cudaStream_t stream);

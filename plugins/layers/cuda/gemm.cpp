@@ -220,7 +220,9 @@ class Context {
         launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, slot, st + i, stream);  // a fresh slot only
         launch_fp8_slot_scale(slot, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
       }
-      launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, nullptr, slot, stream);
+      // Delayed scaling: the amax of this use and its saturated values into the slot.
+      float* saturated = slot != nullptr ? slot + 5 : nullptr;
+      launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
     };
     quantise(a, g.fp8.a, fa, 0, qa);
     quantise(b, g.fp8.b, fb, 1, qb);

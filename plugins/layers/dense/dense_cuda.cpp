@@ -147,6 +147,16 @@ struct Fp8State {
     float* base = call.scaling_state.as<float>() + int64_t(product) * 2 * slot();
     return {base, base + slot()};
   }
+  // The step just ended, from the state copied to the host: each slot's saturated values ([6]).
+  ScalingReport report(const float* state) const {
+    ScalingReport r;
+    for (int64_t i = 0; on() && i < 2 * products; ++i) {
+      const auto n = int64_t(state[i * slot() + 6]);
+      r.saturated += n;
+      r.worst = std::max(r.worst, n);
+    }
+    return r;
+  }
   // Once per step: every slot's amax into its history, its scale from it.
   void end_step(const char* name, const LayerCall& call) const {
     if (!on() || call.scaling_state.data == nullptr) return;
@@ -164,6 +174,7 @@ class Linear final : public Layer {
   // FP8 delayed scaling: products 0 forward, 1 input gradient, 2 weight gradient.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
+  ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::linear; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::linear(s, prefix, table);
@@ -253,6 +264,7 @@ class GeluMLP final : public Layer {
   // input gradient (below the GELU), 4 fc input gradient, 5 fc weight gradient.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
+  ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::mlp; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     lp::gelu_mlp(s, prefix, table);
@@ -397,6 +409,7 @@ class SwiGLUMLP final : public Layer {
   // weight gradients, 5, 6 gate's, 7, 8 up's.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
+  ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::mlp; }
   int64_t default_hidden(int64_t d_model) const override { return lp::swiglu_hidden(d_model); }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {

@@ -38,6 +38,9 @@ struct StepOutcome {
   int64_t real_targets = 0;  // the job's (all ranks)
   int64_t positions = 0;     // the job's B*T positions
   double comm_s = 0;         // seconds in collectives, waiting for other ranks included
+  // FP8 delayed scaling: values the step's products saturated at, in all and in the worst tensor
+  // (on several ranks the most any rank saw); -1 where the run has no scaling state.
+  int64_t fp8_saturated = -1, fp8_saturated_worst = -1;
 };
 
 // The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's

@@ -147,6 +147,7 @@ class Model {
   // zeros at first, empty when no layer keeps any; checkpointed; end_step() steps it (LayerBase::end_step).
   TensorView scaling_state();
   void end_step();
+  ScalingReport scaling_report();  // after end_step: the sites' reports added (a read into host memory)
   // Checkpoints, export and tests: the parameters (or gradients) through host memory.
   void copy_params_to_host(std::vector<float>& out);
   void copy_grads_to_host(std::vector<float>& out);              // num_trainable() values
