@@ -187,10 +187,11 @@ class Context {
            (g.beta == 0.0f || alignment_of(c) >= 16);
   }
 
-  // An FP8 product, current scaling: each operand's amax, its scale fp8_max / amax (and inverse),
-  // the operand quantised into the layout cuBLASLt's FP8 products read (row-major (M, K) for our A,
-  // (N, K) for our B: K contiguous, padded with zeros to a multiple of 16), then the product with
-  // the inverses as its scales. All on the stream; nothing waits.
+  // An FP8 product: each operand's scale (current scaling: its amax, then fp8_max / amax; delayed
+  // scaling: its slot's, from the amax history) and inverse, the operand quantised into the layout
+  // cuBLASLt's FP8 products read (row-major (M, K) for our A, (N, K) for our B: K contiguous, padded
+  // with zeros to a multiple of 16; a slot's amax and saturated count taken in the same pass), then
+  // the product with the inverses as its scales. All on the stream; nothing waits.
   void run_fp8(const GemmCall& g, cudaStream_t stream) {
     StreamSet& set = on(stream);
     const Fp8Format fa = g.a_grad && g.mode == MatmulMode::fp8 ? Fp8Format::e5m2 : Fp8Format::e4m3, fb = Fp8Format::e4m3;

@@ -30,8 +30,9 @@ namespace ablate::cuda_layers {
 // How the products compute: true fp32, fp32 values on TF32 tensor cores, bf16 operands with fp32
 // accumulation, or FP8 operands with fp32 accumulation (run.dtype "fp32", "tf32", "bf16", "fp8",
 // "fp8_e4m3"). The FP8 modes hold what bf16 holds (activations, weight copies, bf16 outputs) and
-// quantise each product's operands just before it: per tensor, current scaling (each operand's
-// scale fp8_max / amax of the operand itself, its inverse handed to cuBLASLt), E4M3 for weights and
+// quantise each product's operands just before it, per tensor: current scaling (each operand's
+// scale fp8_max / amax of the operand itself) or delayed scaling (the scale from the amax history
+// in the call's Fp8Slots), the inverse handed to cuBLASLt; E4M3 for weights and
 // activations; a gradient operand (dy) in E5M2 under "fp8" (the hybrid recipe), E4M3 under
 // "fp8_e4m3". FP8 products take no epilogue here: the bias, the GELU and the bias gradients run in
 // passes of their own after the product (or, for a bf16 output, by the caller's fallback). A call
