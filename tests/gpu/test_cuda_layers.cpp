@@ -43,7 +43,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <cuda_fp8.h>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -1105,8 +1104,9 @@ namespace {
 // Under run.dtype = "fp8" and "fp8_e4m3" each product quantises its two operands per tensor with
 // current scaling (gemm.hpp): scale = fp8_max / amax(operand) in float, q = fp8(v * scale) rounded
 // to nearest even and saturated, and the product is sum q_a q_b times (1 / scale_a) (1 / scale_b).
-// The reference does exactly that on the host (the rounding by cuda_fp8.h's host conversion, the
-// decoding from the format's definition) and sums in float64: what is left between the two is
+// The reference does exactly that on the host (the rounding a search over the format's values,
+// decoded from its definition, not cuda_fp8.h's conversion the kernels use) and sums in float64:
+// what is left between the two is
 // fp32 accumulation alone, so the f32 tolerance applies, not FP8's. Weights and activations are
 // E4M3; the output gradient d_y is E5M2 under "fp8" (the hybrid recipe) and E4M3 under "fp8_e4m3".
 
@@ -1116,6 +1116,21 @@ double fp8_value(uint8_t c, bool e5m2) {
   const int e = (c & 0x7F) >> man, m = c & ((1 << man) - 1);
   const double v = e == 0 ? std::ldexp(m, 1 - bias - man) : std::ldexp((1 << man) + m, e - bias - man);
   return (c & 0x80) != 0 ? -v : v;
+}
+
+// v rounded to the nearest value of the format by a search over its finite codes: ties to the even
+// code, past the largest finite value that value (saturation).
+double fp8_round(float v, bool e5m2) {
+  double best = 0, best_d = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < 128; ++c) {
+    if (e5m2 ? c >= 0x7C : c == 0x7F) continue;  // infinities and NaNs
+    const double d = std::fabs(std::fabs(double(v)) - fp8_value(uint8_t(c), e5m2));
+    if (d < best_d || (d == best_d && c % 2 == 0)) {
+      best_d = d;
+      best = fp8_value(uint8_t(c), e5m2);
+    }
+  }
+  return std::copysign(best, double(v));
 }
 
 struct Quantised {
@@ -1132,7 +1147,7 @@ Quantised quantise(const std::vector<float>& v, std::size_t begin, std::size_t n
   Quantised r;
   r.inv = 1.0f / scale;
   for (std::size_t i = begin; i < begin + n; ++i) {
-    r.q.push_back(fp8_value(__nv_cvt_float_to_fp8(v[i] * scale, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3), e5m2));
+    r.q.push_back(fp8_round(v[i] * scale, e5m2));
   }
   return r;
 }

@@ -2,8 +2,9 @@
 // interpreter through their launchers under every test schedule, against definitions written here:
 // FP8 rounding as the nearest value of the format's table (built from the OCP FP8 definition: sign,
 // exponent field, mantissa; ties to the even code; beyond the largest finite value, that value),
-// amax as the largest |x| (NaN kept), the transposed layout by index, and the scale update by a
-// host simulation of the amax history (its max passes over NaNs; a NaN or zero keeps the scale). Odd sizes, a tile-crossing transpose, saturation counted.
+// amax as the largest |x| (NaN kept), the packed and transposed layouts by index, and the slots'
+// update by a host simulation of the amax history (its max passes over NaNs; a NaN or zero keeps
+// the scale). Odd sizes, strided sources, a tile-crossing transpose, saturation counted.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -76,104 +77,6 @@ std::vector<float> spread(std::size_t n, float range, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("fp8 amax: the largest |x| of f32 and bf16 tensors, max-ed into what is there, NaN kept") {
-  std::mt19937 rng(7);
-  std::vector<float> x = spread(1003, 5.0f, rng);
-  x[517] = -9.25f;  // the largest magnitude, negative
-  std::vector<uint16_t> xb(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = uint16_t(emu_test::bits_of(x[i]) >> 16);  // exact for -9.25
-  for_each_schedule([&] {
-    const auto dx = to_device(x);
-    const auto dxb = to_device(xb);
-    for (const float before : {0.0f, 20.0f}) {
-      auto amax = to_device(std::vector<float>{before, before});
-      cuda_layers::launch_fp8_amax(dx.data(), int64_t(x.size()), amax.data(), nullptr);
-      cuda_layers::launch_fp8_amax_bf16(dxb.data(), int64_t(xb.size()), amax.data() + 1, nullptr);
-      const auto got = to_host(amax);
-      CHECK(got[0] == std::max(before, 9.25f));
-      CHECK(got[1] == std::max(before, 9.25f));
-    }
-    std::vector<float> with_nan = x;
-    with_nan[3] = float_bits(0x7FC00000u);
-    const auto dn = to_device(with_nan);
-    auto amax = to_device(std::vector<float>{0.0f});
-    cuda_layers::launch_fp8_amax(dn.data(), int64_t(with_nan.size()), amax.data(), nullptr);
-    CHECK(std::isnan(to_host(amax)[0]));
-  });
-}
-
-TEST_CASE("fp8 quantise: y = fp8(x * scale) in E4M3 and E5M2, saturated values counted, amax of x in the same pass") {
-  std::mt19937 rng(11);
-  for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
-    CAPTURE(int(f));
-    const float limit = cuda_layers::kFp8Max[int(f)];
-    const std::vector<float> x = spread(777, 3.0f, rng);
-    const float s = limit / 2.5f;  // |x| up to 3: the top of the range saturates
-    std::vector<uint8_t> expect(x.size());
-    unsigned over = 0;
-    float amax = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      const float v = x[i] * s;
-      expect[i] = reference_fp8(v, f);
-      over += std::fabs(v) > limit ? 1u : 0u;
-      amax = std::max(amax, std::fabs(x[i]));
-    }
-    REQUIRE(over > 0);
-    for_each_schedule([&] {
-      const auto dx = to_device(x);
-      const auto scale = to_device(std::vector<float>{s});
-      auto y = to_device(std::vector<uint8_t>(x.size() + 3, 0xAB));
-      auto dmax = to_device(std::vector<float>{0.0f});
-      auto dover = to_device(std::vector<unsigned>{5u});
-      cuda_layers::launch_fp8_quantize(dx.data(), int64_t(x.size()), scale.data(), f, y.data(), dmax.data(), dover.data(), nullptr);
-      const auto got = to_host(y);
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        INFO("element " << i << " x " << x[i]);
-        CHECK(int(got[i]) == int(expect[i]));
-      }
-      for (std::size_t i = x.size(); i < got.size(); ++i) CHECK(got[i] == 0xAB);  // nothing written past the end
-      CHECK(to_host(dmax)[0] == amax);
-      CHECK(to_host(dover)[0] == 5u + over);
-      // Without amax or count: the same codes.
-      auto y2 = to_device(std::vector<uint8_t>(x.size(), 0));
-      cuda_layers::launch_fp8_quantize(dx.data(), int64_t(x.size()), scale.data(), f, y2.data(), nullptr, nullptr, nullptr);
-      CHECK(to_host(y2) == std::vector<uint8_t>(got.begin(), got.begin() + std::ptrdiff_t(x.size())));
-    });
-  }
-}
-
-TEST_CASE("fp8 quantise transposed: y (cols x rows) = fp8(x^T * scale), tiles crossing the edges") {
-  std::mt19937 rng(13);
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{45, 70}, {1, 33}, {64, 32}}) {
-    CAPTURE(rows);
-    CAPTURE(cols);
-    const std::vector<float> x = spread(std::size_t(rows * cols), 600.0f, rng);
-    const float s = 0.75f;
-    for_each_schedule([&] {
-      const auto dx = to_device(x);
-      const auto scale = to_device(std::vector<float>{s});
-      auto y = to_device(std::vector<uint8_t>(std::size_t(rows * cols), 0));
-      auto dmax = to_device(std::vector<float>{0.0f});
-      auto dover = to_device(std::vector<unsigned>{0u});
-      cuda_layers::launch_fp8_quantize_transposed(dx.data(), rows, cols, scale.data(), Fp8Format::e4m3, y.data(), dmax.data(),
-                                                  dover.data(), nullptr);
-      const auto got = to_host(y);
-      float amax = 0;
-      unsigned over = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const float v = x[std::size_t(r * cols + c)];
-          CHECK(int(got[std::size_t(c * rows + r)]) == int(reference_fp8(v * s, Fp8Format::e4m3)));
-          amax = std::max(amax, std::fabs(v));
-          over += std::fabs(v * s) > 448.0f ? 1u : 0u;
-        }
-      }
-      CHECK(to_host(dmax)[0] == amax);
-      CHECK(to_host(dover)[0] == over);
-    });
-  }
-}
-
 TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading dimension, transposed or not, padded with zeros") {
   std::mt19937 rng(17);
   // (rows, cols, ld): a padded width, a strided source, tiles crossing every edge.
@@ -214,8 +117,9 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             const auto scale = to_device(std::vector<float>{s});
             auto y = to_device(std::vector<uint8_t>(expect.size() + 5, 0xAB));
             auto dmax = to_device(std::vector<float>{1.0f});
-            auto dover = to_device(std::vector<float>{0.0f});
-            cuda_layers::launch_fp8_amax_2d(src, bf16, rows, cols, ld, dmax.data(), nullptr);
+            auto dover = to_device(std::vector<float>{5.0f});
+            const auto no_scale = to_device(std::vector<float>(std::size_t(cuda_layers::kFp8SlotHeader), 0.0f));
+            cuda_layers::launch_fp8_slot_amax(src, bf16, rows, cols, ld, no_scale.data(), dmax.data(), nullptr);
             auto dmax_pack = to_device(std::vector<float>{0.0f});
             cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, transposed, scale.data(), f, y.data(), y_ld, dover.data(),
                                          dmax_pack.data(), nullptr);
@@ -227,7 +131,7 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             }
             for (std::size_t i = expect.size(); i < got.size(); ++i) CHECK(got[i] == 0xAB);  // nothing written past the end
             CHECK(to_host(dmax)[0] == std::max(1.0f, amax));  // max-ed into what was there; the columns past cols unread
-            CHECK(to_host(dover)[0] == float(over));
+            CHECK(to_host(dover)[0] == 5.0f + float(over));   // added to what was there
           });
         }
       }
@@ -235,50 +139,17 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
   }
 }
 
-TEST_CASE("fp8 scale update: the amax history as a ring, max or most recent, margin, zero and NaN keep the scale") {
-  const int64_t tensors = 3, length = 4;
-  const float fp8_max = 448.0f;
-  // amax per step and tensor: tensor 0 steady, tensor 1 with a spike that leaves the history after
-  // `length` steps, tensor 2 with zeros and a NaN.
-  const float nan = float_bits(0x7FC00000u);
-  const std::vector<std::vector<float>> amax_at = {{1.0f, 2.0f, 0.0f}, {1.0f, 64.0f, 0.0f}, {1.0f, 2.0f, 4.0f},
-                                                   {1.0f, 2.0f, nan},  {1.0f, 2.0f, 0.0f},  {1.0f, 2.0f, 2.0f}};
-  for (const bool use_max : {true, false}) {
-    for (const int margin : {0, 1}) {
-      CAPTURE(use_max);
-      CAPTURE(margin);
-      for_each_schedule([&] {
-        auto amax = to_device(std::vector<float>(tensors, 0.0f));
-        auto history = to_device(std::vector<float>(std::size_t(tensors * length), 0.0f));
-        auto scale = to_device(std::vector<float>(tensors, 1.0f));
-        auto scale_inv = to_device(std::vector<float>(tensors, 1.0f));
-        std::vector<std::vector<float>> hist(tensors, std::vector<float>(length, 0.0f));
-        std::vector<float> want(tensors, 1.0f);
-        for (std::size_t step = 0; step < amax_at.size(); ++step) {
-          CAPTURE(step);
-          amax.upload(amax_at[step].data(), amax_at[step].size());
-          cuda_layers::launch_fp8_update_scales(amax.data(), history.data(), tensors, length, int64_t(step), use_max, fp8_max, margin,
-                                                scale.data(), scale_inv.data(), nullptr);
-          for (int64_t t = 0; t < tensors; ++t) {
-            hist[t][step % length] = amax_at[step][t];
-            double a = amax_at[step][t];
-            if (use_max) {
-              for (const float h : hist[t]) a = std::fmax(a, double(h));  // a NaN in the history is passed over
-            }
-            if (std::isfinite(a) && a > 0) want[t] = float(fp8_max / (a * std::ldexp(1.0, margin)));
-          }
-          const auto s = to_host(scale), si = to_host(scale_inv), am = to_host(amax);
-          for (int64_t t = 0; t < tensors; ++t) {
-            CHECK(s[t] == want[t]);
-            CHECK(si[t] == 1.0f / want[t]);
-            CHECK(am[t] == 0.0f);
-          }
-        }
-        // The spike of tensor 1 (64 at step 1) left the history of max at step 5: the scale is back.
-        if (use_max) CHECK(to_host(scale)[1] == float(fp8_max / (2.0 * std::ldexp(1.0, margin))));
-      });
-    }
-  }
+TEST_CASE("fp8 amax: a NaN anywhere in the operand makes the amax NaN") {
+  std::mt19937 rng(7);
+  std::vector<float> x = spread(1003, 5.0f, rng);
+  x[517] = float_bits(0x7FC00000u);
+  for_each_schedule([&] {
+    const auto dx = to_device(x);
+    const auto no_scale = to_device(std::vector<float>(std::size_t(cuda_layers::kFp8SlotHeader), 0.0f));
+    auto amax = to_device(std::vector<float>{0.0f});
+    cuda_layers::launch_fp8_slot_amax(dx.data(), false, 17, 59, 59, no_scale.data(), amax.data(), nullptr);
+    CHECK(std::isnan(to_host(amax)[0]));
+  });
 }
 
 TEST_CASE("fp8 delayed-scaling slots: a fresh slot scales by the operand's own amax, then by its history; updates as a ring") {

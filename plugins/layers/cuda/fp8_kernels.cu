@@ -9,7 +9,7 @@
 namespace ablate::cuda_layers {
 namespace {
 
-constexpr int kTile = 32;  // the transposing quantisation's tile: 32 x 32 elements, 32 x 8 threads
+constexpr int kTile = 32;  // the transposing pack's tile: 32 x 32 elements, 32 x 8 threads
 
 // |x| as the bits of a non-negative float: for those, integer order is float order, and a NaN's
 // bits exceed every number's, so an integer max keeps NaN.
@@ -24,79 +24,16 @@ __device__ void max_into(float* amax, unsigned bits) {
   if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<unsigned*>(amax), bits);
 }
 
-__global__ void amax_kernel(const float* x, int64_t n, float* amax) {
-  unsigned m = 0;
-  ABLATE_GRID_STRIDE(i, n) {
-    const unsigned b = abs_bits(x[i]);
-    m = b > m ? b : m;
-  }
-  max_into(amax, m);
-}
-
-__global__ void amax_bf16_kernel(const uint16_t* x, int64_t n, float* amax) {
-  unsigned m = 0;
-  ABLATE_GRID_STRIDE(i, n) {
-    const unsigned b = (unsigned(x[i]) << 16) & 0x7FFFFFFFu;
-    m = b > m ? b : m;
-  }
-  max_into(amax, m);
-}
-
 __device__ uint8_t to_fp8(float v, Fp8Format format, unsigned& saturated) {
   const float limit = format == Fp8Format::e4m3 ? 448.0f : 57344.0f;
   if (fabsf(v) > limit) ++saturated;  // NaN compares false: not counted
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-// The block's warps' counts added to a float (delayed scaling's slots count in floats).
-__device__ void count_into_float(float* saturated, unsigned count) {
+// The block's warps' counts added to a float (slots count in floats).
+__device__ void count_into(float* saturated, unsigned count) {
   for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
   if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(saturated, float(count));
-}
-
-__device__ void count_into(unsigned* saturated, unsigned count) {
-  for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
-  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(saturated, count);
-}
-
-__global__ void quantize_kernel(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax,
-                                unsigned* saturated) {
-  const float s = *scale;
-  unsigned m = 0, over = 0;
-  ABLATE_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    const unsigned b = abs_bits(v);
-    m = b > m ? b : m;
-    y[i] = to_fp8(v * s, format, over);
-  }
-  if (amax != nullptr) max_into(amax, m);
-  if (saturated != nullptr) count_into(saturated, over);
-}
-
-// One 32 x 32 tile a block: read along x's rows, written along y's (x's columns) through shared
-// memory, so both sides are read and written in runs.
-__global__ void quantize_transposed_kernel(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format,
-                                           uint8_t* y, float* amax, unsigned* saturated) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const float s = *scale;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  unsigned m = 0, over = 0;
-  for (int dr = int(threadIdx.y); dr < kTile; dr += int(blockDim.y)) {
-    const int64_t r = r0 + dr, c = c0 + int64_t(threadIdx.x);
-    if (r < rows && c < cols) {
-      const float v = x[r * cols + c];
-      const unsigned b = abs_bits(v);
-      m = b > m ? b : m;
-      tile[dr][threadIdx.x] = to_fp8(v * s, format, over);
-    }
-  }
-  __syncthreads();
-  for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
-    const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
-    if (r < rows && c < cols) y[c * rows + r] = tile[threadIdx.x][dc];
-  }
-  if (amax != nullptr) max_into(amax, m);
-  if (saturated != nullptr) count_into(saturated, over);
 }
 
 // x's element (r, c): f32, or bf16 widened.
@@ -105,9 +42,9 @@ __device__ float load2d(const void* x, bool bf16, int64_t r, int64_t c, int64_t 
   return static_cast<const float*>(x)[r * ld + c];
 }
 
-// skip (may be null): a slot's scale; where it is set, nothing is read.
+// skip: a slot's scale; where it is set, nothing is read.
 __global__ void amax_2d_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* skip, float* amax) {
-  if (skip != nullptr && *skip > 0.0f) return;
+  if (*skip > 0.0f) return;
   unsigned m = 0;
   ABLATE_GRID_STRIDE(i, rows * cols) {
     const unsigned b = abs_bits(load2d(x, bf16, i / cols, i % cols, ld));
@@ -132,7 +69,7 @@ __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols
       y[i] = 0;
     }
   }
-  if (saturated != nullptr) count_into_float(saturated, over);
+  if (saturated != nullptr) count_into(saturated, over);
   if (amax != nullptr) max_into(amax, m);
 }
 
@@ -161,7 +98,7 @@ __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, i
     const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
     if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
   }
-  if (saturated != nullptr) count_into_float(saturated, over);
+  if (saturated != nullptr) count_into(saturated, over);
   if (amax != nullptr) max_into(amax, m);
 }
 
@@ -202,45 +139,8 @@ __global__ void update_slots_kernel(float* slots, int64_t count, int64_t history
   }
 }
 
-__global__ void update_scales_kernel(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max,
-                                     float fp8_max, int margin, float* scale, float* scale_inv) {
-  ABLATE_GRID_STRIDE(t, tensors) {
-    float* h = history + t * length;
-    const float now = amax[t];
-    h[step % length] = now;
-    amax[t] = 0.0f;
-    float a = now;
-    if (use_max) {
-      for (int64_t i = 0; i < length; ++i) a = fmaxf(a, h[i]);
-    }
-    if (a > 0.0f && a <= 3.4028234663852886e38f) scale[t] = fp8_max / ldexpf(a, margin);  // NaN and inf fail
-    scale_inv[t] = 1.0f / scale[t];
-  }
-}
-
 }  // namespace
 
-void launch_fp8_amax(const float* x, int64_t n, float* amax, cudaStream_t stream) {
-  if (n > 0) amax_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(x, n, amax);
-}
-void launch_fp8_amax_bf16(const uint16_t* x, int64_t n, float* amax, cudaStream_t stream) {
-  if (n > 0) amax_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(x, n, amax);
-}
-void launch_fp8_quantize(const float* x, int64_t n, const float* scale, Fp8Format format, uint8_t* y, float* amax, unsigned* saturated,
-                         cudaStream_t stream) {
-  if (n > 0) quantize_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(x, n, scale, format, y, amax, saturated);
-}
-void launch_fp8_quantize_transposed(const float* x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* y,
-                                    float* amax, unsigned* saturated, cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
-  quantize_transposed_kernel<<<grid, block, 0, stream>>>(x, rows, cols, scale, format, y, amax, saturated);
-}
-void launch_fp8_amax_2d(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, float* amax, cudaStream_t stream) {
-  if (rows > 0 && cols > 0) {
-    amax_2d_kernel<<<cuda::blocks_for(rows * cols), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, nullptr, amax);
-  }
-}
 void launch_fp8_slot_amax(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* slot, float* amax,
                           cudaStream_t stream) {
   if (rows > 0 && cols > 0) {
@@ -266,12 +166,4 @@ void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((y_ld + kTile - 1) / kTile)), block(kTile, 8);
   pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, saturated, amax);
 }
-void launch_fp8_update_scales(float* amax, float* history, int64_t tensors, int64_t length, int64_t step, bool use_max, float fp8_max,
-                              int margin, float* scale, float* scale_inv, cudaStream_t stream) {
-  if (tensors > 0 && length > 0) {
-    update_scales_kernel<<<cuda::blocks_for(tensors), cuda::kThreads, 0, stream>>>(amax, history, tensors, length, step, use_max,
-                                                                                   fp8_max, margin, scale, scale_inv);
-  }
-}
-
 }  // namespace ablate::cuda_layers

@@ -89,12 +89,13 @@ struct StreamSet {
   cuda::StreamScratch bf16_once;       // an operand several products share (gemm_bf16_once)
   cuda::StreamScratch bias_grad;       // a fused epilogue's bias gradient, before it is added
   cuda::StreamScratch fp8_a, fp8_b;    // FP8 products: the quantised A and B (fp8_operands)
-  // FP8 products' scaling, 8 floats: the amax of A and B, their one-entry histories, their scales
-  // and the scales' inverses (cuBLASLt's scale pointers).
+  // FP8 products' scaling, 16 floats: the amax of A and B [0, 1], their scales [4, 5] and the
+  // scales' inverses (cuBLASLt's scale pointers) [6, 7], then current scaling's slot [8, 16), which
+  // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp).
   float* fp8_state = nullptr;
   StreamSet() {
     ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
-    const float init[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    const float init[16] = {0, 0, 0, 0, 1, 1, 1, 1};
     ABLATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&fp8_state), sizeof(init)));
     ABLATE_CUDA_CHECK(cudaMemcpy(fp8_state, init, sizeof(init), cudaMemcpyHostToDevice));
   }
@@ -211,17 +212,13 @@ class Context {
         g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
     auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
     auto* qb = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
-    // Operand i's amax into st[i], its scale and inverse into st[4 + i] and st[6 + i] (st[2 + i]: the
-    // one-value history current scaling updates through), then its quantised copy.
+    // Operand i's scale and inverse into st[4 + i] and st[6 + i] from its slot (delayed scaling) or
+    // current scaling's, its amax first where the slot has no scale; then its quantised copy, the
+    // amax of this use and its saturated values recorded in a delayed-scaling slot.
     const auto quantise = [&](const Source& x, float* slot, Fp8Format f, int i, uint8_t* q) {
-      if (slot == nullptr) {
-        launch_fp8_amax_2d(x.x, x.bf16, x.rows, x.cols, x.ld, st + i, stream);
-        launch_fp8_update_scales(st + i, st + 2 + i, 1, 1, 0, false, kFp8Max[int(f)], 0, st + 4 + i, st + 6 + i, stream);
-      } else {
-        launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, slot, st + i, stream);  // a fresh slot only
-        launch_fp8_slot_scale(slot, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
-      }
-      // Delayed scaling: the amax of this use and its saturated values into the slot.
+      float* s = slot != nullptr ? slot : st + 8;
+      launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, s, st + i, stream);
+      launch_fp8_slot_scale(s, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
       float* saturated = slot != nullptr ? slot + 5 : nullptr;
       launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
     };
