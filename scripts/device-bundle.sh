@@ -5,15 +5,16 @@
 # a machine lacks (Boost, fmt, spdlog, TOML++, OpenBLAS and its Fortran runtime, Open MPI with its
 # run-time components), with RUNPATHs relative to $ORIGIN, the few source files the tests read
 # (configs, golden files, tools, the PyTorch peer), a manifest of the test programs and their
-# labels, and run.sh, which runs everything there in one call. The CUDA libraries (libcuda,
-# cudart, cuBLAS, cuDNN, NCCL) are not carried: run.sh finds them there (the driver, and the
-# nvidia.* pip wheels). The tree travels as DIR/payload.tar.gz beside two launchers, run.sh and
-# cpu-check.sh, which unpack it on first use (gzip: a third of the tree's size, unpacked in about
-# a second). Fails when what is carried exceeds 48 MiB.
+# labels, torchao's wheel for the float8 peers, and run.sh, which runs everything there in one call.
+# The CUDA libraries (libcuda, cudart, cuBLAS, cuDNN, NCCL) are not carried: run.sh finds them
+# there (the driver, and the nvidia.* pip wheels). The tree travels as DIR/payload.tar.gz beside
+# two launchers, run.sh and cpu-check.sh, which unpack it on first use (gzip: a third of the tree's
+# size, unpacked in about a second). Fails when what is carried exceeds 48 MiB.
 #
 # Usage: scripts/device-bundle.sh DIR    (builds first with scripts/build.sh, in ABLATE_BUILD_DIR;
 #                                         ABLATE_BUNDLE_NO_BUILD=1 takes the build as it is;
-#                                         ABLATE_BUNDLE_NO_DATA=1 prepares no data, below)
+#                                         ABLATE_BUNDLE_NO_DATA=1 prepares no data, below;
+#                                         ABLATE_BUNDLE_NO_WHEELS=1 carries no torchao)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: scripts/device-bundle.sh DIR}
@@ -63,6 +64,17 @@ fi
 if [ -f "$root/data/shakespeare/gpt2_train_000000.bin" ]; then
   mkdir -p "$out/data/shakespeare"
   cp -a "$root"/data/shakespeare/gpt2_*.bin "$out/data/shakespeare/"
+fi
+
+# torchao (a PyPI wheel; its float8 training is Python over torch._scaled_mm) for the float8 PyTorch
+# peers: the GPU machine's PyTorch lacks it and can download nothing. run.sh installs it under /tmp
+# there. ABLATE_BUNDLE_NO_WHEELS=1 carries none; without it the float8 peers are skipped, not failed.
+torchao_version=${ABLATE_BUNDLE_TORCHAO:-0.18.0}
+if [ "${ABLATE_BUNDLE_NO_WHEELS:-0}" != 1 ]; then
+  mkdir -p "$out/wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d "$out/wheels" "torchao==$torchao_version" >/dev/null 2>&1 ||
+    echo "device-bundle: torchao $torchao_version could not be downloaded; the float8 peers will be skipped" >&2
 fi
 
 # The test programs, their labels and their CTest time limit (the largest of the program's tests),
@@ -157,7 +169,7 @@ mib() { awk -v b="$1" 'BEGIN{printf "%.1f", b / 1048576}'; }
 {
   echo
   echo "size by part, unpacked (MiB):"
-  for p in bin/ablate bin/plugins lib openmpi src tests; do
+  for p in bin/ablate bin/plugins lib openmpi src tests wheels; do
     [ -e "$out/$p" ] && printf '  %-16s %6s\n' "$p" "$(mib "$(du -sb "$out/$p" | cut -f1)")"
   done
   printf '  %-16s %6s\n' "test programs" "$(mib "$(du -cb "$out"/bin/test_* 2>/dev/null | tail -1 | cut -f1)")"

@@ -3,7 +3,8 @@
 PyTorch user would make it fast on one GPU, timed per step.
 
 The architecture comes from the config's [model] (torch_gpt.py: the same family, parameter count and
-initialisation as ablate's), the batch from [batching] (or --batch / --seq-len). On CUDA it uses
+initialisation as ablate's; GPT-2's family or the Llama one of configs/llama-1b.toml), the batch from
+[batching] (or --batch / --seq-len). On CUDA it uses
 bf16 autocast (fp32 master weights and optimizer state, fp32 loss), scaled_dot_product_attention
 (flash attention on Hopper), AdamW(fused=True) with gradient-norm clipping at [optimizer] grad_clip,
 and torch.compile. Batches are random tokens made before timing. Each timed step is synchronised
@@ -13,6 +14,11 @@ include compilation) is reported: tokens/s, step time, MFU, peak memory.
   FLOPs per token = 6 N + 6 L d T (N = all parameters; llm.c's convention, causal attention counted
   once), as ablate's metrics define it; MFU against the device's dense bf16 peak from the same kind of
   table ablate uses (H100 SXM 989 TFLOP/s, H100 PCIe 756, H200 989, A100 312), or --peak-tflops.
+
+--float8 converts every linear layer of the blocks (q, k, v, o and the MLP's; not the LM head, which
+ablate's run.dtype = "fp8" keeps in bf16 too) to torchao's float8 training with tensorwise dynamic
+scaling (E4M3 forward, E5M2 gradients, as run.dtype = "fp8" with fp8_scaling = "current"); exit 77
+when torchao is not importable or the device has no FP8 products.
 
 --batch auto tries micro-batches from --max-batch down (halving) and keeps the largest whose step
 runs without running out of memory.
@@ -36,7 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from torch_gpt import GPT  # noqa: E402
+from torch_gpt import GPT, Llama  # noqa: E402
 from benchlib import REPO, git_commit, write_result  # noqa: E402
 
 # Dense bf16 tensor-core peaks, TFLOP/s (vendor figures, without sparsity); fp32 has no entry.
@@ -55,23 +61,60 @@ def peak_tflops(device_name, dtype, override):
     return None
 
 
+GPT2_FAMILY = {"norm": "layernorm", "mlp": "gelu_mlp", "position": "learned", "bias": True, "tie_embeddings": True,
+               "qk_norm": False, "mlp_hidden": 0, "dropout": 0.0}
+LLAMA_FAMILY = {"norm": "rmsnorm", "mlp": "swiglu_mlp", "position": "rope", "bias": False, "tie_embeddings": False,
+                "qk_norm": False, "dropout": 0.0}
+
+
+def family_of(cfg):
+    """"gpt2" or "llama": the family the config's [model] is; the peer implements those two alone
+    (anything else would compare different models)."""
+    m = cfg.get("model", {})
+    for name, expect in (("gpt2", GPT2_FAMILY), ("llama", LLAMA_FAMILY)):
+        defaults = GPT2_FAMILY  # ablate's defaults are GPT-2's
+        if all(m.get(k, defaults[k]) == v for k, v in expect.items()):
+            if name == "gpt2" and m.get("n_kv_heads", 0) not in (0, m.get("n_heads")):
+                break
+            return name
+    diff = {k: m[k] for k in GPT2_FAMILY if k in m and m[k] != GPT2_FAMILY[k]}
+    raise SystemExit(f"[model] {diff}: the PyTorch peer implements GPT-2's family ({GPT2_FAMILY}) "
+                     f"and the Llama one ({LLAMA_FAMILY}) alone")
+
+
 def model_shape(cfg, args):
     m = cfg.get("model", {})
     vocab = args.vocab or m.get("vocab_size", 0)
     if not vocab:
         raise SystemExit(f"{args.config}: [model] vocab_size is 0 (the data source's); pass --vocab")
-    return {"vocab": vocab, "vocab_multiple": m.get("vocab_multiple", 1), "d": m.get("d_model", 128),
-            "layers": m.get("n_layers", 4), "heads": m.get("n_heads", 4), "max_seq_len": m.get("max_seq_len", 1024)}
+    heads = m.get("n_heads", 4)
+    return {"family": family_of(cfg), "vocab": vocab, "vocab_multiple": m.get("vocab_multiple", 1),
+            "d": m.get("d_model", 128), "layers": m.get("n_layers", 4), "heads": heads,
+            "kv_heads": m.get("n_kv_heads", 0) or heads, "mlp_hidden": m.get("mlp_hidden", 0),
+            "max_seq_len": m.get("max_seq_len", 1024), "rope_theta": m.get("rope", {}).get("theta", 10000.0)}
 
 
-def check_family(cfg):
-    """The peer mirrors ablate's default family only; anything else would compare different models."""
-    m = cfg.get("model", {})
-    expect = {"norm": "layernorm", "mlp": "gelu_mlp", "position": "learned", "bias": True, "tie_embeddings": True,
-              "qk_norm": False, "n_kv_heads": 0, "mlp_hidden": 0, "dropout": 0.0}
-    for k, v in expect.items():
-        if k in m and m[k] != v and not (k == "n_kv_heads" and m[k] == m.get("n_heads")):
-            raise SystemExit(f"[model] {k} = {m[k]!r}: the PyTorch peer implements only {k} = {v!r}")
+def build_model(shape):
+    if shape["family"] == "llama":
+        return Llama(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["kv_heads"],
+                     shape["mlp_hidden"] or 4 * shape["d"], shape["vocab_multiple"], shape["rope_theta"])
+    return GPT(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["max_seq_len"], shape["vocab_multiple"])
+
+
+def to_float8(model):
+    """torchao's float8 training on the blocks' linear layers (tensorwise, dynamic scaling); None
+    where torchao is missing, else a description of the recipe."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        import torchao
+    except ImportError as e:
+        return None, f"torchao is not importable ({e})"
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    convert_to_float8_training(model, config=config,
+                               module_filter_fn=lambda mod, fqn: fqn.startswith("blocks.") and mod.in_features % 16 == 0
+                               and mod.out_features % 16 == 0)
+    converted = sum(type(mod).__name__ == "Float8Linear" for mod in model.modules())
+    return f"torchao {torchao.__version__} float8 tensorwise, {converted} linear layers", None
 
 
 def make_step(model, opt, dtype, device, clip):
@@ -87,11 +130,23 @@ def make_step(model, opt, dtype, device, clip):
     return step
 
 
+# torch's out-of-memory error (torch.cuda's before torch 2.1 named it at the top level).
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+class Float8Unavailable(Exception):
+    pass
+
+
 def run(args, cfg, shape, B, T, device):
     torch.manual_seed(args.seed)
-    model = GPT(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["max_seq_len"],
-                shape["vocab_multiple"]).to(device)
+    model = build_model(shape).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    float8 = None
+    if args.float8:
+        float8, why = to_float8(model)
+        if float8 is None:
+            raise Float8Unavailable(why)
     opt_cfg = dict(cfg.get("optimizer", {}))
     # The AdamW family's keys live in [optimizer.adamw] (older experiments wrote them in [optimizer]).
     family = opt_cfg.get("adamw", {})
@@ -99,7 +154,7 @@ def run(args, cfg, shape, B, T, device):
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.param_groups(opt_cfg.get("weight_decay", 0.1)), lr=opt_cfg.get("lr", 6e-4),
                             betas=(opt_cfg.get("beta1", 0.9), opt_cfg.get("beta2", 0.95)),
-                            eps=opt_cfg.get("eps", 1e-8), fused=fused)
+                            eps=opt_cfg.get("eps", 1e-8), **({"fused": True} if fused else {}))
     fwd = torch.compile(model) if args.compile else model
     step = make_step(fwd, opt, args.dtype, device, opt_cfg.get("grad_clip", 1.0))
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
@@ -127,7 +182,7 @@ def run(args, cfg, shape, B, T, device):
     out = {"parameters": n_params, "batch_size": B, "seq_len": T, "tokens_per_step": B * T,
            "median_step_ms": 1e3 * step_s, "min_step_ms": 1e3 * min(times), "tokens_per_s": B * T / step_s,
            "flops_per_token": flops_per_token, "tflops": tflops, "first_loss": losses[0], "final_loss": losses[-1],
-           "fused_adamw": fused, "compiled": bool(args.compile)}
+           "fused_adamw": fused, "compiled": bool(args.compile), "float8": float8}
     if device.type == "cuda":
         out["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
@@ -147,6 +202,8 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--float8", action="store_true", help="the blocks' linear layers in torchao's float8 (tensorwise)")
+    ap.add_argument("--params-only", action="store_true", help="print the model's parameter count and exit")
     ap.add_argument("--peak-tflops", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--json", default="")
@@ -156,11 +213,17 @@ def main():
         args.compile = device.type == "cuda"
     with open(args.config, "rb") as f:
         cfg = tomllib.load(f)
-    check_family(cfg)
     shape = model_shape(cfg, args)
+    if args.params_only:
+        print(sum(p.numel() for p in build_model(shape).parameters()))
+        return
     T = args.seq_len or cfg.get("batching", {}).get("seq_len", 1024)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"pytorch_gpt: {os.path.relpath(args.config, REPO)} on {name}, torch {torch.__version__}, {args.dtype}, "
+    if args.float8 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        print(f"pytorch_gpt: --float8: {name} has no FP8 products (compute capability 8.9 or later): skipped")
+        sys.exit(77)
+    print(f"pytorch_gpt: {os.path.relpath(args.config, REPO)} ({shape['family']}) on {name}, torch {torch.__version__}, "
+          f"{args.dtype}{' + float8' if args.float8 else ''}, "
           f"compile {args.compile}, T {T}")
 
     if args.batch == "auto":
@@ -176,7 +239,10 @@ def main():
             result = run(args, cfg, shape, B, T, device)
             tried.append({"batch_size": B, "fits": True})
             break
-        except torch.OutOfMemoryError:
+        except Float8Unavailable as e:
+            print(f"pytorch_gpt: --float8: {e}: skipped")
+            sys.exit(77)
+        except OUT_OF_MEMORY:
             tried.append({"batch_size": B, "fits": False})
             print(f"  batch {B}: out of memory")
             torch._dynamo.reset()
@@ -196,7 +262,7 @@ def main():
         write_result(args.json, {
             "benchmark": "pytorch_gpt", "device": name, "torch_version": torch.__version__, "dtype": args.dtype,
             "config": os.path.relpath(os.path.abspath(args.config), REPO), "model": shape, "peak_tflops": peak,
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "float8": bool(args.float8), "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "git_commit": git_commit(), "steps": args.steps, "warmup": args.warmup, "batches_tried": tried,
             "result": result})
 

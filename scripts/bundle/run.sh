@@ -5,8 +5,8 @@
 # one-screen summary. Everything goes to OUT: run.log, summary.txt, summary.json, the benchmarks'
 # JSON, and all.tar.gz with every log and XML. Exit status 0 only when nothing failed.
 # Usage: run.sh OUT   (or with $OUT set)
-# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,comm,numerics) runs a part, so that
-# the whole can be split over device calls: tests,memcheck in one, bench,gpt2,comm in the next;
+# ABLATE_STAGES (comma-separated, default all: tests,memcheck,bench,gpt2,llama,comm,numerics) runs a part, so
+# that the whole can be split over device calls: tests,bench,numerics in one, gpt2,llama in the next;
 # sweeps (the GPU sweeps with their reports) runs only when named.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,7 +63,7 @@ call_seconds=${ABLATE_CALL_SECONDS:-570}
 left() { echo $(( call_seconds - ($(date +%s) - t_start) )); }
 # A command's own limit: at most $1 seconds, and never past the call's end.
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
-stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,comm,numerics},"
+stages=",${ABLATE_STAGES:-tests,memcheck,bench,gpt2,llama,comm,numerics},"
 want() { [[ "$stages" == *",$1,"* ]]; }
 skip_stage() {  # name seconds_needed
   if [ "$(left)" -lt "$2" ]; then
@@ -172,29 +172,72 @@ if want gpt2 || want comm; then
   GPT2_BATCH=$(gpt2_batch)
   echo "== GPT-2 micro-batch: $GPT2_BATCH (ABLATE_GPT2_BATCH=${ABLATE_GPT2_BATCH:-auto})"
 fi
-LAUNCH=""  # a launcher before ablate in ablate_gpt2 (mpirun for the two-rank runs)
-ablate_gpt2() {  # stage name attention [--set key=value ...]
+LAUNCH=""  # a launcher before ablate in ablate_train (mpirun for the two-rank runs)
+ablate_train() {  # stage name config batch attention [--set key=value ...]
   want "$1" || return 0
-  shift
+  local stage=$1 name=$2 config=$3 batch=$4 attention=$5
+  shift 5
   local dtype="${ABLATE_GPT2_DTYPE:-bf16}"
-  echo "== ablate: GPT-2 124M on cuda ($dtype, $2, adamw_fused${3:+, ${*:3}})"
-  skip_stage "$1" 150 && return 0
+  echo "== ablate: $config on cuda ($dtype, $attention, adamw_fused${1:+, $*})"
+  skip_stage "$name" 150 && return 0
   local t0 status
   t0=$(date +%s)
-  rm -rf "${out:?}/$1"
+  rm -rf "${out:?}/$name"
   # shellcheck disable=SC2086  # $LAUNCH: empty, or mpirun and its arguments
-  if timeout "$(limit 240)" $LAUNCH "$here/bin/ablate" train "$here/src/configs/gpt2-124m.toml" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$2" \
+  if timeout "$(limit 240)" $LAUNCH "$here/bin/ablate" train "$here/src/configs/$config" --set run.device=cuda --set run.dtype="$dtype" --set attention.name="$attention" \
        --set optimizer.name=adamw_fused --set data.name=synthetic_probes --set run.grad_accum_steps=1 \
-       --set batching.batch_size="$GPT2_BATCH" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
-       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 "${@:3}" --run-dir "$out/$1" \
-       > "$out/logs/$1.log" 2>&1; then status=passed; else status=failed; fi
-  [ -f "$out/$1/summary.json" ] && cp "$out/$1/summary.json" "$out/$1.json"
-  [ -f "$out/$1/profile.json" ] && cp "$out/$1/profile.json" "$out/$1_profile.json"
-  rm -rf "$out/$1/checkpoints"  # 1.5 GB of weights and moments: not worth bringing back
-  printf '%s\tbenchmark\t%s\t0\t%d\n' "$1" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
-  grep -E "op profile|^  |done:" "$out/logs/$1.log" | head -30
-  tail -3 "$out/logs/$1.log"
+       --set batching.batch_size="$batch" --set run.steps=16 --set run.eval_every=0 --set run.eval_batches=0 \
+       --set run.profile_steps=3 --set checkpoint.every=1000 --set checkpoint.keep=1 "$@" --run-dir "$out/$name" \
+       > "$out/logs/$name.log" 2>&1; then status=passed; else status=failed; fi
+  [ -f "$out/$name/summary.json" ] && cp "$out/$name/summary.json" "$out/$name.json"
+  [ -f "$out/$name/profile.json" ] && cp "$out/$name/profile.json" "$out/${name}_profile.json"
+  rm -rf "$out/$name/checkpoints"  # gigabytes of weights and moments: not worth bringing back
+  printf '%s\tbenchmark\t%s\t0\t%d\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+  grep -E "op profile|^  |done:" "$out/logs/$name.log" | head -30
+  tail -3 "$out/logs/$name.log"
 }
+ablate_gpt2() {  # stage name attention [--set key=value ...]: GPT-2 124M at the GPT-2 micro-batch
+  ablate_train "$1" "$2" gpt2-124m.toml "$GPT2_BATCH" "${@:3}"
+}
+# The PyTorch peer (bench/peers/pytorch_gpt.py) on a config's model at ablate's micro-batch; where
+# that does not fit (out of memory), the largest below it that does. With --float8, torchao's float8
+# training of the blocks' linear layers (the bundle's torchao wheel, installed under /tmp here when
+# python3 lacks it); exit 77 (skipped) when torchao cannot be imported.
+pytorch_peer() {  # stage name config batch [peer args...]
+  local stage=$1 name=$2 config=$3 batch=$4
+  shift 4
+  want "$stage" || return 0
+  echo "== peer: PyTorch on $config (bench/peers/pytorch_gpt.py${1:+ $*}, ablate's micro-batch $batch)"
+  skip_stage "$name" 150 && return 0
+  if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "  python3 has no torch with CUDA: skipped"
+    printf '%s\tpeer\tskipped\t77\t0\n' "$name" >> "$results"
+    return 0
+  fi
+  local t0 status rc
+  t0=$(date +%s)
+  PYTHONUNBUFFERED=1 PYTHONPATH="$peer_site${PYTHONPATH:+:$PYTHONPATH}" timeout "$(( $(left) - 20 ))" \
+    python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/$config" --batch "$batch" "$@" \
+    --json "$out/$name.json" > "$out/logs/$name.log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$(left)" -gt 90 ] && [ "$batch" -gt 1 ]; then
+    PYTHONUNBUFFERED=1 PYTHONPATH="$peer_site${PYTHONPATH:+:$PYTHONPATH}" timeout "$(( $(left) - 20 ))" \
+      python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/$config" --batch auto --max-batch "$batch" "$@" \
+      --json "$out/$name.json" > "$out/logs/${name}_auto.log" 2>&1
+    rc=$?  # at ablate's micro-batch it did not run (out of memory?): the largest below it that does
+  fi
+  case $rc in 0) status=passed ;; 77) status=skipped ;; *) status=failed ;; esac
+  printf '%s\tpeer\t%s\t%d\t%d\n' "$name" "$status" "$rc" "$(( $(date +%s) - t0 ))" >> "$results"
+  tail -6 "$out/logs/$name.log"
+}
+# torchao for the float8 peers: carried as a wheel (scripts/device-bundle.sh), installed once here.
+peer_site=""
+if { want gpt2 || want llama; } && ! python3 -c "import torchao" 2>/dev/null && ls "$here"/wheels/torchao-*.whl >/dev/null 2>&1; then
+  peer_site=/tmp/ablate-peer-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$peer_site" \
+    "$here"/wheels/torchao-*.whl > "$out/logs/torchao_install.log" 2>&1 ||
+    echo "  torchao's wheel did not install (logs/torchao_install.log): the float8 peers will be skipped"
+fi
 # Each twice: on the packed probe rows above (short documents, about 28% of dense causal attention's
 # FLOPs), then on dense rows, one 1024-token document a row, as the PyTorch peer trains (its random
 # tokens fill every row): only the dense runs compare like with like (summary.py's vs_pytorch).
@@ -209,23 +252,24 @@ if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
   # the device has them (SM 8.9 on; elsewhere ablate refuses it with exit 2 and the stage fails).
   ablate_gpt2 gpt2 ablate_gpt2_flash_fp8_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8
 fi
-want gpt2 && echo "== peer: PyTorch on GPT-2 124M (bench/peers/pytorch_gpt.py, ablate's micro-batch: the ratio is at one batch)"
-if ! want gpt2 || skip_stage pytorch_gpt 150; then
-  :
-elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  t0=$(date +%s)
-  if PYTHONUNBUFFERED=1 timeout "$(( $(left) - 20 ))" python3 "$here/src/bench/peers/pytorch_gpt.py" --config "$here/src/configs/gpt2-124m.toml" \
-       --batch "$GPT2_BATCH" --json "$out/pytorch_gpt.json" > "$out/logs/pytorch_gpt.log" 2>&1; then
-    status=passed
-  elif [ "$(left)" -gt 90 ] && PYTHONUNBUFFERED=1 timeout "$(( $(left) - 20 ))" python3 "$here/src/bench/peers/pytorch_gpt.py"          --config "$here/src/configs/gpt2-124m.toml" --batch auto --max-batch "$GPT2_BATCH" --json "$out/pytorch_gpt.json"          > "$out/logs/pytorch_gpt_auto.log" 2>&1; then
-    status=passed  # at ablate's micro-batch it did not run (out of memory?): the largest below it that does
-  else
-    status=failed
-  fi
-  printf 'pytorch_gpt\tpeer\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
-  tail -15 "$out/logs/pytorch_gpt.log"
-else
-  echo "  python3 has no torch with CUDA: skipped"
+pytorch_peer gpt2 pytorch_gpt gpt2-124m.toml "$GPT2_BATCH"
+# torch's float8 (torchao, tensorwise scaling) on the same model: the peer of the FP8 run.
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && pytorch_peer gpt2 pytorch_gpt_fp8 gpt2-124m.toml "$GPT2_BATCH" --float8
+
+# llama: configs/llama-1b.toml (1,175M parameters, TinyLlama's shape), dense rows of one 2048-token
+# document each, in bf16 and in FP8 (linear and MLP products; attention and the classifier bf16),
+# beside the PyTorch peer in bf16 and in torchao's float8. The micro-batch: ABLATE_LLAMA_BATCH, else
+# the config's 8.
+LLAMA_BATCH=${ABLATE_LLAMA_BATCH:-8}
+LLAMA_DENSE=(--set data.synthetic_probes.min_length=2048 --set data.synthetic_probes.max_length=2048
+             --set batching.long_documents=truncate)
+if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
+  ablate_train llama ablate_llama_dense llama-1b.toml "$LLAMA_BATCH" cudnn_flash "${LLAMA_DENSE[@]}"
+  ablate_train llama ablate_llama_fp8_dense llama-1b.toml "$LLAMA_BATCH" cudnn_flash "${LLAMA_DENSE[@]}" --set run.dtype=fp8
+  pytorch_peer llama pytorch_llama llama-1b.toml "$LLAMA_BATCH"
+  pytorch_peer llama pytorch_llama_fp8 llama-1b.toml "$LLAMA_BATCH" --float8
+elif want llama; then
+  echo "== llama: skipped, no cudnn_flash plugin in this bundle (naive attention at T 2048 would not fit the call)"
 fi
 
 # comm: the nccl communicator's collectives on a 124M-element buffer (bench_nccl), then one rank

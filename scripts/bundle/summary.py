@@ -40,7 +40,6 @@ def junit_cases(path):
 def headline(name, data):
     """A few figures that say how a benchmark went."""
     keys = {
-        "pytorch_gpt": ["device", "batch_size", "tokens_per_s", "step_ms", "mfu", "peak_memory_gib"],
         "bench_optim": ["gpu"],
         "bench_attention": ["device", "flash_over_naive_t2048", "padded_over_packed_time", "packed_real_fraction",
                             "padded_real_fraction"],
@@ -50,7 +49,7 @@ def headline(name, data):
         "bench_layers": ["device", "dtype", "rows", "product_tflops", "copy_gbs"],
         "numerics": ["verdict", "steps", "last", "mean_loss_gap", "max_loss_gap", "val_rel_gap", "max_val_rel"],
         "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
-    }.get("ablate_gpt2" if name.startswith("ablate_gpt2") else name)
+    }.get("ablate_gpt2" if name.startswith(("ablate_gpt2", "ablate_llama")) else name)
     rows = data.get("rows") if isinstance(data, dict) else None
     if isinstance(rows, list) and name in ("bench_attention", "pytorch_sdpa", "bench_nccl"):
         # The table's figure per row: TF/s of forward + backward, or an all-reduce's bus bandwidth.
@@ -90,26 +89,63 @@ def headline(name, data):
     return {}
 
 
-def peer_tokens_per_s():
-    """The PyTorch peer's GPT-2 tokens/s (dense rows of random tokens), None where it did not run."""
+def read_json(name):
     try:
-        with open(os.path.join(out, "pytorch_gpt.json")) as f:
-            v = json.load(f).get("tokens_per_s")
-    except (OSError, ValueError, AttributeError):
+        with open(os.path.join(out, f"{name}.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
         return None
+
+
+def tokens_per_s(data):
+    """tokens/s of a run's JSON: ablate's summary.json has it at the top, the peer's under "result"."""
+    if not isinstance(data, dict):
+        return None
+    v = data.get("tokens_per_s", (data.get("result") or {}).get("tokens_per_s"))
     return v if isinstance(v, (int, float)) and v > 0 else None
 
 
-def gpt2_rows(name, h):
-    """An ablate GPT-2 run's headline with what its rows hold and, beside the peer, the ratio: dense
-    rows (one 1024-token document a row, `_dense`) compare like with like; packed probe rows hold
-    short documents, so their attention does less work than the peer's."""
+def peer_of(name):
+    """The PyTorch peer an ablate run compares with: pytorch_gpt for GPT-2 124M, pytorch_llama for
+    configs/llama-1b.toml."""
+    return "pytorch_llama" if name.startswith("ablate_llama") else "pytorch_gpt"
+
+
+def ablate_rows(name, h):
+    """An ablate training run's headline with what its rows hold and, beside the peer, the ratio:
+    dense rows (one document of the full length a row, `_dense`) compare like with like; packed probe
+    rows hold short documents, so their attention does less work than the peer's. An FP8 run
+    (`_fp8`) is also set beside the peer's float8 run (torchao) and beside ablate's own bf16 run."""
     h = dict(h)
     h["rows"] = "dense" if name.endswith("_dense") else "packed-probes"
-    peer = peer_tokens_per_s()
-    if peer and isinstance(h.get("tokens_per_s"), (int, float)):
-        h["vs_pytorch" if h["rows"] == "dense" else "vs_pytorch_unlike"] = round(h["tokens_per_s"] / peer, 3)
+    mine = h.get("tokens_per_s") if isinstance(h.get("tokens_per_s"), (int, float)) else None
+    if mine is None:
+        return h
+    peer = tokens_per_s(read_json(peer_of(name)))
+    if peer:
+        h["vs_pytorch" if h["rows"] == "dense" else "vs_pytorch_unlike"] = round(mine / peer, 3)
+    if "_fp8" in name:
+        float8_peer = tokens_per_s(read_json(peer_of(name) + "_fp8"))
+        if float8_peer and h["rows"] == "dense":
+            h["vs_pytorch_float8"] = round(mine / float8_peer, 3)
+        bf16 = tokens_per_s(read_json(name.replace("_fp8", "")))
+        if bf16:
+            h["vs_own_bf16"] = round(mine / bf16, 3)
     return h
+
+
+def peer_headline(data):
+    """The peer's figures (its JSON nests the measurement under "result")."""
+    if not isinstance(data, dict):
+        return {}
+    r = data.get("result") or {}
+    h = {"device": data.get("device"), "family": (data.get("model") or {}).get("family"),
+         "batch_size": r.get("batch_size"), "tokens_per_s": r.get("tokens_per_s"), "step_ms": r.get("median_step_ms"),
+         "mfu": r.get("mfu"), "float8": r.get("float8") or data.get("float8")}
+    mem = r.get("peak_memory_bytes")
+    if isinstance(mem, (int, float)):
+        h["peak_memory_gib"] = round(mem / 2**30, 2)
+    return {k: v for k, v in h.items() if v is not None}
 
 
 lines, summary = [], {"tests": [], "benchmarks": []}
@@ -136,8 +172,10 @@ for r in rows:
         except (OSError, ValueError):
             data = {}
     h = headline(r["program"], data)
-    if r["program"].startswith("ablate_gpt2") and r["mode"] == "benchmark":
-        h = gpt2_rows(r["program"], h)
+    if r["program"].startswith(("pytorch_gpt", "pytorch_llama")) and r["mode"] == "peer":
+        h = peer_headline(data)
+    if r["program"].startswith(("ablate_gpt2", "ablate_llama")) and r["mode"] == "benchmark":
+        h = ablate_rows(r["program"], h)
     lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} " +
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
     summary["benchmarks"].append({**r, "headline": h})

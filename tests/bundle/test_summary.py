@@ -17,7 +17,10 @@ with tempfile.TemporaryDirectory() as out:
             ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
             ("ablate_gpt2_flash_dense", "benchmark", "passed", 0, 50),
             ("pytorch_gpt", "peer", "passed", 0, 40), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0),
-            ("pytorch_gemm", "peer", "passed", 0, 20)]
+            ("pytorch_gemm", "peer", "passed", 0, 20), ("ablate_gpt2_flash_fp8_dense", "benchmark", "passed", 0, 50),
+            ("pytorch_gpt_fp8", "peer", "passed", 0, 60), ("ablate_llama_dense", "benchmark", "passed", 0, 80),
+            ("ablate_llama_fp8_dense", "benchmark", "passed", 0, 80), ("pytorch_llama", "peer", "passed", 0, 90),
+            ("pytorch_llama_fp8", "peer", "skipped", 77, 5)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -31,7 +34,18 @@ with tempfile.TemporaryDirectory() as out:
                             "rows": [{"op": "all_reduce", "dtype": "bf16", "algbw_gbs": 812.5}]},
         "ablate_gpt2_flash.json": {"status": "completed", "steps": 16, "tokens_per_s": 301234.0, "mfu": 0.251},
         "ablate_gpt2_flash_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 250000.0, "mfu": 0.3},
-        "pytorch_gpt.json": {"device": "NVIDIA H100 80GB HBM3", "batch_size": 64, "tokens_per_s": 400000.0},
+        # The peer's JSON as bench/peers/pytorch_gpt.py writes it: the measurement under "result".
+        "pytorch_gpt.json": {"benchmark": "pytorch_gpt", "device": "NVIDIA H100 80GB HBM3", "model": {"family": "gpt2"},
+                             "float8": False, "result": {"batch_size": 64, "tokens_per_s": 400000.0, "median_step_ms": 163.8,
+                                                         "mfu": 0.41, "peak_memory_bytes": 40 * 2**30, "float8": None}},
+        "pytorch_gpt_fp8.json": {"benchmark": "pytorch_gpt", "device": "NVIDIA H100 80GB HBM3", "model": {"family": "gpt2"},
+                                 "float8": True, "result": {"batch_size": 64, "tokens_per_s": 500000.0,
+                                                            "float8": "torchao 0.18.0 float8 tensorwise, 72 linear layers"}},
+        "ablate_gpt2_flash_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 380000.0},
+        "ablate_llama_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 40000.0},
+        "ablate_llama_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 52000.0},
+        "pytorch_llama.json": {"benchmark": "pytorch_gpt", "device": "NVIDIA H100 80GB HBM3", "model": {"family": "llama"},
+                               "float8": False, "result": {"batch_size": 8, "tokens_per_s": 50000.0}},
         "pytorch_gemm.json": {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "rows": 65536, "products": [
             {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->bf16", "ms": 0.451, "tflops": 686.04},
             {"product": "fc", "M": 65536, "K": 768, "N": 3072, "mode": "bf16->f32", "ms": 0.535, "tflops": 578.12},
@@ -52,7 +66,14 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "10 runs: 8 passed, 1 failed, 1 skipped" in text,
+        "counts": "16 runs: 13 passed, 1 failed, 2 skipped" in text,
+        "peer headline read under result": "family=gpt2, batch_size=64, tokens_per_s=4e+05, step_ms=163.8, mfu=0.41" in text
+                                            and "peak_memory_gib=40" in text,
+        # FP8: beside the bf16 peer, the float8 peer and ablate's own bf16 run on the same rows.
+        "fp8 ratios": "rows=dense, vs_pytorch=0.95, vs_pytorch_float8=0.76, vs_own_bf16=1.52" in text,
+        # The Llama runs pair with the Llama peer; its float8 run was skipped, so no float8 ratio.
+        "llama ratio": "tokens_per_s=4e+04, rows=dense, vs_pytorch=0.8" in text,
+        "llama fp8 ratios": "tokens_per_s=5.2e+04, rows=dense, vs_pytorch=1.04, vs_own_bf16=1.3" in text,
         # The ratio to the peer: like with like on dense rows; packed probe rows marked unlike.
         "dense ratio": "rows=dense, vs_pytorch=0.625" in text,
         "packed ratio marked unlike": "rows=packed-probes, vs_pytorch_unlike=0.753" in text,
