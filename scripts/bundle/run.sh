@@ -308,14 +308,24 @@ fi
 # numerics: the bf16 plan against fp32 on real text (configs/shakespeare-gpt2.toml on cuda, 300 steps,
 # validation at 100, 200 and 300): the mean training loss of the last 100 steps within 0.02 nats and
 # the validation loss within 1% (bench/numerics_pair.py); both curves in numerics.json and
-# numerics.png. About a minute: the model is 7.2M parameters.
+# numerics.png. Then FP8 (run.dtype = "fp8", current scaling) against that bf16 run, where the
+# device has FP8 products: within 0.03 nats and 2% (numerics_fp8.json, numerics_fp8.png). About a
+# minute: the model is 7.2M parameters.
 numerics_run() {  # name dtype attention
   (cd "$here" && timeout "$(limit 150)" "$here/bin/ablate" train "$here/src/configs/shakespeare-gpt2.toml" --set run.device=cuda \
      --set run.dtype="$2" --set attention.name="$3" --set optimizer.name=adamw --set run.steps=300 --set run.eval_every=100 \
      --set run.threads=4 --set checkpoint.every=1000 --run-dir "$out/$1") > "$out/logs/$1.log" 2>&1
 }
+numerics_pair() {  # result reference candidate [numerics_pair.py options]
+  python3 "$here/src/bench/numerics_pair.py" --reference "$out/$2" --candidate "$out/$3" --json "$out/$1.json" \
+    --plot "$out/$1.png" "${@:4}"
+}
+fp8_capable() {  # compute capability 8.9 or later
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 |
+    awk -F. '{exit !($1 > 8 || ($1 == 8 && $2 >= 9))}'
+}
 if want numerics; then
-  echo "== numerics: the bf16 plan against fp32 on Shakespeare (300 steps)"
+  echo "== numerics: the bf16 plan against fp32 on Shakespeare (300 steps), then FP8 against bf16"
   if [ ! -f "$here/data/shakespeare/gpt2_train_000000.bin" ]; then
     echo "  no data/shakespeare in the bundle (scripts/device-bundle.sh could not prepare it): skipped"
     printf 'numerics\tbenchmark\tskipped\t0\t0\n' >> "$results"
@@ -323,14 +333,24 @@ if want numerics; then
     t0=$(date +%s)
     flash=naive
     [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash=cudnn_flash
-    rm -rf "${out:?}/numerics_fp32" "${out:?}/numerics_bf16"
+    rm -rf "${out:?}/numerics_fp32" "${out:?}/numerics_bf16" "${out:?}/numerics_fp8"
     status=failed
     if numerics_run numerics_fp32 fp32 naive && numerics_run numerics_bf16 bf16 "$flash"; then
-      python3 "$here/src/bench/numerics_pair.py" --reference "$out/numerics_fp32" --candidate "$out/numerics_bf16" \
-        --json "$out/numerics.json" --plot "$out/numerics.png" && status=passed
+      numerics_pair numerics numerics_fp32 numerics_bf16 && status=passed
     fi
-    rm -rf "$out/numerics_fp32/checkpoints" "$out/numerics_bf16/checkpoints"
     printf 'numerics\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+    if [ ! -d "$out/numerics_bf16" ] || ! fp8_capable; then
+      echo "  numerics_fp8: skipped (no bf16 run, or no FP8 products on this device)"
+      printf 'numerics_fp8\tbenchmark\tskipped\t0\t0\n' >> "$results"
+    elif ! skip_stage numerics_fp8 60; then
+      t0=$(date +%s)
+      status=failed
+      if numerics_run numerics_fp8 fp8 "$flash"; then
+        numerics_pair numerics_fp8 numerics_bf16 numerics_fp8 --max-loss-gap 0.03 --max-val-rel 0.02 && status=passed
+      fi
+      printf 'numerics_fp8\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+    fi
+    rm -rf "$out/numerics_fp32/checkpoints" "$out/numerics_bf16/checkpoints" "$out/numerics_fp8/checkpoints"
   fi
 fi
 
