@@ -1472,6 +1472,175 @@ TEST_CASE("cross_entropy: losses and gradients, targets -1 ignored, padded vocab
   }
 }
 
+namespace {
+
+// The FP8 classifier's call on the device with x held in bf16 (as the model holds it under bf16 and
+// FP8 plans) and the weights' bf16 copy, returning besides the outputs the logit gradient dz the
+// row kernel left in the scratch (bf16, in place of the logits: the whole batch when it is one
+// chunk), the operand its two gradient products quantised.
+struct Fp8ClassifierResults {
+  ClassifierResults out;
+  std::vector<double> dz;
+};
+
+Fp8ClassifierResults classifier_fp8(LossLayer& layer, const ClassifierProblem& p, const ClassifierValues& v) {
+  const DeviceIds ids(p.batch);
+  DeviceFloats W = to_device(v.W), d_x = to_device(v.d_x), grads = to_device(v.grads);
+  DeviceFloats losses = poisoned(p.rows), scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
+  cuda::DeviceBuffer<uint16_t> copy = bf16_copy(v.W), x16 = bf16_copy(v.x);
+  LayerCall call;
+  call.spec = &p.spec;
+  call.batch = &ids.views;
+  call.rows = p.rows;
+  call.stream = ablate::Stream(suite().stream);
+  call.x = bf16_view(x16);
+  call.params = device_view(W);
+  call.params_bf16 = bf16_view(copy);
+  call.scratch = device_view(scratch);
+  call.losses = device_view(losses);
+  call.grad_scale = p.scale;
+  call.d_x = device_view(d_x);
+  call.grads = device_view(grads);
+  call.input_grad = GradMode::overwrite;
+  layer.loss(call);
+  std::vector<uint16_t> halves(std::size_t(p.rows * p.spec.out));
+  ABLATE_CUDA_CHECK(cudaMemcpyAsync(halves.data(), scratch.data(), halves.size() * 2, cudaMemcpyDeviceToHost, suite().stream));
+  ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  std::vector<double> dz(halves.size());
+  for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = device_math::bf16_value(halves[i]);
+  return {{from_device(losses), {}, from_device(d_x), from_device(grads)}, dz};
+}
+
+// The rms of a - b over the rms of b.
+double relative_rms(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+}  // namespace
+
+// [model.cross_entropy] fp8 under an FP8 run.dtype: the logits product of E4M3 x and W written in
+// bf16, the softmax's gradient in place in bf16, then d_x = dz W and dW += dz^T x of dz quantised
+// (E5M2 under "fp8", E4M3 under "fp8_e4m3"), each operand scaled by its own amax (current scaling).
+// The reference quantises as defined (the search over the format's values above): the losses
+// against the FP8 logits rounded to bf16 (bf16's tolerance: a logit whose fp32 sum rounds to the
+// other bf16 neighbour than the float64 one), the device's dz against the softmax of those
+// (bf16's two stages), and d_x and the weight gradient from the device's own dz exactly as defined
+// (fp32 accumulation: f32's tolerance). The losses lie nearer the FP8 definition than the bf16
+// classifier's by a factor of ten in rms (FP8 did quantise the logits' operands); fp8 = false
+// under an FP8 run.dtype is the bf16 classifier bit for bit; fp8 = true under bf16 is refused.
+TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every product of per-tensor quantised operands as defined") {
+  const Params on("model.cross_entropy", {{"fp8", Value{true}}}), off("model.cross_entropy", {{"fp8", Value{false}}});
+  CHECK_THROWS_WITH_AS(suite().layer<LossLayer>("cross_entropy", "cuda", "bf16", on), doctest::Contains("model.cross_entropy.fp8"),
+                       ablate::Error);
+  if (!device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  std::mt19937_64 rng(2718);
+  LossLayer& cpu = suite().layer<LossLayer>("cross_entropy", "cpu");
+  Margins margins("cross_entropy fp8");
+  // (rows, in, out, real_out): K = in and out padded to 16 by the pack (40 -> 48; out 56 -> 64),
+  // rows any; out a multiple of 8 so the bf16 logits' rows are 16-byte aligned (FP8 products' rule).
+  for (const auto& [rows, in, out, real_out] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{45, 40, 56, 50}, {300, 64, 96, 96}}) {
+    for (const char* dtype : {"fp8", "fp8_e4m3"}) {
+      LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", dtype, on);
+      CHECK(gpu.bf16_product_inputs());
+      ClassifierProblem p;
+      p.spec.in = in;
+      p.spec.out = out;
+      p.spec.real_out = real_out;
+      p.rows = rows;
+      p.batch = make_batch(rows, int32_t(real_out), 1, rng);
+      p.batch.targets[1] = -1;
+      p.scale = 1.0 / double(p.batch.real_targets());
+      const std::string label = std::string(dtype) + " rows " + std::to_string(rows) + " in " + std::to_string(in) + " vocab " +
+                                std::to_string(real_out) + "/" + std::to_string(out);
+      INFO(label);
+      ClassifierValues v;
+      v.W = random_params(cpu, gpu, p.spec, rng, 2.0);
+      v.x = randn(std::size_t(rows * in), rng);
+      for (float& e : v.W) e = device_math::bf16_value(device_math::bf16_bits(e));  // the f32 weights and their copy agree
+      for (float& e : v.x) e = device_math::bf16_value(device_math::bf16_bits(e));
+      v.d_x = std::vector<float>(v.x.size(), std::numeric_limits<float>::quiet_NaN());
+      v.grads = randn(v.W.size(), rng, 0.0, p.scale * std::sqrt(double(rows)));
+      const Fp8ClassifierResults got = classifier_fp8(gpu, p, v);
+
+      const bool e5m2 = std::string(dtype) == "fp8";
+      const Quantised qx = quantise(v.x, 0, v.x.size(), false), qw = quantise(v.W, 0, v.W.size(), false);
+      const double s_xw = double(qx.inv * qw.inv);
+      std::vector<double> losses(static_cast<std::size_t>(rows)), losses_bf16(static_cast<std::size_t>(rows));
+      std::vector<double> dz(static_cast<std::size_t>(rows * out), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<double> z(static_cast<std::size_t>(real_out)), z16(static_cast<std::size_t>(real_out));
+        for (int64_t o = 0; o < real_out; ++o) {
+          double t = 0, t16 = 0;
+          for (int64_t i = 0; i < in; ++i) {
+            t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
+            t16 += double(v.x[std::size_t(r * in + i)]) * double(v.W[std::size_t(o * in + i)]);
+          }
+          z[std::size_t(o)] = device_math::bf16_value(device_math::bf16_bits(float(s_xw * t)));  // written in bf16
+          z16[std::size_t(o)] = device_math::bf16_value(device_math::bf16_bits(float(t16)));     // the bf16 classifier's
+        }
+        const int32_t t = p.batch.targets[std::size_t(r)];
+        if (t < 0) continue;  // no loss, no gradient
+        const double m = *std::max_element(z.begin(), z.end()), m16 = *std::max_element(z16.begin(), z16.end());
+        double sum = 0, sum16 = 0;
+        for (int64_t o = 0; o < real_out; ++o) {
+          sum += std::exp(z[std::size_t(o)] - m);
+          sum16 += std::exp(z16[std::size_t(o)] - m16);
+        }
+        losses[std::size_t(r)] = m + std::log(sum) - z[std::size_t(t)];
+        losses_bf16[std::size_t(r)] = m16 + std::log(sum16) - z16[std::size_t(t)];
+        for (int64_t o = 0; o < real_out; ++o) {
+          dz[std::size_t(r * out + o)] = (std::exp(z[std::size_t(o)] - m) / sum - (o == t ? 1.0 : 0.0)) * p.scale;
+        }
+      }
+      margins.count(dtype);
+      compare("losses", got.out.losses, losses, {}, tolerance(Precision::bf16, in, 1), margins, dtype, label);
+      compare("dz", got.dz, dz, {}, tolerance(Precision::bf16, in + out, 2), margins, dtype, label);
+      CHECK(relative_rms(got.out.losses, losses) < 0.1 * relative_rms(got.out.losses, losses_bf16));
+
+      // The gradient products from the device's dz, as defined.
+      std::vector<double> dz_device(got.dz);
+      const std::vector<float> dz_values(dz_device.begin(), dz_device.end());
+      const Quantised qdz = quantise(dz_values, 0, dz_values.size(), e5m2);
+      const double s_dzw = double(qdz.inv * qw.inv), s_dzx = double(qdz.inv * qx.inv);
+      std::vector<double> dx(std::size_t(rows * in)), grads = widen(v.grads);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < in; ++i) {
+          double t = 0;
+          for (int64_t o = 0; o < out; ++o) t += qdz.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
+          dx[std::size_t(r * in + i)] = s_dzw * t;
+        }
+      }
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) {
+          double t = 0;
+          for (int64_t r = 0; r < rows; ++r) t += qdz.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
+          grads[std::size_t(o * in + i)] += s_dzx * t;
+        }
+      }
+      const Tolerance tol = tolerance(Precision::f32, rows + out, 0);
+      compare("d_x", got.out.d_x, dx, {}, tol, margins, dtype, label);
+      compare("grads", got.out.grads, grads, widen(v.grads), tol, margins, dtype, label);
+      check_padded_rows_untouched("cuda", p, got.out.grads, v.grads);
+
+      // fp8 = false under the same run.dtype: the bf16 classifier, bit for bit.
+      const Fp8ClassifierResults plain = classifier_fp8(suite().layer<LossLayer>("cross_entropy", "cuda", dtype, off), p, v);
+      const Fp8ClassifierResults b16 = classifier_fp8(suite().layer<LossLayer>("cross_entropy", "cuda", "bf16"), p, v);
+      CHECK(same_bits(plain.out.losses, b16.out.losses));
+      CHECK(same_bits(plain.out.d_x, b16.out.d_x));
+      CHECK(same_bits(plain.out.grads, b16.out.grads));
+      CHECK_FALSE(same_bits(got.out.losses, b16.out.losses));
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (!cuda::device_available()) {
     std::puts("no CUDA device: skipped");

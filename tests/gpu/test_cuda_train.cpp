@@ -310,10 +310,14 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
   REQUIRE(train(kCuda + " --set run.dtype=bf16" + steps + " --run-dir " + bf16.string()).exit_code == 0);
   REQUIRE(train(kCuda + " --set run.dtype=fp8" + steps + " --run-dir " + fp8.string()).exit_code == 0);
   REQUIRE(train(kCuda + " --set run.dtype=fp8" + scaling + steps + " --run-dir " + delayed.string()).exit_code == 0);
-  const auto a = metrics(bf16), b = metrics(fp8), c = metrics(delayed);
+  const fs::path head = tmp.path() / "head";  // the classifier's products in FP8 too
+  REQUIRE(train(kCuda + " --set run.dtype=fp8 --set model.cross_entropy.fp8=true" + steps + " --run-dir " + head.string()).exit_code ==
+          0);
+  const auto a = metrics(bf16), b = metrics(fp8), c = metrics(delayed), h = metrics(head);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == 20);
   REQUIRE(c.size() == 20);
+  REQUIRE(h.size() == 20);
   // (fp8_e4m3's products, and delayed scaling's, are checked against their definition in
   // test_cuda_layers.cpp.) E4M3 keeps 4 significant bits (2^-4 relative per operand), E5M2 3. At
   // this model's scale the logits are of order 0.1 (d_model 32, weights of std 0.02): FP8's
@@ -327,7 +331,10 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
     INFO("step " << a[i]["step"]);
     CHECK(rel(b[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
     CHECK(rel(c[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+    // The classifier's logits in FP8 as well: the same order of rounding on one more product.
+    CHECK(rel(h[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
   }
+  CHECK(h[0]["loss"].get<double>() != b[0]["loss"].get<double>());  // the head did quantise (the first forward differs)
   CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
   CHECK(b[5]["loss"].get<double>() != a[5]["loss"].get<double>());  // FP8 did round: not bf16 under another name
   CHECK(c[0]["loss"].get<double>() == b[0]["loss"].get<double>());  // the first step scales as current scaling does

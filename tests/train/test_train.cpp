@@ -230,6 +230,22 @@ TEST_CASE("run.dtype = bf16, tf32 and fp8 on the cpu (tensor-core modes) are ref
   }
 }
 
+TEST_CASE("[model.cross_entropy] fp8 = true outside an FP8 run.dtype is refused with exit 2, naming the key") {
+  TempDir tmp;
+  // A key that would silently do nothing: refused before training, on every device.
+  const auto r =
+      run_ablate("train " + config() + kTiny + " --set model.cross_entropy.fp8=true --run-dir " + (tmp.path() / "r").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("model.cross_entropy.fp8") != std::string::npos);
+  CHECK(r.output.find("run.dtype = \"fp8\"") != std::string::npos);
+  CHECK(!fs::exists(tmp.path() / "r" / "metrics.jsonl"));
+  // fp8 = false is the default, and accepted anywhere.
+  const auto ok = run_ablate("train " + config() + kTiny + " --set model.cross_entropy.fp8=false --set run.steps=1 --run-dir " +
+                             (tmp.path() / "ok").string());
+  CHECK(ok.exit_code == 0);
+}
+
 TEST_CASE("run.profile_steps times every op of the last steps: profile.json holds each op, and they add up to the step") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";

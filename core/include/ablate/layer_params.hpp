@@ -199,6 +199,24 @@ inline void check_classifier(const LayerSpec& s) {
   }
 }
 
+// cross_entropy's keys ([model.cross_entropy]), the same schema on every device: `fp8` puts the
+// classifier's three products (the logits, d_x, the weight gradient) in FP8 as well under an FP8
+// run.dtype (current scaling; E5M2 logit gradients under "fp8"), where by default they stay bf16.
+// Set under any other run.dtype it is an error (exit 2), not a key that silently does nothing.
+inline Schema classifier_keys() {
+  return {param::boolean("fp8", false,
+                         "the classifier's products (logits, d_x, weight gradient) in FP8 too, with current scaling; needs "
+                         "run.dtype = \"fp8\" or \"fp8_e4m3\" (false: bf16 products under those)")};
+}
+inline bool read_classifier_fp8(const Params& own, const std::string& dtype) {
+  const bool on = own.has("fp8") && own.get_bool("fp8");
+  if (on && !fp8_dtype(dtype)) {
+    throw_input_error(own.path() + ".fp8", "true needs run.dtype = \"fp8\" or \"fp8_e4m3\" (FP8 products), got \"" + dtype +
+                                               "\"; set it false or change run.dtype");
+  }
+  return on;
+}
+
 // classifier: weight (out, in), unless tied to the embedding (spec.declare false).
 inline void classifier(const LayerSpec& s, const std::string& prefix, ParamTable& t) {
   if (s.declare) t.add(name(prefix, "weight"), {s.out, s.in}, true, s.init_std);

@@ -1,6 +1,7 @@
 // Registers the CPU layers, one component per layer, serving device "cpu": each layer's folder in
 // plugins/layers/ holds its CPU file (here) and its CUDA file (cuda/cuda_layers.cpp registers those).
-// rope and lora have keys of their own (layer_params::rope_keys, lora_keys), the others none.
+// rope, lora and cross_entropy have keys of their own (layer_params::rope_keys, lora_keys,
+// classifier_keys), the others none.
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -39,8 +40,17 @@ void register_components(ablate::Registrar& r) {
   add(r, "linear", "y = x W^T + b (+ residual), OpenBLAS, on the CPU (f32/f64)", make_linear);
   add(r, "gelu_mlp", "fc, tanh GELU, proj (+ residual) on the CPU (f32/f64)", make_gelu_mlp);
   add(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual) on the CPU (f32/f64)", make_swiglu_mlp);
-  add(r, "cross_entropy", "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
-      make_cross_entropy);
+  r.add({ablate::Kind::layer,
+         "cross_entropy",
+         "1.1.0",
+         "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
+         ablate::layer_params::classifier_keys(),
+         [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
+           ablate::layer_params::read_classifier_fp8(a.own, a.run.dtype);  // no FP8 here: checked, as on every device
+           return make_cross_entropy();
+         },
+         "",
+         {"cpu"}});
   r.add({ablate::Kind::layer,
          "lora",
          "1.0.0",

@@ -8,7 +8,10 @@
 // bf16, kChunkBf16 rows at a time (4096: 412 MB at GPT-2's vocabulary, 16 chunks for a 64 x 1024
 // batch instead of 64), the row kernel reads them twice and writes the gradient in place in bf16,
 // and that is the bf16 operand of the two products: no f32 logits, no rounding copy. The loss is
-// then the one of the bf16-rounded logits, as under PyTorch's autocast.
+// then the one of the bf16-rounded logits, as under PyTorch's autocast. Under FP8 products
+// ([model.cross_entropy] fp8 with an FP8 run.dtype; else the registration gives bf16) the same
+// chunks, each product quantising its operands per tensor (current scaling, gemm.hpp): x and W
+// E4M3, the bf16 logit gradient E5M2 under "fp8" (E4M3 under "fp8_e4m3").
 #include <algorithm>
 
 #include "ablate/layer_params.hpp"
@@ -29,15 +32,15 @@ class CrossEntropy final : public LossLayer {
     layer_params::classifier(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  // f32 logits (kChunk rows), or under bf16 products bf16 ones (kChunkBf16 rows, two to an element).
+  // f32 logits (kChunk rows), or under bf16 (or FP8) products bf16 ones (kChunkBf16 rows, two to an element).
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override {
     const int64_t f32 = std::min(rows, kChunk) * s.out;
-    return mode_ == MatmulMode::bf16 ? std::max(f32, (std::min(rows, kChunkBf16) * s.out + 1) / 2) : f32;
+    return bf16_family(mode_) ? std::max(f32, (std::min(rows, kChunkBf16) * s.out + 1) / 2) : f32;
   }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, std::min(rows, mode_ == MatmulMode::bf16 ? kChunkBf16 : kChunk), s.in, s.out);
+    return gemm_workspace_bytes(mode_, std::min(rows, bf16_family(mode_) ? kChunkBf16 : kChunk), s.in, s.out);
   }
-  bool bf16_product_inputs() const override { return mode_ == MatmulMode::bf16; }
+  bool bf16_product_inputs() const override { return bf16_family(mode_); }
 
   void loss(const LayerCall& call) override {
     check_spec(kName, call);
@@ -58,7 +61,7 @@ class CrossEntropy final : public LossLayer {
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
     const cudaStream_t st = stream_of(call);
     const Weight W{call.params.as<const float>(), call.params_bf16.data};
-    if (mode_ == MatmulMode::bf16 && call.logits.data == nullptr) {
+    if (bf16_family(mode_) && call.logits.data == nullptr) {
       loss_bf16_logits(call, x, W, targets, with_grad, st);
       check_launch(kName);
       return;
@@ -92,7 +95,7 @@ class CrossEntropy final : public LossLayer {
     uint16_t* z = reinterpret_cast<uint16_t*>(call.scratch.as<float>());
     for (int64_t r0 = 0; r0 < rows; r0 += kChunkBf16) {
       const int64_t n = std::min(kChunkBf16, rows - r0);
-      gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st);
+      gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st, mode_);
       launch_cross_entropy_rows_bf16(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
                                      float(call.grad_scale), st);
       if (!with_grad) continue;
