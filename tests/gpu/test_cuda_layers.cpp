@@ -1152,6 +1152,45 @@ Quantised quantise(const std::vector<float>& v, std::size_t begin, std::size_t n
   return r;
 }
 
+// The products of a dense layer's quantised operands as defined, in float64: y = s_xw qx qw^T
+// (rows, out); d_x = s_dyw qdy qw (rows, in); grads (out, in) += s_dyx qdy^T qx. x (rows, in), W
+// (out, in), dy (rows, out).
+std::vector<double> fp8_forward(const Quantised& qx, const Quantised& qw, int64_t rows, int64_t in, int64_t out) {
+  std::vector<double> y(static_cast<std::size_t>(rows * out));
+  const double s = double(qx.inv * qw.inv);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double t = 0;
+      for (int64_t i = 0; i < in; ++i) t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
+      y[std::size_t(r * out + o)] = s * t;
+    }
+  }
+  return y;
+}
+std::vector<double> fp8_input_grad(const Quantised& qdy, const Quantised& qw, int64_t rows, int64_t in, int64_t out) {
+  std::vector<double> dx(static_cast<std::size_t>(rows * in));
+  const double s = double(qdy.inv * qw.inv);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < in; ++i) {
+      double t = 0;
+      for (int64_t o = 0; o < out; ++o) t += qdy.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
+      dx[std::size_t(r * in + i)] = s * t;
+    }
+  }
+  return dx;
+}
+void fp8_add_weight_grad(const Quantised& qdy, const Quantised& qx, int64_t rows, int64_t in, int64_t out,
+                         std::vector<double>& grads) {
+  const double s = double(qdy.inv * qx.inv);
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      double t = 0;
+      for (int64_t r = 0; r < rows; ++r) t += qdy.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
+      grads[std::size_t(o * in + i)] += s * t;
+    }
+  }
+}
+
 struct Fp8Linear {
   std::vector<double> y, d_x, grads;
 };
@@ -1224,28 +1263,15 @@ TEST_CASE("linear under FP8 products: every product of per-tensor quantised oper
         const bool e5m2 = std::string(dtype) == "fp8";
         const Quantised qx = quantise(v.x, 0, v.x.size(), false), qw = quantise(v.params, 0, std::size_t(in * out), false);
         const Quantised qdy = quantise(v.d_y, 0, v.d_y.size(), e5m2);
-        std::vector<double> y(std::size_t(rows * out)), dx(std::size_t(rows * in)), grads(v.grads.begin(), v.grads.end());
-        const double s_xw = double(qx.inv * qw.inv), s_dyw = double(qdy.inv * qw.inv), s_dyx = double(qdy.inv * qx.inv);
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t o = 0; o < out; ++o) {
-            double t = 0;
-            for (int64_t i = 0; i < in; ++i) t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
-            y[std::size_t(r * out + o)] = s_xw * t + (bias ? double(v.params[std::size_t(in * out + o)]) : 0.0);
-          }
-          for (int64_t i = 0; i < in; ++i) {
-            double t = 0;
-            for (int64_t o = 0; o < out; ++o) t += qdy.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
-            dx[std::size_t(r * in + i)] = s_dyw * t;
-          }
-        }
-        for (int64_t o = 0; o < out; ++o) {
-          for (int64_t i = 0; i < in; ++i) {
-            double t = 0;
-            for (int64_t r = 0; r < rows; ++r) t += qdy.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
-            grads[std::size_t(o * in + i)] += s_dyx * t;
-          }
-          if (bias) {
-            for (int64_t r = 0; r < rows; ++r) grads[std::size_t(in * out + o)] += double(v.d_y[std::size_t(r * out + o)]);
+        std::vector<double> y = fp8_forward(qx, qw, rows, in, out), dx = fp8_input_grad(qdy, qw, rows, in, out);
+        std::vector<double> grads(v.grads.begin(), v.grads.end());
+        fp8_add_weight_grad(qdy, qx, rows, in, out, grads);
+        if (bias) {
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t o = 0; o < out; ++o) {
+              y[std::size_t(r * out + o)] += double(v.params[std::size_t(in * out + o)]);
+              grads[std::size_t(in * out + o)] += double(v.d_y[std::size_t(r * out + o)]);
+            }
           }
         }
         const Fp8Linear f32 = linear_fp8(p, v, dtype, false), held = linear_fp8(p, v, dtype, true);
@@ -1345,26 +1371,14 @@ TEST_CASE("linear under FP8 delayed scaling: a fresh state scales as current sca
   const Quantised qx = quantise(v2.x, 0, v2.x.size(), false, 448.0f / ax);
   const Quantised qw = quantise(v2.params, 0, std::size_t(in * out), false, 448.0f / aw);
   const Quantised qdy = quantise(v2.d_y, 0, v2.d_y.size(), true, 57344.0f / ady);
-  std::vector<double> y(std::size_t(rows * out)), dx(std::size_t(rows * in)), grads(v2.grads.begin(), v2.grads.end());
-  for (int64_t r = 0; r < rows; ++r) {
+  std::vector<double> y = fp8_forward(qx, qw, rows, in, out), dx = fp8_input_grad(qdy, qw, rows, in, out);
+  std::vector<double> grads(v2.grads.begin(), v2.grads.end());
+  fp8_add_weight_grad(qdy, qx, rows, in, out, grads);
+  for (int64_t r = 0; r < rows; ++r) {  // the bias, and its gradient
     for (int64_t o = 0; o < out; ++o) {
-      double t = 0;
-      for (int64_t i = 0; i < in; ++i) t += qx.q[std::size_t(r * in + i)] * qw.q[std::size_t(o * in + i)];
-      y[std::size_t(r * out + o)] = double(qx.inv * qw.inv) * t + double(v2.params[std::size_t(in * out + o)]);
+      y[std::size_t(r * out + o)] += double(v2.params[std::size_t(in * out + o)]);
+      grads[std::size_t(in * out + o)] += double(v2.d_y[std::size_t(r * out + o)]);
     }
-    for (int64_t i = 0; i < in; ++i) {
-      double t = 0;
-      for (int64_t o = 0; o < out; ++o) t += qdy.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
-      dx[std::size_t(r * in + i)] = double(qdy.inv * qw.inv) * t;
-    }
-  }
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) {
-      double t = 0;
-      for (int64_t r = 0; r < rows; ++r) t += qdy.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
-      grads[std::size_t(o * in + i)] += double(qdy.inv * qx.inv) * t;
-    }
-    for (int64_t r = 0; r < rows; ++r) grads[std::size_t(in * out + o)] += double(v2.d_y[std::size_t(r * out + o)]);
   }
   Margins margins("linear fp8 delayed");
   const Tolerance tol = tolerance(Precision::f32, in + out + rows, 0);
@@ -1609,22 +1623,9 @@ TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every p
       std::vector<double> dz_device(got.dz);
       const std::vector<float> dz_values(dz_device.begin(), dz_device.end());
       const Quantised qdz = quantise(dz_values, 0, dz_values.size(), e5m2);
-      const double s_dzw = double(qdz.inv * qw.inv), s_dzx = double(qdz.inv * qx.inv);
-      std::vector<double> dx(std::size_t(rows * in)), grads = widen(v.grads);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = 0; i < in; ++i) {
-          double t = 0;
-          for (int64_t o = 0; o < out; ++o) t += qdz.q[std::size_t(r * out + o)] * qw.q[std::size_t(o * in + i)];
-          dx[std::size_t(r * in + i)] = s_dzw * t;
-        }
-      }
-      for (int64_t o = 0; o < out; ++o) {
-        for (int64_t i = 0; i < in; ++i) {
-          double t = 0;
-          for (int64_t r = 0; r < rows; ++r) t += qdz.q[std::size_t(r * out + o)] * qx.q[std::size_t(r * in + i)];
-          grads[std::size_t(o * in + i)] += s_dzx * t;
-        }
-      }
+      const std::vector<double> dx = fp8_input_grad(qdz, qw, rows, in, out);
+      std::vector<double> grads = widen(v.grads);
+      fp8_add_weight_grad(qdz, qx, rows, in, out, grads);
       const Tolerance tol = tolerance(Precision::f32, rows + out, 0);
       compare("d_x", got.out.d_x, dx, {}, tol, margins, dtype, label);
       compare("grads", got.out.grads, grads, widen(v.grads), tol, margins, dtype, label);
