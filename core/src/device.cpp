@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -19,6 +20,44 @@
 namespace ablate {
 
 Device::~Device() = default;
+
+namespace {
+
+// Throws unless v is one element of `dtype` on `device`: the scalars of the *_to reductions.
+void check_scalar(const TensorView& v, DType dtype, DeviceType device, const char* what) {
+  if (v.data == nullptr || v.numel() != 1 || v.dtype != dtype || v.device != device) {
+    throw_runtime_error("device",
+                        std::string(what) + " needs one " + to_string(dtype) + " value on the " + to_string(device) + " device");
+  }
+}
+
+}  // namespace
+
+void Device::masked_loss_sum_to(TensorView losses, TensorView targets, TensorView out, bool add) {
+  check_scalar(out, DType::f64, type(), "masked_loss_sum_to");
+  double v = masked_loss_sum(losses, targets);
+  if (add) {
+    double before = 0;
+    download(&before, out);
+    v = before + v;
+  }
+  upload(out, &v);
+}
+
+void Device::squared_norm_to(TensorView x, TensorView out) {
+  check_scalar(out, DType::f64, type(), "squared_norm_to");
+  const double v = squared_norm(x);
+  upload(out, &v);
+}
+
+void Device::clip_factor_to(TensorView squared_norm, double clip, TensorView factor) {
+  check_scalar(squared_norm, DType::f64, type(), "clip_factor_to");
+  check_scalar(factor, DType::f32, type(), "clip_factor_to");
+  double sq = 0;
+  download(&sq, squared_norm);
+  const float f = device_math::clip_factor(std::sqrt(sq), clip);
+  upload(factor, &f);
+}
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ablate/runtime/run_spec.hpp"
+#include "ablate/device_math.hpp"
 #include "ablate/error.hpp"
 #include "ablate/mix.hpp"
 
@@ -46,6 +47,8 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Run
   opt_table_ = spec_.shard_state ? shard_table(model.trainable_table(), shard_) : model.trainable_table();
   optimizer_.init(opt_table_, model.device().type());
   comm_.set_stream(model.device().stream());
+  scalars_ = model.device().alloc(DType::f64, 2);
+  factor_ = model.device().alloc(DType::f32, 1);
   if (comm.moves_data() && spec_.run.bucket_mb > 0) {
     const int64_t elements = std::max<int64_t>(1, int64_t(spec_.run.bucket_mb * 1e6 / double(sizeof(float))));
     buckets_ = plan_buckets(n, model.gradient_writes(), elements);
@@ -83,7 +86,18 @@ struct StepContext {
   Shard shard;
   OpTimes* op_times;
   Device& device;
+  TensorView scalars;  // this rank's loss sum and squared gradient norm: two f64 on the device
   StepOutcome out;
+  double sums[2] = {0, 0};  // the two read to the host (the job's, once summed across ranks)
+  bool read = false;        // whether they have been
+
+  TensorView loss_sum() const { return flat_view(scalars.data, DType::f64, 1, scalars.device); }
+  TensorView squared_norm() const { return flat_view(static_cast<double*>(scalars.data) + 1, DType::f64, 1, scalars.device); }
+  // Both to the host in one copy: where the device is still working, this waits for it.
+  void read_sums() {
+    device.download(sums, scalars);
+    read = true;
+  }
 
   // A collective, its seconds added to the step's communication time (and the profile's "collectives").
   template <class F>
@@ -120,12 +134,11 @@ void count_targets(StepContext& c, std::span<const Batch> micro) {
 }
 
 // 2. Forward and backward of each micro-batch, each of `buckets` reduced by `reduce_bucket` as the
-// last one's backward pass finishes it; returns this rank's loss sum.
+// last one's backward pass finishes it; this rank's loss sum is left in c.loss_sum on the device.
 template <class ReduceBucket>
-double forward_backward(StepContext& c, std::span<const Batch> micro, int64_t step, const std::vector<GradBucket>& buckets,
-                        ReduceBucket&& reduce_bucket) {
+void forward_backward(StepContext& c, std::span<const Batch> micro, int64_t step, const std::vector<GradBucket>& buckets,
+                      ReduceBucket&& reduce_bucket) {
   c.profiled("zero gradients", [&] { c.model.zero_grads(); });
-  double loss_sum = 0;
   const double scale = c.out.real_targets > 0 ? 1.0 / double(c.out.real_targets) : 0.0;
   const uint64_t first_key = uint64_t(c.comm.rank()) * uint64_t(micro.size());
   // With buckets, the last micro-batch's backward pass reduces each bucket once it is ready.
@@ -143,16 +156,16 @@ double forward_backward(StepContext& c, std::span<const Batch> micro, int64_t st
   for (std::size_t m = 0; m < micro.size(); ++m) {
     const uint64_t key = mix64(c.spec.run.seed, uint64_t(step) * 4096 + first_key + m);
     if (!buckets.empty() && m + 1 == micro.size()) c.model.set_gradient_hook(reduce_ready);
-    loss_sum += c.model.forward_backward(micro[m], scale, key);
+    c.model.forward_backward(micro[m], scale, key, c.loss_sum(), m > 0);
   }
   c.model.set_gradient_hook({});
   reduce_ready(std::numeric_limits<std::size_t>::max());  // any bucket no write reached (none, by the plan)
-  return loss_sum;
 }
 
-// 3-4. Gradient reduction (what the buckets have not `reduced`) and the global norm; `sums` holds
-// this rank's loss sum and, under ZeRO-1, becomes the job's (with the squared norm).
-void reduce_gradients(StepContext& c, bool reduced, double (&sums)[2]) {
+// 3-4. Gradient reduction (what the buckets have not `reduced`) and the global norm, left on the
+// device where one rank has all of both (`on_device`); else read to the host and, across ranks,
+// summed there: c.sums holds the job's loss sum and squared norm.
+void reduce_gradients(StepContext& c, bool reduced, bool on_device) {
   // join() is where a device communicator's collectives, issued without waiting, are waited for:
   // the time there is what was not hidden. The device finishes the backward pass first, outside
   // the timing (the norm below waits for it anyway), so the collectives' time is communication
@@ -161,32 +174,52 @@ void reduce_gradients(StepContext& c, bool reduced, double (&sums)[2]) {
   if (c.spec.shard_state) {
     if (!reduced) c.timed([&] { c.comm.reduce_scatter(c.model.grads(), ReduceOp::sum); });
     c.timed([&] { c.comm.join(); });
-    c.profiled("gradient norm", [&] { sums[1] = c.device.squared_norm(slice(c.model.grads(), c.shard)); });
-    c.timed([&] { c.comm.all_reduce_host(host_f64(sums, 2), ReduceOp::sum); });
-    c.out.grad_norm = std::sqrt(sums[1]);
-  } else {
-    if (c.comm.world() > 1 || reduced) {
-      c.timed([&] {
-        if (c.comm.world() > 1) c.comm.all_reduce_host(host_f64(sums, 1), ReduceOp::sum);
-        if (!reduced) c.comm.all_reduce(c.model.grads(), ReduceOp::sum);
-        c.comm.join();
-      });
-    }
-    c.profiled("gradient norm", [&] { c.out.grad_norm = std::sqrt(c.device.squared_norm(c.model.grads())); });
+    c.profiled("gradient norm", [&] { c.device.squared_norm_to(slice(c.model.grads(), c.shard), c.squared_norm()); });
+    c.read_sums();
+    c.timed([&] { c.comm.all_reduce_host(host_f64(c.sums, 2), ReduceOp::sum); });
+    return;
   }
+  if (c.comm.world() > 1 || reduced) {
+    c.timed([&] {
+      if (c.comm.world() > 1) {
+        c.device.download(&c.sums[0], c.loss_sum());
+        c.comm.all_reduce_host(host_f64(c.sums, 1), ReduceOp::sum);
+      }
+      if (!reduced) c.comm.all_reduce(c.model.grads(), ReduceOp::sum);
+      c.comm.join();
+    });
+  }
+  c.profiled("gradient norm", [&] { c.device.squared_norm_to(c.model.grads(), c.squared_norm()); });
+  if (on_device) return;
+  const double loss = c.sums[0];
+  c.read_sums();
+  if (c.comm.world() > 1) c.sums[0] = loss;  // the job's, summed above
 }
 
-// 5. The loss checked, the clipping factor, then the optimizer on this rank's part of `table` and
-// everyone's parts to everyone.
-void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table, int64_t step, double lr, double loss_sum) {
-  c.out.loss = c.out.real_targets > 0 ? loss_sum / double(c.out.real_targets) : 0.0;
+// The step's loss and gradient norm from the sums read to the host; a loss that is not finite
+// ends the run.
+void take_sums(StepContext& c, int64_t step) {
+  c.out.loss = c.out.real_targets > 0 ? c.sums[0] / double(c.out.real_targets) : 0.0;
+  c.out.grad_norm = std::sqrt(c.sums[1]);
   if (!std::isfinite(c.out.loss)) {
     throw_runtime_error("train", "loss is " + std::to_string(c.out.loss) + " at step " + std::to_string(step) +
                                      "; lower optimizer.lr or enable optimizer.grad_clip");
   }
-  // Norm clipping is a factor the optimizer applies as it reads each gradient (no pass of its own).
+}
+
+// 5. The clipping factor, then the optimizer on this rank's part of `table` and everyone's parts to
+// everyone. Norm clipping is a factor the optimizer applies as it reads each gradient (no pass of
+// its own): formed on the device where the norm stayed there (the optimizer reads it there), else
+// on the host from the norm read (the loss then checked first).
+void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table, int64_t step, double lr, TensorView factor) {
   StepArgs args{lr, step, 1.0f, c.device.stream()};
-  if (c.spec.grad_clip > 0 && c.out.grad_norm > c.spec.grad_clip) args.grad_scale = float(c.spec.grad_clip / (c.out.grad_norm + 1e-6));
+  if (c.read) {
+    take_sums(c, step);
+    args.grad_scale = device_math::clip_factor(c.out.grad_norm, c.spec.grad_clip);
+  } else {
+    c.device.clip_factor_to(c.squared_norm(), c.spec.grad_clip, factor);
+    args.grad_scale_device = factor.as<const float>();
+  }
 
   // Where the products read a bf16 copy of the weights, an optimizer that can writes it in its own
   // pass; under ZeRO-1 the copy is made after the all-gather (the step sees only this rank's shard).
@@ -225,13 +258,19 @@ void end_step(StepContext& c) {
 }  // namespace
 
 StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
-  StepContext c{model_, comm_, spec_, shard_, op_times_, model_.device(), {}};
+  StepContext c{model_, comm_, spec_, shard_, op_times_, model_.device(), scalars_.view(), {}};
+  // One rank with an optimizer that reads the clip factor on the device: the step enqueues its
+  // work and reads its loss and norm once, at its end.
+  const bool on_device = comm_.world() == 1 && !spec_.shard_state && optimizer_.reads_device_scale();
   count_targets(c, micro);
-  double sums[2] = {0, 0};  // loss sum, squared gradient norm of this rank's shard (ZeRO-1)
-  sums[0] = forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
-  reduce_gradients(c, !buckets_.empty(), sums);
-  update_params(c, optimizer_, opt_table_, step, lr, sums[0]);
+  forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
+  reduce_gradients(c, !buckets_.empty(), on_device);
+  update_params(c, optimizer_, opt_table_, step, lr, factor_.view());
   end_step(c);
+  if (!c.read) {
+    c.read_sums();
+    take_sums(c, step);
+  }
   return c.out;
 }
 

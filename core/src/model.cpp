@@ -360,8 +360,10 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   }
 
   // The whole forward pass up to (and including) the classifier. Training: dropout on, and the
-  // classifier writes d(lnf) into d_ln.
-  double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits) {
+  // classifier writes d(lnf) into d_ln. The loss sum is returned, or with `loss_sum` given left in
+  // it on the device (added to it when `add`) and 0 returned.
+  double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits, TensorView loss_sum = {},
+                     bool add = false) {
     check_batch(o, b);
     prepare(b.rows, b.seq_len);
     timed("batch upload", "", [&] { device->upload_batch(b, batch); });
@@ -372,7 +374,11 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
     timed("classifier", "", [&] { cls->loss(c); });
     if (train && gradient_hook && frozen == 0) gradient_hook(0);  // a frozen head writes no gradient
     double sum = 0;
-    timed("loss sum", "", [&] { sum = device->masked_loss_sum(act.view(plan.at(shared(Slot::losses)), N), batch.views.targets); });
+    const TensorView losses = act.view(plan.at(shared(Slot::losses)), N);
+    timed("loss sum", "", [&] {
+      if (loss_sum.data != nullptr) device->masked_loss_sum_to(losses, batch.views.targets, loss_sum, add);
+      else sum = device->masked_loss_sum(losses, batch.views.targets);
+    });
     return sum;
   }
 
@@ -652,6 +658,11 @@ double Model::forward_backward(const Batch& batch, double grad_scale, uint64_t d
   const double sum = impl_->run_forward(batch, true, grad_scale, dropout_key, {});
   impl_->run_backward(dropout_key);
   return sum;
+}
+
+void Model::forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key, TensorView loss_sum, bool add) {
+  impl_->run_forward(batch, true, grad_scale, dropout_key, {}, loss_sum, add);
+  impl_->run_backward(dropout_key);
 }
 
 double Model::forward(const Batch& batch, std::vector<float>* losses, std::vector<float>* logits) {

@@ -1,8 +1,9 @@
 // The `adamw_fused` optimizer: adamw's maths (PyTorch AdamW: decoupled weight decay, bias
 // corrections, eps after the bias-corrected sqrt(v)) on a CUDA device, one kernel over the flat
 // fp32 parameter buffer per step (adamw_fused_kernel.cu), bit for bit the CPU `adamw`'s results;
-// the clip factor is applied as each gradient is read and, under bf16 products, the parameters' bf16
-// copy is written in the same pass.
+// the clip factor (from the host, or read in the kernel where the device formed it) is applied as
+// each gradient is read and, under bf16 products, the parameters' bf16 copy is written in the same
+// pass.
 // State: fp32 moments in device memory, 8 bytes per parameter, saved and loaded under adamw's
 // tensor names, so a checkpoint moves between the two.
 #include <cmath>
@@ -78,12 +79,13 @@ class AdamWFused final : public ablate::Optimizer {
                                               float(h_.eps),         float(1.0 - h_.beta1),
                                               float(1.0 - h_.beta2), float(1.0 - lr * h_.weight_decay),
                                               args.grad_scale};
-    ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(params.as<float>(), grads.as<float>(), m_.data(), v_.data(),
-                                                       static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
-                                                       int32_t(runs_.size()), c, args.stream.as<cudaStream_t>()));
+    ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(
+        params.as<float>(), grads.as<float>(), m_.data(), v_.data(), static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
+        int32_t(runs_.size()), c, args.grad_scale_device, args.stream.as<cudaStream_t>()));
   }
 
   bool writes_bf16() const override { return true; }
+  bool reads_device_scale() const override { return true; }
 
   int64_t state_bytes() const override { return int64_t(m_.bytes() + v_.bytes()); }
 

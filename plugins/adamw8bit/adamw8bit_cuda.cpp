@@ -2,9 +2,11 @@
 // state of adamw8bit_state.hpp in device memory, laid out as its host vectors, which are the
 // staging copies save_state and load_state go through (a checkpoint is the same on either device).
 // One kernel per step (adamw8bit_kernel.cu) on the model's stream does the CPU implementation's
-// arithmetic, bit for bit. The count of skipped elements stays in device memory: it is read when
-// asked (skipped_nonfinite) or at the start of the next step, when the host has already waited for
-// the gradient norm, so reading it costs no extra wait.
+// arithmetic, bit for bit. The count of skipped elements is copied after each step, on the stream,
+// into pinned host memory, with an event behind it: it is read when asked (skipped_nonfinite) or
+// at the start of the next step by waiting for that event alone, which the end of the step it
+// belongs to has passed, so reading it never waits for the work queued since. The clip factor is
+// read on the device where the engine formed it there (reads_device_scale).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -39,6 +41,12 @@ class CudaAdamW8bit final : public AdamW8bitState {
 
   // The kernel writes the bf16 copy as it stores each parameter.
   bool writes_bf16() const override { return true; }
+  bool reads_device_scale() const override { return true; }
+
+  ~CudaAdamW8bit() override {
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+    if (h_skipped_ != nullptr) cudaFreeHost(h_skipped_);
+  }
 
   int64_t skipped_nonfinite() const override {
     collect_skipped();
@@ -59,6 +67,8 @@ class CudaAdamW8bit final : public AdamW8bitState {
   ablate::cuda::DeviceBuffer<float> d_m_values_, d_v_values_, d_m_thresholds_, d_v_thresholds_;
   ablate::cuda::DeviceBuffer<uint8_t> d_m_buckets_, d_v_buckets_;
   ablate::cuda::DeviceBuffer<unsigned long long> d_skipped_;
+  unsigned long long* h_skipped_ = nullptr;  // pinned: the count of the last step, copied after it
+  cudaEvent_t copied_ = nullptr;             // recorded behind that copy
 };
 
 // The step, enqueued on args.stream.
@@ -84,9 +94,12 @@ void CudaAdamW8bit::step(const ParamTable& table, TensorView params, TensorView 
   a.m_map = {d_m_values_.data(), d_m_thresholds_.data(), d_m_buckets_.data(), signed_.zero_code()};
   a.v_map = {d_v_values_.data(), d_v_thresholds_.data(), d_v_buckets_.data(), unsigned_.zero_code()};
   a.c = c;
+  a.grad_scale = args.grad_scale_device;
   a.skipped = d_skipped_.data();
   ABLATE_CUDA_CHECK(cudaMemsetAsync(d_skipped_.data(), 0, sizeof(unsigned long long), stream_));
   ABLATE_CUDA_CHECK(cuda::launch_step(a, stream_));
+  ABLATE_CUDA_CHECK(cudaMemcpyAsync(h_skipped_, d_skipped_.data(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream_));
+  ABLATE_CUDA_CHECK(cudaEventRecord(copied_, stream_));
   pending_step_ = args.step;
 }
 
@@ -115,6 +128,8 @@ void CudaAdamW8bit::init_device(const ParamTable& table) {
   d_m_buckets_.upload(signed_.bucket_first().data(), signed_.bucket_first().size());
   d_v_buckets_.upload(unsigned_.bucket_first().data(), unsigned_.bucket_first().size());
   d_skipped_.resize(1);
+  if (h_skipped_ == nullptr) ABLATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_skipped_), sizeof(unsigned long long)));
+  if (copied_ == nullptr) ABLATE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   upload_state();
 }
 
@@ -143,13 +158,12 @@ void CudaAdamW8bit::download_state() const {
   d_v_fp32_.download(v_fp32_.data());
 }
 
-// Reads the device's count of the last enqueued step (waiting for it) and warns when it is not 0.
+// Reads the count of the last enqueued step (waiting for that step, not for what came after it)
+// and warns when it is not 0.
 void CudaAdamW8bit::collect_skipped() const {
   if (pending_step_ == 0) return;
-  unsigned long long skipped = 0;
-  ABLATE_CUDA_CHECK(cudaMemcpyAsync(&skipped, d_skipped_.data(), sizeof(skipped), cudaMemcpyDeviceToHost, stream_));
-  ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  skipped_ = int64_t(skipped);
+  ABLATE_CUDA_CHECK(cudaEventSynchronize(copied_));
+  skipped_ = int64_t(*h_skipped_);
   warn_skipped(pending_step_, skipped_);
   pending_step_ = 0;
 }

@@ -45,6 +45,7 @@ struct StepArgs {
   float* v_fp32 = nullptr;
   CodeMap m_map, v_map;
   Coefficients c{};
+  const float* grad_scale = nullptr;      // not null: the gradient's factor, in device memory, in place of c.grad_scale
   unsigned long long* skipped = nullptr;  // device counter; elements with a non-finite gradient are added
 };
 

@@ -28,6 +28,13 @@ void require_f32(const TensorView& t, const char* what) {
   }
 }
 
+// One value of `dtype` in device memory: the scalars of the *_to reductions.
+void require_scalar(const TensorView& t, DType dtype, const char* what) {
+  if (t.dtype != dtype || t.device != DeviceType::cuda || t.numel() != 1) {
+    throw_runtime_error("cuda device", std::string(what) + " needs one " + to_string(dtype) + " value in device memory");
+  }
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
@@ -172,6 +179,34 @@ class CudaDevice final : public Device {
     }
     launch_masked_loss_sum(losses.as<const float>(), targets.as<const int32_t>(), losses.numel(), partials_, stream_);
     return sum_partials();
+  }
+
+  // The reductions left on the stream: the partials summed by one thread there, in the order
+  // sum_partials() adds them on the host.
+  void masked_loss_sum_to(TensorView losses, TensorView targets, TensorView out, bool add) override {
+    require_f32(losses, "masked_loss_sum_to");
+    require_scalar(out, DType::f64, "masked_loss_sum_to");
+    if (targets.dtype != DType::i32 || targets.numel() != losses.numel()) {
+      throw_runtime_error("cuda device", "masked_loss_sum_to needs i32 targets, one per loss");
+    }
+    launch_masked_loss_sum(losses.as<const float>(), targets.as<const int32_t>(), losses.numel(), partials_, stream_);
+    launch_sum_partials(partials_, out.as<double>(), add, stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void squared_norm_to(TensorView x, TensorView out) override {
+    require_f32(x, "squared_norm_to");
+    require_scalar(out, DType::f64, "squared_norm_to");
+    launch_squared_norm(x.as<const float>(), x.numel(), partials_, stream_);
+    launch_sum_partials(partials_, out.as<double>(), false, stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void clip_factor_to(TensorView squared_norm, double clip, TensorView factor) override {
+    require_scalar(squared_norm, DType::f64, "clip_factor_to");
+    require_scalar(factor, DType::f32, "clip_factor_to");
+    launch_clip_factor(squared_norm.as<const double>(), clip, factor.as<float>(), stream_);
+    ABLATE_CUDA_CHECK(cudaGetLastError());
   }
 
   void synchronize() override { ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

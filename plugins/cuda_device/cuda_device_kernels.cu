@@ -1,6 +1,6 @@
-// The cuda device's kernels: fill and scale (grid-stride, one element per thread step), and the
-// two reductions (per thread in double over a grid stride, a shared-memory tree per block, one
-// partial per block). The per-element terms are core's device_math, the cpu device's own.
+// The cuda device's kernels: fill and scale (grid-stride, one element per thread step), the two
+// reductions (per thread in double over a grid stride, a shared-memory tree per block, one partial
+// per block), and one thread that sums the partials or forms the clip factor on the device. The per-element terms are core's device_math, the cpu device's own.
 #include "cuda_device_kernels.hpp"
 
 #include "ablate/cuda_launch.cuh"
@@ -60,6 +60,16 @@ __global__ void masked_loss_sum_kernel(const float* losses, const int32_t* targe
   block_sum(sum, partials);
 }
 
+__global__ void sum_partials_kernel(const double* partials, double* out, bool add) {
+  double sum = 0;
+  for (int b = 0; b < kReduceBlocks; ++b) sum += partials[b];
+  *out = add ? *out + sum : sum;
+}
+
+__global__ void clip_factor_kernel(const double* squared_norm, double clip, float* factor) {
+  *factor = device_math::clip_factor(sqrt(*squared_norm), clip);
+}
+
 }  // namespace
 
 void launch_fill(float* x, int64_t n, float value, cudaStream_t stream) {
@@ -82,6 +92,14 @@ void launch_squared_norm(const float* x, int64_t n, double* partials, cudaStream
 
 void launch_masked_loss_sum(const float* losses, const int32_t* targets, int64_t n, double* partials, cudaStream_t stream) {
   masked_loss_sum_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(losses, targets, n, partials);
+}
+
+void launch_sum_partials(const double* partials, double* out, bool add, cudaStream_t stream) {
+  sum_partials_kernel<<<1, 1, 0, stream>>>(partials, out, add);
+}
+
+void launch_clip_factor(const double* squared_norm, double clip, float* factor, cudaStream_t stream) {
+  clip_factor_kernel<<<1, 1, 0, stream>>>(squared_norm, clip, factor);
 }
 
 }  // namespace ablate::cuda_device

@@ -7,8 +7,8 @@
 
 namespace ablate::cuda_device {
 
-// Blocks of the reductions: each writes one double partial sum; the host adds the partials in
-// block order, so a sum does not depend on scheduling.
+// Blocks of the reductions: each writes one double partial sum; the host (or launch_sum_partials,
+// on the device) adds the partials in block order, so a sum does not depend on scheduling.
 inline constexpr int kReduceBlocks = 256;
 inline constexpr int kThreads = 256;
 
@@ -21,5 +21,10 @@ void launch_dequantize_nf4(const uint8_t* codes, const float* absmax, float* y, 
 // partials: kReduceBlocks doubles in device memory.
 void launch_squared_norm(const float* x, int64_t n, double* partials, cudaStream_t stream);
 void launch_masked_loss_sum(const float* losses, const int32_t* targets, int64_t n, double* partials, cudaStream_t stream);
+// *out = the kReduceBlocks partials summed in block order from 0 (as the host sums them), or
+// (add) *out + that sum: one thread.
+void launch_sum_partials(const double* partials, double* out, bool add, cudaStream_t stream);
+// *factor = device_math::clip_factor(sqrt(*squared_norm), clip): one thread.
+void launch_clip_factor(const double* squared_norm, double clip, float* factor, cudaStream_t stream);
 
 }  // namespace ablate::cuda_device

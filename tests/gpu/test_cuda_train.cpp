@@ -361,6 +361,33 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
   for (std::size_t i = 0; i < c.size(); ++i) CHECK(d[i]["loss"].get<double>() == c[i]["loss"].get<double>());
 }
 
+TEST_CASE("one rank: the loss sum, gradient norm and clip factor kept on the device train to the bits of the host path "
+          "(adamw_fused and adamw8bit, clipping binding at every step)") {
+  // optimizer.shard_state at one rank reads the loss sum and the norm to the host after the
+  // backward pass and forms the clip factor there (engine.cpp); without it, the device forms it
+  // and the optimizer reads it in device memory.
+  TempDir tmp;
+  for (const char* optimizer : {"adamw_fused", "adamw8bit"}) {
+    INFO(optimizer);
+    const std::string common =
+        kCuda + " --set optimizer.name=" + optimizer + " --set optimizer.grad_clip=0.05 --set run.steps=6 --set run.eval_every=0";
+    const fs::path device = tmp.path() / (std::string(optimizer) + "_device"), host = tmp.path() / (std::string(optimizer) + "_host");
+    REQUIRE(train(common + " --run-dir " + device.string()).exit_code == 0);
+    REQUIRE(train(common + " --set optimizer.shard_state=true --run-dir " + host.string()).exit_code == 0);
+    const auto a = metrics(device), b = metrics(host);
+    REQUIRE(a.size() == 6);
+    REQUIRE(b.size() == a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << a[i]["step"]);
+      CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+      CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+      CHECK(a[i]["grad_norm"].get<double>() > 0.05);
+    }
+    CHECK(slurp(device / "checkpoints/step_00000006/model.safetensors") ==
+          slurp(host / "checkpoints/step_00000006/model.safetensors"));
+  }
+}
+
 TEST_CASE("a one-rank nccl run equals the single communicator's run on cuda, step by step and bit for bit") {
   TempDir tmp;
   const std::string common = kCuda + " --set run.steps=10 --set run.eval_every=5 --set run.grad_accum_steps=2";

@@ -197,9 +197,18 @@ void check_adamw_fused(const std::vector<SliceSpec>& specs, int steps, uint64_t 
       d_g.upload(g.data(), g.size());
       const bool with_copy = step % 2 == 1;
       const StepArgs a = step_args(step);
+      // Every other clipped step reads its factor (0.37) from device memory, as the engine gives it
+      // when the device formed it; the coefficient's own is then wrong on purpose, and unused.
+      adamw_fused::Coefficients coef = coefficients<adamw_fused::Coefficients>(a);
+      cuda::DeviceBuffer<float> d_scale;
+      const bool scale_on_device = step % 4 == 2;
+      if (scale_on_device) {
+        d_scale.upload(&coef.grad_scale, 1);
+        coef.grad_scale = 1.0f;
+      }
       const cudaError_t rc =
           adamw_fused::launch_step(d_p.data(), d_g.data(), d_m.data(), d_v.data(), with_copy ? d_copy.data() : nullptr, n,
-                                   d_runs.data(), int32_t(runs.size()), coefficients<adamw_fused::Coefficients>(a), nullptr);
+                                   d_runs.data(), int32_t(runs.size()), coef, scale_on_device ? d_scale.data() : nullptr, nullptr);
       REQUIRE(rc == cudaSuccess);
       const FusedStep& w = want[std::size_t(step - 1)];
       const std::vector<float> got_p = to_host(d_p), got_m = to_host(d_m), got_v = to_host(d_v);
@@ -406,6 +415,12 @@ void check_adamw8bit(const Case8& c, uint64_t seed, Worst& worst) {
       a.m_map = {d_m_values.data(), d_m_thr.data(), d_m_buckets.data(), signed_map.zero_code()};
       a.v_map = {d_v_values.data(), d_v_thr.data(), d_v_buckets.data(), unsigned_map.zero_code()};
       a.c = coefficients<k8::Coefficients>(step_args(step));
+      cuda::DeviceBuffer<float> d_scale;  // every other clipped step: the factor from device memory
+      if (step % 4 == 2) {
+        d_scale.upload(&a.c.grad_scale, 1);
+        a.c.grad_scale = 1.0f;
+        a.grad_scale = d_scale.data();
+      }
       a.skipped = d_skipped.data();
       const uint64_t blocks_before = emu::stats().blocks;
       REQUIRE(k8::launch_step(a, nullptr) == cudaSuccess);

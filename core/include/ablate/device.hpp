@@ -131,6 +131,15 @@ class Device : public Component {
   virtual double squared_norm(TensorView x) = 0;
   virtual void scale(TensorView x, float factor) = 0;
   virtual double masked_loss_sum(TensorView losses, TensorView targets) = 0;
+  // The same reductions left on the device, so that a step waits for nothing until it ends. `out`,
+  // `squared_norm` and `factor` are one-element views on this device (f64, f64, f32): out = the
+  // masked loss sum, added to what out holds when `add`; out = the squared norm of x; factor =
+  // device_math::clip_factor(sqrt(squared_norm), clip). Each is the value the host versions above
+  // give (and the host's sum of them), bit for bit. The defaults go through the host versions and
+  // download / upload, and so wait; a device with a queue overrides them to stay on it.
+  virtual void masked_loss_sum_to(TensorView losses, TensorView targets, TensorView out, bool add);
+  virtual void squared_norm_to(TensorView x, TensorView out);
+  virtual void clip_factor_to(TensorView squared_norm, double clip, TensorView factor);
   // dst (bf16) = the nearest bf16 of each element of src (f32), ties to even (device_math::bf16_bits):
   // the bf16 copy of the weights that bf16 products read.
   virtual void to_bf16(TensorView dst, TensorView src) = 0;

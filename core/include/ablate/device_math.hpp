@@ -18,6 +18,13 @@ ABLATE_HOST_DEVICE inline double masked_loss_term(float loss, int32_t target) { 
 // Clipping: an element scaled in fp32.
 ABLATE_HOST_DEVICE inline float scaled(float g, float factor) { return g * factor; }
 
+// Norm clipping's factor for a gradient of global norm `norm` under optimizer.grad_clip `clip`:
+// 1 where clipping is off (clip <= 0) or the norm is within it (a NaN norm too), else
+// clip / (norm + 1e-6), formed in double and rounded once to float.
+ABLATE_HOST_DEVICE inline float clip_factor(double norm, double clip) {
+  return clip > 0 && norm > clip ? float(clip / (norm + 1e-6)) : 1.0f;
+}
+
 // The bf16 nearest to x (its 16 bits: the high half of an f32), ties to even; a NaN stays a quiet
 // NaN of the same sign, infinities stay infinite, and a finite value past bf16's largest rounds to
 // infinity, as IEEE rounding does. The copies of bf16 products (weights and operands) use it.

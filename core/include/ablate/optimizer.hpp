@@ -12,14 +12,18 @@ namespace ablate {
 
 // What one step needs besides the buffers.
 struct StepArgs {
-  double lr = 0.0;              // this step's learning rate
-  int64_t step = 0;             // counts from 1
-  float grad_scale = 1.0f;      // the gradient used is grads * grad_scale, one fp32 multiply per element
-                                // (norm clipping, applied in the update's pass rather than a pass of its own)
-  Stream stream;                // the model's device queue (Device::stream()), null on the CPU
-  void* params_bf16 = nullptr;  // given only to an optimizer that writes_bf16(): the bf16 copy of the
-                                // parameters (same offsets as params, on the same device), which the
-                                // step writes from each new value (device_math::bf16_bits) in its pass
+  double lr = 0.0;                           // this step's learning rate
+  int64_t step = 0;                          // counts from 1
+  float grad_scale = 1.0f;                   // the gradient used is grads * grad_scale, one fp32 multiply per element
+                                             // (norm clipping, applied in the update's pass rather than a pass of its own)
+  Stream stream;                             // the model's device queue (Device::stream()), null on the CPU
+  void* params_bf16 = nullptr;               // given only to an optimizer that writes_bf16(): the bf16 copy of the
+                                             // parameters (same offsets as params, on the same device), which the
+                                             // step writes from each new value (device_math::bf16_bits) in its pass
+  const float* grad_scale_device = nullptr;  // given only to an optimizer that reads_device_scale(): the
+                                             // factor as one float on the device, which the step reads
+                                             // there (the clip factor the device formed without the
+                                             // host waiting for the norm); grad_scale is then unused
 };
 
 class Optimizer : public Component {
@@ -33,6 +37,9 @@ class Optimizer : public Component {
   // Whether step() writes StepArgs::params_bf16 (a model whose bf16 products read a copy of the
   // parameters then skips its own conversion pass after the step).
   virtual bool writes_bf16() const { return false; }
+  // Whether step() reads StepArgs::grad_scale_device (the step then needs no host value that
+  // depends on the gradients, and the engine does not wait for the backward pass to form it).
+  virtual bool reads_device_scale() const { return false; }
   // The same with grad_scale 1 on the default queue.
   void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step_number) {
     step(table, params, grads, StepArgs{lr, step_number, 1.0f, nullptr});

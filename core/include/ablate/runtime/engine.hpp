@@ -7,13 +7,22 @@
 //      1 / (the job's real targets);
 //   2. forward and backward of each micro-batch, accumulating into the gradient buffer;
 //   3. the gradient all-reduced (plain data parallel) or reduce-scattered (ZeRO-1: each rank keeps
-//      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars.
+//      its shard), with the loss sum (and under ZeRO-1 the shard's squared norm) as host scalars
+//      summed across the ranks.
 //      With [run] bucket_mb > 0 and a communicator that moves data (any but `single`, even with
 //      one rank), the last micro-batch's backward pass reduces
 //      each gradient bucket (buckets.hpp) as soon as its last write is done: all_reduce, or under
 //      ZeRO-1 a reduce of each of its shard pieces to the piece's owner;
 //   4. the global gradient norm, and clipping to optimizer.grad_clip;
 //   5. the optimizer on this rank's part of the parameters, then (ZeRO-1) their all-gather.
+//
+// The loss sum and the squared norm are reductions on the device (Device::masked_loss_sum_to,
+// squared_norm_to). On one rank, with an optimizer that reads the clip factor on the device
+// (Optimizer::reads_device_scale), the factor is formed there too (Device::clip_factor_to) and
+// nothing is read back until the step has been enqueued whole: the host never waits inside the
+// step, and the loss is checked for being finite at its end. Otherwise the two are read to the
+// host after the backward pass (the collectives need them there) and the loss is checked before
+// the optimizer runs.
 //
 // Dropout keys are mix64(seed, step * 4096 + rank * accum + micro): the keys one process of a
 // world of one uses for the same micro-batches, so data parallel and accumulation agree.
@@ -76,6 +85,8 @@ class Engine {
   ParamTable opt_table_;
   OpTimes* op_times_ = nullptr;
   std::vector<GradBucket> buckets_;  // empty: one reduction after the backward pass
+  Buffer scalars_;                   // the step's loss sum and squared gradient norm (f64) on the model's device
+  Buffer factor_;                    // the clip factor (f32) there, for an optimizer that reads it there
 };
 
 }  // namespace ablate

@@ -161,6 +161,9 @@ class Model {
   // targets and accumulates into the gradients d(loss_sum * grad_scale). `dropout_key` varies the
   // dropout masks (ignored when dropout is 0).
   double forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key);
+  // The same with the loss sum left on the device: `loss_sum` (one f64 on the model's device)
+  // becomes the sum, or (add) has it added; nothing is read back, so nothing waits for the device.
+  void forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key, TensorView loss_sum, bool add);
   // Forward only (no dropout): the sum of losses over real targets; per-position losses into
   // `losses` and (rows*T, vocab_padded) logits into `logits` when given.
   double forward(const Batch& batch, std::vector<float>* losses = nullptr, std::vector<float>* logits = nullptr);
