@@ -13,7 +13,9 @@
 //   of kernels launched by then);
 // - a rank killed inside a collective, or one that stops answering, ends the job: every other rank
 //   fails within [run.nccl] timeout_s, naming the collective;
-// - a 2-rank run stopped and resumed gives the uninterrupted run's losses bit for bit.
+// - a 2-rank run stopped and resumed gives the uninterrupted run's losses bit for bit;
+// - FP8 delayed scaling on 2 ranks: every rank holds the same scales, so a stopped run resumes bit
+//   for bit (the checkpoint holds rank 0's).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -258,6 +260,35 @@ TEST_CASE("a 2-rank nccl run stopped at step 3 resumes to the uninterrupted run'
     INFO("step " << a[i]["step"]);
     CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
     CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+  }
+  CHECK(slurp(full / "checkpoints/step_00000006/model.safetensors") == slurp(parts / "checkpoints/step_00000006/model.safetensors"));
+}
+
+TEST_CASE("FP8 delayed scaling over 2 ranks: every rank holds the same scales (the amaxes' max across ranks), so a run "
+          "stopped at step 3 resumes bit for bit") {
+  // Each rank quantises its own micro-batch and records its own amaxes; the engine takes their max
+  // across the ranks before the histories step on (engine.cpp's end_step), so every rank holds
+  // rank 0's scaling state, which is what the checkpoint saves and every rank resumes from. Had
+  // rank 1 kept its own, it would resume with other scales and its products would round to other
+  // FP8 values: the resumed losses would not be the uninterrupted run's.
+  TempDir tmp;
+  const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
+  const std::string common = config() + " --set run.steps=6 --set run.communicator=nccl --set run.dtype=fp8" +
+                             " --set run.fp8_scaling=delayed --set run.fp8_amax_history=4";
+  REQUIRE(n_ranks(2, common + " --run-dir " + full.string()).exit_code == 0);
+  REQUIRE(n_ranks(2, common + " --run-dir " + parts.string() + " --stop-at 3").exit_code == 0);
+  CHECK(fs::exists(parts / "checkpoints/step_00000003/scaling.safetensors"));
+  const auto resumed = n_ranks(2, common + " --resume " + parts.string());
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto a = metrics(full), b = metrics(parts);
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 6);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+    CHECK(a[i].contains("fp8_saturated"));
   }
   CHECK(slurp(full / "checkpoints/step_00000006/model.safetensors") == slurp(parts / "checkpoints/step_00000006/model.safetensors"));
 }
