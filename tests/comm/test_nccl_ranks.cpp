@@ -97,6 +97,26 @@ std::vector<Arrival> read_log(const fs::path& p) {
   return out;
 }
 
+// A 2-rank run of `common` (6 steps) stopped at step 3 and resumed, in dir/parts, against the
+// uninterrupted run in dir/full: the same losses and norms, and the same final weights, bit for bit.
+void check_stop_resume(const fs::path& dir, const std::string& common) {
+  const fs::path full = dir / "full", parts = dir / "parts";
+  REQUIRE(n_ranks(2, common + " --run-dir " + full.string()).exit_code == 0);
+  REQUIRE(n_ranks(2, common + " --run-dir " + parts.string() + " --stop-at 3").exit_code == 0);
+  const auto resumed = n_ranks(2, common + " --resume " + parts.string());
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto a = metrics(full), b = metrics(parts);
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 6);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+  }
+  CHECK(slurp(full / "checkpoints/step_00000006/model.safetensors") == slurp(parts / "checkpoints/step_00000006/model.safetensors"));
+}
+
 }  // namespace
 
 TEST_CASE("2, 3 and 4 ranks over nccl give the losses of 1 process with the same global batch") {
@@ -246,22 +266,7 @@ TEST_CASE("a rank killed inside a collective, or stopped in one, ends every rank
 
 TEST_CASE("a 2-rank nccl run stopped at step 3 resumes to the uninterrupted run's losses bit for bit") {
   TempDir tmp;
-  const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
-  const std::string common = config() + " --set run.steps=6 --set model.dropout=0.1 --set run.communicator=nccl";
-  REQUIRE(n_ranks(2, common + " --run-dir " + full.string()).exit_code == 0);
-  REQUIRE(n_ranks(2, common + " --run-dir " + parts.string() + " --stop-at 3").exit_code == 0);
-  const auto resumed = n_ranks(2, common + " --resume " + parts.string());
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const auto a = metrics(full), b = metrics(parts);
-  REQUIRE(a.size() == 6);
-  REQUIRE(b.size() == 6);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << a[i]["step"]);
-    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
-    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
-  }
-  CHECK(slurp(full / "checkpoints/step_00000006/model.safetensors") == slurp(parts / "checkpoints/step_00000006/model.safetensors"));
+  check_stop_resume(tmp.path(), config() + " --set run.steps=6 --set model.dropout=0.1 --set run.communicator=nccl");
 }
 
 TEST_CASE("FP8 delayed scaling over 2 ranks: every rank holds the same scales (the amaxes' max across ranks), so a run "
@@ -272,25 +277,11 @@ TEST_CASE("FP8 delayed scaling over 2 ranks: every rank holds the same scales (t
   // rank 1 kept its own, it would resume with other scales and its products would round to other
   // FP8 values: the resumed losses would not be the uninterrupted run's.
   TempDir tmp;
-  const fs::path full = tmp.path() / "full", parts = tmp.path() / "parts";
-  const std::string common = config() + " --set run.steps=6 --set run.communicator=nccl --set run.dtype=fp8" +
-                             " --set run.fp8_scaling=delayed --set run.fp8_amax_history=4";
-  REQUIRE(n_ranks(2, common + " --run-dir " + full.string()).exit_code == 0);
-  REQUIRE(n_ranks(2, common + " --run-dir " + parts.string() + " --stop-at 3").exit_code == 0);
-  CHECK(fs::exists(parts / "checkpoints/step_00000003/scaling.safetensors"));
-  const auto resumed = n_ranks(2, common + " --resume " + parts.string());
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const auto a = metrics(full), b = metrics(parts);
-  REQUIRE(a.size() == 6);
-  REQUIRE(b.size() == 6);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << a[i]["step"]);
-    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
-    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
-    CHECK(a[i].contains("fp8_saturated"));
-  }
-  CHECK(slurp(full / "checkpoints/step_00000006/model.safetensors") == slurp(parts / "checkpoints/step_00000006/model.safetensors"));
+  check_stop_resume(tmp.path(),
+                    config() + " --set run.steps=6 --set run.communicator=nccl --set run.dtype=fp8 --set run.fp8_scaling=delayed" +
+                        " --set run.fp8_amax_history=4");
+  CHECK(fs::exists(tmp.path() / "parts/checkpoints/step_00000003/scaling.safetensors"));
+  for (const json& m : metrics(tmp.path() / "parts")) CHECK(m.contains("fp8_saturated"));
 }
 
 // As test_data_parallel.cpp's world-size cases, on cuda over nccl: the padded batcher makes every
