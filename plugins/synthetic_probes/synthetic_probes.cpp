@@ -136,8 +136,10 @@ class SyntheticProbes final : public ablate::DataSource {
       std::size_t dest = g.below(hosts_.size() - 1);
       if (dest >= source) ++dest;  // never probe yourself
       const Host& dst = hosts_[dest];
-      const double rtt = src.base_ms + dst.base_ms + 2.0 * distance_km(src, dst) / kFibreKmPerMs * (1.2 + 0.4 * g.uniform()) -
-                         2.0 * std::log(1.0 - g.uniform());
+      // Two draws, in this order (as operands of one expression their order would be the compiler's).
+      const double path = 1.2 + 0.4 * g.uniform();
+      const double queueing = -2.0 * std::log(1.0 - g.uniform());
+      const double rtt = src.base_ms + dst.base_ms + 2.0 * distance_km(src, dst) / kFibreKmPerMs * path + queueing;
       t.push_back(kFirstHost + int32_t(dest));
       t.push_back(kFieldSeparator);
       append_number(t, seconds);
