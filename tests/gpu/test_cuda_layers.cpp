@@ -55,6 +55,7 @@
 
 #include "ablate/batch.hpp"
 #include "ablate/cuda_check.hpp"
+#include "fp8_device.hpp"
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
 #include "ablate/layer.hpp"
@@ -1221,18 +1222,10 @@ Fp8Linear linear_fp8(const Problem& p, const Values& v, const char* dtype, bool 
   return {from_device(y), from_device(dx), from_device(grads)};
 }
 
-bool device_has_fp8() {
-  int device = 0;
-  cudaDeviceProp prop{};
-  ABLATE_CUDA_CHECK(cudaGetDevice(&device));
-  ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return prop.major * 10 + prop.minor >= 89;
-}
-
 }  // namespace
 
 TEST_CASE("linear under FP8 products: every product of per-tensor quantised operands as defined, E5M2 gradients under fp8") {
-  if (!device_has_fp8()) {
+  if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
     return;
   }
@@ -1301,7 +1294,7 @@ TEST_CASE("linear under FP8 products: every product of per-tensor quantised oper
 }
 
 TEST_CASE("linear under FP8 delayed scaling: a fresh state scales as current scaling, then each operand by its amax history") {
-  if (!device_has_fp8()) {
+  if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
     return;
   }
@@ -1551,7 +1544,7 @@ TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every p
   const Params on("model.cross_entropy", {{"fp8", Value{true}}}), off("model.cross_entropy", {{"fp8", Value{false}}});
   CHECK_THROWS_WITH_AS(suite().layer<LossLayer>("cross_entropy", "cuda", "bf16", on), doctest::Contains("model.cross_entropy.fp8"),
                        ablate::Error);
-  if (!device_has_fp8()) {
+  if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
     return;
   }

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "ablate/cuda_check.hpp"
+#include "fp8_device.hpp"
 #include "ablate/runtime/model.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "run_files.hpp"
@@ -291,11 +292,7 @@ TEST_CASE("run.dtype = bf16 follows the cpu f32 run within bf16's rounding, and 
 
 TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 steps, current and delayed scaling; delayed "
           "scaling's state resumes bit for bit, and a bf16 resume ignores it") {
-  int device = 0;
-  cudaDeviceProp prop{};
-  ABLATE_CUDA_CHECK(cudaGetDevice(&device));
-  ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  if (prop.major * 10 + prop.minor < 89) {
+  if (!device_has_fp8()) {
     // Refused before training, naming the capability (exit 2), rather than failing in cuBLASLt.
     TempDir tmp;
     const CommandResult r = train(kCuda + " --set run.dtype=fp8 --set run.steps=2 --run-dir " + (tmp.path() / "r").string());
@@ -366,13 +363,7 @@ TEST_CASE("a Llama-style model (RMSNorm, SwiGLU, RoPE, GQA) under run.dtype = fp
   // The SwiGLU MLP's three products (gate, up, down) and the grouped k and v projections in FP8,
   // as configs/llama-1b.toml runs them; the same bound as the GPT-2 case above, for the same
   // reasons (logits of order 0.1, a loss near 4 averaged over ~300 positions).
-  if (!emulated()) {
-    int device = 0;
-    cudaDeviceProp prop{};
-    ABLATE_CUDA_CHECK(cudaGetDevice(&device));
-    ABLATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    if (prop.major * 10 + prop.minor < 89) return;  // refused (exit 2): the case above checks that
-  }
+  if (!device_has_fp8()) return;  // refused (exit 2): the GPT-2 case checks that
   TempDir tmp;
   const std::string llama = " --set model.norm=rmsnorm --set model.mlp=swiglu_mlp --set model.mlp_hidden=96"
                             " --set model.position=rope --set model.bias=false --set model.tie_embeddings=false"
