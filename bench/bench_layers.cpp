@@ -11,8 +11,9 @@
 // norms' outputs, q, k, v, the MLP's hidden activation and its gradient, and every product's input
 // in bf16, products reading the bf16 copy of the weights; the residual stream, the other gradients
 // and the parameter gradients f32; fp8 and fp8_e4m3 hold what bf16 holds, and the bytes count no
-// FP8 quantisation pass, so their prediction is the bf16 plan's traffic at the FP8 product rate).
-// A layer far above its
+// FP8 quantisation pass, so their prediction is the bf16 plan's traffic at the FP8 product rate;
+// under them a second classifier row has its own products in FP8 ([model.cross_entropy] fp8),
+// its quantising passes counted). A layer far above its
 // prediction moves more than it must or computes below the card's rate; that is where the step's
 // time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA).
 //
@@ -109,6 +110,7 @@ struct Case {
   std::string label, layer;
   LayerSpec spec;
   bool x_bf16 = false, y_bf16 = false, residual = false, loss = false;
+  bool fp8 = false;  // the classifier with [model.cross_entropy] fp8 (its products in FP8)
   Cost fwd, bwd;
 };
 
@@ -125,7 +127,7 @@ struct Result {
 };
 
 // The cases and their costs, counted from the shapes (see the header for what is counted).
-std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16) {
+std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16, bool fp8) {
   const double N = double(rows), d = double(w.d), h = double(w.hidden), V = double(w.vocab);
   const double act = bf16 ? 2 : 4;  // a held activation (norm output, q/k/v, product input)
   const double wt = bf16 ? 2 : 4;   // the weights a product reads (the bf16 copy under bf16)
@@ -198,6 +200,21 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16) {
     c.fwd = {6 * N * d * V, N * V * logit * 4 + N * d * (act + 4) + d * V * (wt + 8) + N * 8};
     cs.push_back(c);
   }
+  if (fp8) {
+    // Under FP8 products, the classifier with its own products in FP8 too ([model.cross_entropy]
+    // fp8): the same, and each product quantises both operands with current scaling (the amax
+    // read, then read again and one byte written): x and W twice each (once transposed), the
+    // logit gradient twice (dx's product and dW's), 5 bytes an element each time.
+    Case c = named("classifier + cross-entropy, fp8", "cross_entropy");
+    c.spec.in = w.d;
+    c.spec.out = w.vocab;
+    c.spec.real_out = w.real_vocab;
+    c.x_bf16 = bf16;
+    c.loss = true;
+    c.fp8 = true;
+    c.fwd = {6 * N * d * V, N * V * 2 * 4 + N * d * (act + 4) + d * V * (wt + 8) + N * 8 + 10 * (N * V + N * d + d * V)};
+    cs.push_back(c);
+  }
   return cs;
 }
 
@@ -230,7 +247,7 @@ class Bench {
   // Median ms of the case's forward (backward = false) or backward, after one forward.
   double time_case(const Case& c, int64_t rows, bool backward) {
     const bool bf16 = holds_bf16(o_.dtype);
-    LayerBase& layer = make(c.layer);
+    LayerBase& layer = make(c.layer, c.fp8);
     ParamTable table;
     layer.declare_params(c.spec, "bench", table);
     const int64_t n_in = rows * c.spec.in, n_out = c.loss ? 0 : rows * out_width(c);
@@ -289,12 +306,15 @@ class Bench {
     return c.spec.in;  // lookups, norms, the MLP: d wide
   }
 
-  LayerBase& make(const std::string& name) {
-    auto it = layers_.find(name);
+  // `fp8`: the layer's own key fp8 = true (cross_entropy's products in FP8).
+  LayerBase& make(const std::string& name, bool fp8) {
+    const std::string key = name + (fp8 ? " fp8" : "");
+    auto it = layers_.find(key);
     if (it != layers_.end()) return *it->second;
-    const Params common{"model", {}}, own{"model." + name, {}};
+    const Params common{"model", {}};
+    const Params own = fp8 ? Params{"model." + name, {{"fp8", Value{true}}}} : Params{"model." + name, {}};
     auto made = registry_.create<LayerBase>(Kind::layer, name, {common, own, run_});
-    return *layers_.emplace(name, std::move(made)).first->second;
+    return *layers_.emplace(key, std::move(made)).first->second;
   }
 
   Buffer filled(DType dtype, int64_t n, float value) {
@@ -369,7 +389,7 @@ int main(int argc, char** argv) {
                 bench.device().describe().c_str(), o.dtype.c_str(), static_cast<long long>(o.rows), rate / 1e12,
                 static_cast<long long>(w.product), bandwidth / 1e9);
     std::vector<Result> results;
-    for (const Case& c : gpt2_cases(w, o.rows, holds_bf16(o.dtype))) {
+    for (const Case& c : gpt2_cases(w, o.rows, holds_bf16(o.dtype), fp8_dtype(o.dtype))) {
       results.push_back(measure(bench, c, o.rows, false, rate, bandwidth));
       if (!c.loss) results.push_back(measure(bench, c, o.rows, true, rate, bandwidth));
     }
