@@ -57,12 +57,17 @@ def signal_until_exit(proc, ranks):
     """SIGUSR1 to one training process (rank 0's, the first `ablate train` child of mpiexec), again
     every 50 ms until the run exits: a scheduler's warning may come more than once, and the trainer
     takes a repeat as the same request. Once is what the product needs; the repeats keep a loaded
-    machine from finishing a tiny run while the first signal is still on its way through mpiexec."""
+    machine from finishing a tiny run while the first signal is still on its way through mpiexec.
+    Under mpiexec only a rank is signalled: once rank 0 has exited, mpiexec (whose default action
+    for SIGUSR1 is to die) is left alone while it ends the job."""
     while proc.poll() is None:
         target = proc.pid
         if ranks > 1:
             out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "ablate"], capture_output=True, text=True).stdout.split()
-            target = int(out[0]) if out else proc.pid
+            if not out:  # rank 0 has exited and mpiexec is ending the job: never signal mpiexec itself
+                time.sleep(0.05)
+                continue
+            target = int(out[0])
         try:
             os.kill(target, signal.SIGUSR1)
         except ProcessLookupError:
