@@ -53,7 +53,10 @@ name = "two-ranks"
 # Early stopping under Slurm is asynchronous, as ASHA's (docs/experiments.md): an arm is compared at a
 # rung with the arms that reached it before it, so the decisions depend on the order the array's
 # tasks run in, which Slurm does not promise. The test forces each order in turn: a task waits (a
-# line of the job script) until the other arm's arm.json says it finished, then trains.
+# line of the job script) until the other arm's arm.json says it finished, then trains. The arm
+# that may be stopped (hopeless) trains 3000 steps, a few seconds: `sweep-arm` reads its metrics
+# every 500 ms, and a run of 300 steps (about a second) could end before the read that sees its
+# first rung, on a loaded machine, and so complete before it could be stopped.
 EARLY = """
 base = "base.toml"
 [sweep]
@@ -71,6 +74,7 @@ name = "best"
 [[sweep.arms]]
 name = "hopeless"
 "optimizer.lr" = 1e-7
+"run.steps" = 3000
 """
 
 # Array task `waiter` waits (at most 200 s) until the arm `first` has a finished arm.json.
