@@ -69,17 +69,26 @@ LLAMA_FAMILY = {"norm": "rmsnorm", "mlp": "swiglu_mlp", "position": "rope", "bia
 
 def family_of(cfg):
     """"gpt2" or "llama": the family the config's [model] is; the peer implements those two alone
-    (anything else would compare different models)."""
+    (anything else would compare different models). A key the config leaves out has ablate's
+    default, GPT-2's."""
     m = cfg.get("model", {})
-    for name, expect in (("gpt2", GPT2_FAMILY), ("llama", LLAMA_FAMILY)):
-        defaults = GPT2_FAMILY  # ablate's defaults are GPT-2's
-        if all(m.get(k, defaults[k]) == v for k, v in expect.items()):
-            if name == "gpt2" and m.get("n_kv_heads", 0) not in (0, m.get("n_heads")):
-                break
-            return name
+
+    def matches(family):
+        return all(m.get(k, GPT2_FAMILY[k]) == v for k, v in family.items())
+
+    if matches(GPT2_FAMILY) and m.get("n_kv_heads", 0) in (0, m.get("n_heads")):
+        return "gpt2"
+    if matches(LLAMA_FAMILY):
+        return "llama"
     diff = {k: m[k] for k in GPT2_FAMILY if k in m and m[k] != GPT2_FAMILY[k]}
     raise SystemExit(f"[model] {diff}: the PyTorch peer implements GPT-2's family ({GPT2_FAMILY}) "
                      f"and the Llama one ({LLAMA_FAMILY}) alone")
+
+
+def swiglu_hidden(d):
+    """ablate's SwiGLU width when [model] mlp_hidden is 0 (layer_params::swiglu_hidden): 8 d / 3,
+    rounded up to a multiple of 64."""
+    return ((8 * d + 2) // 3 + 63) // 64 * 64
 
 
 def model_shape(cfg, args):
@@ -97,7 +106,7 @@ def model_shape(cfg, args):
 def build_model(shape):
     if shape["family"] == "llama":
         return Llama(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["kv_heads"],
-                     shape["mlp_hidden"] or 4 * shape["d"], shape["vocab_multiple"], shape["rope_theta"])
+                     shape["mlp_hidden"] or swiglu_hidden(shape["d"]), shape["vocab_multiple"], shape["rope_theta"])
     return GPT(shape["vocab"], shape["d"], shape["layers"], shape["heads"], shape["max_seq_len"], shape["vocab_multiple"])
 
 

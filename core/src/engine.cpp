@@ -191,9 +191,12 @@ void reduce_gradients(StepContext& c, bool reduced, bool on_device) {
   }
   c.profiled("gradient norm", [&] { c.device.squared_norm_to(c.model.grads(), c.squared_norm()); });
   if (on_device) return;
-  const double loss = c.sums[0];
-  c.read_sums();
-  if (c.comm.world() > 1) c.sums[0] = loss;  // the job's, summed above
+  if (c.comm.world() == 1) {
+    c.read_sums();
+  } else {  // the loss sum is the job's, summed above: the norm alone
+    c.device.download(&c.sums[1], c.squared_norm());
+    c.read = true;
+  }
 }
 
 // The step's loss and gradient norm from the sums read to the host; a loss that is not finite

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch peer of the gpt2 and llama stages (bench/peers/pytorch_gpt.py) builds the model of an
-ablate config: for a small GPT-2-family and a small Llama-family config (GQA, SwiGLU, RoPE, RMSNorm,
-untied), its parameter count is ablate's own (run.json of a one-step CPU run), and two CPU steps of
-it start at the loss of a uniform guess over the vocabulary (ln V, within what N(0, 0.02) weights
-move it); `--float8` without torchao exits 77 (skipped), never a wrong figure.
+ablate config: for a small GPT-2-family config and small Llama-family ones (GQA, SwiGLU, RoPE,
+RMSNorm, untied; the SwiGLU width given, and left to ablate's default), its parameter count is
+ablate's own (run.json of a one-step CPU run), and two CPU steps of it start at the loss of a
+uniform guess over the vocabulary (ln V, within what N(0, 0.02) weights move it); `--float8`
+without torchao exits 77 (skipped), never a wrong figure.
 Usage: test_peer_models.py ABLATE SOURCE_DIR (run under the test venv's python, which has torch)"""
 import json
 import math
@@ -15,10 +16,12 @@ import tempfile
 ablate, source = sys.argv[1], sys.argv[2]
 peer = os.path.join(source, "bench", "peers", "pytorch_gpt.py")
 COMMON = {"vocab_size": 50257, "vocab_multiple": 128, "max_seq_len": 64}
+LLAMA = {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "norm": "rmsnorm", "mlp": "swiglu_mlp", "position": "rope",
+         "bias": False, "tie_embeddings": False}
 FAMILIES = {
     "gpt2": {"d_model": 64, "n_layers": 2, "n_heads": 4},
-    "llama": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden": 96, "norm": "rmsnorm",
-              "mlp": "swiglu_mlp", "position": "rope", "bias": False, "tie_embeddings": False},
+    "llama": {**LLAMA, "mlp_hidden": 96},
+    "llama-default-hidden": LLAMA,  # ablate's SwiGLU width (8 d / 3, rounded up to 64: 192), not 4 d
 }
 failures = []
 
@@ -63,7 +66,7 @@ with tempfile.TemporaryDirectory() as tmp:
         # Random tokens against logits of std ~0.02*sqrt(d) ~ 0.2 around 0: the loss is ln V + O(0.02).
         check(f"{family} first loss", abs(first - math.log(COMMON["vocab_size"])) < 0.1,
               f"{first:.4f} against ln V = {math.log(COMMON['vocab_size']):.4f}")
-        check(f"{family} json", data["model"]["family"] == family and data["result"]["parameters"] == ablate_params
+        check(f"{family} json", data["model"]["family"] == family.split("-")[0] and data["result"]["parameters"] == ablate_params
               and data["float8"] is False, f"family {data['model']['family']}, float8 {data['float8']}")
 
     try:
