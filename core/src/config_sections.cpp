@@ -11,63 +11,69 @@ namespace ablate {
 // ---------------------------------------------------------------------------------------------
 // Core's sections.
 
+// [run]'s keys.
+static Schema run_keys() {
+  using namespace param;
+  return {
+      integer("steps", 100, "optimizer steps to train").within(1, 1e12),
+      integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
+      string("device", "cpu", "where to train: a device registration (cpu, cuda, or a plugin's)").registration_of("device"),
+      string(
+          "dtype", "fp32",
+          "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
+          "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations and attention "
+          "gradients only products read held in bf16, fp32 master weights, weight gradients, optimizer state and "
+          "residual stream (run.residual_dtype); MFU against the bf16 peak); fp8 (cuda, compute capability 8.9 or later: bf16's plan with "
+          "the linear and MLP products in FP8, per-tensor scales (run.fp8_scaling), E4M3 weights and activations, E5M2 "
+          "gradients; the classifier and attention in bf16; MFU against the bf16 peak); fp8_e4m3 (fp8 with E4M3 "
+          "gradients too)")
+          .one_of({"fp32", "tf32", "bf16", "fp8", "fp8_e4m3"}),
+      string("fp8_scaling", "current",
+             "run.dtype fp8: how each FP8 product's per-tensor scales are set: current (from the operand's own "
+             "amax, just before the product); delayed (from an amax history of earlier steps, kept in checkpoints; "
+             "the first step, with no history yet, scales as current does)")
+          .one_of({"current", "delayed"}),
+      integer("fp8_amax_history", 16, "run.fp8_scaling = delayed: steps of amax history each tensor keeps").within(1, 1024),
+      string("fp8_amax_reduction", "max",
+             "run.fp8_scaling = delayed: the scale's amax from the history: max (of every step kept) or most_recent")
+          .one_of({"max", "most_recent"}),
+      string("residual_dtype", "fp32",
+             "the residual stream's type (the embedding's output, each block's input and the attention's output "
+             "plus its residual): fp32; bf16 (run.dtype bf16, fp8 or fp8_e4m3 only: each residual add rounded once "
+             "to bf16, in the product's epilogue where it can be; half the stream's bytes, as llm.c holds it). "
+             "The stream's gradient, master weights and optimizer state stay fp32")
+          .one_of({"fp32", "bf16"}),
+      integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
+      string("recompute", "none",
+             "activations backward recomputes instead of keeping them from forward: none; mlp "
+             "(the MLP's saved values: its hidden activations); block (everything inside a block but its input, "
+             "one extra forward pass of the blocks); the same losses and gradients bit for bit")
+          .one_of({"none", "mlp", "block"}),
+      floating("memory_budget_gib", 0.0,
+               "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
+               "doctor and tune measure headroom against it")
+          .within(0.0, 1048576.0),
+      integer("grad_accum_steps", 1, "micro-batches per optimizer step").within(1, 65536),
+      integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").within(0, 1e12),
+      integer("eval_batches", 8, "validation batches per evaluation (0 = no validation)").within(0, 1000000),
+      integer("profile_steps", 0,
+              "time every op of the last N steps, the device synchronised around each (slows "
+              "those steps); writes profile.json and a table to the log")
+          .within(0, 1e12),
+      floating("bucket_mb", 25.0,
+               "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
+               "finishes them (0 = one reduction after the backward pass)")
+          .within(0.0, 1048576.0),
+      string("communicator", "auto",
+             "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
+             "when a launcher started several ranks, else single)"),
+  };
+}
+
 // [run] and [model].
 static void add_run_and_model_sections(std::vector<SectionSpec>& s) {
   using namespace param;
-  s.push_back(
-      {"run",
-       "what to run and where",
-       {
-           integer("steps", 100, "optimizer steps to train").within(1, 1e12),
-           integer("seed", 1337, "seed of every random choice (init, data order, dropout)").at_least(0),
-           string("device", "cpu", "where to train: a device registration (cpu, cuda, or a plugin's)").registration_of("device"),
-           string("dtype", "fp32",
-                  "compute precision: fp32; tf32 (cuda: fp32 values, matrix products on TF32 tensor cores); "
-                  "bf16 (cuda: matrix products of bf16 operands accumulated in fp32; the activations and attention "
-                  "gradients only products read held in bf16, fp32 master weights, weight gradients, optimizer state and "
-                  "residual stream; MFU against the bf16 peak); fp8 (cuda, compute capability 8.9 or later: bf16's plan with "
-                  "the linear and MLP products in FP8, per-tensor scales (run.fp8_scaling), E4M3 weights and activations, E5M2 "
-                  "gradients; the classifier and attention in bf16; MFU against the bf16 peak); fp8_e4m3 (fp8 with E4M3 "
-                  "gradients too)")
-               .one_of({"fp32", "tf32", "bf16", "fp8", "fp8_e4m3"}),
-           string("fp8_scaling", "current",
-                  "run.dtype fp8: how each FP8 product's per-tensor scales are set: current (from the operand's own "
-                  "amax, just before the product); delayed (from an amax history of earlier steps, kept in checkpoints; "
-                  "the first step, with no history yet, scales as current does)")
-               .one_of({"current", "delayed"}),
-           integer("fp8_amax_history", 16, "run.fp8_scaling = delayed: steps of amax history each tensor keeps").within(1, 1024),
-           string("fp8_amax_reduction", "max",
-                  "run.fp8_scaling = delayed: the scale's amax from the history: max (of every step kept) or most_recent")
-               .one_of({"max", "most_recent"}),
-           integer("threads", 0, "CPU threads (0 = all cores)").within(0, 4096),
-           string("recompute", "none",
-                  "activations backward recomputes instead of keeping them from forward: none; mlp "
-                  "(the MLP's saved values: its hidden activations); block (everything inside a block but its input, "
-                  "one extra forward pass of the blocks); the same losses and gradients bit for bit")
-               .one_of({"none", "mlp", "block"}),
-           floating("memory_budget_gib", 0.0,
-                    "memory the run may use on the CPU, GiB (0 = the machine's physical memory); "
-                    "doctor and tune measure headroom against it")
-               .within(0.0, 1048576.0),
-           integer("grad_accum_steps", 1, "micro-batches per optimizer step").within(1, 65536),
-           integer("eval_every", 0, "evaluate on the validation split every N steps (0 = only at the end)").within(0, 1e12),
-           integer("eval_batches", 8, "validation batches per evaluation (0 = no validation)").within(0, 1000000),
-           integer("profile_steps", 0,
-                   "time every op of the last N steps, the device synchronised around each (slows "
-                   "those steps); writes profile.json and a table to the log")
-               .within(0, 1e12),
-           floating("bucket_mb", 25.0,
-                    "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
-                    "finishes them (0 = one reduction after the backward pass)")
-               .within(0.0, 1048576.0),
-           string("communicator", "auto",
-                  "how ranks exchange gradients: a communicator plugin, or auto (mpi or nccl "
-                  "when a launcher started several ranks, else single)"),
-       },
-       Kind::communicator,
-       "communicator",
-       false,
-       "auto"});
+  s.push_back({"run", "what to run and where", run_keys(), Kind::communicator, "communicator", false, "auto"});
   s.push_back(
       {"model",
        "the decoder-only transformer",

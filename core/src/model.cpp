@@ -536,7 +536,7 @@ Model::Model(const ModelOptions& options, const Registry& registry, const RunCon
   m.device = std::move(device);
   m.head_dim = m.o.head_dim;
   m.sched = m.declare(registry, m.o, run, m.specs, m.table);
-  m.bf16 = schedule::Bf16Policy::decide(holds_bf16(run.dtype), m.bf16_answers(m.o, m.pos->position_site()));
+  m.bf16 = m.bf16_policy(m.o, run);
   if (m.adapter) {
     m.frozen = m.sched.adapter_begin;
     for (const ParamSlice& s : m.table.slices) {

@@ -1,6 +1,8 @@
 // The layers a model is made of and its activation arena (model_layers.hpp).
 #include "model_layers.hpp"
 
+#include <algorithm>
+
 #include "ablate/error.hpp"
 #include "ablate/runtime/registry.hpp"
 
@@ -107,7 +109,44 @@ schedule::Bf16Policy::Answers ModelLayerSet::bf16_answers(const ModelOptions& o,
     a.qkv_layers_take_bf16 = a.qkv_layers_take_bf16 && adapter->bf16_attention_inputs();
     a.grad_layers_take_bf16 = a.grad_layers_take_bf16 && adapter->bf16_attention_grads();
   }
+  // The residual stream's writers and readers: the embedding, a position table added to the
+  // stream, the norms (ln1, ln2, lnf), the attention's output projection and the MLP (each adds its
+  // output to the stream), and an adapter on the output projection (it adds to that projection's y).
+  const bool adapter_on_o = adapter && std::find(o.adapter_targets.begin(), o.adapter_targets.end(), "o") != o.adapter_targets.end();
+  const struct {
+    const LayerBase* layer;
+    bool touches;
+    const std::string& name;
+  } stream[] = {{emb.get(), true, o.embedding}, {pos.get(), site == PositionSite::stream, o.position},
+                {norm.get(), true, o.norm},     {lin.get(), true, o.linear},
+                {mlp.get(), true, o.mlp},       {adapter.get(), adapter_on_o, o.adapter}};
+  for (const auto& u : stream) {
+    if (u.touches && !u.layer->bf16_residual()) {
+      a.residual_refused_by = u.name;
+      break;
+    }
+  }
   return a;
+}
+
+schedule::Bf16Policy ModelLayerSet::bf16_policy(const ModelOptions& o, const RunContext& run) const {
+  const schedule::Bf16Policy::Answers answers = bf16_answers(o, pos->position_site());
+  const bool residual = run.residual_dtype == "bf16";
+  if (residual && !holds_bf16(run.dtype)) {
+    throw_input_error("run.residual_dtype", "\"bf16\" holds the residual stream in bf16, which needs bf16 products: run.dtype "
+                                            "must be \"bf16\", \"fp8\" or \"fp8_e4m3\", not \"" +
+                                                run.dtype + "\"");
+  }
+  const schedule::Bf16Policy p = schedule::Bf16Policy::decide(holds_bf16(run.dtype), answers, residual);
+  if (residual && !answers.residual_refused_by.empty()) {
+    throw_input_error("run.residual_dtype", "\"bf16\": layer '" + answers.residual_refused_by + "' on " + run.device +
+                                                " does not read and write the residual stream in bf16; use \"fp32\"");
+  }
+  if (residual && !p.residual) {
+    throw_input_error("run.residual_dtype", "\"bf16\": the norms' outputs are not held in bf16 here (a layer reading them "
+                                            "takes f32 only), and a norm reading a bf16 stream writes bf16; use \"fp32\"");
+  }
+  return p;
 }
 
 TensorView ActivationArena::arena(schedule::Ref r, int64_t rows, int64_t cols) const {

@@ -53,6 +53,9 @@ struct ModelLayerSet {
                              ParamTable& table);
   // What they answer for the bf16 policy (Bf16Policy::Answers), the position layer applied at `site`.
   schedule::Bf16Policy::Answers bf16_answers(const ModelOptions& o, PositionSite site) const;
+  // Which activations are held in bf16: what run.dtype and the answers allow, and the residual
+  // stream where run.residual_dtype asks for it (exit 2 where the dtype or a layer cannot).
+  schedule::Bf16Policy bf16_policy(const ModelOptions& o, const RunContext& run) const;
 };
 
 // The activation arena: one f32 buffer laid out by an ArenaPlan, and the adapters' region beside

@@ -5,12 +5,13 @@
 
 namespace ablate::schedule {
 
-Bf16Policy Bf16Policy::decide(bool bf16_run, const Answers& a) {
+Bf16Policy Bf16Policy::decide(bool bf16_run, const Answers& a, bool bf16_residual) {
   Bf16Policy p;
   p.norm_outputs = bf16_run && a.products_take_bf16;
   p.attention_out = p.norm_outputs && a.attention_writes_bf16;
   p.qkv = p.attention_out && a.qkv_layers_take_bf16;
   p.grads = p.qkv && a.attention_grads_bf16 && a.grad_layers_take_bf16;
+  p.residual = bf16_residual && p.norm_outputs && a.residual_refused_by.empty();
   return p;
 }
 
@@ -19,7 +20,9 @@ DType Bf16Policy::slot_dtype(Slot s) const {
   const bool qkv_slot = s == Slot::q_lin || s == Slot::k_lin || s == Slot::v || s == Slot::q || s == Slot::k;
   const bool grad_slot =
       s == Slot::d_q || s == Slot::d_k || s == Slot::d_v || s == Slot::d_att || s == Slot::d_qlin || s == Slot::d_klin;
-  const bool bf16 = (norm_outputs && norm_output) || (attention_out && s == Slot::att) || (qkv && qkv_slot) || (grads && grad_slot);
+  const bool stream = s == Slot::res || s == Slot::mid;
+  const bool bf16 = (norm_outputs && norm_output) || (attention_out && s == Slot::att) || (qkv && qkv_slot) || (grads && grad_slot) ||
+                    (residual && stream);
   return bf16 ? DType::bf16 : DType::f32;
 }
 

@@ -19,7 +19,8 @@ struct Bf16Policy {
   bool norm_outputs = false;
   bool attention_out = false;
   bool qkv = false;
-  bool grads = false;  // the attention's gradients (d_q, d_k, d_v, d_att and the projections' d_qlin, d_klin)
+  bool grads = false;     // the attention's gradients (d_q, d_k, d_v, d_att and the projections' d_qlin, d_klin)
+  bool residual = false;  // the residual stream (res, mid): run.residual_dtype = "bf16", on the norms' outputs in bf16
 
   // What the chosen layers answer (LayerBase::bf16_product_inputs, Attention::bf16_activations,
   // LayerBase::bf16_attention_inputs).
@@ -29,8 +30,12 @@ struct Bf16Policy {
     bool qkv_layers_take_bf16 = false;   // linear, and rope and qk-norm where the model has them
     bool attention_grads_bf16 = false;   // the backend (Attention::bf16_gradients)
     bool grad_layers_take_bf16 = false;  // the same layers (LayerBase::bf16_attention_grads)
+    // Every layer that touches the residual stream (LayerBase::bf16_residual): "" when they all
+    // take it in bf16, else the first that does not (named in the refusal).
+    std::string residual_refused_by;
   };
-  static Bf16Policy decide(bool bf16_run, const Answers& a);
+  // `bf16_residual`: run.residual_dtype = "bf16", which Model has checked the answers allow.
+  static Bf16Policy decide(bool bf16_run, const Answers& a, bool bf16_residual = false);
 
   // The type a slot's values are held in.
   DType slot_dtype(Slot s) const;

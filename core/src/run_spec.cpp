@@ -46,6 +46,7 @@ RunKeys read_run_keys(const Params& run) {
   r.fp8_scaling = run.get_string("fp8_scaling");
   r.fp8_amax_history = run.get_int("fp8_amax_history");
   r.fp8_amax_reduction = run.get_string("fp8_amax_reduction");
+  r.residual_dtype = run.get_string("residual_dtype");
   r.recompute = run.get_string("recompute");
   r.communicator = run.get_string("communicator");
   r.threads = int(run.get_int("threads"));
@@ -128,6 +129,7 @@ RunContext RunSpec::context() const {
   c.fp8_scaling = run.fp8_scaling;
   c.fp8_amax_history = run.fp8_amax_history;
   c.fp8_amax_reduction = run.fp8_amax_reduction;
+  c.residual_dtype = run.residual_dtype;
   c.threads = use_cpu_threads(run.threads);
   return c;
 }

@@ -248,6 +248,8 @@ ablate_gpt2 gpt2 ablate_gpt2_dense naive_cuda "${GPT2_DENSE[@]}"
 if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
   ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
   ablate_gpt2 gpt2 ablate_gpt2_flash_dense cudnn_flash "${GPT2_DENSE[@]}"
+  # The residual stream in bf16 too (run.residual_dtype = "bf16", llm.c's choice) on the same rows.
+  ablate_gpt2 gpt2 ablate_gpt2_flash_bf16res_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.residual_dtype=bf16
   # FP8 linear and MLP products (run.dtype = "fp8", current scaling) on the same dense rows, where
   # the device has them (SM 8.9 on; elsewhere ablate refuses it with exit 2 and the stage fails).
   ablate_gpt2 gpt2 ablate_gpt2_flash_fp8_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8
@@ -309,12 +311,13 @@ fi
 # validation at 100, 200 and 300): the mean training loss of the last 100 steps within 0.02 nats and
 # the validation loss within 1% (bench/numerics_pair.py); both curves in numerics.json and
 # numerics.png. Then FP8 (run.dtype = "fp8", current scaling) against that bf16 run, where the
-# device has FP8 products: within 0.03 nats and 2% (numerics_fp8.json, numerics_fp8.png). About a
-# minute: the model is 7.2M parameters.
-numerics_run() {  # name dtype attention
+# device has FP8 products: within 0.03 nats and 2% (numerics_fp8.json, numerics_fp8.png). Then the
+# bf16 plan with the residual stream in bf16 (run.residual_dtype = "bf16") against fp32, within
+# 0.02 nats and 1% (numerics_bf16res). About a minute each: the model is 7.2M parameters.
+numerics_run() {  # name dtype attention [--set key=value ...]
   (cd "$here" && timeout "$(limit 150)" "$here/bin/ablate" train "$here/src/configs/shakespeare-gpt2.toml" --set run.device=cuda \
      --set run.dtype="$2" --set attention.name="$3" --set optimizer.name=adamw --set run.steps=300 --set run.eval_every=100 \
-     --set run.threads=4 --set checkpoint.every=1000 --run-dir "$out/$1") > "$out/logs/$1.log" 2>&1
+     --set run.threads=4 --set checkpoint.every=1000 "${@:4}" --run-dir "$out/$1") > "$out/logs/$1.log" 2>&1
 }
 numerics_pair() {  # result reference candidate [numerics_pair.py options]
   python3 "$here/src/bench/numerics_pair.py" --reference "$out/$2" --candidate "$out/$3" --json "$out/$1.json" \
@@ -350,7 +353,19 @@ if want numerics; then
       fi
       printf 'numerics_fp8\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
     fi
-    rm -rf "$out/numerics_fp32/checkpoints" "$out/numerics_bf16/checkpoints" "$out/numerics_fp8/checkpoints"
+    if [ ! -d "$out/numerics_fp32" ]; then
+      printf 'numerics_bf16res\tbenchmark\tskipped\t0\t0\n' >> "$results"
+    elif ! skip_stage numerics_bf16res 60; then
+      t0=$(date +%s)
+      status=failed
+      rm -rf "${out:?}/numerics_bf16res"
+      if numerics_run numerics_bf16res bf16 "$flash" --set run.residual_dtype=bf16; then
+        numerics_pair numerics_bf16res numerics_fp32 numerics_bf16res && status=passed
+      fi
+      printf 'numerics_bf16res\tbenchmark\t%s\t0\t%d\n' "$status" "$(( $(date +%s) - t0 ))" >> "$results"
+    fi
+    rm -rf "$out/numerics_fp32/checkpoints" "$out/numerics_bf16/checkpoints" "$out/numerics_fp8/checkpoints" \
+      "$out/numerics_bf16res/checkpoints"
   fi
 fi
 

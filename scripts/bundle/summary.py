@@ -116,7 +116,8 @@ def ablate_rows(name, h):
     """An ablate training run's headline with what its rows hold and, beside the peer, the ratio:
     dense rows (one document of the full length a row, `_dense`) compare like with like; packed probe
     rows hold short documents, so their attention does less work than the peer's. An FP8 run
-    (`_fp8`) is also set beside the peer's float8 run (torchao) and beside ablate's own bf16 run."""
+    (`_fp8`) is also set beside the peer's float8 run (torchao) and beside ablate's own bf16 run, and
+    so is a run with the residual stream in bf16 (`_bf16res`)."""
     h = dict(h)
     h["rows"] = "dense" if name.endswith("_dense") else "packed-probes"
     mine = h.get("tokens_per_s") if isinstance(h.get("tokens_per_s"), (int, float)) else None
@@ -129,7 +130,8 @@ def ablate_rows(name, h):
         float8_peer = tokens_per_s(read_json(peer_of(name) + "_fp8"))
         if float8_peer and h["rows"] == "dense":
             h["vs_pytorch_float8"] = round(mine / float8_peer, 3)
-        bf16 = tokens_per_s(read_json(name.replace("_fp8", "")))
+    for tag in ("_fp8", "_bf16res"):
+        bf16 = tokens_per_s(read_json(name.replace(tag, ""))) if tag in name else None
         if bf16:
             h["vs_own_bf16"] = round(mine / bf16, 3)
     return h

@@ -16,6 +16,7 @@ with tempfile.TemporaryDirectory() as out:
             ("bench_attention", "benchmark", "passed", 0, 40), ("pytorch_sdpa", "peer", "passed", 0, 20),
             ("bench_nccl", "benchmark", "passed", 0, 10), ("ablate_gpt2_flash", "benchmark", "passed", 0, 50),
             ("ablate_gpt2_flash_dense", "benchmark", "passed", 0, 50),
+            ("ablate_gpt2_flash_bf16res_dense", "benchmark", "passed", 0, 50),
             ("pytorch_gpt", "peer", "passed", 0, 40), ("ablate_gpt2_nccl_2ranks", "needs-2-gpus", "skipped", 0, 0),
             ("pytorch_gemm", "peer", "passed", 0, 20), ("ablate_gpt2_flash_fp8_dense", "benchmark", "passed", 0, 50),
             ("pytorch_gpt_fp8", "peer", "passed", 0, 60), ("ablate_llama_dense", "benchmark", "passed", 0, 80),
@@ -34,6 +35,7 @@ with tempfile.TemporaryDirectory() as out:
                             "rows": [{"op": "all_reduce", "dtype": "bf16", "algbw_gbs": 812.5}]},
         "ablate_gpt2_flash.json": {"status": "completed", "steps": 16, "tokens_per_s": 301234.0, "mfu": 0.251},
         "ablate_gpt2_flash_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 250000.0, "mfu": 0.3},
+        "ablate_gpt2_flash_bf16res_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 262500.0},
         # The peer's JSON as bench/peers/pytorch_gpt.py writes it: the measurement under "result".
         "pytorch_gpt.json": {"benchmark": "pytorch_gpt", "device": "NVIDIA H100 80GB HBM3", "model": {"family": "gpt2"},
                              "float8": False, "result": {"batch_size": 64, "tokens_per_s": 400000.0, "median_step_ms": 163.8,
@@ -68,13 +70,15 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "17 runs: 14 passed, 1 failed, 2 skipped" in text,
+        "counts": "18 runs: 15 passed, 1 failed, 2 skipped" in text,
         "fp8 numerics headline": "verdict=pass, steps=300, last=100, mean_loss_gap=0.0123, val_rel_gap=0.004" in text,
         "peer headline read under result": "family=gpt2, batch_size=64, tokens_per_s=4e+05, step_ms=163.8, mfu=0.41" in text
                                             and "peak_memory_gib=40" in text,
         # FP8: beside the bf16 peer, the float8 peer and ablate's own bf16 run on the same rows.
         "fp8 ratios": "rows=dense, vs_pytorch=0.95, vs_pytorch_float8=0.76, vs_own_bf16=1.52" in text,
         # The Llama runs pair with the Llama peer; its float8 run was skipped, so no float8 ratio.
+        # The residual stream in bf16: beside the peer and beside the same run with an f32 stream.
+        "bf16 residual ratios": "tokens_per_s=2.625e+05, rows=dense, vs_pytorch=0.656, vs_own_bf16=1.05" in text,
         "llama ratio": "tokens_per_s=4e+04, rows=dense, vs_pytorch=0.8" in text,
         "llama fp8 ratios": "tokens_per_s=5.2e+04, rows=dense, vs_pytorch=1.04, vs_own_bf16=1.3" in text,
         # The ratio to the peer: like with like on dense rows; packed probe rows marked unlike.

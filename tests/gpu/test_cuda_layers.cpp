@@ -1635,6 +1635,216 @@ TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every p
   }
 }
 
+namespace {
+
+// --- the residual stream held in bf16 (run.residual_dtype = "bf16") --------------------------------
+
+// A bf16 buffer of `n` values, all bits set (a bf16 NaN), or the rounding of `values`.
+cuda::DeviceBuffer<uint16_t> poisoned_bf16(int64_t n) {
+  cuda::DeviceBuffer<uint16_t> b(static_cast<std::size_t>(n));
+  if (n > 0) ABLATE_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.size() * 2, suite().stream));
+  return b;
+}
+
+std::vector<float> rounded_bf16(std::vector<float> v) {
+  for (float& e : v) e = device_math::bf16_value(device_math::bf16_bits(e));
+  return v;
+}
+
+struct StreamResults {
+  std::vector<double> y, d_x, grads;
+  std::vector<uint32_t> saved;
+};
+
+// One forward (and, for a norm, backward) of a layer under bf16 products, the model's way, with
+// the stream's values (`v.x` for the embedding's output, learned positions and a norm, `v.residual`
+// for a projection's) given in f32 (`bf16_stream` false: today's plan, on values already rounded to
+// bf16) or as bf16 views. A norm's y is bf16 either way (the norms' outputs are held so); a dense
+// layer's x is held in bf16 (a norm's output or the attention's); y goes to the stream's buffer.
+StreamResults run_stream(Layer& layer, const Problem& p, const Values& v, bool bf16_stream) {
+  const DeviceIds ids(p.batch);
+  const LayerRole role = layer.role();
+  const bool stream_x = role == LayerRole::position || role == LayerRole::norm;
+  DeviceFloats x = to_device(v.x), res = to_device(v.residual), params = to_device(v.params), dy = to_device(v.d_y);
+  cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), res16 = bf16_copy(v.residual), copy = bf16_copy(v.params);
+  DeviceFloats y = p.in_place ? to_device(v.x) : p.residual_in_y ? to_device(v.residual) : poisoned(p.ny());
+  cuda::DeviceBuffer<uint16_t> y16 = role == LayerRole::norm || !p.residual_in_y ? poisoned_bf16(p.ny()) : bf16_copy(v.residual);
+  DeviceFloats saved = poisoned(layer.activation_elements(p.spec, p.rows));
+  DeviceFloats scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
+  LayerCall call = base_call(p, ids.views);
+  call.stream = ablate::Stream(suite().stream);
+  call.params = device_view(params);
+  call.params_bf16 = bf16_view(copy);
+  call.saved = device_view(saved);
+  call.scratch = device_view(scratch);
+  const bool y16_out = bf16_stream || role == LayerRole::norm;
+  if (p.in_place) {  // learned positions: the stream in place
+    call.x = call.y = bf16_stream ? bf16_view(x16) : device_view(y);
+  } else {
+    call.x = stream_x && !bf16_stream ? device_view(x) : p.x_width > 0 ? bf16_view(x16) : TensorView{};
+    call.y = y16_out ? bf16_view(y16) : device_view(y);
+  }
+  if (p.residual) {
+    call.residual =
+        bf16_stream ? (p.residual_in_y ? bf16_view(y16) : bf16_view(res16)) : (p.residual_in_y ? device_view(y) : device_view(res));
+  }
+  layer.forward(call);
+  StreamResults r;
+  r.y = p.in_place && bf16_stream ? from_device_bf16(x16) : y16_out ? from_device_bf16(y16) : from_device(y);
+  r.saved = bits_from_device(saved);
+  if (role != LayerRole::norm) return r;
+  poison(scratch);
+  DeviceFloats dx = to_device(v.d_x), grads = to_device(v.grads);
+  LayerCall back = call;
+  back.y = {};
+  back.grads = device_view(grads);
+  back.d_y = device_view(dy);
+  back.d_x = device_view(dx);
+  back.input_grad = p.input_grad;
+  layer.backward(back);
+  r.d_x = from_device(dx);
+  r.grads = from_device(grads);
+  return r;
+}
+
+// The bf16 rounding of each value (NaN stays NaN).
+std::vector<double> bf16_of(const std::vector<double>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = device_math::bf16_value(device_math::bf16_bits(float(v[i])));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the residual stream held in bf16: every layer that writes or reads it, against today's f32 stream") {
+  // run.residual_dtype = "bf16". A layer given the stream's values in bf16 must compute what it
+  // computes from the same values in f32, then round once: the embedding and learned positions
+  // write exactly the rounding of their f32 output; a norm reading a bf16 stream gives the bits
+  // it gives for the widened values (its y, statistics, d_x and parameter gradients); a projection
+  // adding to the stream (linear, gelu_mlp, swiglu_mlp) writes residual + its output rounded once,
+  // in the product's epilogue (the bias from the bf16 copy) or, with dropout, by a pass after an f32
+  // product: within half a bf16 unit of the f32 result, plus the bias's own bf16 rounding and fp32's
+  // reordering of the sums.
+  std::mt19937_64 rng(4242);
+  for (const char* name : {"embedding", "learned", "layernorm", "rmsnorm", "linear", "gelu_mlp", "swiglu_mlp"}) {
+    Layer& gpu = suite().layer<Layer>(name, "cuda", "bf16");
+    CHECK_MESSAGE(gpu.bf16_residual(), name);
+    CHECK_FALSE(suite().layer<Layer>(name, "cpu").bf16_residual());
+  }
+  // An adapter adds to its projection's y in f32: a model with one on the output projection refuses
+  // the bf16 stream (tests/gpu/test_cuda_train.cpp).
+  CHECK_FALSE(suite().layer<Layer>("lora", "cuda", "bf16").bf16_residual());
+  Layer& cpu_emb = suite().layer<Layer>("embedding", "cpu");
+  for (int64_t rows : {7, 64}) {
+    for (double dropout : {0.0, 0.1}) {
+      Problem p;
+      p.layer = "embedding";
+      p.spec.in = 48;
+      p.spec.out = 50;
+      p.rows = rows;
+      p.y_width = 48;
+      p.batch = make_batch(rows, 50, 1, rng);
+      p.dropout = dropout;
+      p.key = 0x5EEDu;
+      INFO("embedding rows " << rows << " dropout " << dropout);
+      Layer& gpu = suite().layer<Layer>("embedding", "cuda", "bf16");
+      const Values v = random_values(p, cpu_emb, gpu, rng, 0.0);
+      const StreamResults f = run_stream(gpu, p, v, false), b = run_stream(gpu, p, v, true);
+      CHECK(same_bits(b.y, bf16_of(f.y)));
+    }
+  }
+  {
+    Problem p;
+    p.layer = "learned";
+    p.spec.in = 40;
+    p.spec.max_positions = 30;
+    p.rows = 33;
+    p.x_width = p.y_width = 40;
+    p.in_place = true;
+    p.batch = make_batch(p.rows, 1, 30, rng);
+    Layer& cpu = suite().layer<Layer>("learned", "cpu");
+    Layer& gpu = suite().layer<Layer>("learned", "cuda", "bf16");
+    Values v = random_values(p, cpu, gpu, rng, 0.0);
+    v.x = rounded_bf16(v.x);
+    const StreamResults f = run_stream(gpu, p, v, false), b = run_stream(gpu, p, v, true);
+    CHECK(same_bits(b.y, bf16_of(f.y)));
+  }
+  for (const char* name : {"layernorm", "rmsnorm"}) {
+    for (int64_t in : {40, 1100}) {  // a row in registers, and one that is not
+      for (GradMode mode : {GradMode::overwrite, GradMode::accumulate}) {
+        Problem p;
+        p.layer = name;
+        p.spec.in = in;
+        p.spec.bias = true;
+        p.spec.eps = 1e-5;
+        p.rows = 37;
+        p.x_width = p.y_width = in;
+        p.batch = make_batch(p.rows, 1, 1, rng);
+        p.input_grad = mode;
+        const std::string label = std::string(name) + " in " + std::to_string(in) + " " + grad_name(mode);
+        INFO(label);
+        Layer& cpu = suite().layer<Layer>(name, "cpu");
+        Layer& gpu = suite().layer<Layer>(name, "cuda", "bf16");
+        Values v = random_values(p, cpu, gpu, rng, 0.5);
+        v.x = rounded_bf16(v.x);
+        const StreamResults f = run_stream(gpu, p, v, false), b = run_stream(gpu, p, v, true);
+        CHECK(same_bits(b.y, f.y));
+        CHECK(b.saved == f.saved);
+        CHECK(same_bits(b.d_x, f.d_x));
+        CHECK(same_bits(b.grads, f.grads));
+      }
+    }
+  }
+  for (const char* name : {"linear", "gelu_mlp", "swiglu_mlp"}) {
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 96}, {48, 40}}) {
+      for (bool bias : {true, false}) {
+        for (bool in_y : {false, true}) {
+          for (double dropout : {0.0, 0.1}) {
+            Problem p;
+            p.layer = name;
+            p.spec.in = in;
+            p.spec.out = out;
+            p.spec.bias = bias;
+            p.rows = 45;
+            p.x_width = in;
+            p.y_width = std::string(name) == "linear" ? out : in;  // an MLP's `out` is its hidden width
+            p.batch = make_batch(p.rows, 1, 1, rng);
+            p.residual = true;
+            p.residual_in_y = in_y;
+            p.dropout = dropout;
+            p.key = 0xAB5u;
+            const std::string label = std::string(name) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                                      (bias ? " bias" : "") + (in_y ? " residual in y" : "") + (dropout > 0 ? " dropout" : "");
+            INFO(label);
+            Layer& cpu = suite().layer<Layer>(name, "cpu");
+            Layer& gpu = suite().layer<Layer>(name, "cuda", "bf16");
+            Values v = random_values(p, cpu, gpu, rng, 0.0);
+            v.x = rounded_bf16(v.x);
+            v.residual = rounded_bf16(v.residual);
+            const StreamResults f = run_stream(gpu, p, v, false), b = run_stream(gpu, p, v, true);
+            REQUIRE(all_finite(f.y));
+            REQUIRE(all_finite(b.y));
+            double scale = 0.0, bias_max = 0.0;
+            for (double e : f.y) scale = std::max(scale, std::abs(e));
+            ParamTable table;
+            gpu.declare_params(p.spec, "l", table);
+            for (const ParamSlice& sl : table.slices) {
+              if (sl.shape.size() != 1) continue;  // the biases (of them only the output projection's is rounded differently)
+              for (int64_t i = 0; i < sl.numel(); ++i)
+                bias_max = std::max(bias_max, std::abs(double(v.params[std::size_t(sl.offset + i)])));
+            }
+            for (std::size_t i = 0; i < f.y.size(); ++i) {
+              INFO("element " << i << ": " << b.y[i] << " against " << f.y[i]);
+              // Half a bf16 unit is at most 2^-8 of the value; the bias's rounding at most 2^-8 of it.
+              CHECK(std::abs(b.y[i] - f.y[i]) <= 0x1p-8 * std::abs(f.y[i]) + 0x1p-7 * bias_max + 1e-5 * scale);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (!cuda::device_available()) {
     std::puts("no CUDA device: skipped");

@@ -769,6 +769,78 @@ TEST_CASE("gather_rows and add_rows look up table rows, NaN for an index out of 
   emu_test::report_worst("add_rows", worst_add.abs, worst_add.rel);
 }
 
+TEST_CASE("the residual stream in bf16: gather_rows, add_rows and dropout_residual round their f32 values once") {
+  // The bf16 twins must write the nearest bf16 to what the f32 kernels compute in float (checked
+  // bit for bit above), from bf16 inputs widened exactly: the embedding's lookup (dropout too), a
+  // position table added in place, a projection's f32 output dropped out and added to a bf16
+  // residual (separate, and in place: y is the residual). An index out of range gives a NaN.
+  const int64_t limit = 50;
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 31}, {257, 45}, {13, 257}}) {
+    std::mt19937_64 rng(uint64_t(rows * 977 + cols));
+    std::vector<int32_t> index(sz(rows));
+    for (auto& t : index) t = rng() % 9 == 0 ? -1 : int32_t(rng() % uint64_t(limit));
+    const int64_t n = rows * cols;
+    const std::vector<float> table = normals(sz(limit * cols), 1.0, uint64_t(rows) + 60);
+    const std::vector<float> t = normals(sz(n), 1.0, uint64_t(rows) + 61);
+    const std::vector<float> x_wide = normals(sz(n), 3.0, uint64_t(rows) + 62);
+    std::vector<uint16_t> x_bits(sz(n));
+    std::vector<float> x(sz(n));
+    for (int64_t i = 0; i < n; ++i) {
+      x_bits[sz(i)] = bf16_nearest(x_wide[sz(i)]);
+      x[sz(i)] = bf16_to_float(x_bits[sz(i)]);
+    }
+    const std::string shape = "rows " + std::to_string(rows) + " cols " + std::to_string(cols);
+    for (const double p : {0.0, 0.25}) {
+      const DropoutArgs drop = dropout(p, 0xfeedull + uint64_t(cols));
+      std::vector<float> gather(sz(n)), added(sz(n)), dropped(sz(n));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t k = index[sz(r)];
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c;
+          const bool bad = k < 0 || k >= limit;
+          gather[sz(i)] = bad ? float(kNaN) : table[sz(k * cols + c)] * mask_of(drop, uint64_t(i));
+          added[sz(i)] = bad ? float(kNaN) : x[sz(i)] + table[sz(k * cols + c)];
+          dropped[sz(i)] = x[sz(i)] + t[sz(i)] * mask_of(drop, uint64_t(i));
+        }
+      }
+      emu_test::for_each_schedule([&] {
+        const std::vector<uint16_t> tail(sz(n) + kTail, kSentinelBits);
+        std::vector<uint16_t> x_tail = x_bits;
+        x_tail.insert(x_tail.end(), kTail, kSentinelBits);
+        auto di = to_device(index);
+        auto dt = to_device(table);
+        auto dproduct = to_device(t);
+        auto g16 = to_device(tail), a16 = to_device(x_tail), r16 = to_device(x_tail), y16 = to_device(tail),
+             in_place = to_device(x_tail);
+        launch_gather_rows(di.data(), dt.data(), g16.data(), rows, cols, limit, drop, nullptr);
+        launch_add_rows(di.data(), dt.data(), a16.data(), a16.data(), rows, cols, limit, nullptr);
+        launch_dropout_residual(dproduct.data(), r16.data(), y16.data(), n, drop, nullptr);
+        launch_dropout_residual(dproduct.data(), in_place.data(), in_place.data(), n, drop, nullptr);
+        const struct {
+          const char* what;
+          std::vector<uint16_t> got;
+          const std::vector<float>& want;
+        } cases[] = {{"gather_rows bf16", to_host(g16), gather},
+                     {"add_rows bf16 in place", to_host(a16), added},
+                     {"dropout_residual bf16", to_host(y16), dropped},
+                     {"dropout_residual bf16 in place", to_host(in_place), dropped}};
+        for (const auto& c : cases) {
+          Failures f;
+          for (int64_t i = 0; i < n; ++i) {
+            const uint16_t g = c.got[sz(i)];
+            const float w = c.want[sz(i)];
+            const bool ok = std::isnan(w) ? std::isnan(bf16_to_float(g)) : g == bf16_nearest(w);
+            f.expect(ok, [&] { return at(i, bf16_to_float(g), w); });
+          }
+          for (std::size_t k = sz(n); k < c.got.size(); ++k)
+            f.expect(c.got[k] == kSentinelBits, [&] { return "tail " + std::to_string(k); });
+          expect_none(f, std::string(c.what) + " " + shape + " p " + std::to_string(p));
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("scatter_add_rows sums each index's rows deterministically, across chunk edges") {
   Worst worst;
   std::mt19937_64 rng(7);

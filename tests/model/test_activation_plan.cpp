@@ -139,3 +139,28 @@ TEST_CASE("the bf16 policy: each level needs the one before, and a bf16 slot tak
   CHECK(t.at(in_block(0, Slot::ln1)) - t.at(in_block(0, Slot::res)) == 192);
   CHECK(t.at(in_block(0, Slot::ln1_s)) - t.at(in_block(0, Slot::ln1)) == 128);
 }
+
+TEST_CASE("the bf16 policy's residual stream: asked for, on the norms' outputs in bf16, and no layer refusing it") {
+  Bf16Policy::Answers all{true, true, true, true, true};
+  CHECK_FALSE(Bf16Policy::decide(true, all).residual);  // not asked: run.residual_dtype = fp32
+  const Bf16Policy stream = Bf16Policy::decide(true, all, true);
+  CHECK(stream.residual);
+  for (Slot s : {Slot::res, Slot::mid}) CHECK(stream.slot_dtype(s) == DType::bf16);
+  CHECK(stream.slot_dtype(Slot::d_res) == DType::f32);  // its gradient stays f32
+  CHECK(stream.slot_dtype(Slot::losses) == DType::f32);
+  CHECK_FALSE(Bf16Policy::decide(false, all, true).residual);                             // no bf16 products
+  CHECK_FALSE(Bf16Policy::decide(true, {false, true, true, true, true}, true).residual);  // norms' outputs f32
+  Bf16Policy::Answers refused = all;
+  refused.residual_refused_by = "lora";
+  CHECK_FALSE(Bf16Policy::decide(true, refused, true).residual);
+  // Per block res and mid halve (1024 -> 512), and the last res once: 5 x 512.
+  const Bf16Policy full = Bf16Policy::decide(true, all);
+  const ArenaPlan f = plan_arena(kShape, full, "none", 2, 8, saved()), r = plan_arena(kShape, stream, "none", 2, 8, saved());
+  CHECK(f.elements - r.elements == 5 * 512);
+  CHECK(r.bf16_elements - f.bf16_elements == 5 * 512);
+  CHECK(r.dtype(in_block(2, Slot::res)) == DType::bf16);
+  // Recomputing a whole block keeps only res per block: mid is held once, in block 0's place.
+  const ArenaPlan b = plan_arena(kShape, stream, "block", 2, 8, saved());
+  CHECK(b.at(in_block(1, Slot::mid)) == b.at(in_block(0, Slot::mid)));
+  CHECK(b.dtype(in_block(1, Slot::mid)) == DType::bf16);
+}

@@ -246,6 +246,27 @@ TEST_CASE("[model.cross_entropy] fp8 = true outside an FP8 run.dtype is refused 
   CHECK(ok.exit_code == 0);
 }
 
+TEST_CASE("run.residual_dtype = bf16 without bf16 products is refused with exit 2, naming the key and what it needs") {
+  TempDir tmp;
+  // fp32 products on the cpu: there is no bf16 plan for the stream to join, so the key would do nothing.
+  const auto r = run_ablate("train " + config() + kTiny + " --set run.residual_dtype=bf16 --run-dir " + (tmp.path() / "r").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("run.residual_dtype") != std::string::npos);
+  CHECK(r.output.find("run.dtype must be \"bf16\"") != std::string::npos);
+  CHECK(!fs::exists(tmp.path() / "r" / "metrics.jsonl"));
+  // Any other value is refused as the config is read.
+  const auto bad =
+      run_ablate("train " + config() + kTiny + " --set run.residual_dtype=fp16 --run-dir " + (tmp.path() / "bad").string());
+  INFO(bad.output);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("residual_dtype") != std::string::npos);
+  // fp32, the default, is accepted anywhere.
+  const auto ok = run_ablate("train " + config() + kTiny + " --set run.residual_dtype=fp32 --set run.steps=1 --run-dir " +
+                             (tmp.path() / "ok").string());
+  CHECK(ok.exit_code == 0);
+}
+
 TEST_CASE("run.profile_steps times every op of the last steps: profile.json holds each op, and they add up to the step") {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";

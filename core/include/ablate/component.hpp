@@ -42,6 +42,8 @@ struct RunContext {
   std::string fp8_scaling = "current";
   int64_t fp8_amax_history = 16;
   std::string fp8_amax_reduction = "max";
+  // [run] residual_dtype: "fp32" | "bf16" (the residual stream held in bf16; run.dtype bf16 or FP8 only).
+  std::string residual_dtype = "fp32";
   int threads = 0;
 };
 

@@ -149,6 +149,13 @@ class LayerBase : public Component {
   // takes bf16 gradients (Attention::bf16_gradients), the model holds d_q, d_k, d_v and the
   // attention output's gradient in bf16 when every layer that touches them says yes.
   virtual bool bf16_attention_grads() const { return false; }
+  // Whether the layer reads and writes the residual stream as bf16 views: an embedding writes y in
+  // bf16, a position table added to the stream reads and writes it in bf16, a norm reads x in bf16
+  // (forward and backward, its y then bf16 too), a linear or MLP with a residual reads the residual
+  // and writes y in bf16 (the sum rounded once). The stream's gradient stays f32. Under
+  // run.residual_dtype = "bf16" the model holds the stream in bf16; every layer that touches it
+  // must say yes, or the run is refused (exit 2) naming the one that does not.
+  virtual bool bf16_residual() const { return false; }
   // State a call site keeps from step to step (LayerCall::scaling_state: FP8 delayed scaling's
   // amax histories and scales), in f32 values, 0 = none; and what the layer does with it once per
   // optimizer step, after the optimizer (a call with spec, scaling_state and stream set): the amax

@@ -573,6 +573,17 @@ bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, W
   return gemm_fused_only(g, stream);
 }
 
+bool gemm_x_wt_residual_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                             const uint16_t* residual, uint16_t* y, cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
+  GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(y), mode);
+  g.fp8 = slots;
+  g.d_bf16 = true;
+  g.bias_bf16 = bias_bf16;
+  g.C = reinterpret_cast<const float*>(residual);  // D's type: bf16
+  g.beta = 1.0f;
+  return gemm_fused_only(g, stream);
+}
+
 bool gemm_x_wt_gelu_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* pre,
                          uint16_t* post, cudaStream_t stream, MatmulMode mode, Fp8Slots slots) {
   GemmCall g = x_wt_call(x, rows, in, out, W, reinterpret_cast<float*>(post), mode);

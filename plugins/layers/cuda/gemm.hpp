@@ -89,7 +89,7 @@ struct GemmCall {
   const float* B = nullptr;
   int64_t ldb = 0;
   float alpha = 1.0f, beta = 0.0f;
-  const float* C = nullptr;  // null: C is D (read only when beta != 0)
+  const float* C = nullptr;  // null: C is D (read only when beta != 0); of D's type (bf16 values when d_bf16)
   float* D = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
@@ -102,9 +102,10 @@ struct GemmCall {
   float* aux = nullptr;             // (M, N) with leading dimension ldc: gelu_aux writes it, dgelu reads it (bf16
                                     // values when d_bf16: cuBLASLt's GELU matrix has D's type)
   bool d_bf16 = false;              // bf16 mode: D holds bf16 values (ldc in bf16 elements), written rounded to
-                                    // nearest even from the fp32 sums; beta 0, and of the epilogues only a bf16
-                                    // bias and the GELU ones (the classifier's logits; q, k, v; a GELU MLP's
-                                    // hidden activation and its gradient)
+                                    // nearest even from the fp32 sums (plus beta C, C in bf16: a residual stream
+                                    // held in bf16); of the epilogues only a bf16 bias and the GELU ones (the
+                                    // classifier's logits; q, k, v; a GELU MLP's hidden activation and its
+                                    // gradient; a projection's output added to the stream)
   const void* bias_bf16 = nullptr;  // d_bf16 only: a bias in bf16 (cuBLASLt's bias has D's type), added to the
                                     // fp32 sums before they are rounded
   float* d_column_sums = nullptr;   // dgelu: (N) += column sums of D (the bias gradient below a gelu)
@@ -143,6 +144,12 @@ void gemm_x_wt_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight
 //   false when cuBLASLt serves no such epilogue here (an unaligned bias, no algorithm), y then unwritten
 bool gemm_x_wt_bias_bf16_out(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16, uint16_t* y,
                              cudaStream_t stream, MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
+//   y(rows, out)  = residual + x W^T + bias, all three and y in bf16, from one product (the residual as
+//   its C, beta 1; the bias, if any, in its epilogue; the fp32 sum rounded once; y may be the
+//   residual) (bf16 products only): false when cuBLASLt serves no such epilogue here, y then unwritten
+bool gemm_x_wt_residual_bf16(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, const void* bias_bf16,
+                             const uint16_t* residual, uint16_t* y, cudaStream_t stream, MatmulMode mode = MatmulMode::bf16,
+                             Fp8Slots slots = {});
 //   pre = x W^T + bias and post = gelu(pre), both (rows, out) in bf16, from one product with the GELU
 //   (and the bf16 bias, if any) in its epilogue (bf16 products only): false when cuBLASLt serves no
 //   such epilogue here, nothing written (the caller computes them another way)

@@ -111,8 +111,8 @@ std::string gemm_refusal(const GemmCall& g) {
   if (g.a_sums != nullptr && (!g.ta || g.act != Activation::none)) {
     return "sums of A are served for a transposed A without an activation only (a weight-gradient product)";
   }
-  if (g.d_bf16 && (!bf16 || g.bias != nullptr || g.a_sums != nullptr || g.beta != 0.0f || (g.C != nullptr && g.C != g.D))) {
-    return "a bf16 D is written by bf16 products with beta 0 and, of the epilogues, a bf16 bias or a GELU one only";
+  if (g.d_bf16 && (!bf16 || g.bias != nullptr || g.a_sums != nullptr || (g.beta != 0.0f && g.act != Activation::none))) {
+    return "a bf16 D is written by bf16 products with, of the epilogues, a bf16 bias or a GELU one only (and no C with a GELU)";
   }
   if (g.bias_bf16 != nullptr && !g.d_bf16) return "a bf16 bias is added to a bf16 D only";
   if (g.bias_bf16 != nullptr && g.ldc != g.N) return "a bias needs D packed (ldc == N)";

@@ -43,10 +43,12 @@ Workspace& workspace() {
 
 // --- elementwise ---------------------------------------------------------------------------------
 
-__global__ void dropout_residual_kernel(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d) {
+// The residual and y f32, or both bf16 (the residual stream held in bf16: the f32 sum rounded once).
+template <class T>
+__global__ void dropout_residual_kernel(const float* t, const T* residual, T* y, int64_t n, DropoutArgs d) {
   ABLATE_GRID_STRIDE(i, n) {
     const float v = t[i] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
-    y[i] = residual != nullptr ? residual[i] + v : v;
+    device_math::store_value(y + i, residual != nullptr ? device_math::load_value(residual[i]) + v : v);
   }
 }
 
@@ -101,21 +103,27 @@ __global__ void iota_kernel(int32_t* p, int64_t n) { ABLATE_GRID_STRIDE(i, n) p[
 
 // --- lookups --------------------------------------------------------------------------------------
 
-__global__ void gather_rows_kernel(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit,
+// y f32, or bf16 (the residual stream held in bf16: each value rounded once, after the dropout).
+template <class Out>
+__global__ void gather_rows_kernel(const int32_t* index, const float* table, Out* y, int64_t rows, int64_t cols, int64_t limit,
                                    DropoutArgs d) {
   ABLATE_GRID_STRIDE(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols;
     const int32_t t = index[r];
-    y[i] = (t < 0 || t >= limit) ? CUDART_NAN_F : table[int64_t(t) * cols + c] * dropout_factor(d.key, uint64_t(i), d.p, d.scale);
+    device_math::store_value(
+        y + i, (t < 0 || t >= limit) ? CUDART_NAN_F : table[int64_t(t) * cols + c] * dropout_factor(d.key, uint64_t(i), d.p, d.scale));
   }
 }
 
-__global__ void add_rows_kernel(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols,
+// x and y f32, or both bf16 (the sum of the bf16 value and the f32 table's rounded once).
+template <class T>
+__global__ void add_rows_kernel(const int32_t* index, const float* table, const T* x, T* y, int64_t rows, int64_t cols,
                                 int64_t limit) {
   ABLATE_GRID_STRIDE(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols;
     const int32_t t = index[r];
-    y[i] = (t < 0 || t >= limit) ? CUDART_NAN_F : x[i] + table[int64_t(t) * cols + c];
+    device_math::store_value(y + i,
+                             (t < 0 || t >= limit) ? CUDART_NAN_F : device_math::load_value(x[i]) + table[int64_t(t) * cols + c]);
   }
 }
 
@@ -312,6 +320,10 @@ void launch_dropout_residual(const float* t, const float* residual, float* y, in
   if (n > 0) dropout_residual_kernel<<<blocks_for(n), kThreads, 0, stream>>>(t, residual, y, n, d);
 }
 
+void launch_dropout_residual(const float* t, const uint16_t* residual, uint16_t* y, int64_t n, DropoutArgs d, cudaStream_t stream) {
+  if (n > 0) dropout_residual_kernel<<<blocks_for(n), kThreads, 0, stream>>>(t, residual, y, n, d);
+}
+
 void launch_dropout_grad(const float* dy, float* out, int64_t n, DropoutArgs d, cudaStream_t stream) {
   if (n > 0) dropout_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dy, out, n, d);
 }
@@ -341,8 +353,18 @@ void launch_gather_rows(const int32_t* index, const float* table, float* y, int6
   if (rows * cols > 0) gather_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, y, rows, cols, limit, d);
 }
 
+void launch_gather_rows(const int32_t* index, const float* table, uint16_t* y, int64_t rows, int64_t cols, int64_t limit,
+                        DropoutArgs d, cudaStream_t stream) {
+  if (rows * cols > 0) gather_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, y, rows, cols, limit, d);
+}
+
 void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols, int64_t limit,
                      cudaStream_t stream) {
+  if (rows * cols > 0) add_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, x, y, rows, cols, limit);
+}
+
+void launch_add_rows(const int32_t* index, const float* table, const uint16_t* x, uint16_t* y, int64_t rows, int64_t cols,
+                     int64_t limit, cudaStream_t stream) {
   if (rows * cols > 0) add_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, x, y, rows, cols, limit);
 }
 

@@ -17,6 +17,9 @@ struct DropoutArgs {
 
 // y = (residual or 0) + t * mask, elementwise over n values (t may be y when residual is null).
 void launch_dropout_residual(const float* t, const float* residual, float* y, int64_t n, DropoutArgs d, cudaStream_t stream);
+// The same with the residual and y in bf16 (the residual stream held so): y = bf16(residual + t *
+// mask), the f32 sum rounded once; y may alias the residual.
+void launch_dropout_residual(const float* t, const uint16_t* residual, uint16_t* y, int64_t n, DropoutArgs d, cudaStream_t stream);
 // out = dy * mask (the gradient through the forward's dropout).
 void launch_dropout_grad(const float* dy, float* out, int64_t n, DropoutArgs d, cudaStream_t stream);
 
@@ -39,9 +42,15 @@ void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg
 // read out of bounds), so a bad batch shows as a non-finite loss.
 void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit, DropoutArgs d,
                         cudaStream_t stream);
+// The same with y in bf16 (the residual stream held so): each value rounded once.
+void launch_gather_rows(const int32_t* index, const float* table, uint16_t* y, int64_t rows, int64_t cols, int64_t limit,
+                        DropoutArgs d, cudaStream_t stream);
 // y = x + table[index[r], :] (y may alias x); out-of-range index as above.
 void launch_add_rows(const int32_t* index, const float* table, const float* x, float* y, int64_t rows, int64_t cols, int64_t limit,
                      cudaStream_t stream);
+// The same with x and y in bf16: y = bf16(x + table row), the f32 sum rounded once.
+void launch_add_rows(const int32_t* index, const float* table, const uint16_t* x, uint16_t* y, int64_t rows, int64_t cols,
+                     int64_t limit, cudaStream_t stream);
 // grads[index[r], :] += d[r, :] * mask for every row, deterministically (no atomics, the same every
 // run): rows are sorted by index (stable); the sorted rows are cut into fixed chunks of 256, each
 // chunk's runs of equal index summed in row order by one thread per column, a run that crosses

@@ -48,6 +48,21 @@ void dense_forward(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, c
   launch_dropout_residual(tmp, residual, y, n, drop, s);
 }
 
+// y (bf16) = residual (bf16) + dropout(x W^T + b): a projection's output added to the residual
+// stream the model holds in bf16. One product writes y, the residual its C and the bias (the
+// model's bf16 copy) in its epilogue, where dropout is off and cuBLASLt serves it; else the product
+// goes to `tmp` (rows, out) in f32 with the f32 bias and a pass adds it, dropped out, to the
+// residual. Either way the fp32 sum is rounded to bf16 once.
+void dense_forward_to_bf16_stream(Operand x, int64_t rows, int64_t in, int64_t out, Weight W, Weight b, const uint16_t* residual,
+                                  uint16_t* y, const DropoutArgs& drop, float* tmp, cudaStream_t s, MatmulMode mode,
+                                  Fp8Slots slots = {}) {
+  if (rows == 0) return;
+  const bool bias_copy = b.f32 == nullptr || b.bf16 != nullptr;
+  if (drop.p == 0.0 && bias_copy && gemm_x_wt_residual_bf16(x, rows, in, out, W, b.bf16, residual, y, s, mode, slots)) return;
+  gemm_x_wt(x, rows, in, out, W, b.f32, nullptr, 0.0f, tmp, s, mode, slots);
+  launch_dropout_residual(tmp, residual, y, rows * out, drop, s);
+}
+
 // Backward of dense_forward for dy (rows, out): dx = dy' W (written, or added when accumulate;
 // skipped when null; written in bf16 into dx_bf16 instead when that is given), dW += dy'^T x and
 // db += colsum(dy') (both skipped when dW is null: frozen parameters), dy' = dy masked by the
@@ -72,12 +87,40 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
   if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode, dw_slots);  // db in the product's epilogue
 }
 
+// Whether the call adds its output to a residual stream the model holds in bf16 (run.residual_dtype).
+bool to_bf16_stream(const LayerCall& call) { return call.residual.data != nullptr && call.residual.dtype == DType::bf16; }
+
+// A bias at `offset` (-1: none) as the products read it: its f32 values and the model's bf16 copy.
+Weight bias_at(const LayerCall& call, int64_t offset) { return offset < 0 ? Weight{} : weight_at(call, offset); }
+
+// The projection whose output y goes to the residual stream (y = residual + dropout(x W^T + b)):
+// f32, or bf16 where the model holds the stream so. `tmp`: (rows, out) f32 scratch.
+void project_to_stream(const char* name, const LayerCall& call, Operand x, int64_t in, int64_t out, const lp::Dense& d, float* tmp,
+                       MatmulMode mode, Fp8Slots slots) {
+  const cudaStream_t st = stream_of(call);
+  const DropoutArgs drop = dropout_of(name, call);
+  if (to_bf16_stream(call)) {
+    dense_forward_to_bf16_stream(x, call.rows, in, out, weight_at(call, d.weight), bias_at(call, d.bias),
+                                 call.residual.as<const uint16_t>(), call.y.as<uint16_t>(), drop, tmp, st, mode, slots);
+    return;
+  }
+  dense_forward(x, call.rows, in, out, weight_at(call, d.weight), at(call.params, d.bias), call.y.as<float>(),
+                call.residual.as<const float>(), drop, tmp, st, mode, slots);
+}
+
 // The checks of a forward call; returns x as the products read it (f32, or bf16 where the model
 // holds it so). `bf16_y`: the layer may write y in bf16 (a linear under bf16 products).
 Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64_t out, int64_t params, int64_t saved, int64_t scratch,
                       MatmulMode mode, bool bf16_y = false) {
   const Operand x = require_product_input(name, call.x, "x", call.rows * in, mode);
-  if (bf16_y && bf16_family(mode) && call.y.dtype == DType::bf16) {
+  const bool stream_bf16 = to_bf16_stream(call);
+  if (stream_bf16) {
+    // The residual stream held in bf16: the residual and y bf16, the product's fallback in scratch.
+    if (!bf16_family(mode)) throw_runtime_error(name, "a bf16 residual stream is added to by bf16 (or FP8) products only");
+    require_bf16(name, call.residual, "residual", call.rows * out);
+    require_bf16(name, call.y, "y", call.rows * out);
+    require_f32(name, call.scratch, "scratch", scratch);
+  } else if (bf16_y && bf16_family(mode) && call.y.dtype == DType::bf16) {
     // q, k or v held in bf16: rounded from the f32 product in scratch.
     require_bf16(name, call.y, "y", call.rows * out);
     require_f32(name, call.scratch, "scratch", call.rows * out);
@@ -89,7 +132,7 @@ Operand check_forward(const char* name, const LayerCall& call, int64_t in, int64
   }
   require_f32(name, call.params, "params", params);
   require_f32(name, call.saved, "saved", saved);
-  if (call.residual.data != nullptr) require_f32(name, call.residual, "residual", call.rows * out);
+  if (call.residual.data != nullptr && !stream_bf16) require_f32(name, call.residual, "residual", call.rows * out);
   if (scratch > 0 && call.dropout > 0.0) require_f32(name, call.scratch, "scratch", scratch);
   if (same(call.x, call.y)) throw_runtime_error(name, "y must not alias x");
   return x;
@@ -187,12 +230,19 @@ class Linear final : public Layer {
   bool bf16_attention_inputs() const override { return bf16_family(mode_); }
   // Under bf16 products: d_y in bf16 (read as it is) and d_x in bf16 (the product's output).
   bool bf16_attention_grads() const override { return bf16_family(mode_); }
+  // Under bf16 products: a residual and y in bf16 (the stream held so), the sum rounded once.
+  bool bf16_residual() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_, /*bf16_y=*/true);
+    if (to_bf16_stream(call)) {  // the attention's output projection, added to a stream held in bf16
+      project_to_stream(kName, call, x, s.in, s.out, p, scratch_at(call, 0), mode_, fp8_.at(call, 0));
+      check_launch(kName);
+      return;
+    }
     const cudaStream_t st = stream_of(call);
     const bool y_bf16 = call.y.dtype == DType::bf16;
     if (y_bf16 && write_bf16_y(call, x, p)) return;
@@ -279,6 +329,8 @@ class GeluMLP final : public Layer {
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return dropout_at(s, rows) + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
   bool bf16_product_inputs() const override { return bf16_family(mode_); }
+  // Under bf16 products: the residual and y in bf16 (the stream held so), the sum rounded once.
+  bool bf16_residual() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -297,9 +349,7 @@ class GeluMLP final : public Layer {
       gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st, mode_,
                      fp8_.at(call, 0));
     }
-    dense_forward(post, rows, H, C, weight_at(call, proj.weight), at(call.params, proj.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, dropout_at(s, rows)), st, mode_,
-                  fp8_.at(call, 1));
+    project_to_stream(kName, call, post, H, C, proj, scratch_at(call, dropout_at(s, rows)), mode_, fp8_.at(call, 1));
     check_launch(kName);
   }
 
@@ -425,6 +475,8 @@ class SwiGLUMLP final : public Layer {
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
   bool bf16_product_inputs() const override { return bf16_family(mode_); }
+  // Under bf16 products: the residual and y in bf16 (the stream held so), the sum rounded once.
+  bool bf16_residual() const override { return bf16_family(mode_); }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
@@ -445,9 +497,7 @@ class SwiGLUMLP final : public Layer {
     } else {
       launch_swiglu_forward(g, u, const_cast<float*>(h.f32), rows * H, st);
     }
-    dense_forward(h, rows, H, C, weight_at(call, down.weight), at(call.params, down.bias), call.y.as<float>(),
-                  call.residual.as<const float>(), dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
-                  fp8_.at(call, 2));
+    project_to_stream(kName, call, h, H, C, down, scratch_at(call, 2 * rows * H), mode_, fp8_.at(call, 2));
     check_launch(kName);
   }
 

@@ -1,5 +1,6 @@
-// Table lookups and positions on a CUDA device: `embedding`, `learned`, `rope`, f32, with the CPU
-// layers' parameters and contract. Indices come from the batch on the device; an index out of
+// Table lookups and positions on a CUDA device: `embedding`, `learned`, `rope`, f32 (the residual
+// stream the first two write in bf16 where the model holds it so), with the CPU layers' parameters
+// and contract. Indices come from the batch on the device; an index out of
 // range gives a row of NaN (the CPU layers refuse it on the host; here checking would cost a
 // synchronisation per call), so a bad batch ends the run at the non-finite loss check. The
 // tables' gradients are scatter-adds in a fixed order (layer_kernels.cu), the same every run.
@@ -20,15 +21,23 @@ class Embedding final : public Layer {
     layer_params::embedding(spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  // y, the residual stream's start, in bf16 where the model holds the stream so.
+  bool bf16_residual() const override { return true; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    require_f32(kName, call.y, "y", call.rows * s.in);
+    const int64_t n = call.rows * s.in;
     require_f32(kName, call.params, "params", s.out * s.in);
     const int32_t* tokens = require_ids(kName, call, &BatchViews::tokens, "tokens");
-    launch_gather_rows(tokens, call.params.as<const float>(), call.y.as<float>(), call.rows, s.in, s.out, dropout_of(kName, call),
-                       stream_of(call));
+    const DropoutArgs drop = dropout_of(kName, call);
+    if (call.y.dtype == DType::bf16) {
+      require_bf16(kName, call.y, "y", n);
+      launch_gather_rows(tokens, call.params.as<const float>(), call.y.as<uint16_t>(), call.rows, s.in, s.out, drop, stream_of(call));
+    } else {
+      require_f32(kName, call.y, "y", n);
+      launch_gather_rows(tokens, call.params.as<const float>(), call.y.as<float>(), call.rows, s.in, s.out, drop, stream_of(call));
+    }
     check_launch(kName);
   }
 
@@ -57,16 +66,26 @@ class Learned final : public Layer {
     layer_params::learned(spec, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
+  // x and y (the stream) in bf16 where the model holds the stream so; the gradients stay f32.
+  bool bf16_residual() const override { return true; }
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
     const LayerSpec& s = *call.spec;
-    require_f32(kName, call.x, "x", call.rows * s.in);
-    require_f32(kName, call.y, "y", call.rows * s.in);
+    const int64_t n = call.rows * s.in;
     require_f32(kName, call.params, "params", s.max_positions * s.in);
     const int32_t* positions = require_ids(kName, call, &BatchViews::positions, "positions");
-    launch_add_rows(positions, call.params.as<const float>(), call.x.as<const float>(), call.y.as<float>(), call.rows, s.in,
-                    s.max_positions, stream_of(call));
+    if (call.x.dtype == DType::bf16) {  // then y too
+      require_bf16(kName, call.x, "x", n);
+      require_bf16(kName, call.y, "y", n);
+      launch_add_rows(positions, call.params.as<const float>(), call.x.as<const uint16_t>(), call.y.as<uint16_t>(), call.rows, s.in,
+                      s.max_positions, stream_of(call));
+    } else {
+      require_f32(kName, call.x, "x", n);
+      require_f32(kName, call.y, "y", n);
+      launch_add_rows(positions, call.params.as<const float>(), call.x.as<const float>(), call.y.as<float>(), call.rows, s.in,
+                      s.max_positions, stream_of(call));
+    }
     check_launch(kName);
   }
 

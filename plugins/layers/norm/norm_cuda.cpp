@@ -24,6 +24,8 @@ class Norm final : public Layer {
   // both be bf16: the qk-norm of q and k held in bf16.
   bool bf16_product_inputs() const override { return true; }
   bool bf16_attention_inputs() const override { return true; }
+  // x (the residual stream) in bf16, y then bf16 too, where the model holds the stream so.
+  bool bf16_residual() const override { return true; }
 
   void forward(const LayerCall& call) override {
     const int64_t in = check(call), n = call.rows * in;

@@ -34,7 +34,8 @@ struct RunKeys {
   std::string device, dtype, recompute, communicator;
   std::string fp8_scaling = "current", fp8_amax_reduction = "max";  // run.dtype fp8: how the scales are set
   int64_t fp8_amax_history = 16;
-  int threads = 0;  // 0 = every core
+  std::string residual_dtype = "fp32";  // the residual stream's type: fp32, or bf16 under bf16 products
+  int threads = 0;                      // 0 = every core
   int64_t steps = 0, grad_accum_steps = 1, eval_every = 0, eval_batches = 0, profile_steps = 0;
   double memory_budget_gib = 0;  // 0 = the memory the process may have (physical, or a lower ulimit -v / -d)
   double bucket_mb = 0;
