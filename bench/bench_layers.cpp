@@ -13,7 +13,8 @@
 // and the parameter gradients f32; fp8 and fp8_e4m3 hold what bf16 holds, and the bytes count no
 // FP8 quantisation pass, so their prediction is the bf16 plan's traffic at the FP8 product rate;
 // under them a second classifier row has its own products in FP8 ([model.cross_entropy] fp8),
-// its quantising passes counted). A layer far above its
+// its quantising passes counted; and the norm and the two projections that add to the stream are
+// timed again with the stream in bf16, run.residual_dtype = "bf16"). A layer far above its
 // prediction moves more than it must or computes below the card's rate; that is where the step's
 // time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA).
 //
@@ -111,6 +112,9 @@ struct Case {
   LayerSpec spec;
   bool x_bf16 = false, y_bf16 = false, residual = false, loss = false;
   bool fp8 = false;  // the classifier with [model.cross_entropy] fp8 (its products in FP8)
+  // run.residual_dtype = "bf16": the stream the layer reads or adds to held in bf16 (a norm's x, a
+  // projection's residual and y).
+  bool stream_bf16 = false;
   Cost fwd, bwd;
 };
 
@@ -186,6 +190,24 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16, bool fp8)
     c.bwd = {8 * N * d * h, N * d * 4 + N * h * act * 5 + N * d * act + N * d * 4 + 2 * d * h * (wt + 8)};
     cs.push_back(c);
   }
+  if (bf16) {
+    // The same three with the residual stream in bf16 (run.residual_dtype = "bf16"): the norm reads
+    // 2 bytes of x (forward and backward), a projection reads and writes 2 bytes of the stream.
+    const auto find = [&](const char* label) {
+      return *std::find_if(cs.begin(), cs.end(), [&](const Case& c) { return c.label == label; });
+    };
+    Case ln = find("ln (d)"), proj = find("attn proj (d -> d) + residual"), mlp = find("mlp (d -> 4d -> d) + residual");
+    for (Case* c : {&ln, &proj, &mlp}) {
+      c->label += ", bf16 stream";
+      c->stream_bf16 = true;
+    }
+    ln.x_bf16 = true;
+    ln.fwd.bytes -= N * d * 2;
+    ln.bwd.bytes -= N * d * 2;
+    proj.fwd.bytes -= N * d * 4;
+    mlp.fwd.bytes -= N * d * 4;
+    cs.insert(cs.end(), {ln, proj, mlp});
+  }
   {
     Case c = named("classifier + cross-entropy", "cross_entropy");
     c.spec.in = w.d;
@@ -254,7 +276,7 @@ class Bench {
       device_->to_bf16(copy.view(), params.view());
     }
     Buffer x = filled(c.x_bf16 ? DType::bf16 : DType::f32, n_in, 0.5f);
-    Buffer y = filled(c.y_bf16 ? DType::bf16 : DType::f32, std::max<int64_t>(1, n_out), 0.0f);
+    Buffer y = filled(c.y_bf16 || c.stream_bf16 ? DType::bf16 : DType::f32, std::max<int64_t>(1, n_out), 0.0f);
     Buffer d_y = filled(DType::f32, std::max<int64_t>(1, n_out), 1e-3f), d_x = filled(DType::f32, n_in, 0.0f);
     Buffer saved = filled(DType::f32, std::max<int64_t>(1, layer.activation_elements(c.spec, rows)), 0.0f);
     Buffer scratch = filled(DType::f32, std::max<int64_t>(1, layer.scratch_elements(c.spec, rows)), 0.0f);
@@ -388,17 +410,17 @@ int main(int argc, char** argv) {
       results.push_back(measure(bench, c, o.rows, false, rate, bandwidth));
       if (!c.loss) results.push_back(measure(bench, c, o.rows, true, rate, bandwidth));
     }
-    std::printf("%-32s %-8s %10s %10s %12s %12s %8s\n", "layer", "pass", "GFLOP", "MB", "predicted ms", "measured ms", "ratio");
+    std::printf("%-44s %-8s %10s %10s %12s %12s %8s\n", "layer", "pass", "GFLOP", "MB", "predicted ms", "measured ms", "ratio");
     json rows = json::array();
     bool all_ok = true;
     for (const Result& r : results) {
       const double ratio = r.predicted_ms > 0 ? r.measured_ms / r.predicted_ms : 0.0;
       if (r.status == "ok") {
-        std::printf("%-32s %-8s %10.1f %10.1f %12.3f %12.3f %8.2f\n", r.label.c_str(), r.pass.c_str(), r.flops / 1e9, r.bytes / 1e6,
+        std::printf("%-44s %-8s %10.1f %10.1f %12.3f %12.3f %8.2f\n", r.label.c_str(), r.pass.c_str(), r.flops / 1e9, r.bytes / 1e6,
                     r.predicted_ms, r.measured_ms, ratio);
       } else {
         all_ok = false;
-        std::printf("%-32s %-8s %s\n", r.label.c_str(), r.pass.c_str(), r.status.c_str());
+        std::printf("%-44s %-8s %s\n", r.label.c_str(), r.pass.c_str(), r.status.c_str());
       }
       rows.push_back({{"label", r.label},
                       {"layer", r.layer},

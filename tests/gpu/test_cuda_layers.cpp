@@ -38,6 +38,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -1631,6 +1633,71 @@ TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every p
       CHECK(same_bits(plain.out.d_x, b16.out.d_x));
       CHECK(same_bits(plain.out.grads, b16.out.grads));
       CHECK_FALSE(same_bits(got.out.losses, b16.out.losses));
+    }
+  }
+}
+
+TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two products that read it") {
+  // The input gradient's product and the weight gradient's read the same dy: the second quantises
+  // it with the first's scale (the same amax, so the same codes: the FP8 linear case above checks
+  // the results against their definition). Counted by the plugin: one reuse per linear backward,
+  // two per gelu_mlp (its projection's dy, fc's gradient below the GELU), three per swiglu_mlp;
+  // none without an input gradient, and none under delayed scaling (each product its own slot).
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  using Counter = int64_t (*)();
+  // The library the registry loaded: under the emulated device its emulated/ build.
+  const char* emulate = std::getenv("ABLATE_EMULATE_CUDA");
+  const std::string dir = std::string(ABLATE_PLUGIN_DIR) + (emulate != nullptr && std::string(emulate) == "1" ? "/emulated" : "");
+  void* plugin = dlopen((dir + "/libablate_cuda_layers.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(plugin != nullptr);
+  const auto reused = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cuda_layers_fp8_scales_reused"));
+  REQUIRE(reinterpret_cast<void*>(reused) != nullptr);
+  std::mt19937_64 rng(3141);
+  // (name, reuses with d_x, without: swiglu's down projection always has its input gradient, the
+  // gate's and up's products read d_g and d_u once each without one)
+  const std::tuple<const char*, int64_t, int64_t> layers[] = {{"linear", 1, 0}, {"gelu_mlp", 2, 1}, {"swiglu_mlp", 3, 1}};
+  for (const auto& [name, with, without] : layers) {
+    for (const bool with_dx : {true, false}) {
+      const std::string label = std::string(name) + (with_dx ? " with d_x" : " without d_x");
+      INFO(label);
+      Layer& cpu = suite().layer<Layer>(name, "cpu");
+      Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
+      Problem p;
+      p.layer = name;
+      p.spec.in = 64;
+      p.spec.out = 96;
+      p.spec.bias = false;
+      p.rows = 32;
+      p.x_width = 64;
+      p.y_width = std::string(name) == "linear" ? 96 : 64;
+      p.batch = make_batch(p.rows, 1, 1, rng);
+      Values v = random_values(p, cpu, gpu, rng, 0.0);
+      const DeviceIds ids(p.batch);
+      cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params);
+      DeviceFloats params = to_device(v.params), dy = to_device(v.d_y), grads = to_device(v.grads);
+      DeviceFloats y = poisoned(p.ny()), dx = poisoned(p.nx()), saved = poisoned(gpu.activation_elements(p.spec, p.rows));
+      DeviceFloats scratch = poisoned(gpu.scratch_elements(p.spec, p.rows));
+      LayerCall call = base_call(p, ids.views);
+      call.stream = ablate::Stream(suite().stream);
+      call.x = bf16_view(x16);
+      call.y = device_view(y);
+      call.params = device_view(params);
+      call.params_bf16 = bf16_view(copy);
+      call.saved = device_view(saved);
+      call.scratch = device_view(scratch);
+      gpu.forward(call);
+      call.y = {};
+      call.grads = device_view(grads);
+      call.d_y = device_view(dy);
+      if (with_dx) call.d_x = device_view(dx);
+      const int64_t before = reused();
+      gpu.backward(call);
+      ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+      CHECK(reused() - before == (with_dx ? with : without));
+      CHECK(all_finite(from_device(grads)));
     }
   }
 }

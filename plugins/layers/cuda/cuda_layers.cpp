@@ -96,3 +96,10 @@ void register_components(Registrar& r) {
 }  // namespace ablate::cuda_layers
 
 ABLATE_PLUGIN("cuda_layers", "1.1.0", ablate::cuda_layers::register_components)
+
+// FP8 products that quantised their A with the scale of the product before them (an output
+// gradient read by two products, under current scaling), for tests: resolved with dlsym from the
+// plugin library.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_scales_reused() {
+  return ablate::cuda_layers::gemm_fp8_scales_reused();
+}

@@ -93,6 +93,16 @@ struct StreamSet {
   // scales' inverses (cuBLASLt's scale pointers) [6, 7], then current scaling's slot [8, 16), which
   // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp).
   float* fp8_state = nullptr;
+  // The A that the last FP8 product on this stream quantised under current scaling, whose scale
+  // and inverse are still in fp8_state[4] and [6] (a call that says a_scale_reused with the same
+  // tensor and format uses them again): its values, extent and format.
+  struct LastA {
+    const void* x = nullptr;
+    bool bf16 = false;
+    int64_t rows = 0, cols = 0, ld = 0;
+    Fp8Format format = Fp8Format::e4m3;
+    bool operator==(const LastA&) const = default;
+  } last_a;
   StreamSet() {
     ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
     const float init[16] = {0, 0, 0, 0, 1, 1, 1, 1};
@@ -132,9 +142,10 @@ class Context {
       run_fp8(g, stream);
       return true;
     }
+    StreamSet& set = on(stream);
+    set.last_a = {};  // a product not in FP8 (a layout FP8 cannot take): the next one takes its own scale
     const std::string key = gemm_key(g);
     if (unfusable_.count(key) != 0) return false;
-    StreamSet& set = on(stream);
     const Operands ops = operands(g, set, stream);
     Plan* p = plan(key, g, ops, set);
     if (p == nullptr) {
@@ -222,7 +233,17 @@ class Context {
       float* saturated = slot != nullptr ? slot + 5 : nullptr;
       launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
     };
-    quantise(a, g.fp8.a, fa, 0, qa);
+    // An output gradient read by two products (the input gradient's and the weight gradient's) has
+    // one amax: under current scaling the second quantises it with the first's scale, still in
+    // st[4] and st[6], where the caller says it is the same tensor and the last A was it.
+    const StreamSet::LastA this_a{a.x, a.bf16, a.rows, a.cols, a.ld, fa};
+    if (g.a_scale_reused && g.fp8.a == nullptr && set.last_a == this_a) {
+      launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
+      ++scales_reused_;
+    } else {
+      quantise(a, g.fp8.a, fa, 0, qa);
+    }
+    set.last_a = g.fp8.a == nullptr ? this_a : StreamSet::LastA{};
     quantise(b, g.fp8.b, fb, 1, qb);
     ABLATE_CUDA_CHECK(cudaGetLastError());
     Plan* p = plan_fp8(g, fa, kp);
@@ -306,6 +327,11 @@ class Context {
   int64_t unfused() {
     std::lock_guard<std::mutex> lock(mu_);
     return int64_t(unfusable_.size());
+  }
+
+  int64_t scales_reused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scales_reused_;
   }
 
  private:
@@ -406,6 +432,7 @@ class Context {
   std::map<cudaStream_t, std::unique_ptr<StreamSet>> streams_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
+  int64_t scales_reused_ = 0;        // FP8 products whose A was quantised with the last product's scale
 };
 
 Context& context() {
@@ -477,6 +504,8 @@ Operand gemm_bf16_once(const float* x, int64_t rows, int64_t cols, cudaStream_t 
 int64_t gemm_plans_built() { return context().built(); }
 
 int64_t gemm_unfused_problems() { return context().unfused(); }
+
+int64_t gemm_fp8_scales_reused() { return context().scales_reused(); }
 
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);
@@ -607,17 +636,19 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 }
 
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode, Fp8Slots slots) {
+                        MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
   g.fp8 = slots;
+  g.a_scale_reused = dy_scale_reused;
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots) {
+               MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
   g.fp8 = slots;
+  g.a_scale_reused = dy_scale_reused;
   g.beta = accumulate ? 1.0f : 0.0f;
   gemm(g, stream);
 }
@@ -633,9 +664,10 @@ void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W
 }
 
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode, Fp8Slots slots) {
+                    MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
   GemmCall g;
   g.fp8 = slots;
+  g.a_scale_reused = dy_scale_reused;
   g.mode = mode;
   g.ta = true;
   g.M = out;

@@ -95,6 +95,10 @@ struct GemmCall {
   const float* bias = nullptr;  // (N), added to every row of D (cuBLASLt's bias epilogue)
   MatmulMode mode = MatmulMode::f32;
   bool a_grad = false;           // A is a gradient (an output gradient dy): E5M2 under the hybrid FP8 recipe
+  bool a_scale_reused = false;   // FP8 current scaling: A is the tensor the last FP8 product on the stream read
+                                 // as its A, unchanged since (an output gradient read by two products): its
+                                 // scale is used again, its amax not taken twice (ignored unless that last A
+                                 // was this tensor, in this format)
   Fp8Slots fp8;                  // FP8 products: delayed scaling's slots (none: current scaling)
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
@@ -162,17 +166,19 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {}, bool dy_scale_reused = false);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
+//   (`dy_scale_reused`, here and below: the product before this one on the stream read dy too, as
+//   GemmCall::a_scale_reused says)
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots = {});
+               MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false);
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
 void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
                      cudaStream_t stream, MatmulMode mode, Fp8Slots slots = {});
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode, Fp8Slots slots = {});
+                    MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false);
 
 // An f32 operand that several products of one layer call read (an output gradient dy: the input
 // gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead
@@ -190,6 +196,8 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
 int64_t gemm_plans_built();
 // Problems whose fused epilogue cuBLASLt had no algorithm for (each logged once), done in passes.
 int64_t gemm_unfused_problems();
+// FP8 products whose A was quantised with the scale of the product before it (a_scale_reused).
+int64_t gemm_fp8_scales_reused();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -84,7 +84,10 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
   }
   if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots);
   else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots);
-  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode, dw_slots);  // db in the product's epilogue
+  // db in the product's epilogue; under FP8 current scaling dy quantised with the scale the input
+  // gradient's product took, where that product ran just before.
+  const bool dx_ran = dx_bf16 != nullptr || dx != nullptr;
+  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode, dw_slots, /*dy_scale_reused=*/dx_ran);
 }
 
 // Whether the call adds its output to a residual stream the model holds in bf16 (run.residual_dtype).
@@ -388,7 +391,8 @@ class GeluMLP final : public Layer {
                 mode_, fp8_.at(call, 4));
     }
     if (rows > 0 && call.grads.data != nullptr)
-      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.at(call, 5));
+      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.at(call, 5),
+                     /*dy_scale_reused=*/call.d_x.data != nullptr);
     check_launch(kName);
   }
 
@@ -435,7 +439,9 @@ class GeluMLP final : public Layer {
     float* db = at_mut(call.grads, fc.bias);
     if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_, fp8_.at(call, 3))) {
       float* dh = call.scratch.as<float>();
-      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, fp8_.at(call, 3));
+      // (The projection's weight-gradient product, just before, read d too: under FP8 current
+      // scaling its scale serves this product; FP8 products never fuse the GELU, so they come here.)
+      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, fp8_.at(call, 3), /*dy_scale_reused=*/call.grads.data != nullptr);
       launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
       if (db != nullptr) add_column_sums(dh, db, rows, H, st);
     }
