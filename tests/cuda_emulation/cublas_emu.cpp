@@ -369,11 +369,16 @@ cublasStatus_t check_layout(const cublasLtMatrixLayoutOpaque_t* l, char name, Ma
   return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t check_epilogue(const cublasLtMatmulDescOpaque_t* d, const Problem& problem, const char* call);
+
 // FP8 operands, as cuBLASLt documents them for SM 8.9 and 9.0: A and B E4M3 or E5M2 (not both
 // E5M2), the "TN" form (A transposed, B not), column order, compute and scale type 32F; D f32,
 // bf16, E4M3 or E5M2, C as D (bf16 under an FP8 D); every leading dimension a multiple of 16
-// bytes; no batch and no epilogue in this emulation. D = scale_d * (alpha * scale_a * scale_b *
-// op(A) op(B) + beta * scale_c * C), amax(D) taken before scale_d.
+// bytes; no batch. D = scale_d * (alpha * scale_a * scale_b * op(A) op(B) + beta * scale_c * C),
+// amax(D) taken before scale_d. Of the epilogues this emulation serves the forward ones on a bf16
+// D (the bias, the GELU and its saved input: BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS, the
+// bias and the GELU matrix bf16), as Transformer Engine's FP8 forward products use them; the
+// gradient epilogues (DGELU, the bias gradients) and any epilogue on an f32 or FP8 D it refuses.
 cublasStatus_t resolve_fp8(const cublasLtMatmulDescOpaque_t* d, Problem* P, const char* call) {
   const Mat &A = P->A, &B = P->B, &C = P->C, &D = P->D;
   if (!is_fp8(A.type) || !is_fp8(B.type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an FP8 operand with a non-FP8 one");
@@ -422,11 +427,19 @@ cublasStatus_t resolve_fp8(const cublasLtMatmulDescOpaque_t* d, Problem* P, cons
   P->batch = 1;
   P->rnd = Round::none;  // FP8 values and their products are exact in fp32
   P->epi = epilogue_of(d->epilogue);
+  const Epilogue& e = P->epi;
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an epilogue on an FP8 product (not emulated)");
+    if (!e.known || e.dgelu || e.grad_a || e.grad_b || e.grad_d) {
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                    "epilogue " + std::to_string(d->epilogue) + " on an FP8 product (not emulated: the forward ones only)");
+    }
+    if (D.type != CUDA_R_16BF) {
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                    std::string("an epilogue on an FP8 product whose D is ") + type_name(D.type) + " (not emulated: bf16 only)");
+    }
   }
-  P->bias_len = 0;
-  return CUBLAS_STATUS_SUCCESS;
+  P->bias_len = e.bias ? P->m : 0;
+  return check_epilogue(d, *P, call);
 }
 
 // Everything about a problem that its descriptors say (the heuristic's and cublasLtMatmul's checks
@@ -493,6 +506,17 @@ cublasStatus_t resolve(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrix
   const Epilogue& e = P->epi;
   if (!e.known) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue " + std::to_string(d->epilogue));
   P->bias_len = e.grad_b ? P->n : e.uses_bias() ? P->m : 0;
+  return check_epilogue(d, *P, call);
+}
+
+// An epilogue's vectors and matrix as the descriptor sets them (the problem resolved): on an
+// unbatched product of column-order matrices, the bias (or bias gradient) in D's type and 16-byte
+// aligned, the GELU matrix in D's type, 16-byte aligned, its leading dimension at least D's rows
+// and a multiple of 8.
+cublasStatus_t check_epilogue(const cublasLtMatmulDescOpaque_t* d, const Problem& problem, const char* call) {
+  const Problem* P = &problem;
+  const Mat &A = P->A, &B = P->B, &D = P->D;
+  const Epilogue& e = P->epi;
   if (d->epilogue == CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_SUCCESS;
   if (P->batch > 1) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an epilogue on a batched product");
   if (A.row || B.row || D.row) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an epilogue with a row-order matrix");
@@ -541,14 +565,20 @@ bool host_value(const void* p) { return p != nullptr && !ablate::emu::is_device_
 
 // An FP8 product (device memory open): t = ab_scale * sum_k a b (fp32, in k order) + c_scale * C,
 // amax over t (a NaN makes it NaN), D = d_scale * t in D's type.
+// A forward epilogue (P.epi: the bias, the GELU's input to `aux`, the GELU) follows, in D's type,
+// before the amax and D's scale.
 void multiply_fp8(const Problem& P, float ab_scale, float c_scale, float d_scale, const void* A, const void* B, const void* C, void* D,
-                  float* amax_out) {
+                  float* amax_out, const void* bias, void* aux, int64_t aux_ld) {
   const View va = P.A.view(A, 0), vb = P.B.view(B, 0), vc = P.C.view(C, 0), vd = P.D.view(D, 0);
+  const Epilogue& e = P.epi;
   float amax = 0.0f;
   multiply(P.m, P.n, P.k, va, true, vb, false, Round::none, [&](int64_t j, const float* acc, const float*, const float*) {
     for (int64_t i = 0; i < P.m; ++i) {
       float t = ab_scale * acc[i];
       if (c_scale != 0.0f) t = t + c_scale * vc.at(i, j);
+      if (e.bias) t = t + load(bias, P.D.type, std::size_t(i));
+      if (e.aux_out) store(aux, P.D.type, std::size_t(i + j * aux_ld), t);
+      if (e.gelu) t = gelu(t);
       amax = std::isnan(t) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(t));
       store(const_cast<void*>(vd.p), P.D.type, vd.index(i, j), is_fp8(P.D.type) ? d_scale * t : t);
     }
@@ -904,7 +934,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
   const ablate::emu::DeviceAccess access;
   if (P.fp8) {
-    multiply_fp8(P, a * sa * sb, b * sc, sd, A, B, C, D, static_cast<float*>(desc->amax_d));
+    multiply_fp8(P, a * sa * sb, b * sc, sd, A, B, C, D, static_cast<float*>(desc->amax_d), desc->bias, const_cast<void*>(desc->aux),
+                 desc->aux_ld);
     return CUBLAS_STATUS_SUCCESS;
   }
   const int out = P.D.type;

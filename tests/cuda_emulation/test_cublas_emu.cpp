@@ -1320,6 +1320,8 @@ struct Fp8Case {
   cudaDataType_t ta, tb, tc, td;
   int64_t m, n, k;
   float alpha, beta, sa, sb, sc, sd;
+  // A forward epilogue on a bf16 D: the bf16 bias (of D's rows), the GELU, its input into a bf16 matrix.
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
 };
 
 void run_fp8(const Fp8Case& c, std::mt19937& rng) {
@@ -1338,9 +1340,23 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
   dc.upload(C.data.data(), C.bytes());
   const float s[5] = {c.sa, c.sb, c.sc, c.sd, -1.0f};
   scales.upload(s, sizeof s);
+  const bool bias_in =
+      c.epi == CUBLASLT_EPILOGUE_BIAS || c.epi == CUBLASLT_EPILOGUE_GELU_BIAS || c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool aux_out = c.epi == CUBLASLT_EPILOGUE_GELU_AUX || c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu = aux_out || c.epi == CUBLASLT_EPILOGUE_GELU || c.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  HostMat bias(CUDA_R_16BF, false, c.m, 1, 0, 1), aux(CUDA_R_16BF, false, c.m, c.n, 0, 1);
+  bias.randomize(rng);
+  DeviceBuffer dbias(bias.bytes()), daux(aux.bytes());
+  dbias.upload(bias.data.data(), bias.bytes());
   Lt lt;
   Desc desc(CUBLAS_COMPUTE_32F);
   desc.trans(true, false);
+  if (c.epi != CUBLASLT_EPILOGUE_DEFAULT) desc.epilogue(c.epi);
+  if (bias_in) {
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_16BF));
+    desc.bias(dbias.p);
+  }
+  if (aux_out) desc.aux(daux.p, c.m);
   desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scales.at(0)));
   desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scales.at(4)));
   desc.set(CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, static_cast<const void*>(scales.at(8)));
@@ -1355,6 +1371,7 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
   REQUIRE(rc == CUBLAS_STATUS_SUCCESS);
   std::vector<unsigned char> out(dd.bytes);
   dd.download(out.data(), out.size());
+  daux.download(aux.data.data(), aux.bytes());
   float amax = 0;
   scales.download(&amax, sizeof amax, 16);
   // float64 reference; the bound: k + 2 fp32 roundings of sum |a b| |scale| (the products are
@@ -1370,8 +1387,18 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
         mag += std::fabs(x);
       }
       const double scale = double(c.alpha) * c.sa * c.sb, cterm = double(c.beta) * c.sc * C.get(i, j, 0);
-      const double t = scale * sum + cterm;
-      const double err = double(c.k + 4) * kU * (std::fabs(scale) * mag + std::fabs(cterm));
+      const double bv = bias_in ? bias.get(i, 0, 0) : 0.0;
+      double t = scale * sum + cterm + bv;
+      double err = double(c.k + 5) * kU * (std::fabs(scale) * mag + std::fabs(cterm) + std::fabs(bv));
+      if (aux_out) {  // the GELU's input, rounded to bf16
+        const double a = aux.get(i, j, 0);
+        CHECK(std::fabs(a - t) <= err + kBf16U * (std::fabs(t) + err));
+      }
+      if (gelu) {
+        const double g = gelu_ref(t);
+        err = 1.2 * std::fabs(gelu_grad_ref(t)) * err + 16.0 * kU * (std::fabs(t) + std::fabs(g)) + 1e-37;
+        t = g;
+      }
       ref_amax = std::max(ref_amax, std::fabs(t));
       bound_amax = std::max(bound_amax, err);
       const std::size_t e = std::size_t(i + j * c.m);
@@ -1408,7 +1435,8 @@ void run_fp8(const Fp8Case& c, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("cublasLtMatmul with FP8 operands (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3) into f32, bf16 and FP8 with scales and amax") {
+TEST_CASE("cublasLtMatmul with FP8 operands (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3) into f32, bf16 and FP8 with scales and amax, "
+          "and the forward epilogues on a bf16 D") {
   std::mt19937 rng(1234);
   const Fp8Case cases[] = {
       {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F, CUDA_R_32F, 16, 16, 16, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f},
@@ -1417,11 +1445,21 @@ TEST_CASE("cublasLtMatmul with FP8 operands (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4
       {CUDA_R_8F_E5M2, CUDA_R_8F_E4M3, CUDA_R_32F, CUDA_R_32F, 48, 16, 16, -2.0f, 0.5f, 1.0f, 0.3f, 1.5f, 1.0f},
       {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_8F_E4M3, 16, 32, 32, 1.0f, 0.0f, 0.5f, 0.5f, 1.0f, 4.0f},
       {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_8F_E5M2, 32, 32, 16, 1.0f, 1.0f, 2.0f, 1.0f, 1.0f, 100.0f},
+      // The forward epilogues on a bf16 D: bias (with C added too), GELU, its input kept, both.
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 32, 16, 48, 1.0f, 1.0f, 0.125f, 2.0f, 1.0f, 1.0f,
+       CUBLASLT_EPILOGUE_BIAS},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 16, 32, 32, 1.0f, 0.0f, 0.25f, 0.5f, 1.0f, 1.0f,
+       CUBLASLT_EPILOGUE_GELU},
+      {CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 48, 16, 16, 1.0f, 0.0f, 0.5f, 0.25f, 1.0f, 1.0f,
+       CUBLASLT_EPILOGUE_GELU_AUX},
+      {CUDA_R_8F_E5M2, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 32, 32, 32, 1.0f, 0.0f, 0.1f, 1.0f, 1.0f, 1.0f,
+       CUBLASLT_EPILOGUE_GELU_AUX_BIAS},
   };
   for (const Fp8Case& c : cases) {
     CAPTURE(c.m);
     CAPTURE(c.k);
     CAPTURE(int(c.td));
+    CAPTURE(int(c.epi));
     run_fp8(c, rng);
   }
 }
@@ -1456,10 +1494,29 @@ TEST_CASE(
     CHECK(matmul(tf32, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
   }
   {
+    // Of the epilogues only the forward ones, on a bf16 D: the GELU's gradient and the bias
+    // gradients are turned down, and so is any epilogue on an f32 D.
     Desc e(CUBLAS_COMPUTE_32F);
     e.trans(true, false);
     e.epilogue(CUBLASLT_EPILOGUE_GELU);
-    CHECK(matmul(e, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(matmul(e, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_SUCCESS);
+    CHECK(matmul(e, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(std::string(ablate::emu::cublas_last_refusal()).find("bf16 only") != std::string::npos);
+    for (const cublasLtEpilogue_t grad : {CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_BGRADA, CUBLASLT_EPILOGUE_BGRADB}) {
+      Desc g(CUBLAS_COMPUTE_32F);
+      g.trans(true, false);
+      g.epilogue(grad);
+      g.bias(buf.at(40960));
+      g.aux(buf.at(49152), 16);
+      CHECK(matmul(g, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
+      CHECK(std::string(ablate::emu::cublas_last_refusal()).find("forward ones only") != std::string::npos);
+    }
+    Desc f32_bias(CUBLAS_COMPUTE_32F);  // a bias not in D's type
+    f32_bias.trans(true, false);
+    f32_bias.epilogue(CUBLASLT_EPILOGUE_BIAS);
+    f32_bias.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+    f32_bias.bias(buf.at(40960));
+    CHECK(matmul(f32_bias, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, 16) == CUBLAS_STATUS_NOT_SUPPORTED);
   }
   {
     Desc ds(CUBLAS_COMPUTE_32F);  // a D scale with a bf16 D

@@ -1637,6 +1637,35 @@ TEST_CASE("cross_entropy under FP8 products ([model.cross_entropy] fp8): every p
   }
 }
 
+namespace {
+
+// A bf16 buffer of `n` values, all bits set (a bf16 NaN); the bf16 rounding of each value.
+cuda::DeviceBuffer<uint16_t> poisoned_bf16(int64_t n) {
+  cuda::DeviceBuffer<uint16_t> b(static_cast<std::size_t>(n));
+  if (n > 0) ABLATE_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.size() * 2, suite().stream));
+  return b;
+}
+
+std::vector<float> rounded_bf16(std::vector<float> v) {
+  for (float& e : v) e = device_math::bf16_value(device_math::bf16_bits(e));
+  return v;
+}
+
+// A counter the cuda_layers plugin exports (the library the registry loaded: under the emulated
+// device its emulated/ build).
+using Counter = int64_t (*)();
+Counter plugin_counter(const char* symbol) {
+  const char* emulate = std::getenv("ABLATE_EMULATE_CUDA");
+  const std::string dir = std::string(ABLATE_PLUGIN_DIR) + (emulate != nullptr && std::string(emulate) == "1" ? "/emulated" : "");
+  void* plugin = dlopen((dir + "/libablate_cuda_layers.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(plugin != nullptr);
+  const auto counter = reinterpret_cast<Counter>(dlsym(plugin, symbol));
+  REQUIRE(reinterpret_cast<void*>(counter) != nullptr);
+  return counter;
+}
+
+}  // namespace
+
 TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two products that read it") {
   // The input gradient's product and the weight gradient's read the same dy: the second quantises
   // it with the first's scale (the same amax, so the same codes: the FP8 linear case above checks
@@ -1647,14 +1676,7 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two 
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
     return;
   }
-  using Counter = int64_t (*)();
-  // The library the registry loaded: under the emulated device its emulated/ build.
-  const char* emulate = std::getenv("ABLATE_EMULATE_CUDA");
-  const std::string dir = std::string(ABLATE_PLUGIN_DIR) + (emulate != nullptr && std::string(emulate) == "1" ? "/emulated" : "");
-  void* plugin = dlopen((dir + "/libablate_cuda_layers.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
-  REQUIRE(plugin != nullptr);
-  const auto reused = reinterpret_cast<Counter>(dlsym(plugin, "ablate_cuda_layers_fp8_scales_reused"));
-  REQUIRE(reinterpret_cast<void*>(reused) != nullptr);
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_scales_reused");
   std::mt19937_64 rng(3141);
   // (name, reuses with d_x, without: swiglu's down projection always has its input gradient, the
   // gate's and up's products read d_g and d_u once each without one)
@@ -1702,21 +1724,95 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two 
   }
 }
 
+TEST_CASE("FP8 products fuse the forward epilogues into a bf16 output: q/k/v's bias, the GELU MLP's bias and GELU, as defined") {
+  // A linear writing q, k or v in bf16 adds its bias (the bf16 copy) in the FP8 product's epilogue;
+  // gelu_mlp's fc product writes the pre-activation and the GELU of it in bf16 from its epilogue
+  // (GELU_AUX_BIAS). Each against the FP8 product of the quantised operands as defined (current
+  // scaling, float64), the bf16 bias added, then the GELU, then one rounding to bf16: within half
+  // a bf16 unit (2^-8 relative) beside fp32's reordering of the K-term sums.
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  std::mt19937_64 rng(2024);
+  const auto bf16_round = [](float v) { return double(device_math::bf16_value(device_math::bf16_bits(v))); };
+  const auto gelu = [](double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); };
+  const auto check_close = [](const std::vector<double>& got, const std::vector<double>& want, int64_t K, const char* what) {
+    double scale = 0.0;
+    for (double w : want) scale = std::max(scale, std::abs(w));
+    int bad = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double tol = 0x1p-8 * std::abs(want[i]) + 4e-6 * std::sqrt(double(K)) * scale + 1e-6;
+      if (!(std::abs(got[i] - want[i]) <= tol) && bad++ == 0) {
+        FAIL_CHECK(what << " element " << i << " is " << got[i] << ", want " << want[i] << " within " << tol);
+      }
+    }
+    CHECK(bad == 0);
+  };
+  const Counter fused = plugin_counter("ablate_cuda_layers_fp8_epilogues_fused");
+  const int64_t C = 64, H = 96, rows = 32;
+  for (const char* name : {"linear", "gelu_mlp"}) {
+    INFO(name);
+    const bool mlp = std::string(name) == "gelu_mlp";
+    Layer& cpu = suite().layer<Layer>(name, "cpu");
+    Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
+    Problem p;
+    p.layer = name;
+    p.spec.in = C;
+    p.spec.out = H;
+    p.spec.bias = true;
+    p.rows = rows;
+    p.x_width = C;
+    p.y_width = mlp ? C : H;
+    p.batch = make_batch(p.rows, 1, 1, rng);
+    Values v = random_values(p, cpu, gpu, rng, 0.0);
+    v.x = rounded_bf16(v.x);
+    const DeviceIds ids(p.batch);
+    cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params), y16 = poisoned_bf16(p.ny());
+    DeviceFloats params = to_device(v.params), y = poisoned(p.ny()), saved = poisoned(gpu.activation_elements(p.spec, rows));
+    DeviceFloats scratch = poisoned(gpu.scratch_elements(p.spec, rows)), res = to_device(randn(std::size_t(p.ny()), rng));
+    LayerCall call = base_call(p, ids.views);
+    call.stream = ablate::Stream(suite().stream);
+    call.x = bf16_view(x16);
+    call.y = mlp ? device_view(y) : bf16_view(y16);  // q, k or v in bf16; the MLP adds to an f32 stream
+    if (mlp) call.residual = device_view(res);
+    call.params = device_view(params);
+    call.params_bf16 = bf16_view(copy);
+    call.saved = device_view(saved);
+    call.scratch = device_view(scratch);
+    const int64_t before = fused();
+    gpu.forward(call);
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+    // One fused epilogue: the bias of q, k or v; fc's GELU (the MLP's projection adds to an f32
+    // stream: its bias is a pass).
+    CHECK(fused() - before == 1);
+    // The product of the quantised x and weight (fc's for the MLP), the bf16 bias added.
+    const Quantised qx = quantise(v.x, 0, v.x.size(), false), qw = quantise(v.params, 0, std::size_t(H * C), false);
+    std::vector<double> want = fp8_forward(qx, qw, rows, C, H);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t o = 0; o < H; ++o) want[std::size_t(r * H + o)] += bf16_round(v.params[std::size_t(H * C + o)]);
+    }
+    if (!mlp) {
+      check_close(from_device_bf16(y16), want, C, "y");
+      continue;
+    }
+    // The MLP's saved values: pre then post, bf16.
+    const std::vector<uint32_t> bits = bits_from_device(saved);
+    const auto* halves = reinterpret_cast<const uint16_t*>(bits.data());
+    std::vector<double> pre(want.size()), post(want.size()), want_post(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      pre[i] = device_math::bf16_value(halves[i]);
+      post[i] = device_math::bf16_value(halves[want.size() + i]);
+      want_post[i] = gelu(want[i]);
+    }
+    check_close(pre, want, C, "pre-activation");
+    check_close(post, want_post, C, "activation");
+  }
+}
+
 namespace {
 
 // --- the residual stream held in bf16 (run.residual_dtype = "bf16") --------------------------------
-
-// A bf16 buffer of `n` values, all bits set (a bf16 NaN), or the rounding of `values`.
-cuda::DeviceBuffer<uint16_t> poisoned_bf16(int64_t n) {
-  cuda::DeviceBuffer<uint16_t> b(static_cast<std::size_t>(n));
-  if (n > 0) ABLATE_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.size() * 2, suite().stream));
-  return b;
-}
-
-std::vector<float> rounded_bf16(std::vector<float> v) {
-  for (float& e : v) e = device_math::bf16_value(device_math::bf16_bits(e));
-  return v;
-}
 
 struct StreamResults {
   std::vector<double> y, d_x, grads;

@@ -103,3 +103,8 @@ ABLATE_PLUGIN("cuda_layers", "1.1.0", ablate::cuda_layers::register_components)
 extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_scales_reused() {
   return ablate::cuda_layers::gemm_fp8_scales_reused();
 }
+
+// FP8 products run with their epilogue fused (the bias, the GELU on a bf16 output), likewise.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_epilogues_fused() {
+  return ablate::cuda_layers::gemm_fp8_epilogues_fused();
+}

@@ -138,10 +138,7 @@ class Context {
       return run(b, stream);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (fp8_mode(g.mode)) {
-      run_fp8(g, stream);
-      return true;
-    }
+    if (fp8_mode(g.mode)) return run_fp8(g, stream);
     StreamSet& set = on(stream);
     set.last_a = {};  // a product not in FP8 (a layout FP8 cannot take): the next one takes its own scale
     const std::string key = gemm_key(g);
@@ -161,27 +158,12 @@ class Context {
     const void* bias = grad_n > 0               ? static_cast<const void*>(bias_grad)
                        : g.bias_bf16 != nullptr ? g.bias_bf16
                                                 : static_cast<const void*>(g.bias);
-    if (bias != nullptr) {
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
-    }
-    if (g.act != Activation::none) {
-      const void* aux = g.aux;
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
-               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", g);
-    }
+    point_epilogue(p, g, bias);
     // Column-major: D^T(N, M) = op(B)^T(N, K) op(A)^T(K, M).
     const float* c = g.C != nullptr ? g.C : g.D;
     const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, ops.B, p->a, ops.A, p->b, &g.beta, c, p->c, g.D, p->d,
                                              &p->algo, set.workspace, kWorkspaceBytes, stream);
-    if (rc == CUBLAS_STATUS_NOT_SUPPORTED && !no_epilogue(g)) {
-      // The heuristic offered an algorithm the call then turns down: the epilogue's work in passes,
-      // from now on for this problem (nothing was written: the call checks before it launches).
-      spdlog::info("cuda_layers: cuBLASLt turned down the {} epilogue of {} at run time; its work runs in passes of its own",
-                   fused_epilogue(g), shape_of(g));
-      unfusable_.insert(key);
-      return false;
-    }
+    if (turned_down(rc, g, key)) return false;
     check_lt(rc, "cublasLtMatmul", g);
     float* grad_to = g.act == Activation::dgelu ? g.d_column_sums : g.a_sums;
     if (grad_n > 0 && g.d_bf16) launch_add_bf16(reinterpret_cast<const uint16_t*>(bias_grad), grad_to, grad_n, stream);
@@ -189,13 +171,25 @@ class Context {
     return true;
   }
 
-  // Whether an FP8 product can take the call (gemm.hpp): no epilogue (fused_epilogue strips them
-  // in FP8 modes), C and D 16-byte aligned with leading dimensions of a multiple of 16 bytes. The
-  // operands always can: they are quantised into packed copies, padded along K.
+  // Whether cuBLASLt turned down at run time the epilogue of an algorithm its heuristic offered:
+  // then the epilogue's work runs in passes, from now on for this problem (nothing was written: the
+  // call checks before it launches).
+  bool turned_down(cublasStatus_t rc, const GemmCall& g, const std::string& key) {
+    if (rc != CUBLAS_STATUS_NOT_SUPPORTED || no_epilogue(g)) return false;
+    spdlog::info("cuda_layers: cuBLASLt turned down the {} epilogue of {} at run time; its work runs in passes of its own",
+                 fused_epilogue(g), shape_of(g));
+    unfusable_.insert(key);
+    return true;
+  }
+
+  // Whether an FP8 product can take the call (gemm.hpp): no epilogue, or a forward one on a bf16 D
+  // (fused_epilogue strips the others in FP8 modes); C and D 16-byte aligned with leading
+  // dimensions of a multiple of 16 bytes. The operands always can: they are quantised into packed
+  // copies, padded along K.
   static bool fp8_served(const GemmCall& g) {
     const int64_t out_bytes = g.d_bf16 ? 2 : 4;
     const float* c = g.C != nullptr ? g.C : g.D;
-    return epilogue_of(g) == CUBLASLT_EPILOGUE_DEFAULT && (g.ldc * out_bytes) % 16 == 0 && alignment_of(g.D) >= 16 &&
+    return !fused_epilogue(g).empty() && (g.ldc * out_bytes) % 16 == 0 && alignment_of(g.D) >= 16 &&
            (g.beta == 0.0f || alignment_of(c) >= 16);
   }
 
@@ -203,11 +197,20 @@ class Context {
   // scaling: its slot's, from the amax history) and inverse, the operand quantised into the layout
   // cuBLASLt's FP8 products read (row-major (M, K) for our A, (N, K) for our B: K contiguous, padded
   // with zeros to a multiple of 16; a slot's amax and saturated count taken in the same pass), then
-  // the product with the inverses as its scales. All on the stream; nothing waits.
-  void run_fp8(const GemmCall& g, cudaStream_t stream) {
+  // the product with the inverses as its scales, its forward epilogue (the bias, the GELU) fused
+  // where it has one. All on the stream; nothing waits. False, nothing enqueued, when cuBLASLt has
+  // no algorithm for the epilogue (the caller does its work in passes).
+  bool run_fp8(const GemmCall& g, cudaStream_t stream) {
     StreamSet& set = on(stream);
     const Fp8Format fa = g.a_grad && g.mode == MatmulMode::fp8 ? Fp8Format::e5m2 : Fp8Format::e4m3, fb = Fp8Format::e4m3;
     const int64_t kp = (g.K + 15) / 16 * 16;
+    const std::string key = std::string("fp8 ") + (fa == Fp8Format::e5m2 ? "e5m2" : "e4m3") + " " + gemm_key(g);
+    if (unfusable_.count(key) != 0) return false;
+    Plan* p = plan_fp8(key, g, fa, kp, set);
+    if (p == nullptr) {
+      unfusable_.insert(key);
+      return false;
+    }
     float* st = set.fp8_state;
     // Our A: (M, K) as given, or (K, M) transposed; our B: (K, N), or (N, K) when tb. Each source
     // is the f32 values where there are some, else the bf16 ones.
@@ -246,7 +249,7 @@ class Context {
     set.last_a = g.fp8.a == nullptr ? this_a : StreamSet::LastA{};
     quantise(b, g.fp8.b, fb, 1, qb);
     ABLATE_CUDA_CHECK(cudaGetLastError());
-    Plan* p = plan_fp8(g, fa, kp);
+    point_epilogue(p, g, g.bias_bf16 != nullptr ? g.bias_bf16 : static_cast<const void*>(g.bias));
     // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
     const void* scale_first = st + 7;
     const void* scale_second = st + 6;
@@ -255,15 +258,19 @@ class Context {
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_second, sizeof(scale_second)),
              "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", g);
     const float* c = g.C != nullptr ? g.C : g.D;
-    check_lt(cublasLtMatmul(handle_, p->desc, &g.alpha, qb, p->a, qa, p->b, &g.beta, c, p->c, g.D, p->d, &p->algo, set.workspace,
-                            kWorkspaceBytes, stream),
-             "cublasLtMatmul", g);
+    const cublasStatus_t rc = cublasLtMatmul(handle_, p->desc, &g.alpha, qb, p->a, qa, p->b, &g.beta, c, p->c, g.D, p->d, &p->algo,
+                                             set.workspace, kWorkspaceBytes, stream);
+    if (turned_down(rc, g, key)) return false;
+    check_lt(rc, "cublasLtMatmul", g);
+    if (!no_epilogue(g)) ++fp8_epilogues_;
+    return true;
   }
 
   // The plan of an FP8 problem: the TN form (cuBLASLt's A, our B, transposed), both operands
-  // K-contiguous with leading dimension kp, compute and scale in fp32, D (and C) f32 or bf16.
-  Plan* plan_fp8(const GemmCall& g, Fp8Format fa, int64_t kp) {
-    const std::string key = std::string("fp8 ") + (fa == Fp8Format::e5m2 ? "e5m2" : "e4m3") + " " + gemm_key(g);
+  // K-contiguous with leading dimension kp, compute and scale in fp32, D (and C) f32 or bf16, and
+  // its epilogue; null when cuBLASLt has no algorithm for that epilogue (a product without one and
+  // no algorithm is an error).
+  Plan* plan_fp8(const std::string& key, const GemmCall& g, Fp8Format fa, int64_t kp, StreamSet& set) {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
     auto p = std::make_unique<Plan>();
@@ -280,9 +287,54 @@ class Context {
     const cudaDataType_t out_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     check_lt(cublasLtMatrixLayoutCreate(&p->c, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(C)", g);
     check_lt(cublasLtMatrixLayoutCreate(&p->d, out_type, u(g.N), u(g.M), g.ldc), "cublasLtMatrixLayoutCreate(D)", g);
+    describe_epilogue(p.get(), g, set);
     const uint32_t align[4] = {256, 256, alignment_of(g.C != nullptr ? g.C : g.D), alignment_of(g.D)};
-    if (!choose_algo(p.get(), g, align)) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no FP8 algorithm for " + shape_of(g));
+    if (!choose_algo(p.get(), g, align)) {
+      if (no_epilogue(g)) throw_runtime_error("cuda_layers gemm", "cuBLASLt has no FP8 algorithm for " + shape_of(g));
+      spdlog::info("cuda_layers: cuBLASLt has no FP8 algorithm for the {} epilogue of {}; its work runs in passes of its own",
+                   fused_epilogue(g), shape_of(g));
+      return nullptr;
+    }
     return plans_.emplace(key, std::move(p)).first->second.get();
+  }
+
+  // A plan's epilogue: which one, the bias's type (D's, as cuBLASLt's bias and a bias gradient must
+  // be) and the GELU matrix's leading dimension; and pointers the heuristic reads the alignment of
+  // (the real ones are set before each run, point_epilogue; these, the bias or the 256-byte aligned
+  // scratch a gradient goes to, align alike).
+  static void describe_epilogue(Plan* p, const GemmCall& g, StreamSet& set) {
+    const cublasLtEpilogue_t epi = epilogue_of(g);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE)", g);
+    }
+    if (g.bias != nullptr || g.bias_bf16 != nullptr || bias_grad_elements(g) > 0) {
+      const cudaDataType_t bias_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
+      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : g.bias_bf16 != nullptr ? g.bias_bf16 : set.workspace;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
+    }
+    if (g.act != Activation::none) {
+      const int64_t aux_ld = g.ldc;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)", g);
+    }
+    point_epilogue(p, g, nullptr);
+  }
+
+  // This call's bias (when it adds one; `bias` null: leave it) and GELU matrix, into the plan.
+  static void point_epilogue(Plan* p, const GemmCall& g, const void* bias) {
+    if (bias != nullptr) {
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
+    }
+    if (g.act != Activation::none) {
+      const void* aux = g.aux;
+      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", g);
+    }
   }
 
   // The heuristic's first algorithm for a plan's descriptors, told each operand's alignment (in
@@ -334,6 +386,11 @@ class Context {
     return scales_reused_;
   }
 
+  int64_t fp8_epilogues() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fp8_epilogues_;
+  }
+
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
   // length in memory).
@@ -380,30 +437,7 @@ class Context {
              "cublasLtMatmulDescSetAttribute(TRANSA)", g);
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
              "cublasLtMatmulDescSetAttribute(TRANSB)", g);
-    const cublasLtEpilogue_t epi = epilogue_of(g);
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
-               "cublasLtMatmulDescSetAttribute(EPILOGUE)", g);
-    }
-    if (g.bias != nullptr || g.bias_bf16 != nullptr || bias_grad_elements(g) > 0) {
-      // The output's type, as cuBLASLt's bias and a bias gradient must be.
-      const cudaDataType_t bias_type = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", g);
-      // The heuristic reads the pointers' alignment: the real ones are set before each run, these
-      // (the bias, or the 256-byte aligned scratch a gradient goes to) align alike.
-      const void* bias = g.bias != nullptr ? static_cast<const void*>(g.bias) : g.bias_bf16 != nullptr ? g.bias_bf16 : set.workspace;
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", g);
-    }
-    if (g.act != Activation::none) {
-      const int64_t aux_ld = g.ldc;
-      const void* aux = g.aux;
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
-               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)", g);
-      check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
-               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", g);
-    }
+    describe_epilogue(p.get(), g, set);
     const auto u = [](int64_t v) { return uint64_t(v); };
     // B's memory, column-major: (N, K) when not transposed (row-major (K, N)), else (K, N).
     const cudaDataType_t in_type = bf16_family(g.mode) ? CUDA_R_16BF : CUDA_R_32F;
@@ -433,6 +467,7 @@ class Context {
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
   int64_t scales_reused_ = 0;        // FP8 products whose A was quantised with the last product's scale
+  int64_t fp8_epilogues_ = 0;        // FP8 products run with their epilogue fused
 };
 
 Context& context() {
@@ -506,6 +541,8 @@ int64_t gemm_plans_built() { return context().built(); }
 int64_t gemm_unfused_problems() { return context().unfused(); }
 
 int64_t gemm_fp8_scales_reused() { return context().scales_reused(); }
+
+int64_t gemm_fp8_epilogues_fused() { return context().fp8_epilogues(); }
 
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);

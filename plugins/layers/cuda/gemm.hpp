@@ -34,8 +34,10 @@ namespace ablate::cuda_layers {
 // scale fp8_max / amax of the operand itself) or delayed scaling (the scale from the amax history
 // in the call's Fp8Slots), the inverse handed to cuBLASLt; E4M3 for weights and
 // activations; a gradient operand (dy) in E5M2 under "fp8" (the hybrid recipe), E4M3 under
-// "fp8_e4m3". FP8 products take no epilogue here: the bias, the GELU and the bias gradients run in
-// passes of their own after the product (or, for a bf16 output, by the caller's fallback). A call
+// "fp8_e4m3". FP8 products writing a bf16 output fuse the forward epilogues (a bf16 bias, the GELU
+// with its saved input); the GELU's gradient, the bias gradients and the epilogues of an f32 output
+// run in passes of their own after the product (or, for a bf16 output, by the caller's fallback),
+// and so does an epilogue cuBLASLt has no FP8 algorithm for (said once per problem). A call
 // whose layout an FP8 product cannot take (an output's leading dimension not a multiple of 16
 // bytes, an output not 16-byte aligned) runs as a bf16 product.
 enum class MatmulMode : uint8_t { f32, tf32, bf16, fp8, fp8_e4m3 };
@@ -198,6 +200,8 @@ int64_t gemm_plans_built();
 int64_t gemm_unfused_problems();
 // FP8 products whose A was quantised with the scale of the product before it (a_scale_reused).
 int64_t gemm_fp8_scales_reused();
+// FP8 products run with their epilogue fused (a forward one on a bf16 output).
+int64_t gemm_fp8_epilogues_fused();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

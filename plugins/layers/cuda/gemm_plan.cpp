@@ -127,8 +127,13 @@ std::string fused_epilogue(const GemmCall& g) {
   // path is the one held within fp32 rounding of the CPU; cuBLASLt's GELU is its own).
   if (g.act != Activation::none && g.mode == MatmulMode::f32) return "";
   if (!aligned16(g.bias) || !aligned16(g.bias_bf16)) return "";
-  // FP8 products run without an epilogue here (the stand-in serves none; passes do their work).
-  if (fp8_mode(g.mode) && epilogue_of(g) != CUBLASLT_EPILOGUE_DEFAULT) return "";
+  // FP8 products fuse the forward epilogues (the bias, the GELU and its saved input) on a bf16 D,
+  // as Transformer Engine's FP8 forward products do; the gradient ones (DGELU, the bias gradients)
+  // and any on an f32 D run as passes of their own.
+  if (fp8_mode(g.mode) && epilogue_of(g) != CUBLASLT_EPILOGUE_DEFAULT &&
+      (!g.d_bf16 || g.act == Activation::dgelu || gemm_plan::bias_grad_elements(g) > 0)) {
+    return "";
+  }
   switch (epilogue_of(g)) {
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
     case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
