@@ -257,3 +257,40 @@ TEST_CASE("gemm plan: a bf16 weight copy is read in place only where it and its 
   aligned.B_bf16 = at(0x20010);
   CHECK(gemm_key(aligned) != gemm_key(none));
 }
+
+TEST_CASE("gemm plan: FP8 products fuse the forward epilogues on a bf16 output, and run the others as passes") {
+  for (const MatmulMode mode : {MatmulMode::fp8, MatmulMode::fp8_e4m3}) {
+    // fc's forward writing pre and post in bf16, its bias from the bf16 copy: GELU_AUX_BIAS.
+    GemmCall fwd = fc_forward();
+    fwd.mode = mode;
+    fwd.d_bf16 = true;
+    fwd.bias = nullptr;
+    fwd.bias_bf16 = at(0x40000);
+    CHECK(fused_epilogue(fwd) == "GELU_AUX_BIAS");
+    CHECK(gemm_refusal(fwd).empty());
+    // q, k or v in bf16 with its bias; and a projection adding to a bf16 residual stream (C, beta 1).
+    GemmCall q = fwd;
+    q.act = Activation::none;
+    q.aux = nullptr;
+    CHECK(fused_epilogue(q) == "BIAS");
+    q.C = at(0x60000);
+    q.beta = 1.0f;
+    CHECK(fused_epilogue(q) == "BIAS");
+    CHECK(gemm_refusal(q).empty());
+    // An f32 output's bias, the GELU's gradient and a bias gradient: passes of their own.
+    GemmCall f32 = fc_forward();
+    f32.mode = mode;
+    CHECK(fused_epilogue(f32).empty());
+    f32.act = Activation::none;
+    f32.aux = nullptr;
+    CHECK(fused_epilogue(f32).empty());
+    GemmCall wgrad = proj_wgrad(mode);
+    CHECK(fused_epilogue(wgrad) == "DEFAULT");
+    wgrad.a_sums = at_mut(0x70000);
+    CHECK(fused_epilogue(wgrad).empty());
+    // The same calls under bf16 products fuse as before.
+    f32.mode = MatmulMode::bf16;
+    f32.bias = at(0x40000);
+    CHECK(fused_epilogue(f32) == "BIAS");
+  }
+}
