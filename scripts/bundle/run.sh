@@ -245,18 +245,24 @@ GPT2_DENSE=(--set data.synthetic_probes.min_length=1024 --set data.synthetic_pro
             --set batching.long_documents=truncate)
 ablate_gpt2 gpt2 ablate_gpt2 naive_cuda
 ablate_gpt2 gpt2 ablate_gpt2_dense naive_cuda "${GPT2_DENSE[@]}"
-if [ -f "$here/bin/plugins/libablate_cudnn_flash.so" ]; then
+flash_built=false
+[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && flash_built=true
+if $flash_built; then
   ablate_gpt2 gpt2 ablate_gpt2_flash cudnn_flash
   ablate_gpt2 gpt2 ablate_gpt2_flash_dense cudnn_flash "${GPT2_DENSE[@]}"
+fi
+# The peer before the variants below, so that a call running short of time skips a variant, not
+# the ratio every run is read against.
+pytorch_peer gpt2 pytorch_gpt gpt2-124m.toml "$GPT2_BATCH"
+if $flash_built; then
   # The residual stream in bf16 too (run.residual_dtype = "bf16", llm.c's choice) on the same rows.
   ablate_gpt2 gpt2 ablate_gpt2_flash_bf16res_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.residual_dtype=bf16
   # FP8 linear and MLP products (run.dtype = "fp8", current scaling) on the same dense rows, where
   # the device has them (SM 8.9 on; elsewhere ablate refuses it with exit 2 and the stage fails).
   ablate_gpt2 gpt2 ablate_gpt2_flash_fp8_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8
+  # torch's float8 (torchao, tensorwise scaling) on the same model: the peer of the FP8 run.
+  pytorch_peer gpt2 pytorch_gpt_fp8 gpt2-124m.toml "$GPT2_BATCH" --float8
 fi
-pytorch_peer gpt2 pytorch_gpt gpt2-124m.toml "$GPT2_BATCH"
-# torch's float8 (torchao, tensorwise scaling) on the same model: the peer of the FP8 run.
-[ -f "$here/bin/plugins/libablate_cudnn_flash.so" ] && pytorch_peer gpt2 pytorch_gpt_fp8 gpt2-124m.toml "$GPT2_BATCH" --float8
 
 # llama: configs/llama-1b.toml (1,175M parameters, TinyLlama's shape), dense rows of one 2048-token
 # document each, in bf16 and in FP8 (linear and MLP products; attention and the classifier bf16),
