@@ -673,10 +673,9 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 }
 
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
+                        MatmulMode mode, Fp8Slots slots) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
   g.fp8 = slots;
-  g.a_scale_reused = dy_scale_reused;
   g.d_bf16 = true;
   gemm(g, stream);
 }

@@ -168,7 +168,7 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {}, bool dy_scale_reused = false);
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 //   (`dy_scale_reused`, here and below: the product before this one on the stream read dy too, as
 //   GemmCall::a_scale_reused says)
