@@ -664,6 +664,7 @@ struct ClassifierProblem {
   bool with_grad = true;  // d_x set: the gradients in the same pass
   bool logits = false;    // the optional (rows, out) logits output
   double scale = 1.0;     // grad_scale
+  Params own;             // [model.cross_entropy] (chunk_rows), on both devices
 };
 
 struct ClassifierResults {
@@ -739,8 +740,8 @@ void check_padded_rows_untouched(const char* device, const ClassifierProblem& p,
 
 void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& margins) {
   INFO(p.label);
-  LossLayer& cpu = suite().layer<LossLayer>("cross_entropy", "cpu");
-  LossLayer& first = suite().layer<LossLayer>("cross_entropy", "cuda", kModes[0].dtype);
+  LossLayer& cpu = suite().layer<LossLayer>("cross_entropy", "cpu", "fp32", p.own);
+  LossLayer& first = suite().layer<LossLayer>("cross_entropy", "cuda", kModes[0].dtype, p.own);
   ClassifierValues v;
   // Weights N(0, 4 / in): logits of rms 2, a softmax with a few dominant columns; the padded rows
   // are random too, so a padded column that entered the softmax would show.
@@ -767,7 +768,7 @@ void run_classifier(const ClassifierProblem& p, std::mt19937_64& rng, Margins& m
   ClassifierResults before;  // of the mode before, which a `held` mode must equal bit for bit
   for (const Mode& mode : kModes) {
     INFO("run.dtype " << std::string(mode.name));
-    LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", mode.dtype);
+    LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", mode.dtype, p.own);
     if (mode.held && !gpu.bf16_product_inputs()) continue;
     const ClassifierResults got = run_classifier_gpu(gpu, p, v, mode);
     if (mode.held) {  // x held in bf16 is what the products' own copy of it was: the same bits out
@@ -1479,6 +1480,54 @@ TEST_CASE("cross_entropy: losses and gradients, targets -1 ignored, padded vocab
       }
     }
   }
+}
+
+// [model.cross_entropy] chunk_rows: the rows whose logits are held at once, on both devices. The
+// same problems as above in chunks of 100 and 128 rows (three and two chunks at 257 rows, the last
+// one shorter; eleven and nine at 1100): every chunk's losses, d_x and weight gradient added as in
+// one, in every mode, the bf16 logits' chunks included (those are one chunk without the key, at
+// these sizes). The scratch holds one chunk; by default the bf16 logits come in the fewest equal
+// chunks of at most 1 GiB: 7 of 9,472 rows for GPT-2's 64 x 1024 batch, one for a small batch.
+TEST_CASE("cross_entropy with [model.cross_entropy] chunk_rows: several chunks, the last shorter, as one; the default chunks") {
+  Margins margins("cross_entropy chunks");
+  std::mt19937_64 rng(113);
+  for (int64_t chunk : {100, 128}) {
+    const Params own("model.cross_entropy", {{"chunk_rows", Value{chunk}}});
+    for (int64_t rows : {257, 1100}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        ClassifierProblem p;
+        p.spec.in = 37;
+        p.spec.out = 131;
+        p.spec.real_out = 127;
+        p.rows = rows;
+        p.own = own;
+        p.batch = make_batch(rows, int32_t(p.spec.real_out), 1, rng);
+        for (int64_t r = 0; r < rows; r += 5) p.batch.targets[std::size_t(r)] = -1;
+        p.input_grad = variant == 1 ? GradMode::accumulate : GradMode::overwrite;
+        p.logits = variant == 1;
+        const int64_t real = p.batch.real_targets();
+        p.scale = 1.0 / double(real);
+        p.label =
+            "chunk_rows " + std::to_string(chunk) + ", rows " + std::to_string(rows) + (variant == 1 ? ", accumulate, logits" : "");
+        run_classifier(p, rng, margins);
+      }
+    }
+    LayerSpec s;
+    s.in = 37;
+    s.out = 131;
+    s.real_out = 127;
+    CHECK(suite().layer<LossLayer>("cross_entropy", "cuda", "fp32", own).scratch_elements(s, 1100) == chunk * 131);
+    CHECK(suite().layer<LossLayer>("cross_entropy", "cuda", "bf16", own).scratch_elements(s, 1100) == chunk * 131);
+    CHECK(suite().layer<LossLayer>("cross_entropy", "cpu", "fp32", own).scratch_elements(s, 1100) == chunk * 131);
+  }
+  LayerSpec gpt2;
+  gpt2.in = 768;
+  gpt2.out = gpt2.real_out = 50304;
+  LossLayer& b16 = suite().layer<LossLayer>("cross_entropy", "cuda", "bf16");
+  CHECK(b16.scratch_elements(gpt2, 65536) == 9472 * 50304 / 2);  // 7 chunks: 6,593 MB of logits over 1 GiB
+  CHECK(b16.scratch_elements(gpt2, 16384) == 8192 * 50304 / 2);  // 2 chunks
+  CHECK(b16.scratch_elements(gpt2, 2000) == 1024 * 50304);       // one chunk of bf16 logits, under 1024 rows of f32's
+  CHECK(suite().layer<LossLayer>("cross_entropy", "cuda", "fp32").scratch_elements(gpt2, 65536) == 1024 * 50304);
 }
 
 namespace {

@@ -246,6 +246,30 @@ TEST_CASE("[model.cross_entropy] fp8 = true outside an FP8 run.dtype is refused 
   CHECK(ok.exit_code == 0);
 }
 
+// chunk_rows on the cpu: the same losses in chunks of 7 rows as in the default 256 (each row's loss
+// is its own; the gradients sum the same terms), within f32's rounding; a negative value is refused
+// as the config is read.
+TEST_CASE("[model.cross_entropy] chunk_rows: a run in chunks of 7 rows trains as the default's; -1 is exit 2") {
+  TempDir tmp;
+  const std::string steps = " --set run.steps=3 --run-dir ";
+  const auto base = run_ablate("train " + config() + kTiny + steps + (tmp.path() / "base").string());
+  const auto small =
+      run_ablate("train " + config() + kTiny + " --set model.cross_entropy.chunk_rows=7" + steps + (tmp.path() / "small").string());
+  REQUIRE(base.exit_code == 0);
+  REQUIRE(small.exit_code == 0);
+  const auto a = metrics(tmp.path() / "base"), b = metrics(tmp.path() / "small");
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  // f32 sums of 32 products whose order OpenBLAS picks by the chunk's shape: ~32 x 2^-24 relative
+  for (std::size_t i = 0; i < a.size(); ++i)
+    CHECK(b[i]["loss"].get<double>() == doctest::Approx(a[i]["loss"].get<double>()).epsilon(1e-5));
+  const auto bad =
+      run_ablate("train " + config() + kTiny + " --set model.cross_entropy.chunk_rows=-1 --run-dir " + (tmp.path() / "bad").string());
+  INFO(bad.output);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("model.cross_entropy.chunk_rows") != std::string::npos);
+}
+
 TEST_CASE("run.residual_dtype = bf16 without bf16 products is refused with exit 2, naming the key and what it needs") {
   TempDir tmp;
   // fp32 products on the cpu: there is no bf16 plan for the stream to join, so the key would do nothing.

@@ -203,11 +203,19 @@ inline void check_classifier(const LayerSpec& s) {
 // classifier's three products (the logits, d_x, the weight gradient) in FP8 as well under an FP8
 // run.dtype (current scaling; E5M2 logit gradients under "fp8"), where by default they stay bf16.
 // Set under any other run.dtype it is an error (exit 2), not a key that silently does nothing.
+// `chunk_rows`: how many rows' logits the layer holds at once (0: the device's own choice, see
+// cross_entropy_cpu.cpp and cross_entropy_cuda.cpp); more rows mean larger products and fewer
+// passes over the weight gradient, for (chunk_rows, vocabulary) logits of memory.
 inline Schema classifier_keys() {
   return {param::boolean("fp8", false,
                          "the classifier's products (logits, d_x, weight gradient) in FP8 too, with current scaling; needs "
-                         "run.dtype = \"fp8\" or \"fp8_e4m3\" (false: bf16 products under those)")};
+                         "run.dtype = \"fp8\" or \"fp8_e4m3\" (false: bf16 products under those)"),
+          param::integer("chunk_rows", 0,
+                         "rows whose logits are held at once (0: the device's choice: 256 rows on the cpu; on cuda 1024 rows of "
+                         "f32 logits, or under bf16 and FP8 products the fewest equal chunks of at most 1 GiB of bf16 logits)")
+              .within(0, int64_t(1) << 40)};
 }
+inline int64_t read_classifier_chunk_rows(const Params& own) { return own.has("chunk_rows") ? own.get_int("chunk_rows") : 0; }
 inline bool read_classifier_fp8(const Params& own, const std::string& dtype) {
   const bool on = own.has("fp8") && own.get_bool("fp8");
   if (on && !fp8_dtype(dtype)) {

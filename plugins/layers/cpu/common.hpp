@@ -32,8 +32,8 @@ std::unique_ptr<Layer> make_rmsnorm();
 std::unique_ptr<Layer> make_linear();
 std::unique_ptr<Layer> make_gelu_mlp();
 std::unique_ptr<Layer> make_swiglu_mlp();
-std::unique_ptr<LossLayer> make_cross_entropy();
-std::unique_ptr<Layer> make_lora(const Params& own);  // [adapter.lora] rank, alpha, dropout
+std::unique_ptr<LossLayer> make_cross_entropy(int64_t chunk_rows = 0);  // 0: 256 rows
+std::unique_ptr<Layer> make_lora(const Params& own);                    // [adapter.lora] rank, alpha, dropout
 
 // The dtype shared by every view of a call that is set; f32 or f64, on the CPU.
 inline DType call_dtype(const char* layer, std::initializer_list<const TensorView*> views) {

@@ -42,12 +42,13 @@ void register_components(ablate::Registrar& r) {
   add(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual) on the CPU (f32/f64)", make_swiglu_mlp);
   r.add({ablate::Kind::layer,
          "cross_entropy",
-         "1.1.0",
-         "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64)",
+         "1.2.0",
+         "fused classifier: logits, softmax cross-entropy and its gradients on the CPU (f32/f64), 256 rows' logits at a "
+         "time ([model.cross_entropy] chunk_rows)",
          ablate::layer_params::classifier_keys(),
          [](const ablate::ComponentArgs& a) -> std::unique_ptr<ablate::Component> {
            ablate::layer_params::read_classifier_fp8(a.own, a.run.dtype);  // no FP8 here: checked, as on every device
-           return make_cross_entropy();
+           return make_cross_entropy(ablate::layer_params::read_classifier_chunk_rows(a.own));
          },
          "",
          {"cpu"}});

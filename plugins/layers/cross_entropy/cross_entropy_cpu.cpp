@@ -2,7 +2,8 @@
 // first real_out columns, loss = logsumexp(z) - z[target]; rows whose target is -1 get loss 0 and
 // no gradient. When d_x is set the same pass writes d_x = dz W and adds dz^T x to the weight
 // gradient, with dz = grad_scale (softmax - onehot) (0 on padded columns). Rows are processed in
-// chunks of kChunk, so only (kChunk, out) logits live at once (the scratch).
+// chunks of kChunk ([model.cross_entropy] chunk_rows where set), so only (chunk, out) logits live
+// at once (the scratch).
 #include "common.hpp"
 
 namespace ablate::cpu_layers {
@@ -12,13 +13,14 @@ constexpr int64_t kChunk = 256;
 
 class CrossEntropy final : public LossLayer {
  public:
+  explicit CrossEntropy(int64_t chunk_rows) : chunk_(chunk_rows > 0 ? chunk_rows : kChunk) {}
   LayerRole role() const override { return LayerRole::classifier; }
 
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     layer_params::classifier(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, kChunk) * s.out; }
+  int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return std::min(rows, chunk_) * s.out; }
 
   void loss(const LayerCall& call) override {
     check_spec(kName, call);
@@ -30,7 +32,7 @@ class CrossEntropy final : public LossLayer {
     require(kName, call.x, "x", rows * in);
     require(kName, call.params, "params", out * in);
     require(kName, call.losses, "losses", rows);
-    require(kName, call.scratch, "scratch", std::min(rows, kChunk) * out);
+    require(kName, call.scratch, "scratch", std::min(rows, chunk_) * out);
     if (call.logits.data != nullptr) require(kName, call.logits, "logits", rows * out);
     if (with_grad) {
       require(kName, call.d_x, "d_x", rows * in);
@@ -54,8 +56,8 @@ class CrossEntropy final : public LossLayer {
       T* losses = call.losses.as<T>();
       T* logits = call.logits.as<T>();
       const T scale = T(call.grad_scale);
-      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
-        const int64_t n = std::min(kChunk, rows - r0);
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk_) {
+        const int64_t n = std::min(chunk_, rows - r0);
         const T* xc = x + r0 * in;
         gemm(false, true, n, out, in, T(1), xc, in, W, in, T(0), z, out);
         if (logits != nullptr) std::memcpy(logits + r0 * out, z, std::size_t(n * out) * sizeof(T));
@@ -91,10 +93,11 @@ class CrossEntropy final : public LossLayer {
 
  private:
   static constexpr const char* kName = "cross_entropy";
+  int64_t chunk_;
 };
 
 }  // namespace
 
-std::unique_ptr<LossLayer> make_cross_entropy() { return std::make_unique<CrossEntropy>(); }
+std::unique_ptr<LossLayer> make_cross_entropy(int64_t chunk_rows) { return std::make_unique<CrossEntropy>(chunk_rows); }
 
 }  // namespace ablate::cpu_layers

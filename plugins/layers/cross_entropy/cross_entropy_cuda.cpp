@@ -1,17 +1,21 @@
 // `cross_entropy` on a CUDA device: the fused classifier, f32 (its input x held in bf16 where the
 // model holds it so, under bf16 products), with the CPU layer's contract. Rows
-// are processed in chunks of kChunk: z = x W^T (cuBLASLt) into the scratch, one block per row
+// are processed in chunks: z = x W^T (cuBLASLt) into the scratch, one block per row
 // computes the loss and overwrites z with the logit gradient (layer_kernels.cu), then
-// d_x = dz W and dW += dz^T x. Only (kChunk, out) logits live at once, never (B*T, vocab): at GPT-2's
-// vocabulary 1024 rows are 206 MB of f32 and products large enough to keep the GPU busy.
+// d_x = dz W and dW += dz^T x. Only a chunk's logits live at once, never (B*T, vocab) of f32: 1024
+// rows of f32 logits (206 MB at GPT-2's vocabulary).
 // Under bf16 products, when no caller asks for the logits (training), the product writes them in
-// bf16, kChunkBf16 rows at a time (4096: 412 MB at GPT-2's vocabulary, 16 chunks for a 64 x 1024
-// batch instead of 64), the row kernel reads them twice and writes the gradient in place in bf16,
-// and that is the bf16 operand of the two products: no f32 logits, no rounding copy. The loss is
-// then the one of the bf16-rounded logits, as under PyTorch's autocast. Under FP8 products
+// bf16, the row kernel reads them twice and writes the gradient in place in bf16, and that is the
+// bf16 operand of the two products: no f32 logits, no rounding copy. Those chunks are the fewest
+// equal ones whose bf16 logits fit kLogitsBudget (1 GiB; at least 1024 rows): 7 chunks of 9,472 rows
+// for GPT-2's 64 x 1024 batch, where 4096-row chunks made 16. Each chunk is a pass of the weight
+// gradient's product over the f32 gradient (38.6M values, 309 MB read and written at GPT-2's size)
+// and a smaller input-gradient product (4096 x 768 outputs: 192 tiles of 128 x 128 for 132 SMs). The
+// loss is then the one of the bf16-rounded logits, as under PyTorch's autocast. Under FP8 products
 // ([model.cross_entropy] fp8 with an FP8 run.dtype; else the registration gives bf16) the same
 // chunks, each product quantising its operands per tensor (current scaling, gemm.hpp): x and W
-// E4M3, the bf16 logit gradient E5M2 under "fp8" (E4M3 under "fp8_e4m3").
+// E4M3, the bf16 logit gradient E5M2 under "fp8" (E4M3 under "fp8_e4m3"). [model.cross_entropy]
+// chunk_rows, where set, is the chunk in both cases.
 #include <algorithm>
 
 #include "ablate/layer_params.hpp"
@@ -22,23 +26,23 @@ namespace ablate::cuda_layers {
 namespace {
 
 constexpr int64_t kChunk = 1024;
-constexpr int64_t kChunkBf16 = 4096;
+constexpr int64_t kLogitsBudget = int64_t(1) << 30;
 
 class CrossEntropy final : public LossLayer {
  public:
-  explicit CrossEntropy(MatmulMode mode) : mode_(mode) {}
+  CrossEntropy(MatmulMode mode, int64_t chunk_rows) : mode_(mode), chunk_rows_(chunk_rows) {}
   LayerRole role() const override { return LayerRole::classifier; }
   void declare_params(const LayerSpec& s, const std::string& prefix, ParamTable& table) const override {
     layer_params::classifier(s, prefix, table);
   }
   int64_t activation_elements(const LayerSpec&, int64_t) const override { return 0; }
-  // f32 logits (kChunk rows), or under bf16 (or FP8) products bf16 ones (kChunkBf16 rows, two to an element).
+  // f32 logits (f32_chunk rows), or under bf16 (or FP8) products bf16 ones (bf16_chunk rows, two to an element).
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override {
-    const int64_t f32 = std::min(rows, kChunk) * s.out;
-    return bf16_family(mode_) ? std::max(f32, (std::min(rows, kChunkBf16) * s.out + 1) / 2) : f32;
+    const int64_t f32 = std::min(rows, f32_chunk()) * s.out;
+    return bf16_family(mode_) ? std::max(f32, (std::min(rows, bf16_chunk(rows, s.out)) * s.out + 1) / 2) : f32;
   }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override {
-    return gemm_workspace_bytes(mode_, std::min(rows, bf16_family(mode_) ? kChunkBf16 : kChunk), s.in, s.out);
+    return gemm_workspace_bytes(mode_, std::min(rows, bf16_family(mode_) ? bf16_chunk(rows, s.out) : f32_chunk()), s.in, s.out);
   }
   bool bf16_product_inputs() const override { return bf16_family(mode_); }
 
@@ -67,8 +71,9 @@ class CrossEntropy final : public LossLayer {
       return;
     }
     float* z = call.scratch.as<float>();
-    for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
-      const int64_t n = std::min(kChunk, rows - r0);
+    const int64_t chunk = f32_chunk();
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
       gemm_x_wt(x.at(r0 * in), n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_);
       if (call.logits.data != nullptr) {
         ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
@@ -93,8 +98,9 @@ class CrossEntropy final : public LossLayer {
     const LayerSpec& s = *call.spec;
     const int64_t rows = call.rows, in = s.in, out = s.out;
     uint16_t* z = reinterpret_cast<uint16_t*>(call.scratch.as<float>());
-    for (int64_t r0 = 0; r0 < rows; r0 += kChunkBf16) {
-      const int64_t n = std::min(kChunkBf16, rows - r0);
+    const int64_t chunk = bf16_chunk(rows, out);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
       gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st, mode_);
       launch_cross_entropy_rows_bf16(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
                                      float(call.grad_scale), st);
@@ -105,12 +111,30 @@ class CrossEntropy final : public LossLayer {
     }
   }
 
+  int64_t f32_chunk() const { return chunk_rows_ > 0 ? chunk_rows_ : kChunk; }
+  // The rows of one chunk of bf16 logits: chunk_rows where set, else the fewest equal chunks of
+  // `rows` whose logits fit kLogitsBudget, rounded up to a multiple of 128 rows, at least 1024.
+  int64_t bf16_chunk(int64_t rows, int64_t out) const {
+    if (chunk_rows_ > 0) return chunk_rows_;
+    return classifier_chunk_rows(rows, out, kLogitsBudget);
+  }
+
   static constexpr const char* kName = "cross_entropy";
   MatmulMode mode_;
+  int64_t chunk_rows_;  // 0: the layer's own choice
 };
 
 }  // namespace
 
-std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode) { return std::make_unique<CrossEntropy>(mode); }
+int64_t classifier_chunk_rows(int64_t rows, int64_t out, int64_t budget_bytes) {
+  const int64_t bytes = std::max<int64_t>(1, rows) * std::max<int64_t>(1, out) * 2;
+  const int64_t chunks = std::max<int64_t>(1, (bytes + budget_bytes - 1) / budget_bytes);
+  const int64_t even = (rows + chunks - 1) / chunks;
+  return std::max<int64_t>(kChunk, (even + 127) / 128 * 128);
+}
+
+std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode, int64_t chunk_rows) {
+  return std::make_unique<CrossEntropy>(mode, chunk_rows);
+}
 
 }  // namespace ablate::cuda_layers

@@ -75,15 +75,16 @@ void register_components(Registrar& r) {
   add_dense(r, "swiglu_mlp", "down(silu(gate x) * up x) (+ residual), cuBLASLt, on a CUDA device (f32; TF32, bf16 or FP8 products)",
             make_swiglu_mlp);
   {
-    ComponentInfo info = layer_info("cross_entropy", "1.2.0",
+    ComponentInfo info = layer_info("cross_entropy", "1.3.0",
                                     "fused classifier on a CUDA device (f32): logits in chunks of 1024 rows (bf16 logits in "
-                                    "chunks of 4096 under bf16 products; under FP8 ones bf16 products, or FP8 with "
-                                    "[model.cross_entropy] fp8), softmax cross-entropy and its gradients");
+                                    "chunks of up to 1 GiB under bf16 products; [model.cross_entropy] chunk_rows; under FP8 "
+                                    "ones bf16 products, or FP8 with [model.cross_entropy] fp8), softmax cross-entropy and "
+                                    "its gradients");
     info.schema = layer_params::classifier_keys();
     info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
       const MatmulMode mode = matmul_mode(a.run.dtype);
       const bool fp8 = layer_params::read_classifier_fp8(a.own, a.run.dtype);
-      return make_cross_entropy(fp8_mode(mode) && !fp8 ? MatmulMode::bf16 : mode);
+      return make_cross_entropy(fp8_mode(mode) && !fp8 ? MatmulMode::bf16 : mode, layer_params::read_classifier_chunk_rows(a.own));
     };
     r.add(std::move(info));
   }
