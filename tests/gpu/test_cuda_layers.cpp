@@ -1715,37 +1715,43 @@ Counter plugin_counter(const char* symbol) {
 
 }  // namespace
 
-TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two products that read it") {
+TEST_CASE("FP8 current scaling takes an output gradient's amax once, and packs it once, for the two products that read it") {
   // The input gradient's product and the weight gradient's read the same dy: the second quantises
   // it with the first's scale (the same amax, so the same codes: the FP8 linear case above checks
-  // the results against their definition). Counted by the plugin: one reuse per linear backward,
-  // two per gelu_mlp (its projection's dy, fc's gradient below the GELU), three per swiglu_mlp;
-  // none without an input gradient, and none under delayed scaling (each product its own slot).
+  // the results against their definition), and reads it as the first packed it in both layouts
+  // from one read. Counted by the plugin: one reuse per linear backward, two per gelu_mlp (its
+  // projection's dy, fc's gradient below the GELU), three per swiglu_mlp; none without an input
+  // gradient, and none under delayed scaling (each product its own slot); every reuse reads the
+  // shared pack. The weight gradients with and without the input gradient (fc's and the gate's and
+  // up's products packing dy alone) are the same bits, and so is linear's input gradient without
+  // the weight gradient's product: the shared layout is the pack a product makes for itself.
   if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
     return;
   }
   const Counter reused = plugin_counter("ablate_cuda_layers_fp8_scales_reused");
+  const Counter shared = plugin_counter("ablate_cuda_layers_fp8_packs_shared");
   std::mt19937_64 rng(3141);
   // (name, reuses with d_x, without: swiglu's down projection always has its input gradient, the
   // gate's and up's products read d_g and d_u once each without one)
   const std::tuple<const char*, int64_t, int64_t> layers[] = {{"linear", 1, 0}, {"gelu_mlp", 2, 1}, {"swiglu_mlp", 3, 1}};
   for (const auto& [name, with, without] : layers) {
+    std::vector<double> grads_with_dx, dx_with_grads;
+    Layer& cpu = suite().layer<Layer>(name, "cpu");
+    Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
+    Problem p;
+    p.layer = name;
+    p.spec.in = 64;
+    p.spec.out = 96;
+    p.spec.bias = false;
+    p.rows = 32;
+    p.x_width = 64;
+    p.y_width = std::string(name) == "linear" ? 96 : 64;
+    p.batch = make_batch(p.rows, 1, 1, rng);
+    const Values v = random_values(p, cpu, gpu, rng, 0.0);  // the same values with and without d_x
     for (const bool with_dx : {true, false}) {
       const std::string label = std::string(name) + (with_dx ? " with d_x" : " without d_x");
       INFO(label);
-      Layer& cpu = suite().layer<Layer>(name, "cpu");
-      Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
-      Problem p;
-      p.layer = name;
-      p.spec.in = 64;
-      p.spec.out = 96;
-      p.spec.bias = false;
-      p.rows = 32;
-      p.x_width = 64;
-      p.y_width = std::string(name) == "linear" ? 96 : 64;
-      p.batch = make_batch(p.rows, 1, 1, rng);
-      Values v = random_values(p, cpu, gpu, rng, 0.0);
       const DeviceIds ids(p.batch);
       cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params);
       DeviceFloats params = to_device(v.params), dy = to_device(v.d_y), grads = to_device(v.grads);
@@ -1764,11 +1770,26 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once for the two 
       call.grads = device_view(grads);
       call.d_y = device_view(dy);
       if (with_dx) call.d_x = device_view(dx);
-      const int64_t before = reused();
+      const int64_t before = reused(), shared_before = shared();
       gpu.backward(call);
       ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
       CHECK(reused() - before == (with_dx ? with : without));
-      CHECK(all_finite(from_device(grads)));
+      CHECK(shared() - shared_before == (with_dx ? with : without));
+      const std::vector<double> g = from_device(grads);
+      CHECK(all_finite(g));
+      if (with_dx) {
+        grads_with_dx = g;
+        dx_with_grads = from_device(dx);
+      } else {
+        CHECK_MESSAGE(same_bits(g, grads_with_dx), "the weight gradients differ with and without the input gradient");
+      }
+      if (with_dx && std::string(name) == "linear") {  // the input gradient alone: its product packs dy for itself
+        DeviceFloats dx_alone = poisoned(p.nx());
+        call.grads = {};
+        call.d_x = device_view(dx_alone);
+        gpu.backward(call);
+        CHECK_MESSAGE(same_bits(from_device(dx_alone), dx_with_grads), "linear's d_x differs without the weight gradient's product");
+      }
     }
   }
 }

@@ -75,6 +75,31 @@ std::vector<float> spread(std::size_t n, float range, std::mt19937& rng) {
   return x;
 }
 
+// The pack of x (rows x cols, leading dimension ld) scaled by s, by index: K-contiguous rows of
+// `cols` (not transposed) or of `rows` (transposed), padded with zeros to a multiple of 16; with x's
+// amax and the count of values the scaling saturates.
+struct PackReference {
+  std::vector<uint8_t> codes;
+  int64_t ld = 0;
+  float amax = 0;
+  unsigned over = 0;
+};
+PackReference pack_reference(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t ld, float s, Fp8Format f,
+                             bool transposed) {
+  PackReference p;
+  p.ld = ((transposed ? rows : cols) + 15) / 16 * 16;
+  p.codes.assign(std::size_t((transposed ? cols : rows) * p.ld), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[std::size_t(r * ld + c)];
+      p.codes[transposed ? std::size_t(c * p.ld + r) : std::size_t(r * p.ld + c)] = reference_fp8(v * s, f);
+      p.amax = std::max(p.amax, std::fabs(v));
+      p.over += std::fabs(v * s) > cuda_layers::kFp8Max[int(f)] ? 1u : 0u;
+    }
+  }
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading dimension, transposed or not, padded with zeros") {
@@ -96,20 +121,11 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             if (bf16) x[i] = float_bits(uint32_t(xb[i]) << 16);
           }
           const float s = f == Fp8Format::e4m3 ? 0.625f : 3.0f;
-          // The K-contiguous result: rows of `cols` (not transposed) or of `rows` (transposed), padded to 16.
-          const int64_t out_rows = transposed ? cols : rows, k = transposed ? rows : cols, y_ld = (k + 15) / 16 * 16;
-          std::vector<uint8_t> expect(std::size_t(out_rows * y_ld), 0);
-          float amax = 0;
-          unsigned over = 0;
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t c = 0; c < cols; ++c) {
-              const float v = x[std::size_t(r * ld + c)];
-              const std::size_t at = transposed ? std::size_t(c * y_ld + r) : std::size_t(r * y_ld + c);
-              expect[at] = reference_fp8(v * s, f);
-              amax = std::max(amax, std::fabs(v));
-              over += std::fabs(v * s) > cuda_layers::kFp8Max[int(f)] ? 1u : 0u;
-            }
-          }
+          const PackReference ref = pack_reference(x, rows, cols, ld, s, f, transposed);
+          const std::vector<uint8_t>& expect = ref.codes;
+          const int64_t y_ld = ref.ld;
+          const float amax = ref.amax;
+          const unsigned over = ref.over;
           for_each_schedule([&] {
             const auto dx = to_device(x);
             const auto dxb = to_device(xb);
@@ -134,6 +150,55 @@ TEST_CASE("fp8 pack: an FP8 product's operand from f32 or bf16 with a leading di
             CHECK(to_host(dover)[0] == 5.0f + float(over));   // added to what was there
           });
         }
+      }
+    }
+  }
+}
+
+// Both layouts from one read (launch_fp8_pack_both): each the pack of its own layout above, by
+// index, the amax and the saturated values counted once; also where the plain layout's padding
+// reaches past the transposing tiles' columns' edge (cols 40 -> 48) and a strided bf16 source.
+TEST_CASE("fp8 pack both: the untransposed and transposed packs from one read, as the two packs write them") {
+  std::mt19937 rng(19);
+  for (const auto& [rows, cols, ld] : {std::tuple<int64_t, int64_t, int64_t>{5, 13, 13}, {37, 70, 75}, {33, 40, 41}, {64, 16, 16}}) {
+    for (const bool bf16 : {false, true}) {
+      for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(bf16);
+        CAPTURE(int(f));
+        std::vector<float> x = spread(std::size_t(rows * ld), 900.0f, rng);
+        std::vector<uint16_t> xb(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          xb[i] = uint16_t(emu_test::bits_of(x[i]) >> 16);
+          if (bf16) x[i] = float_bits(uint32_t(xb[i]) << 16);
+        }
+        const float s = f == Fp8Format::e4m3 ? 0.625f : 3.0f;
+        const PackReference p = pack_reference(x, rows, cols, ld, s, f, false), t = pack_reference(x, rows, cols, ld, s, f, true);
+        const std::vector<uint8_t>&plain = p.codes, &transposed = t.codes;
+        const int64_t plain_ld = p.ld, t_ld = t.ld;
+        for_each_schedule([&] {
+          const auto dx = to_device(x);
+          const auto dxb = to_device(xb);
+          const void* src = bf16 ? static_cast<const void*>(dxb.data()) : static_cast<const void*>(dx.data());
+          const auto scale = to_device(std::vector<float>{s});
+          auto yp = to_device(std::vector<uint8_t>(plain.size() + 5, 0xAB));
+          auto yt = to_device(std::vector<uint8_t>(transposed.size() + 5, 0xAB));
+          auto dmax = to_device(std::vector<float>{0.0f});
+          auto dover = to_device(std::vector<float>{2.0f});
+          cuda_layers::launch_fp8_pack_both(src, bf16, rows, cols, ld, scale.data(), f, yp.data(), plain_ld, yt.data(), t_ld,
+                                            dover.data(), dmax.data(), nullptr);
+          const auto got_p = to_host(yp), got_t = to_host(yt);
+          int64_t wrong_p = 0, wrong_t = 0;
+          for (std::size_t i = 0; i < plain.size(); ++i) wrong_p += got_p[i] != plain[i] ? 1 : 0;
+          for (std::size_t i = 0; i < transposed.size(); ++i) wrong_t += got_t[i] != transposed[i] ? 1 : 0;
+          CHECK(wrong_p == 0);
+          CHECK(wrong_t == 0);
+          for (std::size_t i = plain.size(); i < got_p.size(); ++i) CHECK(got_p[i] == 0xAB);  // nothing past the end
+          for (std::size_t i = transposed.size(); i < got_t.size(); ++i) CHECK(got_t[i] == 0xAB);
+          CHECK(to_host(dmax)[0] == p.amax);
+          CHECK(to_host(dover)[0] == 2.0f + float(p.over));  // once, not once a layout
+        });
       }
     }
   }

@@ -109,3 +109,8 @@ extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8
 extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_epilogues_fused() {
   return ablate::cuda_layers::gemm_fp8_epilogues_fused();
 }
+
+// FP8 products that read an output gradient as the product before them packed it for them, likewise.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_packs_shared() {
+  return ablate::cuda_layers::gemm_fp8_packs_shared();
+}

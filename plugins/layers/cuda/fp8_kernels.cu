@@ -74,24 +74,26 @@ __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols
 }
 
 // Transposed: 32 x 32 tiles of y (cols x y_ld) through shared memory, x's rows beyond `rows` zeros.
+// With `plain` (rows x plain_ld) set, each value read also goes there as the untransposed pack
+// writes it (its columns beyond `cols` zeros): both layouts from one read of x.
 __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale,
-                                       Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax) {
+                                       Fp8Format format, uint8_t* y, int64_t y_ld, uint8_t* plain, int64_t plain_ld, float* saturated,
+                                       float* amax) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float s = *scale;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   unsigned over = 0, m = 0;
   for (int dr = int(threadIdx.y); dr < kTile; dr += int(blockDim.y)) {
     const int64_t r = r0 + dr, c = c0 + int64_t(threadIdx.x);
-    if (r < y_ld && c < cols) {
-      uint8_t q = 0;
-      if (r < rows) {
-        const float v = load2d(x, bf16, r, c, ld);
-        const unsigned b = abs_bits(v);
-        m = b > m ? b : m;
-        q = to_fp8(v * s, format, over);
-      }
-      tile[dr][threadIdx.x] = q;
+    uint8_t q = 0;
+    if (r < rows && c < cols) {
+      const float v = load2d(x, bf16, r, c, ld);
+      const unsigned b = abs_bits(v);
+      m = b > m ? b : m;
+      q = to_fp8(v * s, format, over);
     }
+    if (r < y_ld && c < cols) tile[dr][threadIdx.x] = q;
+    if (plain != nullptr && r < rows && c < plain_ld) plain[r * plain_ld + c] = q;
   }
   __syncthreads();
   for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
@@ -164,6 +166,15 @@ void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64
     return;
   }
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((y_ld + kTile - 1) / kTile)), block(kTile, 8);
-  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, saturated, amax);
+  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, nullptr, 0, saturated, amax);
+}
+void launch_fp8_pack_both(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
+                          uint8_t* plain, int64_t plain_ld, uint8_t* transposed, int64_t t_ld, float* saturated, float* amax,
+                          cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t width = cols > plain_ld ? cols : plain_ld, height = rows > t_ld ? rows : t_ld;
+  const dim3 grid(unsigned((width + kTile - 1) / kTile), unsigned((height + kTile - 1) / kTile)), block(kTile, 8);
+  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, transposed, t_ld, plain, plain_ld,
+                                                     saturated, amax);
 }
 }  // namespace ablate::cuda_layers

@@ -30,6 +30,13 @@ inline constexpr float kFp8Max[2] = {448.0f, 57344.0f};
 // added to *saturated (may be null) as a float.
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
                      Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream);
+// Both layouts from one read of x, as two launch_fp8_pack calls with the same scale write them:
+// `plain` (rows x plain_ld, plain_ld >= cols) and `transposed` (cols x t_ld, t_ld >= rows); the amax
+// and the saturated values of x taken once (an operand two products read, one along each of its
+// dimensions: an output gradient under current scaling).
+void launch_fp8_pack_both(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
+                          uint8_t* plain, int64_t plain_ld, uint8_t* transposed, int64_t t_ld, float* saturated, float* amax,
+                          cudaStream_t stream);
 
 // A slot, kFp8SlotHeader floats then `history` amax values (a ring; none for current scaling):
 //   [0] the amax of this step's uses so far    [1] the scale (0: none yet)    [2] 1 / scale

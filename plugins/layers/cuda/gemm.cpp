@@ -89,6 +89,7 @@ struct StreamSet {
   cuda::StreamScratch bf16_once;       // an operand several products share (gemm_bf16_once)
   cuda::StreamScratch bias_grad;       // a fused epilogue's bias gradient, before it is added
   cuda::StreamScratch fp8_a, fp8_b;    // FP8 products: the quantised A and B (fp8_operands)
+  cuda::StreamScratch fp8_a_other;     // A quantised in its other layout for the next product (a_read_again)
   // FP8 products' scaling, 16 floats: the amax of A and B [0, 1], their scales [4, 5] and the
   // scales' inverses (cuBLASLt's scale pointers) [6, 7], then current scaling's slot [8, 16), which
   // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp).
@@ -103,6 +104,13 @@ struct StreamSet {
     Fp8Format format = Fp8Format::e4m3;
     bool operator==(const LastA&) const = default;
   } last_a;
+  // That A's other layout, where the product that quantised it wrote both (a_read_again): in
+  // fp8_a_other, transposed or not, with leading dimension ld; null when there is none.
+  struct OtherA {
+    const uint8_t* q = nullptr;
+    bool transposed = false;
+    int64_t ld = 0;
+  } other_a;
   StreamSet() {
     ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
     const float init[16] = {0, 0, 0, 0, 1, 1, 1, 1};
@@ -229,20 +237,44 @@ class Context {
     // Operand i's scale and inverse into st[4 + i] and st[6 + i] from its slot (delayed scaling) or
     // current scaling's, its amax first where the slot has no scale; then its quantised copy, the
     // amax of this use and its saturated values recorded in a delayed-scaling slot.
-    const auto quantise = [&](const Source& x, float* slot, Fp8Format f, int i, uint8_t* q) {
+    const auto scale_of = [&](const Source& x, float* slot, Fp8Format f, int i) {
       float* s = slot != nullptr ? slot : st + 8;
       launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, s, st + i, stream);
       launch_fp8_slot_scale(s, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
+    };
+    const auto quantise = [&](const Source& x, float* slot, Fp8Format f, int i, uint8_t* q) {
+      scale_of(x, slot, f, i);
       float* saturated = slot != nullptr ? slot + 5 : nullptr;
       launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
     };
     // An output gradient read by two products (the input gradient's and the weight gradient's) has
     // one amax: under current scaling the second quantises it with the first's scale, still in
-    // st[4] and st[6], where the caller says it is the same tensor and the last A was it.
+    // st[4] and st[6], where the caller says it is the same tensor and the last A was it. Where the
+    // first said the second follows (a_read_again), it wrote A in both layouts from one read, and
+    // the second reads the other layout as it is.
     const StreamSet::LastA this_a{a.x, a.bf16, a.rows, a.cols, a.ld, fa};
+    const StreamSet::OtherA other = set.other_a;
+    set.other_a = {};
     if (g.a_scale_reused && g.fp8.a == nullptr && set.last_a == this_a) {
-      launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
+      if (other.q != nullptr && other.transposed == a.transposed && other.ld == kp) {
+        qa = const_cast<uint8_t*>(other.q);
+        ++packs_shared_;
+      } else {
+        launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
+      }
       ++scales_reused_;
+    } else if (g.a_read_again && g.fp8.a == nullptr) {
+      // Current scaling: this layout (K along the source's columns when not transposed, along its
+      // rows when transposed) and the other, padded along its own K.
+      scale_of(a, nullptr, fa, 0);
+      const int64_t other_ld = a.transposed ? (a.cols + 15) / 16 * 16 : (a.rows + 15) / 16 * 16;
+      const int64_t other_rows = a.transposed ? a.rows : a.cols;
+      auto* qo = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a_other.get(std::size_t(other_rows * other_ld) + 256, stream)));
+      uint8_t* plain = a.transposed ? qo : qa;
+      uint8_t* transposed = a.transposed ? qa : qo;
+      launch_fp8_pack_both(a.x, a.bf16, a.rows, a.cols, a.ld, st + 4, fa, plain, a.transposed ? other_ld : kp, transposed,
+                           a.transposed ? kp : other_ld, nullptr, nullptr, stream);
+      set.other_a = {qo, !a.transposed, other_ld};
     } else {
       quantise(a, g.fp8.a, fa, 0, qa);
     }
@@ -391,6 +423,11 @@ class Context {
     return fp8_epilogues_;
   }
 
+  int64_t packs_shared() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return packs_shared_;
+  }
+
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
   // length in memory).
@@ -468,6 +505,7 @@ class Context {
   std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
   int64_t scales_reused_ = 0;        // FP8 products whose A was quantised with the last product's scale
   int64_t fp8_epilogues_ = 0;        // FP8 products run with their epilogue fused
+  int64_t packs_shared_ = 0;         // FP8 products that read the A the product before them packed for them
 };
 
 Context& context() {
@@ -544,6 +582,8 @@ int64_t gemm_fp8_scales_reused() { return context().scales_reused(); }
 
 int64_t gemm_fp8_epilogues_fused() { return context().fp8_epilogues(); }
 
+int64_t gemm_fp8_packs_shared() { return context().packs_shared(); }
+
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);
   if (bf16_family(mode)) {
@@ -553,9 +593,10 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
     bytes += 2 * (2 * rows * wide + std::max(in * out, rows * wide)) + 3 * 256;
   }
   if (fp8_mode(mode)) {
-    // The quantised A and B (one byte an element, K padded to 16), and the scaling state.
+    // The quantised A and B (one byte an element, K padded to 16), A's other layout (an output
+    // gradient quantised for both its products at once), and the scaling state.
     const int64_t wide = std::max(in, out) + 16;
-    bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + 2 * 256 + 32;
+    bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + (rows + 16) * wide + 3 * 256 + 32;
   }
   return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
 }
@@ -673,18 +714,20 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 }
 
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode, Fp8Slots slots) {
+                        MatmulMode mode, Fp8Slots slots, bool dy_read_again) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
   g.fp8 = slots;
+  g.a_read_again = dy_read_again;
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
+               MatmulMode mode, Fp8Slots slots, bool dy_scale_reused, bool dy_read_again) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
   g.fp8 = slots;
   g.a_scale_reused = dy_scale_reused;
+  g.a_read_again = dy_read_again;
   g.beta = accumulate ? 1.0f : 0.0f;
   gemm(g, stream);
 }
@@ -700,10 +743,11 @@ void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W
 }
 
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode, Fp8Slots slots, bool dy_scale_reused) {
+                    MatmulMode mode, Fp8Slots slots, bool dy_scale_reused, bool dy_read_again) {
   GemmCall g;
   g.fp8 = slots;
   g.a_scale_reused = dy_scale_reused;
+  g.a_read_again = dy_read_again;
   g.mode = mode;
   g.ta = true;
   g.M = out;

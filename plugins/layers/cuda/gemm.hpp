@@ -101,6 +101,10 @@ struct GemmCall {
                                  // as its A, unchanged since (an output gradient read by two products): its
                                  // scale is used again, its amax not taken twice (ignored unless that last A
                                  // was this tensor, in this format)
+  bool a_read_again = false;     // FP8 current scaling: the next FP8 product on the stream reads this A with
+                                 // a_scale_reused, along its other dimension (the weight gradient's after the
+                                 // input gradient's, or the reverse): A is quantised in both layouts at once,
+                                 // and that product reads the other as it is (one read of A for both)
   Fp8Slots fp8;                  // FP8 products: delayed scaling's slots (none: current scaling)
   const void* A_bf16 = nullptr;  // bf16 mode: A already in bf16 (same layout and lda), read in place of a copy
   const void* B_bf16 = nullptr;  // bf16 mode: B likewise (A and B may then be null)
@@ -167,20 +171,22 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
                           cudaStream_t stream, MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
 //   dx(rows, in)  = dy(rows, out) W in bf16, written (bf16 products only: the fp32 sums rounded to
 //   nearest even; the gradient of the attention output the model holds in bf16)
+//   (`dy_read_again`, here and below: the next product on the stream reads dy too, with
+//   dy_scale_reused, as GemmCall::a_read_again says)
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {});
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {}, bool dy_read_again = false);
 //   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 //   (`dy_scale_reused`, here and below: the product before this one on the stream read dy too, as
 //   GemmCall::a_scale_reused says)
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false);
+               MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false, bool dy_read_again = false);
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
 void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
                      cudaStream_t stream, MatmulMode mode, Fp8Slots slots = {});
 //   dW(out, in)  += dy^T x; db(out) += column sums of dy when db is not null
 void gemm_add_dyt_x(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x, float* dW, float* db, cudaStream_t stream,
-                    MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false);
+                    MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false, bool dy_read_again = false);
 
 // An f32 operand that several products of one layer call read (an output gradient dy: the input
 // gradient's product and the weight gradient's), rounded to bf16 once under bf16 products instead
@@ -202,6 +208,8 @@ int64_t gemm_unfused_problems();
 int64_t gemm_fp8_scales_reused();
 // FP8 products run with their epilogue fused (a forward one on a bf16 output).
 int64_t gemm_fp8_epilogues_fused();
+// FP8 products that read their A as the product before them packed it for them (a_read_again).
+int64_t gemm_fp8_packs_shared();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -82,8 +82,11 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
     // Both products read dy: rounded to bf16 once for both under bf16 products.
     d = dx != nullptr || dx_bf16 != nullptr ? gemm_bf16_once(g, rows, out, s, mode) : Operand{g};
   }
-  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots);
-  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots);
+  // Under FP8 current scaling the input gradient's product quantises dy for the weight gradient's
+  // too (its transposed layout from the same read), where that one follows.
+  const bool dw_follows = dW != nullptr;
+  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots, /*dy_read_again=*/dw_follows);
+  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots, false, /*dy_read_again=*/dw_follows);
   // db in the product's epilogue; under FP8 current scaling dy quantised with the scale the input
   // gradient's product took, where that product ran just before.
   const bool dx_ran = dx_bf16 != nullptr || dx != nullptr;
@@ -377,7 +380,7 @@ class GeluMLP final : public Layer {
       const Operand d = gemm_bf16_once(dy, rows, C, st, mode_);  // read by both products below
       if (call.grads.data != nullptr)
         gemm_add_dyt_x(d, rows, H, C, post, at_mut(call.grads, proj.weight), at_mut(call.grads, proj.bias), st, mode_,
-                       fp8_.at(call, 2));
+                       fp8_.at(call, 2), false, /*dy_read_again=*/true);  // the input gradient's product below reads d too
       if (bf16_hidden()) {
         d_pre = d_pre_bf16(call, d, proj, fc);
       } else {
@@ -388,7 +391,7 @@ class GeluMLP final : public Layer {
     // fc's gradients from d_pre (read as it is: bf16 under bf16 products); its bias gradient came above.
     if (rows > 0 && call.d_x.data != nullptr) {
       gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st,
-                mode_, fp8_.at(call, 4));
+                mode_, fp8_.at(call, 4), false, /*dy_read_again=*/call.grads.data != nullptr);
     }
     if (rows > 0 && call.grads.data != nullptr)
       gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.at(call, 5),
