@@ -210,6 +210,44 @@ struct SiteScaling {
   }
 };
 
+namespace {
+
+bool overlap(const TensorView& a, const TensorView& b) {
+  if (a.data == nullptr || b.data == nullptr) return false;
+  const auto* a0 = static_cast<const char*>(a.data);
+  const auto* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.numel() * int64_t(dtype_size(b.dtype)) && b0 < a0 + a.numel() * int64_t(dtype_size(a.dtype));
+}
+
+// LayerCall::x_unchanged for site s of `sites`, whose x is `x` (N positions): the call just before
+// it on the stream (forward: the previous site's, backward: the next site's) was the same layer at
+// the same width reading the same x, with no adapter after it, and writing no part of x (its y,
+// and backward its d_x).
+bool x_unchanged(const std::vector<Site>& sites, const Site& s, bool backward, const TensorView& x, const ActivationArena& arena,
+                 int64_t N) {
+  const std::size_t i = std::size_t(&s - sites.data());
+  if (x.data == nullptr || (backward ? i + 1 >= sites.size() : i == 0)) return false;
+  const Site& p = sites[backward ? i + 1 : i - 1];
+  if (p.op != Op::layer || p.layer != s.layer || p.adapter_param >= 0 || p.x_cols != s.x_cols || p.row_heads != s.row_heads) {
+    return false;
+  }
+  const int64_t rows = N * p.row_heads;
+  const TensorView px = arena.arena(p.x, rows, p.x_cols);
+  if (px.data != x.data || px.dtype != x.dtype) return false;
+  return !overlap(arena.arena(p.y, rows, p.y_cols), x) && !(backward && overlap(arena.arena(p.d_x, rows, p.x_cols), x));
+}
+
+// A call's x, y and their gradients as (N, heads, head_dim) views (rope works on each head of q, k).
+void as_heads(LayerCall& c, int64_t N, int64_t heads, int64_t head_dim) {
+  for (TensorView* t : {&c.x, &c.y, &c.d_y, &c.d_x}) {
+    if (t->data == nullptr) continue;
+    t->ndim = 3;
+    t->shape = {N, heads, head_dim, 0};
+  }
+}
+
+}  // namespace
+
 struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   OpTimes* op_times = nullptr;  // per-op timing (run.profile_steps), else null
   // Runs f, timed as `op` with the device synchronised on both sides when profiling.
@@ -415,19 +453,14 @@ LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
   if (s.param >= 0) c.params = nf4.site_params(s, params, table, *device);
   if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
   c.scaling_state = scaling.of(sched.sites, s);
+  c.x_unchanged = x_unchanged(sched.sites, s, backward, c.x, *this, N);
   if (backward) {
     if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
     c.d_y = arena(s.d_y, rows, s.y_cols);
     c.d_x = arena(s.d_x, rows, s.x_cols);
     c.input_grad = s.input_grad;
   }
-  if (s.layer->role() == LayerRole::position && s.spec->in != s.x_cols) {  // rope: (N, heads, D)
-    for (TensorView* t : {&c.x, &c.y, &c.d_y, &c.d_x}) {
-      if (t->data == nullptr) continue;
-      t->ndim = 3;
-      t->shape = {N, s.heads, o.head_dim, 0};
-    }
-  }
+  if (s.layer->role() == LayerRole::position && s.spec->in != s.x_cols) as_heads(c, N, s.heads, o.head_dim);  // rope
   return c;
 }
 

@@ -61,6 +61,7 @@
 #include "ablate/device.hpp"
 #include "ablate/device_math.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/runtime/model.hpp"
 #include "ablate/runtime/registry.hpp"
 
 using namespace ablate;
@@ -1713,6 +1714,21 @@ Counter plugin_counter(const char* symbol) {
   return counter;
 }
 
+// A dense layer's problem for the FP8 reuse cases below: 64 -> 96 (a linear) or 64 -> 96 -> 64 (an
+// MLP), no bias, `rows` rows.
+Problem fp8_reuse_problem(const char* name, int64_t rows, std::mt19937_64& rng) {
+  Problem p;
+  p.layer = name;
+  p.spec.in = 64;
+  p.spec.out = 96;
+  p.spec.bias = false;
+  p.rows = rows;
+  p.x_width = 64;
+  p.y_width = std::string(name) == "linear" ? 96 : 64;
+  p.batch = make_batch(p.rows, 1, 1, rng);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("FP8 current scaling takes an output gradient's amax once, and packs it once, for the two products that read it") {
@@ -1739,15 +1755,7 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once, and packs i
     std::vector<double> grads_with_dx, dx_with_grads;
     Layer& cpu = suite().layer<Layer>(name, "cpu");
     Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
-    Problem p;
-    p.layer = name;
-    p.spec.in = 64;
-    p.spec.out = 96;
-    p.spec.bias = false;
-    p.rows = 32;
-    p.x_width = 64;
-    p.y_width = std::string(name) == "linear" ? 96 : 64;
-    p.batch = make_batch(p.rows, 1, 1, rng);
+    const Problem p = fp8_reuse_problem(name, 32, rng);
     const Values v = random_values(p, cpu, gpu, rng, 0.0);  // the same values with and without d_x
     for (const bool with_dx : {true, false}) {
       const std::string label = std::string(name) + (with_dx ? " with d_x" : " without d_x");
@@ -1791,6 +1799,163 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once, and packs i
         CHECK_MESSAGE(same_bits(from_device(dx_alone), dx_with_grads), "linear's d_x differs without the weight gradient's product");
       }
     }
+  }
+}
+
+namespace {
+
+// One FP8 layer call's buffers on the device for the input-reuse case below: x (bf16, shared by the
+// calls that read it), the layer's own parameters and copy, its outputs and gradients.
+struct Fp8Site {
+  DeviceFloats params, y, saved, scratch, grads, dx, dy;
+  cuda::DeviceBuffer<uint16_t> copy;
+  Fp8Site(const Layer& gpu, const Problem& p, const Values& v)
+      : params(to_device(v.params)),
+        y(poisoned(p.ny())),
+        saved(poisoned(gpu.activation_elements(p.spec, p.rows))),
+        scratch(poisoned(gpu.scratch_elements(p.spec, p.rows))),
+        grads(to_device(v.grads)),
+        dx(poisoned(p.nx())),
+        dy(to_device(v.d_y)),
+        copy(bf16_copy(v.params)) {}
+  LayerCall call(const Problem& p, const BatchViews& views, cuda::DeviceBuffer<uint16_t>& x, bool backward, bool unchanged) {
+    LayerCall c = base_call(p, views);
+    c.stream = ablate::Stream(suite().stream);
+    c.x = bf16_view(x);
+    c.params = device_view(params);
+    c.params_bf16 = bf16_view(copy);
+    c.saved = device_view(saved);
+    c.scratch = device_view(scratch);
+    c.x_unchanged = unchanged;
+    if (!backward) {
+      c.y = device_view(y);
+    } else {
+      c.grads = device_view(grads);
+      c.d_y = device_view(dy);
+      c.d_x = device_view(dx);
+    }
+    return c;
+  }
+};
+
+}  // namespace
+
+// q's, k's and v's projections read one norm output: the model says so (LayerCall::x_unchanged),
+// and under FP8 current scaling k's and v's forward products read x as q's quantised it (its scale
+// and packed copy), and backward k's and q's weight-gradient products read x transposed as v's and
+// k's packed it; a SwiGLU's up products likewise after its gate's. Checked here on two linears
+// sharing x: the second's y, and its weight gradient, are the same bits with the flag as without
+// (its own quantisation of the same x), the plugin counting one reuse each; where the call before
+// read another x, the flag is ignored (the stream's record of the pack does not match). Then the
+// model's flags: one forward and backward of a 2-block model reuses 4 inputs a block (k and v
+// forward, k and q backward), 6 with a SwiGLU MLP, none under delayed scaling.
+TEST_CASE("FP8 current scaling reads a layer input the call before read, unchanged, as that call quantised it") {
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_inputs_reused");
+  std::mt19937_64 rng(2024);
+  for (const char* name : {"linear", "swiglu_mlp"}) {
+    INFO(name);
+    Layer& cpu = suite().layer<Layer>(name, "cpu");
+    Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
+    const Problem p = fp8_reuse_problem(name, 48, rng);
+    const Values v1 = random_values(p, cpu, gpu, rng, 0.0), v2 = random_values(p, cpu, gpu, rng, 0.0);
+    const DeviceIds ids(p.batch);
+    cuda::DeviceBuffer<uint16_t> x = bf16_copy(v1.x), other_x = bf16_copy(v2.x);
+    const auto sync = [] { ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream)); };
+    // A SwiGLU's up products reuse its gate's within one call: one reuse forward, one backward.
+    // Across calls a SwiGLU gains nothing: the product before its first reading x is the previous
+    // call's down projection (its A and its kept B the hidden activation, not x).
+    const bool linear = std::string(name) == "linear";
+    const int64_t own = linear ? 0 : 1, across = linear ? 1 : 0;
+    Fp8Site first(gpu, p, v1), second(gpu, p, v2), fresh(gpu, p, v2), guarded(gpu, p, v2);
+    gpu.forward(first.call(p, ids.views, x, false, false));
+    int64_t before = reused();
+    gpu.forward(second.call(p, ids.views, x, false, true));
+    sync();
+    CHECK(reused() - before == across + own);
+    before = reused();
+    gpu.forward(fresh.call(p, ids.views, x, false, false));
+    sync();
+    CHECK(reused() - before == own);
+    CHECK_MESSAGE(same_bits(from_device(second.y), from_device(fresh.y)), "y differs with the reused input");
+    // Where the call before read another x, the flag finds no matching pack.
+    gpu.forward(first.call(p, ids.views, other_x, false, false));
+    before = reused();
+    gpu.forward(guarded.call(p, ids.views, x, false, true));
+    sync();
+    CHECK(reused() - before == own);
+    CHECK(same_bits(from_device(guarded.y), from_device(fresh.y)));
+    // Backward: the weight gradient's product of the second call reads x as the first's kept it.
+    gpu.backward(first.call(p, ids.views, x, true, false));
+    before = reused();
+    gpu.backward(second.call(p, ids.views, x, true, true));
+    sync();
+    CHECK(reused() - before == across + own);
+    before = reused();
+    gpu.backward(fresh.call(p, ids.views, x, true, false));
+    sync();
+    CHECK(reused() - before == own);
+    const std::vector<double> g = from_device(second.grads);
+    CHECK(all_finite(g));
+    CHECK_MESSAGE(same_bits(g, from_device(fresh.grads)), "the weight gradient differs with the reused input");
+    CHECK(same_bits(from_device(second.dx), from_device(fresh.dx)));
+  }
+}
+
+TEST_CASE("FP8 current scaling: the model says which projections read the input the call before read") {
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_inputs_reused");
+  const int32_t T = 32;
+  Batch b;
+  b.reset(2, T);
+  for (int32_t i = 0; i < 2 * T; ++i) {
+    b.tokens[std::size_t(i)] = (7 * i) % 128;
+    b.targets[std::size_t(i)] = (7 * i + 3) % 128;
+    b.positions[std::size_t(i)] = i % T;
+    b.segment_ids[std::size_t(i)] = 1;
+  }
+  b.segments = {{0, T}, {0, T}};
+  b.row_segments = {0, 1, 2};
+  // (mlp, scaling, reuses): GPT-2 style and Llama style (RMSNorm, SwiGLU, RoPE, GQA), 2 blocks.
+  const std::tuple<const char*, const char*, int64_t> cases[] = {
+      {"gelu_mlp", "current", 8}, {"swiglu_mlp", "current", 12}, {"gelu_mlp", "delayed", 0}};
+  for (const auto& [mlp, scaling, want] : cases) {
+    const std::string label = std::string(mlp) + ", " + scaling + " scaling";
+    INFO(label);
+    ModelOptions o;
+    o.d_model = 64;
+    o.n_layers = 2;
+    o.n_heads = 4;
+    o.n_kv_heads = std::string(mlp) == "swiglu_mlp" ? 2 : 4;
+    o.head_dim = 16;
+    o.vocab_size = o.vocab_padded = 128;
+    o.max_seq_len = T;
+    o.mlp_hidden = 128;
+    o.mlp = mlp;
+    if (std::string(mlp) == "swiglu_mlp") {
+      o.norm = "rmsnorm";
+      o.position = "rope";
+      o.bias = false;
+    }
+    o.attention = "naive_cuda";
+    RunContext run;
+    run.device = "cuda";
+    run.dtype = "fp8";
+    run.fp8_scaling = scaling;
+    run.threads = 2;
+    Model m(o, suite().registry, run);
+    m.init_params(5);
+    m.zero_grads();
+    const int64_t before = reused();
+    const double loss = m.forward_backward(b, 1.0 / double(b.real_targets()), 0);
+    CHECK(std::isfinite(loss));
+    CHECK(reused() - before == want);
   }
 }
 

@@ -86,6 +86,11 @@ struct LayerCall {
   // into checkpoints (FP8 delayed scaling's amax histories and scales); zeros in a fresh run.
   TensorView scaling_state;
   Stream stream;  // the model's device queue (Device::stream(); null on the cpu)
+  // x is the tensor the call just before this one on the stream (forward: the previous site's
+  // forward; backward: the next site's backward) read as its x, a call of the same layer with the
+  // same width, and nothing has written x since: what the layer derived from it then (a quantised
+  // copy and its scale) may serve again. The model sets it; false is always correct.
+  bool x_unchanged = false;
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;

@@ -114,3 +114,9 @@ extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8
 extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_packs_shared() {
   return ablate::cuda_layers::gemm_fp8_packs_shared();
 }
+
+// FP8 products that read a layer input as an earlier product quantised it (LayerCall::x_unchanged,
+// a SwiGLU's up after its gate), likewise.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_inputs_reused() {
+  return ablate::cuda_layers::gemm_fp8_inputs_reused();
+}

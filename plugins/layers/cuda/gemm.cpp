@@ -90,20 +90,33 @@ struct StreamSet {
   cuda::StreamScratch bias_grad;       // a fused epilogue's bias gradient, before it is added
   cuda::StreamScratch fp8_a, fp8_b;    // FP8 products: the quantised A and B (fp8_operands)
   cuda::StreamScratch fp8_a_other;     // A quantised in its other layout for the next product (a_read_again)
-  // FP8 products' scaling, 16 floats: the amax of A and B [0, 1], their scales [4, 5] and the
+  cuda::StreamScratch fp8_b_kept;      // a weight-gradient product's B (the layer's input), kept for the next one
+  // FP8 products' scaling, 24 floats: the amax of A and B [0, 1], their scales [4, 5] and the
   // scales' inverses (cuBLASLt's scale pointers) [6, 7], then current scaling's slot [8, 16), which
-  // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp).
+  // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp), then the kept
+  // B's scale and inverse [16, 17].
   float* fp8_state = nullptr;
-  // The A that the last FP8 product on this stream quantised under current scaling, whose scale
-  // and inverse are still in fp8_state[4] and [6] (a call that says a_scale_reused with the same
-  // tensor and format uses them again): its values, extent and format.
-  struct LastA {
+  // An operand quantised under current scaling: its values, extent and format.
+  struct Tensor {
     const void* x = nullptr;
     bool bf16 = false;
     int64_t rows = 0, cols = 0, ld = 0;
     Fp8Format format = Fp8Format::e4m3;
-    bool operator==(const LastA&) const = default;
-  } last_a;
+    bool operator==(const Tensor&) const = default;
+  };
+  // A quantised copy in one of the buffers above: of which tensor, in which layout (transposed or
+  // not, leading dimension kp); none when `t.x` is null.
+  struct Pack {
+    Tensor t;
+    bool transposed = false;
+    int64_t kp = 0;
+    bool operator==(const Pack&) const = default;
+  };
+  // The A that the last FP8 product on this stream quantised under current scaling, whose scale
+  // and inverse are still in fp8_state[4] and [6] (a call that says a_scale_reused with the same
+  // tensor and format uses them again).
+  Tensor last_a;
+  Pack a_pack;  // what fp8_a holds: that A, packed by the last product (a_as_before reads it as it is)
   // That A's other layout, where the product that quantised it wrote both (a_read_again): in
   // fp8_a_other, transposed or not, with leading dimension ld; null when there is none.
   struct OtherA {
@@ -111,9 +124,14 @@ struct StreamSet {
     bool transposed = false;
     int64_t ld = 0;
   } other_a;
+  Pack kept_b;  // what fp8_b_kept holds, its scale in fp8_state[16] and [17] (b_as_before reads it)
+  // FP8 products run on this stream so far, and the last that packed or read kept_b: a b_as_before
+  // reads it only from one of the two products before it (the last layer call's weight gradient,
+  // with this call's input gradient between), never an older pack of a buffer since rewritten.
+  int64_t fp8_products = 0, kept_b_at = 0;
   StreamSet() {
     ABLATE_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
-    const float init[16] = {0, 0, 0, 0, 1, 1, 1, 1};
+    const float init[24] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
     ABLATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&fp8_state), sizeof(init)));
     ABLATE_CUDA_CHECK(cudaMemcpy(fp8_state, init, sizeof(init), cudaMemcpyHostToDevice));
   }
@@ -220,70 +238,24 @@ class Context {
       return false;
     }
     float* st = set.fp8_state;
-    // Our A: (M, K) as given, or (K, M) transposed; our B: (K, N), or (N, K) when tb. Each source
-    // is the f32 values where there are some, else the bf16 ones.
-    struct Source {
-      const void* x;
-      bool bf16;
-      int64_t rows, cols, ld;
-      bool transposed;  // the source's rows run along K: pack transposed
-    };
-    const Source a{
+    ++set.fp8_products;
+    // Our A: (M, K) as given, or (K, M) transposed; our B: (K, N), or (N, K) when tb.
+    const Fp8Source a{
         g.A != nullptr ? static_cast<const void*>(g.A) : g.A_bf16, g.A == nullptr, g.ta ? g.K : g.M, g.ta ? g.M : g.K, g.lda, g.ta};
-    const Source b{
+    const Fp8Source b{
         g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
-    auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
-    auto* qb = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
-    // Operand i's scale and inverse into st[4 + i] and st[6 + i] from its slot (delayed scaling) or
-    // current scaling's, its amax first where the slot has no scale; then its quantised copy, the
-    // amax of this use and its saturated values recorded in a delayed-scaling slot.
-    const auto scale_of = [&](const Source& x, float* slot, Fp8Format f, int i) {
-      float* s = slot != nullptr ? slot : st + 8;
-      launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, s, st + i, stream);
-      launch_fp8_slot_scale(s, kFp8Max[int(f)], st + i, st + 4 + i, st + 6 + i, stream);
-    };
-    const auto quantise = [&](const Source& x, float* slot, Fp8Format f, int i, uint8_t* q) {
-      scale_of(x, slot, f, i);
-      float* saturated = slot != nullptr ? slot + 5 : nullptr;
-      launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
-    };
-    // An output gradient read by two products (the input gradient's and the weight gradient's) has
-    // one amax: under current scaling the second quantises it with the first's scale, still in
-    // st[4] and st[6], where the caller says it is the same tensor and the last A was it. Where the
-    // first said the second follows (a_read_again), it wrote A in both layouts from one read, and
-    // the second reads the other layout as it is.
-    const StreamSet::LastA this_a{a.x, a.bf16, a.rows, a.cols, a.ld, fa};
-    const StreamSet::OtherA other = set.other_a;
-    set.other_a = {};
-    if (g.a_scale_reused && g.fp8.a == nullptr && set.last_a == this_a) {
-      if (other.q != nullptr && other.transposed == a.transposed && other.ld == kp) {
-        qa = const_cast<uint8_t*>(other.q);
-        ++packs_shared_;
-      } else {
-        launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
-      }
-      ++scales_reused_;
-    } else if (g.a_read_again && g.fp8.a == nullptr) {
-      // Current scaling: this layout (K along the source's columns when not transposed, along its
-      // rows when transposed) and the other, padded along its own K.
-      scale_of(a, nullptr, fa, 0);
-      const int64_t other_ld = a.transposed ? (a.cols + 15) / 16 * 16 : (a.rows + 15) / 16 * 16;
-      const int64_t other_rows = a.transposed ? a.rows : a.cols;
-      auto* qo = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a_other.get(std::size_t(other_rows * other_ld) + 256, stream)));
-      uint8_t* plain = a.transposed ? qo : qa;
-      uint8_t* transposed = a.transposed ? qa : qo;
-      launch_fp8_pack_both(a.x, a.bf16, a.rows, a.cols, a.ld, st + 4, fa, plain, a.transposed ? other_ld : kp, transposed,
-                           a.transposed ? kp : other_ld, nullptr, nullptr, stream);
-      set.other_a = {qo, !a.transposed, other_ld};
-    } else {
-      quantise(a, g.fp8.a, fa, 0, qa);
+    const uint8_t* qa = fp8_operand_a(g, set, a, fa, kp, stream);
+    const bool keep_b = g.ta && g.fp8.b == nullptr;  // a weight-gradient product's B under current scaling
+    const uint8_t* qb = keep_b ? fp8_kept_b(g, set, b, kp, stream) : nullptr;
+    if (!keep_b) {
+      auto* q = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
+      quantise(set, b, g.fp8.b, fb, 1, q, kp, stream);
+      qb = q;
     }
-    set.last_a = g.fp8.a == nullptr ? this_a : StreamSet::LastA{};
-    quantise(b, g.fp8.b, fb, 1, qb);
     ABLATE_CUDA_CHECK(cudaGetLastError());
     point_epilogue(p, g, g.bias_bf16 != nullptr ? g.bias_bf16 : static_cast<const void*>(g.bias));
     // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
-    const void* scale_first = st + 7;
+    const void* scale_first = keep_b ? st + 17 : st + 7;
     const void* scale_second = st + 6;
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_first, sizeof(scale_first)),
              "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", g);
@@ -296,6 +268,101 @@ class Context {
     check_lt(rc, "cublasLtMatmul", g);
     if (!no_epilogue(g)) ++fp8_epilogues_;
     return true;
+  }
+
+  // An FP8 product's operand as stored: its values (f32 where there are some, else bf16) and extent;
+  // transposed: its rows run along K (packed transposed).
+  struct Fp8Source {
+    const void* x;
+    bool bf16;
+    int64_t rows, cols, ld;
+    bool transposed;
+    StreamSet::Tensor tensor(Fp8Format f) const { return {x, bf16, rows, cols, ld, f}; }
+  };
+
+  // The operand's scale and inverse into scale[0] and inverse[0] from its slot (delayed scaling) or
+  // current scaling's (fp8_state[8, 16)), its amax (into amax[0]) first where the slot has no scale.
+  static void scale_of(StreamSet& set, const Fp8Source& x, float* slot, Fp8Format f, float* amax, float* scale, float* inverse,
+                       cudaStream_t stream) {
+    float* s = slot != nullptr ? slot : set.fp8_state + 8;
+    launch_fp8_slot_amax(x.x, x.bf16, x.rows, x.cols, x.ld, s, amax, stream);
+    launch_fp8_slot_scale(s, kFp8Max[int(f)], amax, scale, inverse, stream);
+  }
+  // Operand i's scale and inverse into fp8_state[4 + i] and [6 + i], then its quantised copy q
+  // (leading dimension kp), the amax of this use and its saturated values recorded in a
+  // delayed-scaling slot.
+  static void quantise(StreamSet& set, const Fp8Source& x, float* slot, Fp8Format f, int i, uint8_t* q, int64_t kp,
+                       cudaStream_t stream) {
+    float* st = set.fp8_state;
+    scale_of(set, x, slot, f, st + i, st + 4 + i, st + 6 + i, stream);
+    float* saturated = slot != nullptr ? slot + 5 : nullptr;
+    launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
+  }
+
+  // A, quantised (its scale in fp8_state[4] and [6]) or found so. Under current scaling:
+  //  - a_as_before: A is the last product's A, unchanged, and fp8_a still holds its pack in this
+  //    layout (the same tensor, extent, format, layout): read as it is (q, k and v's products
+  //    reading one norm output);
+  //  - a_scale_reused: an output gradient read by two products (the input gradient's and the
+  //    weight gradient's) has one amax: the second quantises it with the first's scale, or reads
+  //    the layout the first wrote for it (a_read_again: both layouts from one read).
+  const uint8_t* fp8_operand_a(const GemmCall& g, StreamSet& set, const Fp8Source& a, Fp8Format fa, int64_t kp, cudaStream_t stream) {
+    float* st = set.fp8_state;
+    auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
+    const bool current = g.fp8.a == nullptr;
+    const StreamSet::Tensor this_a = a.tensor(fa);
+    const StreamSet::Pack this_pack{this_a, a.transposed, kp};
+    const StreamSet::OtherA other = set.other_a;
+    set.other_a = {};
+    const uint8_t* out = qa;
+    if (current && g.fp8.a_as_before && set.last_a == this_a && set.a_pack == this_pack) {
+      ++inputs_reused_;
+    } else if (current && g.a_scale_reused && set.last_a == this_a) {
+      if (other.q != nullptr && other.transposed == a.transposed && other.ld == kp) {
+        out = other.q;
+        ++packs_shared_;
+      } else {
+        launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
+      }
+      ++scales_reused_;
+    } else if (current && g.a_read_again) {
+      // This layout (K along the source's columns when not transposed, along its rows when
+      // transposed) and the other, padded along its own K.
+      scale_of(set, a, nullptr, fa, st, st + 4, st + 6, stream);
+      const int64_t other_ld = a.transposed ? (a.cols + 15) / 16 * 16 : (a.rows + 15) / 16 * 16;
+      const int64_t other_rows = a.transposed ? a.rows : a.cols;
+      auto* qo = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a_other.get(std::size_t(other_rows * other_ld) + 256, stream)));
+      uint8_t* plain = a.transposed ? qo : qa;
+      uint8_t* transposed = a.transposed ? qa : qo;
+      launch_fp8_pack_both(a.x, a.bf16, a.rows, a.cols, a.ld, st + 4, fa, plain, a.transposed ? other_ld : kp, transposed,
+                           a.transposed ? kp : other_ld, nullptr, nullptr, stream);
+      set.other_a = {qo, !a.transposed, other_ld};
+    } else {
+      quantise(set, a, g.fp8.a, fa, 0, qa, kp, stream);
+    }
+    set.last_a = current ? this_a : StreamSet::Tensor{};
+    set.a_pack = current && out == qa ? this_pack : StreamSet::Pack{};
+    return out;
+  }
+
+  // A weight-gradient product's B under current scaling (the layer's input x, transposed), packed
+  // into fp8_b_kept with its scale in fp8_state[16] and [17], or, with b_as_before, found there as
+  // the last such product packed it (the same tensor, extent and layout: v's, k's and q's weight
+  // gradients reading one norm output, a SwiGLU's gate and up).
+  const uint8_t* fp8_kept_b(const GemmCall& g, StreamSet& set, const Fp8Source& b, int64_t kp, cudaStream_t stream) {
+    float* st = set.fp8_state;
+    auto* q = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b_kept.get(std::size_t(g.N * kp) + 256, stream)));
+    const StreamSet::Pack this_pack{b.tensor(Fp8Format::e4m3), b.transposed, kp};
+    if (g.fp8.b_as_before && set.kept_b == this_pack && set.fp8_products - set.kept_b_at <= 2) {
+      set.kept_b_at = set.fp8_products;  // read again: the next call may read it from here (k's, then q's)
+      ++inputs_reused_;
+      return q;
+    }
+    scale_of(set, b, nullptr, Fp8Format::e4m3, st + 1, st + 16, st + 17, stream);
+    launch_fp8_pack(b.x, b.bf16, b.rows, b.cols, b.ld, b.transposed, st + 16, Fp8Format::e4m3, q, kp, nullptr, nullptr, stream);
+    set.kept_b = this_pack;
+    set.kept_b_at = set.fp8_products;
+    return q;
   }
 
   // The plan of an FP8 problem: the TN form (cuBLASLt's A, our B, transposed), both operands
@@ -428,6 +495,11 @@ class Context {
     return packs_shared_;
   }
 
+  int64_t inputs_reused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inputs_reused_;
+  }
+
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
   // length in memory).
@@ -506,6 +578,7 @@ class Context {
   int64_t scales_reused_ = 0;        // FP8 products whose A was quantised with the last product's scale
   int64_t fp8_epilogues_ = 0;        // FP8 products run with their epilogue fused
   int64_t packs_shared_ = 0;         // FP8 products that read the A the product before them packed for them
+  int64_t inputs_reused_ = 0;        // FP8 products that read a layer input packed by an earlier one (a_as_before, b_as_before)
 };
 
 Context& context() {
@@ -584,6 +657,8 @@ int64_t gemm_fp8_epilogues_fused() { return context().fp8_epilogues(); }
 
 int64_t gemm_fp8_packs_shared() { return context().packs_shared(); }
 
+int64_t gemm_fp8_inputs_reused() { return context().inputs_reused(); }
+
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);
   if (bf16_family(mode)) {
@@ -596,7 +671,8 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
     // The quantised A and B (one byte an element, K padded to 16), A's other layout (an output
     // gradient quantised for both its products at once), and the scaling state.
     const int64_t wide = std::max(in, out) + 16;
-    bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + (rows + 16) * wide + 3 * 256 + 32;
+    // And a weight-gradient product's B kept for the next (the layer's input, transposed).
+    bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + 2 * (rows + 16) * wide + 4 * 256 + 32;
   }
   return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
 }

@@ -69,6 +69,14 @@ using Weight = Operand;
 struct Fp8Slots {
   float* a = nullptr;
   float* b = nullptr;
+  // Current scaling (no slot): the layer's input read again as the call before this one read it,
+  // unchanged since (LayerCall::x_unchanged, or two products of one layer reading one x): a forward
+  // product's A (a_as_before) found packed by the product just before, a weight-gradient product's
+  // B (b_as_before: the input, transposed) found as the last weight-gradient product kept it, each
+  // with its scale; where the stream's record of that pack does not match (another tensor, extent
+  // or layout), quantised as usual.
+  bool a_as_before = false;
+  bool b_as_before = false;
 };
 // How FP8 products' scales are set (run.fp8_scaling): history 0, current scaling; else delayed
 // scaling over an amax history of that many steps, from its max (use_max) or its newest value.
@@ -210,6 +218,8 @@ int64_t gemm_fp8_scales_reused();
 int64_t gemm_fp8_epilogues_fused();
 // FP8 products that read their A as the product before them packed it for them (a_read_again).
 int64_t gemm_fp8_packs_shared();
+// FP8 products that read a layer input as an earlier product packed it (a_as_before, b_as_before).
+int64_t gemm_fp8_inputs_reused();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -196,6 +196,20 @@ struct Fp8State {
     float* base = call.scaling_state.as<float>() + int64_t(product) * 2 * slot();
     return {base, base + slot()};
   }
+  // Product `product` reading the layer's input x as the call before this one read it
+  // (LayerCall::x_unchanged), or as the product before it in this call did (`again`): as its A (a
+  // forward product) or its B (a weight-gradient product), found packed where the stream's record
+  // agrees (Fp8Slots::a_as_before, b_as_before; current scaling only).
+  Fp8Slots input_a(const LayerCall& call, int product, bool again = false) const {
+    Fp8Slots s = at(call, product);
+    s.a_as_before = again || call.x_unchanged;
+    return s;
+  }
+  Fp8Slots input_b(const LayerCall& call, int product, bool again = false) const {
+    Fp8Slots s = at(call, product);
+    s.b_as_before = again || call.x_unchanged;
+    return s;
+  }
   // The step just ended, from the state copied to the host: each slot's saturated values ([6]).
   ScalingReport report(const float* state) const {
     ScalingReport r;
@@ -245,7 +259,7 @@ class Linear final : public Layer {
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_, /*bf16_y=*/true);
     if (to_bf16_stream(call)) {  // the attention's output projection, added to a stream held in bf16
-      project_to_stream(kName, call, x, s.in, s.out, p, scratch_at(call, 0), mode_, fp8_.at(call, 0));
+      project_to_stream(kName, call, x, s.in, s.out, p, scratch_at(call, 0), mode_, fp8_.input_a(call, 0));
       check_launch(kName);
       return;
     }
@@ -254,7 +268,7 @@ class Linear final : public Layer {
     if (y_bf16 && write_bf16_y(call, x, p)) return;
     float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
     dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y, call.residual.as<const float>(),
-                  dropout_of(kName, call), scratch_at(call, 0), st, mode_, fp8_.at(call, 0));
+                  dropout_of(kName, call), scratch_at(call, 0), st, mode_, fp8_.input_a(call, 0));
     if (y_bf16) launch_to_bf16(y, call.rows, s.out, s.out, call.y.as<uint16_t>(), st);
     check_launch(kName);
   }
@@ -270,7 +284,7 @@ class Linear final : public Layer {
     const Operand dy = dy_bf16 ? Operand{nullptr, call.d_y.data} : Operand{call.d_y.as<const float>()};
     dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight), at_mut(call.grads, p.bias),
                    dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0),
-                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr, fp8_.at(call, 1), fp8_.at(call, 2));
+                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr, fp8_.at(call, 1), fp8_.input_b(call, 2));
     check_launch(kName);
   }
 
@@ -284,13 +298,13 @@ class Linear final : public Layer {
     const Weight W = weight_at(call, p.weight);
     auto* y = call.y.as<uint16_t>();
     if (p.bias < 0) {
-      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_, fp8_.at(call, 0));
+      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_, fp8_.input_a(call, 0));
       check_launch(kName);
       return true;
     }
     if (call.params_bf16.data == nullptr) return false;
     const Weight b = weight_at(call, p.bias);
-    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_, fp8_.at(call, 0));
+    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_, fp8_.input_a(call, 0));
     check_launch(kName);
     return done;
   }
@@ -353,7 +367,7 @@ class GeluMLP final : public Layer {
       // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue.
       float* pre = call.saved.as<float>();
       gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st, mode_,
-                     fp8_.at(call, 0));
+                     fp8_.input_a(call, 0));
     }
     project_to_stream(kName, call, post, H, C, proj, scratch_at(call, dropout_at(s, rows)), mode_, fp8_.at(call, 1));
     check_launch(kName);
@@ -394,7 +408,7 @@ class GeluMLP final : public Layer {
                 mode_, fp8_.at(call, 4), false, /*dy_read_again=*/call.grads.data != nullptr);
     }
     if (rows > 0 && call.grads.data != nullptr)
-      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.at(call, 5),
+      gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.input_b(call, 5),
                      /*dy_scale_reused=*/call.d_x.data != nullptr);
     check_launch(kName);
   }
@@ -424,10 +438,10 @@ class GeluMLP final : public Layer {
     auto* post = static_cast<uint16_t*>(const_cast<void*>(post_of(call, rows * H).bf16));
     const Weight W = weight_at(call, fc.weight);
     const void* bias = fc.bias < 0 ? nullptr : weight_at(call, fc.bias).bf16;
-    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_, fp8_.at(call, 0)))
+    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_, fp8_.input_a(call, 0)))
       return;
     float* t = call.scratch.as<float>();
-    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_, fp8_.at(call, 0));
+    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_, fp8_.input_a(call, 0));
     launch_gelu_forward_bf16(t, pre, post, rows * H, st);
   }
 
@@ -498,9 +512,10 @@ class SwiGLUMLP final : public Layer {
     float* u = g + rows * H;
     const Operand h = h_of(call, rows * H);
     dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
-                  mode_, fp8_.at(call, 0));
+                  mode_, fp8_.input_a(call, 0));
+    // up's product reads x as gate's just did (under FP8 current scaling, its quantised copy)
     dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_,
-                  fp8_.at(call, 1));
+                  fp8_.input_a(call, 1, /*again=*/true));
     if (bf16_h()) {
       launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
     } else {
@@ -529,9 +544,10 @@ class SwiGLUMLP final : public Layer {
     float* d_x = call.d_x.as<float>();
     dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight), at_mut(call.grads, gate.bias),
                    d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 5),
-                   fp8_.at(call, 6));
+                   fp8_.input_b(call, 6));
+    // up's weight gradient reads x as gate's just did (under FP8 current scaling, its transposed copy)
     dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias), d_x,
-                   true, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 7), fp8_.at(call, 8));
+                   true, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 7), fp8_.input_b(call, 8, /*again=*/true));
     check_launch(kName);
   }
 
