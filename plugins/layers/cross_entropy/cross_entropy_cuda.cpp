@@ -116,7 +116,10 @@ class CrossEntropy final : public LossLayer {
   // `rows` whose logits fit kLogitsBudget, rounded up to a multiple of 128 rows, at least 1024.
   int64_t bf16_chunk(int64_t rows, int64_t out) const {
     if (chunk_rows_ > 0) return chunk_rows_;
-    return classifier_chunk_rows(rows, out, kLogitsBudget);
+    const int64_t bytes = std::max<int64_t>(1, rows) * std::max<int64_t>(1, out) * 2;
+    const int64_t chunks = (bytes + kLogitsBudget - 1) / kLogitsBudget;
+    const int64_t even = (rows + chunks - 1) / chunks;
+    return std::max<int64_t>(kChunk, (even + 127) / 128 * 128);
   }
 
   static constexpr const char* kName = "cross_entropy";
@@ -125,13 +128,6 @@ class CrossEntropy final : public LossLayer {
 };
 
 }  // namespace
-
-int64_t classifier_chunk_rows(int64_t rows, int64_t out, int64_t budget_bytes) {
-  const int64_t bytes = std::max<int64_t>(1, rows) * std::max<int64_t>(1, out) * 2;
-  const int64_t chunks = std::max<int64_t>(1, (bytes + budget_bytes - 1) / budget_bytes);
-  const int64_t even = (rows + chunks - 1) / chunks;
-  return std::max<int64_t>(kChunk, (even + 127) / 128 * 128);
-}
 
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode, int64_t chunk_rows) {
   return std::make_unique<CrossEntropy>(mode, chunk_rows);

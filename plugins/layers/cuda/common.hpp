@@ -29,10 +29,7 @@ std::unique_ptr<Layer> make_linear(MatmulMode mode, Fp8Scaling scaling);
 std::unique_ptr<Layer> make_gelu_mlp(MatmulMode mode, Fp8Scaling scaling);
 std::unique_ptr<Layer> make_swiglu_mlp(MatmulMode mode, Fp8Scaling scaling);
 std::unique_ptr<LossLayer> make_cross_entropy(MatmulMode mode, int64_t chunk_rows = 0);  // 0: the layer's choice
-// The rows of the bf16-logit classifier's chunks (cross_entropy_cuda.cpp): the fewest equal chunks of
-// `rows` whose (chunk, out) bf16 logits fit budget_bytes, rounded up to 128 rows, at least 1024.
-int64_t classifier_chunk_rows(int64_t rows, int64_t out, int64_t budget_bytes);
-std::unique_ptr<Layer> make_lora(const Params& own);  // [adapter.lora]
+std::unique_ptr<Layer> make_lora(const Params& own);                                     // [adapter.lora]
 
 // A view of `dtype` on the cuda device holding at least `elements` values (none needed: any view).
 inline void require_view(const char* layer, const TensorView& t, const char* what, int64_t elements, DType dtype) {

@@ -669,9 +669,9 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
   }
   if (fp8_mode(mode)) {
     // The quantised A and B (one byte an element, K padded to 16), A's other layout (an output
-    // gradient quantised for both its products at once), and the scaling state.
+    // gradient quantised for both its products at once), a weight-gradient product's B kept for the
+    // next (the layer's input, transposed), and the scaling state.
     const int64_t wide = std::max(in, out) + 16;
-    // And a weight-gradient product's B kept for the next (the layer's input, transposed).
     bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + 2 * (rows + 16) * wide + 4 * 256 + 32;
   }
   return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
