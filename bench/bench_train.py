@@ -33,6 +33,7 @@ Usage: python3 bench/bench_train.py [--steps 20] [--rounds 2] [--threads N] [--n
 """
 import argparse
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -117,7 +118,9 @@ def run_torch(shape, steps, warmup, threads, seed):
     torch.manual_seed(seed)
     model = GPT(vocab, d, n_layers, n_heads, max_seq_len)
     params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=False)
+    # The single-tensor loop, as ablate's adamw (torch before 2.0 has no `fused` argument and no other loop).
+    unfused = {"fused": False} if "fused" in inspect.signature(torch.optim.AdamW).parameters else {}
+    opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, **unfused)
     gen = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, vocab, (B, T + 1), generator=gen) for _ in range(warmup + steps)]
     times, losses = [], []

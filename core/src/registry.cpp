@@ -16,6 +16,7 @@
 #include "ablate/device.hpp"
 #include "ablate/plugin.hpp"
 #include "ablate/version.hpp"
+#include "cpu_kernels.hpp"
 
 namespace ablate {
 
@@ -189,6 +190,7 @@ bool Registry::load_file(const fs::path& file) {
     return false;
   };
 
+  choose_cpu_blas_kernels();  // before any plugin loads OpenBLAS
   boost::dll::shared_library lib;
   try {
     lib.load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);

@@ -2,6 +2,8 @@
 // plugins/layers/ holds its CPU file (here) and its CUDA file (cuda/cuda_layers.cpp registers those).
 // rope, lora and cross_entropy have keys of their own (layer_params::rope_keys, lora_keys,
 // classifier_keys), the others none.
+#include <spdlog/spdlog.h>
+
 #include "ablate/plugin.hpp"
 #include "common.hpp"
 
@@ -23,6 +25,8 @@ void add(ablate::Registrar& r, const char* name, const char* doc, std::unique_pt
 
 void register_components(ablate::Registrar& r) {
   using namespace ablate::cpu_layers;
+  // Which kernels OpenBLAS loaded with (the core names them before the first plugin loads).
+  spdlog::debug("cpu_layers: {} ({} kernels)", openblas_get_config(), openblas_get_corename());
   add(r, "embedding", "token embedding table lookup on the CPU (f32/f64), optional output dropout", make_embedding);
   add(r, "learned", "learned position table added to the stream on the CPU (f32/f64)", make_learned);
   r.add({ablate::Kind::layer,
