@@ -238,7 +238,7 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
       c.comm.join();
     });
   }
-  if (args.params_bf16 == nullptr) c.model.params_changed();  // the bf16 weight copy, where the run has one
+  c.model.params_changed(args.params_bf16 != nullptr);  // the bf16 weight copy (where the optimizer wrote none), the layers' caches
 }
 
 // 6. The layers' scaling state (FP8 delayed scaling) steps on: each site's amax of this step, the

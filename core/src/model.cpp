@@ -210,6 +210,33 @@ struct SiteScaling {
   }
 };
 
+// The layers' weight caches (LayerBase::weight_cache_bytes): every site's part of one buffer, and
+// which sites were called since the parameters last changed (LayerCall::weights_unchanged).
+struct SiteWeightCache {
+  Buffer bytes;                 // f32 elements holding each site's bytes (none: empty)
+  std::vector<int64_t> at;      // per site: where its part starts, in f32 elements (-1: none)
+  std::vector<uint64_t> calls;  // per site: the parameters' version at its last call (0: never)
+  uint64_t version = 1;         // the parameters' version: every change makes a new one
+  void allocate(Device& device, const std::vector<Site>& sites) {
+    int64_t n = 0;
+    for (const Site& s : sites) {
+      const int64_t k = s.op == Op::layer ? (s.layer->weight_cache_bytes(*s.spec) + 255) / 256 * 64 : 0;  // 256-byte parts
+      at.push_back(k > 0 ? n : -1);
+      n += k;
+    }
+    calls.assign(sites.size(), 0);
+    if (n > 0) bytes = device.alloc(DType::f32, n);
+  }
+  // Site s's part and whether its last call saw these parameters; from now on it has.
+  void set(LayerCall& c, const std::vector<Site>& sites, const Site& s) {
+    const std::size_t i = std::size_t(&s - sites.data());
+    if (at.empty() || at[i] < 0) return;
+    c.weight_cache = bytes.view(at[i], (s.layer->weight_cache_bytes(*s.spec) + 3) / 4);
+    c.weights_unchanged = calls[i] == version;
+    calls[i] = version;
+  }
+};
+
 namespace {
 
 bool overlap(const TensorView& a, const TensorView& b) {
@@ -273,11 +300,12 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   std::function<void(std::size_t)> gradient_hook;  // called after each gradient write in forward_backward
   schedule::Bf16Policy bf16;                       // which activations are held in bf16
 
-  Buffer params, grads;   // (P, less the NF4 tensors) f32, (P - frozen) f32
-  Buffer params_bf16;     // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
-  SiteScaling scaling;    // every site's LayerCall::scaling_state
-  schedule::Nf4Base nf4;  // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
-  DeviceBatch batch;      // the micro-batch on the device
+  Buffer params, grads;             // (P, less the NF4 tensors) f32, (P - frozen) f32
+  Buffer params_bf16;               // (P) bf16 copy of params for bf16 products (run.dtype = "bf16"), else empty
+  SiteScaling scaling;              // every site's LayerCall::scaling_state
+  mutable SiteWeightCache weights;  // every site's LayerCall::weight_cache (call_of records the call)
+  schedule::Nf4Base nf4;            // [adapter] base_dtype = "nf4": the base's linear and MLP weights (model_nf4.hpp)
+  DeviceBatch batch;                // the micro-batch on the device
 
   // The adapters' region for N rows: offsets of each adapter's saved values, then of the scratch
   // they share, then the end (elements of the call's dtype, f32).
@@ -454,6 +482,7 @@ LayerCall Model::Impl::call_of(const Site& s, bool backward) const {
   if (s.param >= 0 && params_bf16.count() > 0) c.params_bf16 = param_tail(params_bf16, s.param);
   c.scaling_state = scaling.of(sched.sites, s);
   c.x_unchanged = x_unchanged(sched.sites, s, backward, c.x, *this, N);
+  weights.set(c, sched.sites, s);
   if (backward) {
     if (s.param >= 0 && frozen == 0) c.grads = param_tail(grads, s.param);
     c.d_y = arena(s.d_y, rows, s.y_cols);
@@ -551,6 +580,7 @@ void Model::Impl::allocate() {
   nf4.allocate(*device);
   if (holds_bf16(run.dtype)) params_bf16 = device->alloc(DType::bf16, table.total);
   scaling.allocate(*device, sched.sites);
+  weights.allocate(*device, sched.sites);
 }
 
 // Tests: the device run.device names, without Session::device's run.dtype check (a model's own
@@ -614,7 +644,8 @@ TensorView Model::grads() { return impl_->grads.view(); }
 TensorView Model::params_bf16() { return impl_->params_bf16.count() > 0 ? impl_->params_bf16.view() : TensorView{}; }
 int64_t Model::state_bytes() const noexcept {
   const Impl& m = *impl_;
-  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4.bytes() + m.scaling.values.bytes();
+  return m.params.bytes() + m.grads.bytes() + m.params_bf16.bytes() + m.nf4.bytes() + m.scaling.values.bytes() +
+         m.weights.bytes.bytes();
 }
 
 TensorView Model::scaling_state() { return impl_->scaling.values.count() > 0 ? impl_->scaling.values.view() : TensorView{}; }
@@ -622,9 +653,10 @@ TensorView Model::scaling_state() { return impl_->scaling.values.count() > 0 ? i
 ScalingReport Model::scaling_report() { return impl_->scaling.report(*impl_->device, impl_->sched.sites); }
 void Model::end_step() { impl_->scaling.end_step(*impl_->device, impl_->sched.sites); }
 
-void Model::params_changed() {
+void Model::params_changed(bool bf16_copy_written) {
   Impl& m = *impl_;
-  if (m.params_bf16.count() > 0) m.device->to_bf16(m.params_bf16.view(), m.params.view());
+  ++m.weights.version;
+  if (m.params_bf16.count() > 0 && !bf16_copy_written) m.device->to_bf16(m.params_bf16.view(), m.params.view());
 }
 
 void Model::copy_params_to_host(std::vector<float>& out) {

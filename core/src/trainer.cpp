@@ -477,6 +477,7 @@ void resume_or_init(TrainingSetup& t, TrainingProgress& p) {
   if (t.run.world > 1) {  // one model for every rank: rank 0's
     t.comm.broadcast(model.params(), 0);
     t.comm.join();
+    model.params_changed();
   }
 }
 

@@ -1905,6 +1905,56 @@ TEST_CASE("FP8 current scaling reads a layer input the call before read, unchang
   }
 }
 
+namespace {
+
+// Two rows of T tokens (token i = (mul i) % 128, its target the next multiple's) for the FP8 model
+// cases below.
+Batch fp8_model_batch(int32_t T, int32_t mul) {
+  Batch b;
+  b.reset(2, T);
+  for (int32_t i = 0; i < 2 * T; ++i) {
+    b.tokens[std::size_t(i)] = (mul * i) % 128;
+    b.targets[std::size_t(i)] = (mul * i + 3) % 128;
+    b.positions[std::size_t(i)] = i % T;
+    b.segment_ids[std::size_t(i)] = 1;
+  }
+  b.segments = {{0, T}, {0, T}};
+  b.row_segments = {0, 1, 2};
+  return b;
+}
+
+// A 2-block FP8 model on the emulated device: GPT-2 style (gelu_mlp) or Llama style (swiglu_mlp:
+// RMSNorm, RoPE, GQA, no biases), its parameters drawn from seed 5.
+std::unique_ptr<Model> fp8_model(const char* mlp, const char* scaling, int32_t T) {
+  ModelOptions o;
+  o.d_model = 64;
+  o.n_layers = 2;
+  o.n_heads = 4;
+  o.n_kv_heads = std::string(mlp) == "swiglu_mlp" ? 2 : 4;
+  o.head_dim = 16;
+  o.vocab_size = o.vocab_padded = 128;
+  o.max_seq_len = T;
+  o.mlp_hidden = 128;
+  o.mlp = mlp;
+  if (std::string(mlp) == "swiglu_mlp") {
+    o.norm = "rmsnorm";
+    o.position = "rope";
+    o.bias = false;
+  }
+  o.attention = "naive_cuda";
+  RunContext run;
+  run.device = "cuda";
+  run.dtype = "fp8";
+  run.fp8_scaling = scaling;
+  run.threads = 2;
+  auto m = std::make_unique<Model>(o, suite().registry, run);
+  m->init_params(5);
+  m->zero_grads();
+  return m;
+}
+
+}  // namespace
+
 TEST_CASE("FP8 current scaling: the model says which projections read the input the call before read") {
   if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
@@ -1912,50 +1962,148 @@ TEST_CASE("FP8 current scaling: the model says which projections read the input 
   }
   const Counter reused = plugin_counter("ablate_cuda_layers_fp8_inputs_reused");
   const int32_t T = 32;
-  Batch b;
-  b.reset(2, T);
-  for (int32_t i = 0; i < 2 * T; ++i) {
-    b.tokens[std::size_t(i)] = (7 * i) % 128;
-    b.targets[std::size_t(i)] = (7 * i + 3) % 128;
-    b.positions[std::size_t(i)] = i % T;
-    b.segment_ids[std::size_t(i)] = 1;
-  }
-  b.segments = {{0, T}, {0, T}};
-  b.row_segments = {0, 1, 2};
+  const Batch b = fp8_model_batch(T, 7);
   // (mlp, scaling, reuses): GPT-2 style and Llama style (RMSNorm, SwiGLU, RoPE, GQA), 2 blocks.
   const std::tuple<const char*, const char*, int64_t> cases[] = {
       {"gelu_mlp", "current", 8}, {"swiglu_mlp", "current", 12}, {"gelu_mlp", "delayed", 0}};
   for (const auto& [mlp, scaling, want] : cases) {
     const std::string label = std::string(mlp) + ", " + scaling + " scaling";
     INFO(label);
-    ModelOptions o;
-    o.d_model = 64;
-    o.n_layers = 2;
-    o.n_heads = 4;
-    o.n_kv_heads = std::string(mlp) == "swiglu_mlp" ? 2 : 4;
-    o.head_dim = 16;
-    o.vocab_size = o.vocab_padded = 128;
-    o.max_seq_len = T;
-    o.mlp_hidden = 128;
-    o.mlp = mlp;
-    if (std::string(mlp) == "swiglu_mlp") {
-      o.norm = "rmsnorm";
-      o.position = "rope";
-      o.bias = false;
-    }
-    o.attention = "naive_cuda";
-    RunContext run;
-    run.device = "cuda";
-    run.dtype = "fp8";
-    run.fp8_scaling = scaling;
-    run.threads = 2;
-    Model m(o, suite().registry, run);
-    m.init_params(5);
-    m.zero_grads();
+    const std::unique_ptr<Model> m = fp8_model(mlp, scaling, T);
     const int64_t before = reused();
-    const double loss = m.forward_backward(b, 1.0 / double(b.real_targets()), 0);
+    const double loss = m->forward_backward(b, 1.0 / double(b.real_targets()), 0);
     CHECK(std::isfinite(loss));
     CHECK(reused() - before == want);
+  }
+}
+
+// A layer's weights are quantised once a step under FP8 current scaling: the first product of the
+// step that reads a weight makes its FP8 copies in both layouts (the forward's and the input
+// gradient's) in the call site's weight cache, and every later product of the step reads them
+// (LayerCall::weights_unchanged). Checked on one site over two micro-batches against a site
+// without a cache (each product quantising the weight itself): y, d_x and the weight gradients
+// the same bits at every call, the plugin counting a reuse for each product that reads a weight
+// after the first (the input gradients of the first micro-batch, then every weight product of the
+// second: 1 + 1 for a linear, 2 + 2 for a GELU MLP, 3 + 3 for a SwiGLU). Then new weights
+// (weights_unchanged false) are quantised again, and a cache holding another tensor's copies is
+// never read for this one, whatever the flag says.
+TEST_CASE("FP8 current scaling quantises a layer's weights once a step, both layouts from one read, for every micro-batch") {
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_weight_packs_reused");
+  std::mt19937_64 rng(77);
+  for (const char* name : {"linear", "gelu_mlp", "swiglu_mlp"}) {
+    const std::string layer_name = name;
+    INFO(layer_name);
+    Layer& cpu = suite().layer<Layer>(name, "cpu");
+    Layer& gpu = suite().layer<Layer>(name, "cuda", "fp8");
+    const Problem p = fp8_reuse_problem(name, 48, rng);
+    const int64_t weights = std::string(name) == "linear" ? 1 : std::string(name) == "gelu_mlp" ? 2 : 3;
+    const int64_t bytes = gpu.weight_cache_bytes(p.spec);
+    CHECK(bytes >= weights * (256 + p.spec.in * p.spec.out * 2));
+    const Values v = random_values(p, cpu, gpu, rng, 0.0), v2 = random_values(p, cpu, gpu, rng, 0.0);
+    const DeviceIds ids(p.batch);
+    cuda::DeviceBuffer<uint16_t> x1 = bf16_copy(v.x), x2 = bf16_copy(v2.x);
+    DeviceFloats cache = poisoned((bytes + 3) / 4);  // NaN until made: a read before would show
+    Fp8Site cached(gpu, p, v), plain(gpu, p, v);
+    const auto sync = [] { ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream)); };
+    // One call on both sites; the cached one sees `unchanged`. Returns the reuses it counted.
+    int call_number = 0;
+    const auto both = [&](cuda::DeviceBuffer<uint16_t>& x, bool backward, bool unchanged) {
+      const std::string which = "call " + std::to_string(++call_number) + (backward ? " (backward)" : " (forward)");
+      INFO(which);
+      LayerCall c = cached.call(p, ids.views, x, backward, false);
+      c.weight_cache = device_view(cache);
+      c.weights_unchanged = unchanged;
+      const int64_t before = reused();
+      backward ? gpu.backward(c) : gpu.forward(c);
+      sync();
+      const int64_t n = reused() - before;
+      backward ? gpu.backward(plain.call(p, ids.views, x, backward, false))
+               : gpu.forward(plain.call(p, ids.views, x, backward, false));
+      sync();
+      if (!backward) {
+        CHECK_MESSAGE(same_bits(from_device(cached.y), from_device(plain.y)), "y differs with the weights' copies from the cache");
+      } else {
+        CHECK_MESSAGE(same_bits(from_device(cached.dx), from_device(plain.dx)), "d_x differs with the weights' copies from the cache");
+        CHECK_MESSAGE(same_bits(from_device(cached.grads), from_device(plain.grads)), "the weight gradients differ");
+      }
+      return n;
+    };
+    CHECK(both(x1, false, false) == 0);  // the step's first call: the copies made
+    CHECK(both(x1, true, true) == weights);
+    CHECK(both(x2, false, true) == weights);  // the next micro-batch
+    CHECK(both(x2, true, true) == weights);
+    CHECK(all_finite(from_device(cached.y)));
+    // The optimizer stepped: new values in the same buffers. Were the flag (wrongly) still true, the
+    // old copies would be read and y would differ: the flag is what keeps them from being read.
+    const DeviceFloats new_params = to_device(v2.params);
+    const cuda::DeviceBuffer<uint16_t> new_copy = bf16_copy(v2.params);
+    for (Fp8Site* site : {&cached, &plain}) {
+      ABLATE_CUDA_CHECK(
+          cudaMemcpyAsync(site->params.data(), new_params.data(), new_params.bytes(), cudaMemcpyDeviceToDevice, suite().stream));
+      ABLATE_CUDA_CHECK(
+          cudaMemcpyAsync(site->copy.data(), new_copy.data(), new_copy.bytes(), cudaMemcpyDeviceToDevice, suite().stream));
+    }
+    LayerCall stale = cached.call(p, ids.views, x1, false, false);
+    stale.weight_cache = device_view(cache);
+    stale.weights_unchanged = true;
+    gpu.forward(stale);
+    gpu.forward(plain.call(p, ids.views, x1, false, false));
+    sync();
+    CHECK_FALSE(same_bits(from_device(cached.y), from_device(plain.y)));
+    CHECK(both(x1, false, false) == 0);
+    CHECK(both(x1, true, true) == weights);
+    // The flag alone is not enough: a cache that holds another tensor's copies is made again.
+    Fp8Site other(gpu, p, v);
+    LayerCall c = other.call(p, ids.views, x1, false, false);
+    c.weight_cache = device_view(cache);
+    c.weights_unchanged = true;
+    const int64_t before = reused();
+    gpu.forward(c);
+    sync();
+    CHECK(reused() - before == 0);
+    Fp8Site fresh(gpu, p, v);
+    gpu.forward(fresh.call(p, ids.views, x1, false, false));
+    sync();
+    CHECK(same_bits(from_device(other.y), from_device(fresh.y)));
+  }
+}
+
+// The model's side of it: each site's weights_unchanged is true from its first call after a change
+// of the parameters on (init, load, an optimizer step: Model::params_changed) until the next. Over
+// two micro-batches of a 2-block model, every input gradient's product of the first reads its
+// weight's copy made by the forward pass, and every weight product of the second reads them:
+// a GPT-2-style block has 6 weights (q, k, v, o, fc, proj), a Llama-style one 7 (a SwiGLU); after
+// params_changed the forward pass quantises them again. None under delayed scaling, whose slots
+// scale each use of a weight by its history.
+TEST_CASE("FP8 current scaling: the model says when a site's weights are unchanged since its last call") {
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_weight_packs_reused");
+  const int32_t T = 32;
+  const Batch b = fp8_model_batch(T, 5);
+  // (mlp, scaling, weights a block)
+  const std::tuple<const char*, const char*, int64_t> cases[] = {
+      {"gelu_mlp", "current", 6}, {"swiglu_mlp", "current", 7}, {"gelu_mlp", "delayed", 0}};
+  for (const auto& [mlp, scaling, per_block] : cases) {
+    const std::string label = std::string(mlp) + ", " + scaling + " scaling";
+    INFO(label);
+    const std::unique_ptr<Model> m = fp8_model(mlp, scaling, T);
+    const int64_t weights = per_block * 2;  // 2 blocks
+    const auto micro_batch = [&] {
+      const int64_t before = reused();
+      CHECK(std::isfinite(m->forward_backward(b, 1.0 / double(b.real_targets()), 0)));
+      return reused() - before;
+    };
+    CHECK(micro_batch() == weights);      // the input gradients' products
+    CHECK(micro_batch() == 2 * weights);  // every weight product
+    m->params_changed();
+    CHECK(micro_batch() == weights);  // quantised again by the forward pass
   }
 }
 

@@ -91,6 +91,13 @@ struct LayerCall {
   // same width, and nothing has written x since: what the layer derived from it then (a quantised
   // copy and its scale) may serve again. The model sets it; false is always correct.
   bool x_unchanged = false;
+  // weight_cache_bytes(spec) bytes of this call site's device memory, as the layer left them at its
+  // last call here (garbage before the first), and whether that call was made with the parameters
+  // as they are now (the same step: no optimizer update, init, load or end of step since): what the
+  // layer derived from its weights then (FP8 copies and their scales) may serve again. The model
+  // sets both; weights_unchanged false is always correct.
+  TensorView weight_cache;
+  bool weights_unchanged = false;
   // Dropout on the layer's output (linear, mlp, embedding) before any residual add; the mask is a
   // pure function of (dropout_key, element index), so backward regenerates it. 0 = off.
   double dropout = 0.0;
@@ -168,6 +175,14 @@ class LayerBase : public Component {
   // (zeros at first), saves them in checkpoints and, with several ranks, takes the max of each
   // value across ranks before end_step (the amax of the whole job's batch).
   virtual int64_t scaling_state_elements(const LayerSpec& spec) const {
+    (void)spec;
+    return 0;
+  }
+  // Device memory a call site keeps from one call to the next for what the layer derives from its
+  // weights (LayerCall::weight_cache, weights_unchanged: FP8 copies of the weights, made once a
+  // step rather than once a micro-batch and pass), in bytes, 0 = none. Not saved in checkpoints;
+  // the model's state_bytes counts it.
+  virtual int64_t weight_cache_bytes(const LayerSpec& spec) const {
     (void)spec;
     return 0;
   }

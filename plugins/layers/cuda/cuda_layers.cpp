@@ -120,3 +120,9 @@ extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8
 extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_inputs_reused() {
   return ablate::cuda_layers::gemm_fp8_inputs_reused();
 }
+
+// FP8 products that read a weight as an earlier product of the step quantised it (the call site's
+// weight pack, LayerCall::weights_unchanged), likewise.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_weight_packs_reused() {
+  return ablate::cuda_layers::gemm_fp8_weight_packs_reused();
+}

@@ -245,18 +245,23 @@ class Context {
     const Fp8Source b{
         g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
     const uint8_t* qa = fp8_operand_a(g, set, a, fa, kp, stream);
-    const bool keep_b = g.ta && g.fp8.b == nullptr;  // a weight-gradient product's B under current scaling
-    const uint8_t* qb = keep_b ? fp8_kept_b(g, set, b, kp, stream) : nullptr;
-    if (!keep_b) {
+    // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
+    const void* scale_first = st + 7;
+    const void* scale_second = st + 6;
+    const uint8_t* qb = nullptr;
+    if (g.ta && g.fp8.b == nullptr) {  // a weight-gradient product's B under current scaling
+      qb = fp8_kept_b(g, set, b, kp, stream);
+      scale_first = st + 17;
+    } else if (g.fp8.b == nullptr && g.fp8.weight_pack != nullptr) {  // a weight under current scaling
+      qb = fp8_weight(g, set, b, stream);
+      scale_first = static_cast<const float*>(g.fp8.weight_pack) + 2;
+    } else {
       auto* q = reinterpret_cast<uint8_t*>(aligned256(set.fp8_b.get(std::size_t(g.N * kp) + 256, stream)));
       quantise(set, b, g.fp8.b, fb, 1, q, kp, stream);
       qb = q;
     }
     ABLATE_CUDA_CHECK(cudaGetLastError());
     point_epilogue(p, g, g.bias_bf16 != nullptr ? g.bias_bf16 : static_cast<const void*>(g.bias));
-    // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
-    const void* scale_first = keep_b ? st + 17 : st + 7;
-    const void* scale_second = st + 6;
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_first, sizeof(scale_first)),
              "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", g);
     check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_second, sizeof(scale_second)),
@@ -363,6 +368,32 @@ class Context {
     set.kept_b = this_pack;
     set.kept_b_at = set.fp8_products;
     return q;
+  }
+
+  // A weight (B of a forward or input-gradient product) under current scaling, from its weight
+  // pack (Fp8Slots::weight_pack: amax, scale and inverse in its first floats, then the copy K along
+  // the stored rows, then the transposed one): read as it is when the layer says the weight is
+  // unchanged and the pack was made from this tensor at this extent; else its scale from its amax
+  // and both layouts from one read (the input gradient's product of the same micro-batch, and every
+  // later micro-batch's products of the step, then read them).
+  const uint8_t* fp8_weight(const GemmCall& g, StreamSet& set, const Fp8Source& b, cudaStream_t stream) {
+    auto* base = static_cast<uint8_t*>(g.fp8.weight_pack);
+    auto* f = reinterpret_cast<float*>(base);
+    const int64_t plain_ld = (b.cols + 15) / 16 * 16, transposed_ld = (b.rows + 15) / 16 * 16;
+    uint8_t* plain = base + 256;
+    uint8_t* transposed = plain + (b.rows * plain_ld + 255) / 256 * 256;
+    const StreamSet::Tensor t = b.tensor(Fp8Format::e4m3);
+    StreamSet::Tensor& held = weight_packs_[base];
+    if (g.fp8.weight_unchanged && held == t) {
+      ++weight_packs_reused_;
+    } else {
+      ABLATE_CUDA_CHECK(cudaMemsetAsync(f, 0, sizeof(float), stream));  // the amax is a running max (fp8_kernels.hpp)
+      scale_of(set, b, nullptr, Fp8Format::e4m3, f, f + 1, f + 2, stream);
+      launch_fp8_pack_both(b.x, b.bf16, b.rows, b.cols, b.ld, f + 1, Fp8Format::e4m3, plain, plain_ld, transposed, transposed_ld,
+                           nullptr, nullptr, stream);
+      held = t;
+    }
+    return b.transposed ? transposed : plain;
   }
 
   // The plan of an FP8 problem: the TN form (cuBLASLt's A, our B, transposed), both operands
@@ -500,6 +531,17 @@ class Context {
     return inputs_reused_;
   }
 
+  void forget_weight_packs(const void* memory, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto* begin = static_cast<const char*>(memory);
+    weight_packs_.erase(weight_packs_.lower_bound(begin), weight_packs_.lower_bound(begin + bytes));
+  }
+
+  int64_t weight_packs_reused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return weight_packs_reused_;
+  }
+
  private:
   // bf16: A and B as given in bf16, or rounded into packed copies (leading dimension = their row
   // length in memory).
@@ -579,6 +621,9 @@ class Context {
   int64_t fp8_epilogues_ = 0;        // FP8 products run with their epilogue fused
   int64_t packs_shared_ = 0;         // FP8 products that read the A the product before them packed for them
   int64_t inputs_reused_ = 0;        // FP8 products that read a layer input packed by an earlier one (a_as_before, b_as_before)
+  int64_t weight_packs_reused_ = 0;  // FP8 products that read a weight's copy an earlier one made (Fp8Slots::weight_pack)
+  // What each weight pack holds (by its memory): the weight it was made from; none before its first.
+  std::map<const void*, StreamSet::Tensor> weight_packs_;
 };
 
 Context& context() {
@@ -658,6 +703,15 @@ int64_t gemm_fp8_epilogues_fused() { return context().fp8_epilogues(); }
 int64_t gemm_fp8_packs_shared() { return context().packs_shared(); }
 
 int64_t gemm_fp8_inputs_reused() { return context().inputs_reused(); }
+
+int64_t gemm_fp8_weight_packs_reused() { return context().weight_packs_reused(); }
+
+void fp8_weight_packs_forget(const void* memory, int64_t bytes) { context().forget_weight_packs(memory, bytes); }
+
+int64_t fp8_weight_pack_bytes(int64_t rows, int64_t cols) {
+  const auto part = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return 256 + part(rows * ((cols + 15) / 16 * 16)) + part(cols * ((rows + 15) / 16 * 16));
+}
 
 int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t out) {
   int64_t bytes = int64_t(kWorkspaceBytes);

@@ -77,7 +77,24 @@ struct Fp8Slots {
   // or layout), quantised as usual.
   bool a_as_before = false;
   bool b_as_before = false;
+  // Current scaling: B is a layer's weight whose FP8 copies, in both layouts (a forward product's
+  // and an input gradient's), and their one scale live in `weight_pack` (fp8_weight_pack_bytes of
+  // the weight's stored extent: a call site's LayerCall::weight_cache). The first product to read
+  // the weight makes both; a later one reads them as they are while `weight_unchanged`
+  // (LayerCall::weights_unchanged) and the record of what the memory holds (which tensor, extent)
+  // agrees, else makes them again. Ignored under delayed scaling (a slot for B).
+  void* weight_pack = nullptr;
+  bool weight_unchanged = false;
 };
+// The bytes a weight of `rows` x `cols` (as stored) takes in a weight pack: its amax, scale and
+// inverse, its FP8 copy (rows, K = cols padded to 16) and its transposed copy (cols, K = rows
+// padded to 16), each part 256-byte aligned.
+int64_t fp8_weight_pack_bytes(int64_t rows, int64_t cols);
+// The weight packs in [memory, memory + bytes) hold nothing from now on: a layer calls it at the
+// start of a call whose weights changed (LayerCall::weights_unchanged false), so that a product
+// that does not run in FP8 this time (a layout FP8 cannot take, no rows) leaves no old copy for a
+// later call to read.
+void fp8_weight_packs_forget(const void* memory, int64_t bytes);
 // How FP8 products' scales are set (run.fp8_scaling): history 0, current scaling; else delayed
 // scaling over an amax history of that many steps, from its max (use_max) or its newest value.
 struct Fp8Scaling {
@@ -220,6 +237,8 @@ int64_t gemm_fp8_epilogues_fused();
 int64_t gemm_fp8_packs_shared();
 // FP8 products that read a layer input as an earlier product packed it (a_as_before, b_as_before).
 int64_t gemm_fp8_inputs_reused();
+// FP8 products that read a weight's copy made by an earlier product (Fp8Slots::weight_pack).
+int64_t gemm_fp8_weight_packs_reused();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -210,6 +210,37 @@ struct Fp8State {
     s.b_as_before = again || call.x_unchanged;
     return s;
   }
+  // FP8 current scaling: the layer's weights (as stored: rows, cols), each with its pack in the call
+  // site's weight cache (LayerCall::weight_cache, in this order), made by the first product of the
+  // step that reads the weight and read by the rest (Fp8Slots::weight_pack). The bytes they take.
+  struct Extent {
+    int64_t rows, cols;
+  };
+  int64_t cache_bytes(std::initializer_list<Extent> weights) const {
+    int64_t n = 0;
+    for (const Extent& w : weights) n += fp8_mode(mode) && !on() ? fp8_weight_pack_bytes(w.rows, w.cols) : 0;
+    return n;
+  }
+  // At the start of each call: where the weights changed since the site's last call, the packs
+  // its cache held are forgotten (made again by the first product that reads each weight).
+  void begin(const LayerCall& call) const {
+    if (!call.weights_unchanged && call.weight_cache.data != nullptr) {
+      fp8_weight_packs_forget(call.weight_cache.data, call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype)));
+    }
+  }
+  // `slots` of a product whose B is weight `w` of `weights`, its pack found in the call's cache (none
+  // where the call has no cache of that size: the product quantises the weight itself).
+  Fp8Slots weight(Fp8Slots slots, const LayerCall& call, std::initializer_list<Extent> weights, int w) const {
+    const int64_t need = cache_bytes(weights);
+    if (need == 0 || call.weight_cache.data == nullptr ||
+        call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype)) < need)
+      return slots;
+    int64_t at = 0;
+    for (int i = 0; i < w; ++i) at += fp8_weight_pack_bytes(weights.begin()[i].rows, weights.begin()[i].cols);
+    slots.weight_pack = static_cast<char*>(call.weight_cache.data) + at;
+    slots.weight_unchanged = call.weights_unchanged;
+    return slots;
+  }
   // The step just ended, from the state copied to the host: each slot's saturated values ([6]).
   ScalingReport report(const float* state) const {
     ScalingReport r;
@@ -236,6 +267,8 @@ class Linear final : public Layer {
   Linear(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 3} {}
   // FP8 delayed scaling: products 0 forward, 1 input gradient, 2 weight gradient.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  // FP8 current scaling: the weight's packs, made once a step (products 0 and 1 read them).
+  int64_t weight_cache_bytes(const LayerSpec& s) const override { return fp8_.cache_bytes({{s.out, s.in}}); }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::linear; }
@@ -255,11 +288,12 @@ class Linear final : public Layer {
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const Operand x = check_forward(kName, call, s.in, s.out, p.end, 0, call.rows * s.out, mode_, /*bf16_y=*/true);
     if (to_bf16_stream(call)) {  // the attention's output projection, added to a stream held in bf16
-      project_to_stream(kName, call, x, s.in, s.out, p, scratch_at(call, 0), mode_, fp8_.input_a(call, 0));
+      project_to_stream(kName, call, x, s.in, s.out, p, scratch_at(call, 0), mode_, weight_slots(call, fp8_.input_a(call, 0)));
       check_launch(kName);
       return;
     }
@@ -268,13 +302,14 @@ class Linear final : public Layer {
     if (y_bf16 && write_bf16_y(call, x, p)) return;
     float* y = y_bf16 ? call.scratch.as<float>() : call.y.as<float>();
     dense_forward(x, call.rows, s.in, s.out, weight_at(call, p.weight), at(call.params, p.bias), y, call.residual.as<const float>(),
-                  dropout_of(kName, call), scratch_at(call, 0), st, mode_, fp8_.input_a(call, 0));
+                  dropout_of(kName, call), scratch_at(call, 0), st, mode_, weight_slots(call, fp8_.input_a(call, 0)));
     if (y_bf16) launch_to_bf16(y, call.rows, s.out, s.out, call.y.as<uint16_t>(), st);
     check_launch(kName);
   }
 
   void backward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const lp::Dense p = lp::dense(0, s.in, s.out, s.bias);
     const DropoutArgs drop = dropout_of(kName, call);
@@ -284,7 +319,8 @@ class Linear final : public Layer {
     const Operand dy = dy_bf16 ? Operand{nullptr, call.d_y.data} : Operand{call.d_y.as<const float>()};
     dense_backward(dy, call.rows, s.in, s.out, x, weight_at(call, p.weight), at_mut(call.grads, p.weight), at_mut(call.grads, p.bias),
                    dx_bf16 ? nullptr : call.d_x.as<float>(), call.input_grad == GradMode::accumulate, drop, scratch_at(call, 0),
-                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr, fp8_.at(call, 1), fp8_.input_b(call, 2));
+                   stream_of(call), mode_, dx_bf16 ? call.d_x.as<uint16_t>() : nullptr, weight_slots(call, fp8_.at(call, 1)),
+                   fp8_.input_b(call, 2));
     check_launch(kName);
   }
 
@@ -298,15 +334,21 @@ class Linear final : public Layer {
     const Weight W = weight_at(call, p.weight);
     auto* y = call.y.as<uint16_t>();
     if (p.bias < 0) {
-      if (call.rows > 0) gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_, fp8_.input_a(call, 0));
+      if (call.rows > 0)
+        gemm_x_wt_bf16_out(x, call.rows, s.in, s.out, W, y, stream_of(call), mode_, weight_slots(call, fp8_.input_a(call, 0)));
       check_launch(kName);
       return true;
     }
     if (call.params_bf16.data == nullptr) return false;
     const Weight b = weight_at(call, p.bias);
-    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_, fp8_.input_a(call, 0));
+    const bool done = gemm_x_wt_bias_bf16_out(x, call.rows, s.in, s.out, W, b.bf16, y, stream_of(call), mode_,
+                                              weight_slots(call, fp8_.input_a(call, 0)));
     check_launch(kName);
     return done;
+  }
+
+  Fp8Slots weight_slots(const LayerCall& call, Fp8Slots slots) const {
+    return fp8_.weight(slots, call, {{call.spec->out, call.spec->in}}, 0);
   }
 
   static constexpr const char* kName = "linear";
@@ -333,6 +375,8 @@ class GeluMLP final : public Layer {
   // FP8 delayed scaling: products 0 fc forward, 1 proj forward, 2 proj weight gradient, 3 proj
   // input gradient (below the GELU), 4 fc input gradient, 5 fc weight gradient.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  // FP8 current scaling: fc's and proj's packs, made once a step (products 0, 4 and 1, 3 read them).
+  int64_t weight_cache_bytes(const LayerSpec& s) const override { return fp8_.cache_bytes({{s.out, s.in}, {s.in, s.out}}); }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::mlp; }
@@ -354,6 +398,7 @@ class GeluMLP final : public Layer {
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
@@ -367,14 +412,16 @@ class GeluMLP final : public Layer {
       // post = gelu(pre), pre = x W^T + b: one product, the GELU in its epilogue.
       float* pre = call.saved.as<float>();
       gemm_x_wt_gelu(x, rows, C, H, weight_at(call, fc.weight), at(call.params, fc.bias), pre, const_cast<float*>(post.f32), st, mode_,
-                     fp8_.input_a(call, 0));
+                     weight_slots(call, fp8_.input_a(call, 0), 0));
     }
-    project_to_stream(kName, call, post, H, C, proj, scratch_at(call, dropout_at(s, rows)), mode_, fp8_.at(call, 1));
+    project_to_stream(kName, call, post, H, C, proj, scratch_at(call, dropout_at(s, rows)), mode_,
+                      weight_slots(call, fp8_.at(call, 1), 1));
     check_launch(kName);
   }
 
   void backward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [fc, proj] = lp::gelu_mlp_offsets(s);
@@ -399,13 +446,13 @@ class GeluMLP final : public Layer {
         d_pre = d_pre_bf16(call, d, proj, fc);
       } else {
         gemm_dy_w_dgelu(d, rows, H, C, weight_at(call, proj.weight), call.saved.as<const float>(), call.scratch.as<float>(),
-                        at_mut(call.grads, fc.bias), st, mode_, fp8_.at(call, 3));
+                        at_mut(call.grads, fc.bias), st, mode_, weight_slots(call, fp8_.at(call, 3), 1));
       }
     }
     // fc's gradients from d_pre (read as it is: bf16 under bf16 products); its bias gradient came above.
     if (rows > 0 && call.d_x.data != nullptr) {
       gemm_dy_w(d_pre, rows, C, H, weight_at(call, fc.weight), call.input_grad == GradMode::accumulate, call.d_x.as<float>(), st,
-                mode_, fp8_.at(call, 4), false, /*dy_read_again=*/call.grads.data != nullptr);
+                mode_, weight_slots(call, fp8_.at(call, 4), 0), false, /*dy_read_again=*/call.grads.data != nullptr);
     }
     if (rows > 0 && call.grads.data != nullptr)
       gemm_add_dyt_x(d_pre, rows, C, H, x, at_mut(call.grads, fc.weight), nullptr, st, mode_, fp8_.input_b(call, 5),
@@ -438,10 +485,12 @@ class GeluMLP final : public Layer {
     auto* post = static_cast<uint16_t*>(const_cast<void*>(post_of(call, rows * H).bf16));
     const Weight W = weight_at(call, fc.weight);
     const void* bias = fc.bias < 0 ? nullptr : weight_at(call, fc.bias).bf16;
-    if ((fc.bias < 0 || bias != nullptr) && gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_, fp8_.input_a(call, 0)))
+    if ((fc.bias < 0 || bias != nullptr) &&
+        gemm_x_wt_gelu_bf16(x, rows, C, H, W, bias, pre, post, st, mode_, weight_slots(call, fp8_.input_a(call, 0), 0)))
       return;
     float* t = call.scratch.as<float>();
-    if (rows > 0) gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_, fp8_.input_a(call, 0));
+    if (rows > 0)
+      gemm_x_wt(x, rows, C, H, W, at(call.params, fc.bias), nullptr, 0.0f, t, st, mode_, weight_slots(call, fp8_.input_a(call, 0), 0));
     launch_gelu_forward_bf16(t, pre, post, rows * H, st);
   }
 
@@ -454,15 +503,20 @@ class GeluMLP final : public Layer {
     auto* out = reinterpret_cast<uint16_t*>(call.scratch.as<float>() + bf16_after(n));
     const Weight W = weight_at(call, proj.weight);
     float* db = at_mut(call.grads, fc.bias);
-    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_, fp8_.at(call, 3))) {
+    if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_, weight_slots(call, fp8_.at(call, 3), 1))) {
       float* dh = call.scratch.as<float>();
       // (The projection's weight-gradient product, just before, read d too: under FP8 current
       // scaling its scale serves this product; FP8 products never fuse the GELU, so they come here.)
-      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, fp8_.at(call, 3), /*dy_scale_reused=*/call.grads.data != nullptr);
+      gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, weight_slots(call, fp8_.at(call, 3), 1),
+                /*dy_scale_reused=*/call.grads.data != nullptr);
       launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
       if (db != nullptr) add_column_sums(dh, db, rows, H, st);
     }
     return {nullptr, out};
+  }
+
+  Fp8Slots weight_slots(const LayerCall& call, Fp8Slots slots, int w) const {
+    return fp8_.weight(slots, call, {{call.spec->out, call.spec->in}, {call.spec->in, call.spec->out}}, w);
   }
 
   static constexpr const char* kName = "gelu_mlp";
@@ -481,6 +535,10 @@ class SwiGLUMLP final : public Layer {
   // FP8 delayed scaling: products 0-2 the gate, up and down forwards; 3, 4 down's input and
   // weight gradients, 5, 6 gate's, 7, 8 up's.
   int64_t scaling_state_elements(const LayerSpec&) const override { return fp8_.elements(); }
+  // FP8 current scaling: gate's, up's and down's packs, made once a step (products 0, 5; 1, 7; 2, 3).
+  int64_t weight_cache_bytes(const LayerSpec& s) const override {
+    return fp8_.cache_bytes({{s.out, s.in}, {s.out, s.in}, {s.in, s.out}});
+  }
   void end_step(const LayerCall& call) override { fp8_.end_step(kName, call); }
   ScalingReport scaling_report(const LayerSpec&, const float* state) const override { return fp8_.report(state); }
   LayerRole role() const override { return LayerRole::mlp; }
@@ -503,6 +561,7 @@ class SwiGLUMLP final : public Layer {
 
   void forward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
@@ -512,21 +571,22 @@ class SwiGLUMLP final : public Layer {
     float* u = g + rows * H;
     const Operand h = h_of(call, rows * H);
     dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
-                  mode_, fp8_.input_a(call, 0));
+                  mode_, weight_slots(call, fp8_.input_a(call, 0), 0));
     // up's product reads x as gate's just did (under FP8 current scaling, its quantised copy)
     dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_,
-                  fp8_.input_a(call, 1, /*again=*/true));
+                  weight_slots(call, fp8_.input_a(call, 1, /*again=*/true), 1));
     if (bf16_h()) {
       launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
     } else {
       launch_swiglu_forward(g, u, const_cast<float*>(h.f32), rows * H, st);
     }
-    project_to_stream(kName, call, h, H, C, down, scratch_at(call, 2 * rows * H), mode_, fp8_.at(call, 2));
+    project_to_stream(kName, call, h, H, C, down, scratch_at(call, 2 * rows * H), mode_, weight_slots(call, fp8_.at(call, 2), 2));
     check_launch(kName);
   }
 
   void backward(const LayerCall& call) override {
     check_spec(kName, call);
+    fp8_.begin(call);
     const LayerSpec& s = *call.spec;
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
@@ -539,15 +599,16 @@ class SwiGLUMLP final : public Layer {
     float* d_g = d_u + rows * H;
     dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
                    at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
-                   nullptr, fp8_.at(call, 3), fp8_.at(call, 4));
+                   nullptr, weight_slots(call, fp8_.at(call, 3), 2), fp8_.at(call, 4));
     launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
     float* d_x = call.d_x.as<float>();
     dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight), at_mut(call.grads, gate.bias),
-                   d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 5),
-                   fp8_.input_b(call, 6));
+                   d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_, nullptr,
+                   weight_slots(call, fp8_.at(call, 5), 0), fp8_.input_b(call, 6));
     // up's weight gradient reads x as gate's just did (under FP8 current scaling, its transposed copy)
     dense_backward(d_u, rows, C, H, x, weight_at(call, up.weight), at_mut(call.grads, up.weight), at_mut(call.grads, up.bias), d_x,
-                   true, DropoutArgs{}, nullptr, st, mode_, nullptr, fp8_.at(call, 7), fp8_.input_b(call, 8, /*again=*/true));
+                   true, DropoutArgs{}, nullptr, st, mode_, nullptr, weight_slots(call, fp8_.at(call, 7), 1),
+                   fp8_.input_b(call, 8, /*again=*/true));
     check_launch(kName);
   }
 
@@ -559,6 +620,11 @@ class SwiGLUMLP final : public Layer {
     if (!bf16_h()) return {saved + 2 * n, nullptr};
     return {nullptr, reinterpret_cast<const uint16_t*>(saved + bf16_after(2 * n))};
   }
+  Fp8Slots weight_slots(const LayerCall& call, Fp8Slots slots, int w) const {
+    const LayerSpec& s = *call.spec;
+    return fp8_.weight(slots, call, {{s.out, s.in}, {s.out, s.in}, {s.in, s.out}}, w);
+  }
+
   static constexpr const char* kName = "swiglu_mlp";
   MatmulMode mode_;
   Fp8State fp8_;

@@ -178,11 +178,12 @@ class Model {
   int64_t activation_bytes(int64_t rows, int64_t seq_len) const { return activation_plan(rows, seq_len).bytes(); }
   // Bytes of parameters and gradients on the device (and the bf16 weight copy, when there is one).
   int64_t state_bytes() const noexcept;
-  // run.dtype = "bf16": the bf16 copy of the parameters that the layers' products read is made
-  // again from the fp32 master weights; every change of params() must be followed by this (the
-  // model's own init and load do it; the engine calls it after each optimizer step whose optimizer
-  // did not write the copy itself, Optimizer::writes_bf16).
-  void params_changed();
+  // Every change of params() must be followed by this (the model's own init and load do it; the
+  // engine calls it after each optimizer step): the bf16 copy of the parameters that the layers'
+  // products read (run.dtype = "bf16") is made again from the fp32 master weights, unless the
+  // optimizer wrote it in its own pass (bf16_copy_written, Optimizer::writes_bf16), and what the
+  // layers derived from the weights before (LayerCall::weights_unchanged) no longer serves.
+  void params_changed(bool bf16_copy_written = false);
   // fp32 matrix-product rate of the linear layer on the model's device (TFLOP/s): the peak for MFU
   // where the device has no table entry (a CPU).
   double measure_matmul_tflops();
