@@ -372,8 +372,8 @@ class Context {
 
   // A weight (B of a forward or input-gradient product) under current scaling, from its weight
   // pack (Fp8Slots::weight_pack: amax, scale and inverse in its first floats, then the copy K along
-  // the stored rows, then the transposed one): read as it is when the layer says the weight is
-  // unchanged and the pack was made from this tensor at this extent; else its scale from its amax
+  // the stored rows, then the transposed one): read as it is when the pack was made from this
+  // tensor at this extent and not forgotten since; else its scale from its amax
   // and both layouts from one read (the input gradient's product of the same micro-batch, and every
   // later micro-batch's products of the step, then read them).
   const uint8_t* fp8_weight(const GemmCall& g, StreamSet& set, const Fp8Source& b, cudaStream_t stream) {
@@ -384,7 +384,7 @@ class Context {
     uint8_t* transposed = plain + (b.rows * plain_ld + 255) / 256 * 256;
     const StreamSet::Tensor t = b.tensor(Fp8Format::e4m3);
     StreamSet::Tensor& held = weight_packs_[base];
-    if (g.fp8.weight_unchanged && held == t) {
+    if (held == t) {
       ++weight_packs_reused_;
     } else {
       ABLATE_CUDA_CHECK(cudaMemsetAsync(f, 0, sizeof(float), stream));  // the amax is a running max (fp8_kernels.hpp)

@@ -80,11 +80,11 @@ struct Fp8Slots {
   // Current scaling: B is a layer's weight whose FP8 copies, in both layouts (a forward product's
   // and an input gradient's), and their one scale live in `weight_pack` (fp8_weight_pack_bytes of
   // the weight's stored extent: a call site's LayerCall::weight_cache). The first product to read
-  // the weight makes both; a later one reads them as they are while `weight_unchanged`
-  // (LayerCall::weights_unchanged) and the record of what the memory holds (which tensor, extent)
-  // agrees, else makes them again. Ignored under delayed scaling (a slot for B).
+  // the weight makes both; a later one reads them as they are while the record of what the memory
+  // holds (which tensor, extent) agrees, else makes them again. The record does not see new values
+  // in the same tensor: the layer forgets its packs when its weights change
+  // (fp8_weight_packs_forget). Ignored under delayed scaling (a slot for B).
   void* weight_pack = nullptr;
-  bool weight_unchanged = false;
 };
 // The bytes a weight of `rows` x `cols` (as stored) takes in a weight pack: its amax, scale and
 // inverse, its FP8 copy (rows, K = cols padded to 16) and its transposed copy (cols, K = rows

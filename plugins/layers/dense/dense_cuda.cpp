@@ -221,8 +221,9 @@ struct Fp8State {
     for (const Extent& w : weights) n += fp8_mode(mode) && !on() ? fp8_weight_pack_bytes(w.rows, w.cols) : 0;
     return n;
   }
-  // At the start of each call: where the weights changed since the site's last call, the packs
-  // its cache held are forgotten (made again by the first product that reads each weight).
+  // At the start of each call: where the weights changed since the site's last call
+  // (LayerCall::weights_unchanged false), the packs its cache held are forgotten, made again by
+  // the first product that reads each weight. This is the only place the flag is read.
   void begin(const LayerCall& call) const {
     if (!call.weights_unchanged && call.weight_cache.data != nullptr) {
       fp8_weight_packs_forget(call.weight_cache.data, call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype)));
@@ -238,7 +239,6 @@ struct Fp8State {
     int64_t at = 0;
     for (int i = 0; i < w; ++i) at += fp8_weight_pack_bytes(weights.begin()[i].rows, weights.begin()[i].cols);
     slots.weight_pack = static_cast<char*>(call.weight_cache.data) + at;
-    slots.weight_unchanged = call.weights_unchanged;
     return slots;
   }
   // The step just ended, from the state copied to the host: each slot's saturated values ([6]).
