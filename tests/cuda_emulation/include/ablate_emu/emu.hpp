@@ -84,7 +84,7 @@ struct ThreadState {
   dim3 block_dim, grid_dim;
 };
 // Default visibility: plugins built with hidden visibility share the interpreter's one copy.
-__attribute__((visibility("default"))) inline thread_local ThreadState* t_current = nullptr;
+__attribute__((visibility("default"))) inline thread_local ThreadState* t_current __attribute__((tls_model("initial-exec"))) = nullptr;
 
 // The scheduler sets t_current before each switch to a thread; a thread sanitizer must not count
 // that as a race between the threads it schedules.
