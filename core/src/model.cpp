@@ -210,28 +210,38 @@ struct SiteScaling {
   }
 };
 
-// The layers' weight caches (LayerBase::weight_cache_bytes): every site's part of one buffer, and
-// which sites were called since the parameters last changed (LayerCall::weights_unchanged).
+// The layers' weight caches (LayerBase::weight_cache_bytes): every site's part of one buffer, the
+// classifier's last, and which of them were called since the parameters last changed
+// (LayerCall::weights_unchanged).
 struct SiteWeightCache {
-  Buffer bytes;                 // f32 elements holding each site's bytes (none: empty)
-  std::vector<int64_t> at;      // per site: where its part starts, in f32 elements (-1: none)
-  std::vector<uint64_t> calls;  // per site: the parameters' version at its last call (0: never)
+  Buffer bytes;                 // f32 elements holding each part (none: empty)
+  std::vector<int64_t> at;      // per site, then the classifier: where its part starts, in f32 elements (-1: none)
+  std::vector<uint64_t> calls;  // likewise: the parameters' version at its last call (0: never)
   uint64_t version = 1;         // the parameters' version: every change makes a new one
-  void allocate(Device& device, const std::vector<Site>& sites) {
+  void allocate(Device& device, const std::vector<Site>& sites, const LayerBase& classifier, const LayerSpec& classifier_spec) {
     int64_t n = 0;
-    for (const Site& s : sites) {
-      const int64_t k = s.op == Op::layer ? (s.layer->weight_cache_bytes(*s.spec) + 255) / 256 * 64 : 0;  // 256-byte parts
+    const auto part = [&](int64_t bytes) {
+      const int64_t k = (bytes + 255) / 256 * 64;  // 256-byte parts
       at.push_back(k > 0 ? n : -1);
       n += k;
-    }
-    calls.assign(sites.size(), 0);
+    };
+    for (const Site& s : sites) part(s.op == Op::layer ? s.layer->weight_cache_bytes(*s.spec) : 0);
+    part(classifier.weight_cache_bytes(classifier_spec));
+    calls.assign(at.size(), 0);
     if (n > 0) bytes = device.alloc(DType::f32, n);
   }
   // Site s's part and whether its last call saw these parameters; from now on it has.
   void set(LayerCall& c, const std::vector<Site>& sites, const Site& s) {
-    const std::size_t i = std::size_t(&s - sites.data());
+    set_part(c, std::size_t(&s - sites.data()), *s.layer, *s.spec);
+  }
+  void set_classifier(LayerCall& c, const LayerBase& classifier, const LayerSpec& spec) {
+    if (!at.empty()) set_part(c, at.size() - 1, classifier, spec);
+  }
+
+ private:
+  void set_part(LayerCall& c, std::size_t i, const LayerBase& layer, const LayerSpec& spec) {
     if (at.empty() || at[i] < 0) return;
-    c.weight_cache = bytes.view(at[i], (s.layer->weight_cache_bytes(*s.spec) + 3) / 4);
+    c.weight_cache = bytes.view(at[i], (layer.weight_cache_bytes(spec) + 3) / 4);
     c.weights_unchanged = calls[i] == version;
     calls[i] = version;
   }
@@ -505,6 +515,7 @@ LayerCall Model::Impl::classifier_call(int64_t N, bool train, double grad_scale,
   c.scratch = arena(shared(Slot::scratch), plan.scratch_elements, 1);
   c.stream = device->stream();
   c.logits = logits;
+  weights.set_classifier(c, *cls, specs.cls);
   if (train) {
     if (frozen == 0) c.grads = param_tail(grads, sched.head);
     c.d_x = arena(shared(Slot::d_ln), N, o.d_model);
@@ -580,7 +591,7 @@ void Model::Impl::allocate() {
   nf4.allocate(*device);
   if (holds_bf16(run.dtype)) params_bf16 = device->alloc(DType::bf16, table.total);
   scaling.allocate(*device, sched.sites);
-  weights.allocate(*device, sched.sites);
+  weights.allocate(*device, sched.sites, *cls, specs.cls);
 }
 
 // Tests: the device run.device names, without Session::device's run.dtype check (a model's own

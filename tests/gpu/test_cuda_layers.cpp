@@ -1542,32 +1542,59 @@ struct Fp8ClassifierResults {
   std::vector<double> dz;
 };
 
+// One FP8 classifier call site on the device: the weights, their bf16 copy and the weight gradient
+// kept from call to call (as the model keeps its parameters), x (held in bf16), d_x, the losses and
+// the scratch per call; `cache` null: no weight cache (each product quantises W itself).
+struct Fp8ClassifierSite {
+  DeviceFloats W, grads;
+  cuda::DeviceBuffer<uint16_t> copy;
+  explicit Fp8ClassifierSite(const ClassifierValues& v) : W(to_device(v.W)), grads(to_device(v.grads)), copy(bf16_copy(v.W)) {}
+  // New values in the same buffers: the weights and their copy (an optimizer step), the gradient.
+  void set(const std::vector<float>& w, const std::vector<float>& g) {
+    const DeviceFloats f = to_device(w), gf = to_device(g);
+    const cuda::DeviceBuffer<uint16_t> b = bf16_copy(w);
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(W.data(), f.data(), f.bytes(), cudaMemcpyDeviceToDevice, suite().stream));
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(copy.data(), b.data(), b.bytes(), cudaMemcpyDeviceToDevice, suite().stream));
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(grads.data(), gf.data(), gf.bytes(), cudaMemcpyDeviceToDevice, suite().stream));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  }
+  // losses, d_x and the weight gradient after the call, and the logit gradient the row kernel left
+  // in the scratch (the last chunk's).
+  Fp8ClassifierResults call(LossLayer& layer, const ClassifierProblem& p, const std::vector<float>& x, DeviceFloats* cache,
+                            bool unchanged) {
+    const DeviceIds ids(p.batch);
+    DeviceFloats d_x = poisoned(int64_t(x.size())), losses = poisoned(p.rows),
+                 scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
+    cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(x);
+    LayerCall c;
+    c.spec = &p.spec;
+    c.batch = &ids.views;
+    c.rows = p.rows;
+    c.stream = ablate::Stream(suite().stream);
+    c.x = bf16_view(x16);
+    c.params = device_view(W);
+    c.params_bf16 = bf16_view(copy);
+    c.scratch = device_view(scratch);
+    c.losses = device_view(losses);
+    c.grad_scale = p.scale;
+    c.d_x = device_view(d_x);
+    c.grads = device_view(grads);
+    c.input_grad = GradMode::overwrite;
+    if (cache != nullptr) c.weight_cache = device_view(*cache);
+    c.weights_unchanged = unchanged;
+    layer.loss(c);
+    std::vector<uint16_t> halves(std::size_t(std::min<int64_t>(p.rows, int64_t(scratch.size()) * 2 / p.spec.out) * p.spec.out));
+    ABLATE_CUDA_CHECK(cudaMemcpyAsync(halves.data(), scratch.data(), halves.size() * 2, cudaMemcpyDeviceToHost, suite().stream));
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+    std::vector<double> dz(halves.size());
+    for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = device_math::bf16_value(halves[i]);
+    return {{from_device(losses), {}, from_device(d_x), from_device(grads)}, dz};
+  }
+};
+
 Fp8ClassifierResults classifier_fp8(LossLayer& layer, const ClassifierProblem& p, const ClassifierValues& v) {
-  const DeviceIds ids(p.batch);
-  DeviceFloats W = to_device(v.W), d_x = to_device(v.d_x), grads = to_device(v.grads);
-  DeviceFloats losses = poisoned(p.rows), scratch = poisoned(layer.scratch_elements(p.spec, p.rows));
-  cuda::DeviceBuffer<uint16_t> copy = bf16_copy(v.W), x16 = bf16_copy(v.x);
-  LayerCall call;
-  call.spec = &p.spec;
-  call.batch = &ids.views;
-  call.rows = p.rows;
-  call.stream = ablate::Stream(suite().stream);
-  call.x = bf16_view(x16);
-  call.params = device_view(W);
-  call.params_bf16 = bf16_view(copy);
-  call.scratch = device_view(scratch);
-  call.losses = device_view(losses);
-  call.grad_scale = p.scale;
-  call.d_x = device_view(d_x);
-  call.grads = device_view(grads);
-  call.input_grad = GradMode::overwrite;
-  layer.loss(call);
-  std::vector<uint16_t> halves(std::size_t(p.rows * p.spec.out));
-  ABLATE_CUDA_CHECK(cudaMemcpyAsync(halves.data(), scratch.data(), halves.size() * 2, cudaMemcpyDeviceToHost, suite().stream));
-  ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
-  std::vector<double> dz(halves.size());
-  for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = device_math::bf16_value(halves[i]);
-  return {{from_device(losses), {}, from_device(d_x), from_device(grads)}, dz};
+  Fp8ClassifierSite site(v);
+  return site.call(layer, p, v.x, nullptr, false);
 }
 
 // The rms of a - b over the rms of b.
@@ -1924,8 +1951,9 @@ Batch fp8_model_batch(int32_t T, int32_t mul) {
 }
 
 // A 2-block FP8 model on the emulated device: GPT-2 style (gelu_mlp) or Llama style (swiglu_mlp:
-// RMSNorm, RoPE, GQA, no biases), its parameters drawn from seed 5.
-std::unique_ptr<Model> fp8_model(const char* mlp, const char* scaling, int32_t T) {
+// RMSNorm, RoPE, GQA, no biases), its parameters drawn from seed 5; `fp8_head`: the classifier's
+// products in FP8 too ([model.cross_entropy] fp8), in chunks of 32 rows.
+std::unique_ptr<Model> fp8_model(const char* mlp, const char* scaling, int32_t T, bool fp8_head = false) {
   ModelOptions o;
   o.d_model = 64;
   o.n_layers = 2;
@@ -1942,6 +1970,10 @@ std::unique_ptr<Model> fp8_model(const char* mlp, const char* scaling, int32_t T
     o.bias = false;
   }
   o.attention = "naive_cuda";
+  if (fp8_head) {
+    o.layer_own.insert_or_assign("cross_entropy",
+                                 Params("model.cross_entropy", {{"fp8", Value{true}}, {"chunk_rows", Value{int64_t(32)}}}));
+  }
   RunContext run;
   run.device = "cuda";
   run.dtype = "fp8";
@@ -2078,7 +2110,9 @@ TEST_CASE("FP8 current scaling quantises a layer's weights once a step, both lay
 // weight's copy made by the forward pass, and every weight product of the second reads them:
 // a GPT-2-style block has 6 weights (q, k, v, o, fc, proj), a Llama-style one 7 (a SwiGLU); after
 // params_changed the forward pass quantises them again. None under delayed scaling, whose slots
-// scale each use of a weight by its history.
+// scale each use of a weight by its history. With the classifier in FP8 ([model.cross_entropy] fp8,
+// 2 rows of 32 in chunks of 32: two chunks, each with a logits and an input-gradient product
+// reading W) its call has a cache too: 3 reuses in a step's first micro-batch, 4 in the next.
 TEST_CASE("FP8 current scaling: the model says when a site's weights are unchanged since its last call") {
   if (!test::device_has_fp8()) {
     MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
@@ -2087,24 +2121,95 @@ TEST_CASE("FP8 current scaling: the model says when a site's weights are unchang
   const Counter reused = plugin_counter("ablate_cuda_layers_fp8_weight_packs_reused");
   const int32_t T = 32;
   const Batch b = fp8_model_batch(T, 5);
-  // (mlp, scaling, weights a block)
-  const std::tuple<const char*, const char*, int64_t> cases[] = {
-      {"gelu_mlp", "current", 6}, {"swiglu_mlp", "current", 7}, {"gelu_mlp", "delayed", 0}};
-  for (const auto& [mlp, scaling, per_block] : cases) {
-    const std::string label = std::string(mlp) + ", " + scaling + " scaling";
+  // (mlp, scaling, weights a block, the classifier in FP8)
+  const std::tuple<const char*, const char*, int64_t, bool> cases[] = {{"gelu_mlp", "current", 6, false},
+                                                                       {"swiglu_mlp", "current", 7, false},
+                                                                       {"gelu_mlp", "delayed", 0, false},
+                                                                       {"gelu_mlp", "current", 6, true}};
+  for (const auto& [mlp, scaling, per_block, head] : cases) {
+    const std::string label = std::string(mlp) + ", " + scaling + " scaling" + (head ? ", the classifier in FP8" : "");
     INFO(label);
-    const std::unique_ptr<Model> m = fp8_model(mlp, scaling, T);
+    const std::unique_ptr<Model> m = fp8_model(mlp, scaling, T, head);
     const int64_t weights = per_block * 2;  // 2 blocks
+    const int64_t first = head ? 3 : 0, next = head ? 4 : 0;
     const auto micro_batch = [&] {
       const int64_t before = reused();
       CHECK(std::isfinite(m->forward_backward(b, 1.0 / double(b.real_targets()), 0)));
       return reused() - before;
     };
-    CHECK(micro_batch() == weights);      // the input gradients' products
-    CHECK(micro_batch() == 2 * weights);  // every weight product
+    CHECK(micro_batch() == weights + first);     // the input gradients' products
+    CHECK(micro_batch() == 2 * weights + next);  // every weight product
     m->params_changed();
-    CHECK(micro_batch() == weights);  // quantised again by the forward pass
+    CHECK(micro_batch() == weights + first);  // quantised again by the forward pass
   }
+}
+
+
+// The FP8 classifier's weight is quantised once a step, as the dense layers' are: the first
+// product of the step that reads W (the first chunk's logits) makes its copies in both layouts in
+// the call's weight cache, and every later product reads them, the input gradient's of each chunk
+// and every product of the next micro-batch. 300 rows in chunks of 128 (three chunks, two products
+// reading W in each): 5 reuses in the step's first call, 6 in the next. The losses, d_x and weight
+// gradient are the same bits as a call without a cache at every call; new weights with the flag
+// false are quantised again, and with the flag (wrongly) true the old copy would be read: the
+// outputs differ, which is what the flag guards. bf16 keeps no cache.
+TEST_CASE("cross_entropy under FP8 products quantises its weight once a step: every chunk and micro-batch reads one copy") {
+  LayerSpec spec;
+  spec.in = 64;
+  spec.out = spec.real_out = 96;
+  CHECK(suite().layer<LossLayer>("cross_entropy", "cuda", "bf16").weight_cache_bytes(spec) == 0);
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter reused = plugin_counter("ablate_cuda_layers_fp8_weight_packs_reused");
+  const Params own("model.cross_entropy", {{"fp8", Value{true}}, {"chunk_rows", Value{int64_t(128)}}});
+  LossLayer& cpu = suite().layer<LossLayer>("cross_entropy", "cpu");
+  LossLayer& gpu = suite().layer<LossLayer>("cross_entropy", "cuda", "fp8", own);
+  std::mt19937_64 rng(4242);
+  ClassifierProblem p;
+  p.spec = spec;
+  p.rows = 300;
+  p.batch = make_batch(p.rows, int32_t(spec.real_out), 1, rng);
+  p.batch.targets[7] = -1;
+  p.scale = 1.0 / double(p.batch.real_targets());
+  const int64_t bytes = gpu.weight_cache_bytes(spec);
+  CHECK(bytes >= 256 + 2 * spec.in * spec.out);
+  ClassifierValues v;
+  v.W = rounded_bf16(random_params(cpu, gpu, spec, rng, 2.0));  // the f32 weights and their copy agree
+  v.grads = randn(v.W.size(), rng, 0.0, p.scale);
+  const std::vector<float> x1 = rounded_bf16(randn(std::size_t(p.rows * spec.in), rng)),
+                           x2 = rounded_bf16(randn(std::size_t(p.rows * spec.in), rng));
+  const std::vector<float> w2 = rounded_bf16(random_params(cpu, gpu, spec, rng, 2.0));
+  DeviceFloats cache = poisoned((bytes + 3) / 4);  // NaN until made: a read before would show
+  Fp8ClassifierSite cached(v), plain(v);
+  int call_number = 0;
+  // One call on both sites, the cached one told `unchanged`; the reuses it counted.
+  const auto both = [&](const std::vector<float>& x, bool unchanged) {
+    const std::string which = "call " + std::to_string(++call_number);
+    INFO(which);
+    const int64_t before = reused();
+    const ClassifierResults got = cached.call(gpu, p, x, &cache, unchanged).out;
+    const int64_t n = reused() - before;
+    const ClassifierResults want = plain.call(gpu, p, x, nullptr, false).out;
+    CHECK(all_finite(got.losses));
+    CHECK_MESSAGE(same_bits(got.losses, want.losses), "the losses differ with W's copy from the cache");
+    CHECK_MESSAGE(same_bits(got.d_x, want.d_x), "d_x differs with W's copy from the cache");
+    CHECK_MESSAGE(same_bits(got.grads, want.grads), "the weight gradient differs with W's copy from the cache");
+    return n;
+  };
+  CHECK(both(x1, false) == 5);  // the step's first call: the copy made by the first chunk's logits
+  CHECK(both(x2, true) == 6);   // the next micro-batch
+  // The optimizer stepped: new values in the same buffers.
+  cached.set(w2, v.grads);
+  plain.set(w2, v.grads);
+  const ClassifierResults stale = cached.call(gpu, p, x1, &cache, true).out;
+  const ClassifierResults fresh = plain.call(gpu, p, x1, nullptr, false).out;
+  CHECK_FALSE(same_bits(stale.losses, fresh.losses));
+  cached.set(w2, v.grads);  // the stale call's gradient undone
+  plain.set(w2, v.grads);
+  CHECK(both(x1, false) == 5);
+  CHECK(both(x2, true) == 6);
 }
 
 TEST_CASE("FP8 products fuse the forward epilogues into a bf16 output: q/k/v's bias, the GELU MLP's bias and GELU, as defined") {

@@ -178,10 +178,10 @@ class LayerBase : public Component {
     (void)spec;
     return 0;
   }
-  // Device memory a call site keeps from one call to the next for what the layer derives from its
-  // weights (LayerCall::weight_cache, weights_unchanged: FP8 copies of the weights, made once a
-  // step rather than once a micro-batch and pass), in bytes, 0 = none. Not saved in checkpoints;
-  // the model's state_bytes counts it.
+  // Device memory a call site (the classifier's call too) keeps from one call to the next for what
+  // the layer derives from its weights (LayerCall::weight_cache, weights_unchanged: FP8 copies of
+  // the weights, made once a step rather than once a micro-batch, pass and chunk), in bytes, 0 =
+  // none. Not saved in checkpoints; the model's state_bytes counts it.
   virtual int64_t weight_cache_bytes(const LayerSpec& spec) const {
     (void)spec;
     return 0;

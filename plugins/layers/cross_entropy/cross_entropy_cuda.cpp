@@ -14,8 +14,10 @@
 // loss is then the one of the bf16-rounded logits, as under PyTorch's autocast. Under FP8 products
 // ([model.cross_entropy] fp8 with an FP8 run.dtype; else the registration gives bf16) the same
 // chunks, each product quantising its operands per tensor (current scaling, gemm.hpp): x and W
-// E4M3, the bf16 logit gradient E5M2 under "fp8" (E4M3 under "fp8_e4m3"). [model.cross_entropy]
-// chunk_rows, where set, is the chunk in both cases.
+// E4M3, the bf16 logit gradient E5M2 under "fp8" (E4M3 under "fp8_e4m3"), W's FP8 copies (both
+// layouts, one scale) made once a step in the call's weight cache by the first product that reads
+// W and read by every later chunk, pass and micro-batch of the step (as the dense layers' are).
+// [model.cross_entropy] chunk_rows, where set, is the chunk in both cases.
 #include <algorithm>
 
 #include "ablate/layer_params.hpp"
@@ -45,6 +47,8 @@ class CrossEntropy final : public LossLayer {
     return gemm_workspace_bytes(mode_, std::min(rows, bf16_family(mode_) ? bf16_chunk(rows, s.out) : f32_chunk()), s.in, s.out);
   }
   bool bf16_product_inputs() const override { return bf16_family(mode_); }
+  // FP8 products: W's copies in both layouts and their scale (LayerCall::weight_cache).
+  int64_t weight_cache_bytes(const LayerSpec& s) const override { return fp8_mode(mode_) ? fp8_weight_pack_bytes(s.out, s.in) : 0; }
 
   void loss(const LayerCall& call) override {
     check_spec(kName, call);
@@ -65,8 +69,9 @@ class CrossEntropy final : public LossLayer {
     const int32_t* targets = require_ids(kName, call, &BatchViews::targets, "targets");
     const cudaStream_t st = stream_of(call);
     const Weight W{call.params.as<const float>(), call.params_bf16.data};
+    const Fp8Slots w_slots = weight_slots(call);
     if (bf16_family(mode_) && call.logits.data == nullptr) {
-      loss_bf16_logits(call, x, W, targets, with_grad, st);
+      loss_bf16_logits(call, x, W, w_slots, targets, with_grad, st);
       check_launch(kName);
       return;
     }
@@ -74,7 +79,7 @@ class CrossEntropy final : public LossLayer {
     const int64_t chunk = f32_chunk();
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
-      gemm_x_wt(x.at(r0 * in), n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_);
+      gemm_x_wt(x.at(r0 * in), n, in, out, W, nullptr, nullptr, 0.0f, z, st, mode_, w_slots);
       if (call.logits.data != nullptr) {
         ABLATE_CUDA_CHECK(cudaMemcpyAsync(call.logits.as<float>() + r0 * out, z, std::size_t(n * out) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, st));
@@ -84,7 +89,7 @@ class CrossEntropy final : public LossLayer {
       if (with_grad) {
         // d_x = dz W (written or added), dW += dz^T x; dz rounded to bf16 once for both under bf16
         const Operand dz = gemm_bf16_once(z, n, out, st, mode_);
-        gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
+        gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_, w_slots);
         if (call.grads.data != nullptr) gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
       }
     }
@@ -93,22 +98,36 @@ class CrossEntropy final : public LossLayer {
 
  private:
   // The bf16 chunks: logits written in bf16, the gradient in place, read by both products as it is.
-  void loss_bf16_logits(const LayerCall& call, const Operand& x, const Weight& W, const int32_t* targets, bool with_grad,
-                        cudaStream_t st) const {
+  void loss_bf16_logits(const LayerCall& call, const Operand& x, const Weight& W, const Fp8Slots& w_slots, const int32_t* targets,
+                        bool with_grad, cudaStream_t st) const {
     const LayerSpec& s = *call.spec;
     const int64_t rows = call.rows, in = s.in, out = s.out;
     uint16_t* z = reinterpret_cast<uint16_t*>(call.scratch.as<float>());
     const int64_t chunk = bf16_chunk(rows, out);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
-      gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st, mode_);
+      gemm_x_wt_bf16_out(x.at(r0 * in), n, in, out, W, z, st, mode_, w_slots);
       launch_cross_entropy_rows_bf16(z, n, out, s.real_out, targets + r0, call.losses.as<float>() + r0, with_grad,
                                      float(call.grad_scale), st);
       if (!with_grad) continue;
       const Operand dz{nullptr, z};
-      gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_);
+      gemm_dy_w(dz, n, in, out, W, call.input_grad == GradMode::accumulate, call.d_x.as<float>() + r0 * in, st, mode_, w_slots);
       if (call.grads.data != nullptr) gemm_add_dyt_x(dz, n, in, out, x.at(r0 * in), call.grads.as<float>(), nullptr, st, mode_);
     }
+  }
+
+  // The products reading W under FP8: its pack in the call's weight cache, forgotten first where
+  // the weights changed since the last call (LayerCall::weights_unchanged false); none where the
+  // call has no cache of that size (each product then quantises W itself).
+  Fp8Slots weight_slots(const LayerCall& call) const {
+    const int64_t need = weight_cache_bytes(*call.spec);
+    const int64_t have =
+        call.weight_cache.data == nullptr ? 0 : call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype));
+    if (need == 0 || have < need) return {};
+    if (!call.weights_unchanged) fp8_weight_packs_forget(call.weight_cache.data, have);
+    Fp8Slots s;
+    s.weight_pack = call.weight_cache.data;
+    return s;
   }
 
   int64_t f32_chunk() const { return chunk_rows_ > 0 ? chunk_rows_ : kChunk; }
