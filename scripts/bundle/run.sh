@@ -262,6 +262,10 @@ if $flash_built; then
   ablate_gpt2 gpt2 ablate_gpt2_flash_fp8_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8
   # torch's float8 (torchao, tensorwise scaling) on the same model: the peer of the FP8 run.
   pytorch_peer gpt2 pytorch_gpt_fp8 gpt2-124m.toml "$GPT2_BATCH" --float8
+  # The classifier's products in FP8 too ([model.cross_entropy] fp8, its weight quantised once a
+  # step), last: a call short of time skips it first.
+  ablate_gpt2 gpt2 ablate_gpt2_flash_fp8head_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8 \
+    --set model.cross_entropy.fp8=true
 fi
 
 # llama: configs/llama-1b.toml (1,175M parameters, TinyLlama's shape), dense rows of one 2048-token

@@ -117,7 +117,8 @@ def ablate_rows(name, h):
     dense rows (one document of the full length a row, `_dense`) compare like with like; packed probe
     rows hold short documents, so their attention does less work than the peer's. An FP8 run
     (`_fp8`) is also set beside the peer's float8 run (torchao) and beside ablate's own bf16 run, and
-    so is a run with the residual stream in bf16 (`_bf16res`)."""
+    so is a run with the residual stream in bf16 (`_bf16res`); one with the classifier in FP8 too
+    (`_fp8head`) beside those and beside the same run with the classifier in bf16 (`_fp8`)."""
     h = dict(h)
     h["rows"] = "dense" if name.endswith("_dense") else "packed-probes"
     mine = h.get("tokens_per_s") if isinstance(h.get("tokens_per_s"), (int, float)) else None
@@ -130,10 +131,16 @@ def ablate_rows(name, h):
         float8_peer = tokens_per_s(read_json(peer_of(name) + "_fp8"))
         if float8_peer and h["rows"] == "dense":
             h["vs_pytorch_float8"] = round(mine / float8_peer, 3)
-    for tag in ("_fp8", "_bf16res"):
-        bf16 = tokens_per_s(read_json(name.replace(tag, ""))) if tag in name else None
-        if bf16:
-            h["vs_own_bf16"] = round(mine / bf16, 3)
+    for tag in ("_fp8head", "_fp8", "_bf16res"):
+        if tag in name:
+            bf16 = tokens_per_s(read_json(name.replace(tag, "")))
+            if bf16:
+                h["vs_own_bf16"] = round(mine / bf16, 3)
+            break
+    if "_fp8head" in name:
+        body_only = tokens_per_s(read_json(name.replace("_fp8head", "_fp8")))
+        if body_only:
+            h["vs_own_fp8"] = round(mine / body_only, 3)
     return h
 
 

@@ -21,7 +21,8 @@ with tempfile.TemporaryDirectory() as out:
             ("pytorch_gemm", "peer", "passed", 0, 20), ("ablate_gpt2_flash_fp8_dense", "benchmark", "passed", 0, 50),
             ("pytorch_gpt_fp8", "peer", "passed", 0, 60), ("ablate_llama_dense", "benchmark", "passed", 0, 80),
             ("ablate_llama_fp8_dense", "benchmark", "passed", 0, 80), ("pytorch_llama", "peer", "passed", 0, 90),
-            ("pytorch_llama_fp8", "peer", "skipped", 77, 5), ("numerics_fp8", "benchmark", "passed", 0, 45)]
+            ("pytorch_llama_fp8", "peer", "skipped", 77, 5), ("numerics_fp8", "benchmark", "passed", 0, 45),
+            ("ablate_gpt2_flash_fp8head_dense", "benchmark", "passed", 0, 50)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -44,6 +45,7 @@ with tempfile.TemporaryDirectory() as out:
                                  "float8": True, "result": {"batch_size": 64, "tokens_per_s": 500000.0,
                                                             "float8": "torchao 0.18.0 float8 tensorwise, 72 linear layers"}},
         "ablate_gpt2_flash_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 380000.0},
+        "ablate_gpt2_flash_fp8head_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 399000.0},
         "ablate_llama_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 40000.0},
         "ablate_llama_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 52000.0},
         "numerics_fp8.json": {"verdict": "pass", "steps": 300, "last": 100, "mean_loss_gap": 0.0123, "val_rel_gap": 0.004,
@@ -70,12 +72,14 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "18 runs: 15 passed, 1 failed, 2 skipped" in text,
+        "counts": "19 runs: 16 passed, 1 failed, 2 skipped" in text,
         "fp8 numerics headline": "verdict=pass, steps=300, last=100, mean_loss_gap=0.0123, val_rel_gap=0.004" in text,
         "peer headline read under result": "family=gpt2, batch_size=64, tokens_per_s=4e+05, step_ms=163.8, mfu=0.41" in text
                                             and "peak_memory_gib=40" in text,
         # FP8: beside the bf16 peer, the float8 peer and ablate's own bf16 run on the same rows.
         "fp8 ratios": "rows=dense, vs_pytorch=0.95, vs_pytorch_float8=0.76, vs_own_bf16=1.52" in text,
+        # The classifier in FP8 too: beside the same, and beside the run with the classifier in bf16.
+        "fp8 head ratios": "vs_pytorch=0.998, vs_pytorch_float8=0.798, vs_own_bf16=1.596, vs_own_fp8=1.05" in text,
         # The Llama runs pair with the Llama peer; its float8 run was skipped, so no float8 ratio.
         # The residual stream in bf16: beside the peer and beside the same run with an f32 stream.
         "bf16 residual ratios": "tokens_per_s=2.625e+05, rows=dense, vs_pytorch=0.656, vs_own_bf16=1.05" in text,
