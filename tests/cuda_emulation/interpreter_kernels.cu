@@ -96,6 +96,14 @@ __global__ void missing_barrier_kernel(int* out) {
 }
 
 __global__ void arrival_kernel(int* out, int* counter) { out[atomicAdd(counter, 1)] = int(threadIdx.x); }
+// Three turns apart, a barrier between them: each thread writes its index where it arrives.
+__global__ void arrival_rounds_kernel(int* out, int* counter) {
+  out[atomicAdd(counter, 1)] = int(threadIdx.x);
+  __syncthreads();
+  out[atomicAdd(counter, 1)] = int(threadIdx.x);
+  __syncthreads();
+  out[atomicAdd(counter, 1)] = int(threadIdx.x);
+}
 
 __global__ void votes_widths_kernel(int* out, float* sum) {
   const int lane = threadIdx.x;
@@ -140,6 +148,7 @@ __global__ void big_shared_kernel(int* out) {
 }  // namespace
 
 void arrival_order(int* out, int* counter, int threads) { arrival_kernel<<<1, threads>>>(out, counter); }
+void arrival_rounds(int* out, int* counter, int threads) { arrival_rounds_kernel<<<1, threads>>>(out, counter); }
 void warp_votes_and_widths(int* out, float* sum) { votes_widths_kernel<<<1, 32>>>(out, sum); }
 void ballot_after_returns(unsigned* out, int live) { ballot_after_returns_kernel<<<1, 32>>>(out, live); }
 void shuffle_outside_mask(int* out) { outside_mask_kernel<<<1, 32>>>(out); }

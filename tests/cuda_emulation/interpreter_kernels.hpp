@@ -22,6 +22,8 @@ void grid_indices(int* out, unsigned gx, unsigned gy, unsigned bx, unsigned by);
 
 // out[k] = the index of the thread that took the k-th turn (an atomic counter), for `threads`.
 void arrival_order(int* out, int* counter, int threads);
+// The order of arrival in each of three turns a barrier separates: 3 x threads indices.
+void arrival_rounds(int* out, int* counter, int threads);
 // out[lane]: votes and 16-lane shuffles for one warp: [0, 32) __any_sync(lane == 7), [32, 64)
 // __all_sync(lane < 40), [64, 96) shfl_xor(lane, 1, width 8), [96, 128) shfl(lane * 3, 5, width 16),
 // [128, 160) __activemask(), [160] a float atomicAdd of 0.5 by every lane.

@@ -3,6 +3,7 @@
 // wrong result.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -102,6 +103,38 @@ TEST_CASE("the schedules change the order in which the threads of a block take t
   counter.fill_zero();
   emu_test::arrival_order(out.data(), counter.data(), threads);
   CHECK(emu_test::to_host(out) == orders[2]);
+}
+
+// After a barrier the threads take their turns in the schedule's order again, a new one for each
+// round under a random schedule: a thread that waits hands over to the next ready thread of the
+// round itself (docs/kernel-interpreter.md), which must be the one the scheduler would resume.
+TEST_CASE("every round between barriers runs the threads in the schedule's order") {
+  const int threads = 96;  // three warps
+  const auto rounds = [&](const char* schedule) {
+    emu::ScopedSchedule scoped(emu::parse_schedule(schedule));
+    cuda::DeviceBuffer<int> out(3 * threads), counter(1);
+    counter.fill_zero();
+    emu_test::arrival_rounds(out.data(), counter.data(), threads);
+    const std::vector<int> all = emu_test::to_host(out);
+    std::vector<std::vector<int>> r;
+    for (int k = 0; k < 3; ++k) r.emplace_back(all.begin() + k * threads, all.begin() + (k + 1) * threads);
+    return r;
+  };
+  for (const auto& r : rounds("forward")) {
+    for (int k = 0; k < threads; ++k) CHECK(r[std::size_t(k)] == k);
+  }
+  for (const auto& r : rounds("reverse")) {
+    for (int k = 0; k < threads; ++k) CHECK(r[std::size_t(k)] == threads - 1 - k);
+  }
+  const auto random = rounds("random:7");
+  for (const auto& r : random) {
+    std::vector<int> sorted = r;
+    std::sort(sorted.begin(), sorted.end());
+    for (int k = 0; k < threads; ++k) CHECK(sorted[std::size_t(k)] == k);  // each thread once a round
+  }
+  CHECK(random[0] != random[1]);  // reshuffled every round
+  CHECK(random[1] != random[2]);
+  CHECK(rounds("random:7") == random);  // and replayed by its seed
 }
 
 TEST_CASE("votes, shuffles narrower than a warp, __activemask and float atomics") {
