@@ -16,7 +16,10 @@
 // its quantising passes counted; and the norm and the two projections that add to the stream are
 // timed again with the stream in bf16, run.residual_dtype = "bf16"). A layer far above its
 // prediction moves more than it must or computes below the card's rate; that is where the step's
-// time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA).
+// time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA). q, k and
+// v are timed twice: as one d -> 3d product (what fusing them would give) and as the model runs
+// them today, three d -> d products on one input, the input gradient added up over the three; the
+// difference is what one product would save.
 //
 //   bench_layers [--json FILE] [--iters N] [--rows N] [--dtype bf16|fp8|fp8_e4m3|tf32|fp32] [--shapes gpt2|small]
 //
@@ -115,6 +118,10 @@ struct Case {
   // run.residual_dtype = "bf16": the stream the layer reads or adds to held in bf16 (a norm's x, a
   // projection's residual and y).
   bool stream_bf16 = false;
+  // The layer called this many times on one x, as the model calls q's, k's and v's projections on
+  // the norm's output: forward each writing its output, backward the first writing d_x (v's) and
+  // the others adding to it (k's, q's), each with its own weight gradient.
+  int calls = 1;
   Cost fwd, bwd;
 };
 
@@ -174,6 +181,16 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16, bool fp8)
     cs.push_back(c);
   };
   product("attn qkv (d -> 3d)", w.d, 3 * w.d, false);
+  {
+    // q, k and v as the model runs them today: three d -> d products on the same input, against the
+    // one product above (what fusing them would be; docs/performance.md, "One q, k, v product").
+    // Backward the second and third add to the f32 d_x: 8 bytes an element more each.
+    product("attn q, k, v (3 x d -> d)", w.d, w.d, false);
+    Case& c = cs.back();
+    c.calls = 3;
+    c.fwd = {3 * c.fwd.flops, 3 * c.fwd.bytes};
+    c.bwd = {3 * c.bwd.flops, 3 * c.bwd.bytes + 2 * N * d * 4};
+  }
   product("attn proj (d -> d) + residual", w.d, w.d, true);
   {
     Case c = named("mlp (d -> 4d -> d) + residual", "gelu_mlp");
@@ -306,7 +323,11 @@ class Bench {
     auto& l = dynamic_cast<Layer&>(layer);
     call.y = y.view();
     if (c.residual) call.residual = y.view();  // the stream: y = y + f(x), as the model adds
-    if (!backward) return bench::median_event_ms(stream_, o_.iters, [&] { l.forward(call); });
+    if (!backward) {
+      return bench::median_event_ms(stream_, o_.iters, [&] {
+        for (int k = 0; k < c.calls; ++k) l.forward(call);
+      });
+    }
     l.forward(call);
     LayerCall back = call;
     back.residual = {};
@@ -314,7 +335,12 @@ class Bench {
     back.d_y = d_y.view();
     back.d_x = d_x.view();
     back.grads = grads.view();
-    return bench::median_event_ms(stream_, o_.iters, [&] { l.backward(back); });
+    return bench::median_event_ms(stream_, o_.iters, [&] {
+      for (int k = 0; k < c.calls; ++k) {
+        back.input_grad = k == 0 ? GradMode::overwrite : GradMode::accumulate;
+        l.backward(back);
+      }
+    });
   }
 
  private:
