@@ -117,17 +117,10 @@ class CrossEntropy final : public LossLayer {
   }
 
   // The products reading W under FP8: its pack in the call's weight cache, forgotten first where
-  // the weights changed since the last call (LayerCall::weights_unchanged false); none where the
-  // call has no cache of that size (each product then quantises W itself).
+  // the weights changed since the last call (common.hpp).
   Fp8Slots weight_slots(const LayerCall& call) const {
-    const int64_t need = weight_cache_bytes(*call.spec);
-    const int64_t have =
-        call.weight_cache.data == nullptr ? 0 : call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype));
-    if (need == 0 || have < need) return {};
-    if (!call.weights_unchanged) fp8_weight_packs_forget(call.weight_cache.data, have);
-    Fp8Slots s;
-    s.weight_pack = call.weight_cache.data;
-    return s;
+    forget_changed_weight_packs(call);
+    return with_weight_pack({}, call, weight_cache_bytes(*call.spec), 0);
   }
 
   int64_t f32_chunk() const { return chunk_rows_ > 0 ? chunk_rows_ : kChunk; }

@@ -104,6 +104,26 @@ inline DropoutArgs dropout_of(const char* layer, const LayerCall& call) {
 
 inline bool same(const TensorView& a, const TensorView& b) { return a.data != nullptr && a.data == b.data; }
 
+// FP8 current scaling's weight packs in a call site's weight cache (LayerCall::weight_cache,
+// weights_unchanged; Fp8Slots::weight_pack), for every layer that keeps them:
+// the cache's bytes (0: none);
+inline int64_t weight_cache_size(const LayerCall& call) {
+  return call.weight_cache.data == nullptr ? 0 : call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype));
+}
+// at the start of each call, where the weights changed since the site's last call, the packs the
+// cache held forgotten (made again by the first product that reads each weight): the only place
+// the flag is read;
+inline void forget_changed_weight_packs(const LayerCall& call) {
+  if (!call.weights_unchanged && call.weight_cache.data != nullptr)
+    fp8_weight_packs_forget(call.weight_cache.data, weight_cache_size(call));
+}
+// and `slots` of a product whose B is the weight packed `offset` bytes into the cache, where the
+// cache holds the layer's `need` bytes (else as given: the product quantises the weight itself).
+inline Fp8Slots with_weight_pack(Fp8Slots slots, const LayerCall& call, int64_t need, int64_t offset) {
+  if (need > 0 && weight_cache_size(call) >= need) slots.weight_pack = static_cast<char*>(call.weight_cache.data) + offset;
+  return slots;
+}
+
 // After a layer's launches: a launch error (bad configuration) surfaces here with the layer's name.
 inline void check_launch(const char* layer) {
   const cudaError_t rc = cudaGetLastError();

@@ -221,25 +221,13 @@ struct Fp8State {
     for (const Extent& w : weights) n += fp8_mode(mode) && !on() ? fp8_weight_pack_bytes(w.rows, w.cols) : 0;
     return n;
   }
-  // At the start of each call: where the weights changed since the site's last call
-  // (LayerCall::weights_unchanged false), the packs its cache held are forgotten, made again by
-  // the first product that reads each weight. This is the only place the flag is read.
-  void begin(const LayerCall& call) const {
-    if (!call.weights_unchanged && call.weight_cache.data != nullptr) {
-      fp8_weight_packs_forget(call.weight_cache.data, call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype)));
-    }
-  }
-  // `slots` of a product whose B is weight `w` of `weights`, its pack found in the call's cache (none
-  // where the call has no cache of that size: the product quantises the weight itself).
+  // At the start of each call (common.hpp's forget_changed_weight_packs).
+  void begin(const LayerCall& call) const { forget_changed_weight_packs(call); }
+  // `slots` of a product whose B is weight `w` of `weights`, its pack found in the call's cache.
   Fp8Slots weight(Fp8Slots slots, const LayerCall& call, std::initializer_list<Extent> weights, int w) const {
-    const int64_t need = cache_bytes(weights);
-    if (need == 0 || call.weight_cache.data == nullptr ||
-        call.weight_cache.numel() * int64_t(dtype_size(call.weight_cache.dtype)) < need)
-      return slots;
     int64_t at = 0;
     for (int i = 0; i < w; ++i) at += fp8_weight_pack_bytes(weights.begin()[i].rows, weights.begin()[i].cols);
-    slots.weight_pack = static_cast<char*>(call.weight_cache.data) + at;
-    return slots;
+    return with_weight_pack(slots, call, cache_bytes(weights), at);
   }
   // The step just ended, from the state copied to the host: each slot's saturated values ([6]).
   ScalingReport report(const float* state) const {
