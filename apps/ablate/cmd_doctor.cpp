@@ -2,7 +2,7 @@
 // metrics.jsonl and names what holds the run back, ranked, each finding with the numbers behind it
 // and the change to make. The finding ids are stable: noisy_timings, diverged, loss_spike,
 // above_uniform, warmup_blowup, eval_plateau, eval_stalled, padding, input_bound, memory_headroom,
-// memory_tight, attention, precision, optimizer_memory, communication, step_jitter.
+// memory_tight, attention, precision, optimizer_memory, communication, launch_bound, step_jitter.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -955,6 +955,39 @@ std::optional<Finding> communication(const Run& run, const Settings& s, const Ti
   return f;
 }
 
+// Launch-bound: the host issues a step's kernels no faster than the GPU runs them, so the GPU waits
+// between them (many short kernels: a small model or micro-batch). `host_pct` is the host's issuing
+// time over the step's own (the engine's StepOutcome::issue_s), logged only where nothing inside
+// the step waits for the device and the device runs its work from a queue; an emulated device runs
+// each kernel as it is issued, so its share says nothing. A step at high MFU is the GPU's work (a
+// queue full of long kernels also holds the host back), not the launches'.
+std::optional<Finding> launch_bound(const Run& run, const Settings& s, const Timing& timing) {
+  constexpr double kLaunchBoundHostPct = 85.0, kBusyMfu = 0.3;
+  const std::vector<double> pcts = column(run.steps, "host_pct", true);
+  if (pcts.empty() || s.host_memory || run.info.value("device_name", std::string()).find("emulated") != std::string::npos) {
+    return std::nullopt;
+  }
+  const double host = median_of(pcts);
+  const auto mfu_it = run.summary.find("mfu");
+  const double mfu = mfu_it != run.summary.end() && mfu_it->is_number() ? mfu_it->get<double>() : -1.0;
+  if (!(host >= kLaunchBoundHostPct) || mfu >= kBusyMfu) return std::nullopt;
+  Finding f;
+  f.id = "launch_bound";
+  f.severity = host >= 95.0 ? "high" : "medium";
+  f.evidence = {{"host_pct", host},
+                {"step_ms", median_of(column(run.steps, "step_ms", true))},
+                {"batch_size", s.B},
+                {"mfu", mfu >= 0 ? json(mfu) : json(nullptr)}};
+  f.message = fmt("the host takes %.0f%% of each step (median) to issue its kernels: the GPU finishes each one before the "
+                  "next arrives and waits (launch-bound: many short kernels, a small model or micro-batch)",
+                  host);
+  f.change = "--set batching.batch_size=" + std::to_string(2 * s.B) +
+             " (each kernel does twice the work, their number stays the same: up to 2x the tokens/s while the GPU still "
+             "waits for the host), if memory allows";
+  if (timing.unusable) qualify(f);
+  return f;
+}
+
 // Unstable step time (the first step and steps that ran an evaluation are left out); where the
 // timings are unusable, noisy_timings has said it.
 std::optional<Finding> step_jitter(const Run& run, const Settings& s, const Timing& timing) {
@@ -1002,6 +1035,7 @@ std::vector<Finding> diagnose(const Run& run) {
                                           fp8_saturation(run),
                                           optimizer_memory(run, s),
                                           communication(run, s, timing),
+                                          launch_bound(run, s, timing),
                                           step_jitter(run, s, timing)};
   std::vector<Finding> out;
   for (const std::optional<Finding>& f : found) {
@@ -1042,7 +1076,7 @@ int cmd_doctor(const Args& args) {
   if (findings.empty()) {
     std::cout << "nothing found: the loss (no spike, no divergence, never above a uniform prediction, no warm-up blow-up, "
                  "validation still improving), timings, padding, data wait, memory, attention backend, "
-                 "precision, optimizer memory and step time all look healthy\n";
+                 "precision, optimizer memory, kernel launches and step time all look healthy\n";
     return 0;
   }
   int i = 0;

@@ -242,10 +242,11 @@ void update_params(StepContext& c, Optimizer& optimizer, const ParamTable& table
 }
 
 // 6. The layers' scaling state (FP8 delayed scaling) steps on: each site's amax of this step, the
-// max across the ranks (every rank then holds the same scales), pushed into its history.
-void end_step(StepContext& c) {
+// max across the ranks (every rank then holds the same scales), pushed into its history. True when
+// there was one (its report was read from the device).
+bool end_step(StepContext& c) {
   const TensorView state = c.model.scaling_state();
-  if (state.data == nullptr) return;
+  if (state.data == nullptr) return false;
   if (c.comm.world() > 1) {
     c.timed([&] {
       c.comm.all_reduce(state, ReduceOp::max);
@@ -256,11 +257,13 @@ void end_step(StepContext& c) {
   const ScalingReport r = c.model.scaling_report();
   c.out.fp8_saturated = r.saturated;
   c.out.fp8_saturated_worst = r.worst;
+  return true;
 }
 
 }  // namespace
 
 StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) {
+  const auto t0 = Clock::now();
   StepContext c{model_, comm_, spec_, shard_, op_times_, model_.device(), scalars_.view(), {}};
   // One rank with an optimizer that reads the clip factor on the device: the step enqueues its
   // work and reads its loss and norm once, at its end.
@@ -269,8 +272,13 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
   reduce_gradients(c, !buckets_.empty(), on_device);
   update_params(c, optimizer_, opt_table_, step, lr, factor_.view());
-  end_step(c);
+  const bool scaling_read = end_step(c);
   if (!c.read) {
+    // Where nothing waited for the device so far, the host's issuing of the step. (A communicator
+    // that moves data synchronises before its collectives; a second micro-batch's copy from the
+    // host's pageable memory may wait for the first one's work.)
+    const bool waited = scaling_read || micro.size() != 1 || c.op_times != nullptr || c.comm.moves_data();
+    if (!waited && c.device.stream() != nullptr) c.out.issue_s = std::chrono::duration<double>(Clock::now() - t0).count();
     c.read_sums();
     take_sums(c, step);
   }

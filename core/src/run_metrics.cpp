@@ -74,6 +74,13 @@ StepMetrics RunMetrics::record(int64_t step, double lr, const StepOutcome& o, do
     sm.extra.push_back({"comm_pct", 100.0 * o.comm_s / step_s});
     if (counted) comm_pcts_.push_back(100.0 * o.comm_s / step_s);
   }
+  if (const double engine_s = step_s - wait_ms / 1e3; o.issue_s >= 0 && engine_s > 0) {
+    // The host's share of the step's own time (the data wait left out): near 100, the device waited
+    // for the host to issue its work.
+    const double pct = std::min(100.0, 100.0 * o.issue_s / engine_s);
+    sm.extra.push_back({"host_pct", pct});
+    if (counted) host_pcts_.push_back(pct);
+  }
   if (o.fp8_saturated >= 0) {
     sm.extra.push_back({"fp8_saturated", double(o.fp8_saturated)});
     sm.extra.push_back({"fp8_saturated_worst", double(o.fp8_saturated_worst)});
@@ -120,6 +127,7 @@ nlohmann::json RunMetrics::summary() const {
   const std::optional<double> cv = coefficient_of_variation(step_s_);
   j["step_time_cv"] = cv ? nlohmann::json(*cv) : nlohmann::json(nullptr);
   if (communicates_) j["comm_pct"] = med(comm_pcts_);
+  if (!host_pcts_.empty()) j["host_pct"] = median(host_pcts_);
   return j;
 }
 

@@ -51,7 +51,7 @@ class RunMetrics {
   bool communicates_;
   double first_loss_ = -1;
   bool above_peak_ = false;  // a counted step's MFU exceeded 1
-  std::vector<double> tps_, rtps_, mfus_, emfus_, tflops_, waits_, comm_pcts_, step_s_;
+  std::vector<double> tps_, rtps_, mfus_, emfus_, tflops_, waits_, comm_pcts_, host_pcts_, step_s_;
 };
 
 double median(std::vector<double> values);

@@ -268,6 +268,19 @@ if $flash_built; then
     --set model.cross_entropy.fp8=true
 fi
 
+# Launch-bound or not: the quickstart's small model (4 layers of d 128, 8 x 256 tokens) on cuda,
+# whose kernels are a few microseconds each, at its micro-batch and at 8 times it. summary.json's
+# host_pct is the host's share of each step (near 100: the GPU waits for the launches), what a
+# captured step (run.cuda_graph, docs/performance.md) would take away; `ablate doctor` reads it.
+if want bench; then
+  ablate_train bench ablate_quickstart quickstart.toml 8 naive_cuda
+  ablate_train bench ablate_quickstart_b64 quickstart.toml 64 naive_cuda
+  for q in ablate_quickstart ablate_quickstart_b64; do
+    [ -f "$out/$q/summary.json" ] && timeout 30 "$here/bin/ablate" doctor "$out/$q" > "$out/logs/${q}_doctor.log" 2>&1
+  done
+  cat "$out/logs/ablate_quickstart_doctor.log" 2>/dev/null | head -12
+fi
+
 # llama: configs/llama-1b.toml (1,175M parameters, TinyLlama's shape), dense rows of one 2048-token
 # document each, in bf16 and in FP8 (linear and MLP products; attention and the classifier bf16),
 # beside the PyTorch peer in bf16 and in torchao's float8. The micro-batch: ABLATE_LLAMA_BATCH, else

@@ -48,8 +48,9 @@ def headline(name, data):
         "bench_nccl": ["device", "world", "elements"],
         "bench_layers": ["device", "dtype", "rows", "product_tflops", "copy_gbs"],
         "numerics": ["verdict", "steps", "last", "mean_loss_gap", "max_loss_gap", "val_rel_gap", "max_val_rel"],
-        "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct"],
-    }.get("ablate_gpt2" if name.startswith(("ablate_gpt2", "ablate_llama")) else
+        "ablate_gpt2": ["status", "steps", "tokens_per_s", "tflops", "mfu", "peak_tflops", "mem_peak_bytes", "final_loss", "comm_pct",
+                        "host_pct"],
+    }.get("ablate_gpt2" if name.startswith(("ablate_gpt2", "ablate_llama", "ablate_quickstart")) else
           "numerics" if name.startswith("numerics") else name)
     rows = data.get("rows") if isinstance(data, dict) else None
     if isinstance(rows, list) and name in ("bench_attention", "pytorch_sdpa", "bench_nccl"):

@@ -22,7 +22,8 @@ with tempfile.TemporaryDirectory() as out:
             ("pytorch_gpt_fp8", "peer", "passed", 0, 60), ("ablate_llama_dense", "benchmark", "passed", 0, 80),
             ("ablate_llama_fp8_dense", "benchmark", "passed", 0, 80), ("pytorch_llama", "peer", "passed", 0, 90),
             ("pytorch_llama_fp8", "peer", "skipped", 77, 5), ("numerics_fp8", "benchmark", "passed", 0, 45),
-            ("ablate_gpt2_flash_fp8head_dense", "benchmark", "passed", 0, 50)]
+            ("ablate_gpt2_flash_fp8head_dense", "benchmark", "passed", 0, 50),
+            ("ablate_quickstart", "benchmark", "passed", 0, 20)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -47,6 +48,7 @@ with tempfile.TemporaryDirectory() as out:
         "ablate_gpt2_flash_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 380000.0},
         "ablate_gpt2_flash_fp8head_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 399000.0},
         "ablate_llama_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 40000.0},
+        "ablate_quickstart.json": {"status": "completed", "steps": 16, "tokens_per_s": 90000.0, "host_pct": 97.5},
         "ablate_llama_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 52000.0},
         "numerics_fp8.json": {"verdict": "pass", "steps": 300, "last": 100, "mean_loss_gap": 0.0123, "val_rel_gap": 0.004,
                               "reference": "numerics_bf16", "curves": [[1, 2, 3]]},
@@ -72,7 +74,9 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "19 runs: 16 passed, 1 failed, 2 skipped" in text,
+        "counts": "20 runs: 17 passed, 1 failed, 2 skipped" in text,
+        # The small model's launch-bound check: the host's share of its steps, and no peer ratio.
+        "launch-bound headline": "tokens_per_s=9e+04, host_pct=97.5" in text and "host_pct=97.5, vs_" not in text,
         "fp8 numerics headline": "verdict=pass, steps=300, last=100, mean_loss_gap=0.0123, val_rel_gap=0.004" in text,
         "peer headline read under result": "family=gpt2, batch_size=64, tokens_per_s=4e+05, step_ms=163.8, mfu=0.41" in text
                                             and "peak_memory_gib=40" in text,

@@ -552,3 +552,59 @@ TEST_CASE("doctor finds FP8 delayed scaling that saturated, with the counts, and
   plant(40, 1);  // one step of 40: low
   CHECK(finding(doctor(run), "fp8_saturation")->at("severity") == "low");
 }
+
+TEST_CASE("doctor finds a launch-bound GPU run from the host's share of its steps, and not on a CPU, an emulated device or "
+          "at high MFU") {
+  // A real cpu run logs no host_pct (the cpu has no queue to run ahead in: engine.cpp); the same
+  // run as if on a GPU, with the host's share planted, checks the finding's thresholds.
+  TempDir tmp;
+  const fs::path run = train(tmp, "run", " --set run.steps=12");
+  const std::vector<json> rows = metrics(run);
+  for (const json& r : rows) CHECK_FALSE(r.contains("host_pct"));
+  CHECK_FALSE(read_json(run / "summary.json").contains("host_pct"));
+  const auto plant = [&](double pct) {
+    std::ofstream out(run / "metrics.jsonl");
+    for (json r : rows) {
+      r["host_pct"] = r["step"] == 1 ? 10.0 : pct;  // the first step (warm-up) is left out of the median
+      out << r.dump() << "\n";
+    }
+  };
+  plant(99.0);
+  CHECK_FALSE(finding(doctor(run), "launch_bound").has_value());  // a cpu run: the host is the device
+
+  std::string config = slurp(run / "config.toml");
+  config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
+  std::ofstream(run / "config.toml") << config;
+  json info = read_json(run / "run.json");
+  info["device_capabilities"] = {{"host_memory", false}, {"reduced_precision_products", true}, {"collective", "nccl"}};
+  info["device_name"] = "NVIDIA H100 80GB HBM3 (cuda:0)";
+  std::ofstream(run / "run.json") << info.dump();
+  json summary = read_json(run / "summary.json");
+  const auto with = [&](double mfu, double cv) {
+    summary["mfu"] = mfu;
+    summary["step_time_cv"] = cv;
+    summary["machine_load"] = 0.0;
+    std::ofstream(run / "summary.json") << summary.dump();
+    return finding(doctor(run), "launch_bound");
+  };
+  const std::optional<json> f = with(0.05, 0.02);
+  REQUIRE(f.has_value());
+  CHECK(f->at("severity") == "high");
+  CHECK(f->at("evidence")["host_pct"] == 99.0);
+  CHECK(f->at("evidence")["batch_size"] == 8);  // the quickstart's
+  CHECK(f->at("change").get<std::string>().rfind("--set batching.batch_size=16 ", 0) == 0);
+  CHECK(contains(f->at("message").get<std::string>(), "99%"));
+  CHECK_FALSE(with(0.45, 0.02).has_value());  // the GPU's own work: a full queue holds the host back too
+  const std::optional<json> noisy = with(0.05, 0.5);
+  REQUIRE(noisy.has_value());
+  CHECK(noisy->at("evidence")["timings_unusable"] == true);
+  (void)with(0.05, 0.02);
+  plant(90.0);
+  CHECK(finding(doctor(run), "launch_bound")->at("severity") == "medium");
+  plant(80.0);
+  CHECK_FALSE(finding(doctor(run), "launch_bound").has_value());  // the GPU runs ahead of the host
+  plant(99.0);
+  info["device_name"] = "NVIDIA H100 80GB HBM3 (emulated on the CPU) (cuda:0)";
+  std::ofstream(run / "run.json") << info.dump();
+  CHECK_FALSE(finding(doctor(run), "launch_bound").has_value());  // each kernel runs as it is issued
+}

@@ -482,7 +482,16 @@ TEST_CASE("one rank: the loss sum, gradient norm and clip factor kept on the dev
       CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());
       CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
       CHECK(a[i]["grad_norm"].get<double>() > 0.05);
+      // Only a step that waits for nothing until its end measures the host's share of it
+      // (StepOutcome::issue_s): at most the step's own time. (The emulated device runs each kernel
+      // as it is issued, so the share itself says nothing here.)
+      REQUIRE(a[i].contains("host_pct"));
+      CHECK(a[i]["host_pct"].get<double>() > 0.0);
+      CHECK(a[i]["host_pct"].get<double>() <= 100.0);
+      CHECK_FALSE(b[i].contains("host_pct"));
     }
+    CHECK(read_json(device / "summary.json").contains("host_pct"));
+    CHECK_FALSE(read_json(host / "summary.json").contains("host_pct"));
     CHECK(slurp(device / "checkpoints/step_00000006/model.safetensors") ==
           slurp(host / "checkpoints/step_00000006/model.safetensors"));
   }

@@ -50,6 +50,14 @@ struct StepOutcome {
   // FP8 delayed scaling: values the step's products saturated at, in all and in the worst tensor
   // (on several ranks the most any rank saw); -1 where the run has no scaling state.
   int64_t fp8_saturated = -1, fp8_saturated_worst = -1;
+  // Seconds the host took to issue the step, from its start to the read of its loss and norm at its
+  // end, where nothing before that read waited for the device (one rank, one micro-batch, an
+  // optimizer that reads the clip factor on the device, a communicator that moves no data, no FP8
+  // scaling state, no op profile) and
+  // the device runs its work from a queue (Device::stream): the part of the step the device cannot
+  // run ahead of (all of it: a launch-bound step). -1 where the step waited inside or the device
+  // has no queue.
+  double issue_s = -1;
 };
 
 // The part of `table` inside `shard`, offsets relative to the shard's start: what a rank's
