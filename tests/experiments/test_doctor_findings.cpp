@@ -53,6 +53,29 @@ std::optional<json> finding(const json& findings, const std::string& id) {
   return std::nullopt;
 }
 
+// A cpu run's directory made to read as a GPU run's: its config's device and run.json's device
+// answers (as a GPU's plugin gives them); returns the run.json written.
+json as_gpu_run(const fs::path& run, const json& info) {
+  std::string config = slurp(run / "config.toml");
+  config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
+  std::ofstream(run / "config.toml") << config;
+  json gpu_info = info;
+  gpu_info["device_capabilities"] = {{"host_memory", false}, {"reduced_precision_products", true}, {"collective", "nccl"}};
+  std::ofstream(run / "run.json") << gpu_info.dump();
+  return gpu_info;
+}
+
+// The finding `id` once summary.json says the run reached `mfu` with step-time spread `cv` on an
+// otherwise idle machine (the rest of the summary as the run wrote it).
+std::optional<json> with_timing(const fs::path& run, const std::string& id, double mfu, double cv) {
+  json summary = read_json(run / "summary.json");
+  summary["mfu"] = mfu;
+  summary["step_time_cv"] = cv;
+  summary["machine_load"] = 0.0;
+  std::ofstream(run / "summary.json") << summary.dump();
+  return finding(doctor(run), id);
+}
+
 // The planted loss without noise: falling from 4.2 towards 2.2.
 double curve(int64_t step) { return 2.2 + 2.0 * std::exp(-double(step) / 25.0); }
 constexpr double kNoise = 0.03;  // the planted noise lies in [-kNoise, kNoise]
@@ -296,20 +319,8 @@ TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run w
 
   // The same run as if on a GPU (its device's answers in run.json): memory-bound below 30% MFU
   // with quiet timings.
-  std::string config = slurp(run / "config.toml");
-  config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
-  std::ofstream(run / "config.toml") << config;
-  json gpu_info = info;
-  gpu_info["device_capabilities"] = {{"host_memory", false}, {"reduced_precision_products", true}, {"collective", "nccl"}};
-  std::ofstream(run / "run.json") << gpu_info.dump();
-  json summary = read_json(run / "summary.json");
-  const auto with = [&](double mfu, double cv) {
-    summary["mfu"] = mfu;
-    summary["step_time_cv"] = cv;
-    summary["machine_load"] = 0.0;
-    std::ofstream(run / "summary.json") << summary.dump();
-    return finding(doctor(run), "memory_headroom");
-  };
+  json gpu_info = as_gpu_run(run, info);
+  const auto with = [&](double mfu, double cv) { return with_timing(run, "memory_headroom", mfu, cv); };
   const std::optional<json> f = with(0.1, 0.02);
   REQUIRE(f.has_value());
   const int64_t nb = (*f)["evidence"]["suggested_batch_size"].get<int64_t>();
@@ -330,7 +341,7 @@ TEST_CASE("doctor advises a larger micro-batch only for a memory-bound GPU run w
 
   // A naive attention backend there: the advice names a backend the run's plugins register for its
   // device, and there is none without one.
-  config = slurp(run / "config.toml");
+  std::string config = slurp(run / "config.toml");
   config.replace(config.find("name = \"naive_cpu\""), 18, "name = \"naive_cuda\"");
   std::ofstream(run / "config.toml") << config;
   gpu_info["plugins"] = json::array({{{"kind", "attention"}, {"name", "naive_cpu"}, {"devices", {"cpu"}}}});
@@ -572,21 +583,10 @@ TEST_CASE("doctor finds a launch-bound GPU run from the host's share of its step
   plant(99.0);
   CHECK_FALSE(finding(doctor(run), "launch_bound").has_value());  // a cpu run: the host is the device
 
-  std::string config = slurp(run / "config.toml");
-  config.replace(config.find("device = \"cpu\""), 14, "device = \"cuda\"");
-  std::ofstream(run / "config.toml") << config;
   json info = read_json(run / "run.json");
-  info["device_capabilities"] = {{"host_memory", false}, {"reduced_precision_products", true}, {"collective", "nccl"}};
   info["device_name"] = "NVIDIA H100 80GB HBM3 (cuda:0)";
-  std::ofstream(run / "run.json") << info.dump();
-  json summary = read_json(run / "summary.json");
-  const auto with = [&](double mfu, double cv) {
-    summary["mfu"] = mfu;
-    summary["step_time_cv"] = cv;
-    summary["machine_load"] = 0.0;
-    std::ofstream(run / "summary.json") << summary.dump();
-    return finding(doctor(run), "launch_bound");
-  };
+  info = as_gpu_run(run, info);
+  const auto with = [&](double mfu, double cv) { return with_timing(run, "launch_bound", mfu, cv); };
   const std::optional<json> f = with(0.05, 0.02);
   REQUIRE(f.has_value());
   CHECK(f->at("severity") == "high");
