@@ -840,6 +840,73 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// One checked cublasLtMatmul as it runs: the problem, alpha and beta, the matrices and what the
+// descriptor pointed to when it was called.
+struct Call {
+  Problem P;
+  float a, b;
+  const void *A, *B, *C;
+  void* D;
+  const void* scales[4];  // FP8: A's, B's, C's and D's scale in device memory (null: 1)
+  void* amax_d;
+  void* bias;
+  void* aux;
+  int64_t aux_ld;
+};
+
+void execute(const Call& c) {
+  const Problem& P = c.P;
+  const float a = c.a, b = c.b;
+  const ablate::emu::DeviceAccess access;
+  if (P.fp8) {
+    float scale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int x = 0; x < 4; ++x) {
+      if (c.scales[x] != nullptr) std::memcpy(&scale[x], c.scales[x], sizeof(float));
+    }
+    multiply_fp8(P, a * scale[0] * scale[1], b * scale[2], scale[3], c.A, c.B, c.C, c.D, static_cast<float*>(c.amax_d), c.bias, c.aux,
+                 c.aux_ld);
+    return;
+  }
+  const Epilogue& e = P.epi;
+  const int out = P.D.type;
+  const int64_t m = P.m, n = P.n, k = P.k;
+  void* bias = c.bias;
+  void* aux = c.aux;
+  const int64_t aux_ld = c.aux_ld;
+  std::vector<float> grad(static_cast<std::size_t>(P.bias_len), 0.0f);
+  for (int32_t bt = 0; bt < P.batch; ++bt) {
+    const View va = P.A.view(c.A, bt), vb = P.B.view(c.B, bt), vc = P.C.view(c.C, bt), vd = P.D.view(c.D, bt);
+    void* dst = const_cast<void*>(vd.p);
+    multiply(m, n, k, va, P.ta, vb, P.tb, P.rnd, [&](int64_t j, const float* acc, const float* bcol, const float* acol) {
+      for (int64_t i = 0; i < m; ++i) {
+        float t = a * acc[i];
+        if (b != 0.0f) t = t + b * vc.at(i, j);
+        if (e.bias) t = t + load(bias, out, std::size_t(i));
+        if (e.aux_out) store(aux, out, std::size_t(i + j * aux_ld), t);
+        if (e.gelu) t = gelu(t);
+        if (e.dgelu) t = t * gelu_grad(load(aux, out, std::size_t(i + j * aux_ld)));
+        if (e.grad_d) grad[std::size_t(i)] += t;
+        store(dst, out, vd.index(i, j), t);
+      }
+      if (e.grad_b) {
+        float s = 0.0f;
+        for (int64_t p = 0; p < k; ++p) s += bcol[p];
+        grad[std::size_t(j)] = s;
+      }
+      if (e.grad_a && j == 0) {
+        for (int64_t i = 0; i < m; ++i) {
+          float s = 0.0f;
+          for (int64_t p = 0; p < k; ++p) s += acol[p * m + i];
+          grad[std::size_t(i)] = s;
+        }
+      }
+    });
+  }
+  if (e.grad_d || e.grad_a || e.grad_b) {
+    for (int64_t i = 0; i < P.bias_len; ++i) store(bias, out, std::size_t(i), grad[std::size_t(i)]);
+  }
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                               cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
                               const void* C, cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,
@@ -894,7 +961,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "in place (C == D) with different layouts of C and D");
   }
   // FP8: every matrix on 16 bytes; the scales and amax one float each in device memory.
-  float sa = 1.0f, sb = 1.0f, sc = 1.0f, sd = 1.0f;
   if (P.fp8) {
     for (int x = 0; x < 4; ++x) {
       if (used[x] && alignment_of(ptrs[x]) < 16) {
@@ -902,14 +968,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       }
     }
     const void* scales[4] = {desc->a_scale, desc->b_scale, desc->c_scale, desc->d_scale};
-    float* values[4] = {&sa, &sb, &sc, &sd};
     for (int x = 0; x < 4; ++x) {
-      if (scales[x] == nullptr) continue;
-      if (!ablate::emu::is_device_range(scales[x], sizeof(float))) {
+      if (scales[x] != nullptr && !ablate::emu::is_device_range(scales[x], sizeof(float))) {
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, std::string("the ") + "ABCD"[x] + " scale is not a float in device memory");
       }
-      const ablate::emu::DeviceAccess open;
-      std::memcpy(values[x], scales[x], sizeof(float));
     }
     if (desc->amax_d != nullptr && !ablate::emu::is_device_range(desc->amax_d, sizeof(float))) {
       return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "AMAX_D_POINTER is not a float in device memory");
@@ -931,49 +993,25 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
   }
   if (empty) return CUBLAS_STATUS_SUCCESS;
-
-  const ablate::emu::DeviceAccess access;
-  if (P.fp8) {
-    multiply_fp8(P, a * sa * sb, b * sc, sd, A, B, C, D, static_cast<float*>(desc->amax_d), desc->bias, const_cast<void*>(desc->aux),
-                 desc->aux_ld);
+  // What the product reads of the descriptor now (a graph keeps these, as cuBLASLt's node does);
+  // the FP8 scales are read from device memory when it runs.
+  const Call run{P,
+                 a,
+                 b,
+                 A,
+                 B,
+                 C,
+                 D,
+                 {desc->a_scale, desc->b_scale, desc->c_scale, desc->d_scale},
+                 desc->amax_d,
+                 const_cast<void*>(desc->bias),
+                 const_cast<void*>(desc->aux),
+                 desc->aux_ld};
+  if (ablate::emu::runtime::capturing(stream)) {
+    ablate::emu::runtime::capture_node(stream, [run] { execute(run); });
     return CUBLAS_STATUS_SUCCESS;
   }
-  const int out = P.D.type;
-  void* bias = const_cast<void*>(desc->bias);
-  void* aux = const_cast<void*>(desc->aux);
-  const int64_t aux_ld = desc->aux_ld;
-  std::vector<float> grad(static_cast<std::size_t>(P.bias_len), 0.0f);
-  for (int32_t bt = 0; bt < P.batch; ++bt) {
-    const View va = P.A.view(A, bt), vb = P.B.view(B, bt), vc = P.C.view(C, bt), vd = P.D.view(D, bt);
-    void* dst = const_cast<void*>(vd.p);
-    multiply(m, n, k, va, P.ta, vb, P.tb, P.rnd, [&](int64_t j, const float* acc, const float* bcol, const float* acol) {
-      for (int64_t i = 0; i < m; ++i) {
-        float t = a * acc[i];
-        if (b != 0.0f) t = t + b * vc.at(i, j);
-        if (e.bias) t = t + load(bias, out, std::size_t(i));
-        if (e.aux_out) store(aux, out, std::size_t(i + j * aux_ld), t);
-        if (e.gelu) t = gelu(t);
-        if (e.dgelu) t = t * gelu_grad(load(aux, out, std::size_t(i + j * aux_ld)));
-        if (e.grad_d) grad[std::size_t(i)] += t;
-        store(dst, out, vd.index(i, j), t);
-      }
-      if (e.grad_b) {
-        float s = 0.0f;
-        for (int64_t p = 0; p < k; ++p) s += bcol[p];
-        grad[std::size_t(j)] = s;
-      }
-      if (e.grad_a && j == 0) {
-        for (int64_t i = 0; i < m; ++i) {
-          float s = 0.0f;
-          for (int64_t p = 0; p < k; ++p) s += acol[p * m + i];
-          grad[std::size_t(i)] = s;
-        }
-      }
-    });
-  }
-  if (e.grad_d || e.grad_a || e.grad_b) {
-    for (int64_t i = 0; i < P.bias_len; ++i) store(bias, out, std::size_t(i), grad[std::size_t(i)]);
-  }
+  execute(run);
   return CUBLAS_STATUS_SUCCESS;
 }
 

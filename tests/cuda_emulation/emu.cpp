@@ -792,6 +792,15 @@ bool complete_collective(Engine& e, Launch& L, int warp, const Fiber& arrived) {
 
 namespace detail {
 
+bool capturing(const void* stream) { return runtime::capturing(stream); }
+
+void capture_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), std::shared_ptr<void> ctx) {
+  if (engine().launch != nullptr)
+    throw Error(at(w) + ": kernel '" + kernel + "' launched from inside a kernel (dynamic parallelism is not interpreted)");
+  if (!check_config(w, kernel, c)) return;
+  runtime::capture_node(c.stream, [w, kernel, c, body, ctx = std::move(ctx)] { run_grid(w, kernel, c, body, ctx.get()); });
+}
+
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx) {
   Engine& e = engine();
   if (e.launch != nullptr)

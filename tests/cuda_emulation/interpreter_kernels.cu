@@ -145,8 +145,14 @@ __global__ void big_shared_kernel(int* out) {
   out[threadIdx.x] = a[0] + b[0];
 }
 
+__global__ void axpy_kernel(float* x, const float* y, float a, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += a * y[i];
+}
+
 }  // namespace
 
+void axpy_on(float* x, const float* y, float a, int n, cudaStream_t s) { axpy_kernel<<<(n + 63) / 64, 64, 0, s>>>(x, y, a, n); }
 void arrival_order(int* out, int* counter, int threads) { arrival_kernel<<<1, threads>>>(out, counter); }
 void arrival_rounds(int* out, int* counter, int threads) { arrival_rounds_kernel<<<1, threads>>>(out, counter); }
 void warp_votes_and_widths(int* out, float* sum) { votes_widths_kernel<<<1, 32>>>(out, sum); }

@@ -20,6 +20,8 @@ void dynamic_shared(int* out, int threads);
 // A grid of (gx, gy) blocks of (bx, by) threads: out[linear global index] = 1 + blockIdx.y.
 void grid_indices(int* out, unsigned gx, unsigned gy, unsigned bx, unsigned by);
 
+// x[i] += a * y[i] for i < n, launched on stream `s` (a capture records it).
+void axpy_on(float* x, const float* y, float a, int n, cudaStream_t s);
 // out[k] = the index of the thread that took the k-th turn (an atomic counter), for `threads`.
 void arrival_order(int* out, int* counter, int threads);
 // The order of arrival in each of three turns a barrier separates: 3 x threads indices.

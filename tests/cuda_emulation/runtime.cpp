@@ -42,6 +42,12 @@ struct WorkNode {
 struct CUstream_st {
   unsigned flags;
 };
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
 struct CUevent_st {
   unsigned flags;
   bool recorded = false;
@@ -383,6 +389,10 @@ bool any_work() {
 
 namespace runtime {
 void enqueue_stream_work(const void* s, std::shared_ptr<StreamWork> work) {
+  if (capturing(s)) {  // a collective: refused, as the emulation does not capture it
+    invalidate_capture(s, "a library's stream work (a collective)");
+    return;
+  }
   std::lock_guard<std::recursive_mutex> lock(g_work_mu);
   auto node = std::make_shared<WorkNode>();
   node->work = std::move(work);
@@ -414,9 +424,78 @@ void poll_all_stream_work() {
 }
 }  // namespace runtime
 
+// --- stream capture ------------------------------------------------------------------------------
+
+namespace {
+
+// A capture in progress: its mode, the thread that began it, the nodes recorded so far, and why it
+// can no longer be what the calls meant (empty while it can).
+struct Capture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  std::vector<std::function<void()>> nodes;
+  std::string invalid;
+};
+std::mutex g_capture_mu;
+std::map<const void*, Capture> g_captures;  // stream -> its capture
+
+}  // namespace
+
+namespace runtime {
+bool capturing(const void* stream) {
+  if (stream == nullptr) return false;
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  return g_captures.count(stream) != 0;
+}
+void capture_node(const void* stream, std::function<void()> node) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = g_captures.find(stream);
+  if (it != g_captures.end() && it->second.invalid.empty()) it->second.nodes.push_back(std::move(node));
+}
+cudaError_t invalidate_capture(const void* stream, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    auto it = g_captures.find(stream);
+    if (it != g_captures.end() && it->second.invalid.empty()) it->second.invalid = why;
+  }
+  std::fprintf(stderr, "emulated CUDA device: %s during stream capture: not permitted (cudaErrorStreamCaptureUnsupported)\n",
+               why.c_str());
+  return note(cudaErrorStreamCaptureUnsupported);
+}
+cudaError_t unsafe_during_capture(const char* call) {
+  std::vector<const void*> broken;
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    for (const auto& [stream, c] : g_captures) {
+      const bool forbids = c.mode == cudaStreamCaptureModeGlobal ||
+                           (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == std::this_thread::get_id());
+      if (forbids) broken.push_back(stream);
+    }
+  }
+  cudaError_t rc = cudaSuccess;
+  for (const void* s : broken) rc = invalidate_capture(s, call);
+  return rc;
+}
+}  // namespace runtime
+
 }  // namespace ablate::emu
 
 // --- the runtime calls -------------------------------------------------------------------------
+
+namespace {
+// A call that waits for every stream (a device-wide synchronisation, a free): no capture, in any
+// mode, may be in progress, as the capturing stream cannot be waited for.
+cudaError_t capture_blocks_synchronization(const char* call) {
+  std::vector<const void*> streams;
+  {
+    std::lock_guard<std::mutex> lock(ablate::emu::g_capture_mu);
+    for (const auto& [stream, c] : ablate::emu::g_captures) streams.push_back(stream);
+  }
+  cudaError_t rc = cudaSuccess;
+  for (const void* s : streams) rc = ablate::emu::runtime::invalidate_capture(s, call);
+  return rc;
+}
+}  // namespace
 
 using namespace ablate::emu;
 
@@ -433,6 +512,10 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
   }
   return "cudaErrorUnknown";
 }
@@ -449,6 +532,10 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the resource is not in a valid state to perform the requested operation";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
   }
   return "unrecognized error code";
 }
@@ -526,6 +613,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t rc = capture_blocks_synchronization("cudaDeviceSynchronize"); rc != cudaSuccess) return rc;
   std::vector<const void*> streams{nullptr};
   {
     std::lock_guard<std::mutex> lock(g_handles_mu);
@@ -537,6 +625,7 @@ cudaError_t cudaDeviceSynchronize() {
 
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (p == nullptr) return note(cudaErrorInvalidValue);
+  if (const cudaError_t rc = runtime::unsafe_during_capture("cudaMalloc"); rc != cudaSuccess) return rc;
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   if (bytes > kCapacity) return note(cudaErrorMemoryAllocation);
@@ -563,6 +652,7 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (const cudaError_t rc = capture_blocks_synchronization("cudaFree"); rc != cudaSuccess) return rc;
   if (any_work()) cudaDeviceSynchronize();  // as on a GPU: work that may still use it finishes first
   Heap& h = heap();
   std::size_t bytes = 0;
@@ -591,16 +681,19 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaMallocAsync (the emulation does not capture allocations)");
   runtime::finish_stream_work(s);
   return cudaMalloc(p, bytes);
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaFreeAsync (the emulation does not capture frees)");
   runtime::finish_stream_work(s);
   return cudaFree(p);
 }
 cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   if (p == nullptr) return note(cudaErrorInvalidValue);
+  if (const cudaError_t rc = runtime::unsafe_during_capture("cudaMallocHost"); rc != cudaSuccess) return rc;
   *p = std::aligned_alloc(kPage, round_up(bytes == 0 ? 1 : bytes, kPage));
   if (*p == nullptr) return note(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_handles_mu);
@@ -609,6 +702,7 @@ cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (const cudaError_t rc = capture_blocks_synchronization("cudaFreeHost"); rc != cudaSuccess) return rc;
   {
     std::lock_guard<std::mutex> lock(g_handles_mu);
     if (g_pinned.erase(p) == 0) return note(cudaErrorInvalidValue);
@@ -667,6 +761,16 @@ cudaError_t copy_on(cudaStream_t s, bool synchronous, void* dst, const void* src
     const DeviceAccess access;
     std::memmove(dst, src, bytes);
   };
+  if (synchronous) {
+    if (const cudaError_t rc = runtime::unsafe_during_capture("cudaMemcpy"); rc != cudaSuccess) return rc;
+  } else if (runtime::capturing(s)) {
+    // Host memory a graph reads or writes each time it runs must be pinned.
+    const bool pageable = (k == cudaMemcpyHostToDevice && !pinned(src)) || (k == cudaMemcpyDeviceToHost && !pinned(dst)) ||
+                          (k == cudaMemcpyHostToHost && (!pinned(src) || !pinned(dst)));
+    if (pageable) return runtime::invalidate_capture(s, "cudaMemcpyAsync to or from pageable host memory");
+    runtime::capture_node(s, now);
+    return cudaSuccess;
+  }
   if (runtime::poll_stream_work(s)) {
     now();
     return cudaSuccess;
@@ -695,6 +799,12 @@ cudaError_t memset_on(cudaStream_t s, bool synchronous, void* p, int v, std::siz
     const DeviceAccess access;
     std::memset(p, v, bytes);
   };
+  if (synchronous) {
+    if (const cudaError_t rc = runtime::unsafe_during_capture("cudaMemset"); rc != cudaSuccess) return rc;
+  } else if (runtime::capturing(s)) {
+    runtime::capture_node(s, now);
+    return cudaSuccess;
+  }
   if (runtime::poll_stream_work(s)) {
     now();
     return cudaSuccess;
@@ -735,6 +845,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   }
   runtime::poll_stream_work(s);
   {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    g_captures.erase(s);  // a capture in progress ends with it
+  }
+  {
     std::lock_guard<std::recursive_mutex> lock(g_work_mu);
     g_tails.erase(s);
   }
@@ -748,11 +862,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 // Work runs when it is enqueued, except what waits on a stream (a collective): that runs here.
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaStreamSynchronize of the capturing stream");
   runtime::finish_stream_work(s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaStreamQuery of the capturing stream");
   return runtime::poll_stream_work(s) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -783,6 +899,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 // event's time is now, and it completes when that work does.
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!event_live(e) || !stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaEventRecord (the emulation does not capture events)");
   e->recorded = true;
   e->at = std::chrono::steady_clock::now();
   std::lock_guard<std::recursive_mutex> lock(g_work_mu);
@@ -820,11 +937,78 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (flags != 0) return note(cudaErrorInvalidValue);
   if (!stream_ok(s) || !event_live(e)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaStreamWaitEvent (the emulation does not capture events)");
   if (event_done(e)) return cudaSuccess;
   std::lock_guard<std::recursive_mutex> lock(g_work_mu);
   auto join = std::make_shared<WorkNode>();
   if (auto before = tail_of(s)) join->after.push_back(std::move(before));
   join->after.push_back(e->pending);
   g_tails[s] = std::move(join);
+  return cudaSuccess;
+}
+
+// --- stream capture and graphs -------------------------------------------------------------------
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  if (s == nullptr) return note(cudaErrorStreamCaptureUnsupported);  // not the legacy stream
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal && mode != cudaStreamCaptureModeRelaxed) {
+    return note(cudaErrorInvalidValue);
+  }
+  runtime::finish_stream_work(s);  // what it holds runs first: the graph starts from nothing pending
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (g_captures.count(s) != 0) return note(cudaErrorIllegalState);
+  Capture& c = g_captures[s];
+  c.mode = mode;
+  c.thread = std::this_thread::get_id();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (graph == nullptr) return note(cudaErrorInvalidValue);
+  *graph = nullptr;
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = g_captures.find(s);
+  if (it == g_captures.end()) return note(cudaErrorIllegalState);
+  if (it->second.mode != cudaStreamCaptureModeRelaxed && it->second.thread != std::this_thread::get_id()) {
+    return note(cudaErrorStreamCaptureWrongThread);
+  }
+  Capture c = std::move(it->second);
+  g_captures.erase(it);
+  if (!c.invalid.empty()) return note(cudaErrorStreamCaptureInvalidated);
+  *graph = new CUgraph_st{std::move(c.nodes)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return note(cudaErrorInvalidValue);
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = s == nullptr ? g_captures.end() : g_captures.find(s);
+  *status = it == g_captures.end()       ? cudaStreamCaptureStatusNone
+            : it->second.invalid.empty() ? cudaStreamCaptureStatusActive
+                                         : cudaStreamCaptureStatusInvalidated;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  if (exec == nullptr || graph == nullptr || flags != 0) return note(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+// The graph's nodes in the order they were captured, each as its call would have run (a kernel on
+// the interpreter, a copy reading the pinned host memory as it is now).
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (exec == nullptr) return note(cudaErrorInvalidValue);
+  if (!stream_ok(s)) return note(cudaErrorInvalidResourceHandle);
+  if (runtime::capturing(s)) return runtime::invalidate_capture(s, "cudaGraphLaunch (the emulation does not capture graphs)");
+  runtime::finish_stream_work(s);
+  for (const std::function<void()>& node : exec->nodes) node();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }

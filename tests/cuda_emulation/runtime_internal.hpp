@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,5 +64,18 @@ bool poll_stream_work(const void* s);
 // Tries the work of every stream once (a library's progress call: the peers' collectives wait on
 // this rank's arrivals).
 void poll_all_stream_work();
+
+// Stream capture (cudaStreamBeginCapture): true while `stream` (not the legacy one) captures.
+bool capturing(const void* stream);
+// Appends `node` to the graph `stream` is capturing: it runs, in order, each time the graph does.
+void capture_node(const void* stream, std::function<void()> node);
+// The capture on `stream` cannot be what the calls meant (`why`): it ends in
+// cudaErrorStreamCaptureInvalidated. Returns cudaErrorStreamCaptureUnsupported, the call's answer.
+cudaError_t invalidate_capture(const void* stream, const std::string& why);
+// A call that is not on a stream and that no capture may see (an allocation, a free, a synchronous
+// copy, a device-wide synchronisation): cudaSuccess where no capture forbids it, else every capture
+// it would break (the global ones, and this thread's thread-local ones) is invalidated and the call
+// is refused with cudaErrorStreamCaptureUnsupported.
+cudaError_t unsafe_during_capture(const char* call);
 
 }  // namespace ablate::emu::runtime

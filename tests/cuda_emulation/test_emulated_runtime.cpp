@@ -211,3 +211,127 @@ TEST_CASE("an invalid launch does not run and is the next cudaGetLastError, as o
   for (int t = 0; t < 32; ++t) CHECK(h[t] == 31 - t);
   CHECK(cudaFree(d) == cudaSuccess);
 }
+
+TEST_CASE("stream capture records kernels, copies and memsets into a graph that runs them each time it is launched") {
+  constexpr int n = 100;
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  float *x = nullptr, *y = nullptr, *staged = nullptr, *out = nullptr;
+  REQUIRE(cudaMalloc(&x, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&y, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMallocHost(&staged, n * sizeof(float)) == cudaSuccess);  // the graph reads it when it runs
+  REQUIRE(cudaMallocHost(&out, n * sizeof(float)) == cudaSuccess);
+  for (int i = 0; i < n; ++i) staged[i] = float(i);
+  REQUIRE(cudaMemset(x, 0, n * sizeof(float)) == cudaSuccess);
+
+  // Captured: y = staged (pinned, read at launch), x += 2 y, y = 0, x += 3 y (so + 0), out = x.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  REQUIRE(cudaMemcpyAsync(y, staged, n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  ablate::emu_test::axpy_on(x, y, 2.0f, n, s);
+  REQUIRE(cudaMemsetAsync(y, 0, n * sizeof(float), s) == cudaSuccess);
+  ablate::emu_test::axpy_on(x, y, 3.0f, n, s);
+  REQUIRE(cudaMemcpyAsync(out, x, n * sizeof(float), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  // Nothing ran: x is still zero.
+  float probe[n];
+  REQUIRE(cudaMemcpyAsync(probe, x, sizeof probe, cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+  for (float v : probe) CHECK(v == 0.0f);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+
+  // Each launch runs every node again, reading the pinned input as it is then.
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  for (int i = 0; i < n; ++i) CHECK(out[i] == 2.0f * float(i));
+  for (int i = 0; i < n; ++i) staged[i] = 1.0f;
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  for (int i = 0; i < n; ++i) CHECK(out[i] == 2.0f * float(i) + 2.0f);
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+
+  CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  CHECK(cudaFreeHost(staged) == cudaSuccess);
+  CHECK(cudaFreeHost(out) == cudaSuccess);
+  CHECK(cudaFree(x) == cudaSuccess);
+  CHECK(cudaFree(y) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("stream capture refuses what a graph cannot hold and ends invalidated, as the runtime does") {
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  float* x = nullptr;
+  REQUIRE(cudaMalloc(&x, 64 * sizeof(float)) == cudaSuccess);
+  float host[64] = {};  // pageable
+  cudaEvent_t e = nullptr;
+  REQUIRE(cudaEventCreate(&e) == cudaSuccess);
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);  // the legacy stream
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorIllegalState);  // none begun
+  (void)cudaGetLastError();
+
+  // Each of these breaks a capture in progress; the capture then ends without a graph.
+  struct Case {
+    const char* what;
+    cudaStreamCaptureMode mode;
+    cudaError_t (*call)(cudaStream_t, float*, float*, cudaEvent_t);
+  };
+  const Case cases[] = {
+      {"a copy from pageable memory", cudaStreamCaptureModeGlobal,
+       [](cudaStream_t st, float* d, float* h, cudaEvent_t) {
+         return cudaMemcpyAsync(d, h, 64 * sizeof(float), cudaMemcpyHostToDevice, st);
+       }},
+      {"a copy to pageable memory", cudaStreamCaptureModeRelaxed,
+       [](cudaStream_t st, float* d, float* h, cudaEvent_t) {
+         return cudaMemcpyAsync(h, d, 64 * sizeof(float), cudaMemcpyDeviceToHost, st);
+       }},
+      {"synchronising the capturing stream", cudaStreamCaptureModeRelaxed,
+       [](cudaStream_t st, float*, float*, cudaEvent_t) { return cudaStreamSynchronize(st); }},
+      {"querying it", cudaStreamCaptureModeRelaxed, [](cudaStream_t st, float*, float*, cudaEvent_t) { return cudaStreamQuery(st); }},
+      {"an event on it", cudaStreamCaptureModeRelaxed,
+       [](cudaStream_t st, float*, float*, cudaEvent_t ev) { return cudaEventRecord(ev, st); }},
+      {"an allocation (global mode)", cudaStreamCaptureModeGlobal,
+       [](cudaStream_t, float*, float*, cudaEvent_t) {
+         void* p = nullptr;
+         return cudaMalloc(&p, 16);
+       }},
+      {"a free", cudaStreamCaptureModeRelaxed,
+       [](cudaStream_t, float*, float*, cudaEvent_t) { return cudaFree(reinterpret_cast<void*>(0x1)); }},
+      {"a synchronous copy (thread-local mode)", cudaStreamCaptureModeThreadLocal,
+       [](cudaStream_t, float* d, float* h, cudaEvent_t) { return cudaMemcpy(h, d, 64 * sizeof(float), cudaMemcpyDeviceToHost); }},
+      {"a device-wide synchronisation", cudaStreamCaptureModeRelaxed,
+       [](cudaStream_t, float*, float*, cudaEvent_t) { return cudaDeviceSynchronize(); }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    REQUIRE(cudaStreamBeginCapture(s, c.mode) == cudaSuccess);
+    CHECK(cudaStreamBeginCapture(s, c.mode) == cudaErrorIllegalState);  // already capturing
+    ablate::emu_test::axpy_on(x, x, 1.0f, 64, s);
+    CHECK(c.call(s, x, host, e) == cudaErrorStreamCaptureUnsupported);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    (void)cudaGetLastError();
+  }
+  // In relaxed mode an allocation is allowed (it is not part of the graph).
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, 16) == cudaSuccess);
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  CHECK(cudaFree(p) == cudaSuccess);
+  CHECK(cudaEventDestroy(e) == cudaSuccess);
+  CHECK(cudaFree(x) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}

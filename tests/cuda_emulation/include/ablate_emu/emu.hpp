@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -124,6 +125,10 @@ struct LaunchConfig {
 };
 // Runs `body` as every thread of every block of the grid (blocking until done).
 void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), void* ctx);
+// True while the launch's stream captures (cudaStreamBeginCapture): the launch is then recorded
+// into the graph (capture_grid, which checks it as a launch is checked) and runs when it does.
+bool capturing(const void* stream);
+void capture_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), std::shared_ptr<void> ctx);
 // The calling lane alone: the narrowest answer CUDA allows (it promises no convergence), so code
 // that takes __activemask() for "the whole warp" fails here as it may on a GPU.
 unsigned active_mask();
@@ -146,14 +151,17 @@ void launch(Where w, const char* kernel, const detail::LaunchConfig& c, F f, A&&
   struct Ctx {
     F f;
     std::tuple<std::decay_t<A>...> args;
-  } ctx{f, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)};
-  detail::run_grid(
-      w, kernel, c,
-      [](void* p) {
-        auto* x = static_cast<Ctx*>(p);
-        std::apply([&](const auto&... a) { x->f(a...); }, x->args);
-      },
-      &ctx);
+  };
+  void (*body)(void*) = [](void* p) {
+    auto* x = static_cast<Ctx*>(p);
+    std::apply([&](const auto&... a) { x->f(a...); }, x->args);
+  };
+  if (detail::capturing(c.stream)) {  // the graph keeps its own copy of the arguments
+    detail::capture_grid(w, kernel, c, body, std::make_shared<Ctx>(Ctx{f, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)}));
+    return;
+  }
+  Ctx ctx{f, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)};
+  detail::run_grid(w, kernel, c, body, &ctx);
 }
 
 template <class T>
