@@ -981,9 +981,18 @@ std::optional<Finding> launch_bound(const Run& run, const Settings& s, const Tim
   f.message = fmt("the host takes %.0f%% of each step (median) to issue its kernels: the GPU finishes each one before the "
                   "next arrives and waits (launch-bound: many short kernels, a small model or micro-batch)",
                   host);
-  f.change = "--set batching.batch_size=" + std::to_string(2 * s.B) +
-             " (each kernel does twice the work, their number stays the same: up to 2x the tokens/s while the GPU still "
-             "waits for the host), if memory allows";
+  const std::string batch = "--set batching.batch_size=" + std::to_string(2 * s.B) +
+                            " (each kernel does twice the work, their number stays the same: up to 2x the tokens/s while "
+                            "the GPU still waits for the host), if memory allows";
+  // A captured step replays the launches as one graph, where the run allows it (engine.cpp's
+  // conditions) and is not doing so already.
+  const bool graph = !run.cfg("run", "cuda_graph", false) && s.world == 1 && s.accum == 1 &&
+                     (s.optimizer == "adamw" || s.optimizer == "adamw_fused") && run.cfg("model", "dropout", 0.0) == 0.0;
+  f.evidence["cuda_graph"] = run.cfg("run", "cuda_graph", false);
+  f.change = graph ? "--set run.cuda_graph=true (each step replayed as one captured graph where its batch layout repeats: "
+                     "dense rows); or " +
+                         batch
+                   : batch;
   if (timing.unusable) qualify(f);
   return f;
 }

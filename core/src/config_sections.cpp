@@ -60,6 +60,11 @@ static Schema run_keys() {
               "time every op of the last N steps, the device synchronised around each (slows "
               "those steps); writes profile.json and a table to the log")
           .within(0, 1e12),
+      boolean("cuda_graph", false,
+              "replay each training step as one captured graph (a device with a queue: cuda) instead of issuing its "
+              "kernels one by one: a step whose batch has the layout of the step before is captured once and "
+              "replayed while the layout stays (dense rows: every step); the same losses bit for bit. One rank, "
+              "one micro-batch, an optimizer that can be captured (adamw_fused), no dropout, no FP8 delayed scaling"),
       floating("bucket_mb", 25.0,
                "data parallel: gradients are reduced in buckets of this many MB as the backward pass "
                "finishes them (0 = one reduction after the backward pass)")

@@ -21,6 +21,13 @@ namespace ablate {
 
 Device::~Device() = default;
 
+void Device::begin_capture() {
+  throw_runtime_error("device", describe() + " has no queue to capture work from (capabilities().step_capture is false)");
+}
+std::unique_ptr<CapturedWork> Device::end_capture() {
+  throw_runtime_error("device", describe() + " has no queue to capture work from (capabilities().step_capture is false)");
+}
+
 namespace {
 
 // Throws unless v is one element of `dtype` on `device`: the scalars of the *_to reductions.

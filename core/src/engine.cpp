@@ -22,6 +22,32 @@ TensorView slice(TensorView v, Shard shard) { return flat_view(v.as<float>() + s
 
 TensorView host_f64(double* data, int64_t n) { return flat_view(data, DType::f64, n); }
 
+// run.cuda_graph's conditions: a step that can be recorded once and replayed as it is (exit 2 with
+// the key that stands in the way otherwise).
+void require_capturable(Model& model, const Optimizer& optimizer, const Communicator& comm, const RunSpec& spec) {
+  const auto refuse = [](const std::string& key, const std::string& why) {
+    throw_input_error(key, "run.cuda_graph = true needs " + why);
+  };
+  const Device& device = model.device();
+  if (!device.capabilities().step_capture) {
+    refuse("run.device", "a device whose queue can be captured (cuda); " + device.describe() + " has none");
+  }
+  if (comm.world() > 1 || comm.moves_data()) {
+    refuse("run.communicator", "one rank and a communicator that moves no data (single): collectives are not captured");
+  }
+  if (spec.shard_state) refuse("optimizer.shard_state", "the optimizer's state unsharded (the step then reads its norm on the host)");
+  if (!optimizer.capturable() || !optimizer.reads_device_scale()) {
+    refuse("optimizer.name", "an optimizer that can be captured (adamw_fused): '" + spec.optimizer.name + "' cannot");
+  }
+  if (spec.run.grad_accum_steps != 1) refuse("run.grad_accum_steps", "one micro-batch a step (run.grad_accum_steps = 1)");
+  if (model.draws_random()) {
+    refuse("model.dropout", "no dropout (model.dropout and an adapter's dropout 0): a replayed step would draw one step's masks");
+  }
+  if (spec.run.dtype.rfind("fp8", 0) == 0 && spec.run.fp8_scaling == "delayed") {
+    refuse("run.fp8_scaling", "current FP8 scaling: delayed scaling reads its saturation counts on the host each step");
+  }
+}
+
 }  // namespace
 
 ParamTable shard_table(const ParamTable& table, Shard shard) {
@@ -53,6 +79,37 @@ Engine::Engine(Model& model, Optimizer& optimizer, Communicator& comm, const Run
     const int64_t elements = std::max<int64_t>(1, int64_t(spec_.run.bucket_mb * 1e6 / double(sizeof(float))));
     buckets_ = plan_buckets(n, model.gradient_writes(), elements);
   }
+  if (spec_.run.cuda_graph) require_capturable(model, optimizer, comm, spec_);
+}
+
+void Engine::forget_captured_step() noexcept {
+  graph_.reset();
+  has_last_ = false;
+}
+
+// How this step is issued: call by call (a profiled step, which waits around each op; a layout
+// that differs from the step before's, whose plugins may allocate or plan anew), captured (the
+// second step in a row with one layout) or replayed (the captured step's layout again).
+Engine::Issue Engine::issue_for(const Batch& batch, int64_t real_targets) {
+  if (!spec_.run.cuda_graph) return Issue::calls;
+  if (op_times_ != nullptr) {
+    forget_captured_step();
+    return Issue::calls;
+  }
+  BatchLayout now{batch.rows, batch.seq_len, real_targets, {}, batch.row_segments};
+  now.segments.reserve(2 * batch.segments.size());
+  for (const Segment& g : batch.segments) {
+    now.segments.push_back(g.start);
+    now.segments.push_back(g.length);
+  }
+  if (graph_ && now == graph_layout_) return Issue::replay;
+  graph_.reset();
+  const bool again = has_last_ && now == last_layout_;
+  last_layout_ = std::move(now);
+  has_last_ = true;
+  if (!again) return Issue::calls;
+  graph_layout_ = last_layout_;
+  return Issue::capture;
 }
 
 // A ready bucket across the ranks: all of it (plain data parallel), or each piece of it that lies in
@@ -269,10 +326,33 @@ StepOutcome Engine::step(std::span<const Batch> micro, int64_t step, double lr) 
   // work and reads its loss and norm once, at its end.
   const bool on_device = comm_.world() == 1 && !spec_.shard_state && optimizer_.reads_device_scale();
   count_targets(c, micro);
-  forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
-  reduce_gradients(c, !buckets_.empty(), on_device);
-  update_params(c, optimizer_, opt_table_, step, lr, factor_.view());
-  const bool scaling_read = end_step(c);
+  const Issue issue = micro.size() == 1 ? issue_for(micro[0], c.out.real_targets) : Issue::calls;
+  bool scaling_read = false;
+  if (issue != Issue::calls) model_.upload_batch(micro[0], issue == Issue::capture);  // outside the graph: host memory
+  if (issue == Issue::replay) {
+    StepArgs args{lr, step, 1.0f, c.device.stream()};
+    args.grad_scale_device = factor_.view().as<const float>();
+    optimizer_.restage(args);
+    graph_->replay();
+    model_.params_changed(true);  // the host's record of it (the replay wrote any bf16 copy)
+    ++replayed_;
+  } else {
+    if (issue == Issue::capture) c.device.begin_capture();
+    try {
+      forward_backward(c, micro, step, buckets_, [this](const GradBucket& b) { reduce_bucket(b); });
+      reduce_gradients(c, !buckets_.empty(), on_device);
+      update_params(c, optimizer_, opt_table_, step, lr, factor_.view());
+      scaling_read = end_step(c);
+    } catch (...) {
+      if (issue == Issue::capture) c.device.abort_capture();
+      throw;
+    }
+    if (issue == Issue::capture) {
+      graph_ = c.device.end_capture();  // nothing has run yet: the graph's first launch is this step
+      graph_->replay();
+      ++captured_;
+    }
+  }
   if (!c.read) {
     // Where nothing waited for the device so far, the host's issuing of the step. (A communicator
     // that moves data synchronises before its collectives; a second micro-batch's copy from the

@@ -283,6 +283,15 @@ void as_heads(LayerCall& c, int64_t N, int64_t heads, int64_t head_dim) {
   }
 }
 
+// A micro-batch onto the model's device (Model::Impl `m`'s arena sized for it first): before each
+// forward pass, or before a captured step (Model::upload_batch).
+template <class Impl>
+void put_batch(Impl& m, const Batch& b) {
+  check_batch(m.o, b);
+  m.prepare(b.rows, b.seq_len);
+  m.timed("batch upload", "", [&] { m.device->upload_batch(b, m.batch); });
+}
+
 }  // namespace
 
 struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
@@ -440,9 +449,7 @@ struct Model::Impl : ModelDevice, ModelLayerSet, ActivationArena {
   // it on the device (added to it when `add`) and 0 returned.
   double run_forward(const Batch& b, bool train, double grad_scale, uint64_t key, TensorView logits, TensorView loss_sum = {},
                      bool add = false) {
-    check_batch(o, b);
-    prepare(b.rows, b.seq_len);
-    timed("batch upload", "", [&] { device->upload_batch(b, batch); });
+    if (std::exchange(uploaded, nullptr) != &b) put_batch(*this, b);
     const AttentionProblem prob = problem(b.rows, b.seq_len);
     for (const Site& s : sched.sites) forward_site(s, prob, train, key, " fwd");
     const int64_t N = int64_t(b.rows) * b.seq_len;
@@ -741,6 +748,13 @@ void Model::forward_backward(const Batch& batch, double grad_scale, uint64_t dro
   impl_->run_backward(dropout_key);
 }
 
+void Model::upload_batch(const Batch& batch, bool for_forward) {
+  put_batch(*impl_, batch);
+  impl_->uploaded = for_forward ? &batch : nullptr;
+}
+
+bool Model::draws_random() const noexcept { return impl_->o.dropout > 0 || (impl_->adapter && impl_->adapter->input_dropout() > 0); }
+
 double Model::forward(const Batch& batch, std::vector<float>* losses, std::vector<float>* logits) {
   Impl& m = *impl_;
   const int64_t N = batch.positions_total();
@@ -786,13 +800,14 @@ ActivationPlan Model::activation_plan(int64_t rows, int64_t seq_len, const std::
   return {rows, seq_len, p.elements + adapters, p.bf16_elements, layers + m.attn->workspace_bytes(m.problem(rows, seq_len))};
 }
 
-double Model::measure_matmul_tflops() {
+namespace {
+// The rate of `lin`'s forward pass on `dev` (TFLOP/s): Model::measure_matmul_tflops.
+double linear_tflops(Device& dev, Layer& lin) {
   // 512 rows through a 1024 -> 1024 linear layer (1.07 GFLOP, the size of a small model's products
   // and large enough to reach the BLAS's steady rate) on the model's device: the best of at least
   // five timed runs after a warm-up, going on for at least 0.2 s so that a machine busy for a moment
   // is not taken as its peak.
   const int64_t rows = 512, n = 1024;
-  Device& dev = *impl_->device;
   LayerSpec spec;
   spec.in = spec.out = n;
   spec.bias = false;
@@ -810,7 +825,7 @@ double Model::measure_matmul_tflops() {
   for (int i = 0; i < 6 || (spent < 0.2 && i < 50); ++i) {
     dev.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    impl_->lin->forward(c);
+    lin.forward(c);
     dev.synchronize();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) best = std::min(best, s);
@@ -818,6 +833,9 @@ double Model::measure_matmul_tflops() {
   }
   return 2.0 * double(rows * n * n) / best / 1e12;
 }
+}  // namespace
+
+double Model::measure_matmul_tflops() { return linear_tflops(*impl_->device, *impl_->lin); }
 
 std::string Model::attention_supports(int64_t rows, int64_t seq_len) const {
   return impl_->attn->supports(impl_->problem(rows, seq_len));

@@ -25,6 +25,7 @@ class Registry;
 // destroyed after every layer and buffer that uses it.
 struct ModelDevice {
   std::unique_ptr<Device> device;
+  const Batch* uploaded = nullptr;  // the batch Model::upload_batch put on it, until a forward pass uses it
 };
 
 // The layers and the attention backend [model], [attention] and [adapter] name, on run.device.

@@ -57,6 +57,7 @@ RunKeys read_run_keys(const Params& run) {
   r.profile_steps = run.get_int("profile_steps");
   r.memory_budget_gib = run.get_float("memory_budget_gib");
   r.bucket_mb = run.get_float("bucket_mb");
+  r.cuda_graph = run.get_bool("cuda_graph");
   return r;
 }
 

@@ -596,6 +596,7 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
       run_eval_task(e, *t.eval_view, step, &sm.extra);
       evaluated = true;
     }
+    if (do_eval || evaluated) engine.forget_captured_step();  // the model's buffers served other batches
     if (t.lead && (step % spec.log_every == 0 || step == steps || do_eval || evaluated)) {
       sm.extra.push_back({"elapsed_s", seconds_since(p.t_run)});
       for (auto& l : p.loggers.sinks) l->log(sm);
@@ -617,6 +618,19 @@ void train_steps(TrainingSetup& t, TrainingProgress& p, const Schedule* schedule
   }
 }
 
+// run.cuda_graph: how many of this process's steps were captured and replayed, said once where
+// none was replayed (every step's batch had another layout than the one before it).
+void cuda_graph_summary(const Engine& engine, int64_t steps, json& summary) {
+  summary["captured_steps"] = engine.captured_steps();
+  summary["replayed_steps"] = engine.replayed_steps();
+  if (engine.replayed_steps() == 0 && steps > 2) {
+    spdlog::warn("run.cuda_graph: no step was replayed: each step's batch had another layout than the step before "
+                 "(packed or padded rows); dense rows (one document of the full length a row) replay every step");
+  } else {
+    spdlog::info("run.cuda_graph: {} of {} steps replayed from a captured step", engine.replayed_steps(), steps);
+  }
+}
+
 // The end of the run: the op profile, summary.json (with every rank's memory peak) and the last log line.
 TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   TrainResult& result = p.result;
@@ -630,6 +644,7 @@ TrainResult finish(TrainingSetup& t, TrainingProgress& p) {
   json summary = p.metrics->summary();
   summary.update(machine_load_summary(p.cpu_at_start, t.comm));
   if (!t.evals.empty()) summary["evals"] = evals_summary(t.evals);
+  if (t.spec.run.cuda_graph) cuda_graph_summary(*t.engine, result.steps - p.start_step, summary);
   summary.update({{"status", p.result.preempted ? "preempted"
                              : p.stopped        ? "stopped"
                                                 : "completed"},

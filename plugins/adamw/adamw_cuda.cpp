@@ -56,13 +56,14 @@ class AdamWFused final : public ablate::Optimizer {
     v_.resize(std::size_t(total_));
     m_.fill_zero();
     v_.fill_zero();
+    staged_ = pinned_coefficients();
+    c_device_.resize(1);
     // Those copies ran on the legacy default stream, which does not order the model's non-blocking one.
     ABLATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   void step(const ablate::ParamTable& table, ablate::TensorView params, ablate::TensorView grads,
             const ablate::StepArgs& args) override {
-    const double lr = args.lr;
     const int64_t step = args.step;
     if (step < 1) ablate::throw_runtime_error(kName, "step counts from 1");
     if (table.total != total_ || params.numel() != total_ || grads.numel() != total_) {
@@ -72,20 +73,27 @@ class AdamWFused final : public ablate::Optimizer {
         grads.dtype != ablate::DType::f32) {
       ablate::throw_runtime_error(kName, "parameters and gradients must be f32 buffers on the CUDA device");
     }
-    const double bias1 = 1.0 - std::pow(h_.beta1, double(step));
-    const double bias2 = 1.0 - std::pow(h_.beta2, double(step));
-    const ablate::adamw_fused::Coefficients c{float(lr / bias1),     float(std::sqrt(bias2)),
-                                              float(h_.beta1),       float(h_.beta2),
-                                              float(h_.eps),         float(1.0 - h_.beta1),
-                                              float(1.0 - h_.beta2), float(1.0 - lr * h_.weight_decay),
-                                              args.grad_scale};
-    ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(
-        params.as<float>(), grads.as<float>(), m_.data(), v_.data(), static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
-        int32_t(runs_.size()), c, args.grad_scale_device, args.stream.as<cudaStream_t>()));
+    const Coefficients c = coefficients(args);
+    const auto stream = args.stream.as<cudaStream_t>();
+    // Under capture the coefficients travel through pinned host memory and a captured copy, which
+    // each replay repeats after restage() has rewritten them.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ABLATE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const Coefficients* c_device = nullptr;
+    if (capture != cudaStreamCaptureStatusNone) {
+      *staged_.get() = c;
+      ABLATE_CUDA_CHECK(cudaMemcpyAsync(c_device_.data(), staged_.get(), sizeof(Coefficients), cudaMemcpyHostToDevice, stream));
+      c_device = c_device_.data();
+    }
+    ABLATE_CUDA_CHECK(ablate::adamw_fused::launch_step(params.as<float>(), grads.as<float>(), m_.data(), v_.data(),
+                                                       static_cast<uint16_t*>(args.params_bf16), total_, runs_.data(),
+                                                       int32_t(runs_.size()), c, c_device, args.grad_scale_device, stream));
   }
 
   bool writes_bf16() const override { return true; }
   bool reads_device_scale() const override { return true; }
+  bool capturable() const override { return true; }
+  void restage(const ablate::StepArgs& args) override { *staged_.get() = coefficients(args); }
 
   int64_t state_bytes() const override { return int64_t(m_.bytes() + v_.bytes()); }
 
@@ -131,8 +139,33 @@ class AdamWFused final : public ablate::Optimizer {
     return t;
   }
 
+  using Coefficients = ablate::adamw_fused::Coefficients;
+
+  // The step's scalars, formed in double and rounded once (as adamw does on the cpu).
+  Coefficients coefficients(const ablate::StepArgs& args) const {
+    const double lr = args.lr;
+    const double bias1 = 1.0 - std::pow(h_.beta1, double(args.step));
+    const double bias2 = 1.0 - std::pow(h_.beta2, double(args.step));
+    return {float(lr / bias1), float(std::sqrt(bias2)), float(h_.beta1),       float(h_.beta2),
+            float(h_.eps),     float(1.0 - h_.beta1),   float(1.0 - h_.beta2), float(1.0 - lr * h_.weight_decay),
+            args.grad_scale};
+  }
+
+  // Pinned host memory: a captured copy reads it each time the graph runs.
+  struct FreeHost {
+    void operator()(Coefficients* p) const noexcept { cudaFreeHost(p); }
+  };
+  static std::unique_ptr<Coefficients, FreeHost> pinned_coefficients() {
+    Coefficients* p = nullptr;
+    ABLATE_CUDA_CHECK(cudaMallocHost(&p, sizeof(Coefficients)));
+    *p = Coefficients{};
+    return std::unique_ptr<Coefficients, FreeHost>(p);
+  }
+
   Hyper h_;
   int64_t total_ = 0;
+  std::unique_ptr<Coefficients, FreeHost> staged_;     // this step's coefficients for a captured copy
+  ablate::cuda::DeviceBuffer<Coefficients> c_device_;  // where that copy puts them
   ablate::cuda::DeviceBuffer<DecayRun> runs_;
   ablate::cuda::DeviceBuffer<float> m_, v_;
 };

@@ -31,7 +31,8 @@ __device__ int find_run(const DecayRun* runs, int32_t num_runs, int64_t i) {
 __global__ void __launch_bounds__(kThreads)
     step_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                 uint16_t* __restrict__ p_bf16, int64_t n, const DecayRun* __restrict__ runs, int32_t num_runs, Coefficients c,
-                const float* __restrict__ grad_scale) {
+                const Coefficients* __restrict__ c_device, const float* __restrict__ grad_scale) {
+  if (c_device != nullptr) c = *c_device;                 // a captured step's, written before its replay
   if (grad_scale != nullptr) c.grad_scale = *grad_scale;  // the clip factor the device formed
   const int64_t tile = int64_t(kThreads) * kPerThread;
   const int64_t stride = int64_t(gridDim.x) * tile;
@@ -70,12 +71,13 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_step(float* p, const float* g, float* m, float* v, uint16_t* p_bf16, int64_t n, const DecayRun* runs,
-                        int32_t num_runs, const Coefficients& c, const float* grad_scale, cudaStream_t stream) {
+                        int32_t num_runs, const Coefficients& c, const Coefficients* c_device, const float* grad_scale,
+                        cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   const int64_t per_block = int64_t(kThreads) * kPerThread;
   const int64_t blocks = (n + per_block - 1) / per_block;
   const int grid = int(blocks < 65535 * 8 ? blocks : 65535 * 8);  // grid-stride beyond that
-  step_kernel<<<grid, kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, runs, num_runs, c, grad_scale);
+  step_kernel<<<grid, kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, runs, num_runs, c, c_device, grad_scale);
   return cudaGetLastError();
 }
 

@@ -25,8 +25,10 @@ struct Coefficients {
 // One AdamW step over n elements of p, from g, updating m and v, on `stream`; where p_bf16 is not
 // null, each new p is also written there rounded to bf16 (device_math::bf16_bits); where
 // grad_scale is not null, the gradient's factor is that float in device memory instead of
-// c.grad_scale. Returns the launch's error.
+// c.grad_scale; where c_device is not null, the coefficients are that struct in device memory
+// instead of c (a captured step: written before each replay). Returns the launch's error.
 cudaError_t launch_step(float* p, const float* g, float* m, float* v, uint16_t* p_bf16, int64_t n, const DecayRun* runs,
-                        int32_t num_runs, const Coefficients& c, const float* grad_scale, cudaStream_t stream);
+                        int32_t num_runs, const Coefficients& c, const Coefficients* c_device, const float* grad_scale,
+                        cudaStream_t stream);
 
 }  // namespace ablate::adamw_fused

@@ -20,6 +20,36 @@
 namespace ablate::cuda_device {
 namespace {
 
+// A captured step: its graph instantiated once, launched on the device's stream by each replay.
+class Graph final : public CapturedWork {
+ public:
+  Graph(cudaGraph_t graph, cudaStream_t stream) : graph_(graph), stream_(stream) {
+    const cudaError_t rc = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (rc != cudaSuccess) {
+      cudaGraphDestroy(graph_);
+      (void)cudaGetLastError();
+      throw_runtime_error("run.cuda_graph", std::string("the captured step could not be instantiated: ") + cudaGetErrorString(rc));
+    }
+    std::size_t nodes = 0;
+    if (cudaGraphGetNodes(graph_, nullptr, &nodes) == cudaSuccess) nodes_ = int64_t(nodes);
+    (void)cudaGetLastError();
+  }
+  ~Graph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void replay() override { ABLATE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+  int64_t calls() const override { return nodes_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int64_t nodes_ = 0;
+};
+
 int64_t view_bytes(const TensorView& t) { return t.numel() * int64_t(dtype_size(t.dtype)); }
 
 void require_f32(const TensorView& t, const char* what) {
@@ -66,6 +96,7 @@ class CudaDevice final : public Device {
     c.reduced_precision_products = true;
     c.fp8_products = fp8_;
     c.collective = "nccl";
+    c.step_capture = true;
     return c;
   }
   std::string describe() const override { return name_ + " (cuda:" + std::to_string(ordinal_) + ")"; }
@@ -211,6 +242,29 @@ class CudaDevice final : public Device {
 
   void synchronize() override { ABLATE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   Stream stream() const noexcept override { return Stream(stream_); }
+
+  // A CUDA graph of the stream's work: captured in the global mode, so that an allocation, a free
+  // or a wait anywhere in the process while it records fails (the graph would not be the calls).
+  void begin_capture() override { ABLATE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal)); }
+  std::unique_ptr<CapturedWork> end_capture() override {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t rc = cudaStreamEndCapture(stream_, &graph);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw_runtime_error("run.cuda_graph", std::string("the step could not be captured on ") + describe() + ": " +
+                                                cudaGetErrorString(rc) +
+                                                " (a call inside it waited for the device, allocated or freed memory; "
+                                                "set run.cuda_graph = false)");
+    }
+    return std::make_unique<Graph>(graph, stream_);
+  }
+  void abort_capture() noexcept override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+  }
 
   double peak_tflops(DType dtype) const override {
     return peak_tflops_for_device(name_, dtype == DType::bf16 || dtype == DType::f16 ? "bf16" : "fp32");

@@ -266,12 +266,21 @@ if $flash_built; then
   # step), last: a call short of time skips it first.
   ablate_gpt2 gpt2 ablate_gpt2_flash_fp8head_dense cudnn_flash "${GPT2_DENSE[@]}" --set run.dtype=fp8 \
     --set model.cross_entropy.fp8=true
+  # A captured step replayed (run.cuda_graph) on the same dense rows, no profiled steps: the saving
+  # GPT-2's ~380 launches leave (predicted none), and whether cuDNN's graphs capture.
+  ablate_gpt2 gpt2 ablate_gpt2_flash_dense_graph cudnn_flash "${GPT2_DENSE[@]}" --set run.cuda_graph=true \
+    --set run.profile_steps=0
 fi
 
 # Launch-bound or not: the quickstart's small model (4 layers of d 128, 8 x 256 tokens) on cuda,
 # whose kernels are a few microseconds each, at its micro-batch and at 8 times it. summary.json's
 # host_pct is the host's share of each step (near 100: the GPU waits for the launches), what a
 # captured step (run.cuda_graph, docs/performance.md) would take away; `ablate doctor` reads it.
+# Then the same model on dense rows (one 256-token document a row, every step one layout) issued
+# call by call and replayed from a captured step (run.cuda_graph; no profiled steps, which are
+# issued call by call): what the graph saves where launches set the pace.
+QUICK_DENSE=(--set data.synthetic_probes.min_length=256 --set data.synthetic_probes.max_length=256
+             --set batching.long_documents=truncate --set run.profile_steps=0 --set run.steps=40)
 if want bench; then
   ablate_train bench ablate_quickstart quickstart.toml 8 naive_cuda
   ablate_train bench ablate_quickstart_b64 quickstart.toml 64 naive_cuda
@@ -279,6 +288,8 @@ if want bench; then
     [ -f "$out/$q/summary.json" ] && timeout 30 "$here/bin/ablate" doctor "$out/$q" > "$out/logs/${q}_doctor.log" 2>&1
   done
   cat "$out/logs/ablate_quickstart_doctor.log" 2>/dev/null | head -12
+  ablate_train bench ablate_quickstart_dense quickstart.toml 8 naive_cuda "${QUICK_DENSE[@]}"
+  ablate_train bench ablate_quickstart_dense_graph quickstart.toml 8 naive_cuda "${QUICK_DENSE[@]}" --set run.cuda_graph=true
 fi
 
 # llama: configs/llama-1b.toml (1,175M parameters, TinyLlama's shape), dense rows of one 2048-token

@@ -121,7 +121,7 @@ def ablate_rows(name, h):
     so is a run with the residual stream in bf16 (`_bf16res`); one with the classifier in FP8 too
     (`_fp8head`) beside those and beside the same run with the classifier in bf16 (`_fp8`)."""
     h = dict(h)
-    h["rows"] = "dense" if name.endswith("_dense") else "packed-probes"
+    h["rows"] = "dense" if "_dense" in name else "packed-probes"
     mine = h.get("tokens_per_s") if isinstance(h.get("tokens_per_s"), (int, float)) else None
     if mine is None:
         return h
@@ -142,6 +142,21 @@ def ablate_rows(name, h):
         body_only = tokens_per_s(read_json(name.replace("_fp8head", "_fp8")))
         if body_only:
             h["vs_own_fp8"] = round(mine / body_only, 3)
+    return h
+
+
+def graph_rows(name, h):
+    """A run replaying a captured step (`_graph`, run.cuda_graph) beside the same run issued call by
+    call: the steps it replayed and the ratio of their tokens/s."""
+    h = dict(h)
+    data = read_json(name) or {}
+    for k in ("captured_steps", "replayed_steps"):
+        if k in data:
+            h[k] = data[k]
+    mine = tokens_per_s(data)
+    calls = tokens_per_s(read_json(name[: -len("_graph")]))
+    if mine and calls:
+        h["vs_calls"] = round(mine / calls, 3)
     return h
 
 
@@ -187,6 +202,8 @@ for r in rows:
         h = peer_headline(data)
     if r["program"].startswith(("ablate_gpt2", "ablate_llama")) and r["mode"] == "benchmark":
         h = ablate_rows(r["program"], h)
+    if r["program"].endswith("_graph") and r["mode"] == "benchmark":
+        h = graph_rows(r["program"], h)
     lines.append(f"{r['program']:<26} {r['mode']:<9} {r['status']:<8} " +
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
     summary["benchmarks"].append({**r, "headline": h})

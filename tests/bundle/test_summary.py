@@ -23,7 +23,10 @@ with tempfile.TemporaryDirectory() as out:
             ("ablate_llama_fp8_dense", "benchmark", "passed", 0, 80), ("pytorch_llama", "peer", "passed", 0, 90),
             ("pytorch_llama_fp8", "peer", "skipped", 77, 5), ("numerics_fp8", "benchmark", "passed", 0, 45),
             ("ablate_gpt2_flash_fp8head_dense", "benchmark", "passed", 0, 50),
-            ("ablate_quickstart", "benchmark", "passed", 0, 20)]
+            ("ablate_quickstart", "benchmark", "passed", 0, 20),
+            ("ablate_quickstart_dense", "benchmark", "passed", 0, 20),
+            ("ablate_quickstart_dense_graph", "benchmark", "passed", 0, 20),
+            ("ablate_gpt2_flash_dense_graph", "benchmark", "passed", 0, 50)]
     with open(os.path.join(out, "logs", "results.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -49,6 +52,11 @@ with tempfile.TemporaryDirectory() as out:
         "ablate_gpt2_flash_fp8head_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 399000.0},
         "ablate_llama_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 40000.0},
         "ablate_quickstart.json": {"status": "completed", "steps": 16, "tokens_per_s": 90000.0, "host_pct": 97.5},
+        "ablate_quickstart_dense.json": {"status": "completed", "steps": 40, "tokens_per_s": 100000.0, "host_pct": 98.0},
+        "ablate_quickstart_dense_graph.json": {"status": "completed", "steps": 40, "tokens_per_s": 190000.0,
+                                               "host_pct": 40.0, "captured_steps": 1, "replayed_steps": 38},
+        "ablate_gpt2_flash_dense_graph.json": {"status": "completed", "steps": 16, "tokens_per_s": 252500.0,
+                                               "captured_steps": 1, "replayed_steps": 14},
         "ablate_llama_fp8_dense.json": {"status": "completed", "steps": 16, "tokens_per_s": 52000.0},
         "numerics_fp8.json": {"verdict": "pass", "steps": 300, "last": 100, "mean_loss_gap": 0.0123, "val_rel_gap": 0.004,
                               "reference": "numerics_bf16", "curves": [[1, 2, 3]]},
@@ -74,7 +82,10 @@ with tempfile.TemporaryDirectory() as out:
         "peer figure": "torch_sdpa/bfloat16 f+b TF/s=400" in text,
         "nccl figure": "all_reduce/bf16 algbw GB/s=812.5" in text,
         "gpt2 headline": "tokens_per_s=3.012e+05" in text and "mfu=0.251" in text,
-        "counts": "20 runs: 17 passed, 1 failed, 2 skipped" in text,
+        "counts": "23 runs: 20 passed, 1 failed, 2 skipped" in text,
+        # A replayed captured step beside the same run issued call by call.
+        "graph ratio": "host_pct=40, captured_steps=1, replayed_steps=38, vs_calls=1.9" in text,
+        "gpt2 graph ratios": "rows=dense, vs_pytorch=0.631, captured_steps=1, replayed_steps=14, vs_calls=1.01" in text,
         # The small model's launch-bound check: the host's share of its steps, and no peer ratio.
         "launch-bound headline": "tokens_per_s=9e+04, host_pct=97.5" in text and "host_pct=97.5, vs_" not in text,
         "fp8 numerics headline": "verdict=pass, steps=300, last=100, mean_loss_gap=0.0123, val_rel_gap=0.004" in text,

@@ -1072,7 +1072,8 @@ cublasStatus_t check_gemm_ex(const char* call, cublasHandle_t handle, cublasOper
   }
   if (!ablate::emu::runtime::stream_live(handle->stream))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the handle's stream was destroyed");
-  ablate::emu::runtime::finish_stream_work(handle->stream);
+  // (A capturing stream holds nothing to wait for: the product becomes a node of its graph.)
+  if (!ablate::emu::runtime::capturing(handle->stream)) ablate::emu::runtime::finish_stream_work(handle->stream);
   if (alpha == nullptr || beta == nullptr || !host_value(alpha) || !host_value(beta)) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha and beta must be host values (pointer mode host)");
   }
@@ -1146,17 +1147,29 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
   const int64_t b_span = span_of(false, transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
   const int64_t c_span = span_of(false, m, n, ldc);
   const Round rnd = computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ? Round::tf32 : Round::none;
-  const ablate::emu::DeviceAccess access;  // the pointer arrays are device memory
-  std::vector<Member> members(static_cast<std::size_t>(batchCount));
-  for (int i = 0; i < batchCount; ++i) {
-    Member& x = members[std::size_t(i)];
-    x.a = reads_ab ? static_cast<const float*>(Aarray[i]) : nullptr;
-    x.b = reads_ab ? static_cast<const float*>(Barray[i]) : nullptr;
-    x.c = static_cast<float*>(Carray[i]);
-    if (const cublasStatus_t rc = check_member(call, x, i, a_span, b_span, c_span, reads_ab); rc != CUBLAS_STATUS_SUCCESS) return rc;
+  // The pointer arrays are read when the product runs (a graph's node reads them when it runs).
+  const auto product = [=]() -> cublasStatus_t {
+    const ablate::emu::DeviceAccess access;  // the pointer arrays are device memory
+    std::vector<Member> members(static_cast<std::size_t>(batchCount));
+    for (int i = 0; i < batchCount; ++i) {
+      Member& x = members[std::size_t(i)];
+      x.a = reads_ab ? static_cast<const float*>(Aarray[i]) : nullptr;
+      x.b = reads_ab ? static_cast<const float*>(Barray[i]) : nullptr;
+      x.c = static_cast<float*>(Carray[i]);
+      if (const cublasStatus_t rc = check_member(call, x, i, a_span, b_span, c_span, reads_ab); rc != CUBLAS_STATUS_SUCCESS) return rc;
+    }
+    for (const Member& x : members) run_member(x, transa, transb, m, n, k, a, lda, ldb, b, ldc, rnd);
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  if (ablate::emu::runtime::capturing(handle->stream)) {
+    ablate::emu::runtime::capture_node(handle->stream, [product, call] {
+      if (product() != CUBLAS_STATUS_SUCCESS) {
+        throw ablate::emu::Error(std::string(call) + ": a captured product's pointer arrays were refused when its graph ran");
+      }
+    });
+    return CUBLAS_STATUS_SUCCESS;
   }
-  for (const Member& x : members) run_member(x, transa, transb, m, n, k, a, lda, ldb, b, ldc, rnd);
-  return CUBLAS_STATUS_SUCCESS;
+  return product();
 }
 
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
@@ -1185,10 +1198,17 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   }
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const Round rnd = computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ? Round::tf32 : Round::none;
-  const ablate::emu::DeviceAccess access;
-  for (int64_t i = 0; i < batchCount; ++i) {
-    const Member x{reads_ab ? whole.a + i * strideA : nullptr, reads_ab ? whole.b + i * strideB : nullptr, whole.c + i * strideC};
-    run_member(x, transa, transb, m, n, k, a, lda, ldb, b, ldc, rnd);
+  const auto product = [=] {
+    const ablate::emu::DeviceAccess access;
+    for (int64_t i = 0; i < batchCount; ++i) {
+      const Member x{reads_ab ? whole.a + i * strideA : nullptr, reads_ab ? whole.b + i * strideB : nullptr, whole.c + i * strideC};
+      run_member(x, transa, transb, m, n, k, a, lda, ldb, b, ldc, rnd);
+    }
+  };
+  if (ablate::emu::runtime::capturing(handle->stream)) {
+    ablate::emu::runtime::capture_node(handle->stream, product);
+  } else {
+    product();
   }
   return CUBLAS_STATUS_SUCCESS;
 }

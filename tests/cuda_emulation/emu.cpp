@@ -793,6 +793,7 @@ bool complete_collective(Engine& e, Launch& L, int warp, const Fiber& arrived) {
 namespace detail {
 
 bool capturing(const void* stream) { return runtime::capturing(stream); }
+void capture_work(const void* stream, std::function<void()> work) { runtime::capture_node(stream, std::move(work)); }
 
 void capture_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), std::shared_ptr<void> ctx) {
   if (engine().launch != nullptr)

@@ -1012,3 +1012,8 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete graph;
   return cudaSuccess;
 }
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, std::size_t* count) {
+  if (graph == nullptr || count == nullptr || nodes != nullptr) return note(cudaErrorInvalidValue);
+  *count = graph->nodes.size();
+  return cudaSuccess;
+}

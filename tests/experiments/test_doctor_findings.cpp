@@ -592,7 +592,9 @@ TEST_CASE("doctor finds a launch-bound GPU run from the host's share of its step
   CHECK(f->at("severity") == "high");
   CHECK(f->at("evidence")["host_pct"] == 99.0);
   CHECK(f->at("evidence")["batch_size"] == 8);  // the quickstart's
-  CHECK(f->at("change").get<std::string>().rfind("--set batching.batch_size=16 ", 0) == 0);
+  // The quickstart's single rank, one micro-batch, adamw and no dropout: a captured step first.
+  CHECK(f->at("change").get<std::string>().rfind("--set run.cuda_graph=true ", 0) == 0);
+  CHECK(contains(f->at("change").get<std::string>(), "or --set batching.batch_size=16 "));
   CHECK(contains(f->at("message").get<std::string>(), "99%"));
   CHECK_FALSE(with(0.45, 0.02).has_value());  // the GPU's own work: a full queue holds the host back too
   const std::optional<json> noisy = with(0.05, 0.5);
@@ -601,6 +603,12 @@ TEST_CASE("doctor finds a launch-bound GPU run from the host's share of its step
   (void)with(0.05, 0.02);
   plant(90.0);
   CHECK(finding(doctor(run), "launch_bound")->at("severity") == "medium");
+  // Already replaying captured steps: the micro-batch is what is left.
+  std::string config = slurp(run / "config.toml");
+  REQUIRE(config.find("cuda_graph = false") != std::string::npos);
+  config.replace(config.find("cuda_graph = false"), 18, "cuda_graph = true");
+  std::ofstream(run / "config.toml") << config;
+  CHECK(finding(doctor(run), "launch_bound")->at("change").get<std::string>().rfind("--set batching.batch_size=16 ", 0) == 0);
   plant(80.0);
   CHECK_FALSE(finding(doctor(run), "launch_bound").has_value());  // the GPU runs ahead of the host
   plant(99.0);

@@ -514,6 +514,77 @@ TEST_CASE("a one-rank nccl run equals the single communicator's run on cuda, ste
   CHECK(read_json(nccl / "run.json")["communicator"] == "nccl");
 }
 
+TEST_CASE("run.cuda_graph replays captured steps to the losses and weights of the steps issued call by call, bit for bit") {
+  // Dense rows (one 77-token document a row): every step's batch has one layout, so step 1 is issued
+  // call by call, step 2 captured (then launched) and every later one replayed. An evaluation moves
+  // the model's buffers to other batches: the step after it is issued again and the next captured.
+  // Packed rows of short documents change layout every step: nothing is replayed, and the run says so.
+  TempDir tmp;
+  const std::string dense = " --set data.synthetic_probes.min_length=77 --set data.synthetic_probes.max_length=77"
+                            " --set batching.long_documents=truncate --set run.steps=8";
+  const auto pair = [&](const std::string& name, const std::string& sets, int64_t captured, int64_t replayed) {
+    INFO(name);
+    const fs::path calls = tmp.path() / (name + "_calls"), graph = tmp.path() / (name + "_graph");
+    REQUIRE(train(kCuda + sets + " --run-dir " + calls.string()).exit_code == 0);
+    const CommandResult r = train(kCuda + sets + " --set run.cuda_graph=true --run-dir " + graph.string());
+    REQUIRE(r.exit_code == 0);
+    const auto a = metrics(calls), b = metrics(graph);
+    REQUIRE(a.size() == 8);
+    REQUIRE(b.size() == a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << a[i]["step"]);
+      CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
+      CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
+      CHECK(b[i].contains("val_loss") == a[i].contains("val_loss"));
+      if (a[i].contains("val_loss")) CHECK(b[i]["val_loss"].get<double>() == a[i]["val_loss"].get<double>());
+    }
+    CHECK(slurp(graph / "checkpoints/step_00000008/model.safetensors") ==
+          slurp(calls / "checkpoints/step_00000008/model.safetensors"));
+    CHECK(slurp(graph / "checkpoints/step_00000008/optimizer.safetensors") ==
+          slurp(calls / "checkpoints/step_00000008/optimizer.safetensors"));
+    const auto summary = read_json(graph / "summary.json");
+    CHECK(summary["captured_steps"] == captured);
+    CHECK(summary["replayed_steps"] == replayed);
+    CHECK_FALSE(read_json(calls / "summary.json").contains("replayed_steps"));
+    return r.output;
+  };
+  (void)pair("f32", dense + " --set run.eval_every=0", 1, 6);
+  // Evaluations after steps 3 and 6: issued at 1, 4, 7; captured at 2, 5, 8; replayed at 3, 6.
+  (void)pair("evals", dense + " --set run.eval_every=3", 3, 2);
+  (void)pair("bf16", dense + " --set run.dtype=bf16 --set run.eval_every=0", 1, 6);
+  (void)pair("fp8", dense + " --set run.dtype=fp8 --set run.eval_every=0", 1, 6);
+  const std::string packed = pair("packed",
+                                  " --set data.synthetic_probes.length_median=24 --set data.synthetic_probes.min_length=8"
+                                  " --set run.steps=8 --set run.eval_every=0",
+                                  0, 0);
+  CHECK(packed.find("no step was replayed") != std::string::npos);
+}
+
+TEST_CASE("run.cuda_graph is refused, exit 2 naming the key, where a step cannot be captured") {
+  TempDir tmp;
+  const struct {
+    const char* sets;
+    const char* key;
+  } cases[] = {
+      {" --set run.device=cpu --set attention.name=naive_cpu --set optimizer.name=adamw", "run.device"},
+      {" --set optimizer.name=adamw8bit", "optimizer.name"},
+      {" --set run.grad_accum_steps=2", "run.grad_accum_steps"},
+      {" --set model.dropout=0.1", "model.dropout"},
+      {" --set optimizer.shard_state=true", "optimizer.shard_state"},
+      {" --set run.dtype=fp8 --set run.fp8_scaling=delayed", "run.fp8_scaling"},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    INFO(c.sets);
+    const fs::path dir = tmp.path() / std::to_string(n++);
+    const CommandResult r = train(kCuda + c.sets + " --set run.cuda_graph=true --set run.steps=2 --run-dir " + dir.string());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(c.key) != std::string::npos);
+    CHECK(r.output.find("run.cuda_graph = true needs") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir / "metrics.jsonl"));
+  }
+}
+
 TEST_CASE("a cuda run stopped and resumed gives the uninterrupted run's losses bit for bit (accumulation, dropout)") {
   TempDir tmp;
   const std::string common = kCuda + " --set run.steps=16 --set run.grad_accum_steps=2 --set model.dropout=0.1 --set run.eval_every=8";

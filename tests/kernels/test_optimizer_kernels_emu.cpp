@@ -206,9 +206,20 @@ void check_adamw_fused(const std::vector<SliceSpec>& specs, int steps, uint64_t 
         d_scale.upload(&coef.grad_scale, 1);
         coef.grad_scale = 1.0f;
       }
+      // Every third step reads its coefficients from device memory, as a captured step does; the
+      // ones passed by value are then wrong on purpose, and unused.
+      cuda::DeviceBuffer<adamw_fused::Coefficients> d_coef;
+      const bool coef_on_device = step % 3 == 0;
+      adamw_fused::Coefficients by_value = coef;
+      if (coef_on_device) {
+        d_coef.upload(&coef, 1);
+        by_value.step_size = std::numeric_limits<float>::quiet_NaN();
+        by_value.b1 = by_value.b2 = 0.5f;
+      }
       const cudaError_t rc =
           adamw_fused::launch_step(d_p.data(), d_g.data(), d_m.data(), d_v.data(), with_copy ? d_copy.data() : nullptr, n,
-                                   d_runs.data(), int32_t(runs.size()), coef, scale_on_device ? d_scale.data() : nullptr, nullptr);
+                                   d_runs.data(), int32_t(runs.size()), by_value, coef_on_device ? d_coef.data() : nullptr,
+                                   scale_on_device ? d_scale.data() : nullptr, nullptr);
       REQUIRE(rc == cudaSuccess);
       const FusedStep& w = want[std::size_t(step - 1)];
       const std::vector<float> got_p = to_host(d_p), got_m = to_host(d_m), got_v = to_host(d_v);

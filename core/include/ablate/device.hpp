@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,19 @@ struct DeviceCapabilities {
   // The communicator run.communicator = "auto" picks when a launcher starts several ranks ("": the
   // device has none, and such a job must name run.communicator).
   std::string collective;
+  // Work on the device's queue can be captured and replayed (begin_capture; run.cuda_graph).
+  bool step_capture = false;
+};
+
+// Device work recorded between Device::begin_capture and end_capture (a CUDA graph), run again,
+// in order and on the device's queue, by each replay(). What it reads and writes is the memory
+// the recorded calls named: the buffers must outlive it and keep their addresses.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay() = 0;
+  // The calls recorded (a graph's nodes).
+  virtual int64_t calls() const = 0;
 };
 
 class Device : public Component {
@@ -151,6 +165,15 @@ class Device : public Component {
   virtual void copy(TensorView dst, TensorView src) = 0;
 
   virtual void synchronize() = 0;
+  // Capture (capabilities().step_capture): from begin_capture on, the calls made on this device and
+  // on its stream() by the plugins are recorded instead of run, until end_capture hands the record
+  // back. A call that waits for the device (download, synchronize, the host reductions), allocates
+  // or frees while capturing cannot be recorded: end_capture then throws, naming it.
+  // abort_capture ends a capture without a record (after an exception inside it). The defaults
+  // throw: a device without a queue has nothing to capture.
+  virtual void begin_capture();
+  virtual std::unique_ptr<CapturedWork> end_capture();
+  virtual void abort_capture() noexcept {}
   // The queue the device executes its calls in, for plugins of the same device to launch their
   // work in order with it (cuda: a cudaStream_t); null where there is none (the cpu).
   virtual Stream stream() const noexcept { return nullptr; }

@@ -40,6 +40,15 @@ class Optimizer : public Component {
   // Whether step() reads StepArgs::grad_scale_device (the step then needs no host value that
   // depends on the gradients, and the engine does not wait for the backward pass to form it).
   virtual bool reads_device_scale() const { return false; }
+  // A captured step (run.cuda_graph, Device::begin_capture) replays the device work step()
+  // enqueued without calling step() again. An optimizer that can be captured passes its kernels
+  // nothing by value that changes from step to step: under capture (its stream capturing) step()
+  // has them read what the step's values (the learning rate, the step count's bias corrections)
+  // give from device memory, copied there from pinned host memory by a captured copy, and
+  // restage(args) rewrites that host memory for the step about to be replayed (the engine calls it
+  // in place of step(); the previous replay has finished by then).
+  virtual bool capturable() const { return false; }
+  virtual void restage(const StepArgs& args) { (void)args; }
   // The same with grad_scale 1 on the default queue.
   void step(const ParamTable& table, TensorView params, TensorView grads, double lr, int64_t step_number) {
     step(table, params, grads, StepArgs{lr, step_number, 1.0f, nullptr});

@@ -9,7 +9,7 @@
 #define ABLATE_VERSION_STRING "0.1.0"
 
 // The plugin ABI version. A plugin built against another value is refused.
-#define ABLATE_API_VERSION 23
+#define ABLATE_API_VERSION 24
 
 #define ABLATE_STRINGIFY_INNER(x) #x
 #define ABLATE_STRINGIFY(x) ABLATE_STRINGIFY_INNER(x)

@@ -36,15 +36,18 @@ struct CUgraph_st;
 using cudaGraph_t = CUgraph_st*;
 struct CUgraphExec_st;
 using cudaGraphExec_t = CUgraphExec_st*;
+struct CUgraphNode_st;
+using cudaGraphNode_t = CUgraphNode_st*;
 
 // Stream capture: what a capturing stream is given is recorded into a graph instead of run, and
 // runs each time the graph is launched. Captured here: kernel launches, asynchronous copies between
-// device memory and pinned host memory (read or written when the graph runs), memsets and cuBLASLt
-// products. What would make the graph differ from the calls (a synchronisation of the capturing
-// stream, a copy from or to pageable host memory, an event on it, and, in the global and
-// thread-local modes, an allocation, a free or a synchronous copy) is refused with
-// cudaErrorStreamCaptureUnsupported and invalidates the capture, as the runtime does (events,
-// which a GPU captures as nodes, are refused here: the emulation does not capture them).
+// device memory and pinned host memory (read or written when the graph runs), memsets, cuBLASLt's
+// and cuBLAS's products and cub's sort. What would make the graph differ from the calls (a
+// synchronisation of the capturing stream, a copy from or to pageable host memory, an event on it,
+// a free or a device-wide synchronisation, and in the global and thread-local modes an allocation
+// or a synchronous copy) is
+// refused with cudaErrorStreamCaptureUnsupported and invalidates the capture, as the runtime does
+// (events, which a GPU captures as nodes, are refused here: the emulation does not capture them).
 enum cudaStreamCaptureMode {
   cudaStreamCaptureModeGlobal = 0,
   cudaStreamCaptureModeThreadLocal = 1,
@@ -150,6 +153,8 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+// The graph's node count in *count (nodes must be null: the emulation hands out no node handles).
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, std::size_t* count);
 
 template <class T>
 cudaError_t cudaMalloc(T** p, std::size_t bytes) {

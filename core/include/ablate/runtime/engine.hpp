@@ -53,10 +53,9 @@ struct StepOutcome {
   // Seconds the host took to issue the step, from its start to the read of its loss and norm at its
   // end, where nothing before that read waited for the device (one rank, one micro-batch, an
   // optimizer that reads the clip factor on the device, a communicator that moves no data, no FP8
-  // scaling state, no op profile) and
-  // the device runs its work from a queue (Device::stream): the part of the step the device cannot
-  // run ahead of (all of it: a launch-bound step). -1 where the step waited inside or the device
-  // has no queue.
+  // scaling state, no op profile) and the device runs its work from a queue (Device::stream): the
+  // part of the step the device cannot run ahead of (all of it: a launch-bound step). -1 where the
+  // step waited inside or the device has no queue.
   double issue_s = -1;
 };
 
@@ -78,6 +77,16 @@ class Engine {
   // Per-op timing of the following steps into `sink` (the model's ops and the engine's own), null: off.
   void set_op_times(OpTimes* sink) noexcept;
 
+  // run.cuda_graph: a step whose batch has the layout of the step before (its shape, its documents'
+  // places, its count of targets: what the plugins decide launches by) is captured once
+  // (Device::begin_capture) and replayed while the layout stays: the batch copied in, the
+  // optimizer's values restaged, the graph launched. The steps captured and replayed so far:
+  int64_t captured_steps() const noexcept { return captured_; }
+  int64_t replayed_steps() const noexcept { return replayed_; }
+  // Other work ran on the model's device (an evaluation): it may have moved buffers the captured
+  // step names, so the next step is issued call by call again (and captured at the one after).
+  void forget_captured_step() noexcept;
+
   Shard shard() const noexcept { return shard_; }
   const std::vector<GradBucket>& buckets() const noexcept { return buckets_; }
   const ParamTable& optimizer_table() const noexcept { return opt_table_; }
@@ -95,6 +104,21 @@ class Engine {
   std::vector<GradBucket> buckets_;  // empty: one reduction after the backward pass
   Buffer scalars_;                   // the step's loss sum and squared gradient norm (f64) on the model's device
   Buffer factor_;                    // the clip factor (f32) there, for an optimizer that reads it there
+
+  // What a step's plugins decide their launches by, of its batch (one micro-batch).
+  struct BatchLayout {
+    int32_t rows = 0, seq_len = 0;
+    int64_t real_targets = 0;
+    std::vector<int32_t> segments;  // start, length of each
+    std::vector<int32_t> row_segments;
+    bool operator==(const BatchLayout&) const = default;
+  };
+  enum class Issue { calls, capture, replay };
+  Issue issue_for(const Batch& batch, int64_t real_targets);
+  std::unique_ptr<CapturedWork> graph_;  // the captured step, for batches of graph_layout_
+  BatchLayout graph_layout_, last_layout_;
+  bool has_last_ = false;  // last_layout_ is the previous step's
+  int64_t captured_ = 0, replayed_ = 0;
 };
 
 }  // namespace ablate

@@ -116,10 +116,10 @@ class Model {
   Model(const ModelOptions& options, const Registry& registry, const RunContext& run, std::unique_ptr<Device> device);
   ~Model();
   Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
   // The parameters a model of `options` declares, counted by its layers without a device or any
   // allocation: what the memory checks weigh before a model is made.
   static int64_t count_params(const ModelOptions& options, const Registry& registry, const RunContext& run);
-  Model& operator=(const Model&) = delete;
 
   const ModelOptions& options() const noexcept;
   const ParamTable& table() const noexcept;
@@ -164,6 +164,10 @@ class Model {
   // The same with the loss sum left on the device: `loss_sum` (one f64 on the model's device)
   // becomes the sum, or (add) has it added; nothing is read back, so nothing waits for the device.
   void forward_backward(const Batch& batch, double grad_scale, uint64_t dropout_key, TensorView loss_sum, bool add);
+  // A captured step (Engine, run.cuda_graph): `batch` put on the device before the graph, which
+  // holds no copy from the host; with `for_forward` the next forward_backward of it uses that copy.
+  void upload_batch(const Batch& batch, bool for_forward);
+  bool draws_random() const noexcept;  // dropout (or an adapter's) above 0: one step's masks replayed
   // Forward only (no dropout): the sum of losses over real targets; per-position losses into
   // `losses` and (rows*T, vocab_padded) logits into `logits` when given.
   double forward(const Batch& batch, std::vector<float>* losses = nullptr, std::vector<float>* logits = nullptr);

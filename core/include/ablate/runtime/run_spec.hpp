@@ -39,6 +39,7 @@ struct RunKeys {
   int64_t steps = 0, grad_accum_steps = 1, eval_every = 0, eval_batches = 0, profile_steps = 0;
   double memory_budget_gib = 0;  // 0 = the memory the process may have (physical, or a lower ulimit -v / -d)
   double bucket_mb = 0;
+  bool cuda_graph = false;  // replay captured steps (Engine)
 };
 
 // [model]'s keys and the layers' own tables: what ModelOptions::from turns into a model's shape.

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -129,6 +130,9 @@ void run_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(v
 // into the graph (capture_grid, which checks it as a launch is checked) and runs when it does.
 bool capturing(const void* stream);
 void capture_grid(Where w, const char* kernel, const LaunchConfig& c, void (*body)(void*), std::shared_ptr<void> ctx);
+// Work an emulated library does on the host in a stream's place (cub's sort): a node of the graph
+// `stream` captures, run when the graph runs.
+void capture_work(const void* stream, std::function<void()> work);
 // The calling lane alone: the narrowest answer CUDA allows (it promises no convergence), so code
 // that takes __activemask() for "the whole warp" fails here as it may on a GPU.
 unsigned active_mask();
