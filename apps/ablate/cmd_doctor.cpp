@@ -955,6 +955,19 @@ std::optional<Finding> communication(const Run& run, const Settings& s, const Ti
   return f;
 }
 
+// Whether run.cuda_graph would be accepted for the run (engine.cpp's require_capturable, read from
+// its resolved config and run.json): one rank, a communicator that moves no data, one micro-batch,
+// adamw unsharded, no dropout (nor an adapter's), no FP8 delayed scaling.
+bool can_capture_steps(const Run& run, const Settings& s) {
+  const std::string adapter = run.cfg("adapter", "name", std::string());
+  const double adapter_dropout = adapter.empty() ? 0.0 : run.config["adapter"][adapter]["dropout"].value_or(0.0);
+  const std::string dtype = run.cfg("run", "dtype", std::string("fp32"));
+  const bool delayed_fp8 = dtype.rfind("fp8", 0) == 0 && run.cfg("run", "fp8_scaling", std::string("current")) == "delayed";
+  return s.world == 1 && run.info.value("communicator", std::string("single")) == "single" && s.accum == 1 &&
+         (s.optimizer == "adamw" || s.optimizer == "adamw_fused") && !run.cfg("optimizer", "shard_state", false) &&
+         run.cfg("model", "dropout", 0.0) == 0.0 && adapter_dropout == 0.0 && !delayed_fp8;
+}
+
 // Launch-bound: the host issues a step's kernels no faster than the GPU runs them, so the GPU waits
 // between them (many short kernels: a small model or micro-batch). `host_pct` is the host's issuing
 // time over the step's own (the engine's StepOutcome::issue_s), logged only where nothing inside
@@ -984,10 +997,9 @@ std::optional<Finding> launch_bound(const Run& run, const Settings& s, const Tim
   const std::string batch = "--set batching.batch_size=" + std::to_string(2 * s.B) +
                             " (each kernel does twice the work, their number stays the same: up to 2x the tokens/s while "
                             "the GPU still waits for the host), if memory allows";
-  // A captured step replays the launches as one graph, where the run allows it (engine.cpp's
-  // conditions) and is not doing so already.
-  const bool graph = !run.cfg("run", "cuda_graph", false) && s.world == 1 && s.accum == 1 &&
-                     (s.optimizer == "adamw" || s.optimizer == "adamw_fused") && run.cfg("model", "dropout", 0.0) == 0.0;
+  // A captured step replays the launches as one graph, where the run allows it and is not doing so
+  // already.
+  const bool graph = !run.cfg("run", "cuda_graph", false) && can_capture_steps(run, s);
   f.evidence["cuda_graph"] = run.cfg("run", "cuda_graph", false);
   f.change = graph ? "--set run.cuda_graph=true (each step replayed as one captured graph where its batch layout repeats: "
                      "dense rows); or " +

@@ -603,8 +603,13 @@ TEST_CASE("doctor finds a launch-bound GPU run from the host's share of its step
   (void)with(0.05, 0.02);
   plant(90.0);
   CHECK(finding(doctor(run), "launch_bound")->at("severity") == "medium");
-  // Already replaying captured steps: the micro-batch is what is left.
+  // A run that could not replay captured steps (dropout): the micro-batch alone.
   std::string config = slurp(run / "config.toml");
+  REQUIRE(config.find("dropout = 0.0") != std::string::npos);
+  std::ofstream(run / "config.toml") << std::string(config).replace(config.find("dropout = 0.0"), 13, "dropout = 0.1");
+  CHECK(finding(doctor(run), "launch_bound")->at("change").get<std::string>().rfind("--set batching.batch_size=16 ", 0) == 0);
+  std::ofstream(run / "config.toml") << config;
+  // Already replaying captured steps: the micro-batch is what is left.
   REQUIRE(config.find("cuda_graph = false") != std::string::npos);
   config.replace(config.find("cuda_graph = false"), 18, "cuda_graph = true");
   std::ofstream(run / "config.toml") << config;
