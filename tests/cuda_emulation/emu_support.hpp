@@ -85,4 +85,26 @@ inline uint16_t bf16_nearest(double x) {
   return uint16_t(sign | (bits_of(float(r)) >> 16));  // float(r) is exact: r has 8 significant bits
 }
 
+// The column sums the FP8 path's tiled kernels take (plugins/layers/cuda/fp8_kernels.hpp), in their
+// order: per 32-row tile, each of 8 threads its rows y, y + 8, y + 16, y + 24 in order, then the 8
+// threads in order, then the tiles in order, added to `sums`: f32 arithmetic in that order, bit for
+// bit. x: rows x cols, leading dimension ld.
+inline std::vector<float> tiled_column_sums(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t ld,
+                                            std::vector<float> sums) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      float tile = 0.0f;
+      for (int64_t y = 0; y < 8; ++y) {
+        float t = 0.0f;
+        for (int64_t r = r0 + y; r < std::min(r0 + 32, rows); r += 8) t += x[std::size_t(r * ld + c)];
+        tile += t;
+      }
+      total += tile;
+    }
+    sums[std::size_t(c)] += total;
+  }
+  return sums;
+}
+
 }  // namespace ablate::emu_test

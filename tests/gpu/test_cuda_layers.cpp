@@ -319,21 +319,21 @@ std::vector<double> from_device_bf16(const cuda::DeviceBuffer<uint16_t>& b) {
   return v;
 }
 
-// Under bf16 products the MLPs keep their hidden activation (rows * hidden values) in bf16, after
-// their f32 saved values (gelu_mlp: the pre-activation; swiglu_mlp: gate and up) from the next
-// multiple of 64 f32 elements (256 bytes), two values to an element. The number of f32 saved
-// values before it, or -1 where the layer keeps all its saved values in f32.
+// Under bf16 products the MLPs keep their saved values in bf16 (gelu_mlp: the pre-activation and
+// the activation; swiglu_mlp: gate, up and h), two values to an element. The number of f32 saved
+// values before them (none: from the first element), or -1 where the layer keeps all its saved
+// values in f32.
 int64_t f32_saved_before_bf16(const std::string& layer, const Mode& mode, int64_t hidden_values) {
+  (void)hidden_values;
   if (std::string(mode.dtype) != "bf16") return -1;
-  if (layer == "gelu_mlp") return 0;  // pre-activation and activation both in bf16
-  if (layer == "swiglu_mlp") return 2 * hidden_values;
+  if (layer == "gelu_mlp" || layer == "swiglu_mlp") return 0;
   return -1;
 }
 
-// The values after those that a layer keeps in bf16 under bf16 products: the GELU MLP's
-// pre-activation and activation, the SwiGLU MLP's h.
+// The values a layer keeps in bf16 under bf16 products: the GELU MLP's pre-activation and
+// activation, the SwiGLU MLP's gate, up and h.
 int64_t bf16_saved_values(const std::string& layer, int64_t hidden_values) {
-  return layer == "gelu_mlp" ? 2 * hidden_values : hidden_values;
+  return layer == "gelu_mlp" ? 2 * hidden_values : 3 * hidden_values;
 }
 
 int64_t saved_elements(const std::string& layer, const Mode& mode, int64_t cpu_elements, int64_t hidden_values) {
@@ -1104,6 +1104,19 @@ TEST_CASE("linear: the attention's gradients held in bf16, d_y read as it is and
 
 namespace {
 
+// A counter the cuda_layers plugin exports (the library the registry loaded: under the emulated
+// device its emulated/ build).
+using Counter = int64_t (*)();
+Counter plugin_counter(const char* symbol) {
+  const char* emulate = std::getenv("ABLATE_EMULATE_CUDA");
+  const std::string dir = std::string(ABLATE_PLUGIN_DIR) + (emulate != nullptr && std::string(emulate) == "1" ? "/emulated" : "");
+  void* plugin = dlopen((dir + "/libablate_cuda_layers.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(plugin != nullptr);
+  const auto counter = reinterpret_cast<Counter>(dlsym(plugin, symbol));
+  REQUIRE(reinterpret_cast<void*>(counter) != nullptr);
+  return counter;
+}
+
 // --- FP8 products ---------------------------------------------------------------------------------
 //
 // Under run.dtype = "fp8" and "fp8_e4m3" each product quantises its two operands per tensor with
@@ -1271,7 +1284,14 @@ TEST_CASE("linear under FP8 products: every product of per-tensor quantised oper
             }
           }
         }
-        const Fp8Linear f32 = linear_fp8(p, v, dtype, false), held = linear_fp8(p, v, dtype, true);
+        const Counter in_pack = plugin_counter("ablate_cuda_layers_fp8_sums_in_pack");
+        const Counter by_pass = plugin_counter("ablate_cuda_layers_fp8_sums_by_pass");
+        const int64_t packed = in_pack(), passed = by_pass();
+        const Fp8Linear f32 = linear_fp8(p, v, dtype, false);
+        // db taken in the pass that quantises d_y for the input gradient's product, none by a pass.
+        CHECK(in_pack() - packed == (bias ? 1 : 0));
+        CHECK(by_pass() - passed == 0);
+        const Fp8Linear held = linear_fp8(p, v, dtype, true);
         // fp32 accumulation over K = in, out or rows terms (the f32 tolerance), the bias added after.
         const Tolerance tol = tolerance(Precision::f32, in + out + rows, 0);
         margins.count(dtype);
@@ -1728,18 +1748,6 @@ std::vector<float> rounded_bf16(std::vector<float> v) {
   return v;
 }
 
-// A counter the cuda_layers plugin exports (the library the registry loaded: under the emulated
-// device its emulated/ build).
-using Counter = int64_t (*)();
-Counter plugin_counter(const char* symbol) {
-  const char* emulate = std::getenv("ABLATE_EMULATE_CUDA");
-  const std::string dir = std::string(ABLATE_PLUGIN_DIR) + (emulate != nullptr && std::string(emulate) == "1" ? "/emulated" : "");
-  void* plugin = dlopen((dir + "/libablate_cuda_layers.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
-  REQUIRE(plugin != nullptr);
-  const auto counter = reinterpret_cast<Counter>(dlsym(plugin, symbol));
-  REQUIRE(reinterpret_cast<void*>(counter) != nullptr);
-  return counter;
-}
 
 // A dense layer's problem for the FP8 reuse cases below: 64 -> 96 (a linear) or 64 -> 96 -> 64 (an
 // MLP), no bias, `rows` rows.
@@ -1755,6 +1763,48 @@ Problem fp8_reuse_problem(const char* name, int64_t rows, std::mt19937_64& rng) 
   p.batch = make_batch(p.rows, 1, 1, rng);
   return p;
 }
+
+}  // namespace
+
+namespace {
+
+// One layer call's forward under `gpu` (x held in bf16, the weights' bf16 copy given, y f32) on the
+// device, its buffers kept for its backward: d_y given, the input gradient written or not.
+struct Fp8Call {
+  const DeviceIds ids;
+  cuda::DeviceBuffer<uint16_t> x16, copy;
+  DeviceFloats params, dy, grads, y, dx, saved, scratch;
+  LayerCall call;
+  Fp8Call(Layer& gpu, const Problem& p, const Values& v)
+      : ids(p.batch),
+        x16(bf16_copy(v.x)),
+        copy(bf16_copy(v.params)),
+        params(to_device(v.params)),
+        dy(to_device(v.d_y)),
+        grads(to_device(v.grads)),
+        y(poisoned(p.ny())),
+        dx(poisoned(p.nx())),
+        saved(poisoned(gpu.activation_elements(p.spec, p.rows))),
+        scratch(poisoned(gpu.scratch_elements(p.spec, p.rows))),
+        call(base_call(p, ids.views)) {
+    call.stream = ablate::Stream(suite().stream);
+    call.x = bf16_view(x16);
+    call.y = device_view(y);
+    call.params = device_view(params);
+    call.params_bf16 = bf16_view(copy);
+    call.saved = device_view(saved);
+    call.scratch = device_view(scratch);
+    gpu.forward(call);
+    call.y = {};
+    call.grads = device_view(grads);
+    call.d_y = device_view(dy);
+  }
+  void backward(Layer& gpu, bool with_dx) {
+    if (with_dx) call.d_x = device_view(dx);
+    gpu.backward(call);
+    ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+  }
+};
 
 }  // namespace
 
@@ -1787,45 +1837,115 @@ TEST_CASE("FP8 current scaling takes an output gradient's amax once, and packs i
     for (const bool with_dx : {true, false}) {
       const std::string label = std::string(name) + (with_dx ? " with d_x" : " without d_x");
       INFO(label);
-      const DeviceIds ids(p.batch);
-      cuda::DeviceBuffer<uint16_t> x16 = bf16_copy(v.x), copy = bf16_copy(v.params);
-      DeviceFloats params = to_device(v.params), dy = to_device(v.d_y), grads = to_device(v.grads);
-      DeviceFloats y = poisoned(p.ny()), dx = poisoned(p.nx()), saved = poisoned(gpu.activation_elements(p.spec, p.rows));
-      DeviceFloats scratch = poisoned(gpu.scratch_elements(p.spec, p.rows));
-      LayerCall call = base_call(p, ids.views);
-      call.stream = ablate::Stream(suite().stream);
-      call.x = bf16_view(x16);
-      call.y = device_view(y);
-      call.params = device_view(params);
-      call.params_bf16 = bf16_view(copy);
-      call.saved = device_view(saved);
-      call.scratch = device_view(scratch);
-      gpu.forward(call);
-      call.y = {};
-      call.grads = device_view(grads);
-      call.d_y = device_view(dy);
-      if (with_dx) call.d_x = device_view(dx);
+      Fp8Call f(gpu, p, v);
       const int64_t before = reused(), shared_before = shared();
-      gpu.backward(call);
-      ABLATE_CUDA_CHECK(cudaStreamSynchronize(suite().stream));
+      f.backward(gpu, with_dx);
       CHECK(reused() - before == (with_dx ? with : without));
       CHECK(shared() - shared_before == (with_dx ? with : without));
-      const std::vector<double> g = from_device(grads);
+      const std::vector<double> g = from_device(f.grads);
       CHECK(all_finite(g));
       if (with_dx) {
         grads_with_dx = g;
-        dx_with_grads = from_device(dx);
+        dx_with_grads = from_device(f.dx);
       } else {
         CHECK_MESSAGE(same_bits(g, grads_with_dx), "the weight gradients differ with and without the input gradient");
       }
       if (with_dx && std::string(name) == "linear") {  // the input gradient alone: its product packs dy for itself
         DeviceFloats dx_alone = poisoned(p.nx());
-        call.grads = {};
-        call.d_x = device_view(dx_alone);
-        gpu.backward(call);
+        f.call.grads = {};
+        f.call.d_x = device_view(dx_alone);
+        gpu.backward(f.call);
         CHECK_MESSAGE(same_bits(from_device(dx_alone), dx_with_grads), "linear's d_x differs without the weight gradient's product");
       }
     }
+  }
+}
+
+// Under FP8 products the bias gradients are taken where the output gradients are read anyway: a
+// dense layer's db in the pass that quantises dy for the first of its two products (the input
+// gradient's, or the projection's weight gradient's in the GELU MLP), and the GELU MLP's fc bias
+// gradient in the kernel that writes the gradient below the GELU from the projection's bf16
+// output. Checked on gelu_mlp with biases against the definitions: proj's db += the column sums of
+// d_y (f32 arithmetic, the f32 tolerance); fc's db += the column sums of bf16(dh) gelu'(pre), dh the
+// FP8 product of the quantised d_y and projection weight (float64), pre the saved bf16
+// pre-activation: within a bf16 unit of each term (dh rounded to bf16 once). The plugin counts one
+// column sum taken in a pack and none by a pass; fc's and proj's bias gradients are the same bits
+// without the input gradient (the sums' order is the tiles', whichever product reads dy first).
+TEST_CASE("FP8 products take the bias gradients in the passes that read the output gradients: gelu_mlp against the definitions") {
+  if (!test::device_has_fp8()) {
+    MESSAGE("skipped: the device has no FP8 products (compute capability below 8.9)");
+    return;
+  }
+  const Counter in_pack = plugin_counter("ablate_cuda_layers_fp8_sums_in_pack");
+  const Counter by_pass = plugin_counter("ablate_cuda_layers_fp8_sums_by_pass");
+  std::mt19937_64 rng(2718);
+  const int64_t C = 64, H = 96, rows = 45;
+  Layer& cpu = suite().layer<Layer>("gelu_mlp", "cpu");
+  Layer& gpu = suite().layer<Layer>("gelu_mlp", "cuda", "fp8");
+  Problem p;
+  p.layer = "gelu_mlp";
+  p.spec.in = C;
+  p.spec.out = H;
+  p.spec.bias = true;
+  p.rows = rows;
+  p.x_width = C;
+  p.y_width = C;
+  p.batch = make_batch(p.rows, 1, 1, rng);
+  Values v = random_values(p, cpu, gpu, rng, 0.0);
+  v.x = rounded_bf16(v.x);
+  const int64_t fc_b = H * C, proj_w = fc_b + H, proj_b = proj_w + C * H;
+  std::vector<double> grads_with_dx;
+  for (const bool with_dx : {true, false}) {
+    INFO((with_dx ? "with d_x" : "without d_x"));
+    Fp8Call f(gpu, p, v);
+    const int64_t packed = in_pack(), passed = by_pass();
+    f.backward(gpu, with_dx);
+    CHECK(in_pack() - packed == 1);  // proj's db, in the pass that packs d_y for proj's two products
+    CHECK(by_pass() - passed == 0);
+    const std::vector<double> g = from_device(f.grads);
+    if (!with_dx) {
+      for (int64_t h = 0; h < H; ++h) CHECK(g[std::size_t(fc_b + h)] == grads_with_dx[std::size_t(fc_b + h)]);
+      for (int64_t c = 0; c < C; ++c) CHECK(g[std::size_t(proj_b + c)] == grads_with_dx[std::size_t(proj_b + c)]);
+      continue;
+    }
+    grads_with_dx = g;
+    // proj's bias gradient: the column sums of d_y.
+    for (int64_t c = 0; c < C; ++c) {
+      double want = v.grads[std::size_t(proj_b + c)], mag = std::abs(want);
+      for (int64_t r = 0; r < rows; ++r) {
+        want += double(v.d_y[std::size_t(r * C + c)]);
+        mag += std::abs(double(v.d_y[std::size_t(r * C + c)]));
+      }
+      CHECK(std::abs(g[std::size_t(proj_b + c)] - want) <= double(rows + 2) * 0x1p-24 * mag);
+    }
+    // fc's: the column sums of bf16(dh) gelu'(pre).
+    const std::vector<uint32_t> bits = bits_from_device(f.saved);
+    const auto* pre = reinterpret_cast<const uint16_t*>(bits.data());
+    const Quantised qdy = quantise(v.d_y, 0, v.d_y.size(), true),
+                    qw = quantise(v.params, std::size_t(proj_w), std::size_t(C * H), false);
+    const std::vector<double> dh = fp8_input_grad(qdy, qw, rows, H, C);
+    const auto gelu_grad = [](double x) {
+      const double c0 = 0.7978845608028654, c1 = 0.044715, t = std::tanh(c0 * (x + c1 * x * x * x));
+      return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c0 * (1.0 + 3.0 * c1 * x * x);
+    };
+    int bad = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      double want = v.grads[std::size_t(fc_b + h)], mag = std::abs(want);
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::size_t i = std::size_t(r * H + h);
+        const double term =
+            double(device_math::bf16_value(device_math::bf16_bits(float(dh[i])))) * gelu_grad(double(device_math::bf16_value(pre[i])));
+        want += term;
+        mag += std::abs(term);
+      }
+      const double tol = 0x1p-7 * mag + 1e-5 * mag;
+      if (!(std::abs(g[std::size_t(fc_b + h)] - want) <= tol) && bad++ == 0) {
+        FAIL_CHECK("fc's bias gradient " << h << " is " << g[std::size_t(fc_b + h)] << ", want " << want << " within " << tol);
+      }
+    }
+    CHECK(bad == 0);
+    CHECK(all_finite(g));
+    CHECK(all_finite(from_device(f.dx)));
   }
 }
 

@@ -204,6 +204,84 @@ TEST_CASE("fp8 pack both: the untransposed and transposed packs from one read, a
   }
 }
 
+// The column sums a pack takes beside its codes (an output gradient's bias gradient): in every
+// layout (plain, transposed, both at once) the codes as without sums, and the sums the same bits,
+// in the kernel's order (emu_test::tiled_column_sums), and within float's rounding of the float64 sums; added
+// to what the vector held. Odd sizes, strided f32 and bf16 sources, several tiles of rows.
+TEST_CASE("fp8 pack with column sums: the codes as without, the sums in tile order in every layout") {
+  std::mt19937 rng(23);
+  for (const auto& [rows, cols, ld] : {std::tuple<int64_t, int64_t, int64_t>{5, 13, 13}, {37, 70, 75}, {100, 40, 41}}) {
+    for (const bool bf16 : {false, true}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(bf16);
+      std::vector<float> x = spread(std::size_t(rows * ld), 900.0f, rng);
+      std::vector<uint16_t> xb(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        xb[i] = uint16_t(emu_test::bits_of(x[i]) >> 16);
+        if (bf16) x[i] = float_bits(uint32_t(xb[i]) << 16);
+      }
+      const Fp8Format f = Fp8Format::e5m2;
+      const float s = 3.0f;
+      const PackReference p = pack_reference(x, rows, cols, ld, s, f, false), t = pack_reference(x, rows, cols, ld, s, f, true);
+      std::vector<float> sums0(static_cast<std::size_t>(cols));
+      for (int64_t c = 0; c < cols; ++c) sums0[std::size_t(c)] = float(c) - 7.5f;
+      const std::vector<float> want = emu_test::tiled_column_sums(x, rows, cols, ld, sums0);
+      for (int64_t c = 0; c < cols; ++c) {
+        double sum = sums0[std::size_t(c)], mag = std::fabs(sums0[std::size_t(c)]);
+        for (int64_t r = 0; r < rows; ++r) {
+          sum += double(x[std::size_t(r * ld + c)]);
+          mag += std::fabs(double(x[std::size_t(r * ld + c)]));
+        }
+        CHECK(std::fabs(double(want[std::size_t(c)]) - sum) <= double(rows + 1) * 0x1p-24 * mag);  // the order is a sum's
+      }
+      for_each_schedule([&] {
+        const auto dx = to_device(x);
+        const auto dxb = to_device(xb);
+        const void* src = bf16 ? static_cast<const void*>(dxb.data()) : static_cast<const void*>(dx.data());
+        const auto scale = to_device(std::vector<float>{s});
+        const std::size_t n_partials = std::size_t(cuda_layers::fp8_column_partials(rows, cols));
+        for (int layout = 0; layout < 3; ++layout) {  // plain, transposed, both
+          CAPTURE(layout);
+          auto yp = to_device(std::vector<uint8_t>(p.codes.size() + 5, 0xAB));
+          auto yt = to_device(std::vector<uint8_t>(t.codes.size() + 5, 0xAB));
+          auto partials = to_device(std::vector<float>(n_partials, -1.0f));
+          auto sums = to_device(sums0);
+          const cuda_layers::Fp8ColumnSums cs{sums.data(), partials.data()};
+          if (layout == 0) {
+            cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, false, scale.data(), f, yp.data(), p.ld, nullptr, nullptr, nullptr,
+                                         cs);
+          } else if (layout == 1) {
+            cuda_layers::launch_fp8_pack(src, bf16, rows, cols, ld, true, scale.data(), f, yt.data(), t.ld, nullptr, nullptr, nullptr,
+                                         cs);
+          } else {
+            cuda_layers::launch_fp8_pack_both(src, bf16, rows, cols, ld, scale.data(), f, yp.data(), p.ld, yt.data(), t.ld, nullptr,
+                                              nullptr, nullptr, cs);
+          }
+          const auto got_p = to_host(yp), got_t = to_host(yt);
+          const auto got = to_host(sums);
+          int64_t wrong = 0;
+          if (layout != 1) {
+            for (std::size_t i = 0; i < p.codes.size(); ++i) wrong += got_p[i] != p.codes[i] ? 1 : 0;
+          } else {
+            for (std::size_t i = 0; i < got_p.size(); ++i) wrong += got_p[i] != 0xAB ? 1 : 0;  // untouched
+          }
+          if (layout != 0) {
+            for (std::size_t i = 0; i < t.codes.size(); ++i) wrong += got_t[i] != t.codes[i] ? 1 : 0;
+          } else {
+            for (std::size_t i = 0; i < got_t.size(); ++i) wrong += got_t[i] != 0xAB ? 1 : 0;
+          }
+          CHECK(wrong == 0);
+          int64_t off = 0;
+          for (int64_t c = 0; c < cols; ++c)
+            off += emu_test::bits_of(got[std::size_t(c)]) != emu_test::bits_of(want[std::size_t(c)]) ? 1 : 0;
+          CHECK(off == 0);
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("fp8 amax: a NaN anywhere in the operand makes the amax NaN") {
   std::mt19937 rng(7);
   std::vector<float> x = spread(1003, 5.0f, rng);

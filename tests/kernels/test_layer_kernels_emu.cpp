@@ -24,6 +24,7 @@
 #include "ablate/mix.hpp"
 #include "emu_support.hpp"
 #include "epilogue_kernels.hpp"
+#include "fp8_kernels.hpp"
 #include "layer_kernels.hpp"
 
 using namespace ablate;
@@ -583,6 +584,61 @@ TEST_CASE("gelu with its hidden activation in bf16: pre and post the f32 kernel'
   }
 }
 
+TEST_CASE("gelu backward from a bf16 gradient with the bias gradient's column sums: the f32 kernel's values, the sums in tile order") {
+  // dpre = bf16 of the f32 kernel's dh * gelu'(pre) (dh and pre bf16 values, widened exactly); db +=
+  // the column sums of those f32 values before rounding, in the tiled order (emu_test::tiled_column_sums),
+  // and within float's rounding of the float64 sums. Odd shapes: one row, a tile's edge crossed
+  // both ways, several tiles of rows.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 5}, {37, 70}, {64, 33}, {100, 32}}) {
+    const int64_t n = rows * cols;
+    std::vector<uint16_t> pre_bits(sz(n)), dh_bits(sz(n));
+    std::vector<float> pre(sz(n)), dh(sz(n));
+    const std::vector<float> t = normals(sz(n), 2.5, uint64_t(n) + 50), g = normals(sz(n), 1.0, uint64_t(n) + 51);
+    for (int64_t i = 0; i < n; ++i) {
+      pre_bits[sz(i)] = bf16_nearest(std::clamp(t[sz(i)], -9.0f, 9.0f));
+      dh_bits[sz(i)] = bf16_nearest(g[sz(i)]);
+      pre[sz(i)] = bf16_to_float(pre_bits[sz(i)]);
+      dh[sz(i)] = bf16_to_float(dh_bits[sz(i)]);
+    }
+    const std::vector<float> db0 = normals(sz(cols), 1.0, uint64_t(n) + 52);
+    emu_test::for_each_schedule([&] {
+      auto dpre32 = to_device(pre), dh32 = to_device(dh);
+      launch_gelu_backward(dpre32.data(), dh32.data(), n, nullptr);  // the f32 kernel: dh * gelu'(pre)
+      const std::vector<float> want = to_host(dh32);
+      const std::vector<uint16_t> tail(sz(n) + kTail, kSentinelBits);
+      auto dpre16 = to_device(tail), pre16 = to_device(pre_bits), dh16 = to_device(dh_bits);
+      auto partials = to_device(std::vector<float>(sz(cuda_layers::fp8_column_partials(rows, cols)), kSentinel));
+      auto db = to_device(with_tail(db0));
+      launch_gelu_backward_bf16_sums(pre16.data(), dh16.data(), dpre16.data(), rows, cols, partials.data(), db.data(), nullptr);
+      auto dpre_only = to_device(tail);  // without db: the same values, no sums
+      launch_gelu_backward_bf16_sums(pre16.data(), dh16.data(), dpre_only.data(), rows, cols, nullptr, nullptr, nullptr);
+      const std::vector<uint16_t> got = to_host(dpre16), got_only = to_host(dpre_only);
+      const std::vector<float> got_db = to_host(db), want_db = emu_test::tiled_column_sums(want, rows, cols, cols, db0);
+      Failures fd, fs, fr;
+      for (int64_t i = 0; i < n; ++i) {
+        fd.expect(got[sz(i)] == bf16_nearest(want[sz(i)]) && got_only[sz(i)] == got[sz(i)],
+                  [&] { return "dpre at " + std::to_string(i); });
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        fs.expect(same_bits(got_db[sz(c)], want_db[sz(c)]), [&] { return at(c, got_db[sz(c)], want_db[sz(c)]); });
+        double sum = db0[sz(c)], mag = std::abs(db0[sz(c)]);
+        for (int64_t r = 0; r < rows; ++r) {
+          sum += double(want[sz(r * cols + c)]);
+          mag += std::abs(double(want[sz(r * cols + c)]));
+        }
+        fr.expect(std::abs(double(got_db[sz(c)]) - sum) <= double(rows + 1) * kU * mag,
+                  [&] { return at(c, got_db[sz(c)], float(sum)); });
+      }
+      const std::string shape = " rows " + std::to_string(rows) + " cols " + std::to_string(cols);
+      expect_none(fd, "gelu_backward_bf16_sums dpre" + shape);
+      expect_none(fs, "gelu_backward_bf16_sums db, tile order" + shape);
+      expect_none(fr, "gelu_backward_bf16_sums db against float64" + shape);
+      expect_tail(got_db, sz(cols), "gelu_backward_bf16_sums db");
+      for (std::size_t k = sz(n); k < tail.size(); ++k) CHECK(got[k] == kSentinelBits);
+    });
+  }
+}
+
 TEST_CASE("swiglu forward (f32 and bf16 h) and backward") {
   Worst worst_fwd, worst_bf16, worst_bwd_g, worst_bwd_u;
   for (const int64_t n : kCounts) {
@@ -653,6 +709,56 @@ TEST_CASE("swiglu forward (f32 and bf16 h) and backward") {
   emu_test::report_worst("swiglu_forward bf16 (vs float64)", worst_bf16.abs, worst_bf16.rel);
   emu_test::report_worst("swiglu_backward dg", worst_bwd_g.abs, worst_bwd_g.rel);
   emu_test::report_worst("swiglu_backward du", worst_bwd_u.abs, worst_bwd_u.rel);
+}
+
+TEST_CASE("swiglu with gate, up and the gradients in bf16: the f32 kernels' values on the bf16 inputs, rounded once") {
+  // The f32 kernels are checked against float64 above; the bf16 ones must give their values on the
+  // widened bf16 inputs bit for bit, rounded to the nearest bf16: h = bf16(f32 h(g, u)), dg and du
+  // the f32 backward's on (g, u, dh), each rounded.
+  for (const int64_t n : kCounts) {
+    const std::vector<float> g0 = normals(sz(n), 3.0, uint64_t(n) + 60), u0 = normals(sz(n), 1.0, uint64_t(n) + 61),
+                             d0 = normals(sz(n), 1.0, uint64_t(n) + 62);
+    std::vector<uint16_t> gb(sz(n)), ub(sz(n)), db(sz(n));
+    std::vector<float> g(sz(n)), u(sz(n)), dh(sz(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const std::size_t k = sz(i);
+      gb[k] = bf16_nearest(g0[k]);
+      ub[k] = bf16_nearest(u0[k]);
+      db[k] = bf16_nearest(d0[k]);
+      g[k] = bf16_to_float(gb[k]);
+      u[k] = bf16_to_float(ub[k]);
+      dh[k] = bf16_to_float(db[k]);
+    }
+    emu_test::for_each_schedule([&] {
+      auto dg32 = to_device(g), du32 = to_device(u), h32 = to_device(std::vector<float>(sz(n))), dd32 = to_device(dh);
+      auto dgrad32 = to_device(std::vector<float>(sz(n)));
+      launch_swiglu_forward(dg32.data(), du32.data(), h32.data(), n, nullptr);
+      launch_swiglu_backward(dg32.data(), du32.data(), dd32.data(), dgrad32.data(), n, nullptr);  // du in place of dh
+      const std::vector<float> want_h = to_host(h32), want_du = to_host(dd32), want_dg = to_host(dgrad32);
+      const std::vector<uint16_t> tail(sz(n) + kTail, kSentinelBits);
+      auto g16 = to_device(gb), u16 = to_device(ub), d16 = to_device(db), h16 = to_device(tail), dg16 = to_device(tail),
+           du16 = to_device(tail);
+      launch_swiglu_forward_bf16(g16.data(), u16.data(), h16.data(), n, nullptr);
+      launch_swiglu_backward_bf16(g16.data(), u16.data(), d16.data(), dg16.data(), du16.data(), n, nullptr);
+      const std::vector<uint16_t> got_h = to_host(h16), got_dg = to_host(dg16), got_du = to_host(du16), got_dh = to_host(d16);
+      Failures fh, fg, fu, ft;
+      for (int64_t i = 0; i < n; ++i) {
+        const std::size_t k = sz(i);
+        fh.expect(got_h[k] == bf16_nearest(want_h[k]), [&] { return "h at " + std::to_string(i); });
+        fg.expect(got_dg[k] == bf16_nearest(want_dg[k]), [&] { return "dg at " + std::to_string(i); });
+        fu.expect(got_du[k] == bf16_nearest(want_du[k]) && got_dh[k] == db[k], [&] { return "du at " + std::to_string(i); });
+      }
+      for (std::size_t k = sz(n); k < tail.size(); ++k) {
+        ft.expect(got_h[k] == kSentinelBits && got_dg[k] == kSentinelBits && got_du[k] == kSentinelBits,
+                  [&] { return std::to_string(k); });
+      }
+      const std::string shape = " n " + std::to_string(n);
+      expect_none(fh, "swiglu_forward_bf16 h" + shape);
+      expect_none(fg, "swiglu_backward_bf16 dg" + shape);
+      expect_none(fu, "swiglu_backward_bf16 du (dh unchanged)" + shape);
+      expect_none(ft, "swiglu bf16 (sentinel tails)" + shape);
+    });
+  }
 }
 
 TEST_CASE("copy_or_add copies or accumulates, and add_bias adds the bias to every row") {

@@ -184,6 +184,32 @@ TEST_CASE("gemm plan: the calls gemm() refuses, with the reason") {
   GemmCall no_b = fc_forward();
   no_b.B = nullptr;
   CHECK(!gemm_refusal(no_b).empty());
+  // Column sums of A as stored (an FP8 product's bias gradient, taken where A is quantised): beside
+  // no epilogue, A packed, A's values at hand; a weight gradient's or an input gradient's product.
+  GemmCall wgrad_sums = proj_wgrad(MatmulMode::fp8);
+  wgrad_sums.a_column_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(wgrad_sums).empty());
+  CHECK(fused_epilogue(wgrad_sums) == "DEFAULT");     // no epilogue: the FP8 product serves it
+  GemmCall dgrad_sums = proj_wgrad(MatmulMode::fp8);  // dx (8192, 3072) = dy (8192, 768) W
+  dgrad_sums.ta = false;
+  dgrad_sums.M = 8192;
+  dgrad_sums.K = 768;
+  dgrad_sums.beta = 0.0f;
+  dgrad_sums.a_column_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(dgrad_sums).empty());
+  GemmCall strided_sums = dgrad_sums;
+  strided_sums.lda = 776;
+  CHECK(gemm_refusal(strided_sums).find("packed") != std::string::npos);
+  GemmCall sums_and_gelu = fc_forward();
+  sums_and_gelu.bias = nullptr;
+  sums_and_gelu.a_column_sums = at_mut(0x60000);
+  CHECK(gemm_refusal(sums_and_gelu).find("no epilogue") != std::string::npos);
+  GemmCall sums_without_a = dgrad_sums;
+  sums_without_a.A = nullptr;
+  sums_without_a.A_bf16 = at(0x70000);
+  CHECK(gemm_refusal(sums_without_a).empty());  // bf16 values under FP8 products
+  sums_without_a.A_bf16 = nullptr;
+  CHECK(!gemm_refusal(sums_without_a).empty());
 }
 
 TEST_CASE("gemm plan: operands held in bf16 are read in place, by bf16 products only") {

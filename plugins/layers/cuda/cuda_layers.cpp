@@ -126,3 +126,12 @@ extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8
 extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_weight_packs_reused() {
   return ablate::cuda_layers::gemm_fp8_weight_packs_reused();
 }
+
+// FP8 products whose output gradient's column sums (a bias gradient) were taken in the pass that
+// quantised it, and those that took them by a pass of their own, likewise.
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_sums_in_pack() {
+  return ablate::cuda_layers::gemm_fp8_sums_in_pack();
+}
+extern "C" __attribute__((visibility("default"))) int64_t ablate_cuda_layers_fp8_sums_by_pass() {
+  return ablate::cuda_layers::gemm_fp8_sums_by_pass();
+}

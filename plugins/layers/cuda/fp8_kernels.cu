@@ -75,14 +75,19 @@ __global__ void pack_kernel(const void* x, bool bf16, int64_t rows, int64_t cols
 
 // Transposed: 32 x 32 tiles of y (cols x y_ld) through shared memory, x's rows beyond `rows` zeros.
 // With `plain` (rows x plain_ld) set, each value read also goes there as the untransposed pack
-// writes it (its columns beyond `cols` zeros): both layouts from one read of x.
+// writes it (its columns beyond `cols` zeros): both layouts from one read of x; with y null, only
+// that one. With `partials` set, each tile's column sums (kTile == kFp8SumRows rows) go to
+// partials[tile row * cols + c]: each thread's rows in order, then the 8 threads of a column in
+// order.
 __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale,
                                        Fp8Format format, uint8_t* y, int64_t y_ld, uint8_t* plain, int64_t plain_ld, float* saturated,
-                                       float* amax) {
+                                       float* amax, float* partials) {
   __shared__ uint8_t tile[kTile][kTile + 4];
+  __shared__ float column[8][kTile];
   const float s = *scale;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   unsigned over = 0, m = 0;
+  float sum = 0.0f;
   for (int dr = int(threadIdx.y); dr < kTile; dr += int(blockDim.y)) {
     const int64_t r = r0 + dr, c = c0 + int64_t(threadIdx.x);
     uint8_t q = 0;
@@ -91,17 +96,35 @@ __global__ void pack_transposed_kernel(const void* x, bool bf16, int64_t rows, i
       const unsigned b = abs_bits(v);
       m = b > m ? b : m;
       q = to_fp8(v * s, format, over);
+      sum += v;
     }
-    if (r < y_ld && c < cols) tile[dr][threadIdx.x] = q;
+    if (y != nullptr && r < y_ld && c < cols) tile[dr][threadIdx.x] = q;
     if (plain != nullptr && r < rows && c < plain_ld) plain[r * plain_ld + c] = q;
   }
+  if (partials != nullptr) column[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
-  for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
-    const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
-    if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
+  if (y != nullptr) {
+    for (int dc = int(threadIdx.y); dc < kTile; dc += int(blockDim.y)) {
+      const int64_t c = c0 + dc, r = r0 + int64_t(threadIdx.x);
+      if (r < y_ld && c < cols) y[c * y_ld + r] = tile[threadIdx.x][dc];
+    }
+  }
+  if (partials != nullptr && threadIdx.y == 0 && r0 < rows && c0 + int64_t(threadIdx.x) < cols) {
+    float t = 0.0f;
+    for (int i = 0; i < 8; ++i) t += column[i][threadIdx.x];
+    partials[int64_t(blockIdx.y) * cols + c0 + int64_t(threadIdx.x)] = t;
   }
   if (saturated != nullptr) count_into(saturated, over);
   if (amax != nullptr) max_into(amax, m);
+}
+
+// sums[c] += the sum of partials[t * cols + c] over the `tiles` tiles, in order.
+__global__ void add_column_partials_kernel(const float* partials, int64_t tiles, int64_t cols, float* sums) {
+  ABLATE_GRID_STRIDE(c, cols) {
+    float t = 0.0f;
+    for (int64_t i = 0; i < tiles; ++i) t += partials[i * cols + c];
+    sums[c] += t;
+  }
 }
 
 __global__ void slot_scale_kernel(float* slot, float fp8_max, float* amax, float* scale, float* scale_inv) {
@@ -141,7 +164,25 @@ __global__ void update_slots_kernel(float* slots, int64_t count, int64_t history
   }
 }
 
+// The tiled kernel over width x height elements (each covering what it writes), its sums added.
+void launch_tiled(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format, uint8_t* y,
+                  int64_t y_ld, uint8_t* plain, int64_t plain_ld, float* saturated, float* amax, Fp8ColumnSums sums, int64_t width,
+                  int64_t height, cudaStream_t stream) {
+  static_assert(kTile == kFp8SumRows, "a tile's rows are one partial's");
+  const dim3 grid(unsigned((width + kTile - 1) / kTile), unsigned((height + kTile - 1) / kTile)), block(kTile, 8);
+  float* partials = sums.sums != nullptr ? sums.partials : nullptr;
+  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, plain, plain_ld, saturated, amax,
+                                                     partials);
+  if (partials != nullptr) launch_fp8_add_column_partials(partials, rows, cols, sums.sums, stream);
+}
+
 }  // namespace
+
+void launch_fp8_add_column_partials(const float* partials, int64_t rows, int64_t cols, float* sums, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  add_column_partials_kernel<<<cuda::blocks_for(cols), cuda::kThreads, 0, stream>>>(partials, (rows + kFp8SumRows - 1) / kFp8SumRows,
+                                                                                    cols, sums);
+}
 
 void launch_fp8_slot_amax(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* slot, float* amax,
                           cudaStream_t stream) {
@@ -158,23 +199,24 @@ void launch_fp8_update_slots(float* slots, int64_t count, int64_t history, bool 
   }
 }
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
-                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream) {
+                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream,
+                     Fp8ColumnSums sums) {
   if (rows <= 0 || cols <= 0) return;
-  if (!transposed) {
+  if (transposed) {
+    launch_tiled(x, bf16, rows, cols, ld, scale, format, y, y_ld, nullptr, 0, saturated, amax, sums, cols, y_ld, stream);
+  } else if (sums.sums != nullptr) {  // the sums need the tiles: the plain layout alone from them
+    launch_tiled(x, bf16, rows, cols, ld, scale, format, nullptr, 0, y, y_ld, saturated, amax, sums, y_ld, rows, stream);
+  } else {
     pack_kernel<<<cuda::blocks_for(rows * y_ld), cuda::kThreads, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld,
                                                                               saturated, amax);
-    return;
   }
-  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((y_ld + kTile - 1) / kTile)), block(kTile, 8);
-  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, y, y_ld, nullptr, 0, saturated, amax);
 }
 void launch_fp8_pack_both(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
                           uint8_t* plain, int64_t plain_ld, uint8_t* transposed, int64_t t_ld, float* saturated, float* amax,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, Fp8ColumnSums sums) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t width = cols > plain_ld ? cols : plain_ld, height = rows > t_ld ? rows : t_ld;
-  const dim3 grid(unsigned((width + kTile - 1) / kTile), unsigned((height + kTile - 1) / kTile)), block(kTile, 8);
-  pack_transposed_kernel<<<grid, block, 0, stream>>>(x, bf16, rows, cols, ld, scale, format, transposed, t_ld, plain, plain_ld,
-                                                     saturated, amax);
+  launch_tiled(x, bf16, rows, cols, ld, scale, format, transposed, t_ld, plain, plain_ld, saturated, amax, sums, width, height,
+               stream);
 }
 }  // namespace ablate::cuda_layers

@@ -11,6 +11,11 @@
 //           tiles) or not, its rows padded with zeros to a leading dimension of 16 (zeros add
 //           nothing to the product, and every FP8 operand's leading dimension must be a multiple
 //           of 16 bytes).
+//   sums    (optional, in the same pass) the column sums of x as read (its f32 or bf16 values, in
+//           f32): each 32-row tile's sums into `partials`, then one small pass adds their sums over
+//           the tiles, in tile order, to `sums`; the same bits whichever layout is packed, run to
+//           run (the bias gradient of a product whose output gradient x is: the pass that
+//           quantises it reads it once for both).
 // Every launcher enqueues on `stream` and does nothing for an empty tensor.
 #pragma once
 
@@ -23,20 +28,34 @@ namespace ablate::cuda_layers {
 enum class Fp8Format : int { e4m3 = 0, e5m2 = 1 };
 inline constexpr float kFp8Max[2] = {448.0f, 57344.0f};
 
+// Column sums taken in a pack: sums (cols) += the column sums of x, through partials
+// (fp8_column_partials(rows, cols) floats of scratch); none when sums is null.
+struct Fp8ColumnSums {
+  float* sums = nullptr;
+  float* partials = nullptr;
+};
+inline constexpr int64_t kFp8SumRows = 32;  // rows of x summed into one partial
+inline int64_t fp8_column_partials(int64_t rows, int64_t cols) { return (rows + kFp8SumRows - 1) / kFp8SumRows * cols; }
+
 // From x (rows x cols, leading dimension ld; f32, or bf16 as its 16 bits), y = fp8(x * *scale):
 //   not transposed: y (rows x y_ld), y[r * y_ld + c] = fp8(x[r * ld + c] * *scale), zero for c >= cols;
 //   transposed:     y (cols x y_ld), y[c * y_ld + r] = fp8(x[r * ld + c] * *scale), zero for r >= rows.
 // *amax (may be null) = max(*amax, max |x|), taken in the same pass; the count of saturated values
 // added to *saturated (may be null) as a float.
 void launch_fp8_pack(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, bool transposed, const float* scale,
-                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream);
+                     Fp8Format format, uint8_t* y, int64_t y_ld, float* saturated, float* amax, cudaStream_t stream,
+                     Fp8ColumnSums sums = {});
 // Both layouts from one read of x, as two launch_fp8_pack calls with the same scale write them:
 // `plain` (rows x plain_ld, plain_ld >= cols) and `transposed` (cols x t_ld, t_ld >= rows); the amax
 // and the saturated values of x taken once (an operand two products read, one along each of its
 // dimensions: an output gradient under current scaling).
 void launch_fp8_pack_both(const void* x, bool bf16, int64_t rows, int64_t cols, int64_t ld, const float* scale, Fp8Format format,
                           uint8_t* plain, int64_t plain_ld, uint8_t* transposed, int64_t t_ld, float* saturated, float* amax,
-                          cudaStream_t stream);
+                          cudaStream_t stream, Fp8ColumnSums sums = {});
+
+// sums (cols) += the sums over x's 32-row tiles of partials (fp8_column_partials(rows, cols)), in
+// tile order: the second pass of the column sums a pack (or another tiled kernel) takes.
+void launch_fp8_add_column_partials(const float* partials, int64_t rows, int64_t cols, float* sums, cudaStream_t stream);
 
 // A slot, kFp8SlotHeader floats then `history` amax values (a ring; none for current scaling):
 //   [0] the amax of this step's uses so far    [1] the scale (0: none yet)    [2] 1 / scale

@@ -91,6 +91,7 @@ struct StreamSet {
   cuda::StreamScratch fp8_a, fp8_b;    // FP8 products: the quantised A and B (fp8_operands)
   cuda::StreamScratch fp8_a_other;     // A quantised in its other layout for the next product (a_read_again)
   cuda::StreamScratch fp8_b_kept;      // a weight-gradient product's B (the layer's input), kept for the next one
+  cuda::StreamScratch fp8_partials;    // column sums taken in a pack, per 32-row tile (a_column_sums)
   // FP8 products' scaling, 24 floats: the amax of A and B [0, 1], their scales [4, 5] and the
   // scales' inverses (cuBLASLt's scale pointers) [6, 7], then current scaling's slot [8, 16), which
   // never gets a scale, so every operand is scaled by its own amax (fp8_kernels.hpp), then the kept
@@ -163,8 +164,20 @@ class Context {
       b.mode = MatmulMode::bf16;
       return run(b, stream);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fp8_mode(g.mode)) return run_fp8(g, stream);
+    // a_column_sums not taken in a pack: a pass after the product, enqueued outside the lock (the
+    // pass is a product itself).
+    bool sums_pending = false, ran = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ran = fp8_mode(g.mode) ? run_fp8(g, stream, sums_pending) : run_locked(g, stream);
+      sums_pending = ran && g.a_column_sums != nullptr && (sums_pending || !fp8_mode(g.mode));
+    }
+    if (sums_pending) stored_column_sums(g, stream);
+    return ran;
+  }
+
+  // run() of a product not in FP8, under the lock.
+  bool run_locked(const GemmCall& g, cudaStream_t stream) {
     StreamSet& set = on(stream);
     set.last_a = {};  // a product not in FP8 (a layout FP8 cannot take): the next one takes its own scale
     const std::string key = gemm_key(g);
@@ -197,6 +210,15 @@ class Context {
     return true;
   }
 
+  // a_column_sums by a pass of its own (A packed: its width is lda).
+  void stored_column_sums(const GemmCall& g, cudaStream_t stream) {
+    const int64_t rows = g.ta ? g.K : g.M, cols = g.ta ? g.M : g.K;
+    if (g.A != nullptr) add_column_sums(g.A, g.a_column_sums, rows, cols, stream);
+    else add_column_sums_bf16(static_cast<const uint16_t*>(g.A_bf16), g.a_column_sums, rows, cols, stream);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++sums_by_pass_;
+  }
+
   // Whether cuBLASLt turned down at run time the epilogue of an algorithm its heuristic offered:
   // then the epilogue's work runs in passes, from now on for this problem (nothing was written: the
   // call checks before it launches).
@@ -226,7 +248,7 @@ class Context {
   // the product with the inverses as its scales, its forward epilogue (the bias, the GELU) fused
   // where it has one. All on the stream; nothing waits. False, nothing enqueued, when cuBLASLt has
   // no algorithm for the epilogue (the caller does its work in passes).
-  bool run_fp8(const GemmCall& g, cudaStream_t stream) {
+  bool run_fp8(const GemmCall& g, cudaStream_t stream, bool& sums_pending) {
     StreamSet& set = on(stream);
     const Fp8Format fa = g.a_grad && g.mode == MatmulMode::fp8 ? Fp8Format::e5m2 : Fp8Format::e4m3, fb = Fp8Format::e4m3;
     const int64_t kp = (g.K + 15) / 16 * 16;
@@ -244,7 +266,7 @@ class Context {
         g.A != nullptr ? static_cast<const void*>(g.A) : g.A_bf16, g.A == nullptr, g.ta ? g.K : g.M, g.ta ? g.M : g.K, g.lda, g.ta};
     const Fp8Source b{
         g.B != nullptr ? static_cast<const void*>(g.B) : g.B_bf16, g.B == nullptr, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, !g.tb};
-    const uint8_t* qa = fp8_operand_a(g, set, a, fa, kp, stream);
+    const uint8_t* qa = fp8_operand_a(g, set, a, fa, kp, stream, sums_pending);
     // cuBLASLt's A is our B: its scale is B's inverse, and its B's is A's.
     const void* scale_first = st + 7;
     const void* scale_second = st + 6;
@@ -297,11 +319,18 @@ class Context {
   // (leading dimension kp), the amax of this use and its saturated values recorded in a
   // delayed-scaling slot.
   static void quantise(StreamSet& set, const Fp8Source& x, float* slot, Fp8Format f, int i, uint8_t* q, int64_t kp,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, Fp8ColumnSums sums = {}) {
     float* st = set.fp8_state;
     scale_of(set, x, slot, f, st + i, st + 4 + i, st + 6 + i, stream);
     float* saturated = slot != nullptr ? slot + 5 : nullptr;
-    launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream);
+    launch_fp8_pack(x.x, x.bf16, x.rows, x.cols, x.ld, x.transposed, st + 4 + i, f, q, kp, saturated, slot, stream, sums);
+  }
+
+  // a_column_sums as a pack takes them (none where the call has none), its partials in scratch.
+  Fp8ColumnSums column_sums(const GemmCall& g, StreamSet& set, const Fp8Source& a, cudaStream_t stream) {
+    if (g.a_column_sums == nullptr) return {};
+    const std::size_t n = std::size_t(fp8_column_partials(a.rows, a.cols));
+    return {g.a_column_sums, static_cast<float*>(set.fp8_partials.get(n * sizeof(float), stream))};
   }
 
   // A, quantised (its scale in fp8_state[4] and [6]) or found so. Under current scaling:
@@ -311,7 +340,10 @@ class Context {
   //  - a_scale_reused: an output gradient read by two products (the input gradient's and the
   //    weight gradient's) has one amax: the second quantises it with the first's scale, or reads
   //    the layout the first wrote for it (a_read_again: both layouts from one read).
-  const uint8_t* fp8_operand_a(const GemmCall& g, StreamSet& set, const Fp8Source& a, Fp8Format fa, int64_t kp, cudaStream_t stream) {
+  //  A's column sums (a_column_sums) are taken in the pass that quantises it; where none reads it,
+  //  sums_pending says so (run() then takes them by a pass).
+  const uint8_t* fp8_operand_a(const GemmCall& g, StreamSet& set, const Fp8Source& a, Fp8Format fa, int64_t kp, cudaStream_t stream,
+                               bool& sums_pending) {
     float* st = set.fp8_state;
     auto* qa = reinterpret_cast<uint8_t*>(aligned256(set.fp8_a.get(std::size_t(g.M * kp) + 256, stream)));
     const bool current = g.fp8.a == nullptr;
@@ -320,14 +352,18 @@ class Context {
     const StreamSet::OtherA other = set.other_a;
     set.other_a = {};
     const uint8_t* out = qa;
+    const Fp8ColumnSums sums = column_sums(g, set, a, stream);
+    bool summed = true;  // A read here, its column sums (if any) taken
     if (current && g.fp8.a_as_before && set.last_a == this_a && set.a_pack == this_pack) {
       ++inputs_reused_;
+      summed = false;
     } else if (current && g.a_scale_reused && set.last_a == this_a) {
       if (other.q != nullptr && other.transposed == a.transposed && other.ld == kp) {
         out = other.q;
         ++packs_shared_;
+        summed = false;
       } else {
-        launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream);
+        launch_fp8_pack(a.x, a.bf16, a.rows, a.cols, a.ld, a.transposed, st + 4, fa, qa, kp, nullptr, nullptr, stream, sums);
       }
       ++scales_reused_;
     } else if (current && g.a_read_again) {
@@ -340,11 +376,13 @@ class Context {
       uint8_t* plain = a.transposed ? qo : qa;
       uint8_t* transposed = a.transposed ? qa : qo;
       launch_fp8_pack_both(a.x, a.bf16, a.rows, a.cols, a.ld, st + 4, fa, plain, a.transposed ? other_ld : kp, transposed,
-                           a.transposed ? kp : other_ld, nullptr, nullptr, stream);
+                           a.transposed ? kp : other_ld, nullptr, nullptr, stream, sums);
       set.other_a = {qo, !a.transposed, other_ld};
     } else {
-      quantise(set, a, g.fp8.a, fa, 0, qa, kp, stream);
+      quantise(set, a, g.fp8.a, fa, 0, qa, kp, stream, sums);
     }
+    sums_pending = g.a_column_sums != nullptr && !summed;
+    if (g.a_column_sums != nullptr && summed) ++sums_in_pack_;
     set.last_a = current ? this_a : StreamSet::Tensor{};
     set.a_pack = current && out == qa ? this_pack : StreamSet::Pack{};
     return out;
@@ -516,6 +554,14 @@ class Context {
     return scales_reused_;
   }
 
+  int64_t sums_in_pack() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sums_in_pack_;
+  }
+  int64_t sums_by_pass() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sums_by_pass_;
+  }
   int64_t fp8_epilogues() {
     std::lock_guard<std::mutex> lock(mu_);
     return fp8_epilogues_;
@@ -619,6 +665,8 @@ class Context {
   std::set<std::string> unfusable_;  // problems whose fused epilogue cuBLASLt has no algorithm for
   int64_t scales_reused_ = 0;        // FP8 products whose A was quantised with the last product's scale
   int64_t fp8_epilogues_ = 0;        // FP8 products run with their epilogue fused
+  int64_t sums_in_pack_ = 0;         // a_column_sums taken in the pass that quantised A
+  int64_t sums_by_pass_ = 0;         // a_column_sums taken by a pass of their own
   int64_t packs_shared_ = 0;         // FP8 products that read the A the product before them packed for them
   int64_t inputs_reused_ = 0;        // FP8 products that read a layer input packed by an earlier one (a_as_before, b_as_before)
   int64_t weight_packs_reused_ = 0;  // FP8 products that read a weight's copy an earlier one made (Fp8Slots::weight_pack)
@@ -664,9 +712,14 @@ void gemm_unfused(const GemmCall& g, cudaStream_t stream) {
 
 }  // namespace
 
-void gemm(const GemmCall& g, cudaStream_t stream) {
-  if (g.M == 0 || g.N == 0) return;
-  if (const std::string why = gemm_refusal(g); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(g));
+void gemm(const GemmCall& call, cudaStream_t stream) {
+  if (call.M == 0 || call.N == 0) return;
+  if (const std::string why = gemm_refusal(call); !why.empty()) throw_runtime_error("cuda_layers gemm", why + ": " + shape_of(call));
+  GemmCall g = call;
+  if (fp8_mode(g.mode) && g.a_sums != nullptr) {  // FP8: a weight-gradient product's bias gradient from A's pack
+    g.a_column_sums = g.a_sums;
+    g.a_sums = nullptr;
+  }
   if (!fused_epilogue(g).empty() && context().run(g, stream)) return;
   // The passes work in f32: a bf16 D's epilogue is fused or done by its caller (gemm_fused_only).
   if (g.d_bf16 && !no_epilogue(g)) throw_runtime_error("cuda_layers gemm", "no fallback for the epilogue of " + shape_of(g));
@@ -698,6 +751,10 @@ int64_t gemm_unfused_problems() { return context().unfused(); }
 
 int64_t gemm_fp8_scales_reused() { return context().scales_reused(); }
 
+int64_t gemm_fp8_sums_in_pack() { return context().sums_in_pack(); }
+
+int64_t gemm_fp8_sums_by_pass() { return context().sums_by_pass(); }
+
 int64_t gemm_fp8_epilogues_fused() { return context().fp8_epilogues(); }
 
 int64_t gemm_fp8_packs_shared() { return context().packs_shared(); }
@@ -727,6 +784,7 @@ int64_t gemm_workspace_bytes(MatmulMode mode, int64_t rows, int64_t in, int64_t 
     // next (the layer's input, transposed), and the scaling state.
     const int64_t wide = std::max(in, out) + 16;
     bytes += rows * wide + std::max(in * out + 16 * wide, rows * wide) + 2 * (rows + 16) * wide + 4 * 256 + 32;
+    bytes += 4 * fp8_column_partials(rows, std::max(in, out));  // a bias gradient taken in a pack
   }
   return bytes + 4 * std::max(in, out) + 256;  // a fused bias gradient, before it is added
 }
@@ -844,18 +902,21 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 }
 
 void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode, Fp8Slots slots, bool dy_read_again) {
+                        MatmulMode mode, Fp8Slots slots, bool dy_read_again, float* dy_sums, bool dy_scale_reused) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, reinterpret_cast<float*>(dx), mode);
   g.fp8 = slots;
   g.a_read_again = dy_read_again;
+  g.a_scale_reused = dy_scale_reused;
+  g.a_column_sums = dy_sums;
   g.d_bf16 = true;
   gemm(g, stream);
 }
 
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots, bool dy_scale_reused, bool dy_read_again) {
+               MatmulMode mode, Fp8Slots slots, bool dy_scale_reused, bool dy_read_again, float* dy_sums) {
   GemmCall g = dy_w_call(dy, rows, in, out, W, dx, mode);
   g.fp8 = slots;
+  g.a_column_sums = dy_sums;
   g.a_scale_reused = dy_scale_reused;
   g.a_read_again = dy_read_again;
   g.beta = accumulate ? 1.0f : 0.0f;

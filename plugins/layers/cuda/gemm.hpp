@@ -35,9 +35,10 @@ namespace ablate::cuda_layers {
 // in the call's Fp8Slots), the inverse handed to cuBLASLt; E4M3 for weights and
 // activations; a gradient operand (dy) in E5M2 under "fp8" (the hybrid recipe), E4M3 under
 // "fp8_e4m3". FP8 products writing a bf16 output fuse the forward epilogues (a bf16 bias, the GELU
-// with its saved input); the GELU's gradient, the bias gradients and the epilogues of an f32 output
-// run in passes of their own after the product (or, for a bf16 output, by the caller's fallback),
-// and so does an epilogue cuBLASLt has no FP8 algorithm for (said once per problem). A call
+// with its saved input); the bias gradients are taken in the pass that quantises the output
+// gradient (GemmCall::a_column_sums); the GELU's gradient and the epilogues of an f32 output run in
+// passes of their own after the product (or, for a bf16 output, by the caller's fallback), and so
+// does an epilogue cuBLASLt has no FP8 algorithm for (said once per problem). A call
 // whose layout an FP8 product cannot take (an output's leading dimension not a multiple of 16
 // bytes, an output not 16-byte aligned) runs as a bf16 product.
 enum class MatmulMode : uint8_t { f32, tf32, bf16, fp8, fp8_e4m3 };
@@ -145,7 +146,14 @@ struct GemmCall {
                                     // fp32 sums before they are rounded
   float* d_column_sums = nullptr;   // dgelu: (N) += column sums of D (the bias gradient below a gelu)
   float* a_sums = nullptr;          // ta only: (M) += sums of A's rows over K (a weight-gradient product's
-                                    // bias gradient, dy summed over the batch's rows)
+                                    // bias gradient, dy summed over the batch's rows); under FP8 products
+                                    // taken as a_column_sums (gemm() moves it there)
+  float* a_column_sums = nullptr;   // FP8 products: (A's columns as stored: M when ta, else K) += the column
+                                    // sums of A as stored (its f32 or bf16 values, A packed: lda its width),
+                                    // taken in the pass that quantises A (Fp8ColumnSums), or by a pass after
+                                    // the product where A is not read (its pack shared or kept) or the call
+                                    // runs as a bf16 product: an output gradient's bias gradient, taken by
+                                    // whichever of its two products reads it first
   // Under bf16 a fused bias gradient sums the operand as the product reads it (rounded to bf16);
   // the fallback sums the f32 values.
 };
@@ -198,13 +206,17 @@ bool gemm_dy_w_dgelu_bf16(Operand dy, int64_t rows, int64_t in, int64_t out, Wei
 //   nearest even; the gradient of the attention output the model holds in bf16)
 //   (`dy_read_again`, here and below: the next product on the stream reads dy too, with
 //   dy_scale_reused, as GemmCall::a_read_again says)
-void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
-                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {}, bool dy_read_again = false);
-//   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
+//   (`dy_sums`, here and below: FP8 products only, db(out) += the column sums of dy, taken as
+//   GemmCall::a_column_sums says: a layer's bias gradient where this product reads dy first)
 //   (`dy_scale_reused`, here and below: the product before this one on the stream read dy too, as
 //   GemmCall::a_scale_reused says)
+void gemm_dy_w_bf16_out(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, uint16_t* dx, cudaStream_t stream,
+                        MatmulMode mode = MatmulMode::bf16, Fp8Slots slots = {}, bool dy_read_again = false, float* dy_sums = nullptr,
+                        bool dy_scale_reused = false);
+//   dx(rows, in)  = dy(rows, out) W, written or (accumulate) added
 void gemm_dy_w(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, bool accumulate, float* dx, cudaStream_t stream,
-               MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false, bool dy_read_again = false);
+               MatmulMode mode, Fp8Slots slots = {}, bool dy_scale_reused = false, bool dy_read_again = false,
+               float* dy_sums = nullptr);
 //   dpre(rows, in) = (dy W) * gelu'(pre), written; db(in) += its column sums when db is not null
 //   (the gradient below a GELU MLP's activation, and its first product's bias gradient)
 void gemm_dy_w_dgelu(Operand dy, int64_t rows, int64_t in, int64_t out, Weight W, const float* pre, float* dpre, float* db,
@@ -239,6 +251,10 @@ int64_t gemm_fp8_packs_shared();
 int64_t gemm_fp8_inputs_reused();
 // FP8 products that read a weight's copy made by an earlier product (Fp8Slots::weight_pack).
 int64_t gemm_fp8_weight_packs_reused();
+// FP8 products whose A's column sums (GemmCall::a_column_sums: a bias gradient) were taken in the
+// pass that quantised A, and those that took them by a pass of their own.
+int64_t gemm_fp8_sums_in_pack();
+int64_t gemm_fp8_sums_by_pass();
 
 // The key a problem is cached under (exposed for tests: every field that changes the plan).
 std::string gemm_key(const GemmCall& g);

@@ -114,6 +114,14 @@ std::string gemm_refusal(const GemmCall& g) {
   if (g.d_bf16 && (!bf16 || g.bias != nullptr || g.a_sums != nullptr || (g.beta != 0.0f && g.act != Activation::none))) {
     return "a bf16 D is written by bf16 products with, of the epilogues, a bf16 bias or a GELU one only (and no C with a GELU)";
   }
+  if (g.a_column_sums != nullptr &&
+      (g.act != Activation::none || g.bias != nullptr || g.bias_bf16 != nullptr || g.a_sums != nullptr)) {
+    return "column sums of A are taken beside no epilogue";
+  }
+  if (g.a_column_sums != nullptr && g.lda != (g.ta ? g.M : g.K)) return "column sums of A need A packed (lda its width)";
+  if (g.a_column_sums != nullptr && g.A == nullptr && !(bf16 && g.A_bf16 != nullptr)) {
+    return "column sums of A need A's values (f32, or bf16 under bf16 products)";
+  }
   if (g.bias_bf16 != nullptr && !g.d_bf16) return "a bf16 bias is added to a bf16 D only";
   if (g.bias_bf16 != nullptr && g.ldc != g.N) return "a bias needs D packed (ldc == N)";
   return "";

@@ -13,6 +13,7 @@
 #include "ablate/cuda_check.hpp"
 #include "ablate/device_math.hpp"
 #include "dense_math.hpp"
+#include "fp8_kernels.hpp"
 #include "gemm.hpp"
 #include "layer_kernels.hpp"
 
@@ -76,6 +77,32 @@ __global__ void gelu_backward_bf16_kernel(const uint16_t* pre, float* dh, uint16
   }
 }
 
+// 32 x 32 tiles of (rows, cols), 32 x 8 threads: each thread its column's rows y, y + 8, ... in
+// order, then the 8 threads of a column in order, into partials[tile row * cols + c].
+__global__ void gelu_backward_bf16_sums_kernel(const uint16_t* pre, const uint16_t* dh, uint16_t* dpre, int64_t rows, int64_t cols,
+                                               float* partials) {
+  __shared__ float column[8][32];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c = int64_t(blockIdx.x) * 32 + int64_t(threadIdx.x);
+  float sum = 0.0f;
+  for (int dr = int(threadIdx.y); dr < 32; dr += 8) {
+    const int64_t r = r0 + dr;
+    if (r < rows && c < cols) {
+      const int64_t i = r * cols + c;
+      const float g = device_math::bf16_value(dh[i]) * gelu_grad(device_math::bf16_value(pre[i]));
+      dpre[i] = device_math::bf16_bits(g);
+      sum += g;
+    }
+  }
+  if (partials == nullptr) return;
+  column[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = 0.0f;
+    for (int i = 0; i < 8; ++i) t += column[i][threadIdx.x];
+    partials[int64_t(blockIdx.y) * cols + c] = t;
+  }
+}
+
 __global__ void add_bf16_kernel(const uint16_t* src, float* dst, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) dst[i] += device_math::bf16_value(src[i]);
 }
@@ -90,6 +117,19 @@ __global__ void swiglu_backward_kernel(const float* g, const float* u, float* du
     const float dh = du[i];
     dg[i] = swiglu_dg(g[i], u[i], dh);
     du[i] = swiglu_du(g[i], dh);
+  }
+}
+
+__global__ void swiglu_forward_bf16_kernel(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) h[i] = device_math::bf16_bits(swiglu_out(device_math::bf16_value(g[i]), device_math::bf16_value(u[i])));
+}
+
+__global__ void swiglu_backward_bf16_kernel(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du,
+                                            int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) {
+    const float gv = device_math::bf16_value(g[i]), d = device_math::bf16_value(dh[i]);
+    dg[i] = device_math::bf16_bits(swiglu_dg(gv, device_math::bf16_value(u[i]), d));
+    du[i] = device_math::bf16_bits(swiglu_du(gv, d));
   }
 }
 
@@ -348,6 +388,15 @@ void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg
   if (n > 0) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, du, dg, n);
 }
 
+void launch_swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n, cudaStream_t stream) {
+  if (n > 0) swiglu_forward_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
+}
+
+void launch_swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du, int64_t n,
+                                 cudaStream_t stream) {
+  if (n > 0) swiglu_backward_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, dh, dg, du, n);
+}
+
 void launch_gather_rows(const int32_t* index, const float* table, float* y, int64_t rows, int64_t cols, int64_t limit, DropoutArgs d,
                         cudaStream_t stream) {
   if (rows * cols > 0) gather_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(index, table, y, rows, cols, limit, d);
@@ -429,6 +478,15 @@ void launch_gelu_forward_bf16(const float* t, uint16_t* pre, uint16_t* post, int
 
 void launch_gelu_backward_bf16(const uint16_t* pre, float* dh, uint16_t* dpre, int64_t n, cudaStream_t stream) {
   if (n > 0) gelu_backward_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pre, dh, dpre, n);
+}
+
+void launch_gelu_backward_bf16_sums(const uint16_t* pre, const uint16_t* dh, uint16_t* dpre, int64_t rows, int64_t cols,
+                                    float* partials, float* db, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  static_assert(kFp8SumRows == 32, "a tile's rows are one partial's");
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32)), block(32, 8);
+  gelu_backward_bf16_sums_kernel<<<grid, block, 0, stream>>>(pre, dh, dpre, rows, cols, db != nullptr ? partials : nullptr);
+  if (db != nullptr) launch_fp8_add_column_partials(partials, rows, cols, db, stream);
 }
 
 void launch_rope(const int32_t* positions, const float* src, float* dst, int64_t rows, int64_t heads, int64_t D, double theta,

@@ -32,11 +32,23 @@ void launch_gelu_forward_bf16(const float* t, uint16_t* pre, uint16_t* post, int
 // Its gradient: dh *= gelu'(pre) with pre in bf16 (dh keeps the f32 values, for the bias gradient's
 // column sums) and dpre = bf16(dh), as cuBLASLt's DGELU epilogue writes a bf16 output.
 void launch_gelu_backward_bf16(const uint16_t* pre, float* dh, uint16_t* dpre, int64_t n, cudaStream_t stream);
+// The same from a bf16 dh (rows x cols, an FP8 product's bf16 output), in one read: dpre =
+// bf16(dh * gelu'(pre)); with db set, db(cols) += the column sums of the f32 values before that
+// rounding (the bias gradient below the GELU), per 32-row tile in row order into `partials`
+// (fp8_column_partials(rows, cols) floats), then over the tiles in order: the same bits run to run.
+void launch_gelu_backward_bf16_sums(const uint16_t* pre, const uint16_t* dh, uint16_t* dpre, int64_t rows, int64_t cols,
+                                    float* partials, float* db, cudaStream_t stream);
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream);
 // The same with h kept in bf16 (device_math::bf16_bits of each value).
 void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream);
 // From dh (held in du on entry): dg and du.
 void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg, int64_t n, cudaStream_t stream);
+// The SwiGLU MLP with gate and up held in bf16 (bf16 products write them so): h = bf16(silu(g) u)
+// from their bf16 values (widened exactly); backward from bf16 g, u and dh, dg = bf16(swiglu_dg)
+// and du = bf16(swiglu_du), each the f32 kernel's value on the same inputs, rounded once.
+void launch_swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n, cudaStream_t stream);
+void launch_swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du, int64_t n,
+                                 cudaStream_t stream);
 
 // y[r, :] = table[index[r], :] * mask; an index outside [0, limit) gives a row of NaN (never a
 // read out of bounds), so a bad batch shows as a non-finite loss.

@@ -83,14 +83,21 @@ void dense_backward(Operand dy, int64_t rows, int64_t in, int64_t out, Operand x
     d = dx != nullptr || dx_bf16 != nullptr ? gemm_bf16_once(g, rows, out, s, mode) : Operand{g};
   }
   // Under FP8 current scaling the input gradient's product quantises dy for the weight gradient's
-  // too (its transposed layout from the same read), where that one follows.
+  // too (its transposed layout from the same read), where that one follows; under FP8 products
+  // the first product to read dy takes db in its quantising pass.
   const bool dw_follows = dW != nullptr;
-  if (dx_bf16 != nullptr) gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots, /*dy_read_again=*/dw_follows);
-  else if (dx != nullptr) gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots, false, /*dy_read_again=*/dw_follows);
-  // db in the product's epilogue; under FP8 current scaling dy quantised with the scale the input
-  // gradient's product took, where that product ran just before.
   const bool dx_ran = dx_bf16 != nullptr || dx != nullptr;
-  if (dW != nullptr) gemm_add_dyt_x(d, rows, in, out, x, dW, db, s, mode, dw_slots, /*dy_scale_reused=*/dx_ran);
+  float* dx_sums = fp8_mode(mode) && dx_ran && dw_follows ? db : nullptr;
+  if (dx_bf16 != nullptr) {
+    gemm_dy_w_bf16_out(d, rows, in, out, W, dx_bf16, s, mode, dx_slots, /*dy_read_again=*/dw_follows, dx_sums);
+  } else if (dx != nullptr) {
+    gemm_dy_w(d, rows, in, out, W, accumulate, dx, s, mode, dx_slots, false, /*dy_read_again=*/dw_follows, dx_sums);
+  }
+  // db in the product's epilogue (unless taken above); under FP8 current scaling dy quantised with
+  // the scale the input gradient's product took, where that product ran just before.
+  if (dW != nullptr) {
+    gemm_add_dyt_x(d, rows, in, out, x, dW, dx_sums != nullptr ? nullptr : db, s, mode, dw_slots, /*dy_scale_reused=*/dx_ran);
+  }
 }
 
 // Whether the call adds its output to a residual stream the model holds in bf16 (run.residual_dtype).
@@ -350,13 +357,17 @@ class Linear final : public Layer {
 // bf16, pre then post (the projection's products read the activation as it is; the GELU gradient
 // reads the pre-activation). scratch, f32 and bf16 products alike: (rows, H) f32 for a product
 // before its GELU or its gradient, then (bf16 products) (rows, H) bf16 for the gradient below the
-// GELU, then (rows, C) for the output's dropout (forward and backward).
+// GELU, then (FP8 products) the partial sums of fc's bias gradient, then (rows, C) for the
+// output's dropout (forward and backward).
 //
 // Under bf16 products fc's product writes pre and post in bf16 itself, the GELU and the bias (from
 // the model's bf16 copy) in cuBLASLt's epilogue, and backward's product writes the bf16 gradient
 // below the GELU with fc's bias gradient in its epilogue, which fc's two products read as it is.
 // Where cuBLASLt serves no such epilogue (or there is no bf16 copy of the bias), the product goes
-// to scratch in f32 and a kernel writes the same bf16 values (the bias then added in f32).
+// to scratch in f32 and a kernel writes the same bf16 values (the bias then added in f32). FP8
+// products fuse the forward epilogues but not the GELU's gradient: backward's FP8 product writes
+// the gradient above the GELU in bf16, and one kernel (launch_gelu_backward_bf16_sums) writes the
+// gradient below it and takes fc's bias gradient from the same read.
 class GeluMLP final : public Layer {
  public:
   GeluMLP(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 6} {}
@@ -451,10 +462,16 @@ class GeluMLP final : public Layer {
  private:
   bool bf16_hidden() const { return bf16_family(mode_); }
   // Where the output's dropout scratch starts: after the f32 (rows, H) and, under bf16 products, the
-  // bf16 (rows, H) gradient below the GELU.
+  // bf16 (rows, H) gradient below the GELU, and under FP8 products the partial sums of fc's bias
+  // gradient (partials_at).
   int64_t dropout_at(const LayerSpec& s, int64_t rows) const {
     const int64_t n = rows * s.out;
-    return bf16_hidden() ? bf16_after(bf16_after(n) + bf16_elements(n)) : n;
+    if (!bf16_hidden()) return n;
+    return partials_at(s, rows) + (fp8_mode(mode_) ? bf16_after(fp8_column_partials(rows, s.out)) : 0);
+  }
+  int64_t partials_at(const LayerSpec& s, int64_t rows) const {
+    const int64_t n = rows * s.out;
+    return bf16_after(bf16_after(n) + bf16_elements(n));
   }
   // The activation (n values) in the saved values, after the pre-activation: f32, or bf16 after the
   // bf16 pre-activation.
@@ -491,10 +508,17 @@ class GeluMLP final : public Layer {
     auto* out = reinterpret_cast<uint16_t*>(call.scratch.as<float>() + bf16_after(n));
     const Weight W = weight_at(call, proj.weight);
     float* db = at_mut(call.grads, fc.bias);
+    if (fp8_mode(mode_)) {
+      // FP8: the product writes the gradient above the GELU in bf16 (into the f32 region), and one
+      // kernel reads it with pre, writes the gradient below and takes fc's bias gradient.
+      auto* dh = reinterpret_cast<uint16_t*>(call.scratch.as<float>());
+      gemm_dy_w_bf16_out(d, rows, H, C, W, dh, st, mode_, weight_slots(call, fp8_.at(call, 3), 1), false, nullptr,
+                         /*dy_scale_reused=*/call.grads.data != nullptr);
+      launch_gelu_backward_bf16_sums(pre_bf16(call), dh, out, rows, H, call.scratch.as<float>() + partials_at(s, rows), db, st);
+      return {nullptr, out};
+    }
     if (!gemm_dy_w_dgelu_bf16(d, rows, H, C, W, pre_bf16(call), out, db, st, mode_, weight_slots(call, fp8_.at(call, 3), 1))) {
       float* dh = call.scratch.as<float>();
-      // (The projection's weight-gradient product, just before, read d too: under FP8 current
-      // scaling its scale serves this product; FP8 products never fuse the GELU, so they come here.)
       gemm_dy_w(d, rows, H, C, W, false, dh, st, mode_, weight_slots(call, fp8_.at(call, 3), 1),
                 /*dy_scale_reused=*/call.grads.data != nullptr);
       launch_gelu_backward_bf16(pre_bf16(call), dh, out, n, st);
@@ -514,9 +538,12 @@ class GeluMLP final : public Layer {
 
 // --- swiglu_mlp -----------------------------------------------------------------------------------
 
-// saved: gate g, up u and h = silu(g) u, (rows, H) each, h in bf16 under bf16 products (the down
-// projection's products are all that read it); scratch: two (rows, H) gradients, then (rows, C) for
-// the output's dropout.
+// saved: gate g, up u and h = silu(g) u, (rows, H) each: f32, or under bf16 products all three in
+// bf16, g then u then h (the gate's and up's products write g and u rounded from their fp32 sums,
+// as a bf16 peer's do; the down projection's products read h as it is). scratch: two (rows, H) f32
+// gradients (under bf16 products three bf16 ones: dh from the down projection's input-gradient
+// product, then dg and du, which the gate's and up's products read as they are), then (rows, C)
+// for the output's dropout; forward, the first (rows, H) f32 for a bf16 output's fallback product.
 class SwiGLUMLP final : public Layer {
  public:
   SwiGLUMLP(MatmulMode mode, Fp8Scaling scaling) : mode_(mode), fp8_{mode, scaling, 9} {}
@@ -536,10 +563,10 @@ class SwiGLUMLP final : public Layer {
   }
   int64_t activation_elements(const LayerSpec& s, int64_t rows) const override {
     const int64_t n = rows * s.out;
-    return bf16_h() ? bf16_after(2 * n) + bf16_elements(n) : 3 * n;
+    return bf16_h() ? bf16_elements(3 * n) : 3 * n;
   }
   int64_t activation_bf16_elements(const LayerSpec& s, int64_t rows) const override {
-    return bf16_h() ? bf16_elements(rows * s.out) : 0;  // h; g and u stay f32
+    return bf16_h() ? activation_elements(s, rows) : 0;  // g, u and h
   }
   int64_t scratch_elements(const LayerSpec& s, int64_t rows) const override { return 2 * rows * s.out + rows * s.in; }
   int64_t workspace_bytes(const LayerSpec& s, int64_t rows) const override { return gemm_workspace_bytes(mode_, rows, s.in, s.out); }
@@ -554,19 +581,26 @@ class SwiGLUMLP final : public Layer {
     const int64_t C = s.in, H = s.out, rows = call.rows;
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
     const Operand x = check_forward(kName, call, C, C, down.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
+    if (bf16_h() && s.bias) require_f32(kName, call.scratch, "scratch", scratch_elements(s, rows));  // the fallback's product
     const cudaStream_t st = stream_of(call);
-    float* g = call.saved.as<float>();
-    float* u = g + rows * H;
-    const Operand h = h_of(call, rows * H);
-    dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
-                  mode_, weight_slots(call, fp8_.input_a(call, 0), 0));
+    const int64_t n = rows * H;
+    const Operand h = h_of(call, n);
     // up's product reads x as gate's just did (under FP8 current scaling, its quantised copy)
-    dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_,
-                  weight_slots(call, fp8_.input_a(call, 1, /*again=*/true), 1));
+    const Fp8Slots gate_slots = weight_slots(call, fp8_.input_a(call, 0), 0);
+    const Fp8Slots up_slots = weight_slots(call, fp8_.input_a(call, 1, /*again=*/true), 1);
     if (bf16_h()) {
-      launch_swiglu_forward(g, u, static_cast<uint16_t*>(const_cast<void*>(h.bf16)), rows * H, st);
+      uint16_t* g = halves(call);
+      project_bf16(call, x, gate, g, gate_slots);
+      project_bf16(call, x, up, g + n, up_slots);
+      launch_swiglu_forward_bf16(g, g + n, g + 2 * n, n, st);
     } else {
-      launch_swiglu_forward(g, u, const_cast<float*>(h.f32), rows * H, st);
+      float* g = call.saved.as<float>();
+      float* u = g + n;
+      dense_forward(x, rows, C, H, weight_at(call, gate.weight), at(call.params, gate.bias), g, nullptr, DropoutArgs{}, nullptr, st,
+                    mode_, gate_slots);
+      dense_forward(x, rows, C, H, weight_at(call, up.weight), at(call.params, up.bias), u, nullptr, DropoutArgs{}, nullptr, st, mode_,
+                    up_slots);
+      launch_swiglu_forward(g, u, const_cast<float*>(h.f32), n, st);
     }
     project_to_stream(kName, call, h, H, C, down, scratch_at(call, 2 * rows * H), mode_, weight_slots(call, fp8_.at(call, 2), 2));
     check_launch(kName);
@@ -580,15 +614,29 @@ class SwiGLUMLP final : public Layer {
     const auto [gate, up, down] = lp::swiglu_mlp_offsets(s);
     const Operand x = check_backward(kName, call, C, C, down.end, activation_elements(s, rows), scratch_elements(s, rows), mode_);
     const cudaStream_t st = stream_of(call);
-    const float* g = call.saved.as<const float>();
-    const float* u = g + rows * H;
-    const Operand h = h_of(call, rows * H);
-    float* d_u = call.scratch.as<float>();  // holds dh first
-    float* d_g = d_u + rows * H;
-    dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
-                   at_mut(call.grads, down.bias), d_u, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
-                   nullptr, weight_slots(call, fp8_.at(call, 3), 2), fp8_.at(call, 4));
-    launch_swiglu_backward(g, u, d_u, d_g, rows * H, st);
+    const int64_t n = rows * H;
+    const Operand h = h_of(call, n);
+    Operand d_g, d_u;
+    if (bf16_h()) {
+      // dh, dg and du in bf16 (scratch), the down projection's product writing dh.
+      const uint16_t* g = halves(call);
+      auto* dh = static_cast<uint16_t*>(call.scratch.data);
+      dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
+                     at_mut(call.grads, down.bias), nullptr, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
+                     dh, weight_slots(call, fp8_.at(call, 3), 2), fp8_.at(call, 4));
+      launch_swiglu_backward_bf16(g, g + n, dh, dh + n, dh + 2 * n, n, st);
+      d_g = Operand{nullptr, dh + n};
+      d_u = Operand{nullptr, dh + 2 * n};
+    } else {
+      const float* g = call.saved.as<const float>();
+      float* du = call.scratch.as<float>();  // holds dh first
+      dense_backward(call.d_y.as<const float>(), rows, H, C, h, weight_at(call, down.weight), at_mut(call.grads, down.weight),
+                     at_mut(call.grads, down.bias), du, false, dropout_of(kName, call), scratch_at(call, 2 * rows * H), st, mode_,
+                     nullptr, weight_slots(call, fp8_.at(call, 3), 2), fp8_.at(call, 4));
+      launch_swiglu_backward(g, g + n, du, du + n, n, st);
+      d_g = Operand{du + n};
+      d_u = Operand{du};
+    }
     float* d_x = call.d_x.as<float>();
     dense_backward(d_g, rows, C, H, x, weight_at(call, gate.weight), at_mut(call.grads, gate.weight), at_mut(call.grads, gate.bias),
                    d_x, call.input_grad == GradMode::accumulate, DropoutArgs{}, nullptr, st, mode_, nullptr,
@@ -602,11 +650,32 @@ class SwiGLUMLP final : public Layer {
 
  private:
   bool bf16_h() const { return bf16_family(mode_); }
+  // Under bf16 products the saved values as bf16: g, then u, then h.
+  static uint16_t* halves(const LayerCall& call) { return static_cast<uint16_t*>(call.saved.data); }
   // h (n values) in the saved values, after g and u: f32 or bf16.
   Operand h_of(const LayerCall& call, int64_t n) const {
-    const float* saved = call.saved.as<const float>();
-    if (!bf16_h()) return {saved + 2 * n, nullptr};
-    return {nullptr, reinterpret_cast<const uint16_t*>(saved + bf16_after(2 * n))};
+    if (!bf16_h()) return {call.saved.as<const float>() + 2 * n, nullptr};
+    return {nullptr, halves(call) + 2 * n};
+  }
+  // y (rows, H) = x W^T + b in bf16 from the product (the bias, from the model's bf16 copy, in its
+  // epilogue); where there is no copy of a bias or cuBLASLt serves no such epilogue, the product
+  // into f32 scratch with the bias, then rounded: the same values save the bias's rounding.
+  void project_bf16(const LayerCall& call, const Operand& x, const lp::Dense& p, uint16_t* y, Fp8Slots slots) const {
+    const LayerSpec& s = *call.spec;
+    const int64_t rows = call.rows;
+    const cudaStream_t st = stream_of(call);
+    const Weight W = weight_at(call, p.weight);
+    if (rows == 0) return;
+    if (p.bias < 0) {
+      gemm_x_wt_bf16_out(x, rows, s.in, s.out, W, y, st, mode_, slots);
+      return;
+    }
+    if (call.params_bf16.data != nullptr &&
+        gemm_x_wt_bias_bf16_out(x, rows, s.in, s.out, W, weight_at(call, p.bias).bf16, y, st, mode_, slots))
+      return;
+    float* tmp = call.scratch.as<float>();
+    gemm_x_wt(x, rows, s.in, s.out, W, at(call.params, p.bias), nullptr, 0.0f, tmp, st, mode_, slots);
+    launch_to_bf16(tmp, rows, s.out, s.out, y, st);
   }
   Fp8Slots weight_slots(const LayerCall& call, Fp8Slots slots, int w) const {
     const LayerSpec& s = *call.spec;
