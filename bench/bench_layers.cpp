@@ -19,7 +19,8 @@
 // time goes (docs/performance.md). Attention is bench_attention's (beside PyTorch SDPA). q, k and
 // v are timed twice: as one d -> 3d product (what fusing them would give) and as the model runs
 // them today, three d -> d products on one input, the input gradient added up over the three; the
-// difference is what one product would save.
+// difference is what one product would save. A Llama-style SwiGLU MLP at the same width is timed
+// beside the GELU one (hidden 8d/3 rounded up to 64).
 //
 //   bench_layers [--json FILE] [--iters N] [--rows N] [--dtype bf16|fp8|fp8_e4m3|tf32|fp32] [--shapes gpt2|small]
 //
@@ -43,6 +44,7 @@
 #include "ablate/device.hpp"
 #include "ablate/error.hpp"
 #include "ablate/layer.hpp"
+#include "ablate/layer_params.hpp"
 #include "ablate/runtime/registry.hpp"
 #include "cuda_timing.hpp"
 
@@ -205,6 +207,21 @@ std::vector<Case> gpt2_cases(const Widths& w, int64_t rows, bool bf16, bool fp8)
     // pre-activation (held like it); fc: that gradient read twice (dx and dW_fc), x read, dx written;
     // the weight gradients read and written.
     c.bwd = {8 * N * d * h, N * d * 4 + N * h * act * 5 + N * d * act + N * d * 4 + 2 * d * h * (wt + 8)};
+    cs.push_back(c);
+  }
+  {
+    // The Llama-style MLP at this width (hidden layer_params::swiglu_hidden(d)): gate and up on x, the SwiGLU,
+    // down added to the stream. g and u written and read (bf16 under bf16: the products write them
+    // so), h written and read; backward dh written and read, dg and du written and each read by its
+    // two products; x read by the weight gradients, d_x written then added to.
+    Case c = named("swiglu mlp (d -> 8d/3 -> d) + residual", "swiglu_mlp");
+    c.spec.in = w.d;
+    c.spec.out = layer_params::swiglu_hidden(w.d);
+    c.x_bf16 = bf16;
+    c.residual = true;
+    const double hs = double(c.spec.out);  // (the model's own widths: GPT-2 124M's d, Llama's MLP)
+    c.fwd = {6 * N * d * hs, N * d * act + 3 * d * hs * wt + N * hs * act * 6 + N * d * 8};
+    c.bwd = {12 * N * d * hs, N * d * 4 + N * hs * act * 13 + N * d * act + N * d * 12 + 3 * d * hs * (wt + 8)};
     cs.push_back(c);
   }
   if (bf16) {

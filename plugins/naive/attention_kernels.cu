@@ -1,6 +1,8 @@
 // `naive_cuda`'s kernels: the segment layout per position, the masked softmax rows and their
 // backward, the row dots of backward, the GQA head sums and the pointer arrays of the batched
 // products. Reductions are block trees in a fixed order, so results repeat run to run.
+#include <cuda_fp8.h>
+
 #include <cfloat>
 
 #include "ablate/cuda_launch.cuh"
@@ -138,6 +140,53 @@ void launch_group_sum(const float* tmp, float* out, int64_t B, int64_t T, int64_
 void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_t H, int64_t stride_b, int64_t stride_h, int64_t group,
                           cudaStream_t stream) {
   if (count > 0) fill_pointers_kernel<<<blocks_for(count), kThreads, 0, stream>>>(ptrs, base, count, H, stride_b, stride_h, group);
+}
+
+namespace {
+
+// |x|'s bits: for non-negative floats integer order is float order, and NaN's bits exceed every
+// number's, so an integer max keeps NaN.
+__global__ void fp8_amax_kernel(const float* x, int64_t n, float* amax) {
+  unsigned m = 0;
+  ABLATE_GRID_STRIDE(i, n) {
+    const unsigned b = __float_as_uint(x[i]) & 0x7FFFFFFFu;
+    m = b > m ? b : m;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned other = __shfl_xor_sync(0xFFFFFFFFu, m, offset);
+    m = other > m ? other : m;
+  }
+  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<unsigned*>(amax), m);
+}
+
+__device__ float fp8_round(float v, float s, float inv, bool e5m2) {
+  if (e5m2) return float(__nv_fp8_e5m2(v * s)) * inv;
+  return float(__nv_fp8_e4m3(v * s)) * inv;
+}
+
+__global__ void fp8_round_current_kernel(float* x, int64_t n, const float* amax, bool e5m2) {
+  const float a = *amax, top = e5m2 ? 57344.0f : 448.0f;
+  const float s = a > 0.0f && a <= FLT_MAX ? top / a : 1.0f, inv = 1.0f / s;
+  ABLATE_GRID_STRIDE(i, n) x[i] = fp8_round(x[i], s, inv, e5m2);
+}
+
+__global__ void fp8_round_fixed_kernel(float* x, int64_t n, float s, bool e5m2) {
+  const float inv = 1.0f / s;
+  ABLATE_GRID_STRIDE(i, n) x[i] = fp8_round(x[i], s, inv, e5m2);
+}
+
+}  // namespace
+
+void launch_fp8_amax(const float* x, int64_t n, float* amax, cudaStream_t stream) {
+  if (n > 0) fp8_amax_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, amax);
+}
+
+void launch_fp8_round_current(float* x, int64_t n, const float* amax, bool e5m2, cudaStream_t stream) {
+  if (n > 0) fp8_round_current_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, amax, e5m2);
+}
+
+void launch_fp8_round_fixed(float* x, int64_t n, float scale, bool e5m2, cudaStream_t stream) {
+  if (n > 0) fp8_round_fixed_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, scale, e5m2);
 }
 
 void launch_widen_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {

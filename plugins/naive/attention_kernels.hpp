@@ -41,4 +41,14 @@ void launch_fill_pointers(float** ptrs, const float* base, int64_t count, int64_
 void launch_widen_bf16(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 void launch_round_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
 
+// FP8 attention ([attention.naive_cuda] fp8): a tensor's values rounded in place to the FP8 values
+// the products would read, x = fp8(x s) / s (E4M3 when !e5m2, else E5M2; nearest even, saturating),
+// per tensor:
+//   current scaling: s = fp8_max / amax(x), amax taken by launch_fp8_amax into *amax (zeroed by the
+//                    caller first; 1 for an amax of zero or not finite);
+//   a fixed scale:   s given (the probabilities, which never exceed 1: s = 448).
+void launch_fp8_amax(const float* x, int64_t n, float* amax, cudaStream_t stream);
+void launch_fp8_round_current(float* x, int64_t n, const float* amax, bool e5m2, cudaStream_t stream);
+void launch_fp8_round_fixed(float* x, int64_t n, float scale, bool e5m2, cudaStream_t stream);
+
 }  // namespace ablate::naive_cuda

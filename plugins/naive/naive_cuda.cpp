@@ -20,6 +20,21 @@
 // (bf16_activations, bf16_gradients): they are widened to f32 copies in the workspace (exactly)
 // and the outputs (out, d_q, d_k, d_v) rounded to bf16 once at the end (device_math::bf16_bits),
 // so the arithmetic is the f32 one on the bf16 values.
+//
+// FP8 attention ([attention.naive_cuda] fp8 = true, under run.dtype "fp8" or "fp8_e4m3"): the
+// reference of what an FP8 attention computes, at naive speed, for ablations of its numerics. The
+// products read FP8 values, each tensor rounded on its f32 copy to the FP8 values a product would
+// read (launch_fp8_round_*: fp8(x s) / s, nearest even, saturating), the arithmetic between them
+// f32 as above (true f32 products, not TF32):
+//   q, k, v     E4M3, each tensor scaled by its own amax (current scaling), in both passes (the
+//               same values, so the same codes);
+//   P           E4M3 with the fixed scale 448 (probabilities never exceed 1) before it meets V,
+//               forward and in dV = P^T dO; the softmax, its lse and its backward use P unrounded;
+//   dO          E5M2 under "fp8" (E4M3 under "fp8_e4m3"), its own amax, for dP = dO V^T, for dV and
+//               for D = rowsum(dO * O) (so that D is the row sum of P dP over the rounded values);
+//   dS          E5M2 ("fp8") or E4M3, its own amax, before dQ = scale dS K and dK = scale dS^T Q.
+// O and the gradients are written in bf16 as under bf16. The model holds q, k, v, out and their
+// gradients in bf16 under an FP8 run.dtype; supports() refuses a problem that does not.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -52,15 +67,24 @@ class Workspace {
   void* get(int slot, std::size_t bytes, cudaStream_t stream) { return slots_[slot].get(bytes, stream); }
 
  private:
-  cuda::StreamScratch slots_[7];
+  cuda::StreamScratch slots_[8];
 };
 
-enum Slot { kSegStart, kScores, kGradScores, kRowD, kPointers, kGroupTmp, kWide };
+enum Slot { kSegStart, kScores, kGradScores, kRowD, kPointers, kGroupTmp, kWide, kAmax };
+enum AmaxOf { kAmaxQ, kAmaxK, kAmaxV, kAmaxDO, kAmaxDS, kAmaxCount };
+
+// FP8 attention: on, and the gradients' format (E5M2 under run.dtype "fp8", E4M3 under "fp8_e4m3").
+struct Fp8Attention {
+  bool on = false;
+  bool e5m2_grads = true;
+};
 enum Ptr { kQ, kK, kV, kO, kS, kDO, kDS, kDQ, kDK, kDV, kPtrCount };
 
 class NaiveCuda final : public Attention {
  public:
-  explicit NaiveCuda(bool tf32) : tf32_(tf32) {}
+  // FP8 attention's products run in true f32: TF32's rounding of the FP8 values times their inverse
+  // scales would be a rounding point of its own.
+  NaiveCuda(bool tf32, Fp8Attention fp8) : tf32_(tf32 && !fp8.on), fp8_(fp8) {}
   ~NaiveCuda() override {
     if (handle_ != nullptr) cublasDestroy(handle_);
   }
@@ -74,6 +98,10 @@ class NaiveCuda final : public Attention {
     if (p.heads <= 0 || p.kv_heads <= 0 || p.head_dim <= 0) return "heads, kv_heads and head_dim must be positive";
     if (p.heads % p.kv_heads != 0) {
       return "heads (" + std::to_string(p.heads) + ") is not a multiple of kv_heads (" + std::to_string(p.kv_heads) + ")";
+    }
+    if (fp8_.on && !(p.bf16_qkv && p.bf16_out && p.bf16_grads)) {
+      return "naive_cuda's FP8 attention ([attention.naive_cuda] fp8) reads q, k, v, out and their gradients held in bf16, as "
+             "the model holds them under run.dtype \"fp8\" or \"fp8_e4m3\"; this problem holds some in f32";
     }
     const double bytes = 2.0 * double(p.batch) * p.heads * double(p.seq_len) * double(p.seq_len) * sizeof(float);
     if (bytes > kMaxScoreBytes) {
@@ -93,7 +121,7 @@ class NaiveCuda final : public Attention {
     const int64_t z = int64_t(p.batch) * p.heads, T = p.seq_len, positions = int64_t(p.batch) * T;
     int64_t bytes = 2 * z * T * T * 4 + z * T * 4 + positions * 4 + int64_t(kPtrCount) * z * 8;
     if (p.kv_heads > 0 && p.heads / p.kv_heads > 1) bytes += 2 * positions * p.heads * p.head_dim * 4;
-    return bytes + wide_elements(p) * 4;
+    return bytes + wide_elements(p) * 4 + (fp8_.on ? int64_t(kAmaxCount) * 4 : 0);
   }
 
   bool bf16_activations() const override { return true; }
@@ -111,6 +139,8 @@ class NaiveCuda final : public Attention {
     const cudaStream_t st = prepare(p, batch, c.stream);
     float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
     const Wide w = widen(p, {q, k, v, {}, {}, {}, {}, {}}, st);
+    float* amax = round_qkv(p, w, st);
+    (void)amax;
     float* o = p.bf16_out ? w.out : out.as<float>();
     fill(kQ, w.q, d.qb, d.D, 1, st);
     fill(kK, w.k, d.kb, d.D, d.group, st);
@@ -120,6 +150,7 @@ class NaiveCuda final : public Attention {
     // S (T_q x T_k) = scale Q K^T
     batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, d.scale, kK, d.kld, kQ, d.qld, 0.0f, kS, d.T, d.z);
     launch_softmax_rows(scores, saved.as<float>(), seg_start_, d.B, d.H, d.T, st);
+    if (fp8_.on) launch_fp8_round_fixed(scores, d.z * d.T * d.T, kProbScale, false, st);  // P as it meets V
     // O (T_q x D) = P V
     batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, 1.0f, kV, d.kld, kS, d.T, 0.0f, kO, d.qld, d.z);
     if (p.bf16_out) launch_round_bf16(o, static_cast<uint16_t*>(out.data), d.B * d.qb, st);
@@ -143,6 +174,8 @@ class NaiveCuda final : public Attention {
     float* d_row = static_cast<float*>(ws_.get(kRowD, std::size_t(d.z * d.T) * sizeof(float), st));
     // With GQA, dK and dV of each query head first (B, T, H, D each), then their group sums.
     const Wide w = widen(p, {q, k, v, out, d_out, d_q, d_k, d_v}, st);
+    float* amax = round_qkv(p, w, st);
+    if (fp8_.on) round_current(w.d_out, d.B * d.qb, amax + kAmaxDO, fp8_.e5m2_grads, st);
     float* dk_heads = w.d_k;
     float* dv_heads = w.d_v;
     int64_t kv_head_ld = d.kld, kv_head_b = d.kb;
@@ -169,6 +202,10 @@ class NaiveCuda final : public Attention {
     batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.D, 1.0f, kV, d.kld, kDO, d.qld, 0.0f, kDS, d.T, d.z);
     launch_row_dot(w.d_out, w.out, d_row, d.B, d.T, d.H, d.D, st);
     launch_softmax_backward(probs, grads, d_row, d.B, d.H, d.T, st);  // dP -> dS
+    if (fp8_.on) {                                                    // dS as dQ's and dK's products read it, P as dV's
+      round_current(grads, d.z * d.T * d.T, amax + kAmaxDS, fp8_.e5m2_grads, st);
+      launch_fp8_round_fixed(probs, d.z * d.T * d.T, kProbScale, false, st);
+    }
     // dQ (T_q x D) = scale dS K
     batched(CUBLAS_OP_N, CUBLAS_OP_N, d.D, d.T, d.T, d.scale, kK, d.kld, kDS, d.T, 0.0f, kDQ, d.qld, d.z);
     // dK (T_k x D) = scale dS^T Q, per query head
@@ -303,12 +340,35 @@ class NaiveCuda final : public Attention {
                                             tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // FP8 attention: the scale the probabilities are rounded with (E4M3's largest value: P <= 1).
+  static constexpr float kProbScale = 448.0f;
+
+  // FP8 attention: q, k and v's f32 copies rounded to E4M3 (each by its own amax), the amaxes'
+  // slots zeroed first; returns them (null when FP8 attention is off).
+  float* round_qkv(const AttentionProblem& p, const Wide& w, cudaStream_t st) {
+    if (!fp8_.on) return nullptr;
+    auto* amax = static_cast<float*>(ws_.get(kAmax, std::size_t(kAmaxCount) * sizeof(float), st));
+    ABLATE_CUDA_CHECK(cudaMemsetAsync(amax, 0, std::size_t(kAmaxCount) * sizeof(float), st));
+    const int64_t positions = int64_t(p.batch) * p.seq_len, nq = positions * p.heads * p.head_dim,
+                  nkv = positions * p.kv_heads * p.head_dim;
+    round_current(w.q, nq, amax + kAmaxQ, false, st);
+    round_current(w.k, nkv, amax + kAmaxK, false, st);
+    round_current(w.v, nkv, amax + kAmaxV, false, st);
+    return amax;
+  }
+  // x's values rounded to FP8 scaled by x's own amax (into *amax, zero before).
+  static void round_current(float* x, int64_t n, float* amax, bool e5m2, cudaStream_t st) {
+    launch_fp8_amax(x, n, amax, st);
+    launch_fp8_round_current(x, n, amax, e5m2, st);
+  }
+
   static void check_launch() {
     const cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) throw_runtime_error(kWhere, std::string("kernel launch failed: ") + cudaGetErrorString(rc));
   }
 
   bool tf32_;
+  Fp8Attention fp8_;
   std::mutex mu_;
   cublasHandle_t handle_ = nullptr;
   Workspace ws_;
@@ -326,11 +386,24 @@ void register_components(Registrar& r) {
       "exact causal attention on a CUDA device (f32 arithmetic; q, k, v, out and their gradients in bf16 under run.dtype = bf16; "
       "scores materialised, batched cuBLAS products; packed rows block-diagonal, GQA): the baseline and fallback";
   info.devices = {"cuda"};
+  info.schema = {param::boolean("fp8", false,
+                                "FP8 attention, the reference of its numerics at naive speed (run.dtype \"fp8\" or "
+                                "\"fp8_e4m3\" only): q, k, v and the probabilities rounded to E4M3 before their "
+                                "products, dO and dS to E5M2 under \"fp8\" (E4M3 under \"fp8_e4m3\"), per-tensor "
+                                "current scaling (the probabilities by 448); false: attention in bf16 under FP8 runs")};
   info.factory = [](const ComponentArgs& a) -> std::unique_ptr<Component> {
-    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || holds_bf16(a.run.dtype));
+    Fp8Attention fp8;
+    fp8.on = a.own.has("fp8") && a.own.get_bool("fp8");
+    if (fp8.on && !fp8_dtype(a.run.dtype)) {
+      throw_input_error(a.own.path() + ".fp8", "true needs run.dtype = \"fp8\" or \"fp8_e4m3\" (FP8 products), got \"" + a.run.dtype +
+                                                   "\"; set it false or change run.dtype");
+    }
+    fp8.e5m2_grads = a.run.dtype != "fp8_e4m3";
+    return std::make_unique<NaiveCuda>(a.run.dtype == "tf32" || holds_bf16(a.run.dtype), fp8);
   };
   ComponentInfo everywhere = info;  // `naive`, the exact backend's name on every device (naive_cpu on the cpu)
   everywhere.name = "naive";
+  everywhere.schema = {};  // the keys naive_cpu's `naive` has: FP8 attention is [attention.naive_cuda] fp8
   everywhere.doc = "exact causal softmax attention on every device (naive_cpu on the cpu, naive_cuda on cuda): the "
                    "reference backend";
   r.add(std::move(info));

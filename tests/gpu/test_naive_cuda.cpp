@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -227,6 +229,187 @@ TEST_CASE(
   AttentionProblem bf16 = base;
   bf16.dtype = DType::bf16;  // bf16 gradients are cudnn_flash's
   CHECK(f.gpu->supports(bf16).find("f32") != std::string::npos);
+}
+
+namespace {
+
+// FP8 attention's rounding as naive_cuda defines it: x to the FP8 value fp8(x s) / s in float (E4M3
+// or E5M2, nearest even, saturating: cuda_fp8.h's conversion), s = fp8_max / amax for a tensor
+// scaled by its own amax.
+float fp8_round(float x, float s, bool e5m2) {
+  const float inv = 1.0f / s;
+  return e5m2 ? float(__nv_fp8_e5m2(x * s)) * inv : float(__nv_fp8_e4m3(x * s)) * inv;
+}
+float own_scale(const std::vector<float>& x, bool e5m2) {
+  float amax = 0.0f;
+  for (float e : x) amax = std::max(amax, std::fabs(e));
+  return amax > 0.0f ? (e5m2 ? 57344.0f : 448.0f) / amax : 1.0f;
+}
+std::vector<float> fp8_rounded(const std::vector<float>& x, bool e5m2) {
+  const float s = own_scale(x, e5m2);
+  std::vector<float> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = fp8_round(x[i], s, e5m2);
+  return r;
+}
+float bf16_of(double x) { return device_math::bf16_value(device_math::bf16_bits(float(x))); }
+
+// FP8 attention's forward and backward in float64 between its rounding points (naive_cuda.cpp's
+// header), for rows whose one segment starts at 0 (`lengths[b]` positions, then padding): q, k, v
+// E4M3 by their own amax; P E4M3 by 448 before it meets V (forward and dV), unrounded in the
+// softmax's backward; dO E5M2 by its own amax; D from the rounded dO and the out the backend
+// wrote (`out_held`); dS E5M2 by its own amax. Outputs rounded to bf16.
+test::AttentionOutputs fp8_reference(const AttentionProblem& p, const std::vector<int32_t>& lengths, const std::vector<float>& q,
+                                     const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& d_out,
+                                     const std::vector<float>& out_held) {
+  const int64_t B = p.batch, T = p.seq_len, H = p.heads, Hkv = p.kv_heads, D = p.head_dim, group = H / Hkv;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const std::vector<float> qf = fp8_rounded(q, false), kf = fp8_rounded(k, false), vf = fp8_rounded(v, false);
+  const std::vector<float> dof = fp8_rounded(d_out, true);
+  const auto qi = [&](int64_t b, int64_t t, int64_t h, int64_t d) { return std::size_t(((b * T + t) * H + h) * D + d); };
+  const auto ki = [&](int64_t b, int64_t t, int64_t h, int64_t d) { return std::size_t(((b * T + t) * Hkv + h) * D + d); };
+  const std::size_t blocks = std::size_t(B * H * T * T);
+  std::vector<double> P(blocks, 0.0), dS(blocks, 0.0);
+  const auto at = [&](int64_t b, int64_t h, int64_t i, int64_t j) { return std::size_t(((b * H + h) * T + i) * T + j); };
+  std::vector<double> out(q.size(), 0.0), dq(q.size(), 0.0), dk(k.size(), 0.0), dv(k.size(), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < lengths[std::size_t(b)]; ++i) {
+        std::vector<double> srow(std::size_t(i + 1));
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          double t = 0;
+          for (int64_t d = 0; d < D; ++d) t += double(qf[qi(b, i, h, d)]) * double(kf[ki(b, j, g, d)]);
+          srow[std::size_t(j)] = scale * t;
+          m = std::max(m, srow[std::size_t(j)]);
+        }
+        double z = 0;
+        for (double& e : srow) z += std::exp(e - m);
+        for (int64_t j = 0; j <= i; ++j) P[at(b, h, i, j)] = std::exp(srow[std::size_t(j)] - m) / z;
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            o += double(fp8_round(float(P[at(b, h, i, j)]), 448.0f, false)) * double(vf[ki(b, j, g, d)]);
+          out[qi(b, i, h, d)] = o;
+        }
+        double row_d = 0;
+        for (int64_t d = 0; d < D; ++d) row_d += double(dof[qi(b, i, h, d)]) * double(out_held[qi(b, i, h, d)]);
+        for (int64_t j = 0; j <= i; ++j) {
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += double(dof[qi(b, i, h, d)]) * double(vf[ki(b, j, g, d)]);
+          dS[at(b, h, i, j)] = P[at(b, h, i, j)] * (dp - row_d);
+        }
+      }
+    }
+  }
+  std::vector<float> ds32(dS.begin(), dS.end());
+  const float ds_scale = own_scale(ds32, true);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < lengths[std::size_t(b)]; ++i) {
+        for (int64_t j = 0; j <= i; ++j) {
+          const double ds = double(fp8_round(ds32[at(b, h, i, j)], ds_scale, true));
+          const double pq = double(fp8_round(float(P[at(b, h, i, j)]), 448.0f, false));
+          for (int64_t d = 0; d < D; ++d) {
+            dq[qi(b, i, h, d)] += scale * ds * double(kf[ki(b, j, g, d)]);
+            dk[ki(b, j, g, d)] += scale * ds * double(qf[qi(b, i, h, d)]);
+            dv[ki(b, j, g, d)] += pq * double(dof[qi(b, i, h, d)]);
+          }
+        }
+      }
+    }
+  }
+  const auto rounded = [](const std::vector<double>& x) {
+    std::vector<float> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = bf16_of(x[i]);
+    return r;
+  };
+  return {rounded(out), rounded(dq), rounded(dk), rounded(dv)};
+}
+
+// Elements of got beyond a bf16 unit of want, beside a bf16 unit of the tensor's largest (a value
+// from a sum that cancels, dS of a query's first key, rounds to FP8 from noise).
+int64_t beyond(const std::vector<float>& got, const std::vector<float>& want) {
+  double top = 0;
+  for (float w : want) top = std::max(top, std::fabs(double(w)));
+  int64_t n = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double tol = 0x1p-8 * std::fabs(double(want[i])) + 0x1p-8 * top;
+    if (!(std::fabs(double(got[i]) - double(want[i])) <= tol)) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("naive_cuda's FP8 attention ([attention.naive_cuda] fp8): every output and gradient at its rounding points, in float64") {
+  // Against fp8_reference: the arithmetic between the rounding points is f32 on the device and
+  // float64 here, so an FP8 code can land on the other side of a rounding boundary now and then
+  // (one in many thousands of values; each moves its output by at most a sixteenth of its term):
+  // at most 1% of each tensor's elements may lie beyond a bf16 unit. Against the same backend in
+  // bf16 (fp8 off), most elements differ by more than that: FP8 did round.
+  Fixture f;
+  const Params fp8_on{"attention.naive_cuda", {{"fp8", Value{true}}}}, common{"attention", {}}, run_params{"run", {}};
+  RunContext ctx;
+  ctx.device = "cuda";
+  ctx.dtype = "fp8";
+  const std::unique_ptr<Attention> fp8 = f.registry.create<Attention>(Kind::attention, "naive_cuda", {common, fp8_on, ctx});
+  ctx.dtype = "bf16";
+  const Params off{"attention.naive_cuda", {}};
+  const std::unique_ptr<Attention> bf16 = f.registry.create<Attention>(Kind::attention, "naive_cuda", {common, off, ctx});
+  std::mt19937 rng(11);
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int32_t T = 29, D = 16;
+  const std::vector<int32_t> lengths = {20, T};
+  const Batch batch = test::make_batch(T, {{{0, lengths[0]}}, {{0, lengths[1]}}});
+  AttentionProblem p{.batch = batch.rows,
+                     .seq_len = T,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .head_dim = D,
+                     .dtype = DType::f32,
+                     .device = DeviceType::cuda,
+                     .packed = false};
+  const auto make = [&](int64_t heads, double sigma) {
+    std::vector<float> x(std::size_t(p.batch) * T * heads * D);
+    for (float& e : x) e = bf16_of(sigma * n(rng));
+    return x;
+  };
+  const std::vector<float> q = make(4, 2.0), k = make(2, 2.0), v = make(2, 1.0), d_out = make(4, 0.1);
+  CHECK_FALSE(fp8->supports(p).empty());  // f32 tensors: the model's FP8 plan holds them in bf16
+  p.bf16_qkv = p.bf16_out = p.bf16_grads = true;
+  REQUIRE(fp8->supports(p).empty());
+  const test::AttentionOutputs got = test::run_attention_on(*f.device, *fp8, p, batch, q, k, v, d_out);
+  const test::AttentionOutputs want = fp8_reference(p, lengths, q, k, v, d_out, got.out);
+  const test::AttentionOutputs plain = test::run_attention_on(*f.device, *bf16, p, batch, q, k, v, d_out);
+  const struct {
+    const char* name;
+    const std::vector<float>&got, &want, &plain;
+  } tensors[] = {{"out", got.out, want.out, plain.out},
+                 {"d_q", got.d_q, want.d_q, plain.d_q},
+                 {"d_k", got.d_k, want.d_k, plain.d_k},
+                 {"d_v", got.d_v, want.d_v, plain.d_v}};
+  for (const auto& t : tensors) {
+    INFO(t.name);
+    const int64_t n_all = int64_t(t.want.size());
+    CHECK(beyond(t.got, t.want) <= n_all / 100);
+    CHECK(beyond(t.got, t.plain) > n_all / 4);
+  }
+  // Padding positions (row 0 from 20 on) see no key: zeros, as without FP8.
+  for (int64_t i = int64_t(lengths[0]) * 4 * D; i < int64_t(T) * 4 * D; ++i) CHECK(got.out[std::size_t(i)] == 0.0f);
+  // The same bits again.
+  const test::AttentionOutputs again = test::run_attention_on(*f.device, *fp8, p, batch, q, k, v, d_out);
+  CHECK(again.out == got.out);
+  CHECK(again.d_k == got.d_k);
+  // fp8 = true outside an FP8 run.dtype: refused, naming the key (exit 2).
+  try {
+    (void)f.registry.create<Attention>(Kind::attention, "naive_cuda", {common, fp8_on, ctx});
+    FAIL("fp8 = true under run.dtype bf16 was accepted");
+  } catch (const Error& e) {
+    CHECK(e.exit_code() == 2);
+    CHECK(std::string(e.what()).find("attention.naive_cuda.fp8") != std::string::npos);
+  }
 }
 
 int main(int argc, char** argv) {

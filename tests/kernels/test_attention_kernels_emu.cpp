@@ -438,3 +438,74 @@ TEST_CASE("fill pointers: one operand per (b, h), the kv head of a GQA group, up
   }
   emu_test::report_worst("fill_pointers_kernel", worst.abs, worst.rel);
 }
+
+// FP8 attention's rounding kernels (naive_cuda's [attention.naive_cuda] fp8): the amax is the
+// largest |x| (a NaN anywhere makes it NaN, max-ed into what the slot held); rounding by a
+// tensor's own amax gives fp8(x s) / s with s = fp8_max / amax (1 for an amax of zero or NaN), and
+// by a fixed scale the same with that scale: against the OCP definition (nearest even, saturating),
+// each value's code found by search over the format's finite values here.
+namespace {
+
+// The FP8 value nearest v (ties to the even code, beyond the largest finite value that value).
+float fp8_nearest(float v, bool e5m2) {
+  const int man = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  double best = 0, best_d = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < 128; ++c) {
+    if (e5m2 ? c >= 0x7C : c == 0x7F) continue;  // infinities and NaNs
+    const int e = c >> man, m = c & ((1 << man) - 1);
+    const double value = e == 0 ? std::ldexp(m, 1 - bias - man) : std::ldexp((1 << man) + m, e - bias - man);
+    const double d = std::fabs(std::fabs(double(v)) - value);
+    if (d < best_d || (d == best_d && c % 2 == 0)) {
+      best_d = d;
+      best = value;
+    }
+  }
+  return float(std::copysign(best, double(v)));
+}
+
+}  // namespace
+
+TEST_CASE("FP8 attention's rounding: amax, rounding by the tensor's own amax and by a fixed scale, as the OCP formats define") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 3.0f);
+  for (const int64_t count : {int64_t(1), int64_t(300), int64_t(4099)}) {
+    for (const bool e5m2 : {false, true}) {
+      CAPTURE(count);
+      CAPTURE(e5m2);
+      std::vector<float> x(static_cast<std::size_t>(count));
+      for (float& e : x) e = n(rng);
+      float amax = 0.0f;
+      for (float e : x) amax = std::max(amax, std::fabs(e));
+      const float top = e5m2 ? 57344.0f : 448.0f, s = top / amax, inv = 1.0f / s;
+      emu_test::for_each_schedule([&] {
+        auto d = to_device(x), fixed = to_device(x);
+        auto slot = to_device(std::vector<float>{0.0f});
+        naive_cuda::launch_fp8_amax(d.data(), count, slot.data(), nullptr);
+        CHECK(to_host(slot)[0] == amax);
+        naive_cuda::launch_fp8_round_current(d.data(), count, slot.data(), e5m2, nullptr);
+        naive_cuda::launch_fp8_round_fixed(fixed.data(), count, 7.5f, e5m2, nullptr);
+        const std::vector<float> got = to_host(d), got_fixed = to_host(fixed);
+        int64_t wrong = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          wrong += got[i] != fp8_nearest(x[i] * s, e5m2) * inv ? 1 : 0;
+          wrong += got_fixed[i] != fp8_nearest(x[i] * 7.5f, e5m2) * (1.0f / 7.5f) ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+      });
+    }
+  }
+  emu_test::for_each_schedule([] {
+    // A NaN makes the amax NaN; an amax of zero or NaN rounds with the scale 1.
+    std::vector<float> x = {1.0f, -2.0f, std::numeric_limits<float>::quiet_NaN(), 0.5f};
+    auto d = to_device(x);
+    auto slot = to_device(std::vector<float>{0.25f});
+    naive_cuda::launch_fp8_amax(d.data(), 4, slot.data(), nullptr);
+    CHECK(std::isnan(to_host(slot)[0]));
+    auto z = to_device(std::vector<float>{0.0f});
+    auto y = to_device(std::vector<float>{0.3f, 500.0f});
+    naive_cuda::launch_fp8_round_current(y.data(), 2, z.data(), false, nullptr);
+    const std::vector<float> got = to_host(y);
+    CHECK(got[0] == fp8_nearest(0.3f, false));
+    CHECK(got[1] == 448.0f);  // saturated
+  });
+}
