@@ -384,11 +384,16 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
   const fs::path head = tmp.path() / "head";  // the classifier's products in FP8 too
   REQUIRE(train(kCuda + " --set run.dtype=fp8 --set model.cross_entropy.fp8=true" + steps + " --run-dir " + head.string()).exit_code ==
           0);
-  const auto a = metrics(bf16), b = metrics(fp8), c = metrics(delayed), h = metrics(head);
+  const fs::path attn = tmp.path() / "attn";  // attention's products on FP8 values too (naive_cuda's reference)
+  REQUIRE(
+      train(kCuda + " --set run.dtype=fp8 --set attention.naive_cuda.fp8=true" + steps + " --run-dir " + attn.string()).exit_code ==
+      0);
+  const auto a = metrics(bf16), b = metrics(fp8), c = metrics(delayed), h = metrics(head), t = metrics(attn);
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == 20);
   REQUIRE(c.size() == 20);
   REQUIRE(h.size() == 20);
+  REQUIRE(t.size() == 20);
   // (fp8_e4m3's products, and delayed scaling's, are checked against their definition in
   // test_cuda_layers.cpp.) E4M3 keeps 4 significant bits (2^-4 relative per operand), E5M2 3. At
   // this model's scale the logits are of order 0.1 (d_model 32, weights of std 0.02): FP8's
@@ -404,8 +409,16 @@ TEST_CASE("run.dtype = fp8 follows the bf16 run within FP8's rounding over 20 st
     CHECK(rel(c[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
     // The classifier's logits in FP8 as well: the same order of rounding on one more product.
     CHECK(rel(h[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
+    // Attention's q, k, v and probabilities in E4M3, dO and dS in E5M2: the same order again.
+    CHECK(rel(t[i]["loss"].get<double>(), a[i]["loss"].get<double>()) < 2e-3);
   }
   CHECK(h[0]["loss"].get<double>() != b[0]["loss"].get<double>());  // the head did quantise (the first forward differs)
+  CHECK(t[0]["loss"].get<double>() != b[0]["loss"].get<double>());  // so did attention
+  // FP8 attention outside an FP8 run.dtype: refused before training, naming the key.
+  const CommandResult refused = train(
+      kCuda + " --set run.dtype=bf16 --set attention.naive_cuda.fp8=true --set run.steps=2 --run-dir " + (tmp.path() / "x").string());
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output.find("attention.naive_cuda.fp8") != std::string::npos);
   CHECK(b.back()["loss"].get<double>() < b.front()["loss"].get<double>());
   CHECK(b[5]["loss"].get<double>() != a[5]["loss"].get<double>());  // FP8 did round: not bf16 under another name
   CHECK(c[0]["loss"].get<double>() == b[0]["loss"].get<double>());  // the first step scales as current scaling does
