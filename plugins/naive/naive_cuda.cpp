@@ -139,8 +139,7 @@ class NaiveCuda final : public Attention {
     const cudaStream_t st = prepare(p, batch, c.stream);
     float* scores = static_cast<float*>(ws_.get(kScores, std::size_t(d.z * d.T * d.T) * sizeof(float), st));
     const Wide w = widen(p, {q, k, v, {}, {}, {}, {}, {}}, st);
-    float* amax = round_qkv(p, w, st);
-    (void)amax;
+    round_qkv(p, w, st);
     float* o = p.bf16_out ? w.out : out.as<float>();
     fill(kQ, w.q, d.qb, d.D, 1, st);
     fill(kK, w.k, d.kb, d.D, d.group, st);

@@ -107,9 +107,8 @@ __global__ void add_bf16_kernel(const uint16_t* src, float* dst, int64_t n) {
   ABLATE_GRID_STRIDE(i, n) dst[i] += device_math::bf16_value(src[i]);
 }
 
-template <class Out>  // f32, or bf16 where the layer keeps h in bf16
-__global__ void swiglu_forward_kernel(const float* g, const float* u, Out* h, int64_t n) {
-  ABLATE_GRID_STRIDE(i, n) device_math::store_value(h + i, swiglu_out(g[i], u[i]));
+__global__ void swiglu_forward_kernel(const float* g, const float* u, float* h, int64_t n) {
+  ABLATE_GRID_STRIDE(i, n) h[i] = swiglu_out(g[i], u[i]);
 }
 
 __global__ void swiglu_backward_kernel(const float* g, const float* u, float* du, float* dg, int64_t n) {
@@ -377,10 +376,6 @@ void launch_gelu_backward(const float* pre, float* dh, int64_t n, cudaStream_t s
 }
 
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream) {
-  if (n > 0) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
-}
-
-void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream) {
   if (n > 0) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, u, h, n);
 }
 

@@ -39,8 +39,6 @@ void launch_gelu_backward_bf16(const uint16_t* pre, float* dh, uint16_t* dpre, i
 void launch_gelu_backward_bf16_sums(const uint16_t* pre, const uint16_t* dh, uint16_t* dpre, int64_t rows, int64_t cols,
                                     float* partials, float* db, cudaStream_t stream);
 void launch_swiglu_forward(const float* g, const float* u, float* h, int64_t n, cudaStream_t stream);
-// The same with h kept in bf16 (device_math::bf16_bits of each value).
-void launch_swiglu_forward(const float* g, const float* u, uint16_t* h, int64_t n, cudaStream_t stream);
 // From dh (held in du on entry): dg and du.
 void launch_swiglu_backward(const float* g, const float* u, float* du, float* dg, int64_t n, cudaStream_t stream);
 // The SwiGLU MLP with gate and up held in bf16 (bf16 products write them so): h = bf16(silu(g) u)
